@@ -1,0 +1,1 @@
+//! Elementwise and attention ops of the decode pipeline, on f32 slices.

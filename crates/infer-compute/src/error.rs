@@ -1,0 +1,54 @@
+//! The error type of infer-compute.
+
+use crate::GgmlType;
+
+/// Result alias used throughout the crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong in a compute call. Bad input is reported,
+/// never panicked on.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A ggml type id this library does not know or support.
+    #[error("unknown or unsupported ggml type id {0}")]
+    UnknownType(u32),
+    /// The operation is not available for this type (e.g. dequantizing an
+    /// activation-only type, or a backend lacking a kernel).
+    #[error("{op} is not supported for type {ty}")]
+    Unsupported { op: &'static str, ty: GgmlType },
+    /// A row length that is not a whole number of blocks.
+    #[error("row of {cols} values is not a multiple of the {ty} block size {block_size}")]
+    RowNotBlockMultiple { ty: GgmlType, cols: usize, block_size: usize },
+    /// Operand shapes or buffer lengths that do not agree.
+    #[error("shape mismatch in {op}: {detail}")]
+    Shape { op: &'static str, detail: String },
+    /// A byte buffer whose address is not aligned for its block type.
+    #[error("buffer for {ty} blocks is misaligned")]
+    Misaligned { ty: GgmlType },
+    /// An arithmetic overflow while computing a size.
+    #[error("size overflow computing {0}")]
+    Overflow(&'static str),
+    /// A position at or past the KV cache's capacity.
+    #[error("context overflow: position {pos} with {n_tokens} token(s) exceeds the context length {n_ctx}")]
+    ContextOverflow { pos: usize, n_tokens: usize, n_ctx: usize },
+    /// A model description that cannot run (inconsistent head counts, ...).
+    #[error("invalid model: {0}")]
+    InvalidModel(String),
+    /// A device (GPU driver, library) that is missing or failed.
+    #[error("device error: {0}")]
+    Device(String),
+    /// Linear algebra: the matrix is not positive definite at this pivot.
+    #[error("matrix is not positive definite (pivot {pivot} is {value})")]
+    NotPositiveDefinite { pivot: usize, value: f64 },
+    /// Linear algebra: input is not symmetric within tolerance.
+    #[error("matrix is not symmetric: |a[{i},{j}] - a[{j},{i}]| = {diff} exceeds tolerance")]
+    NotSymmetric { i: usize, j: usize, diff: f64 },
+    /// NaN or infinity in an input that must be finite.
+    #[error("non-finite value in {0}")]
+    NonFinite(&'static str),
+}
+
+/// Builds an [`Error::Shape`].
+pub(crate) fn shape_err(op: &'static str, detail: impl Into<String>) -> Error {
+    Error::Shape { op, detail: detail.into() }
+}

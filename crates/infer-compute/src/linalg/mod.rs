@@ -1,0 +1,2 @@
+//! f64 dense linear algebra for weight-editing callers (Cholesky, solves,
+//! inverse, ridge solve), built on faer.
