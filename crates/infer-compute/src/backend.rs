@@ -211,5 +211,5 @@ pub trait KvCache: Send {
 /// best SIMD path of this processor. Never panics: a missing driver falls
 /// back to the CPU.
 pub fn default_backend() -> Box<dyn ComputeBackend> {
-    todo!("CPU backend")
+    Box::new(crate::cpu::CpuBackend::new())
 }

@@ -1,0 +1,186 @@
+//! Run-time selection of the CPU's quantized dot-product kernels.
+//!
+//! [`Kernels::detect`] looks at the processor once, when the backend is
+//! created, and fills a table of row-dot functions per weight type. The
+//! scalar reference (`quant::VecDot::vec_dot_ref`) is always compiled and is
+//! selected for every type when `INFER_CPU_SIMD=scalar` is set, or for types
+//! a SIMD level does not cover.
+
+use crate::quant::{self, VecDot};
+use crate::GgmlType;
+
+/// Dot product of one weight row (raw blocks) with an activation row already
+/// quantized to the weight type's `vec_dot_type` (raw blocks). Both slices
+/// hold whole blocks and agree in length (checked by the caller).
+pub type DotFn = fn(w: &[u8], act: &[u8]) -> f32;
+
+/// The SIMD instruction set a kernel table targets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SimdLevel {
+    /// Portable scalar reference code.
+    Scalar,
+    /// x86-64 AVX2 + FMA (+ F16C).
+    Avx2,
+    /// x86-64 AVX-512 F/BW/VL with VNNI.
+    Avx512Vnni,
+    /// aarch64 NEON with the dot-product extension.
+    NeonDotprod,
+}
+
+impl SimdLevel {
+    /// Name as shown by `infer info`.
+    pub fn name(self) -> &'static str {
+        match self {
+            SimdLevel::Scalar => "scalar",
+            SimdLevel::Avx2 => "avx2",
+            SimdLevel::Avx512Vnni => "avx512-vnni",
+            SimdLevel::NeonDotprod => "neon-dotprod",
+        }
+    }
+
+    /// The best level this processor supports (ignores the environment).
+    pub fn best_available() -> Self {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if is_x86_feature_detected!("avx512f")
+                && is_x86_feature_detected!("avx512bw")
+                && is_x86_feature_detected!("avx512vl")
+                && is_x86_feature_detected!("avx512vnni")
+                && is_x86_feature_detected!("fma")
+                && is_x86_feature_detected!("f16c")
+            {
+                return SimdLevel::Avx512Vnni;
+            }
+            if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c") {
+                return SimdLevel::Avx2;
+            }
+        }
+        #[cfg(target_arch = "aarch64")]
+        {
+            if std::arch::is_aarch64_feature_detected!("neon") && std::arch::is_aarch64_feature_detected!("dotprod") {
+                return SimdLevel::NeonDotprod;
+            }
+        }
+        SimdLevel::Scalar
+    }
+
+    /// Every level this processor supports, best first, scalar last.
+    pub fn all_available() -> Vec<Self> {
+        let best = Self::best_available();
+        let mut v = vec![best];
+        if best == SimdLevel::Avx512Vnni {
+            v.push(SimdLevel::Avx2);
+        }
+        if best != SimdLevel::Scalar {
+            v.push(SimdLevel::Scalar);
+        }
+        v
+    }
+}
+
+/// Table of row-dot kernels, one per weight type.
+#[derive(Clone, Copy)]
+pub struct Kernels {
+    level: SimdLevel,
+    dots: [DotFn; GgmlType::ALL.len()],
+}
+
+fn slot(ty: GgmlType) -> usize {
+    GgmlType::ALL.iter().position(|t| *t == ty).unwrap_or(0)
+}
+
+/// The scalar reference row dot for weight format `W`.
+pub fn scalar_dot<W: VecDot>(w: &[u8], act: &[u8]) -> f32 {
+    match (quant::blocks::<W>(w), quant::blocks::<W::Act>(act)) {
+        (Ok(w), Ok(a)) => W::vec_dot_ref(w, a),
+        // Callers pass whole, aligned blocks; anything else is a bug upstream.
+        _ => f32::NAN,
+    }
+}
+
+fn unsupported_dot(_: &[u8], _: &[u8]) -> f32 {
+    f32::NAN
+}
+
+impl Kernels {
+    /// Kernels for the best level of this processor, unless the environment
+    /// variable `INFER_CPU_SIMD` names another (`scalar`, `avx2`,
+    /// `avx512-vnni`, `neon-dotprod`); a level the processor lacks is ignored
+    /// and the best available one is used.
+    pub fn detect() -> Self {
+        let best = SimdLevel::best_available();
+        let wanted = std::env::var("INFER_CPU_SIMD").ok();
+        let level = wanted
+            .and_then(|w| SimdLevel::all_available().into_iter().find(|l| l.name() == w))
+            .unwrap_or(best);
+        Self::for_level(level)
+    }
+
+    /// Kernels for `level`, which must be one of [`SimdLevel::all_available`];
+    /// otherwise the scalar table is returned.
+    pub fn for_level(level: SimdLevel) -> Self {
+        let mut dots = [unsupported_dot as DotFn; GgmlType::ALL.len()];
+        for ty in GgmlType::ALL {
+            dots[slot(ty)] = crate::with_weight_type!(ty, W => scalar_dot::<W> as DotFn, else unsupported_dot as DotFn);
+        }
+        let level = if SimdLevel::all_available().contains(&level) { level } else { SimdLevel::Scalar };
+        let mut k = Kernels { level, dots };
+        super::simd::install(&mut k);
+        k
+    }
+
+    /// The selected level.
+    pub fn level(&self) -> SimdLevel {
+        self.level
+    }
+
+    /// The row-dot kernel for weight type `ty`.
+    pub fn dot(&self, ty: GgmlType) -> DotFn {
+        self.dots[slot(ty)]
+    }
+
+    /// Replaces the kernel of `ty` (used by the SIMD modules while the table
+    /// is built, after they checked the processor's features).
+    pub(crate) fn set_dot(&mut self, ty: GgmlType, f: DotFn) {
+        self.dots[slot(ty)] = f;
+    }
+}
+
+/// A growable byte buffer aligned to 8 bytes, so that any block type can be
+/// viewed in it (`Vec<u8>` promises only 1-byte alignment).
+#[derive(Default, Clone)]
+pub struct AlignedBytes {
+    words: Vec<u64>,
+    len: usize,
+}
+
+impl AlignedBytes {
+    /// Sets the length to `n` bytes (contents unspecified but initialized).
+    pub fn resize(&mut self, n: usize) {
+        self.words.resize(n.div_ceil(8), 0);
+        self.len = n;
+    }
+    /// The bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        &bytemuck::cast_slice(&self.words)[..self.len]
+    }
+    /// The bytes, mutable.
+    pub fn as_bytes_mut(&mut self) -> &mut [u8] {
+        &mut bytemuck::cast_slice_mut(&mut self.words)[..self.len]
+    }
+}
+
+/// Quantizes an activation row `x` to the pair type of weight type `ty`
+/// (its `vec_dot_type`) into `out`, resized to fit.
+///
+/// # Errors
+/// Types without a dot product; a row length not a multiple of the
+/// activation block size.
+pub fn quantize_activation(ty: GgmlType, x: &[f32], out: &mut AlignedBytes) -> crate::Result<()> {
+    let act = ty.vec_dot_type().ok_or(crate::Error::Unsupported { op: "matvec", ty })?;
+    out.resize(act.row_bytes(x.len())?);
+    crate::with_block_type!(act, A => {
+        A::quantize_row_ref(x, quant::blocks_mut::<A>(out.as_bytes_mut())?);
+    });
+    Ok(())
+}

@@ -1,0 +1,121 @@
+//! Quantized matrix-vector (GEMV) and matrix-matrix (prefill) products on
+//! the CPU.
+//!
+//! As in ggml, the f32 activation is quantized once per call to the weight
+//! type's `vec_dot_type`, and each output is an integer-domain dot product of
+//! a weight row with it. Rows are split across the thread pool in chunks
+//! large enough to amortize scheduling.
+
+use rayon::prelude::*;
+
+use super::kernels::{quantize_activation, AlignedBytes, Kernels};
+use crate::backend::QuantWeight;
+use crate::error::{shape_err, Result};
+
+/// Rows per parallel task: big enough to keep a core busy for a few µs.
+fn rows_per_task(rows: usize, row_bytes: usize) -> usize {
+    let target_bytes = 64 * 1024;
+    (target_bytes / row_bytes.max(1)).clamp(1, rows.max(1))
+}
+
+/// `y = W·act` for an activation already quantized into `act` (one row of
+/// `w.cols` values in the pair type). `y.len() == w.rows`.
+pub fn matvec_quantized(k: &Kernels, w: &QuantWeight, act: &[u8], y: &mut [f32]) {
+    let dot = k.dot(w.ty);
+    let rb = w.row_bytes();
+    let data = w.data.as_bytes();
+    let chunk = rows_per_task(w.rows, rb);
+    y.par_chunks_mut(chunk).enumerate().for_each(|(c, ys)| {
+        let r0 = c * chunk;
+        for (i, yi) in ys.iter_mut().enumerate() {
+            let r = r0 + i;
+            *yi = dot(&data[r * rb..(r + 1) * rb], act);
+        }
+    });
+}
+
+/// `y = W·x`: quantizes `x` into `scratch`, then [`matvec_quantized`].
+///
+/// # Errors
+/// Length mismatches; types without a dot product.
+pub fn matvec(k: &Kernels, w: &QuantWeight, x: &[f32], y: &mut [f32], scratch: &mut AlignedBytes) -> Result<()> {
+    if x.len() != w.cols || y.len() != w.rows {
+        return Err(shape_err(
+            "matvec",
+            format!("W is {}x{}, x has {}, y has {}", w.rows, w.cols, x.len(), y.len()),
+        ));
+    }
+    quantize_activation(w.ty, x, scratch)?;
+    matvec_quantized(k, w, scratch.as_bytes(), y);
+    Ok(())
+}
+
+/// `Y = X·Wᵀ` for prefill: `x` is `n_tokens × w.cols` (row-major), `y` is
+/// `n_tokens × w.rows`. Each weight row is loaded once and dotted with every
+/// token's activation while it is in cache.
+///
+/// # Errors
+/// Length mismatches; types without a dot product.
+pub fn matmul_quant(
+    k: &Kernels,
+    w: &QuantWeight,
+    x: &[f32],
+    n_tokens: usize,
+    y: &mut [f32],
+    scratch: &mut AlignedBytes,
+) -> Result<()> {
+    if x.len() != n_tokens * w.cols || y.len() != n_tokens * w.rows {
+        return Err(shape_err(
+            "matmul_quant",
+            format!("W is {}x{}, x has {} values, y has {}, n_tokens {n_tokens}", w.rows, w.cols, x.len(), y.len()),
+        ));
+    }
+    if n_tokens == 0 {
+        return Ok(());
+    }
+    if n_tokens == 1 {
+        return matvec(k, w, x, y, scratch);
+    }
+    let act_ty = w.ty.vec_dot_type().ok_or(crate::Error::Unsupported { op: "matmul_quant", ty: w.ty })?;
+    let arb = act_ty.row_bytes(w.cols)?;
+    // Quantize every token's activation once, into one aligned buffer.
+    scratch.resize(arb * n_tokens);
+    {
+        let mut one = AlignedBytes::default();
+        for t in 0..n_tokens {
+            quantize_activation(w.ty, &x[t * w.cols..(t + 1) * w.cols], &mut one)?;
+            scratch.as_bytes_mut()[t * arb..(t + 1) * arb].copy_from_slice(one.as_bytes());
+        }
+    }
+    let acts = scratch.as_bytes();
+    let dot = k.dot(w.ty);
+    let rb = w.row_bytes();
+    let data = w.data.as_bytes();
+    // Tiles of rows; outputs land transposed per tile, then are scattered.
+    let tile = rows_per_task(w.rows, rb).min(64);
+    let tiles: Vec<Vec<f32>> = (0..w.rows.div_ceil(tile))
+        .into_par_iter()
+        .map(|c| {
+            let r0 = c * tile;
+            let r1 = (r0 + tile).min(w.rows);
+            let mut out = vec![0f32; (r1 - r0) * n_tokens];
+            for r in r0..r1 {
+                let wr = &data[r * rb..(r + 1) * rb];
+                for t in 0..n_tokens {
+                    out[(r - r0) * n_tokens + t] = dot(wr, &acts[t * arb..(t + 1) * arb]);
+                }
+            }
+            out
+        })
+        .collect();
+    for (c, out) in tiles.iter().enumerate() {
+        let r0 = c * tile;
+        let nr = out.len() / n_tokens;
+        for i in 0..nr {
+            for t in 0..n_tokens {
+                y[t * w.rows + r0 + i] = out[i * n_tokens + t];
+            }
+        }
+    }
+    Ok(())
+}
