@@ -1,1 +1,119 @@
 //! Elementwise and attention ops of the decode pipeline, on f32 slices.
+//!
+//! Every op is a plain function over caller-owned buffers; none allocates
+//! on the decode path (prefill attention allocates one scratch row per rayon
+//! work split). Lengths are the caller's contract: they are checked with
+//! `debug_assert!` only, because these are inner-loop hot paths that the
+//! backend calls after validating the model once ([`crate::pipeline::ModelSpec::validate`]).
+//!
+//! | file | ops | ggml counterpart |
+//! | --- | --- | --- |
+//! | [`norm`] | [`rms_norm`], [`layer_norm`], fused [`add_rms_norm`], [`add`], [`scale`] | `ggml_rms_norm` + `ggml_mul`, `ggml_norm`, `ggml_add`, `ggml_scale` |
+//! | [`activation`] | [`silu`], [`gelu_tanh`], [`swiglu`], [`geglu`], [`softcap`] | `ggml_silu`, `ggml_gelu`, `ggml_swiglu`, `ggml_geglu`, scale/tanh/scale |
+//! | [`rope`] | [`rope()`], [`RopeCache`] | `ggml_rope_ext` (modes NORM and NEOX, no YaRN) |
+//! | [`softmax`] | [`softmax()`] | `ggml_soft_max` |
+//! | [`attention`] | [`attention_decode`], [`attention_prefill`], [`kv_append`] | `mul_mat(k, q)` → softcap → `soft_max_ext` with causal/SWA mask → `mul_mat(v, kq)` |
+//!
+//! The loops that carry the decode time (sum of squares, residual add, q·k
+//! dot, p·v accumulation) are written in chunked form with independent
+//! accumulators so that the compiler vectorizes them; nothing here uses
+//! explicit SIMD, so each function is its own scalar reference.
+
+pub mod activation;
+pub mod attention;
+pub mod norm;
+pub mod rope;
+pub mod softmax;
+
+pub use activation::{geglu, gelu_tanh, silu, softcap, swiglu};
+pub use attention::{
+    attention_decode, attention_prefill, attention_probs, attention_scratch_len, kv_append, AttnParams,
+};
+pub use norm::{add, add_rms_norm, layer_norm, rms_norm, rms_norm_heads, rms_norm_inplace, scale};
+pub use rope::{rope, rope_tokens, RopeCache};
+pub use softmax::softmax;
+
+/// Dot product `Σ a[i]·b[i]` in f32 with 16 independent accumulators, so
+/// that it vectorizes; summation order differs from a sequential loop.
+///
+/// Contract: `a.len() == b.len()` (debug-asserted).
+#[inline]
+pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
+    debug_assert_eq!(a.len(), b.len());
+    const L: usize = 16;
+    let n = a.len().min(b.len());
+    let (a, b) = (&a[..n], &b[..n]);
+    let split = n - n % L;
+    let mut acc = [0.0f32; L];
+    for (x, y) in a[..split].chunks_exact(L).zip(b[..split].chunks_exact(L)) {
+        for i in 0..L {
+            acc[i] += x[i] * y[i];
+        }
+    }
+    let mut tail = 0.0f32;
+    for (x, y) in a[split..].iter().zip(&b[split..]) {
+        tail += x * y;
+    }
+    // Pairwise reduction of the accumulators.
+    let mut w = L;
+    while w > 1 {
+        w /= 2;
+        for i in 0..w {
+            acc[i] += acc[i + w];
+        }
+    }
+    acc[0] + tail
+}
+
+/// Shared helpers of the op tests: seeded inputs and error reports.
+#[cfg(test)]
+pub(crate) mod test_util {
+    use rand::rngs::StdRng;
+    use rand::{Rng, SeedableRng};
+
+    /// The awkward lengths every elementwise op is tested on.
+    pub const LENS: [usize; 5] = [1, 7, 640, 1000, 4099];
+
+    /// `n` values uniform in `[-amp, amp)`, from a fixed seed.
+    pub fn rand_vec(seed: u64, n: usize, amp: f32) -> Vec<f32> {
+        let mut rng = StdRng::seed_from_u64(seed);
+        (0..n).map(|_| rng.gen_range(-amp..amp)).collect()
+    }
+
+    /// Asserts `|got[i] - want[i]| <= atol + rtol·|want[i]|` for every `i`;
+    /// on failure lists the first few bad indices with both errors.
+    #[track_caller]
+    pub fn assert_close(what: &str, got: &[f32], want: &[f64], rtol: f64, atol: f64) {
+        assert_eq!(got.len(), want.len(), "{what}: length");
+        let bad: Vec<String> = got
+            .iter()
+            .zip(want)
+            .enumerate()
+            .filter(|(_, (&g, &w))| !((g as f64 - w).abs() <= atol + rtol * w.abs()))
+            .take(5)
+            .map(|(i, (&g, &w))| {
+                let abs = (g as f64 - w).abs();
+                format!("[{i}] got {g:e} want {w:e} abs {abs:.3e} rel {:.3e}", abs / w.abs())
+            })
+            .collect();
+        assert!(bad.is_empty(), "{what}: n={} mismatches:\n{}", got.len(), bad.join("\n"));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::test_util::*;
+    use super::*;
+
+    #[test]
+    fn dot_matches_f64() {
+        for (s, &n) in LENS.iter().enumerate() {
+            let a = rand_vec(10 + s as u64, n, 1.0);
+            let b = rand_vec(20 + s as u64, n, 1.0);
+            let want: f64 = a.iter().zip(&b).map(|(&x, &y)| x as f64 * y as f64).sum();
+            let mag: f64 = a.iter().zip(&b).map(|(&x, &y)| (x as f64 * y as f64).abs()).sum();
+            let got = dot(&a, &b);
+            assert!((got as f64 - want).abs() <= 1e-6 * mag, "n={n}: {got} vs {want}");
+        }
+    }
+}

@@ -1,0 +1,550 @@
+//! Scaled dot-product attention over an f32 KV cache (Vaswani et al. 2017),
+//! with grouped-query attention (Ainslie et al. 2023), sliding windows
+//! (Beltagy et al. 2020; Gemma 2/3 local layers) and logit soft-capping
+//! (Gemma 2).
+//!
+//! For query head `h` at position `pos`, with kv head `g = h / (n_head / n_head_kv)`:
+//!
+//! ```text
+//! J      = { j : j <= pos, and pos - j < window if a window is set }
+//! l_j    = scale · (q_h · k[j, g])                     j ∈ J
+//! l_j    ← c · tanh(l_j / c)                            if softcap c is set
+//! p      = softmax(l)  over J (positions outside J have probability exactly 0)
+//! out_h  = Σ_{j ∈ J} p_j · v[j, g]
+//! ```
+//!
+//! This is llama.cpp's non-flash attention graph (`mul_mat(k, q)`,
+//! soft-capping, `soft_max_ext` with the causal / sliding-window `-inf`
+//! mask, `mul_mat(v, kq)`), except that the scale is applied before the cap
+//! as in the Gemma 2 reference (llama.cpp folds Gemma's scale into `q`
+//! beforehand, which is the same thing). Masked positions are not computed
+//! at all rather than set to `-inf`, so they cannot leak through the cap
+//! and cost nothing.
+//!
+//! Cache layout (both caches): `[n_ctx, n_head_kv, head_dim]`, position-major,
+//! f32; one position is `kv_dim = n_head_kv · head_dim` contiguous values.
+//!
+//! The q·k dot and the p·v accumulation are written to vectorize (16
+//! accumulators in the dot, four cache rows per pass in p·v).
+
+use rayon::prelude::*;
+
+use super::dot;
+use super::softmax::softmax;
+use crate::pipeline::LayerSpec;
+
+/// Shape and options of one attention layer.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AttnParams {
+    /// Query heads.
+    pub n_head: usize,
+    /// Key/value heads; divides `n_head` (GQA group size `n_head / n_head_kv`).
+    pub n_head_kv: usize,
+    /// Values per head.
+    pub head_dim: usize,
+    /// Multiplier of `q·k` (usually `1/sqrt(head_dim)`).
+    pub scale: f32,
+    /// `c` of the logit cap `c · tanh(l / c)`; `None` for no cap.
+    pub softcap: Option<f32>,
+    /// Attend only to the last `w` positions, the current one included
+    /// (`pos - j < w`); `None` for global causal attention. `Some(0)` is invalid.
+    pub window: Option<usize>,
+}
+
+impl AttnParams {
+    /// The attention parameters of a layer of the pipeline description.
+    pub fn from_layer(l: &LayerSpec) -> Self {
+        AttnParams {
+            n_head: l.n_head,
+            n_head_kv: l.n_head_kv,
+            head_dim: l.head_dim,
+            scale: l.attn_scale,
+            softcap: l.attn_softcap,
+            window: l.sliding_window,
+        }
+    }
+
+    /// Values per cache position: `n_head_kv · head_dim`.
+    pub fn kv_dim(&self) -> usize {
+        self.n_head_kv * self.head_dim
+    }
+
+    /// Values per query token: `n_head · head_dim`.
+    pub fn q_dim(&self) -> usize {
+        self.n_head * self.head_dim
+    }
+
+    /// First position attended by a query at `pos`: `pos + 1 - window`
+    /// (saturating), or 0 without a window.
+    pub fn first_pos(&self, pos: usize) -> usize {
+        match self.window {
+            Some(w) => (pos + 1).saturating_sub(w),
+            None => 0,
+        }
+    }
+
+    /// Number of positions attended by a query at `pos`: `min(pos + 1, window)`.
+    pub fn n_attended(&self, pos: usize) -> usize {
+        pos + 1 - self.first_pos(pos)
+    }
+
+    fn debug_check(&self) {
+        debug_assert!(self.n_head > 0 && self.n_head_kv > 0 && self.head_dim > 0);
+        debug_assert!(self.n_head % self.n_head_kv == 0, "n_head must be a multiple of n_head_kv");
+        debug_assert!(self.window != Some(0), "window of 0");
+        debug_assert!(self.softcap.map_or(true, |c| c > 0.0), "softcap must be positive");
+    }
+}
+
+/// Scratch floats [`attention_decode`] needs at position `pos`:
+/// `n_head · min(pos + 1, window)`. `n_head · n_ctx` always suffices.
+pub fn attention_scratch_len(pos: usize, p: &AttnParams) -> usize {
+    p.n_head * p.n_attended(pos)
+}
+
+/// Below this many multiply-adds (`n_head · n_attended · head_dim`) decode
+/// attention runs on the calling thread; above, heads run on rayon.
+const PAR_MIN_WORK: usize = 1 << 16;
+
+/// Logits of one head: `scores[j - first] = cap(scale · q_h · k[j, g])` for
+/// `j` in `first..=pos`.
+#[inline]
+fn head_logits(qh: &[f32], k_cache: &[f32], g: usize, first: usize, p: &AttnParams, scores: &mut [f32]) {
+    let (hd, stride) = (p.head_dim, p.kv_dim());
+    for (s, j) in scores.iter_mut().zip(first..) {
+        let k = &k_cache[j * stride + g * hd..][..hd];
+        *s = p.scale * dot(qh, k);
+    }
+    if let Some(c) = p.softcap {
+        let inv = 1.0 / c;
+        for s in scores.iter_mut() {
+            *s = c * (*s * inv).tanh();
+        }
+    }
+}
+
+/// `out = Σ_j probs[j - first] · v[j, g]`, four cache rows per pass.
+#[inline]
+fn head_pv(probs: &[f32], v_cache: &[f32], g: usize, first: usize, p: &AttnParams, out: &mut [f32]) {
+    let (hd, stride) = (p.head_dim, p.kv_dim());
+    let row = |j: usize| &v_cache[j * stride + g * hd..][..hd];
+    out.fill(0.0);
+    let mut quads = probs.chunks_exact(4);
+    let mut j = first;
+    for w in &mut quads {
+        let (v0, v1, v2, v3) = (row(j), row(j + 1), row(j + 2), row(j + 3));
+        for ((((o, &a), &b), &c), &d) in out.iter_mut().zip(v0).zip(v1).zip(v2).zip(v3) {
+            *o += w[0] * a + w[1] * b + w[2] * c + w[3] * d;
+        }
+        j += 4;
+    }
+    for &w in quads.remainder() {
+        for (o, &a) in out.iter_mut().zip(row(j)) {
+            *o += w * a;
+        }
+        j += 1;
+    }
+}
+
+/// One query head at `pos`: logits, softmax, p·v. `scores` holds exactly
+/// `n_attended(pos)` floats. The single code path behind decode and prefill.
+#[inline]
+fn attend_head(
+    qh: &[f32],
+    k_cache: &[f32],
+    v_cache: &[f32],
+    h: usize,
+    pos: usize,
+    p: &AttnParams,
+    scores: &mut [f32],
+    out_h: &mut [f32],
+) {
+    let g = h / (p.n_head / p.n_head_kv);
+    let first = p.first_pos(pos);
+    debug_assert_eq!(scores.len(), pos + 1 - first);
+    head_logits(qh, k_cache, g, first, p, scores);
+    softmax(scores);
+    head_pv(scores, v_cache, g, first, p, out_h);
+}
+
+fn debug_check_cache(k_cache: &[f32], v_cache: &[f32], last_pos: usize, p: &AttnParams) {
+    let kv = p.kv_dim();
+    debug_assert_eq!(k_cache.len() % kv, 0, "k_cache must be [n_ctx, n_head_kv, head_dim]");
+    debug_assert_eq!(v_cache.len(), k_cache.len(), "k and v caches differ in size");
+    debug_assert!(k_cache.len() >= (last_pos + 1) * kv, "position {last_pos} is past the cache");
+    let _ = (k_cache, v_cache, last_pos, kv);
+}
+
+/// Decode attention: one query position `pos` against the cached positions
+/// `0..=pos` (restricted to the window, if any).
+///
+/// Shapes: `q`, `out`: `[n_head, head_dim]`; `k_cache`, `v_cache`:
+/// `[n_ctx, n_head_kv, head_dim]` position-major f32 (the entry at `pos`
+/// already appended); `scratch`: at least [`attention_scratch_len`]`(pos, p)`
+/// floats (`n_head · n_ctx` always suffices), overwritten. Query head `h`
+/// reads kv head `h / (n_head / n_head_kv)`. See the module docs for the
+/// formula. Does not allocate; heads run in parallel on rayon when the
+/// context is long enough to pay for it (results do not depend on it).
+///
+/// Contract (debug-asserted): `n_head % n_head_kv == 0`; `q.len() == out.len()
+/// == n_head · head_dim`; both caches are `n_ctx · kv_dim` long with `pos < n_ctx`;
+/// `scratch` as above; `window != Some(0)`; `softcap > 0`.
+pub fn attention_decode(
+    q: &[f32],
+    k_cache: &[f32],
+    v_cache: &[f32],
+    pos: usize,
+    p: &AttnParams,
+    scratch: &mut [f32],
+    out: &mut [f32],
+) {
+    p.debug_check();
+    debug_check_cache(k_cache, v_cache, pos, p);
+    debug_assert_eq!(q.len(), p.q_dim());
+    debug_assert_eq!(out.len(), p.q_dim());
+    let n_att = p.n_attended(pos);
+    debug_assert!(scratch.len() >= p.n_head * n_att, "scratch too small");
+    let hd = p.head_dim;
+    let scratch = &mut scratch[..p.n_head * n_att];
+    let work = |(h, (out_h, sc)): (usize, (&mut [f32], &mut [f32]))| {
+        attend_head(&q[h * hd..][..hd], k_cache, v_cache, h, pos, p, sc, out_h);
+    };
+    if p.n_head > 1 && p.n_head * n_att * hd >= PAR_MIN_WORK {
+        out.par_chunks_mut(hd).zip(scratch.par_chunks_mut(n_att)).enumerate().for_each(work);
+    } else {
+        out.chunks_mut(hd).zip(scratch.chunks_mut(n_att)).enumerate().for_each(work);
+    }
+}
+
+/// Prefill attention: `n_tokens` queries at positions `pos0..pos0 + n_tokens`,
+/// each causal over the cache (which already holds these tokens' k/v) and
+/// restricted to its window. Exactly [`attention_decode`] per position
+/// (the same per-head code), parallel over (token, head) on rayon.
+///
+/// Shapes: `q`, `out`: `[n_tokens, n_head, head_dim]`; caches as in
+/// [`attention_decode`]. Allocates one score row (`≤ n_ctx` floats) per
+/// rayon work split.
+///
+/// Contract (debug-asserted): as [`attention_decode`] with
+/// `pos0 + n_tokens <= n_ctx`, and `q.len() == out.len() == n_tokens · n_head · head_dim`.
+pub fn attention_prefill(
+    q: &[f32],
+    k_cache: &[f32],
+    v_cache: &[f32],
+    pos0: usize,
+    n_tokens: usize,
+    p: &AttnParams,
+    out: &mut [f32],
+) {
+    p.debug_check();
+    debug_assert_eq!(q.len(), n_tokens * p.q_dim());
+    debug_assert_eq!(out.len(), n_tokens * p.q_dim());
+    if n_tokens == 0 {
+        return;
+    }
+    debug_check_cache(k_cache, v_cache, pos0 + n_tokens - 1, p);
+    let hd = p.head_dim;
+    // Group small tasks so that each carries some work.
+    let avg = p.n_attended(pos0 + n_tokens / 2) * hd;
+    let min_len = (PAR_MIN_WORK / 4 / avg.max(1)).max(1);
+    out.par_chunks_mut(hd)
+        .enumerate()
+        .with_min_len(min_len)
+        .for_each_init(Vec::new, |scores: &mut Vec<f32>, (i, out_h)| {
+            let (t, h) = (i / p.n_head, i % p.n_head);
+            let pos = pos0 + t;
+            scores.resize(p.n_attended(pos), 0.0);
+            attend_head(&q[i * hd..][..hd], k_cache, v_cache, h, pos, p, scores, out_h);
+        });
+}
+
+/// The attention probabilities of one decode step, for inspection and
+/// tests: `probs: [n_head, pos + 1]`, `probs[h][j]` = weight of position `j`
+/// for head `h`, exactly 0 for positions outside the window. Same arithmetic
+/// as [`attention_decode`].
+///
+/// Contract (debug-asserted): as [`attention_decode`]; `probs.len() == n_head · (pos + 1)`.
+pub fn attention_probs(q: &[f32], k_cache: &[f32], pos: usize, p: &AttnParams, probs: &mut [f32]) {
+    p.debug_check();
+    debug_check_cache(k_cache, k_cache, pos, p);
+    debug_assert_eq!(q.len(), p.q_dim());
+    debug_assert_eq!(probs.len(), p.n_head * (pos + 1));
+    let hd = p.head_dim;
+    let first = p.first_pos(pos);
+    for (h, row) in probs.chunks_exact_mut(pos + 1).enumerate() {
+        let g = h / (p.n_head / p.n_head_kv);
+        row[..first].fill(0.0);
+        let scores = &mut row[first..];
+        head_logits(&q[h * hd..][..hd], k_cache, g, first, p, scores);
+        softmax(scores);
+    }
+}
+
+/// KV-cache append: copies `k`, `v` (`[kv_dim]` = `[n_head_kv, head_dim]`)
+/// into position `pos` of `k_cache`, `v_cache` (`[n_ctx, kv_dim]`).
+///
+/// Contract (debug-asserted): `k.len() == v.len() == kv_dim`; both caches
+/// hold at least `(pos + 1) · kv_dim` values.
+pub fn kv_append(k_cache: &mut [f32], v_cache: &mut [f32], k: &[f32], v: &[f32], pos: usize, kv_dim: usize) {
+    debug_assert_eq!(k.len(), kv_dim);
+    debug_assert_eq!(v.len(), kv_dim);
+    debug_assert!(k_cache.len() >= (pos + 1) * kv_dim && v_cache.len() >= (pos + 1) * kv_dim, "position {pos} is past the cache");
+    let r = pos * kv_dim..(pos + 1) * kv_dim;
+    k_cache[r.clone()].copy_from_slice(k);
+    v_cache[r].copy_from_slice(v);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::test_util::*;
+    use super::*;
+
+    /// f64 reference: returns (probs [n_head, pos+1], out [n_head, head_dim]).
+    fn attn_ref(q: &[f32], kc: &[f32], vc: &[f32], pos: usize, p: &AttnParams) -> (Vec<f64>, Vec<f64>) {
+        let (hd, kvd) = (p.head_dim, p.kv_dim());
+        let group = p.n_head / p.n_head_kv;
+        let mut probs = vec![0.0f64; p.n_head * (pos + 1)];
+        let mut out = vec![0.0f64; p.q_dim()];
+        for h in 0..p.n_head {
+            let g = h / group;
+            let visible = |j: usize| p.window.map_or(true, |w| pos - j < w);
+            let mut l = vec![f64::NEG_INFINITY; pos + 1];
+            for j in (0..=pos).filter(|&j| visible(j)) {
+                let d: f64 = (0..hd).map(|d| q[h * hd + d] as f64 * kc[j * kvd + g * hd + d] as f64).sum();
+                let mut x = p.scale as f64 * d;
+                if let Some(c) = p.softcap {
+                    x = c as f64 * (x / c as f64).tanh();
+                }
+                l[j] = x;
+            }
+            let m = l.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let e: Vec<f64> = l.iter().map(|&x| if x == f64::NEG_INFINITY { 0.0 } else { (x - m).exp() }).collect();
+            let s: f64 = e.iter().sum();
+            for j in 0..=pos {
+                let pj = e[j] / s;
+                probs[h * (pos + 1) + j] = pj;
+                for d in 0..hd {
+                    out[h * hd + d] += pj * vc[j * kvd + g * hd + d] as f64;
+                }
+            }
+        }
+        (probs, out)
+    }
+
+    fn params(n_head: usize, n_head_kv: usize, head_dim: usize, softcap: Option<f32>, window: Option<usize>) -> AttnParams {
+        AttnParams { n_head, n_head_kv, head_dim, scale: 1.0 / (head_dim as f32).sqrt(), softcap, window }
+    }
+
+    /// Random q and caches of `n_ctx` positions.
+    fn data(seed: u64, n_ctx: usize, p: &AttnParams) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+        (
+            rand_vec(seed, p.q_dim(), 2.0),
+            rand_vec(seed + 1, n_ctx * p.kv_dim(), 2.0),
+            rand_vec(seed + 2, n_ctx * p.kv_dim(), 1.0),
+        )
+    }
+
+    fn decode(q: &[f32], kc: &[f32], vc: &[f32], pos: usize, p: &AttnParams) -> Vec<f32> {
+        let mut scratch = vec![f32::NAN; attention_scratch_len(pos, p)];
+        let mut out = vec![f32::NAN; p.q_dim()];
+        attention_decode(q, kc, vc, pos, p, &mut scratch, &mut out);
+        out
+    }
+
+    #[test]
+    fn decode_matches_f64() {
+        let shapes = [(4, 1, 64), (8, 2, 7), (6, 6, 80)];
+        let opts = [(None, None), (Some(50.0), None), (None, Some(5)), (Some(1.0), Some(512))];
+        let mut seed = 0;
+        for &n in &LENS {
+            let pos = n - 1;
+            for &(nh, nkv, hd) in &shapes {
+                for &(cap, win) in &opts {
+                    seed += 10;
+                    let p = params(nh, nkv, hd, cap, win);
+                    // A cache one position longer than needed: the extra
+                    // (future) position must be ignored.
+                    let (q, kc, vc) = data(seed, n + 1, &p);
+                    let out = decode(&q, &kc, &vc, pos, &p);
+                    let (want_p, want) = attn_ref(&q, &kc, &vc, pos, &p);
+                    let what = format!("decode pos={pos} {p:?}");
+                    assert_close(&what, &out, &want, 1e-5, 1e-6);
+                    let mut probs = vec![f32::NAN; nh * (pos + 1)];
+                    attention_probs(&q, &kc, pos, &p, &mut probs);
+                    assert_close(&format!("probs {what}"), &probs, &want_p, 1e-5, 1e-12);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn gqa_maps_query_heads_to_groups() {
+        // 8 query heads over 2 kv heads: heads 0..4 read kv head 0, 4..8 kv
+        // head 1 (not h % n_head_kv). v is constant per kv head, so each
+        // output is that constant exactly when the mapping is right.
+        let p = params(8, 2, 16, None, None);
+        let n_ctx = 7;
+        let (q, kc, _) = data(3, n_ctx, &p);
+        let mut vc = vec![0.0f32; n_ctx * p.kv_dim()];
+        for j in 0..n_ctx {
+            for g in 0..2 {
+                vc[j * p.kv_dim() + g * 16..][..16].fill(10.0 * (g + 1) as f32);
+            }
+        }
+        let out = decode(&q, &kc, &vc, n_ctx - 1, &p);
+        for h in 0..8 {
+            let want = if h < 4 { 10.0 } else { 20.0 };
+            for &o in &out[h * 16..(h + 1) * 16] {
+                assert!((o - want).abs() <= 1e-5 * want, "head {h}: {o} vs {want}");
+            }
+        }
+        // Heads of one group with the same query are identical.
+        let mut q2 = q.clone();
+        for h in 1..4 {
+            q2.copy_within(0..16, h * 16);
+        }
+        let out = decode(&q2, &kc, &vc, n_ctx - 1, &p);
+        let (_, want) = attn_ref(&q2, &kc, &vc, n_ctx - 1, &p);
+        assert_close("gqa", &out, &want, 1e-5, 1e-6);
+        for h in 1..4 {
+            assert_eq!(out[..16], out[h * 16..(h + 1) * 16]);
+        }
+    }
+
+    #[test]
+    fn sliding_window_ignores_old_positions() {
+        for w in [1usize, 3, 640] {
+            let p = params(4, 2, 8, Some(30.0), Some(w));
+            let n_ctx = 1000;
+            let pos = 999;
+            let (q, mut kc, mut vc) = data(40, n_ctx, &p);
+            let before = decode(&q, &kc, &vc, pos, &p);
+            // Poison every position outside the window with NaN: the result
+            // must not change by a single bit.
+            let kvd = p.kv_dim();
+            for j in 0..=pos - w {
+                kc[j * kvd..(j + 1) * kvd].fill(f32::NAN);
+                vc[j * kvd..(j + 1) * kvd].fill(f32::NAN);
+            }
+            let after = decode(&q, &kc, &vc, pos, &p);
+            assert_eq!(before, after, "window {w}");
+            let mut probs = vec![f32::NAN; 4 * (pos + 1)];
+            attention_probs(&q, &kc, pos, &p, &mut probs);
+            for h in 0..4 {
+                let row = &probs[h * (pos + 1)..(h + 1) * (pos + 1)];
+                assert!(row[..=pos - w].iter().all(|&x| x == 0.0));
+                assert!(row[pos + 1 - w..].iter().all(|&x| x > 0.0));
+                let s: f32 = row.iter().sum();
+                assert!((s - 1.0).abs() < 1e-5);
+            }
+        }
+        // w = 1: only the current position, so out == v[pos].
+        let p = params(2, 1, 5, None, Some(1));
+        let (q, kc, vc) = data(50, 9, &p);
+        let out = decode(&q, &kc, &vc, 6, &p);
+        assert_eq!(&out[..5], &vc[6 * 5..7 * 5]);
+        assert_eq!(&out[5..], &vc[6 * 5..7 * 5]);
+    }
+
+    #[test]
+    fn softcap_one_masked_position_has_probability_exactly_zero() {
+        // With c = 1 every logit lies in [-1, 1]; a mask applied as a large
+        // negative bias before the cap would leave the masked position with
+        // weight ≈ e^-2 of the others. It must be exactly 0.
+        let p = params(2, 1, 4, Some(1.0), Some(3));
+        let n_ctx = 8;
+        let pos = 5; // attends 3, 4, 5; position 2 (and below) masked
+        let masked = 2;
+        let (q, mut kc, _) = data(60, n_ctx, &p);
+        // Make the masked position the most attractive key.
+        for d in 0..4 {
+            kc[masked * 4 + d] = 100.0 * q[d].signum();
+        }
+        let mut probs = vec![f32::NAN; 2 * (pos + 1)];
+        attention_probs(&q, &kc, pos, &p, &mut probs);
+        for h in 0..2 {
+            assert_eq!(probs[h * (pos + 1) + masked], 0.0, "probs {probs:?}");
+            assert!(probs[h * (pos + 1) + 3..(h + 1) * (pos + 1)].iter().all(|&x| x > 0.05));
+        }
+        // Through the output: v is zero except at the masked position.
+        let mut vc = vec![0.0f32; n_ctx * 4];
+        vc[masked * 4..masked * 4 + 4].fill(1.0);
+        let out = decode(&q, &kc, &vc, pos, &p);
+        assert!(out.iter().all(|&o| o == 0.0), "{out:?}");
+        // And the same v at an attended position does show up.
+        let mut vc = vec![0.0f32; n_ctx * 4];
+        vc[3 * 4..3 * 4 + 4].fill(1.0);
+        let out = decode(&q, &kc, &vc, pos, &p);
+        assert!(out.iter().all(|&o| o > 0.05), "{out:?}");
+    }
+
+    #[test]
+    fn softcap_bounds_logits() {
+        // With c = 1, the probability ratio of any two attended positions is
+        // at most e^2, however large the raw logits are.
+        let mut p = params(1, 1, 8, Some(1.0), None);
+        p.scale = 1000.0;
+        let (q, kc, _) = data(70, 640, &p);
+        let mut probs = vec![0.0; 640];
+        attention_probs(&q, &kc, 639, &p, &mut probs);
+        let (mn, mx) = probs.iter().fold((f32::MAX, 0.0f32), |(a, b), &x| (a.min(x), b.max(x)));
+        assert!(mx / mn <= (2.0f32).exp() * 1.0001, "{mn} {mx}");
+    }
+
+    #[test]
+    fn prefill_equals_decode_per_position() {
+        let cases = [
+            (params(4, 1, 64, None, None), 0usize, 7usize),
+            (params(8, 2, 7, Some(50.0), Some(5)), 633, 9),
+            (params(6, 3, 80, Some(1.0), Some(512)), 500, 40),
+            (params(2, 2, 16, None, None), 0, 1),
+        ];
+        for (k, (p, pos0, n_tok)) in cases.into_iter().enumerate() {
+            let n_ctx = pos0 + n_tok + 3;
+            let (_, kc, vc) = data(80 + k as u64, n_ctx, &p);
+            let q = rand_vec(90 + k as u64, n_tok * p.q_dim(), 2.0);
+            let mut out = vec![f32::NAN; n_tok * p.q_dim()];
+            attention_prefill(&q, &kc, &vc, pos0, n_tok, &p, &mut out);
+            let qd = p.q_dim();
+            for t in 0..n_tok {
+                let want = decode(&q[t * qd..(t + 1) * qd], &kc, &vc, pos0 + t, &p);
+                let got = &out[t * qd..(t + 1) * qd];
+                for (i, (&g, &w)) in got.iter().zip(&want).enumerate() {
+                    assert!((g - w).abs() <= 1e-6, "case {k} token {t} [{i}]: prefill {g} decode {w}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn decode_parallel_and_serial_agree() {
+        // Long enough to take the rayon path; compare against per-head calls
+        // with one head each (serial path).
+        let p = params(8, 2, 64, Some(50.0), None);
+        let n_ctx = 4099;
+        let (q, kc, vc) = data(95, n_ctx, &p);
+        let out = decode(&q, &kc, &vc, n_ctx - 1, &p);
+        let (_, want) = attn_ref(&q, &kc, &vc, n_ctx - 1, &p);
+        assert_close("parallel decode", &out, &want, 1e-5, 1e-6);
+        let mut serial = vec![0.0f32; p.q_dim()];
+        let mut scores = vec![0.0f32; n_ctx];
+        for h in 0..8 {
+            attend_head(&q[h * 64..][..64], &kc, &vc, h, n_ctx - 1, &p, &mut scores, &mut serial[h * 64..][..64]);
+        }
+        assert_eq!(out, serial);
+    }
+
+    #[test]
+    fn kv_append_writes_one_position() {
+        let kv_dim = 6;
+        let mut kc = vec![0.0f32; 4 * kv_dim];
+        let mut vc = vec![0.0f32; 4 * kv_dim];
+        let k = rand_vec(1, kv_dim, 1.0);
+        let v = rand_vec(2, kv_dim, 1.0);
+        kv_append(&mut kc, &mut vc, &k, &v, 2, kv_dim);
+        assert_eq!(&kc[2 * kv_dim..3 * kv_dim], &k[..]);
+        assert_eq!(&vc[2 * kv_dim..3 * kv_dim], &v[..]);
+        assert!(kc[..2 * kv_dim].iter().chain(&kc[3 * kv_dim..]).all(|&x| x == 0.0));
+        assert!(vc[..2 * kv_dim].iter().chain(&vc[3 * kv_dim..]).all(|&x| x == 0.0));
+    }
+}
