@@ -36,4 +36,7 @@ pub enum Error {
     /// Fetching the default model failed.
     #[error("model download: {0}")]
     Download(String),
+    /// A sampling setting or logits that cannot be sampled.
+    #[error(transparent)]
+    Sampling(#[from] crate::sampling::SamplingError),
 }

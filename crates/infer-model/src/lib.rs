@@ -5,6 +5,12 @@
 //! generation loop.
 
 pub mod error;
+pub mod fetch;
+pub mod generate;
 pub mod gguf;
+pub mod model;
+pub mod reference;
+pub mod sampling;
+pub mod tokenizer;
 
 pub use error::{Error, Result};

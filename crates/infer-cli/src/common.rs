@@ -1,0 +1,95 @@
+//! Options shared by the subcommands: model path, backend, threads.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, ValueEnum};
+use indicatif::{ProgressBar, ProgressStyle};
+use infer_compute::cpu::{CpuBackend, Kernels, Precision};
+use infer_compute::ComputeBackend;
+use infer_model::gguf::GgufFile;
+
+/// Where the model comes from and what runs it.
+#[derive(Args, Clone, Debug)]
+pub struct ModelArgs {
+    /// GGUF model file (default: Gemma 3 270M Q4_K_M, fetched and cached on first use).
+    #[arg(short, long)]
+    pub model: Option<PathBuf>,
+    /// Compute backend.
+    #[arg(long, value_enum, default_value_t = BackendKind::Auto)]
+    pub backend: BackendKind,
+    /// CPU threads (default: all cores).
+    #[arg(short, long)]
+    pub threads: Option<usize>,
+    /// CPU arithmetic: `quantized` (as ggml, fast) or `exact` (weights
+    /// dequantized to f32, f32 activations).
+    #[arg(long, value_enum, default_value_t = PrecisionArg::Quantized)]
+    pub precision: PrecisionArg,
+}
+
+/// Backend choice.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BackendKind {
+    /// The best device available.
+    Auto,
+    /// The CPU.
+    Cpu,
+}
+
+/// CPU arithmetic.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PrecisionArg {
+    Quantized,
+    Exact,
+}
+
+pub type CliResult<T = ()> = Result<T, Box<dyn std::error::Error>>;
+
+impl ModelArgs {
+    /// The model path, fetching the default model when none was given.
+    pub fn resolve_model(&self) -> CliResult<PathBuf> {
+        match &self.model {
+            Some(p) => {
+                if !p.exists() {
+                    return Err(format!("model file {} does not exist", p.display()).into());
+                }
+                Ok(p.clone())
+            }
+            None => Ok(infer_model::fetch::default_model_path()?),
+        }
+    }
+
+    /// Opens the model file (memory-mapped).
+    pub fn open(&self) -> CliResult<GgufFile> {
+        let path = self.resolve_model()?;
+        let gguf = GgufFile::open(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        Ok(gguf)
+    }
+
+    /// The backend to run on.
+    pub fn backend(&self) -> CliResult<Box<dyn ComputeBackend>> {
+        let precision = match self.precision {
+            PrecisionArg::Quantized => Precision::Quantized,
+            PrecisionArg::Exact => Precision::Exact,
+        };
+        if self.backend == BackendKind::Auto && self.threads.is_none() && precision == Precision::Quantized {
+            return Ok(infer_compute::default_backend());
+        }
+        let threads = self.threads.unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
+        if threads == 0 {
+            return Err("--threads must be at least 1".into());
+        }
+        Ok(Box::new(CpuBackend::with_options(threads, Kernels::detect(), precision)?))
+    }
+}
+
+/// A spinner on stderr while `f` runs (hidden when stderr is not a terminal).
+pub fn with_spinner<T>(msg: &str, f: impl FnOnce() -> T) -> T {
+    let pb = ProgressBar::new_spinner();
+    pb.set_style(ProgressStyle::with_template("{spinner} {msg} {elapsed}").unwrap_or_else(|_| ProgressStyle::default_spinner()));
+    pb.set_message(msg.to_string());
+    pb.enable_steady_tick(Duration::from_millis(100));
+    let out = f();
+    pb.finish_and_clear();
+    out
+}

@@ -1,0 +1,118 @@
+//! The generation loop: prefill the prompt, then decode and sample one token
+//! at a time, streaming text as it is produced.
+
+use std::time::{Duration, Instant};
+
+use infer_compute::{DeviceModel, KvCache};
+
+use crate::sampling::Sampler;
+use crate::tokenizer::Tokenizer;
+use crate::{Error, Result};
+
+/// Wraps a single user message in the architecture's chat template (the
+/// model card's turn format; GGUFs without `tokenizer.chat_template` get
+/// the same).
+///
+/// # Errors
+/// [`Error::UnsupportedArch`] for architectures without a known template.
+pub fn chat_prompt(arch: &str, user: &str) -> Result<String> {
+    match arch {
+        "gemma3" | "gemma2" | "gemma" => Ok(format!("<start_of_turn>user\n{user}<end_of_turn>\n<start_of_turn>model\n")),
+        "llama" => Ok(format!(
+            "<|start_header_id|>user<|end_header_id|>\n\n{user}<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"
+        )),
+        other => Err(Error::UnsupportedArch(format!("{other} (no chat template known)"))),
+    }
+}
+
+/// Timings and counts of one generation.
+#[derive(Clone, Debug, Default)]
+pub struct GenerationStats {
+    pub prompt_tokens: usize,
+    pub prefill_time: Duration,
+    pub generated_tokens: usize,
+    pub decode_time: Duration,
+    /// Why generation ended.
+    pub stop: StopReason,
+}
+
+/// Why generation ended.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum StopReason {
+    /// The requested number of tokens was produced.
+    #[default]
+    MaxTokens,
+    /// An end-of-generation token (EOS, `<end_of_turn>`) was sampled.
+    EndOfGeneration,
+    /// The KV cache is full.
+    ContextFull,
+}
+
+impl GenerationStats {
+    /// Prompt tokens per second of the prefill.
+    pub fn prefill_tps(&self) -> f64 {
+        self.prompt_tokens as f64 / self.prefill_time.as_secs_f64().max(1e-9)
+    }
+    /// Generated tokens per second of the decode (the first token comes from
+    /// the prefill's logits, so it is not counted here).
+    pub fn decode_tps(&self) -> f64 {
+        self.generated_tokens.saturating_sub(1) as f64 / self.decode_time.as_secs_f64().max(1e-9)
+    }
+}
+
+/// Generates up to `max_tokens` tokens after `prompt_ids` with a fresh KV
+/// cache of `n_ctx` positions, calling `on_text` with each piece of text as
+/// soon as it forms whole characters.
+///
+/// # Errors
+/// [`Error::Compute`] with [`infer_compute::Error::ContextOverflow`] when the
+/// prompt does not fit in `n_ctx`; an empty prompt; model and sampling errors.
+pub fn generate(
+    model: &mut dyn DeviceModel,
+    tokenizer: &Tokenizer,
+    prompt_ids: &[u32],
+    max_tokens: usize,
+    n_ctx: usize,
+    sampler: &mut Sampler,
+    mut on_text: impl FnMut(&str),
+) -> Result<GenerationStats> {
+    if prompt_ids.is_empty() {
+        return Err(Error::Tokenizer("the prompt is empty".into()));
+    }
+    if prompt_ids.len() > n_ctx {
+        return Err(infer_compute::Error::ContextOverflow { pos: 0, n_tokens: prompt_ids.len(), n_ctx }.into());
+    }
+    let mut kv: Box<dyn KvCache> = model.new_kv_cache(n_ctx)?;
+    let mut stats = GenerationStats { prompt_tokens: prompt_ids.len(), ..Default::default() };
+    for &t in prompt_ids {
+        sampler.accept(t);
+    }
+    let t0 = Instant::now();
+    let mut next = sampler.sample(model.prefill(kv.as_mut(), prompt_ids, 0)?)?;
+    stats.prefill_time = t0.elapsed();
+    let mut decoder = tokenizer.decoder(true);
+    let mut pos = prompt_ids.len();
+    let t1 = Instant::now();
+    loop {
+        if tokenizer.is_eog(next) {
+            stats.stop = StopReason::EndOfGeneration;
+            break;
+        }
+        sampler.accept(next);
+        stats.generated_tokens += 1;
+        on_text(&decoder.push(next));
+        if stats.generated_tokens >= max_tokens {
+            stats.stop = StopReason::MaxTokens;
+            break;
+        }
+        if pos >= n_ctx {
+            stats.stop = StopReason::ContextFull;
+            break;
+        }
+        next = sampler.sample(model.decode_token(kv.as_mut(), next, pos)?)?;
+        pos += 1;
+    }
+    on_text(&decoder.finish());
+    stats.decode_time = t1.elapsed();
+    Ok(stats)
+}
