@@ -1,0 +1,290 @@
+//! Sampler tests: greedy choice, filters checked empirically on small
+//! distributions, determinism per seed, bad logits.
+
+use std::time::Instant;
+
+use infer_model::sampling::{argmax, Sampler, SamplerConfig, SamplingError};
+use rand::{Rng, SeedableRng};
+
+fn cfg(temperature: f32, top_k: usize, top_p: f32, min_p: f32, seed: u64) -> SamplerConfig {
+    SamplerConfig { temperature, top_k, top_p, min_p, seed, ..SamplerConfig::default() }
+}
+
+/// Logits whose softmax is `probs`.
+fn logits_of(probs: &[f64]) -> Vec<f32> {
+    probs.iter().map(|p| p.ln() as f32).collect()
+}
+
+/// Draw counts over `n` draws.
+fn histogram(s: &mut Sampler, logits: &[f32], n: usize) -> Vec<usize> {
+    let mut h = vec![0; logits.len()];
+    for _ in 0..n {
+        h[s.sample(logits).unwrap() as usize] += 1;
+    }
+    h
+}
+
+fn random_logits(n: usize, seed: u64) -> Vec<f32> {
+    let mut r = rand::rngs::StdRng::seed_from_u64(seed);
+    (0..n).map(|_| r.gen_range(-8.0f32..8.0)).collect()
+}
+
+#[test]
+fn greedy_picks_argmax_lowest_id_on_ties() {
+    let mut s = Sampler::greedy();
+    assert_eq!(s.sample(&[0.1, 3.0, -2.0, 2.9]).unwrap(), 1);
+    assert_eq!(s.sample(&[1.0, 5.0, 5.0, 5.0]).unwrap(), 1);
+    assert_eq!(s.sample(&[-1.0, -1.0]).unwrap(), 0);
+    assert_eq!(s.sample(&[f32::NEG_INFINITY, -1e30]).unwrap(), 1);
+    assert_eq!(argmax(&[2.0, f32::NAN, 3.0, 3.0]), Some(2));
+    assert_eq!(argmax(&[]), None);
+    for seed in 0..20 {
+        let l = random_logits(1000, seed);
+        let want = argmax(&l).unwrap();
+        assert_eq!(s.sample(&l).unwrap(), want);
+        // Temperature 0 through the full config.
+        let mut t0 = Sampler::new(cfg(0.0, 40, 0.9, 0.1, seed)).unwrap();
+        assert_eq!(t0.sample(&l).unwrap(), want);
+    }
+}
+
+#[test]
+fn top_k_one_is_greedy() {
+    for seed in 0..50 {
+        let l = random_logits(5000, seed + 100);
+        let mut s = Sampler::new(cfg(1.5, 1, 1.0, 0.0, seed)).unwrap();
+        assert_eq!(s.sample(&l).unwrap(), argmax(&l).unwrap());
+    }
+    let mut s = Sampler::new(cfg(1.0, 1, 1.0, 0.0, 0)).unwrap();
+    assert_eq!(s.sample(&[4.0, 4.0, 1.0]).unwrap(), 0);
+}
+
+#[test]
+fn temperature_towards_zero_is_greedy() {
+    for seed in 0..20 {
+        // The best logit 0.1 ahead of the rest: at these temperatures the
+        // others' probabilities underflow (exp(-0.1 / T)).
+        let mut l = random_logits(2000, seed + 200);
+        let want = argmax(&l).unwrap();
+        l[want as usize] += 0.1;
+        for t in [1e-3f32, 1e-6, 1e-20, f32::MIN_POSITIVE, 1e-45] {
+            let mut s = Sampler::new(SamplerConfig::with_temperature(t, seed)).unwrap();
+            assert_eq!(s.sample(&l).unwrap(), want, "temperature {t}");
+        }
+    }
+}
+
+#[test]
+fn seeded_runs_reproduce() {
+    let l = random_logits(50_000, 7);
+    let run = |seed, c: fn(u64) -> SamplerConfig| {
+        let mut s = Sampler::new(c(seed)).unwrap();
+        (0..200).map(|_| s.sample(&l).unwrap()).collect::<Vec<_>>()
+    };
+    let configs: [fn(u64) -> SamplerConfig; 4] = [
+        |seed| SamplerConfig::with_temperature(1.0, seed),
+        |seed| cfg(0.9, 40, 1.0, 0.0, seed),
+        |seed| cfg(1.2, 0, 0.9, 0.0, seed),
+        |seed| SamplerConfig { seed, repetition_penalty: 1.3, ..SamplerConfig::default() },
+    ];
+    for c in configs {
+        let a = run(42, c);
+        assert_eq!(a, run(42, c));
+        assert_ne!(a, run(43, c));
+    }
+    // Reseeding restarts the sequence.
+    let mut s = Sampler::new(SamplerConfig::with_temperature(1.0, 5)).unwrap();
+    let first: Vec<u32> = (0..20).map(|_| s.sample(&l).unwrap()).collect();
+    s.reseed(5);
+    let again: Vec<u32> = (0..20).map(|_| s.sample(&l).unwrap()).collect();
+    assert_eq!(first, again);
+}
+
+#[test]
+fn temperature_one_follows_the_softmax() {
+    let probs = [0.5, 0.3, 0.15, 0.05];
+    let mut s = Sampler::new(SamplerConfig::with_temperature(1.0, 1)).unwrap();
+    let n = 40_000;
+    let h = histogram(&mut s, &logits_of(&probs), n);
+    for (i, &p) in probs.iter().enumerate() {
+        let f = h[i] as f64 / n as f64;
+        assert!((f - p).abs() < 0.01, "token {i}: {f} vs {p} ({h:?})");
+    }
+    // Temperature 2 flattens: p ∝ sqrt(p).
+    let mut s = Sampler::new(SamplerConfig::with_temperature(2.0, 2)).unwrap();
+    let h = histogram(&mut s, &logits_of(&probs), n);
+    let z: f64 = probs.iter().map(|p: &f64| p.sqrt()).sum();
+    for (i, &p) in probs.iter().enumerate() {
+        let (f, want) = (h[i] as f64 / n as f64, p.sqrt() / z);
+        assert!((f - want).abs() < 0.01, "token {i}: {f} vs {want}");
+    }
+}
+
+#[test]
+fn top_p_restricts_support_to_the_nucleus() {
+    // Sorted 0.5, 0.3, 0.15, 0.05 (shuffled in the vocabulary): top-p 0.7
+    // keeps {0.5, 0.3}; 0.85 keeps three; 0.5 keeps one.
+    let probs = [0.15, 0.5, 0.05, 0.3];
+    let l = logits_of(&probs);
+    let n = 20_000;
+    let mut s = Sampler::new(cfg(1.0, 0, 0.7, 0.0, 3)).unwrap();
+    let h = histogram(&mut s, &l, n);
+    assert_eq!((h[0], h[2]), (0, 0), "{h:?}");
+    let f = h[1] as f64 / n as f64;
+    assert!((f - 0.5 / 0.8).abs() < 0.015, "{h:?}");
+
+    let mut s = Sampler::new(cfg(1.0, 0, 0.85, 0.0, 4)).unwrap();
+    let h = histogram(&mut s, &l, n);
+    assert_eq!(h[2], 0, "{h:?}");
+    assert!(h[0] > 0 && h[1] > 0 && h[3] > 0);
+
+    let mut s = Sampler::new(cfg(1.0, 0, 0.45, 0.0, 5)).unwrap();
+    assert_eq!(histogram(&mut s, &l, 1000)[1], 1000);
+    // Even a tiny top-p keeps the most likely token.
+    let mut s = Sampler::new(cfg(1.0, 0, 1e-6, 0.0, 5)).unwrap();
+    assert_eq!(histogram(&mut s, &l, 100)[1], 100);
+}
+
+#[test]
+fn top_k_and_min_p_restrict_support() {
+    let probs = [0.15, 0.5, 0.05, 0.3];
+    let l = logits_of(&probs);
+    let n = 20_000;
+    let mut s = Sampler::new(cfg(1.0, 2, 1.0, 0.0, 6)).unwrap();
+    let h = histogram(&mut s, &l, n);
+    assert_eq!((h[0], h[2]), (0, 0), "{h:?}");
+    assert!((h[1] as f64 / n as f64 - 0.625).abs() < 0.015, "{h:?}");
+    // min-p 0.2: p >= 0.1 keeps 0.5, 0.3, 0.15.
+    let mut s = Sampler::new(cfg(1.0, 0, 1.0, 0.2, 7)).unwrap();
+    let h = histogram(&mut s, &l, n);
+    assert_eq!(h[2], 0, "{h:?}");
+    assert!((h[0] as f64 / n as f64 - 0.15 / 0.95).abs() < 0.015, "{h:?}");
+    // top-k then top-p: of the top 3 (0.5, 0.3, 0.15, renormalised to
+    // 0.526, 0.316, 0.158), top-p 0.8 keeps two.
+    let mut s = Sampler::new(cfg(1.0, 3, 0.8, 0.0, 8)).unwrap();
+    let h = histogram(&mut s, &l, n);
+    assert_eq!((h[0], h[2]), (0, 0), "{h:?}");
+    // Ties at the top-k boundary go to the lower id.
+    let mut s = Sampler::new(cfg(1.0, 2, 1.0, 0.0, 9)).unwrap();
+    let h = histogram(&mut s, &[1.0, 0.0, 1.0, 1.0], 2000);
+    assert_eq!((h[1], h[3]), (0, 0), "{h:?}");
+}
+
+#[test]
+fn large_vocabulary_nucleus_matches_a_full_sort() {
+    // A flat distribution over 262144 tokens, so that the nucleus is far
+    // wider than the first partial selection.
+    let l = random_logits(262_144, 11).iter().map(|x| x * 0.3).collect::<Vec<_>>();
+    let top_p = 0.5;
+    let mut order: Vec<u32> = (0..l.len() as u32).collect();
+    order.sort_by(|&a, &b| l[b as usize].total_cmp(&l[a as usize]).then(a.cmp(&b)));
+    let max = l[order[0] as usize] as f64;
+    let w: Vec<f64> = l.iter().map(|&x| (x as f64 - max).exp()).collect();
+    let total: f64 = w.iter().sum();
+    let mut nucleus = vec![false; l.len()];
+    let mut mass = 0.0;
+    let mut size = 0;
+    for &i in &order {
+        if mass >= top_p * total {
+            break;
+        }
+        mass += w[i as usize];
+        nucleus[i as usize] = true;
+        size += 1;
+    }
+    assert!(size > 1000, "nucleus of {size}");
+    let mut s = Sampler::new(cfg(1.0, 0, top_p as f32, 0.0, 12)).unwrap();
+    for _ in 0..300 {
+        let id = s.sample(&l).unwrap() as usize;
+        assert!(nucleus[id], "token {id} outside the nucleus of {size}");
+    }
+}
+
+#[test]
+fn large_vocabulary_top_k_speed() {
+    let l = random_logits(262_144, 13);
+    let mut s = Sampler::new(SamplerConfig { seed: 1, ..SamplerConfig::default() }).unwrap();
+    let mut best = std::time::Duration::MAX;
+    let mut top = l.clone();
+    top.sort_by(|a, b| b.total_cmp(a));
+    let kth = top[39];
+    for _ in 0..20 {
+        let t0 = Instant::now();
+        let id = s.sample(&l).unwrap();
+        best = best.min(t0.elapsed());
+        assert!(l[id as usize] >= kth, "outside the top 40");
+    }
+    println!("sampling 262144 logits with top-k 40: {best:?} (best of 20)");
+}
+
+#[test]
+fn masked_and_infinite_logits() {
+    let inf = f32::INFINITY;
+    let ninf = f32::NEG_INFINITY;
+    for c in [SamplerConfig::with_temperature(1.0, 1), cfg(1.0, 2, 0.9, 0.05, 1), cfg(1.0, 0, 0.5, 0.0, 1)] {
+        let mut s = Sampler::new(c).unwrap();
+        let h = histogram(&mut s, &[ninf, 0.0, ninf, 0.0], 2000);
+        assert_eq!((h[0], h[2]), (0, 0));
+        assert_eq!(s.sample(&[0.0, inf, 5.0, inf]).unwrap(), 1);
+        assert_eq!(s.sample(&[ninf, ninf]), Err(SamplingError::AllMasked));
+    }
+}
+
+#[test]
+fn bad_logits_are_errors() {
+    for c in [SamplerConfig::greedy(), SamplerConfig::default()] {
+        let mut s = Sampler::new(c).unwrap();
+        assert_eq!(s.sample(&[]), Err(SamplingError::Empty));
+        assert_eq!(s.sample(&[1.0, f32::NAN, 2.0]), Err(SamplingError::NaN { index: 1 }));
+        assert_eq!(s.sample(&[f32::NAN; 3]), Err(SamplingError::NaN { index: 0 }));
+        // The sampler stays usable.
+        assert_eq!(Sampler::greedy().sample(&[1.0, 2.0]).unwrap(), 1);
+    }
+}
+
+#[test]
+fn invalid_settings_are_rejected() {
+    let base = SamplerConfig::default;
+    let bad = [
+        SamplerConfig { temperature: -0.1, ..base() },
+        SamplerConfig { temperature: f32::NAN, ..base() },
+        SamplerConfig { temperature: f32::INFINITY, ..base() },
+        SamplerConfig { top_p: 0.0, ..base() },
+        SamplerConfig { top_p: 1.5, ..base() },
+        SamplerConfig { min_p: -0.5, ..base() },
+        SamplerConfig { min_p: f32::NAN, ..base() },
+        SamplerConfig { repetition_penalty: 0.0, ..base() },
+        SamplerConfig { repetition_penalty: f32::NAN, ..base() },
+    ];
+    for c in bad {
+        assert!(matches!(Sampler::new(c.clone()), Err(SamplingError::InvalidConfig(_))), "{c:?}");
+    }
+    assert!(Sampler::new(base()).is_ok());
+}
+
+#[test]
+fn repetition_penalty() {
+    let c = SamplerConfig { repetition_penalty: 2.0, repeat_last_n: 2, ..SamplerConfig::greedy() };
+    let mut s = Sampler::new(c).unwrap();
+    // Positive logits are divided: 2.0 -> 1.0 < 1.9.
+    s.accept(0);
+    assert_eq!(s.sample(&[2.0, 1.9, 0.0]).unwrap(), 1);
+    // Negative logits are multiplied: -1.0 -> -2.0 < -1.5.
+    s.reset_history();
+    s.accept(0);
+    assert_eq!(s.sample(&[-1.0, -1.5]).unwrap(), 1);
+    // Sampled tokens are recorded too; the window holds the last two.
+    assert_eq!(s.history().collect::<Vec<_>>(), vec![0, 1]);
+    s.accept(7);
+    assert_eq!(s.history().collect::<Vec<_>>(), vec![1, 7]);
+    assert_eq!(s.sample(&[2.0, 3.0, 1.0]).unwrap(), 0, "3.0 / 2 < 2.0");
+    // Ids outside the logits are ignored.
+    s.reset_history();
+    s.accept(1_000_000);
+    assert_eq!(s.sample(&[1.0, 0.5]).unwrap(), 0);
+    // Input logits are left untouched.
+    let l = vec![2.0, 1.9];
+    s.accept(0);
+    s.sample(&l).unwrap();
+    assert_eq!(l, vec![2.0, 1.9]);
+}
