@@ -384,10 +384,8 @@ pub fn pack_2bit(l: &[u8; 256], qs: &mut [u8; 64]) {
     for h in 0..2 {
         for k in 0..32 {
             let base = 128 * h + k;
-            qs[32 * h + k] = (l[base] & 3)
-                | ((l[base + 32] & 3) << 2)
-                | ((l[base + 64] & 3) << 4)
-                | ((l[base + 96] & 3) << 6);
+            qs[32 * h + k] =
+                (l[base] & 3) | ((l[base + 32] & 3) << 2) | ((l[base + 64] & 3) << 4) | ((l[base + 96] & 3) << 6);
         }
     }
 }

@@ -31,7 +31,6 @@ pub struct BlockQ2K {
 }
 const _: () = assert!(std::mem::size_of::<BlockQ2K>() == 84);
 
-
 /// Decodes the 2-bit quant `i` (0..256) of a block.
 #[inline]
 fn quant(qs: &[u8; 64], i: usize) -> u8 {

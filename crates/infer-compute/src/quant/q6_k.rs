@@ -62,7 +62,13 @@ impl BlockFormat for BlockQ6K {
             let mut max_scale = 0f32;
             let mut max_abs_scale = 0f32;
             for (ib, s) in scales.iter_mut().enumerate() {
-                *s = make_qx_quants(32, &xb[16 * ib..16 * ib + 16], &mut l[16 * ib..16 * ib + 16], QxMode::Search, QxWeights::Square);
+                *s = make_qx_quants(
+                    32,
+                    &xb[16 * ib..16 * ib + 16],
+                    &mut l[16 * ib..16 * ib + 16],
+                    QxMode::Search,
+                    QxWeights::Square,
+                );
                 let a = s.abs();
                 if a > max_abs_scale {
                     max_abs_scale = a;
