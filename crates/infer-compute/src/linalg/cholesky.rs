@@ -92,8 +92,8 @@ impl CholeskyFactor {
 /// * `ridge >= 0` — Tikhonov term added to the diagonal (`0.0` for a plain
 ///   Cholesky).
 ///
-/// Cost: `n³/3` multiply-adds (faer `Llt`), plus `O(n²)` for the checks and
-/// the copy into faer.
+/// Cost: `n³/3` flops (faer `Llt`; one flop per multiply and per add), plus
+/// `O(n²)` for the checks and the copy into faer.
 ///
 /// # Errors
 /// * [`Error::Shape`] — `a` is not square, or `ridge` is negative.
@@ -123,7 +123,6 @@ pub fn cholesky(a: ArrayView2<f64>, ridge: f64) -> Result<CholeskyFactor> {
 /// triangle, without the symmetry check. For callers inside `linalg` that
 /// built `m` themselves as a Gram matrix.
 pub(super) fn factor_shifted(m: Mat<f64>, ridge: f64) -> Result<CholeskyFactor> {
-    let n = m.nrows();
     match Llt::new(m.as_ref(), Side::Lower) {
         Ok(llt) => match negligible_pivot(&llt, m.as_ref()) {
             Some((pivot, value)) => Err(Error::NotPositiveDefinite { pivot, value }),

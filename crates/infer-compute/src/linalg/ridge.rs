@@ -90,8 +90,9 @@ impl RidgeReport {
 ///   (e.g. `1e-6 · mean‖kᵢ‖²` for a near-exact fit); `0` asks for the exact
 ///   minimum-norm fit, which needs `N <= d_in` linearly independent keys.
 ///
-/// Returns `ΔW: [d_out, d_in]` (f32). Cost in f64: `N²·d_in` (Gram) +
-/// `N³/3` (Cholesky) + `2·N²·d_in` (solve) + `2·N·d_in·d_out` (product).
+/// Returns `ΔW: [d_out, d_in]` (f32). Cost in f64 flops: `2·N²·d_in`
+/// (Gram, a full GEMM) + `N³/3` (Cholesky) + `2·N²·d_in` (solve) +
+/// `2·N·d_in·d_out` (product).
 /// `N = 0` gives a zero `ΔW`. See the module docs for the formula, its
 /// source and why f64.
 ///
