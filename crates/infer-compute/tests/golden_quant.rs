@@ -65,9 +65,16 @@ fn read_manifest(dir: &Path) -> Vec<Case> {
         if lineno == 0 && f.first() == Some(&"name") {
             continue;
         }
-        assert_eq!(f.len(), 7, "{}:{}: expected 7 tab-separated fields: {line:?}", path.display(), lineno + 1);
+        assert_eq!(
+            f.len(),
+            7,
+            "{}:{}: expected 7 tab-separated fields: {line:?}",
+            path.display(),
+            lineno + 1
+        );
         let num = |s: &str| -> usize {
-            s.parse().unwrap_or_else(|_| panic!("{}:{}: bad number {s:?}", path.display(), lineno + 1))
+            s.parse()
+                .unwrap_or_else(|_| panic!("{}:{}: bad number {s:?}", path.display(), lineno + 1))
         };
         cases.push(Case {
             name: f[0].to_string(),
@@ -92,7 +99,10 @@ struct AlignedBytes {
 
 impl AlignedBytes {
     fn zeroed(len: usize) -> Self {
-        Self { words: vec![0; len.div_ceil(8)], len }
+        Self {
+            words: vec![0; len.div_ceil(8)],
+            len,
+        }
     }
     fn from_slice(b: &[u8]) -> Self {
         let mut a = Self::zeroed(b.len());
@@ -110,14 +120,20 @@ impl AlignedBytes {
 fn read_bytes(path: &Path, expect_len: usize) -> Result<Vec<u8>, String> {
     let b = std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
     if b.len() != expect_len {
-        return Err(format!("{} has {} bytes, expected {expect_len}", path.display(), b.len()));
+        return Err(format!(
+            "{} has {} bytes, expected {expect_len}",
+            path.display(),
+            b.len()
+        ));
     }
     Ok(b)
 }
 
 fn read_f32(path: &Path, expect_values: usize) -> Result<Vec<f32>, String> {
     let b = read_bytes(path, expect_values * 4)?;
-    Ok(b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
+    Ok(b.chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect())
 }
 
 fn same_f32(a: f32, b: f32) -> bool {
@@ -146,6 +162,8 @@ fn unspecified_bytes(ty: GgmlType, x: &[f32]) -> Option<std::ops::Range<usize>> 
 struct CaseOutcome {
     failures: Vec<String>,
     waived_blocks: usize,
+    /// Largest finite dot-product error relative to Σ|w·x| (0 for none).
+    worst_dot_rel: f64,
 }
 
 fn check_case(dir: &Path, c: &Case) -> Result<CaseOutcome, String> {
@@ -155,12 +173,18 @@ fn check_case(dir: &Path, c: &Case) -> Result<CaseOutcome, String> {
     if ty.block_size() != c.block_size || ty.type_size() != c.type_size {
         return Err(format!(
             "manifest says block {}/{} bytes, the library {}/{}",
-            c.block_size, c.type_size, ty.block_size(), ty.type_size()
+            c.block_size,
+            c.type_size,
+            ty.block_size(),
+            ty.type_size()
         ));
     }
     let lib_vdt = ty.vec_dot_type().map_or("none", GgmlType::name);
     if lib_vdt != c.vec_dot_type {
-        return Err(format!("manifest says vec_dot_type {}, the library {lib_vdt}", c.vec_dot_type));
+        return Err(format!(
+            "manifest says vec_dot_type {}, the library {lib_vdt}",
+            c.vec_dot_type
+        ));
     }
     let row_bytes = ty.row_bytes(c.cols).map_err(|e| e.to_string())?;
     let file = |ext: &str| dir.join(format!("{}.{ext}", c.name));
@@ -182,8 +206,11 @@ fn check_case(dir: &Path, c: &Case) -> Result<CaseOutcome, String> {
             if got[range.clone()] == want[range.clone()] {
                 continue;
             }
-            let skip = unspecified_bytes(ty, &x[b * c.block_size..][..c.block_size]).unwrap_or(0..0);
-            let bad = range.clone().find(|&i| got[i] != want[i] && !skip.contains(&(i - range.start)));
+            let skip =
+                unspecified_bytes(ty, &x[b * c.block_size..][..c.block_size]).unwrap_or(0..0);
+            let bad = range
+                .clone()
+                .find(|&i| got[i] != want[i] && !skip.contains(&(i - range.start)));
             match bad {
                 Some(i) => {
                     first_bad.get_or_insert((b, i));
@@ -208,7 +235,10 @@ fn check_case(dir: &Path, c: &Case) -> Result<CaseOutcome, String> {
         Some(read_f32(&deq_path, c.rows * c.cols)?)
     } else {
         if deq_path.exists() {
-            out.failures.push(format!("unexpected {} for an activation-only type", deq_path.display()));
+            out.failures.push(format!(
+                "unexpected {} for an activation-only type",
+                deq_path.display()
+            ));
         }
         None
     };
@@ -216,7 +246,8 @@ fn check_case(dir: &Path, c: &Case) -> Result<CaseOutcome, String> {
         let mut y = vec![0f32; c.cols];
         for r in 0..c.rows {
             let qb = AlignedBytes::from_slice(&want_q[r * row_bytes..][..row_bytes]);
-            quant::dequantize_row(ty, qb.as_ref(), &mut y).map_err(|e| format!("dequantize_row: {e}"))?;
+            quant::dequantize_row(ty, qb.as_ref(), &mut y)
+                .map_err(|e| format!("dequantize_row: {e}"))?;
             let want = &want_deq[r * c.cols..][..c.cols];
             if let Some(i) = (0..c.cols).find(|&i| !same_f32(y[i], want[i])) {
                 out.failures.push(format!(
@@ -236,8 +267,11 @@ fn check_case(dir: &Path, c: &Case) -> Result<CaseOutcome, String> {
             let qb = AlignedBytes::from_slice(&want_q[r * row_bytes..][..row_bytes]);
             let got = quant::vec_dot(ty, qb.as_ref(), &act).map_err(|e| format!("vec_dot: {e}"))?;
             let want = want_dot[r];
-            let scale: f64 =
-                want_deq[r * c.cols..][..c.cols].iter().zip(&act).map(|(&w, &x)| (f64::from(w) * f64::from(x)).abs()).sum();
+            let scale: f64 = want_deq[r * c.cols..][..c.cols]
+                .iter()
+                .zip(&act)
+                .map(|(&w, &x)| (f64::from(w) * f64::from(x)).abs())
+                .sum();
             let tol = DOT_REL_TOL * scale + DOT_ABS_FLOOR;
             let err = (f64::from(got) - f64::from(want)).abs();
             let ok = if want.is_nan() || got.is_nan() {
@@ -247,6 +281,9 @@ fn check_case(dir: &Path, c: &Case) -> Result<CaseOutcome, String> {
             } else {
                 err <= tol
             };
+            if ok && err.is_finite() && scale > 0.0 {
+                out.worst_dot_rel = out.worst_dot_rel.max(err / scale);
+            }
             if !ok {
                 out.failures.push(format!(
                     "dot row {r}: got {got:e}, want {want:e}: |diff| {err:.3e} > tol {tol:.3e} (rel {:.3e} of sum|w*x| {scale:.3e})",
@@ -279,7 +316,10 @@ fn install_capturing_hook() {
                 } else {
                     "non-string panic payload".to_string()
                 };
-                let loc = info.location().map(|l| format!(" at {}:{}", l.file(), l.line())).unwrap_or_default();
+                let loc = info
+                    .location()
+                    .map(|l| format!(" at {}:{}", l.file(), l.line()))
+                    .unwrap_or_default();
                 CAPTURED.with(|c| *c.borrow_mut() = Some(format!("{msg}{loc}")));
             } else {
                 previous(info);
@@ -294,7 +334,11 @@ fn run_captured<T>(f: impl FnOnce() -> T) -> Result<T, String> {
     CAPTURING.with(|c| c.set(true));
     let r = panic::catch_unwind(AssertUnwindSafe(f));
     CAPTURING.with(|c| c.set(false));
-    r.map_err(|_| CAPTURED.with(|c| c.borrow_mut().take()).unwrap_or_else(|| "panic".to_string()))
+    r.map_err(|_| {
+        CAPTURED
+            .with(|c| c.borrow_mut().take())
+            .unwrap_or_else(|| "panic".to_string())
+    })
 }
 
 #[test]
@@ -307,6 +351,7 @@ fn golden_quant_all_manifest_cases() {
     let mut report = String::new();
     let mut failed = 0usize;
     let mut waived = Vec::new();
+    let mut worst_dot: BTreeMap<String, f64> = BTreeMap::new();
     for c in &cases {
         let result = match run_captured(|| check_case(&dir, c)) {
             Ok(Ok(outcome)) => Ok(outcome),
@@ -315,6 +360,10 @@ fn golden_quant_all_manifest_cases() {
         };
         let failures = match result {
             Ok(outcome) => {
+                if c.vec_dot_type != "none" {
+                    let w = worst_dot.entry(c.type_name.clone()).or_default();
+                    *w = w.max(outcome.worst_dot_rel);
+                }
                 if outcome.waived_blocks > 0 {
                     waived.push(format!("{} ({} blocks)", c.name, outcome.waived_blocks));
                 }
@@ -334,9 +383,16 @@ fn golden_quant_all_manifest_cases() {
         }
     }
 
-    let passing: Vec<&str> = per_type.iter().filter(|(_, (n, p))| n == p).map(|(t, _)| t.as_str()).collect();
-    let failing: Vec<String> =
-        per_type.iter().filter(|(_, (n, p))| n != p).map(|(t, (n, p))| format!("{t} ({p}/{n})")).collect();
+    let passing: Vec<&str> = per_type
+        .iter()
+        .filter(|(_, (n, p))| n == p)
+        .map(|(t, _)| t.as_str())
+        .collect();
+    let failing: Vec<String> = per_type
+        .iter()
+        .filter(|(_, (n, p))| n != p)
+        .map(|(t, (n, p))| format!("{t} ({p}/{n})"))
+        .collect();
     println!(
         "golden_quant: {}/{} cases passed; {}/{} types fully passing: {}",
         cases.len() - failed,
@@ -344,6 +400,14 @@ fn golden_quant_all_manifest_cases() {
         passing.len(),
         per_type.len(),
         passing.join(" ")
+    );
+    let worst: Vec<String> = worst_dot
+        .iter()
+        .map(|(t, w)| format!("{t} {w:.1e}"))
+        .collect();
+    println!(
+        "golden_quant: worst dot error / sum|w*x| per type: {}",
+        worst.join(", ")
     );
     if !waived.is_empty() {
         println!(
@@ -415,9 +479,88 @@ fn wrong_buffer_lengths_are_errors() {
         let n = 2 * ty.block_size();
         let x = vec![1.0f32; n];
         let mut short = AlignedBytes::zeroed(ty.row_bytes(n).unwrap() - 1);
-        assert!(matches!(quant::quantize_row(ty, &x, short.as_mut()), Err(Error::Shape { .. })), "{ty}");
+        assert!(
+            matches!(
+                quant::quantize_row(ty, &x, short.as_mut()),
+                Err(Error::Shape { .. })
+            ),
+            "{ty}"
+        );
         let mut y = vec![0f32; n];
-        assert!(matches!(quant::dequantize_row(ty, short.as_ref(), &mut y), Err(Error::Shape { .. })), "{ty}");
-        assert!(matches!(quant::vec_dot(ty, short.as_ref(), &x), Err(Error::Shape { .. })), "{ty}");
+        assert!(
+            matches!(
+                quant::dequantize_row(ty, short.as_ref(), &mut y),
+                Err(Error::Shape { .. })
+            ),
+            "{ty}"
+        );
+        assert!(
+            matches!(
+                quant::vec_dot(ty, short.as_ref(), &x),
+                Err(Error::Shape { .. })
+            ),
+            "{ty}"
+        );
     }
+}
+
+/// NaN, infinities, extremes and subnormals give some result, never a
+/// panic (integer overflow included), in every type's three entry points.
+#[test]
+fn extreme_inputs_do_not_panic() {
+    let specials = [
+        f32::NAN,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::MAX,
+        -f32::MAX,
+        f32::MIN_POSITIVE,
+        f32::from_bits(1),
+        -0.0,
+        65520.0,
+        1e-40,
+    ];
+    let mut failures = Vec::new();
+    for ty in GgmlType::ALL {
+        let n = 2 * ty.block_size().max(32);
+        let rows: Vec<Vec<f32>> = specials
+            .iter()
+            .map(|&s| vec![s; n])
+            .chain(specials.iter().map(|&s| {
+                (0..n)
+                    .map(|i| {
+                        if i % 7 == 3 {
+                            s
+                        } else {
+                            (i as f32 - 20.0) * 0.37
+                        }
+                    })
+                    .collect()
+            }))
+            .collect();
+        for x in &rows {
+            let r = run_captured(|| -> Result<(), Error> {
+                let mut q = AlignedBytes::zeroed(ty.row_bytes(n)?);
+                quant::quantize_row(ty, x, q.as_mut())?;
+                let mut y = vec![0f32; n];
+                quant::dequantize_row(ty, q.as_ref(), &mut y)?;
+                if ty.vec_dot_type().is_some() {
+                    quant::vec_dot(ty, q.as_ref(), x)?;
+                    quant::vec_dot(ty, q.as_ref(), &y)?;
+                }
+                Ok(())
+            });
+            match r {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    failures.push(format!("{ty}: error {e} for input starting {:?}", &x[..4]))
+                }
+                Err(p) => failures.push(format!(
+                    "{ty}: panicked ({p}) for input starting {:?}",
+                    &x[..4]
+                )),
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
