@@ -136,7 +136,7 @@ pub fn argmax(logits: &[f32]) -> Option<u32> {
         if x.is_nan() {
             continue;
         }
-        if best.map_or(true, |(_, b)| x > b) {
+        if !matches!(best, Some((_, b)) if x <= b) {
             best = Some((i as u32, x));
         }
     }

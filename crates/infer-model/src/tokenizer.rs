@@ -350,8 +350,8 @@ impl Tokenizer {
         }
 
         let mut specials = SpecialTrie::default();
-        for i in 0..n {
-            if types[i].is_pretokenized() {
+        for (i, ty) in types.iter().enumerate() {
+            if ty.is_pretokenized() {
                 specials.insert(piece(i).as_bytes(), i as u32);
             }
         }

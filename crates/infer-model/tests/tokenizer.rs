@@ -250,12 +250,10 @@ fn from_gguf_metadata_and_errors() {
 // ---------------------------------------------------------------------------
 // The default model.
 
+/// The default model (`$INFER_MODEL`, else the cached download, fetched
+/// when absent).
 fn model_path() -> PathBuf {
-    if let Some(p) = std::env::var_os("INFER_MODEL") {
-        return p.into();
-    }
-    let home = std::env::var_os("HOME").expect("HOME is not set");
-    Path::new(&home).join(".cache/infer-compute/gemma-3-270m-q4_k_m.gguf")
+    infer_model::fetch::default_model_path().unwrap_or_else(|e| panic!("default model: {e}"))
 }
 
 fn gemma() -> &'static Tokenizer {
