@@ -1,1 +1,412 @@
 //! GGUF reader and writer.
+//!
+//! GGUF is ggml's model file format: a header of typed key/value metadata
+//! and tensor descriptions, followed by an aligned section of tensor data in
+//! ggml's block formats. The format is specified in ggml's `docs/gguf.md`
+//! and implemented in `ggml/src/gguf.cpp`; versions 2 and 3 are supported
+//! (they share one layout; version 1 used 32-bit counts and is rejected).
+//!
+//! [`GgufFile::open`] memory-maps a file and validates the whole header up
+//! front (every length, offset, size and count is checked before use);
+//! tensor data is then handed out without copying, as slices
+//! ([`GgufFile::tensor_data`]) or as [`QuantWeight`]s sharing the mapping
+//! ([`GgufFile::weight`]). [`GgufWriter`] builds files (version 3).
+
+mod reader;
+mod value;
+mod writer;
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::path::Path;
+use std::sync::Arc;
+
+use infer_compute::backend::{QuantWeight, WeightBytes};
+use infer_compute::GgmlType;
+
+use crate::error::{Error, Result};
+
+pub use value::Value;
+pub use writer::GgufWriter;
+
+/// The four bytes every GGUF file starts with.
+pub const MAGIC: [u8; 4] = *b"GGUF";
+/// The metadata key that sets the data alignment.
+pub const ALIGNMENT_KEY: &str = "general.alignment";
+/// Alignment of tensor data when `general.alignment` is absent.
+pub const DEFAULT_ALIGNMENT: usize = 32;
+/// Most dimensions a tensor may have (ggml's `GGML_MAX_DIMS`).
+pub const MAX_DIMS: usize = 4;
+
+/// One tensor's description from the file header.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TensorInfo {
+    /// Tensor name (`"blk.0.attn_q.weight"`).
+    pub name: String,
+    /// Extents in ggml order: `dims[0]` is the number of values per row
+    /// (the fastest-varying index), `dims[1]` the number of rows, and so
+    /// on. Between 1 and [`MAX_DIMS`] entries.
+    pub dims: Vec<u64>,
+    /// Element type.
+    pub ty: GgmlType,
+    /// Byte offset of the data, relative to the start of the data section
+    /// (a multiple of the file's alignment).
+    pub offset: u64,
+    /// Size of the data in bytes.
+    pub n_bytes: usize,
+}
+
+impl TensorInfo {
+    /// Number of values (the product of `dims`).
+    pub fn n_elements(&self) -> u64 {
+        self.dims.iter().product()
+    }
+
+    /// Values per row (`dims[0]`).
+    pub fn cols(&self) -> u64 {
+        self.dims.first().copied().unwrap_or(1)
+    }
+
+    /// Number of rows: the product of every dimension after the first (1
+    /// for a 1-D tensor).
+    pub fn rows(&self) -> u64 {
+        self.dims.iter().skip(1).product()
+    }
+}
+
+/// The bytes of a GGUF file: a read-only memory map or an owned buffer.
+enum Storage {
+    Mapped(memmap2::Mmap),
+    Owned(Vec<u8>),
+    /// A copy of a buffer whose address was not 16-byte aligned, kept in
+    /// 16-byte words so that block structs can be viewed in place.
+    Aligned { words: Vec<u128>, len: usize },
+}
+
+impl AsRef<[u8]> for Storage {
+    fn as_ref(&self) -> &[u8] {
+        match self {
+            Storage::Mapped(m) => m,
+            Storage::Owned(v) => v,
+            Storage::Aligned { words, len } => &bytemuck::cast_slice(words)[..*len],
+        }
+    }
+}
+
+/// Alignment guaranteed for the start of an in-memory file, so that tensor
+/// data at aligned offsets can be viewed as block structs.
+const BUFFER_ALIGN: usize = 16;
+
+/// A parsed GGUF file. The header is decoded and validated when the file is
+/// opened; tensor data stays in the memory map (or buffer) and is shared
+/// without copying.
+pub struct GgufFile {
+    storage: Arc<Storage>,
+    version: u32,
+    alignment: usize,
+    data_offset: usize,
+    metadata: Vec<(String, Value)>,
+    key_index: HashMap<String, usize>,
+    tensors: Vec<TensorInfo>,
+    tensor_index: HashMap<String, usize>,
+}
+
+impl GgufFile {
+    /// Memory-maps and parses the file at `path`. Tensor data is not read
+    /// until used.
+    ///
+    /// The file must not be modified while it is open (as for every
+    /// memory-mapped file).
+    ///
+    /// # Errors
+    /// [`Error::Io`] when the file cannot be opened or mapped;
+    /// [`Error::Gguf`] (prefixed with the path) when it is not a valid GGUF
+    /// file of version 2 or 3.
+    pub fn open(path: impl AsRef<Path>) -> Result<Self> {
+        let path = path.as_ref();
+        let io_err = |source| Error::Io { path: path.to_path_buf(), source };
+        let file = File::open(path).map_err(io_err)?;
+        let len = file.metadata().map_err(io_err)?.len();
+        let storage = if len == 0 {
+            Storage::Owned(Vec::new())
+        } else {
+            // SAFETY: the mapping is read-only; like every mmap-based model
+            // loader we require that the file is not truncated or modified
+            // while it is open (documented above).
+            Storage::Mapped(unsafe { memmap2::Mmap::map(&file) }.map_err(io_err)?)
+        };
+        Self::from_storage(storage).map_err(|e| match e {
+            Error::Gguf(msg) => Error::Gguf(format!("{}: {msg}", path.display())),
+            other => other,
+        })
+    }
+
+    /// Parses a file held in memory. The buffer is kept (not copied, unless
+    /// its address is not 16-byte aligned) and tensors borrow from it.
+    ///
+    /// # Errors
+    /// [`Error::Gguf`] when `bytes` is not a valid GGUF file of version 2
+    /// or 3.
+    pub fn from_bytes(bytes: Vec<u8>) -> Result<Self> {
+        let storage = if bytes.as_ptr() as usize & (BUFFER_ALIGN - 1) == 0 {
+            Storage::Owned(bytes)
+        } else {
+            let len = bytes.len();
+            let mut words = vec![0u128; len.div_ceil(BUFFER_ALIGN)];
+            bytemuck::cast_slice_mut::<u128, u8>(&mut words)[..len].copy_from_slice(&bytes);
+            Storage::Aligned { words, len }
+        };
+        Self::from_storage(storage)
+    }
+
+    fn from_storage(storage: Storage) -> Result<Self> {
+        let p = reader::parse(storage.as_ref())?;
+        Ok(Self {
+            storage: Arc::new(storage),
+            version: p.version,
+            alignment: p.alignment,
+            data_offset: p.data_offset,
+            metadata: p.metadata,
+            key_index: p.key_index,
+            tensors: p.tensors,
+            tensor_index: p.tensor_index,
+        })
+    }
+
+    /// The file's GGUF version (2 or 3).
+    pub fn version(&self) -> u32 {
+        self.version
+    }
+
+    /// Alignment of the data section and of every tensor's offset
+    /// (`general.alignment`, 32 when absent).
+    pub fn alignment(&self) -> usize {
+        self.alignment
+    }
+
+    /// Byte offset of the data section from the start of the file.
+    pub fn data_offset(&self) -> usize {
+        self.data_offset
+    }
+
+    /// The whole file.
+    pub fn bytes(&self) -> &[u8] {
+        (*self.storage).as_ref()
+    }
+
+    /// Every metadata entry, in file order. Its length is the key/value
+    /// count of the file header (no synthetic entries are added).
+    pub fn metadata(&self) -> &[(String, Value)] {
+        &self.metadata
+    }
+
+    /// The value of a metadata key.
+    pub fn get(&self, key: &str) -> Option<&Value> {
+        self.key_index.get(key).map(|&i| &self.metadata[i].1)
+    }
+
+    fn require(&self, key: &str) -> Result<&Value> {
+        self.get(key).ok_or_else(|| Error::MissingKey(key.to_owned()))
+    }
+
+    fn typed<'a, T>(
+        &'a self,
+        key: &str,
+        expected: &'static str,
+        conv: impl FnOnce(&'a Value) -> Option<T>,
+    ) -> Result<T> {
+        let v = self.require(key)?;
+        conv(v).ok_or_else(|| Error::KeyType { key: key.to_owned(), expected, found: v.type_description() })
+    }
+
+    /// An integer key as `u32`. Any integer type is accepted when its
+    /// value fits losslessly.
+    ///
+    /// # Errors
+    /// [`Error::MissingKey`]; [`Error::KeyType`] for non-integers and
+    /// values out of range.
+    pub fn get_u32(&self, key: &str) -> Result<u32> {
+        self.typed(key, "u32", Value::as_u32)
+    }
+
+    /// An integer key as `u64` (any integer type that fits losslessly).
+    ///
+    /// # Errors
+    /// As [`GgufFile::get_u32`].
+    pub fn get_u64(&self, key: &str) -> Result<u64> {
+        self.typed(key, "u64", Value::as_u64)
+    }
+
+    /// An integer key as `i32` (any integer type that fits losslessly).
+    ///
+    /// # Errors
+    /// As [`GgufFile::get_u32`].
+    pub fn get_i32(&self, key: &str) -> Result<i32> {
+        self.typed(key, "i32", Value::as_i32)
+    }
+
+    /// An integer key as `i64` (any integer type that fits losslessly).
+    ///
+    /// # Errors
+    /// As [`GgufFile::get_u32`].
+    pub fn get_i64(&self, key: &str) -> Result<i64> {
+        self.typed(key, "i64", Value::as_i64)
+    }
+
+    /// A float key as `f32` (`f64` values are rounded to the nearest
+    /// `f32`; integers are not accepted).
+    ///
+    /// # Errors
+    /// [`Error::MissingKey`]; [`Error::KeyType`] for non-floats.
+    pub fn get_f32(&self, key: &str) -> Result<f32> {
+        self.typed(key, "f32", Value::as_f32)
+    }
+
+    /// A float key as `f64`.
+    ///
+    /// # Errors
+    /// [`Error::MissingKey`]; [`Error::KeyType`] for non-floats.
+    pub fn get_f64(&self, key: &str) -> Result<f64> {
+        self.typed(key, "f64", Value::as_f64)
+    }
+
+    /// A bool key.
+    ///
+    /// # Errors
+    /// [`Error::MissingKey`]; [`Error::KeyType`] for other types.
+    pub fn get_bool(&self, key: &str) -> Result<bool> {
+        self.typed(key, "bool", Value::as_bool)
+    }
+
+    /// A string key.
+    ///
+    /// # Errors
+    /// [`Error::MissingKey`]; [`Error::KeyType`] for other types.
+    pub fn get_str(&self, key: &str) -> Result<&str> {
+        self.typed(key, "string", Value::as_str)
+    }
+
+    /// An array key's elements.
+    ///
+    /// # Errors
+    /// [`Error::MissingKey`]; [`Error::KeyType`] for non-arrays.
+    pub fn get_array(&self, key: &str) -> Result<&[Value]> {
+        self.typed(key, "array", Value::as_array)
+    }
+
+    fn typed_array<'a, T>(
+        &'a self,
+        key: &str,
+        expected: &'static str,
+        conv: impl Fn(&'a Value) -> Option<T>,
+    ) -> Result<Vec<T>> {
+        let v = self.require(key)?;
+        let mismatch = || Error::KeyType { key: key.to_owned(), expected, found: v.type_description() };
+        let items = v.as_array().ok_or_else(mismatch)?;
+        let mut out = Vec::with_capacity(items.len());
+        for item in items {
+            out.push(conv(item).ok_or_else(mismatch)?);
+        }
+        Ok(out)
+    }
+
+    /// An array of strings.
+    ///
+    /// # Errors
+    /// [`Error::MissingKey`]; [`Error::KeyType`] for anything but an array
+    /// of strings.
+    pub fn get_str_array(&self, key: &str) -> Result<Vec<&str>> {
+        self.typed_array(key, "array of string", Value::as_str)
+    }
+
+    /// An array of floats as `f32` (`f64` elements are rounded).
+    ///
+    /// # Errors
+    /// [`Error::MissingKey`]; [`Error::KeyType`] for anything but an array
+    /// of floats.
+    pub fn get_f32_array(&self, key: &str) -> Result<Vec<f32>> {
+        self.typed_array(key, "array of f32", Value::as_f32)
+    }
+
+    /// An array of integers as `i32`; elements of any integer type are
+    /// accepted when they fit losslessly.
+    ///
+    /// # Errors
+    /// [`Error::MissingKey`]; [`Error::KeyType`] for anything but an array
+    /// of integers in range.
+    pub fn get_i32_array(&self, key: &str) -> Result<Vec<i32>> {
+        self.typed_array(key, "array of i32", Value::as_i32)
+    }
+
+    /// An array of integers as `u32` (elements of any integer type that fit
+    /// losslessly).
+    ///
+    /// # Errors
+    /// As [`GgufFile::get_i32_array`].
+    pub fn get_u32_array(&self, key: &str) -> Result<Vec<u32>> {
+        self.typed_array(key, "array of u32", Value::as_u32)
+    }
+
+    /// Every tensor description, in file order.
+    pub fn tensors(&self) -> &[TensorInfo] {
+        &self.tensors
+    }
+
+    /// The description of a tensor by name.
+    pub fn tensor(&self, name: &str) -> Option<&TensorInfo> {
+        self.tensor_index.get(name).map(|&i| &self.tensors[i])
+    }
+
+    /// A tensor's bytes (validated to lie inside the file when it was
+    /// opened). An info that does not belong to this file and points past
+    /// its end gives an empty slice.
+    pub fn tensor_data(&self, t: &TensorInfo) -> &[u8] {
+        self.data_range(t).and_then(|(start, len)| self.bytes().get(start..start + len)).unwrap_or(&[])
+    }
+
+    fn data_range(&self, t: &TensorInfo) -> Option<(usize, usize)> {
+        let start = self.data_offset.checked_add(usize::try_from(t.offset).ok()?)?;
+        start.checked_add(t.n_bytes)?;
+        Some((start, t.n_bytes))
+    }
+
+    /// A tensor as a [`QuantWeight`] sharing the file's memory (no copy).
+    ///
+    /// Shape: a 1-D tensor gives `rows = 1, cols = dims[0]`; a 2-D tensor
+    /// `cols = dims[0], rows = dims[1]`; higher dimensions are flattened
+    /// into rows (`rows = dims[1] · dims[2] · ...`).
+    ///
+    /// # Errors
+    /// [`Error::MissingTensor`] when there is no tensor of that name.
+    pub fn weight(&self, name: &str) -> Result<QuantWeight> {
+        let t = self.tensor(name).ok_or_else(|| Error::MissingTensor(name.to_owned()))?;
+        self.tensor_weight(t)
+    }
+
+    /// [`GgufFile::weight`] for a tensor description of this file.
+    ///
+    /// # Errors
+    /// [`Error::Gguf`] when `t` does not describe a range of this file
+    /// (an info taken from another file).
+    pub fn tensor_weight(&self, t: &TensorInfo) -> Result<QuantWeight> {
+        let bad = || Error::Gguf(format!("tensor `{}` does not lie inside this file", t.name));
+        let (start, len) = self.data_range(t).ok_or_else(bad)?;
+        let cols = usize::try_from(t.cols()).map_err(|_| bad())?;
+        let rows = usize::try_from(t.rows()).map_err(|_| bad())?;
+        let owner: Arc<dyn AsRef<[u8]> + Send + Sync> = self.storage.clone();
+        let data = WeightBytes::range(owner, start, len).map_err(|_| bad())?;
+        Ok(QuantWeight::new(t.ty, rows, cols, data)?)
+    }
+}
+
+impl std::fmt::Debug for GgufFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GgufFile")
+            .field("version", &self.version)
+            .field("alignment", &self.alignment)
+            .field("size", &self.bytes().len())
+            .field("n_metadata", &self.metadata.len())
+            .field("n_tensors", &self.tensors.len())
+            .finish()
+    }
+}

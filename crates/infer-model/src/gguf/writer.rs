@@ -1,0 +1,417 @@
+//! Building GGUF files (version 3, little-endian), laid out as ggml's
+//! `gguf_write_to_buf` does: header, metadata, tensor infos, zero padding to
+//! the alignment, then each tensor's data padded to the alignment.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+
+use infer_compute::backend::WeightBytes;
+use infer_compute::GgmlType;
+
+use super::reader::tensor_bytes;
+use super::value::{tag, Value};
+use super::{GgufFile, ALIGNMENT_KEY, DEFAULT_ALIGNMENT, MAGIC, MAX_DIMS};
+use crate::error::{Error, Result};
+
+/// The GGUF version written.
+const VERSION: u32 = 3;
+
+/// Longest tensor name ggml accepts (`GGML_MAX_NAME` is 64 including the
+/// terminating NUL).
+const MAX_TENSOR_NAME: usize = 63;
+
+/// A function that fills a tensor's bytes when the file is written.
+type Fill = Box<dyn Fn(&mut [u8]) -> Result<()> + Send + Sync>;
+
+/// Where a tensor's bytes come from.
+enum Data {
+    Bytes(WeightBytes),
+    Fill(Fill),
+}
+
+struct PendingTensor {
+    name: String,
+    dims: Vec<u64>,
+    ty: GgmlType,
+    n_bytes: usize,
+    data: Data,
+}
+
+/// A GGUF file under construction.
+///
+/// Metadata and tensors are written in the order they were added. Each
+/// addition is validated at once (duplicate keys or names, mixed-type
+/// arrays, shapes, data sizes), so writing can only fail on I/O or in a fill
+/// function. The data alignment is `general.alignment` when that key is set
+/// (a `u32` power of two, as ggml requires), 32 otherwise.
+///
+/// ```
+/// use infer_model::gguf::{GgufFile, GgufWriter, Value};
+/// use infer_compute::GgmlType;
+///
+/// let mut w = GgufWriter::new();
+/// w.add_metadata("general.architecture", "gemma3")?;
+/// w.add_metadata("gemma3.block_count", 18u32)?;
+/// w.add_tensor("output_norm.weight", &[4], GgmlType::F32, vec![0u8; 16])?;
+/// let file = GgufFile::from_bytes(w.to_bytes()?)?;
+/// assert_eq!(file.get_u32("gemma3.block_count")?, 18);
+/// # Ok::<(), infer_model::Error>(())
+/// ```
+#[derive(Default)]
+pub struct GgufWriter {
+    metadata: Vec<(String, Value)>,
+    key_index: HashMap<String, usize>,
+    tensors: Vec<PendingTensor>,
+    tensor_index: HashMap<String, usize>,
+}
+
+impl GgufWriter {
+    /// An empty file: no metadata, no tensors.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A writer holding every metadata entry and tensor of `file`, in file
+    /// order. Tensor data is shared with `file`'s memory, not copied.
+    ///
+    /// # Errors
+    /// Only if `file` holds something this writer refuses (a tensor name
+    /// longer than ggml allows).
+    pub fn from_gguf(file: &GgufFile) -> Result<Self> {
+        let mut w = Self::new();
+        for (k, v) in file.metadata() {
+            w.add_metadata(k.clone(), v.clone())?;
+        }
+        for t in file.tensors() {
+            let data = file.tensor_weight(t)?.data;
+            w.add_tensor(t.name.clone(), &t.dims, t.ty, data)?;
+        }
+        Ok(w)
+    }
+
+    /// Appends a metadata entry.
+    ///
+    /// # Errors
+    /// [`Error::Gguf`] when the key already exists, when an array mixes
+    /// element types, or for a `general.alignment` that is not a `u32`
+    /// power of two.
+    pub fn add_metadata(&mut self, key: impl Into<String>, value: impl Into<Value>) -> Result<&mut Self> {
+        let key = key.into();
+        if self.key_index.contains_key(&key) {
+            return Err(Error::Gguf(format!("duplicate metadata key `{key}`")));
+        }
+        let value = value.into();
+        check_value(&key, &value)?;
+        self.key_index.insert(key.clone(), self.metadata.len());
+        self.metadata.push((key, value));
+        Ok(self)
+    }
+
+    /// Sets a metadata entry: replaces the value of an existing key in
+    /// place, or appends a new one.
+    ///
+    /// # Errors
+    /// As [`GgufWriter::add_metadata`], except for duplicates.
+    pub fn set_metadata(&mut self, key: impl Into<String>, value: impl Into<Value>) -> Result<&mut Self> {
+        let key = key.into();
+        let value = value.into();
+        check_value(&key, &value)?;
+        match self.key_index.get(&key) {
+            Some(&i) => self.metadata[i].1 = value,
+            None => {
+                self.key_index.insert(key.clone(), self.metadata.len());
+                self.metadata.push((key, value));
+            }
+        }
+        Ok(self)
+    }
+
+    /// Removes a metadata entry, returning its value.
+    pub fn remove_metadata(&mut self, key: &str) -> Option<Value> {
+        let i = self.key_index.remove(key)?;
+        let (_, v) = self.metadata.remove(i);
+        for idx in self.key_index.values_mut() {
+            if *idx > i {
+                *idx -= 1;
+            }
+        }
+        Some(v)
+    }
+
+    /// The metadata entries added so far, in order.
+    pub fn metadata(&self) -> &[(String, Value)] {
+        &self.metadata
+    }
+
+    /// Appends a tensor. `dims` are in ggml order (`dims[0]` values per
+    /// row); `data` holds exactly the tensor's bytes (a `Vec<u8>` or the
+    /// shared bytes of another file's weight).
+    ///
+    /// # Errors
+    /// [`Error::Gguf`] for a duplicate or over-long name (ggml allows 63
+    /// bytes), 0 or more than 4 dimensions, rows that are not whole blocks
+    /// of `ty`, a size that overflows, or data of the wrong length.
+    pub fn add_tensor(
+        &mut self,
+        name: impl Into<String>,
+        dims: &[u64],
+        ty: GgmlType,
+        data: impl Into<WeightBytes>,
+    ) -> Result<&mut Self> {
+        let name = name.into();
+        let n_bytes = self.check_tensor(&name, dims, ty)?;
+        let data = data.into();
+        if data.as_bytes().len() != n_bytes {
+            return Err(Error::Gguf(format!(
+                "tensor `{name}`: {dims:?} {ty} needs {n_bytes} bytes, got {}",
+                data.as_bytes().len()
+            )));
+        }
+        self.push_tensor(name, dims, ty, n_bytes, Data::Bytes(data));
+        Ok(self)
+    }
+
+    /// Appends a tensor whose bytes are produced when the file is written:
+    /// `fill` receives a zeroed buffer of the tensor's size. Use it for
+    /// large generated tensors, so that only one is in memory at a time.
+    ///
+    /// # Errors
+    /// As [`GgufWriter::add_tensor`] (except the data length).
+    pub fn add_tensor_with(
+        &mut self,
+        name: impl Into<String>,
+        dims: &[u64],
+        ty: GgmlType,
+        fill: impl Fn(&mut [u8]) -> Result<()> + Send + Sync + 'static,
+    ) -> Result<&mut Self> {
+        let name = name.into();
+        let n_bytes = self.check_tensor(&name, dims, ty)?;
+        self.push_tensor(name, dims, ty, n_bytes, Data::Fill(Box::new(fill)));
+        Ok(self)
+    }
+
+    fn check_tensor(&self, name: &str, dims: &[u64], ty: GgmlType) -> Result<usize> {
+        if self.tensor_index.contains_key(name) {
+            return Err(Error::Gguf(format!("duplicate tensor name `{name}`")));
+        }
+        if name.len() > MAX_TENSOR_NAME {
+            return Err(Error::Gguf(format!(
+                "tensor name `{name}` is {} bytes, longer than ggml's limit of {MAX_TENSOR_NAME}",
+                name.len()
+            )));
+        }
+        if dims.is_empty() || dims.len() > MAX_DIMS {
+            return Err(Error::Gguf(format!(
+                "tensor `{name}`: {} dimensions (1 to {MAX_DIMS} are allowed)",
+                dims.len()
+            )));
+        }
+        tensor_bytes(dims, ty).map_err(|e| Error::Gguf(format!("tensor `{name}`: {e}")))
+    }
+
+    fn push_tensor(&mut self, name: String, dims: &[u64], ty: GgmlType, n_bytes: usize, data: Data) {
+        self.tensor_index.insert(name.clone(), self.tensors.len());
+        self.tensors.push(PendingTensor { name, dims: dims.to_vec(), ty, n_bytes, data });
+    }
+
+    /// The data alignment the file will use.
+    pub fn alignment(&self) -> usize {
+        self.key_index
+            .get(ALIGNMENT_KEY)
+            .and_then(|&i| self.metadata[i].1.as_u32())
+            .map_or(DEFAULT_ALIGNMENT, |a| a as usize)
+    }
+
+    /// The whole file in memory.
+    ///
+    /// # Errors
+    /// Errors of fill functions.
+    pub fn to_bytes(&self) -> Result<Vec<u8>> {
+        let mut out = Vec::new();
+        self.write_impl(&mut out).map_err(|e| e.into_error(Path::new("<memory>")))?;
+        Ok(out)
+    }
+
+    /// Writes the file to `path` (created or truncated).
+    ///
+    /// # Errors
+    /// [`Error::Io`] naming the path; errors of fill functions.
+    pub fn write_to_path(&self, path: impl AsRef<Path>) -> Result<()> {
+        let path = path.as_ref();
+        let io_err = |source| Error::Io { path: path.to_path_buf(), source };
+        let file = File::create(path).map_err(io_err)?;
+        let mut w = BufWriter::with_capacity(1 << 20, file);
+        self.write_impl(&mut w).map_err(|e| e.into_error(path))?;
+        w.into_inner().map_err(|e| io_err(e.into_error()))?.sync_all().map_err(io_err)
+    }
+
+    /// Writes the file to any byte sink.
+    ///
+    /// # Errors
+    /// [`Error::Io`] (with the path `<stream>`) on write errors; errors of
+    /// fill functions.
+    pub fn write_to(&self, w: &mut impl Write) -> Result<()> {
+        self.write_impl(w).map_err(|e| e.into_error(Path::new("<stream>")))
+    }
+
+    fn write_impl(&self, w: &mut impl Write) -> std::result::Result<(), WriteError> {
+        let alignment = self.alignment();
+        let mut out = Counting { inner: w, written: 0 };
+
+        out.put(&MAGIC)?;
+        out.put(&VERSION.to_le_bytes())?;
+        out.put(&(self.tensors.len() as u64).to_le_bytes())?;
+        out.put(&(self.metadata.len() as u64).to_le_bytes())?;
+        for (key, value) in &self.metadata {
+            put_string(&mut out, key)?;
+            out.put(&value.type_id().to_le_bytes())?;
+            put_value(&mut out, value)?;
+        }
+
+        let mut offset = 0u64;
+        let mut offsets = Vec::with_capacity(self.tensors.len());
+        for t in &self.tensors {
+            put_string(&mut out, &t.name)?;
+            out.put(&(t.dims.len() as u32).to_le_bytes())?;
+            for d in &t.dims {
+                out.put(&d.to_le_bytes())?;
+            }
+            out.put(&t.ty.id().to_le_bytes())?;
+            out.put(&offset.to_le_bytes())?;
+            offsets.push(offset);
+            offset = (offset + t.n_bytes as u64).next_multiple_of(alignment as u64);
+        }
+        out.pad(alignment)?;
+
+        let mut buf = Vec::new();
+        for t in &self.tensors {
+            match &t.data {
+                Data::Bytes(b) => out.put(b.as_bytes())?,
+                Data::Fill(fill) => {
+                    buf.clear();
+                    buf.resize(t.n_bytes, 0);
+                    fill(&mut buf).map_err(WriteError::Fill)?;
+                    out.put(&buf)?;
+                }
+            }
+            out.pad(alignment)?;
+        }
+        out.inner.flush()?;
+        Ok(())
+    }
+}
+
+/// Checks a metadata value before it is accepted.
+fn check_value(key: &str, value: &Value) -> Result<()> {
+    check_homogeneous(value).map_err(|e| Error::Gguf(format!("metadata `{key}`: {e}")))?;
+    if key == ALIGNMENT_KEY {
+        match value {
+            Value::U32(a) if a.is_power_of_two() => {}
+            Value::U32(a) => return Err(Error::Gguf(format!("`{ALIGNMENT_KEY}` = {a} is not a power of two"))),
+            other => {
+                return Err(Error::Gguf(format!(
+                    "`{ALIGNMENT_KEY}` must be a u32 (as ggml reads it), got {}",
+                    other.type_name()
+                )))
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Arrays must hold one element type (nested arrays are checked in turn).
+fn check_homogeneous(value: &Value) -> std::result::Result<(), String> {
+    if let Value::Array(items) = value {
+        if let Some(first) = items.first() {
+            let t = first.type_id();
+            if let Some((i, other)) = items.iter().enumerate().find(|(_, v)| v.type_id() != t) {
+                return Err(format!(
+                    "array mixes element types: element 0 is {}, element {i} is {}",
+                    first.type_name(),
+                    other.type_name()
+                ));
+            }
+            for (i, item) in items.iter().enumerate() {
+                check_homogeneous(item).map_err(|e| format!("element {i}: {e}"))?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A failure while writing: I/O or a fill function.
+enum WriteError {
+    Io(std::io::Error),
+    Fill(Error),
+}
+
+impl From<std::io::Error> for WriteError {
+    fn from(e: std::io::Error) -> Self {
+        WriteError::Io(e)
+    }
+}
+
+impl WriteError {
+    fn into_error(self, path: &Path) -> Error {
+        match self {
+            WriteError::Io(source) => Error::Io { path: PathBuf::from(path), source },
+            WriteError::Fill(e) => e,
+        }
+    }
+}
+
+/// A writer that counts the bytes written, for padding.
+struct Counting<'a, W: Write> {
+    inner: &'a mut W,
+    written: u64,
+}
+
+impl<W: Write> Counting<'_, W> {
+    fn put(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        self.inner.write_all(bytes)?;
+        self.written += bytes.len() as u64;
+        Ok(())
+    }
+
+    fn pad(&mut self, alignment: usize) -> std::io::Result<()> {
+        const ZEROS: [u8; 64] = [0; 64];
+        let mut n = (self.written.next_multiple_of(alignment as u64) - self.written) as usize;
+        while n > 0 {
+            let k = n.min(ZEROS.len());
+            self.put(&ZEROS[..k])?;
+            n -= k;
+        }
+        Ok(())
+    }
+}
+
+fn put_string<W: Write>(out: &mut Counting<'_, W>, s: &str) -> std::io::Result<()> {
+    out.put(&(s.len() as u64).to_le_bytes())?;
+    out.put(s.as_bytes())
+}
+
+fn put_value<W: Write>(out: &mut Counting<'_, W>, value: &Value) -> std::io::Result<()> {
+    match value {
+        Value::U8(v) => out.put(&v.to_le_bytes()),
+        Value::I8(v) => out.put(&v.to_le_bytes()),
+        Value::U16(v) => out.put(&v.to_le_bytes()),
+        Value::I16(v) => out.put(&v.to_le_bytes()),
+        Value::U32(v) => out.put(&v.to_le_bytes()),
+        Value::I32(v) => out.put(&v.to_le_bytes()),
+        Value::F32(v) => out.put(&v.to_le_bytes()),
+        Value::Bool(v) => out.put(&[u8::from(*v)]),
+        Value::String(s) => put_string(out, s),
+        Value::U64(v) => out.put(&v.to_le_bytes()),
+        Value::I64(v) => out.put(&v.to_le_bytes()),
+        Value::F64(v) => out.put(&v.to_le_bytes()),
+        Value::Array(items) => {
+            // An empty array keeps no element type; write it as u8.
+            let elem = items.first().map_or(tag::U8, Value::type_id);
+            out.put(&elem.to_le_bytes())?;
+            out.put(&(items.len() as u64).to_le_bytes())?;
+            items.iter().try_for_each(|v| put_value(out, v))
+        }
+    }
+}
