@@ -5,7 +5,7 @@
 pub mod gemm;
 pub mod kernels;
 pub mod matvec;
-// pub mod model; // enabled once ops land
+pub mod model;
 pub mod ops;
 pub mod simd;
 
@@ -132,6 +132,7 @@ impl ComputeBackend for CpuBackend {
 
     fn prepare(&self, spec: &ModelSpec) -> Result<Box<dyn DeviceModel>> {
         spec.validate()?;
-        Err(Error::InvalidModel(format!("{} model: CPU pipeline not enabled yet", spec.arch)))
+        let model = model::CpuModel::new(spec, self.kernels, self.pool.clone(), self.precision)?;
+        Ok(Box::new(model))
     }
 }
