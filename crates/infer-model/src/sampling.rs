@@ -98,12 +98,25 @@ impl Default for SamplerConfig {
 impl SamplerConfig {
     /// Greedy decoding: always the most likely token.
     pub fn greedy() -> Self {
-        SamplerConfig { temperature: 0.0, top_k: 0, top_p: 1.0, min_p: 0.0, ..Self::default() }
+        SamplerConfig {
+            temperature: 0.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            ..Self::default()
+        }
     }
 
     /// Plain sampling from the softmax at `temperature`, no filters.
     pub fn with_temperature(temperature: f32, seed: u64) -> Self {
-        SamplerConfig { temperature, top_k: 0, top_p: 1.0, min_p: 0.0, seed, ..Self::default() }
+        SamplerConfig {
+            temperature,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            seed,
+            ..Self::default()
+        }
     }
 
     /// Checks every setting's range.
@@ -113,7 +126,10 @@ impl SamplerConfig {
     pub fn validate(&self) -> Result<(), SamplingError> {
         let bad = |m: String| Err(SamplingError::InvalidConfig(m));
         if !(self.temperature.is_finite() && self.temperature >= 0.0) {
-            return bad(format!("temperature {} (must be finite and >= 0)", self.temperature));
+            return bad(format!(
+                "temperature {} (must be finite and >= 0)",
+                self.temperature
+            ));
         }
         if !(self.top_p > 0.0 && self.top_p <= 1.0) {
             return bad(format!("top_p {} (must be in (0, 1])", self.top_p));
@@ -122,7 +138,10 @@ impl SamplerConfig {
             return bad(format!("min_p {} (must be in [0, 1])", self.min_p));
         }
         if !(self.repetition_penalty.is_finite() && self.repetition_penalty > 0.0) {
-            return bad(format!("repetition_penalty {} (must be finite and > 0)", self.repetition_penalty));
+            return bad(format!(
+                "repetition_penalty {} (must be finite and > 0)",
+                self.repetition_penalty
+            ));
         }
         Ok(())
     }
@@ -164,7 +183,9 @@ impl PartialOrd for Cand {
 }
 impl Ord for Cand {
     fn cmp(&self, other: &Self) -> Ordering {
-        self.logit.total_cmp(&other.logit).then_with(|| other.id.cmp(&self.id))
+        self.logit
+            .total_cmp(&other.logit)
+            .then_with(|| other.id.cmp(&self.id))
     }
 }
 
@@ -311,7 +332,11 @@ impl Sampler {
         let max = max as f64;
         let weight = |x: f32| ((x as f64 - max) * inv_t).exp();
         // min-p as a threshold on the logit.
-        let floor = if self.cfg.min_p > 0.0 { max + t as f64 * (self.cfg.min_p as f64).ln() } else { f64::NEG_INFINITY };
+        let floor = if self.cfg.min_p > 0.0 {
+            max + t as f64 * (self.cfg.min_p as f64).ln()
+        } else {
+            f64::NEG_INFINITY
+        };
         let keep = |x: f32| x != f32::NEG_INFINITY && x as f64 >= floor;
         let top_p = self.cfg.top_p as f64;
         let n = l.len();
@@ -363,6 +388,25 @@ impl Sampler {
     /// likely first.
     fn select_top(&mut self, l: &[f32], k: usize, keep: &impl Fn(f32) -> bool) {
         use std::cmp::Reverse;
+        if k.saturating_mul(4) >= l.len() {
+            // Most of the row: select and sort directly.
+            self.cands.clear();
+            self.cands.extend(
+                l.iter()
+                    .enumerate()
+                    .filter(|&(_, &x)| keep(x))
+                    .map(|(i, &x)| Cand {
+                        logit: x,
+                        id: i as u32,
+                    }),
+            );
+            if self.cands.len() > k {
+                self.cands.select_nth_unstable_by(k - 1, |a, b| b.cmp(a));
+                self.cands.truncate(k);
+            }
+            self.cands.sort_unstable_by(|a, b| b.cmp(a));
+            return;
+        }
         self.heap.clear();
         // Logit of the least likely token in a full heap: anything below it
         // cannot get in.
@@ -371,7 +415,10 @@ impl Sampler {
             if x < floor || !keep(x) {
                 continue;
             }
-            let c = Cand { logit: x, id: i as u32 };
+            let c = Cand {
+                logit: x,
+                id: i as u32,
+            };
             if self.heap.len() < k {
                 self.heap.push(Reverse(c));
                 if self.heap.len() == k {
@@ -415,6 +462,10 @@ impl Sampler {
         }
         // Rounding left `u` at the very end: the least likely kept token
         // with a nonzero weight (the first one always has weight 1).
-        self.cands[..kept].iter().rev().find(|c| weight(c.logit) > 0.0).map_or(self.cands[0].id, |c| c.id)
+        self.cands[..kept]
+            .iter()
+            .rev()
+            .find(|c| weight(c.logit) > 0.0)
+            .map_or(self.cands[0].id, |c| c.id)
     }
 }
