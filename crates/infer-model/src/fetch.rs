@@ -27,7 +27,8 @@ pub const DEFAULT_MODEL_FILE: &str = "gemma-3-270m-q4_k_m.gguf";
 /// Size of the default model in bytes.
 pub const DEFAULT_MODEL_SIZE: u64 = 253_113_024;
 /// SHA-256 of the default model, lower-case hex.
-pub const DEFAULT_MODEL_SHA256: &str = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818";
+pub const DEFAULT_MODEL_SHA256: &str =
+    "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818";
 /// Environment variable naming a model file that replaces the default one.
 pub const MODEL_ENV: &str = "INFER_MODEL";
 /// Environment variable naming the cache directory.
@@ -42,7 +43,9 @@ static FETCH_LOCK: Mutex<()> = Mutex::new(());
 
 /// Reads a non-empty environment variable.
 fn env_path(name: &str) -> Option<PathBuf> {
-    std::env::var_os(name).filter(|v| !v.is_empty()).map(PathBuf::from)
+    std::env::var_os(name)
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
 }
 
 /// The cache directory: `$INFER_CACHE_DIR`, else `$HOME/.cache/infer-compute`,
@@ -72,8 +75,14 @@ pub fn default_model_path() -> Result<PathBuf> {
     if let Some(path) = env_path(MODEL_ENV) {
         return match std::fs::metadata(&path) {
             Ok(m) if m.is_file() => Ok(path),
-            Ok(_) => Err(Error::Download(format!("{MODEL_ENV}={} is not a file", path.display()))),
-            Err(e) => Err(Error::Download(format!("{MODEL_ENV}={}: {e}", path.display()))),
+            Ok(_) => Err(Error::Download(format!(
+                "{MODEL_ENV}={} is not a file",
+                path.display()
+            ))),
+            Err(e) => Err(Error::Download(format!(
+                "{MODEL_ENV}={}: {e}",
+                path.display()
+            ))),
         };
     }
     let dir = cache_dir();
@@ -81,7 +90,9 @@ pub fn default_model_path() -> Result<PathBuf> {
     if has_default_size(&path) {
         return Ok(path);
     }
-    let _guard = FETCH_LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let _guard = FETCH_LOCK
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
     // Another thread may have fetched it while we waited.
     if has_default_size(&path) {
         return Ok(path);
@@ -138,9 +149,16 @@ pub fn fetch_default_model(dir: &Path) -> Result<PathBuf> {
 /// # Errors
 /// [`Error::Io`] when the file cannot be read.
 pub fn sha256_file(path: &Path) -> Result<String> {
-    let io_err = |source| Error::Io { path: path.to_path_buf(), source };
+    let io_err = |source| Error::Io {
+        path: path.to_path_buf(),
+        source,
+    };
     let mut file = File::open(path).map_err(io_err)?;
     let mut hasher = Sha256::new();
     std::io::copy(&mut file, &mut hasher).map_err(io_err)?;
-    Ok(hasher.finalize().iter().map(|b| format!("{b:02x}")).collect())
+    Ok(hasher
+        .finalize()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect())
 }
