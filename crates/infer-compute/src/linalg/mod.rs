@@ -21,10 +21,10 @@
 //! # Errors
 //!
 //! Every function returns [`crate::Error`] instead of panicking:
-//! [`Error::Shape`](crate::Error::Shape) for operands that do not agree,
-//! [`Error::NonFinite`](crate::Error::NonFinite) for NaN or infinity,
-//! [`Error::NotSymmetric`](crate::Error::NotSymmetric) and
-//! [`Error::NotPositiveDefinite`](crate::Error::NotPositiveDefinite) for a
+//! [`Error::Shape`] for operands that do not agree,
+//! [`Error::NonFinite`] for NaN or infinity,
+//! [`Error::NotSymmetric`] and
+//! [`Error::NotPositiveDefinite`] for a
 //! matrix that cannot be Cholesky-factored.
 
 mod cholesky;
