@@ -80,15 +80,17 @@ fi
 python3 -m pip --version >/dev/null 2>&1 || die "pip is required (python3 -m pip)"
 mkdir -p "$dest_dir" || die "cannot create $dest_dir"
 
+work=""
+partial=""
+cleanup() {
+    if [[ -n "$work" ]]; then rm -rf -- "$work"; fi
+    if [[ -n "$partial" ]]; then rm -f -- "$partial"; fi
+}
+trap cleanup EXIT
 work="$(mktemp -d "${TMPDIR:-/tmp}/infer-fetch.XXXXXX")" || die "cannot create a temporary directory"
 # The assembled file is written next to its destination so that the final
 # move is an atomic rename on one file system.
 partial="$(mktemp "$dest_dir/.$MODEL_FILE.XXXXXX")" || die "cannot write to $dest_dir"
-cleanup() {
-    rm -rf -- "$work"
-    rm -f -- "$partial"
-}
-trap cleanup EXIT
 
 packages=()
 for ((i = 1; i <= N_PARTS; i++)); do

