@@ -1,10 +1,193 @@
-//! SIMD row-dot kernels. Each submodule installs its kernels into a
-//! [`Kernels`] table for the level it implements; types it does not cover
-//! keep the scalar reference.
+//! SIMD row-dot kernels for the quantized mat-vec.
+//!
+//! Each submodule implements one [`SimdLevel`] and installs its kernels into
+//! a [`Kernels`] table; types it does not cover keep the scalar reference
+//! (`quant::VecDot::vec_dot_ref`), which is the specification every kernel
+//! here is tested against (`tests/simd_matvec.rs`).
+//!
+//! - [`avx2`]: x86-64 AVX2 + FMA + F16C, every weight type.
+//! - [`avx512`]: x86-64 AVX-512 F/BW/VL + VNNI (`vpdpbusd`, `vpdpwssd`) at
+//!   512-bit width for the types that dominate decoding (Q8_0, Q4_0, Q5_0,
+//!   Q4_K, Q6_K, F32); the rest use the AVX2 kernels.
+//! - [`neon`]: aarch64 NEON with the dot-product extension (`sdot`, emitted
+//!   with `asm!` because `vdotq_s32` is not stable).
+//!
+//! How the kernels work: the weights' codes are unpacked to bytes and
+//! multiplied with the activation's `i8` quants in integer lanes
+//! (`u8 × i8` pair products, or VNNI's 4-way dot); offsets such as Q4_0's
+//! `-8` or Q6_K's `-32` are applied through the activation sums (computed
+//! alongside, or taken from Q8_K's `bsums`); block scales are applied in f32
+//! once per block (legacy formats) or once per super-block after the
+//! integer sub-block scales (k-quants). The integer parts are exact, so a
+//! kernel differs from the reference only in the order of the f32 sums.
+//!
+//! Every kernel is a safe [`DotFn`] wrapping an `unsafe`
+//! `#[target_feature]` function; the wrappers are installed only for the
+//! level the table was built for, which [`Kernels::for_level`] has checked
+//! against the processor. Kernels read only whole blocks inside both
+//! slices, whatever their lengths, so they are memory-safe on any input.
+//!
+//! [`SimdLevel`]: super::kernels::SimdLevel
+//! [`DotFn`]: super::kernels::DotFn
 
 use super::kernels::Kernels;
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+use super::kernels::SimdLevel;
+
+#[cfg(target_arch = "x86_64")]
+pub mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx2_kquants;
+#[cfg(target_arch = "x86_64")]
+pub mod avx512;
+#[cfg(target_arch = "aarch64")]
+pub mod neon;
+
+#[cfg(test)]
+mod tests;
+
+/// The 16 levels of IQ4_NL, for the table-lookup kernels.
+#[allow(unused_imports)]
+pub(crate) use crate::quant::iq4_nl::KVALUES_IQ4NL;
 
 /// Installs the kernels of `k.level()` over the scalar defaults.
 pub(crate) fn install(k: &mut Kernels) {
-    let _ = k;
+    match k.level() {
+        #[cfg(target_arch = "x86_64")]
+        SimdLevel::Avx2 => avx2::install(k),
+        #[cfg(target_arch = "x86_64")]
+        SimdLevel::Avx512Vnni => {
+            // Every AVX-512 processor has AVX2; the check keeps the promise
+            // of the AVX2 kernels' `# Safety` even on an odd virtual CPU.
+            if std::is_x86_feature_detected!("avx2") {
+                avx2::install(k);
+            }
+            avx512::install(k);
+        }
+        #[cfg(target_arch = "aarch64")]
+        SimdLevel::NeonDotprod => neon::install(k),
+        _ => {}
+    }
+}
+
+/// Byte layout of the blocks, shared by the kernels of every level
+/// (`quant/<type>.rs` holds the structs; the sizes are asserted there).
+#[allow(dead_code)]
+pub(crate) mod layout {
+    /// Q8_0: `d: f16`, `qs: [i8; 32]`.
+    pub const Q8_0: usize = 34;
+    /// Q8_1: `d: f16`, `s: f16` (`d · Σ qs`), `qs: [i8; 32]`.
+    pub const Q8_1: usize = 36;
+    /// Q4_0: `d: f16`, `qs: [u8; 16]`.
+    pub const Q4_0: usize = 18;
+    /// Q4_1: `d: f16`, `m: f16`, `qs: [u8; 16]`.
+    pub const Q4_1: usize = 20;
+    /// Q5_0: `d: f16`, `qh: [u8; 4]`, `qs: [u8; 16]`.
+    pub const Q5_0: usize = 22;
+    /// Q5_1: `d: f16`, `m: f16`, `qh: [u8; 4]`, `qs: [u8; 16]`.
+    pub const Q5_1: usize = 24;
+    /// IQ4_NL: `d: f16`, `qs: [u8; 16]`.
+    pub const IQ4_NL: usize = 18;
+    /// Q8_K: `d: f32`, `qs: [i8; 256]` at 4, `bsums: [i16; 16]` at 260.
+    pub const Q8_K: usize = 292;
+    /// Offset of Q8_K's `qs`.
+    pub const Q8_K_QS: usize = 4;
+    /// Offset of Q8_K's `bsums`.
+    pub const Q8_K_BSUMS: usize = 260;
+    /// Q2_K: `scales: [u8; 16]`, `qs: [u8; 64]` at 16, `d` at 80, `dmin` at 82.
+    pub const Q2_K: usize = 84;
+    /// Q3_K: `hmask: [u8; 32]`, `qs: [u8; 64]` at 32, `scales: [u8; 12]` at
+    /// 96, `d` at 108.
+    pub const Q3_K: usize = 110;
+    /// Q4_K: `d`, `dmin`, `scales: [u8; 12]` at 4, `qs: [u8; 128]` at 16.
+    pub const Q4_K: usize = 144;
+    /// Q5_K: `d`, `dmin`, `scales` at 4, `qh: [u8; 32]` at 16, `qs: [u8; 128]`
+    /// at 48.
+    pub const Q5_K: usize = 176;
+    /// Q6_K: `ql: [u8; 128]`, `qh: [u8; 64]` at 128, `scales: [i8; 16]` at
+    /// 192, `d` at 208.
+    pub const Q6_K: usize = 210;
+}
+
+/// Reads a little-endian `u16` at `p` (any alignment).
+///
+/// # Safety
+/// `p..p + 2` must be readable.
+#[allow(dead_code)]
+#[inline(always)]
+pub(crate) unsafe fn read_u16(p: *const u8) -> u16 {
+    // SAFETY: the caller guarantees two readable bytes.
+    u16::from_le(unsafe { p.cast::<u16>().read_unaligned() })
+}
+
+/// Reads a little-endian `u32` at `p` (any alignment).
+///
+/// # Safety
+/// `p..p + 4` must be readable.
+#[allow(dead_code)]
+#[inline(always)]
+pub(crate) unsafe fn read_u32(p: *const u8) -> u32 {
+    // SAFETY: the caller guarantees four readable bytes.
+    u32::from_le(unsafe { p.cast::<u32>().read_unaligned() })
+}
+
+/// Reads a little-endian `f32` at `p` (any alignment).
+///
+/// # Safety
+/// `p..p + 4` must be readable.
+#[allow(dead_code)]
+#[inline(always)]
+pub(crate) unsafe fn read_f32(p: *const u8) -> f32 {
+    // SAFETY: the caller guarantees four readable bytes.
+    f32::from_bits(unsafe { read_u32(p) })
+}
+
+/// The 8 six-bit scales (bytes 0..8) and 8 six-bit mins (bytes 8..16) of a
+/// Q4_K / Q5_K super-block from its 12 packed bytes, as one little-endian
+/// `u128`: the word-parallel form of `quant::k_common::get_scale_min_k4`.
+///
+/// Packing (per byte lane of the three little-endian words `u0, u1, u2`):
+/// scales 0..4 are the low 6 bits of `u0`, mins 0..4 those of `u1`; scales
+/// 4..8 take their low nibble from `u2` and their top 2 bits from bits 6..8
+/// of `u0`; mins 4..8 the high nibble of `u2` and bits 6..8 of `u1`.
+#[allow(dead_code)]
+#[inline(always)]
+pub(crate) fn k4_scales_mins(packed: [u8; 12]) -> u128 {
+    let u0 = u32::from_le_bytes([packed[0], packed[1], packed[2], packed[3]]);
+    let u1 = u32::from_le_bytes([packed[4], packed[5], packed[6], packed[7]]);
+    let u2 = u32::from_le_bytes([packed[8], packed[9], packed[10], packed[11]]);
+    let sc_lo = u0 & 0x3f3f_3f3f;
+    let sc_hi = (u2 & 0x0f0f_0f0f) | (((u0 >> 6) & 0x0303_0303) << 4);
+    let m_lo = u1 & 0x3f3f_3f3f;
+    let m_hi = ((u2 >> 4) & 0x0f0f_0f0f) | (((u1 >> 6) & 0x0303_0303) << 4);
+    (sc_lo as u128) | ((sc_hi as u128) << 32) | ((m_lo as u128) << 64) | ((m_hi as u128) << 96)
+}
+
+/// The 16 signed group scales (`s_g - 32`, in `-32..=31`) of a Q3_K
+/// super-block from its 12 packed bytes, as 16 bytes: the word-parallel
+/// form of the per-group decode in `quant/q3_k.rs`.
+///
+/// Group `g`'s low nibble is in byte `g % 8` of the first 8 bytes (low half
+/// for `g < 8`), its top 2 bits at bits `2·(g / 4)` of byte `8 + g % 4`.
+#[allow(dead_code)]
+#[inline(always)]
+pub(crate) fn q3k_scales(packed: [u8; 12]) -> [i8; 16] {
+    let u0 = u32::from_le_bytes([packed[0], packed[1], packed[2], packed[3]]);
+    let u1 = u32::from_le_bytes([packed[4], packed[5], packed[6], packed[7]]);
+    let u2 = u32::from_le_bytes([packed[8], packed[9], packed[10], packed[11]]);
+    const LO: u32 = 0x0f0f_0f0f;
+    const HI: u32 = 0x0303_0303;
+    let words = [
+        (u0 & LO) | ((u2 & HI) << 4),
+        (u1 & LO) | (((u2 >> 2) & HI) << 4),
+        ((u0 >> 4) & LO) | (((u2 >> 4) & HI) << 4),
+        ((u1 >> 4) & LO) | (((u2 >> 6) & HI) << 4),
+    ];
+    let mut out = [0i8; 16];
+    for (o, w) in out.chunks_exact_mut(4).zip(words) {
+        for (b, v) in o.iter_mut().zip(w.to_le_bytes()) {
+            *b = v as i8 - 32;
+        }
+    }
+    out
 }

@@ -1,0 +1,433 @@
+//! AVX2 + FMA + F16C row dots: the 32-value ("legacy") formats, IQ4_NL and
+//! the float types here, the k-quants in `avx2_kquants.rs`.
+//!
+//! Integer core: `vpmaddubsw` multiplies unsigned weight bytes with signed
+//! activation bytes into `i16` pair sums (no overflow: the largest is
+//! `2·63·127` for Q6_K), `vpmaddwd` with ones widens to `i32`. Signed
+//! weights (Q8_0, IQ4_NL) go through the sign trick `|w| · (a·sign(w))`.
+//! Formats with an offset (Q4_0: `q - 8`) subtract `8·Σa` computed the same
+//! way. Each 32-value block ends in `acc += f32(sum) · d_w·d_a` with a
+//! vector FMA; the horizontal sum happens once per row.
+
+use core::arch::x86_64::*;
+
+use super::layout as L;
+use super::{read_u16, read_u32, KVALUES_IQ4NL};
+use crate::cpu::kernels::{DotFn, Kernels};
+use crate::GgmlType;
+
+/// Installs the AVX2 kernels of every type.
+pub(super) fn install(k: &mut Kernels) {
+    let table: [(GgmlType, DotFn); 14] = [
+        (GgmlType::F32, dot_f32),
+        (GgmlType::F16, dot_f16),
+        (GgmlType::BF16, dot_bf16),
+        (GgmlType::Q4_0, dot_q4_0),
+        (GgmlType::Q4_1, dot_q4_1),
+        (GgmlType::Q5_0, dot_q5_0),
+        (GgmlType::Q5_1, dot_q5_1),
+        (GgmlType::Q8_0, dot_q8_0),
+        (GgmlType::IQ4_NL, dot_iq4_nl),
+        (GgmlType::Q2_K, super::avx2_kquants::dot_q2_k),
+        (GgmlType::Q3_K, super::avx2_kquants::dot_q3_k),
+        (GgmlType::Q4_K, super::avx2_kquants::dot_q4_k),
+        (GgmlType::Q5_K, super::avx2_kquants::dot_q5_k),
+        (GgmlType::Q6_K, super::avx2_kquants::dot_q6_k),
+    ];
+    for (ty, f) in table {
+        k.set_dot(ty, f);
+    }
+}
+
+/// Declares the safe [`DotFn`] wrapper `$name` of the AVX2 kernel `$kernel`.
+macro_rules! safe_dot {
+    ($name:ident, $kernel:ident) => {
+        #[doc = concat!("Safe wrapper of [`", stringify!($kernel), "`], installed only at the AVX2 or AVX-512 level.")]
+        pub(super) fn $name(w: &[u8], a: &[u8]) -> f32 {
+            // SAFETY: `install` puts this function in a table only for a
+            // level that `Kernels::for_level` checked against the CPU, and
+            // every such level includes AVX2, FMA and F16C.
+            unsafe { $kernel(w, a) }
+        }
+    };
+}
+pub(super) use safe_dot;
+
+safe_dot!(dot_f32, f32_dot);
+safe_dot!(dot_f16, f16_dot);
+safe_dot!(dot_bf16, bf16_dot);
+safe_dot!(dot_q8_0, q8_0_dot);
+safe_dot!(dot_q4_0, q4_0_dot);
+safe_dot!(dot_q4_1, q4_1_dot);
+safe_dot!(dot_q5_0, q5_0_dot);
+safe_dot!(dot_q5_1, q5_1_dot);
+safe_dot!(dot_iq4_nl, iq4_nl_dot);
+
+// ---------------------------------------------------------------------------
+// Shared helpers.
+
+/// Sum of the 8 lanes.
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn hsum_ps(v: __m256) -> f32 {
+    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    _mm_cvtss_f32(s)
+}
+
+/// Σ over pairs of `u8 × i8` products, widened to 8 `i32` lanes.
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn madd_u8_i8(u: __m256i, s: __m256i) -> __m256i {
+    _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1))
+}
+
+/// Σ of `i8 × i8` products in 8 `i32` lanes (sign trick; both operands
+/// must avoid -128, which the quantizers never produce for activations).
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn madd_i8_i8(x: __m256i, y: __m256i) -> __m256i {
+    madd_u8_i8(_mm256_abs_epi8(x), _mm256_sign_epi8(y, x))
+}
+
+/// The product of two f16 values given by their bits, in f32 (one
+/// conversion of both).
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn f16_mul(a: u16, b: u16) -> f32 {
+    let v = _mm_cvtph_ps(_mm_cvtsi32_si128((a as u32 | (b as u32) << 16) as i32));
+    _mm_cvtss_f32(_mm_mul_ss(v, _mm_movehdup_ps(v)))
+}
+
+/// One f16 to f32.
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn f16_to_f32(h: u16) -> f32 {
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32)))
+}
+
+/// The 32 nibbles of 16 packed bytes, in value order: low nibbles of
+/// bytes 0..16, then high nibbles.
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C; `p..p + 16` readable.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn nibbles32(p: *const u8) -> __m256i {
+    // The same 16 bytes in both 128-bit lanes (a plain load), the upper
+    // lane shifted right by 4: no cross-lane shuffle.
+    let x = _mm256_broadcastsi128_si256(_mm_loadu_si128(p.cast()));
+    let x = _mm256_srlv_epi64(x, _mm256_setr_epi64x(0, 0, 4, 4));
+    _mm256_and_si256(x, _mm256_set1_epi8(0x0f))
+}
+
+/// Bytes `0xff` where bit `j` of `bits` is set (byte `j`, `j < 32`),
+/// else 0.
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn bits_to_bytes(bits: u32) -> __m256i {
+    let spread = _mm256_shuffle_epi8(
+        _mm256_set1_epi32(bits as i32),
+        _mm256_setr_epi8(
+            0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, //
+            2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3,
+        ),
+    );
+    let select = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
+    _mm256_cmpeq_epi8(_mm256_and_si256(spread, select), select)
+}
+
+/// The products `d_w·d_a` of four consecutive blocks of each row (f16
+/// scales at offset 0 of blocks `wsize` and `asize` bytes apart), converted
+/// together.
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C; the four blocks of each side
+/// must be readable.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn scale_products4(wb: *const u8, wsize: usize, ab: *const u8, asize: usize) -> __m128 {
+    let gather = |p: *const u8, stride: usize| {
+        read_u16(p) as u64
+            | (read_u16(p.add(stride)) as u64) << 16
+            | (read_u16(p.add(2 * stride)) as u64) << 32
+            | (read_u16(p.add(3 * stride)) as u64) << 48
+    };
+    let h = _mm256_cvtph_ps(_mm_set_epi64x(gather(ab, asize) as i64, gather(wb, wsize) as i64));
+    _mm_mul_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps::<1>(h))
+}
+
+/// Row loop of the 32-value formats paired with Q8_0: for each of the
+/// whole blocks in both rows, `$body` (with `$wb` the weight block and
+/// `$aq` the activation block's quants) returns the block's `i32` lanes,
+/// which are scaled by `d_w·d_a` (both f16 at offset 0) and summed.
+///
+/// Blocks go four at a time: their scales are converted together and
+/// stored, so that each block's broadcast is a plain load, and four
+/// accumulators hide the FMA latency.
+macro_rules! q8_0_row {
+    ($w:expr, $a:expr, $wsize:expr, |$wb:ident, $aq:ident| $body:expr) => {{
+        let (w, a): (&[u8], &[u8]) = ($w, $a);
+        let nb = (w.len() / $wsize).min(a.len() / L::Q8_0);
+        let (wp, ap) = (w.as_ptr(), a.as_ptr());
+        let mut acc = [_mm256_setzero_ps(); 4];
+        let mut scales = [0f32; 4];
+        let mut i = 0;
+        // SAFETY (of the pointer arithmetic and of every read below): the
+        // blocks `i..i + 4` (first loop) and `i` (second loop) are below
+        // `nb`, so they lie inside both slices.
+        while i + 4 <= nb {
+            let (wb0, ab0) = (wp.add(i * $wsize), ap.add(i * L::Q8_0));
+            _mm_storeu_ps(scales.as_mut_ptr(), scale_products4(wb0, $wsize, ab0, L::Q8_0));
+            for (j, acc) in acc.iter_mut().enumerate() {
+                let $wb = wb0.add(j * $wsize);
+                let $aq = ab0.add(j * L::Q8_0 + 2);
+                let sum: __m256i = $body;
+                *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_broadcast_ss(&scales[j]), *acc);
+            }
+            i += 4;
+        }
+        while i < nb {
+            let $wb = wp.add(i * $wsize);
+            let ab = ap.add(i * L::Q8_0);
+            let $aq = ab.add(2);
+            let sum: __m256i = $body;
+            let d = _mm256_set1_ps(f16_mul(read_u16($wb), read_u16(ab)));
+            acc[0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), d, acc[0]);
+            i += 1;
+        }
+        hsum_ps(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])))
+    }};
+}
+pub(super) use q8_0_row;
+
+/// Row loop of Q4_1 / Q5_1 with Q8_1: as [`q8_0_row!`], plus `m_w·s_a` per
+/// block (`m` at offset 2 of the weight block, `s` at offset 2 of Q8_1).
+macro_rules! q8_1_row {
+    ($w:expr, $a:expr, $wsize:expr, |$wb:ident, $aq:ident| $body:expr) => {{
+        let (w, a): (&[u8], &[u8]) = ($w, $a);
+        let nb = (w.len() / $wsize).min(a.len() / L::Q8_1);
+        let (wp, ap) = (w.as_ptr(), a.as_ptr());
+        let mut acc0 = _mm256_setzero_ps();
+        let mut acc1 = _mm256_setzero_ps();
+        let mut acc_m = _mm_setzero_ps();
+        for i in 0..nb {
+            // SAFETY: block `i < nb` lies inside both slices.
+            let $wb = wp.add(i * $wsize);
+            let ab = ap.add(i * L::Q8_1);
+            let $aq = ab.add(4);
+            let sum: __m256i = $body;
+            // [d_w, m_w, d_a, s_a] → [d_w·d_a, m_w·s_a, ..].
+            let h = _mm_cvtph_ps(_mm_set_epi32(0, 0, read_u32(ab) as i32, read_u32($wb) as i32));
+            let prod = _mm_mul_ps(h, _mm_movehl_ps(h, h));
+            acc_m = _mm_add_ps(acc_m, prod);
+            let d = _mm256_broadcastss_ps(prod);
+            acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), d, acc0);
+            core::mem::swap(&mut acc0, &mut acc1);
+        }
+        hsum_ps(_mm256_add_ps(acc0, acc1)) + _mm_cvtss_f32(_mm_movehdup_ps(acc_m))
+    }};
+}
+
+// ---------------------------------------------------------------------------
+// 32-value formats.
+
+/// Q8_0 × Q8_0.
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn q8_0_dot(w: &[u8], a: &[u8]) -> f32 {
+    q8_0_row!(w, a, L::Q8_0, |wb, aq| {
+        let x = _mm256_loadu_si256(wb.add(2).cast());
+        let y = _mm256_loadu_si256(aq.cast());
+        madd_i8_i8(x, y)
+    })
+}
+
+/// Q4_0 × Q8_0: `Σ (q - 8)·a = Σ q·a - 8·Σ a`, both from `vpmaddubsw`.
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn q4_0_dot(w: &[u8], a: &[u8]) -> f32 {
+    let eight = _mm256_set1_epi8(8);
+    q8_0_row!(w, a, L::Q4_0, |wb, aq| {
+        let q = nibbles32(wb.add(2));
+        let y = _mm256_loadu_si256(aq.cast());
+        let p = _mm256_sub_epi16(_mm256_maddubs_epi16(q, y), _mm256_maddubs_epi16(eight, y));
+        _mm256_madd_epi16(p, _mm256_set1_epi16(1))
+    })
+}
+
+/// Q5_0 × Q8_0: codes `nibble | 16·bit` in `0..32`, minus `16·Σ a`.
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn q5_0_dot(w: &[u8], a: &[u8]) -> f32 {
+    let sixteen = _mm256_set1_epi8(16);
+    q8_0_row!(w, a, L::Q5_0, |wb, aq| {
+        let hi = _mm256_and_si256(bits_to_bytes(read_u32(wb.add(2))), sixteen);
+        let q = _mm256_or_si256(nibbles32(wb.add(6)), hi);
+        let y = _mm256_loadu_si256(aq.cast());
+        let p = _mm256_sub_epi16(_mm256_maddubs_epi16(q, y), _mm256_maddubs_epi16(sixteen, y));
+        _mm256_madd_epi16(p, _mm256_set1_epi16(1))
+    })
+}
+
+/// IQ4_NL × Q8_0: nibbles looked up in the 16-level table (`vpshufb`),
+/// then the signed product.
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn iq4_nl_dot(w: &[u8], a: &[u8]) -> f32 {
+    let table = _mm256_broadcastsi128_si256(_mm_loadu_si128(KVALUES_IQ4NL.as_ptr().cast()));
+    q8_0_row!(w, a, L::IQ4_NL, |wb, aq| {
+        let x = _mm256_shuffle_epi8(table, nibbles32(wb.add(2)));
+        let y = _mm256_loadu_si256(aq.cast());
+        madd_i8_i8(x, y)
+    })
+}
+
+/// Q4_1 × Q8_1: `d_w·d_a·Σ q·a + m_w·s_a`.
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn q4_1_dot(w: &[u8], a: &[u8]) -> f32 {
+    q8_1_row!(w, a, L::Q4_1, |wb, aq| {
+        let q = nibbles32(wb.add(4));
+        madd_u8_i8(q, _mm256_loadu_si256(aq.cast()))
+    })
+}
+
+/// Q5_1 × Q8_1: codes `nibble | 16·bit`, then as Q4_1.
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn q5_1_dot(w: &[u8], a: &[u8]) -> f32 {
+    let sixteen = _mm256_set1_epi8(16);
+    q8_1_row!(w, a, L::Q5_1, |wb, aq| {
+        let hi = _mm256_and_si256(bits_to_bytes(read_u32(wb.add(4))), sixteen);
+        let q = _mm256_or_si256(nibbles32(wb.add(8)), hi);
+        madd_u8_i8(q, _mm256_loadu_si256(aq.cast()))
+    })
+}
+
+// ---------------------------------------------------------------------------
+// Float types.
+
+/// Row loop of the float types over `$n` elements: `$load` (with `$i`
+/// bound to the element index) yields 8 f32 of each side, `$tail` one
+/// product; four accumulators.
+macro_rules! float_row {
+    ($n:expr, |$i:ident| $load:expr, $tail:expr) => {{
+        let n: usize = $n;
+        let mut acc = [_mm256_setzero_ps(); 4];
+        let mut $i = 0;
+        while $i + 32 <= n {
+            let base = $i;
+            for (j, acc) in acc.iter_mut().enumerate() {
+                $i = base + 8 * j;
+                let (x, y) = $load;
+                *acc = _mm256_fmadd_ps(x, y, *acc);
+            }
+            $i = base + 32;
+        }
+        while $i + 8 <= n {
+            let (x, y) = $load;
+            acc[0] = _mm256_fmadd_ps(x, y, acc[0]);
+            $i += 8;
+        }
+        let mut sum = hsum_ps(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
+        while $i < n {
+            sum += $tail;
+            $i += 1;
+        }
+        sum
+    }};
+}
+
+/// F32 × F32.
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn f32_dot(w: &[u8], a: &[u8]) -> f32 {
+    let n = w.len().min(a.len()) / 4;
+    let (wp, ap) = (w.as_ptr().cast::<f32>(), a.as_ptr().cast::<f32>());
+    // SAFETY (of every read below): element indices stay below `n`.
+    float_row!(
+        n,
+        |i| (_mm256_loadu_ps(wp.add(i)), _mm256_loadu_ps(ap.add(i))),
+        wp.add(i).read_unaligned() * ap.add(i).read_unaligned()
+    )
+}
+
+/// F16 × F16 (products and sums in f32).
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn f16_dot(w: &[u8], a: &[u8]) -> f32 {
+    let n = w.len().min(a.len()) / 2;
+    let (wp, ap) = (w.as_ptr(), a.as_ptr());
+    // SAFETY (of every read below): element indices stay below `n`.
+    float_row!(
+        n,
+        |i| (
+            _mm256_cvtph_ps(_mm_loadu_si128(wp.add(2 * i).cast())),
+            _mm256_cvtph_ps(_mm_loadu_si128(ap.add(2 * i).cast()))
+        ),
+        f16_to_f32(read_u16(wp.add(2 * i))) * f16_to_f32(read_u16(ap.add(2 * i)))
+    )
+}
+
+/// Widens 8 bf16 at `p` to f32.
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C; `p..p + 16` readable.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn bf16x8(p: *const u8) -> __m256 {
+    let v = _mm256_cvtepu16_epi32(_mm_loadu_si128(p.cast()));
+    _mm256_castsi256_ps(_mm256_slli_epi32::<16>(v))
+}
+
+/// BF16 × BF16 (products and sums in f32).
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn bf16_dot(w: &[u8], a: &[u8]) -> f32 {
+    let n = w.len().min(a.len()) / 2;
+    let (wp, ap) = (w.as_ptr(), a.as_ptr());
+    // SAFETY (of every read below): element indices stay below `n`.
+    float_row!(
+        n,
+        |i| (bf16x8(wp.add(2 * i)), bf16x8(ap.add(2 * i))),
+        f32::from_bits((read_u16(wp.add(2 * i)) as u32) << 16) * f32::from_bits((read_u16(ap.add(2 * i)) as u32) << 16)
+    )
+}
