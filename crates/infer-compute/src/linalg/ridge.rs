@@ -38,8 +38,8 @@
 //! and targets are widened to f64, everything is computed in f64, and only
 //! `ΔW` is rounded back to f32, the type of the weights it edits.
 
-use super::cholesky::factor_shifted;
 use super::check_ridge;
+use super::cholesky::factor_shifted;
 use crate::error::{shape_err, Error, Result};
 use faer::linalg::matmul::matmul;
 use faer::linalg::solvers::Solve;
@@ -132,9 +132,19 @@ pub fn ridge_decomposition_solve_with_report(
     // Y = K · ΔWᵀ : [N, d_out], row i = (ΔW·kᵢ)ᵀ, with the f32 ΔW the caller gets.
     let dw = Mat::from_fn(d_out, d_in, |i, j| f64::from(delta[[i, j]]));
     let mut y = Mat::<f64>::zeros(n, d_out);
-    matmul(y.as_mut(), Accum::Replace, k64.as_ref(), dw.transpose(), 1.0, faer::get_global_parallelism());
+    matmul(
+        y.as_mut(),
+        Accum::Replace,
+        k64.as_ref(),
+        dw.transpose(),
+        1.0,
+        faer::get_global_parallelism(),
+    );
 
-    let mut report = RidgeReport { cosine: Vec::with_capacity(n), relative_residual: Vec::with_capacity(n) };
+    let mut report = RidgeReport {
+        cosine: Vec::with_capacity(n),
+        relative_residual: Vec::with_capacity(n),
+    };
     for i in 0..n {
         let (mut dot, mut yy, mut tt, mut rr) = (0.0, 0.0, 0.0, 0.0);
         for j in 0..d_out {
@@ -149,7 +159,11 @@ pub fn ridge_decomposition_solve_with_report(
             (false, false) => 1.0,
             _ => 0.0,
         };
-        let residual = if tt > 0.0 { (rr / tt).sqrt() } else { rr.sqrt() };
+        let residual = if tt > 0.0 {
+            (rr / tt).sqrt()
+        } else {
+            rr.sqrt()
+        };
         report.cosine.push(cosine);
         report.relative_residual.push(residual);
     }
@@ -158,14 +172,21 @@ pub fn ridge_decomposition_solve_with_report(
 
 /// Shared body: checks, f64 solve, rounding to f32. Also returns `K` in f64
 /// for the report.
-fn solve_f64(k: ArrayView2<f32>, t: ArrayView2<f32>, lambda: f64) -> Result<(Array2<f32>, Mat<f64>)> {
+fn solve_f64(
+    k: ArrayView2<f32>,
+    t: ArrayView2<f32>,
+    lambda: f64,
+) -> Result<(Array2<f32>, Mat<f64>)> {
     const OP: &str = "ridge_decomposition_solve";
     let (n, d_in) = k.dim();
     let d_out = t.ncols();
     if t.nrows() != n {
         return Err(shape_err(
             OP,
-            format!("keys are [{n}, {d_in}] but targets are [{}, {d_out}]: one target row per key row", t.nrows()),
+            format!(
+                "keys are [{n}, {d_in}] but targets are [{}, {d_out}]: one target row per key row",
+                t.nrows()
+            ),
         ));
     }
     check_ridge(OP, lambda)?;
@@ -184,7 +205,14 @@ fn solve_f64(k: ArrayView2<f32>, t: ArrayView2<f32>, lambda: f64) -> Result<(Arr
 
     // G = K·Kᵀ + λI : [N, N]. Finite: |f32|² · d_in stays far below f64::MAX.
     let mut gram = Mat::<f64>::zeros(n, n);
-    matmul(gram.as_mut(), Accum::Replace, k64.as_ref(), k64.transpose(), 1.0, par);
+    matmul(
+        gram.as_mut(),
+        Accum::Replace,
+        k64.as_ref(),
+        k64.transpose(),
+        1.0,
+        par,
+    );
     for i in 0..n {
         gram[(i, i)] += lambda;
     }
@@ -196,11 +224,20 @@ fn solve_f64(k: ArrayView2<f32>, t: ArrayView2<f32>, lambda: f64) -> Result<(Arr
     let mut x = k64.clone();
     chol.llt().solve_in_place(x.as_mut());
     let mut dw = Mat::<f64>::zeros(d_out, d_in);
-    matmul(dw.as_mut(), Accum::Replace, t64.transpose(), x.as_ref(), 1.0, par);
+    matmul(
+        dw.as_mut(),
+        Accum::Replace,
+        t64.transpose(),
+        x.as_ref(),
+        1.0,
+        par,
+    );
 
     let delta = Array2::from_shape_fn((d_out, d_in), |(i, j)| dw[(i, j)] as f32);
     if !delta.iter().all(|x| x.is_finite()) {
-        return Err(Error::NonFinite("ridge_decomposition_solve result (beyond the f32 range)"));
+        return Err(Error::NonFinite(
+            "ridge_decomposition_solve result (beyond the f32 range)",
+        ));
     }
     Ok((delta, k64))
 }
