@@ -1,0 +1,135 @@
+//! Quantized mat-vec throughput (GB/s of weight bytes read) per weight type
+//! and shape, with 1 and 2 threads, next to the machine's measured read
+//! bandwidth for a working set of the same size.
+//!
+//! Each case calls `ComputeBackend::matvec` of a `CpuBackend` built with
+//! `Kernels::detect()` (so `INFER_CPU_SIMD=avx2` or `=scalar` selects
+//! another level), which quantizes the activation and runs the row dots on
+//! the backend's thread pool: the whole cost of one decode-time mat-vec.
+//!
+//! Run: `cargo bench -p infer-compute --bench matvec` (criterion filters
+//! work: `-- q4_K`). The bandwidth table is printed first.
+
+use std::time::{Duration, Instant};
+
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use infer_compute::backend::{QuantWeight, WeightBytes};
+use infer_compute::cpu::{CpuBackend, Kernels, Precision};
+use infer_compute::{quant, ComputeBackend, GgmlType};
+
+/// Weight types benchmarked (the default model's types first).
+const TYPES: [GgmlType; 6] = [GgmlType::Q8_0, GgmlType::Q5_0, GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q4_0, GgmlType::F32];
+
+/// `(rows, cols)`: square layers and Gemma 3 270M's output matrix.
+const SHAPES: [(usize, usize); 3] = [(2048, 2048), (4096, 4096), (262144, 640)];
+
+const THREADS: [usize; 2] = [1, 2];
+
+/// Deterministic pseudo-random f32 in `[-1, 1)` (xorshift).
+fn noise(seed: &mut u64) -> f32 {
+    *seed ^= *seed << 13;
+    *seed ^= *seed >> 7;
+    *seed ^= *seed << 17;
+    ((*seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+}
+
+/// A `rows × cols` weight of type `ty`: 61 distinct quantized random rows,
+/// repeated (quantizing 10⁸ values with the reference quantizers would
+/// dominate the run; the bytes streamed are the same).
+fn weight(ty: GgmlType, rows: usize, cols: usize) -> QuantWeight {
+    let rb = ty.row_bytes(cols).expect("whole blocks");
+    let distinct = rows.min(61);
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64 ^ ty.id() as u64;
+    let mut pool = vec![0u8; distinct * rb];
+    for row in pool.chunks_exact_mut(rb) {
+        let x: Vec<f32> = (0..cols).map(|_| noise(&mut seed)).collect();
+        quant::quantize_row(ty, &x, row).expect("quantize");
+    }
+    let mut data = Vec::with_capacity(rows * rb);
+    for r in 0..rows {
+        let p = r % distinct;
+        data.extend_from_slice(&pool[p * rb..(p + 1) * rb]);
+    }
+    QuantWeight::new(ty, rows, cols, WeightBytes::from(data)).expect("shape")
+}
+
+/// Sum of an f32 slice with independent accumulators (vectorizes; the
+/// loads are the cost).
+fn sum(x: &[f32]) -> f32 {
+    let mut acc = [0f32; 32];
+    let chunks = x.chunks_exact(32);
+    let tail: f32 = chunks.remainder().iter().sum();
+    for c in chunks {
+        for (a, v) in acc.iter_mut().zip(c) {
+            *a += v;
+        }
+    }
+    acc.iter().sum::<f32>() + tail
+}
+
+/// Read bandwidth in GB/s for summing `bytes` of f32 with `threads`
+/// threads (each its own contiguous part), best of several passes.
+fn read_bandwidth(bytes: usize, threads: usize) -> f64 {
+    let n = bytes / 4;
+    let data: Vec<f32> = (0..n).map(|i| (i % 13) as f32).collect();
+    let part = n.div_ceil(threads);
+    let passes = (4usize << 30).div_ceil(bytes).clamp(3, 200);
+    let mut best = f64::MAX;
+    for _ in 0..passes {
+        let t = Instant::now();
+        let s: f32 = std::thread::scope(|sc| {
+            let hs: Vec<_> = data.chunks(part).map(|c| sc.spawn(move || sum(c))).collect();
+            hs.into_iter().map(|h| h.join().unwrap_or(0.0)).sum()
+        });
+        std::hint::black_box(s);
+        best = best.min(t.elapsed().as_secs_f64());
+    }
+    bytes as f64 / best / 1e9
+}
+
+fn print_bandwidth() {
+    let q8 = |r: usize, c: usize| GgmlType::Q8_0.row_bytes(c).unwrap_or(0) * r;
+    let sizes = [
+        ("2048x2048 q8_0", q8(2048, 2048)),
+        ("4096x4096 q8_0", q8(4096, 4096)),
+        ("262144x640 q8_0", q8(262144, 640)),
+        ("1 GiB", 1usize << 30),
+    ];
+    println!("measured read bandwidth (sum of an f32 array, best pass):");
+    for (name, bytes) in sizes {
+        let bw: Vec<String> = THREADS.iter().map(|&t| format!("{t} thread(s) {:6.1} GB/s", read_bandwidth(bytes, t))).collect();
+        println!("  {name:>16} ({:7.1} MB): {}", bytes as f64 / 1e6, bw.join(", "));
+    }
+    println!("kernels: {}", Kernels::detect().level().name());
+}
+
+fn bench_matvec(c: &mut Criterion) {
+    print_bandwidth();
+    let backends: Vec<(usize, CpuBackend)> = THREADS
+        .iter()
+        .map(|&t| (t, CpuBackend::with_options(t, Kernels::detect(), Precision::Quantized).expect("thread pool")))
+        .collect();
+    for ty in TYPES {
+        let mut group = c.benchmark_group(format!("matvec/{}", ty.name()));
+        group.sample_size(10).warm_up_time(Duration::from_millis(300)).measurement_time(Duration::from_secs(2));
+        for (rows, cols) in SHAPES {
+            if ty == GgmlType::F32 && rows * cols > 4096 * 4096 {
+                continue; // 671 MB: the DRAM case is covered by the quantized types
+            }
+            let w = weight(ty, rows, cols);
+            let mut seed = 7u64;
+            let x: Vec<f32> = (0..cols).map(|_| noise(&mut seed)).collect();
+            let mut y = vec![0f32; rows];
+            group.throughput(Throughput::Bytes(w.data.as_bytes().len() as u64));
+            for (threads, backend) in &backends {
+                group.bench_function(format!("{rows}x{cols}/{threads}t"), |b| {
+                    b.iter(|| backend.matvec(&w, &x, &mut y).expect("matvec"))
+                });
+            }
+        }
+        group.finish();
+    }
+}
+
+criterion_group!(benches, bench_matvec);
+criterion_main!(benches);
