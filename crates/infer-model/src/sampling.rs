@@ -21,10 +21,10 @@
 //!    seed, settings and logits give the same tokens on every platform and
 //!    rand version.
 //!
-//! Without top-k, top-p looks at the best 64 tokens first and widens the
-//! search only while their probabilities fall short of `top_p`; sampling
-//! with neither takes two passes over the logits. Nothing is allocated per
-//! call once the scratch buffers have grown.
+//! Without top-k, top-p buckets the row by log-probability in one pass and
+//! sorts only the buckets that hold the nucleus; sampling with neither
+//! takes two passes over the logits. Nothing is allocated per call once the
+//! scratch buffers have grown.
 //!
 //! Bad logits: an empty row and a NaN anywhere are errors
 //! ([`SamplingError`]); a NaN means the forward pass went wrong, and
@@ -203,6 +203,8 @@ pub struct Sampler {
     heap: BinaryHeap<std::cmp::Reverse<Cand>>,
     /// Scratch: candidates, most likely first.
     cands: Vec<Cand>,
+    /// Scratch: unnormalised probabilities of the whole row.
+    weights: Vec<f32>,
 }
 
 impl Sampler {
@@ -220,6 +222,7 @@ impl Sampler {
             recent: Vec::new(),
             heap: BinaryHeap::new(),
             cands: Vec::new(),
+            weights: Vec::new(),
         })
     }
 
@@ -233,6 +236,7 @@ impl Sampler {
             recent: Vec::new(),
             heap: BinaryHeap::new(),
             cands: Vec::new(),
+            weights: Vec::new(),
         }
     }
 
@@ -330,7 +334,9 @@ impl Sampler {
             return Ok(best);
         }
         let max = max as f64;
-        let weight = |x: f32| ((x as f64 - max) * inv_t).exp();
+        // exp in f32 (faster than f64, and ample for probabilities); the
+        // sums are kept in f64.
+        let weight = |x: f32| (((x as f64 - max) * inv_t) as f32).exp() as f64;
         // min-p as a threshold on the logit.
         let floor = if self.cfg.min_p > 0.0 {
             max + t as f64 * (self.cfg.min_p as f64).ln()
@@ -346,41 +352,81 @@ impl Sampler {
             return Ok(self.draw_sorted(&weight, None, top_p));
         }
         if top_p >= 1.0 {
-            // Straight from the (min-p filtered) softmax: two passes.
-            let total: f64 = l.iter().filter(|&&x| keep(x)).map(|&x| weight(x)).sum();
+            // Straight from the (min-p filtered) softmax: one pass for the
+            // weights, one to find the draw.
+            let mut w = std::mem::take(&mut self.weights);
+            w.clear();
+            w.extend(
+                l.iter()
+                    .map(|&x| if keep(x) { weight(x) as f32 } else { 0.0 }),
+            );
+            let total: f64 = w.iter().map(|&v| v as f64).sum();
             let u = self.rng.gen::<f64>() * total;
             let mut acc = 0.0;
-            let mut last = best;
-            for (i, &x) in l.iter().enumerate() {
-                if !keep(x) {
-                    continue;
-                }
-                let w = weight(x);
-                if w > 0.0 {
-                    last = i as u32;
-                }
-                acc += w;
+            let mut chosen = None;
+            for (i, &v) in w.iter().enumerate() {
+                acc += v as f64;
                 if acc > u {
-                    return Ok(i as u32);
+                    chosen = Some(i as u32);
+                    break;
                 }
             }
-            return Ok(last);
+            // Rounding left `u` at the very end: the last token with a
+            // nonzero weight.
+            let id = chosen
+                .or_else(|| w.iter().rposition(|&v| v > 0.0).map(|i| i as u32))
+                .unwrap_or(best);
+            self.weights = w;
+            return Ok(id);
         }
-        // Nucleus over the whole vocabulary: widen a partial selection until
-        // it holds `top_p` of the probability.
-        let total: f64 = l.iter().filter(|&&x| keep(x)).map(|&x| weight(x)).sum();
-        let mut k = 64.min(n);
-        loop {
-            if k * 8 >= n {
-                k = n;
+        // Nucleus over the whole vocabulary. Tokens are bucketed by
+        // log-probability (1/16 nat per bucket, from the most likely
+        // down); the first buckets that hold `top_p` of the mass contain
+        // the whole nucleus, and only their tokens are sorted.
+        const BUCKETS: usize = 1024;
+        const PER_NAT: f64 = 16.0;
+        let bucket = |x: f32| {
+            let d = (max - x as f64) * inv_t * PER_NAT;
+            if d < (BUCKETS - 1) as f64 {
+                d as usize
+            } else {
+                BUCKETS - 1
             }
-            self.select_top(l, k, &keep);
-            let mass: f64 = self.cands.iter().map(|c| weight(c.logit)).sum();
-            if k == n || self.cands.len() < k || mass >= top_p * total {
+        };
+        let mut w = std::mem::take(&mut self.weights);
+        w.clear();
+        w.extend(
+            l.iter()
+                .map(|&x| if keep(x) { weight(x) as f32 } else { 0.0 }),
+        );
+        let mut mass = [0f64; BUCKETS];
+        let mut total = 0f64;
+        for (&x, &v) in l.iter().zip(&w) {
+            if v > 0.0 {
+                mass[bucket(x)] += v as f64;
+                total += v as f64;
+            }
+        }
+        let mut last = BUCKETS - 1;
+        let mut cum = 0.0;
+        for (b, &m) in mass.iter().enumerate() {
+            cum += m;
+            if cum >= top_p * total {
+                last = b;
                 break;
             }
-            k *= 8;
         }
+        self.cands.clear();
+        for (i, (&x, &v)) in l.iter().zip(&w).enumerate() {
+            if v > 0.0 && bucket(x) <= last {
+                self.cands.push(Cand {
+                    logit: x,
+                    id: i as u32,
+                });
+            }
+        }
+        self.weights = w;
+        self.cands.sort_unstable_by(|a, b| b.cmp(a));
         Ok(self.draw_sorted(&weight, Some(total), top_p))
     }
 
