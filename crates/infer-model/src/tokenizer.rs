@@ -542,52 +542,64 @@ impl Tokenizer {
     /// Splits `text` into runs of plain text and pre-tokenized tokens.
     ///
     /// Tokens are taken longest first (lowest id among equal lengths); each
-    /// takes, left to right, every occurrence that does not overlap text
-    /// already taken by an earlier token.
+    /// splits every remaining run of text at its non-overlapping
+    /// occurrences, leftmost first. Only the tokens that occur in `text` at
+    /// all (found in one pass over a trie) are searched for, so the cost is
+    /// the text length times the number of distinct tokens present.
     fn partition<'t>(&self, text: &'t str, parse_special: bool) -> Vec<Fragment<'t>> {
+        if text.is_empty() {
+            return Vec::new();
+        }
         let bytes = text.as_bytes();
-        // (length, id, start) of every occurrence of every candidate token.
-        let mut found: Vec<(u32, u32, u32)> = Vec::new();
+        let mut present: Vec<u32> = Vec::new();
         for start in 0..bytes.len() {
-            self.specials.matches(&bytes[start..], |len, id| {
+            self.specials.matches(&bytes[start..], |_, id| {
                 if parse_special || !self.types[id as usize].is_special() {
-                    found.push((len as u32, id, start as u32));
+                    present.push(id);
                 }
             });
-        }
-        if found.is_empty() {
-            return if text.is_empty() {
-                Vec::new()
-            } else {
-                vec![Fragment::Text(text)]
-            };
-        }
-        found.sort_unstable_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
-        let mut taken_mask = vec![false; bytes.len()];
-        let mut taken: Vec<(usize, usize, u32)> = Vec::new();
-        for (len, id, start) in found {
-            let span = start as usize..(start + len) as usize;
-            if !taken_mask[span.clone()].iter().any(|&t| t) {
-                taken_mask[span.clone()].fill(true);
-                taken.push((span.start, span.end, id));
+            // Keep the list short when the same tokens occur many times.
+            if present.len() > 4096 {
+                present.sort_unstable();
+                present.dedup();
             }
         }
-        taken.sort_unstable();
-        let mut out = Vec::with_capacity(2 * taken.len() + 1);
-        let mut pos = 0;
-        for (start, end, id) in taken {
-            // Token texts are whole UTF-8 strings, so every match starts and
-            // ends on a character boundary of `text`.
-            if start > pos {
-                out.push(Fragment::Text(&text[pos..start]));
+        let mut frags = vec![Fragment::Text(text)];
+        if present.is_empty() {
+            return frags;
+        }
+        present.sort_unstable();
+        present.dedup();
+        present.sort_by(|&a, &b| {
+            let len = |id: u32| self.offsets[id as usize + 1] - self.offsets[id as usize];
+            len(b).cmp(&len(a)).then(a.cmp(&b))
+        });
+        let mut next = Vec::new();
+        for id in present {
+            let needle = self.piece_at(id as usize);
+            next.clear();
+            for frag in frags.drain(..) {
+                let Fragment::Text(run) = frag else {
+                    next.push(frag);
+                    continue;
+                };
+                // Matches of a whole UTF-8 string start and end on character
+                // boundaries, so every slice below is valid.
+                let mut pos = 0;
+                for (at, m) in run.match_indices(needle) {
+                    if at > pos {
+                        next.push(Fragment::Text(&run[pos..at]));
+                    }
+                    next.push(Fragment::Token(id));
+                    pos = at + m.len();
+                }
+                if pos < run.len() {
+                    next.push(Fragment::Text(&run[pos..]));
+                }
             }
-            out.push(Fragment::Token(id));
-            pos = end;
+            std::mem::swap(&mut frags, &mut next);
         }
-        if pos < text.len() {
-            out.push(Fragment::Text(&text[pos..]));
-        }
-        out
+        frags
     }
 
     /// Decodes `ids` to text, control tokens included (as their text, e.g.

@@ -530,3 +530,29 @@ fn gemma_encode_speed() {
     println!("encoding {n} tokens: {best:?} (best of 20)");
     assert!(best < Duration::from_millis(10), "{best:?}");
 }
+
+#[test]
+fn gemma_long_whitespace_runs() {
+    let t = gemma();
+    // Newline runs are user-defined tokens of up to 31 newlines, taken
+    // longest first.
+    assert_eq!(t.encode(&"\n".repeat(31), false), vec![137]);
+    assert_eq!(t.encode(&"\n".repeat(33), false), vec![137, 108]);
+    // Long runs of pre-tokenized whitespace stay linear in the text length.
+    for text in [
+        "\n".repeat(300_000),
+        " ".repeat(300_000) + "x",
+        "\t \n".repeat(100_000),
+    ] {
+        let t0 = Instant::now();
+        let ids = t.encode(&text, false);
+        let took = t0.elapsed();
+        assert_eq!(t.decode(&ids), text);
+        println!(
+            "{} bytes of whitespace: {} tokens in {took:?}",
+            text.len(),
+            ids.len()
+        );
+        assert!(took < Duration::from_secs(5), "{took:?}");
+    }
+}
