@@ -176,6 +176,26 @@ pub(super) unsafe fn scale_products4(wb: *const u8, wsize: usize, ab: *const u8,
     _mm_mul_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps::<1>(h))
 }
 
+/// Broadcasts the f32 at `p` to 8 lanes with a load (`vbroadcastss` from
+/// memory, no shuffle port). Written as `asm!` because the compiler turns
+/// a broadcast of a value it has just stored into register shuffles.
+///
+/// # Safety
+/// The CPU must support AVX2; `p..p + 4` readable.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn broadcast_load_f32(p: *const f32) -> __m256 {
+    let r: __m256;
+    // SAFETY: reads 4 bytes at `p` (the caller's promise); no other effect.
+    core::arch::asm!(
+        "vbroadcastss {r}, dword ptr [{p}]",
+        r = out(ymm_reg) r,
+        p = in(reg) p,
+        options(pure, readonly, nostack, preserves_flags)
+    );
+    r
+}
+
 /// Row loop of the 32-value formats paired with Q8_0: for each of the
 /// whole blocks in both rows, `$body` (with `$wb` the weight block and
 /// `$aq` the activation block's quants) returns the block's `i32` lanes,
@@ -202,7 +222,7 @@ macro_rules! q8_0_row {
                 let $wb = wb0.add(j * $wsize);
                 let $aq = ab0.add(j * L::Q8_0 + 2);
                 let sum: __m256i = $body;
-                *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_broadcast_ss(&scales[j]), *acc);
+                *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), broadcast_load_f32(&scales[j]), *acc);
             }
             i += 4;
         }
@@ -221,30 +241,46 @@ macro_rules! q8_0_row {
 pub(super) use q8_0_row;
 
 /// Row loop of Q4_1 / Q5_1 with Q8_1: as [`q8_0_row!`], plus `m_w·s_a` per
-/// block (`m` at offset 2 of the weight block, `s` at offset 2 of Q8_1).
+/// block (`m` at offset 2 of the weight block, `s` at offset 2 of Q8_1),
+/// four blocks at a time.
 macro_rules! q8_1_row {
     ($w:expr, $a:expr, $wsize:expr, |$wb:ident, $aq:ident| $body:expr) => {{
         let (w, a): (&[u8], &[u8]) = ($w, $a);
         let nb = (w.len() / $wsize).min(a.len() / L::Q8_1);
         let (wp, ap) = (w.as_ptr(), a.as_ptr());
-        let mut acc0 = _mm256_setzero_ps();
-        let mut acc1 = _mm256_setzero_ps();
+        let mut acc = [_mm256_setzero_ps(); 4];
         let mut acc_m = _mm_setzero_ps();
-        for i in 0..nb {
-            // SAFETY: block `i < nb` lies inside both slices.
+        let mut scales = [0f32; 4];
+        let mut i = 0;
+        // SAFETY (of the pointer arithmetic and of every read below): the
+        // blocks `i..i + 4` (first loop) and `i` (second loop) are below
+        // `nb`, so they lie inside both slices.
+        while i + 4 <= nb {
+            let (wb0, ab0) = (wp.add(i * $wsize), ap.add(i * L::Q8_1));
+            _mm_storeu_ps(scales.as_mut_ptr(), scale_products4(wb0, $wsize, ab0, L::Q8_1));
+            acc_m = _mm_add_ps(acc_m, scale_products4(wb0.add(2), $wsize, ab0.add(2), L::Q8_1));
+            for (j, acc) in acc.iter_mut().enumerate() {
+                let $wb = wb0.add(j * $wsize);
+                let $aq = ab0.add(j * L::Q8_1 + 4);
+                let sum: __m256i = $body;
+                *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), broadcast_load_f32(&scales[j]), *acc);
+            }
+            i += 4;
+        }
+        let mut tail_m = 0f32;
+        while i < nb {
             let $wb = wp.add(i * $wsize);
             let ab = ap.add(i * L::Q8_1);
             let $aq = ab.add(4);
             let sum: __m256i = $body;
-            // [d_w, m_w, d_a, s_a] → [d_w·d_a, m_w·s_a, ..].
-            let h = _mm_cvtph_ps(_mm_set_epi32(0, 0, read_u32(ab) as i32, read_u32($wb) as i32));
-            let prod = _mm_mul_ps(h, _mm_movehl_ps(h, h));
-            acc_m = _mm_add_ps(acc_m, prod);
-            let d = _mm256_broadcastss_ps(prod);
-            acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), d, acc0);
-            core::mem::swap(&mut acc0, &mut acc1);
+            let d = _mm256_set1_ps(f16_mul(read_u16($wb), read_u16(ab)));
+            acc[0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), d, acc[0]);
+            tail_m += f16_mul(read_u16($wb.add(2)), read_u16(ab.add(2)));
+            i += 1;
         }
-        hsum_ps(_mm256_add_ps(acc0, acc1)) + _mm_cvtss_f32(_mm_movehdup_ps(acc_m))
+        let m = _mm_add_ps(acc_m, _mm_movehl_ps(acc_m, acc_m));
+        let m = _mm_cvtss_f32(_mm_add_ss(m, _mm_movehdup_ps(m)));
+        hsum_ps(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]))) + m + tail_m
     }};
 }
 

@@ -15,7 +15,7 @@
 
 use core::arch::x86_64::*;
 
-use super::avx2::{f16_mul, f16_to_f32, hsum_ps, q8_0_row, scale_products4};
+use super::avx2::{broadcast_load_f32, f16_mul, f16_to_f32, hsum_ps, q8_0_row, scale_products4};
 use super::avx2_kquants::{broadcast_load_u32, k4_prepare, k4_row, Pairs};
 use super::layout as L;
 use super::{read_f32, read_u16, read_u32, KVALUES_IQ4NL};
