@@ -98,7 +98,7 @@ pub fn generate(
             stats.stop = StopReason::EndOfGeneration;
             break;
         }
-        sampler.accept(next);
+        // `sample` already recorded `next` in the sampler's history.
         stats.generated_tokens += 1;
         on_text(&decoder.push(next));
         if stats.generated_tokens >= max_tokens {
