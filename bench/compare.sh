@@ -103,7 +103,8 @@ if [[ $build_infer == 1 ]]; then
 fi
 [[ -n "$infer" ]] || infer="$root/target/release/infer"
 [[ -x "$infer" ]] || die "infer not found at $infer (build it with: cargo build --release -p infer-cli)"
-if ! "$infer" bench --help 2>&1 | grep -q -- '--json'; then
+bench_help="$("$infer" bench --help 2>&1 || true)"
+if ! grep -q -- '--json' <<< "$bench_help"; then
     die "'infer bench' is not available in $infer (no 'bench' subcommand with --json yet); this script needs 'infer bench --model F -t T -p P -n N -r R --json'"
 fi
 
@@ -158,15 +159,25 @@ def load_json(path, who):
         return json.loads(text)
     except json.JSONDecodeError:
         pass
-    docs = []  # JSON lines
-    for line in text.splitlines():
-        line = line.strip()
-        if not line:
-            continue
-        try:
-            docs.append(json.loads(line))
-        except json.JSONDecodeError:
-            fail(f"{who} did not print valid JSON on stdout; first line: {text.splitlines()[0][:200]!r}")
+    # JSON lines, or JSON documents among other lines of text.
+    docs, dec, lines = [], json.JSONDecoder(), text.splitlines(keepends=True)
+    i = 0
+    while i < len(lines):
+        stripped = lines[i].lstrip()
+        if stripped.startswith(("{", "[")):
+            rest = "".join(lines[i:]).lstrip()
+            try:
+                doc, end = dec.raw_decode(rest)
+            except json.JSONDecodeError:
+                i += 1
+                continue
+            docs.append(doc)
+            consumed = rest[:end].count("\n")
+            i += consumed + 1
+        else:
+            i += 1
+    if not docs:
+        fail(f"{who} did not print valid JSON on stdout; first line: {text.splitlines()[0][:200]!r}")
     return docs
 
 
