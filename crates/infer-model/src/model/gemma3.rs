@@ -29,8 +29,17 @@ pub const ROPE_BASE_LOCAL: f32 = 10_000.0;
 
 /// Loads a Gemma 3 model's pipeline description.
 ///
+/// Required keys (as llama.cpp requires them): `gemma3.embedding_length`,
+/// `block_count`, `attention.head_count`, `context_length`,
+/// `attention.sliding_window`. Optional keys and their defaults (the model
+/// card's configuration): `attention.head_count_kv` = head_count,
+/// `attention.key_length` = n_embd / n_head, `layer_norm_rms_epsilon` =
+/// 1e-6, `rope.freq_base` = 1 000 000, `rope.freq_base_swa` = 10 000,
+/// `rope.scaling.factor` = 1 (none).
+///
 /// # Errors
-/// Missing required keys or tensors.
+/// [`crate::Error::MissingKey`] naming a missing required key;
+/// [`crate::Error::MissingTensor`] naming a missing tensor.
 pub fn load(g: &GgufFile) -> Result<ModelSpec> {
     let a = "gemma3";
     let n_embd = g.get_u32(&format!("{a}.embedding_length"))? as usize;
@@ -39,8 +48,8 @@ pub fn load(g: &GgufFile) -> Result<ModelSpec> {
     let n_head_kv = u32_or(g, &format!("{a}.attention.head_count_kv"), n_head as u32)? as usize;
     let head_dim = u32_or(g, &format!("{a}.attention.key_length"), (n_embd / n_head.max(1)) as u32)? as usize;
     let eps = f32_or(g, &format!("{a}.attention.layer_norm_rms_epsilon"), 1e-6)?;
-    let n_ctx_train = u32_or(g, &format!("{a}.context_length"), 131_072)? as usize;
-    let window = u32_or(g, &format!("{a}.attention.sliding_window"), 4096)? as usize;
+    let n_ctx_train = g.get_u32(&format!("{a}.context_length"))? as usize;
+    let window = g.get_u32(&format!("{a}.attention.sliding_window"))? as usize;
     let rope_global = f32_or(g, &format!("{a}.rope.freq_base"), 1_000_000.0)?;
     let rope_local = f32_or(g, &format!("{a}.rope.freq_base_swa"), ROPE_BASE_LOCAL)?;
     let scaling = f32_or(g, &format!("{a}.rope.scaling.factor"), 1.0)?;
