@@ -211,5 +211,13 @@ pub trait KvCache: Send {
 /// best SIMD path of this processor. Never panics: a missing driver falls
 /// back to the CPU.
 pub fn default_backend() -> Box<dyn ComputeBackend> {
+    #[cfg(feature = "cuda")]
+    {
+        // `CudaBackend::new` checks for the driver library first and catches
+        // the loader's panics, so a machine without CUDA lands here.
+        if let Ok(b) = crate::cuda::CudaBackend::new(0) {
+            return Box::new(b);
+        }
+    }
     Box::new(crate::cpu::CpuBackend::new())
 }

@@ -8,6 +8,8 @@
 
 pub mod backend;
 pub mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod error;
 pub mod ggml_type;
 pub mod linalg;

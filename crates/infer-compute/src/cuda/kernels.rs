@@ -1,0 +1,195 @@
+//! The CUDA sources, the names of their kernels as typed constants, and the
+//! Rust mirrors of the by-value argument structs declared in
+//! `kernels/common.cuh` (same field order, sizes asserted on both sides).
+
+use cudarc::driver::DeviceRepr;
+
+use crate::GgmlType;
+
+/// The `.cu` sources, concatenated in this order into one NVRTC program
+/// (NVRTC gets no include path: the header comes first instead).
+pub(crate) const SOURCES: [(&str, &str); 7] = [
+    ("common.cuh", include_str!("kernels/common.cuh")),
+    ("quant.cuh", include_str!("kernels/quant.cuh")),
+    ("matvec.cu", include_str!("kernels/matvec.cu")),
+    ("norm.cu", include_str!("kernels/norm.cu")),
+    ("rope.cu", include_str!("kernels/rope.cu")),
+    ("attention.cu", include_str!("kernels/attention.cu")),
+    ("elementwise.cu", include_str!("kernels/elementwise.cu")),
+];
+
+/// A kernel of the module, by its `extern "C"` name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct KernelName(pub &'static str);
+
+/// Kernels other than the mat-vecs.
+pub(crate) mod names {
+    use super::KernelName;
+    pub const QUANTIZE_Q8: KernelName = KernelName("quantize_q8");
+    pub const RESIDUAL_NORM: KernelName = KernelName("residual_norm");
+    pub const QKV_POST: KernelName = KernelName("qkv_post");
+    pub const ATTN_SPLIT: KernelName = KernelName("attn_split");
+    pub const ATTN_COMBINE: KernelName = KernelName("attn_combine");
+    pub const EMBED_ROWS: KernelName = KernelName("embed_rows");
+    pub const GLU: KernelName = KernelName("glu");
+    pub const ACT_INPLACE: KernelName = KernelName("act_inplace");
+
+    /// Every non-mat-vec kernel (loaded when the backend starts).
+    pub const ALL: [KernelName; 8] =
+        [QUANTIZE_Q8, RESIDUAL_NORM, QKV_POST, ATTN_SPLIT, ATTN_COMBINE, EMBED_ROWS, GLU, ACT_INPLACE];
+}
+
+/// The mat-vec kernels of one weight type: for one token (`t1`) and for up
+/// to 8 tokens per warp pass (`t8`, prefill).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct MatvecKernels {
+    pub t1: KernelName,
+    pub t8: KernelName,
+    /// Whether the kernel takes the q8 activation (else the f32 one).
+    pub quantized: bool,
+}
+
+/// Tokens handled per warp pass by the `t8` mat-vec kernels.
+pub(crate) const MV_TOKENS: usize = 8;
+/// Warps (output rows) per mat-vec block (`MV_WARPS` in matvec.cu).
+pub(crate) const MV_WARPS: u32 = 4;
+/// Positions per attention split (`ATTN_SPLIT` in common.cuh).
+pub(crate) const ATTN_SPLIT: usize = 128;
+/// Query heads per attention block (`ATTN_MAX_G`).
+pub(crate) const ATTN_MAX_G: usize = 8;
+/// Largest head dimension of the q/k/v kernel (`QKV_MAX_HD` in rope.cu).
+pub(crate) const QKV_MAX_HD: usize = 1024;
+
+/// The mat-vec kernels for weight type `ty`, or `None` where there is none
+/// (the activation-only types Q8_1 and Q8_K).
+pub(crate) fn matvec_kernels(ty: GgmlType) -> Option<MatvecKernels> {
+    let q = |t1, t8| Some(MatvecKernels { t1: KernelName(t1), t8: KernelName(t8), quantized: true });
+    let f = |t1, t8| Some(MatvecKernels { t1: KernelName(t1), t8: KernelName(t8), quantized: false });
+    match ty {
+        GgmlType::F32 => f("mv_f32_t1", "mv_f32_t8"),
+        GgmlType::F16 => f("mv_f16_t1", "mv_f16_t8"),
+        GgmlType::BF16 => f("mv_bf16_t1", "mv_bf16_t8"),
+        GgmlType::Q4_0 => q("mv_q4_0_t1", "mv_q4_0_t8"),
+        GgmlType::Q4_1 => q("mv_q4_1_t1", "mv_q4_1_t8"),
+        GgmlType::Q5_0 => q("mv_q5_0_t1", "mv_q5_0_t8"),
+        GgmlType::Q5_1 => q("mv_q5_1_t1", "mv_q5_1_t8"),
+        GgmlType::Q8_0 => q("mv_q8_0_t1", "mv_q8_0_t8"),
+        GgmlType::IQ4_NL => q("mv_iq4_nl_t1", "mv_iq4_nl_t8"),
+        GgmlType::Q2_K => q("mv_q2_k_t1", "mv_q2_k_t8"),
+        GgmlType::Q3_K => q("mv_q3_k_t1", "mv_q3_k_t8"),
+        GgmlType::Q4_K => q("mv_q4_k_t1", "mv_q4_k_t8"),
+        GgmlType::Q5_K => q("mv_q5_k_t1", "mv_q5_k_t8"),
+        GgmlType::Q6_K => q("mv_q6_k_t1", "mv_q6_k_t8"),
+        GgmlType::Q8_1 | GgmlType::Q8_K => None,
+    }
+}
+
+/// Epilogue of a mat-vec launch (`MV_*` in common.cuh).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(i32)]
+pub(crate) enum MvMode {
+    Store = 0,
+    GluGelu = 1,
+    GluSilu = 2,
+    Softcap = 3,
+}
+
+/// A device address as kernels take it (0 = null).
+pub(crate) type DevPtr = u64;
+
+/// Mirror of `MatvecArgs`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct MatvecArgs {
+    pub w: [DevPtr; 3],
+    pub y: [DevPtr; 3],
+    pub aq: DevPtr,
+    pub ad: DevPtr,
+    pub ax: DevPtr,
+    pub rows: [i32; 3],
+    pub row_bytes: i32,
+    pub cols: i32,
+    pub n_tok: i32,
+    pub mode: i32,
+    pub cap: f32,
+}
+const _: () = assert!(std::mem::size_of::<MatvecArgs>() == 104);
+
+/// Mirror of `NormArgs`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct NormArgs {
+    pub x: DevPtr,
+    pub add: DevPtr,
+    pub add_w: DevPtr,
+    pub w: DevPtr,
+    pub b: DevPtr,
+    pub out: DevPtr,
+    pub q: DevPtr,
+    pub ds: DevPtr,
+    pub n: i32,
+    pub kind: i32,
+    pub eps: f32,
+    pub add_eps: f32,
+}
+const _: () = assert!(std::mem::size_of::<NormArgs>() == 80);
+
+/// Mirror of `QkvArgs`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct QkvArgs {
+    pub q: DevPtr,
+    pub k: DevPtr,
+    pub v: DevPtr,
+    pub bq: DevPtr,
+    pub bk: DevPtr,
+    pub bv: DevPtr,
+    pub qn_w: DevPtr,
+    pub kn_w: DevPtr,
+    pub kc: DevPtr,
+    pub vc: DevPtr,
+    pub pos0: DevPtr,
+    pub n_head: i32,
+    pub n_kv: i32,
+    pub hd: i32,
+    pub n_rot: i32,
+    pub neox: i32,
+    pub n_tok: i32,
+    pub theta_scale: f32,
+    pub freq_scale: f32,
+    pub qn_eps: f32,
+    pub kn_eps: f32,
+}
+const _: () = assert!(std::mem::size_of::<QkvArgs>() == 128);
+
+/// Mirror of `AttnArgs`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct AttnArgs {
+    pub q: DevPtr,
+    pub kc: DevPtr,
+    pub vc: DevPtr,
+    pub part_o: DevPtr,
+    pub part_ml: DevPtr,
+    pub out: DevPtr,
+    pub oq: DevPtr,
+    pub ods: DevPtr,
+    pub pos0: DevPtr,
+    pub n_head: i32,
+    pub n_kv: i32,
+    pub hd: i32,
+    pub n_split: i32,
+    pub window: i32,
+    pub n_tok: i32,
+    pub scale: f32,
+    pub softcap: f32,
+}
+const _: () = assert!(std::mem::size_of::<AttnArgs>() == 104);
+
+// SAFETY: plain #[repr(C)] structs of integers and floats whose layout
+// matches the CUDA declarations (sizes asserted on both sides); kernels
+// take them by value.
+unsafe impl DeviceRepr for MatvecArgs {}
+unsafe impl DeviceRepr for NormArgs {}
+unsafe impl DeviceRepr for QkvArgs {}
+unsafe impl DeviceRepr for AttnArgs {}

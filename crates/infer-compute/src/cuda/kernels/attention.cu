@@ -1,0 +1,142 @@
+// Split-K decode attention over the f16 KV cache (also serves prefill: one
+// grid layer per token, each attending causally to its own position).
+//
+// For query head h at position p, kv head g = h / (n_head / n_kv):
+//   J = { j <= p, and p - j < window if a window is set }
+//   l_j = scale * q_h . k_j   (then c * tanh(l_j / c) with a soft-cap c)
+//   out_h = softmax(l) . v    over J
+// The attended range is cut into splits of ATTN_SPLIT positions; attn_split
+// computes, per (kv group chunk, split, token), the unnormalized partial
+// sum_j e^(l_j - m) v_j with its max m and sum of e^(l_j - m);
+// attn_combine merges the splits of each head and optionally quantizes the
+// result for the output projection. The grid has a fixed number of splits
+// (enough for the cache's capacity); splits past the attended range exit
+// at once, so one captured graph serves every position.
+
+#define ATTN_THREADS 256
+
+extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_split(const AttnArgs a) {
+    extern __shared__ float smem[];
+    const int G = a.n_head / a.n_kv;
+    const int n_gc = (G + ATTN_MAX_G - 1) / ATTN_MAX_G;
+    const int g = blockIdx.x / n_gc, gc = blockIdx.x % n_gc;
+    const int h0 = g * G + gc * ATTN_MAX_G;
+    const int nh = min(ATTN_MAX_G, G - gc * ATTN_MAX_G);
+    const int s = blockIdx.y, t = blockIdx.z;
+    const int tid = threadIdx.x, lane = tid % WARP, warp = tid / WARP, n_warps = blockDim.x / WARP;
+    const int hd = a.hd, kv_dim = a.n_kv * hd;
+    const int pos = *a.pos0 + t;
+    const int first = a.window > 0 ? max(0, pos + 1 - a.window) : 0;
+    const int start = first + s * ATTN_SPLIT;
+    const int end = min(start + ATTN_SPLIT, pos + 1);
+    const size_t ml_base = ((size_t)t * a.n_head + h0) * a.n_split + s;
+    if (start >= end) {
+        if (tid < nh) a.part_ml[ml_base + (size_t)tid * a.n_split] = make_float2(NEG_INF, 0.0f);
+        return;
+    }
+    const int len = end - start;
+    float* sq = smem;                        // [ATTN_MAX_G][hd]
+    float* sp = smem + ATTN_MAX_G * hd;      // [ATTN_MAX_G][ATTN_SPLIT]
+    const float* q = a.q + ((size_t)t * a.n_head + h0) * hd;
+    for (int i = tid; i < nh * hd; i += blockDim.x) sq[i] = q[i];
+    __syncthreads();
+
+    for (int jj = warp; jj < len; jj += n_warps) {
+        const u16* krow = a.kc + (size_t)(start + jj) * kv_dim + (size_t)g * hd;
+        float dots[ATTN_MAX_G];
+#pragma unroll
+        for (int hh = 0; hh < ATTN_MAX_G; ++hh) dots[hh] = 0.0f;
+        for (int d0 = lane * 8; d0 < hd; d0 += WARP * 8) {
+            const uint4 kk = *(const uint4*)(krow + d0);
+            const u32 kw[4] = {kk.x, kk.y, kk.z, kk.w};
+            float kf[8];
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                kf[2 * e] = f16_to_f32((u16)(kw[e] & 0xFFFFu));
+                kf[2 * e + 1] = f16_to_f32((u16)(kw[e] >> 16));
+            }
+#pragma unroll
+            for (int hh = 0; hh < ATTN_MAX_G; ++hh) {
+                if (hh < nh) {
+                    const float4* qv = (const float4*)(sq + hh * hd + d0);
+                    const float4 qa = qv[0], qb = qv[1];
+                    dots[hh] += qa.x * kf[0] + qa.y * kf[1] + qa.z * kf[2] + qa.w * kf[3] + qb.x * kf[4]
+                                + qb.y * kf[5] + qb.z * kf[6] + qb.w * kf[7];
+                }
+            }
+        }
+#pragma unroll
+        for (int hh = 0; hh < ATTN_MAX_G; ++hh) {
+            if (hh < nh) {
+                float l = warp_sum(dots[hh]) * a.scale;
+                if (a.softcap > 0.0f) l = a.softcap * tanhf(l * (1.0f / a.softcap));
+                if (lane == 0) sp[hh * ATTN_SPLIT + jj] = l;
+            }
+        }
+    }
+    __syncthreads();
+
+    if (warp < nh) {
+        float* row = sp + warp * ATTN_SPLIT;
+        float m = NEG_INF;
+        for (int j = lane; j < len; j += WARP) m = fmaxf(m, row[j]);
+        m = warp_max(m);
+        float sum = 0.0f;
+        for (int j = lane; j < len; j += WARP) {
+            const float e = expf(row[j] - m);
+            row[j] = e;
+            sum += e;
+        }
+        sum = warp_sum(sum);
+        if (lane == 0) a.part_ml[ml_base + (size_t)warp * a.n_split] = make_float2(m, sum);
+    }
+    __syncthreads();
+
+    for (int d = tid; d < hd; d += blockDim.x) {
+        float acc[ATTN_MAX_G];
+#pragma unroll
+        for (int hh = 0; hh < ATTN_MAX_G; ++hh) acc[hh] = 0.0f;
+        const u16* vcol = a.vc + (size_t)start * kv_dim + (size_t)g * hd + d;
+        for (int jj = 0; jj < len; ++jj) {
+            const float v = f16_to_f32(vcol[(size_t)jj * kv_dim]);
+#pragma unroll
+            for (int hh = 0; hh < ATTN_MAX_G; ++hh)
+                if (hh < nh) acc[hh] += sp[hh * ATTN_SPLIT + jj] * v;
+        }
+#pragma unroll
+        for (int hh = 0; hh < ATTN_MAX_G; ++hh)
+            if (hh < nh) a.part_o[((ml_base + (size_t)hh * a.n_split)) * hd + d] = acc[hh];
+    }
+}
+
+#define COMBINE_THREADS 128
+
+// Grid: x = head, y = token.
+extern "C" __global__ void __launch_bounds__(COMBINE_THREADS) attn_combine(const AttnArgs a) {
+    const int h = blockIdx.x, t = blockIdx.y, tid = threadIdx.x;
+    const int hd = a.hd, q_dim = a.n_head * hd;
+    const size_t base = ((size_t)t * a.n_head + h) * a.n_split;
+    const float2* ml = a.part_ml + base;
+    float m = NEG_INF;
+    for (int s = 0; s < a.n_split; ++s)
+        if (ml[s].y > 0.0f) m = fmaxf(m, ml[s].x);
+    float total = 0.0f;
+    for (int s = 0; s < a.n_split; ++s)
+        if (ml[s].y > 0.0f) total += expf(ml[s].x - m) * ml[s].y;
+    const float inv = 1.0f / total;
+    float* out = a.out + (size_t)t * q_dim + (size_t)h * hd;
+    for (int d = tid; d < hd; d += blockDim.x) {
+        float acc = 0.0f;
+        for (int s = 0; s < a.n_split; ++s)
+            if (ml[s].y > 0.0f) acc += expf(ml[s].x - m) * a.part_o[(base + s) * hd + d];
+        out[d] = acc * inv;
+    }
+    if (a.oq) {
+        __syncthreads();
+        const int lane = tid % WARP, warp = tid / WARP, n_warps = blockDim.x / WARP;
+        for (int c = warp; c < hd / 32; c += n_warps) {
+            const size_t off = (size_t)t * q_dim + (size_t)h * hd + (size_t)c * 32;
+            quantize_chunk_warp(out[c * 32 + lane], a.oq + off, a.ods + off / 32);
+        }
+    }
+}

@@ -1,0 +1,156 @@
+// Quantized mat-vec and batched mat-vec (decode and prefill):
+//   y[s][t][r] = sum_k W_s[r][k] * x[t][k]
+// for up to three weight matrices of one type and width ("segments", e.g.
+// q, k and v, launched together), or for a gate/up pair fused with the GLU
+// epilogue: y[0][t][r] = act(gate_r . x_t) * (up_r . x_t).
+//
+// One warp per output row; lane l takes the row's 32-value chunks
+// l, l + 32, ... , decodes each once and dots it with the q8 activation of
+// up to NT tokens (integer dp4a inside a chunk, f32 across chunks), then the
+// warp reduces. Grid: x = ceil(rows / MV_WARPS), y = ceil(n_tok / NT).
+
+#define MV_WARPS 4
+
+__device__ __forceinline__ float act_gelu_tanh(float x) {
+    const float z = 0.7978845608028654f * x * (1.0f + 0.044715f * x * x);
+    return x / (1.0f + expf(-2.0f * z));
+}
+
+__device__ __forceinline__ float act_silu(float x) { return x / (1.0f + expf(-x)); }
+
+// Locates the output row of this warp: segment and row within it.
+// Returns false when the warp has no row.
+__device__ __forceinline__ bool mv_row(const MatvecArgs& a, bool glu, int& seg, int& r) {
+    const int gr = blockIdx.x * MV_WARPS + threadIdx.x / WARP;
+    const int total = glu ? a.rows[0] : a.rows[0] + a.rows[1] + a.rows[2];
+    if (gr >= total) return false;
+    seg = 0;
+    r = gr;
+    if (!glu && r >= a.rows[0]) {
+        r -= a.rows[0];
+        seg = 1;
+        if (r >= a.rows[1]) {
+            r -= a.rows[1];
+            seg = 2;
+        }
+    }
+    return true;
+}
+
+template <int NT>
+__device__ __forceinline__ void mv_store(const MatvecArgs& a, int seg, int r, int t0, int nt, float* acc, float* acc2,
+                                         bool glu) {
+    const int lane = threadIdx.x % WARP;
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+        if (t < nt) {
+            const float v = warp_sum(acc[t]);
+            float out = v;
+            if (glu) {
+                const float u = warp_sum(acc2[t]);
+                out = (a.mode == MV_GLU_GELU ? act_gelu_tanh(v) : act_silu(v)) * u;
+            } else if (a.mode == MV_SOFTCAP) {
+                out = a.cap * tanhf(v * (1.0f / a.cap));
+            }
+            if (lane == 0) a.y[seg][(size_t)(t0 + t) * a.rows[seg] + r] = out;
+        }
+    }
+}
+
+template <class T, int NT>
+__device__ __forceinline__ void matvec_q(const MatvecArgs& a) {
+    const bool glu = a.mode == MV_GLU_GELU || a.mode == MV_GLU_SILU;
+    int seg, r;
+    if (!mv_row(a, glu, seg, r)) return;
+    const int lane = threadIdx.x % WARP;
+    const int t0 = blockIdx.y * NT;
+    const int nt = min(NT, a.n_tok - t0);
+    const int n_chunk = a.cols / 32;
+    const u8* wrow = a.w[seg] + (size_t)r * a.row_bytes;
+    const u8* wrow2 = glu ? a.w[1] + (size_t)r * a.row_bytes : wrow;
+    float acc[NT], acc2[NT];
+#pragma unroll
+    for (int t = 0; t < NT; ++t) { acc[t] = 0.0f; acc2[t] = 0.0f; }
+    for (int c = lane; c < n_chunk; c += WARP) {
+        const WChunk w = T::load(wrow, c);
+        WChunk w2;
+        if (glu) w2 = T::load(wrow2, c);
+#pragma unroll
+        for (int t = 0; t < NT; ++t) {
+            if (t < nt) {
+                const size_t tc = (size_t)(t0 + t) * n_chunk + c;
+                const int4* q = (const int4*)(a.aq + tc * 32);
+                const int4 q0 = q[0], q1 = q[1];
+                const float2 ds = a.ad[tc];
+                acc[t] += dot_chunk<T>(w, q0, q1, ds);
+                if (glu) acc2[t] += dot_chunk<T>(w2, q0, q1, ds);
+            }
+        }
+    }
+    mv_store<NT>(a, seg, r, t0, nt, acc, acc2, glu);
+}
+
+// Float weights (F32, F16, BF16) against the f32 activation.
+struct FF32 { static __device__ __forceinline__ float at(const u8* row, int k) { return ((const float*)row)[k]; } };
+struct FF16 { static __device__ __forceinline__ float at(const u8* row, int k) { return f16_to_f32(((const u16*)row)[k]); } };
+struct FBF16 { static __device__ __forceinline__ float at(const u8* row, int k) { return bf16_to_f32(((const u16*)row)[k]); } };
+
+template <class F, int NT>
+__device__ __forceinline__ void matvec_f(const MatvecArgs& a) {
+    const bool glu = a.mode == MV_GLU_GELU || a.mode == MV_GLU_SILU;
+    int seg, r;
+    if (!mv_row(a, glu, seg, r)) return;
+    const int lane = threadIdx.x % WARP;
+    const int t0 = blockIdx.y * NT;
+    const int nt = min(NT, a.n_tok - t0);
+    const u8* wrow = a.w[seg] + (size_t)r * a.row_bytes;
+    const u8* wrow2 = glu ? a.w[1] + (size_t)r * a.row_bytes : wrow;
+    float acc[NT], acc2[NT];
+#pragma unroll
+    for (int t = 0; t < NT; ++t) { acc[t] = 0.0f; acc2[t] = 0.0f; }
+    for (int k = lane; k < a.cols; k += WARP) {
+        const float w = F::at(wrow, k);
+        const float w2 = glu ? F::at(wrow2, k) : 0.0f;
+#pragma unroll
+        for (int t = 0; t < NT; ++t) {
+            if (t < nt) {
+                const float x = a.ax[(size_t)(t0 + t) * a.cols + k];
+                acc[t] += w * x;
+                if (glu) acc2[t] += w2 * x;
+            }
+        }
+    }
+    mv_store<NT>(a, seg, r, t0, nt, acc, acc2, glu);
+}
+
+#define MV_KERNELS(name, T)                                                                        \
+    extern "C" __global__ void __launch_bounds__(MV_WARPS * WARP) mv_##name##_t1(const MatvecArgs a) { \
+        matvec_q<T, 1>(a);                                                                         \
+    }                                                                                              \
+    extern "C" __global__ void __launch_bounds__(MV_WARPS * WARP) mv_##name##_t8(const MatvecArgs a) { \
+        matvec_q<T, 8>(a);                                                                         \
+    }
+
+MV_KERNELS(q4_0, TQ4_0)
+MV_KERNELS(q4_1, TQ4_1)
+MV_KERNELS(q5_0, TQ5_0)
+MV_KERNELS(q5_1, TQ5_1)
+MV_KERNELS(q8_0, TQ8_0)
+MV_KERNELS(iq4_nl, TIQ4_NL)
+MV_KERNELS(q2_k, TQ2_K)
+MV_KERNELS(q3_k, TQ3_K)
+MV_KERNELS(q4_k, TQ4_K)
+MV_KERNELS(q5_k, TQ5_K)
+MV_KERNELS(q6_k, TQ6_K)
+
+#define MVF_KERNELS(name, F)                                                                       \
+    extern "C" __global__ void __launch_bounds__(MV_WARPS * WARP) mv_##name##_t1(const MatvecArgs a) { \
+        matvec_f<F, 1>(a);                                                                         \
+    }                                                                                              \
+    extern "C" __global__ void __launch_bounds__(MV_WARPS * WARP) mv_##name##_t8(const MatvecArgs a) { \
+        matvec_f<F, 8>(a);                                                                         \
+    }
+
+MVF_KERNELS(f32, FF32)
+MVF_KERNELS(f16, FF16)
+MVF_KERNELS(bf16, FBF16)

@@ -1,0 +1,71 @@
+// Activation quantization to q8 chunks, and the fused residual add +
+// normalization (+ quantization) that sits between the mat-vecs.
+//
+// residual_norm, one block per token row of n values:
+//   if add:   a' = add_w ? rms_norm(add) * add_w : add;  x += a'   (x updated)
+//   out = RMSNorm: x * (1 / sqrt(mean(x^2) + eps)) * w
+//         LayerNorm: (x - mean) * (1 / sqrt(var + eps)) * w (+ b)
+//   if q:     out quantized to q8 chunks (n a multiple of 32).
+// This covers Gemma's sandwich norms (post-norm of the block output, add,
+// pre-norm of the next block) and the plain pre-norm of Llama-style models.
+
+#define NORM_THREADS 256
+
+// One warp per 32-value chunk; x, q, ds are [n_chunks * 32], [n_chunks * 32], [n_chunks].
+extern "C" __global__ void __launch_bounds__(256) quantize_q8(const float* x, i8* q, float2* ds, int n_chunks) {
+    const int gc = blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP;
+    if (gc >= n_chunks) return;
+    const int lane = threadIdx.x % WARP;
+    quantize_chunk_warp(x[(size_t)gc * 32 + lane], q + (size_t)gc * 32, ds + gc);
+}
+
+extern "C" __global__ void __launch_bounds__(NORM_THREADS) residual_norm(const NormArgs a) {
+    __shared__ float red[32];
+    const int t = blockIdx.x, n = a.n, tid = threadIdx.x, nt = blockDim.x;
+    float* x = a.x + (size_t)t * n;
+    if (a.add) {
+        const float* ad = a.add + (size_t)t * n;
+        float sa = 1.0f;
+        if (a.add_w) {
+            float ss = 0.0f;
+            for (int i = tid; i < n; i += nt) ss += ad[i] * ad[i];
+            ss = block_sum(ss, red);
+            sa = 1.0f / sqrtf(ss / (float)n + a.add_eps);
+        }
+        for (int i = tid; i < n; i += nt) {
+            float v = ad[i];
+            if (a.add_w) v = (v * sa) * a.add_w[i];
+            x[i] += v;
+        }
+    }
+    float* out = a.out + (size_t)t * n;
+    if (a.kind == 0) {
+        float ss = 0.0f;
+        for (int i = tid; i < n; i += nt) ss += x[i] * x[i];
+        ss = block_sum(ss, red);
+        const float s = 1.0f / sqrtf(ss / (float)n + a.eps);
+        for (int i = tid; i < n; i += nt) out[i] = (x[i] * s) * a.w[i];
+    } else {
+        float sum = 0.0f;
+        for (int i = tid; i < n; i += nt) sum += x[i];
+        const float mean = block_sum(sum, red) / (float)n;
+        float sv = 0.0f;
+        for (int i = tid; i < n; i += nt) sv += (x[i] - mean) * (x[i] - mean);
+        const float var = block_sum(sv, red) / (float)n;
+        const float s = 1.0f / sqrtf(var + a.eps);
+        for (int i = tid; i < n; i += nt) {
+            float v = ((x[i] - mean) * s) * a.w[i];
+            if (a.b) v += a.b[i];
+            out[i] = v;
+        }
+    }
+    if (a.q) {
+        __syncthreads();  // out written by other threads of this block
+        const int lane = tid % WARP, warp = tid / WARP, n_warps = nt / WARP;
+        const int n_chunks = n / 32;
+        for (int c = warp; c < n_chunks; c += n_warps) {
+            const size_t gc = (size_t)t * n_chunks + c;
+            quantize_chunk_warp(out[c * 32 + lane], a.q + gc * 32, a.ds + gc);
+        }
+    }
+}

@@ -1,0 +1,68 @@
+// After the q/k/v projections of one layer: bias add, per-head RMSNorm of
+// q and k (Gemma 3, Qwen3), rotary embedding, and the append of k and v to
+// the f16 KV cache at the token's position (read from device memory, so
+// that a captured graph serves every position).
+//
+// RoPE angles follow `cpu::ops::rope` exactly: theta starts at the position
+// as f32 and is multiplied by theta_scale = base^(-2/n_rot) once per pair
+// (the f32 recurrence of ggml), then scaled by freq_scale.
+//
+// Grid: x = n_head + n_kv (q heads, then kv heads), y = token. The q heads
+// are rotated in place; the kv blocks write k (rotated) and v to the cache.
+
+#define QKV_THREADS 128
+#define QKV_MAX_HD 1024
+
+extern "C" __global__ void __launch_bounds__(QKV_THREADS) qkv_post(const QkvArgs a) {
+    __shared__ float sx[QKV_MAX_HD];
+    __shared__ float red[32];
+    const int head = blockIdx.x, t = blockIdx.y, tid = threadIdx.x, nt = blockDim.x;
+    const int hd = a.hd;
+    const bool is_q = head < a.n_head;
+    const int h = is_q ? head : head - a.n_head;
+    const int pos = *a.pos0 + t;
+    const int kv_dim = a.n_kv * hd;
+    float* src = is_q ? a.q + ((size_t)t * a.n_head + h) * hd : a.k + ((size_t)t * a.n_kv + h) * hd;
+    const float* bias = is_q ? a.bq : a.bk;
+    const float* nw = is_q ? a.qn_w : a.kn_w;
+    const float eps = is_q ? a.qn_eps : a.kn_eps;
+
+    float ss = 0.0f;
+    for (int d = tid; d < hd; d += nt) {
+        float v = src[d];
+        if (bias) v += bias[h * hd + d];
+        sx[d] = v;
+        ss += v * v;
+    }
+    if (nw) {
+        ss = block_sum(ss, red);
+        const float s = 1.0f / sqrtf(ss / (float)hd + eps);
+        for (int d = tid; d < hd; d += nt) sx[d] = (sx[d] * s) * nw[d];
+    }
+    __syncthreads();
+    const int half = a.n_rot / 2;
+    for (int i = tid; i < half; i += nt) {
+        float theta = (float)pos;
+        for (int m = 0; m < i; ++m) theta *= a.theta_scale;
+        float sn, cs;
+        sincosf(a.freq_scale * theta, &sn, &cs);
+        const int i0 = a.neox ? i : 2 * i;
+        const int i1 = a.neox ? i + half : 2 * i + 1;
+        const float x0 = sx[i0], x1 = sx[i1];
+        sx[i0] = x0 * cs - x1 * sn;
+        sx[i1] = x0 * sn + x1 * cs;
+    }
+    __syncthreads();
+    if (is_q) {
+        for (int d = tid; d < hd; d += nt) src[d] = sx[d];
+    } else {
+        const size_t base = (size_t)pos * kv_dim + (size_t)h * hd;
+        const float* v = a.v + ((size_t)t * a.n_kv + h) * hd;
+        for (int d = tid; d < hd; d += nt) {
+            a.kc[base + d] = f32_to_f16(sx[d]);
+            float vv = v[d];
+            if (a.bv) vv += a.bv[h * hd + d];
+            a.vc[base + d] = f32_to_f16(vv);
+        }
+    }
+}

@@ -1,0 +1,640 @@
+//! The CUDA decode pipeline: a [`ModelSpec`] uploaded once ([`CudaModel`]),
+//! an f16 KV cache in device memory ([`CudaKvCache`]), and one forward pass
+//! per token on one stream, captured once as a CUDA graph and replayed.
+//!
+//! Per layer (n tokens, all on the device):
+//!
+//! | step | kernel |
+//! | --- | --- |
+//! | pre-attention norm (fused with the previous block's residual add and post-norm) | `residual_norm` → h (f32 and q8) |
+//! | q, k, v projections (one launch per run of equal weight types) | `mv_<type>` |
+//! | bias, q/k RMSNorm, RoPE, K/V append at the position read from device memory | `qkv_post` |
+//! | split-K attention over the cache, combine, quantize for `wo` | `attn_split`, `attn_combine` |
+//! | output projection | `mv_<type>` |
+//! | post-attention norm + residual add + pre-FFN norm | `residual_norm` |
+//! | gate and up with the GLU epilogue (one launch when their types agree) | `mv_<type>` (or two launches + `glu`) |
+//! | quantize the activation, down projection | `quantize_q8`, `mv_<type>` |
+//!
+//! then the output norm and the vocabulary projection of the last token
+//! (soft-capped in the mat-vec epilogue when the model says so).
+//!
+//! The token ids and the first position live in device buffers written
+//! before each step, so the single-token step is position-independent and
+//! is captured once as a CUDA graph (per KV cache and buffer set) and
+//! replayed for every token. Prefill runs the same kernels on chunks of up
+//! to [`PREFILL_CHUNK`] tokens without a graph: the mat-vec kernels reuse
+//! each decoded weight chunk for 8 tokens, and attention runs one grid
+//! layer per token, each causal to its own position.
+//!
+//! KV cache: f16, per layer `[n_ctx, n_head_kv, head_dim]`, position-major
+//! (the CPU layout, half the bytes). Attention accumulates in f32.
+
+use std::any::Any;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+use cudarc::driver::{CudaGraph, CudaSlice};
+
+use super::device::{dev_err, Device};
+use super::kernels::{AttnArgs, DevPtr, MvMode, NormArgs, QkvArgs};
+use super::ops::{self, Matvec};
+use crate::backend::{DeviceModel, KvCache, QuantWeight};
+use crate::error::{shape_err, Error, Result};
+use crate::pipeline::{Activation, FfnType, ModelSpec, Norm, NormType, RopeType};
+use crate::GgmlType;
+
+static NEXT_ID: AtomicUsize = AtomicUsize::new(1);
+
+/// Tokens per prefill pass (bounds the scratch buffers).
+pub const PREFILL_CHUNK: usize = 32;
+
+/// A weight matrix in device memory, GGUF blocks as they are.
+struct DevWeight {
+    ty: GgmlType,
+    rows: usize,
+    cols: usize,
+    buf: CudaSlice<u8>,
+}
+
+impl DevWeight {
+    fn new(dev: &Device, w: &QuantWeight, what: &str) -> Result<Self> {
+        if ops::wants_q8(w.ty).is_err() {
+            return Err(Error::Unsupported { op: "cuda weight", ty: w.ty }).map_err(|e| {
+                Error::InvalidModel(format!("{what}: {e}"))
+            });
+        }
+        Ok(DevWeight { ty: w.ty, rows: w.rows, cols: w.cols, buf: dev.upload(w.data.as_bytes())? })
+    }
+}
+
+/// A norm's weights (and bias) in f32 on the device.
+struct DevNorm {
+    kind: NormType,
+    eps: f32,
+    w: CudaSlice<f32>,
+    b: Option<CudaSlice<f32>>,
+}
+
+impl DevNorm {
+    fn new(dev: &Device, n: &Norm) -> Result<Self> {
+        let b = match &n.bias {
+            Some(b) => Some(dev.upload(&b.to_f32()?)?),
+            None => None,
+        };
+        Ok(DevNorm { kind: n.kind, eps: n.eps, w: dev.upload(&n.weight.to_f32()?)?, b })
+    }
+
+    fn kind_id(&self) -> i32 {
+        match self.kind {
+            NormType::RmsNorm => 0,
+            NormType::LayerNorm => 1,
+        }
+    }
+}
+
+struct DevLayer {
+    n_head: usize,
+    n_kv: usize,
+    hd: usize,
+    rope_neox: bool,
+    n_rot: usize,
+    theta_scale: f32,
+    freq_scale: f32,
+    window: Option<usize>,
+    softcap: Option<f32>,
+    scale: f32,
+    attn_norm: DevNorm,
+    wq: DevWeight,
+    wk: DevWeight,
+    wv: DevWeight,
+    wo: DevWeight,
+    bq: Option<CudaSlice<f32>>,
+    bk: Option<CudaSlice<f32>>,
+    bv: Option<CudaSlice<f32>>,
+    q_norm: Option<DevNorm>,
+    k_norm: Option<DevNorm>,
+    post_attn_norm: Option<DevNorm>,
+    ffn_norm: DevNorm,
+    gated: bool,
+    gelu: bool,
+    gate: Option<DevWeight>,
+    up: DevWeight,
+    down: DevWeight,
+    post_ffn_norm: Option<DevNorm>,
+}
+
+/// Scratch buffers, sized for `cap` tokens and `n_split` attention splits.
+struct Buffers {
+    cap: usize,
+    n_split: usize,
+    /// Bumped on every reallocation (invalidates captured graphs).
+    generation: usize,
+    pos: CudaSlice<i32>,
+    tokens: CudaSlice<i32>,
+    x: CudaSlice<f32>,
+    h: CudaSlice<f32>,
+    aq: CudaSlice<i8>,
+    ad: CudaSlice<f32>,
+    q: CudaSlice<f32>,
+    k: CudaSlice<f32>,
+    v: CudaSlice<f32>,
+    attn: CudaSlice<f32>,
+    o: CudaSlice<f32>,
+    gate: CudaSlice<f32>,
+    up: CudaSlice<f32>,
+    act: CudaSlice<f32>,
+    part_o: CudaSlice<f32>,
+    part_ml: CudaSlice<f32>,
+    logits: CudaSlice<f32>,
+}
+
+/// A captured single-token step.
+struct Captured {
+    graph: CudaGraph,
+    kv_id: usize,
+    generation: usize,
+}
+
+/// The graph is used only through `&mut CudaModel`, so by one thread at a
+/// time; CUDA graph objects may move between threads when access is
+/// serialized.
+struct SendCaptured(Captured);
+// SAFETY: see the type's docs: access is serialized by `&mut CudaModel`.
+unsafe impl Send for SendCaptured {}
+
+/// Shape maxima over the layers, for sizing buffers.
+#[derive(Clone, Copy, Default)]
+struct Maxima {
+    q_dim: usize,
+    kv_dim: usize,
+    n_ff: usize,
+    heads: usize,
+    hd: usize,
+    cols: usize,
+}
+
+/// A model prepared on a CUDA device.
+pub struct CudaModel {
+    id: usize,
+    dev: Arc<Device>,
+    n_embd: usize,
+    n_vocab: usize,
+    token_embd: DevWeight,
+    embd_scale: f32,
+    layers: Vec<DevLayer>,
+    output_norm: DevNorm,
+    output: DevWeight,
+    final_softcap: Option<f32>,
+    max: Maxima,
+    bufs: Option<Buffers>,
+    generation: usize,
+    graph: Option<SendCaptured>,
+    use_graph: bool,
+    logits: Vec<f32>,
+    weight_bytes: usize,
+}
+
+/// The KV cache of a [`CudaModel`]: per layer, K and V as f16
+/// `[n_ctx, n_head_kv, head_dim]` in device memory.
+pub struct CudaKvCache {
+    id: usize,
+    model_id: usize,
+    n_ctx: usize,
+    /// Positions filled so far.
+    len: usize,
+    k: Vec<CudaSlice<u16>>,
+    v: Vec<CudaSlice<u16>>,
+}
+
+impl KvCache for CudaKvCache {
+    fn n_ctx(&self) -> usize {
+        self.n_ctx
+    }
+    fn as_any_mut(&mut self) -> &mut dyn Any {
+        self
+    }
+}
+
+impl CudaModel {
+    /// Validates `spec` and uploads its weights to `dev`.
+    pub(crate) fn new(dev: Arc<Device>, spec: &ModelSpec) -> Result<Self> {
+        spec.validate()?;
+        let d = &*dev;
+        let e = spec.n_embd;
+        let mut layers = Vec::with_capacity(spec.layers.len());
+        let mut max = Maxima { cols: e, ..Default::default() };
+        let mut weight_bytes = 0usize;
+        let opt_norm = |n: &Option<Norm>| n.as_ref().map(|n| DevNorm::new(d, n)).transpose();
+        let opt_vec = |b: &Option<QuantWeight>| -> Result<Option<CudaSlice<f32>>> {
+            b.as_ref().map(|b| d.upload(&b.to_f32()?)).transpose()
+        };
+        for (i, l) in spec.layers.iter().enumerate() {
+            let p = |s: &str| format!("blk.{i}.{s}");
+            ops::check_attn_shape(l.n_head, l.n_head_kv, l.head_dim)?;
+            for (name, n) in [("post_attention_norm", &l.post_attn_norm), ("post_ffw_norm", &l.post_ffn_norm)] {
+                if n.as_ref().is_some_and(|n| n.kind != NormType::RmsNorm) {
+                    return Err(Error::InvalidModel(format!("{}: the CUDA backend supports RMSNorm post-norms only", p(name))));
+                }
+            }
+            for (name, n) in [("attn_q_norm", &l.q_norm), ("attn_k_norm", &l.k_norm)] {
+                if n.as_ref().is_some_and(|n| n.kind != NormType::RmsNorm || n.bias.is_some()) {
+                    return Err(Error::InvalidModel(format!("{}: the CUDA backend supports RMSNorm q/k norms only", p(name))));
+                }
+            }
+            let n_ff = l.ffn_up.rows;
+            let (q_dim, kv_dim) = (l.n_head * l.head_dim, l.n_head_kv * l.head_dim);
+            max.q_dim = max.q_dim.max(q_dim);
+            max.kv_dim = max.kv_dim.max(kv_dim);
+            max.n_ff = max.n_ff.max(n_ff);
+            max.heads = max.heads.max(l.n_head);
+            max.hd = max.hd.max(l.head_dim);
+            max.cols = max.cols.max(q_dim).max(n_ff);
+            let mut mats = vec![&l.wq, &l.wk, &l.wv, &l.wo, &l.ffn_up, &l.ffn_down];
+            if let Some(g) = &l.ffn_gate {
+                mats.push(g);
+            }
+            weight_bytes += mats.iter().map(|w| w.data.as_bytes().len()).sum::<usize>();
+            let gated = matches!((l.ffn, &l.ffn_gate), (FfnType::Gated, Some(_)));
+            layers.push(DevLayer {
+                n_head: l.n_head,
+                n_kv: l.n_head_kv,
+                hd: l.head_dim,
+                rope_neox: l.rope.kind == RopeType::NeoX,
+                n_rot: l.rope.n_rot,
+                theta_scale: l.rope.base.powf(-2.0f32 / l.rope.n_rot.max(1) as f32),
+                freq_scale: l.rope.freq_scale,
+                window: l.sliding_window,
+                softcap: l.attn_softcap,
+                scale: l.attn_scale,
+                attn_norm: DevNorm::new(d, &l.attn_norm)?,
+                wq: DevWeight::new(d, &l.wq, &p("attn_q"))?,
+                wk: DevWeight::new(d, &l.wk, &p("attn_k"))?,
+                wv: DevWeight::new(d, &l.wv, &p("attn_v"))?,
+                wo: DevWeight::new(d, &l.wo, &p("attn_output"))?,
+                bq: opt_vec(&l.bq)?,
+                bk: opt_vec(&l.bk)?,
+                bv: opt_vec(&l.bv)?,
+                q_norm: opt_norm(&l.q_norm)?,
+                k_norm: opt_norm(&l.k_norm)?,
+                post_attn_norm: opt_norm(&l.post_attn_norm)?,
+                ffn_norm: DevNorm::new(d, &l.ffn_norm)?,
+                gated,
+                gelu: l.activation == Activation::GeluTanh,
+                gate: if gated { l.ffn_gate.as_ref().map(|g| DevWeight::new(d, g, &p("ffn_gate"))).transpose()? } else { None },
+                up: DevWeight::new(d, &l.ffn_up, &p("ffn_up"))?,
+                down: DevWeight::new(d, &l.ffn_down, &p("ffn_down"))?,
+                post_ffn_norm: opt_norm(&l.post_ffn_norm)?,
+            });
+        }
+        let token_embd = DevWeight::new(d, &spec.token_embd, "token_embd")?;
+        // A tied output shares the embedding's bytes; upload once anyway
+        // (separate allocation keeps the code simple).
+        let output = DevWeight::new(d, &spec.output, "output")?;
+        weight_bytes += spec.output.data.as_bytes().len();
+        let output_norm = DevNorm::new(d, &spec.output_norm)?;
+        d.sync()?;
+        Ok(CudaModel {
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            n_embd: e,
+            n_vocab: spec.n_vocab,
+            token_embd,
+            embd_scale: spec.embd_scale,
+            layers,
+            output_norm,
+            output,
+            final_softcap: spec.final_logit_softcap,
+            max,
+            bufs: None,
+            generation: 0,
+            graph: None,
+            use_graph: true,
+            logits: vec![0.0; spec.n_vocab],
+            weight_bytes,
+            dev,
+        })
+    }
+
+    /// Whether single-token decode steps replay a captured CUDA graph (the
+    /// default) or launch every kernel directly.
+    pub fn set_use_graph(&mut self, on: bool) {
+        self.use_graph = on;
+        if !on {
+            self.graph = None;
+        }
+    }
+
+    /// Bytes of weight matrices one decode step reads (every projection of
+    /// every layer and the vocabulary projection; norms and the one
+    /// embedding row are negligible).
+    pub fn weight_bytes_per_token(&self) -> usize {
+        self.weight_bytes
+    }
+
+    fn ensure_buffers(&mut self, n_tok: usize, n_split: usize) -> Result<()> {
+        if let Some(b) = &self.bufs {
+            if b.cap >= n_tok && b.n_split == n_split {
+                return Ok(());
+            }
+        }
+        let cap = n_tok.max(self.bufs.as_ref().map_or(1, |b| b.cap));
+        let d = &*self.dev;
+        let (e, m) = (self.n_embd, self.max);
+        self.generation += 1;
+        self.graph = None;
+        self.bufs = None;
+        self.bufs = Some(Buffers {
+            cap,
+            n_split,
+            generation: self.generation,
+            pos: d.zeros(1)?,
+            tokens: d.zeros(cap)?,
+            x: d.zeros(cap * e)?,
+            h: d.zeros(cap * e)?,
+            aq: d.zeros(cap * m.cols)?,
+            ad: d.zeros(cap * m.cols.div_ceil(32) * 2)?,
+            q: d.zeros(cap * m.q_dim)?,
+            k: d.zeros(cap * m.kv_dim)?,
+            v: d.zeros(cap * m.kv_dim)?,
+            attn: d.zeros(cap * m.q_dim)?,
+            o: d.zeros(cap * e)?,
+            gate: d.zeros(cap * m.n_ff)?,
+            up: d.zeros(cap * m.n_ff)?,
+            act: d.zeros(cap * m.n_ff)?,
+            part_o: d.zeros(cap * m.heads * n_split * m.hd)?,
+            part_ml: d.zeros(cap * m.heads * n_split * 2)?,
+            logits: d.zeros(self.n_vocab)?,
+        });
+        Ok(())
+    }
+
+    /// Checks the request, then runs `tokens` from `pos0` chunk by chunk
+    /// and reads the last token's logits.
+    fn forward(&mut self, kv: &mut dyn KvCache, tokens: &[u32], pos0: usize) -> Result<()> {
+        let n = tokens.len();
+        if n == 0 {
+            return Err(shape_err("prefill", "no tokens"));
+        }
+        let cache = match kv.as_any_mut().downcast_mut::<CudaKvCache>() {
+            Some(c) if c.model_id == self.id => c,
+            _ => return Err(Error::InvalidModel("KV cache was created by another model or backend".into())),
+        };
+        if pos0 > cache.len {
+            return Err(Error::InvalidModel(format!(
+                "position {pos0} leaves a gap: the KV cache holds {} position(s)",
+                cache.len
+            )));
+        }
+        if pos0.checked_add(n).map_or(true, |end| end > cache.n_ctx) {
+            return Err(Error::ContextOverflow { pos: pos0, n_tokens: n, n_ctx: cache.n_ctx });
+        }
+        if let Some(&t) = tokens.iter().find(|&&t| t as usize >= self.n_vocab) {
+            return Err(shape_err("decode", format!("token id {t} is outside the vocabulary of {}", self.n_vocab)));
+        }
+        let n_split = ops::attn_splits(cache.n_ctx);
+        let mut pos = pos0;
+        for chunk in tokens.chunks(PREFILL_CHUNK) {
+            self.ensure_buffers(chunk.len(), n_split)?;
+            let ids: Vec<i32> = chunk.iter().map(|&t| t as i32).collect();
+            let p = i32::try_from(pos).map_err(|_| Error::Device(format!("position {pos} exceeds the kernels' range")))?;
+            {
+                let b = self.bufs.as_mut().ok_or_else(|| Error::Device("buffers missing".into()))?;
+                self.dev.write(&mut b.pos, &[p])?;
+                self.dev.write(&mut b.tokens, &ids)?;
+            }
+            if chunk.len() == 1 && self.use_graph {
+                self.step_graph(cache)?;
+            } else {
+                self.enqueue(cache, chunk.len())?;
+            }
+            pos += chunk.len();
+            cache.len = cache.len.max(pos);
+        }
+        let b = self.bufs.as_ref().ok_or_else(|| Error::Device("buffers missing".into()))?;
+        self.dev.read_back(&b.logits, 0, &mut self.logits)
+    }
+
+    /// Replays (capturing first if needed) the single-token step.
+    fn step_graph(&mut self, cache: &CudaKvCache) -> Result<()> {
+        let generation = self.bufs.as_ref().map_or(0, |b| b.generation);
+        let fresh = matches!(&self.graph, Some(SendCaptured(c)) if c.kv_id == cache.id && c.generation == generation);
+        if !fresh {
+            self.graph = None;
+            let stream = self.dev.stream.clone();
+            stream
+                .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+                .map_err(dev_err("begin graph capture"))?;
+            let queued = self.enqueue(cache, 1);
+            let ended = stream.end_capture(CUgraphInstantiate_flags(0));
+            queued?;
+            let graph = ended
+                .map_err(dev_err("end graph capture"))?
+                .ok_or_else(|| Error::Device("graph capture produced no graph".into()))?;
+            self.graph = Some(SendCaptured(Captured { graph, kv_id: cache.id, generation }));
+        }
+        match &self.graph {
+            Some(SendCaptured(c)) => c.graph.launch().map_err(dev_err("graph launch")),
+            None => Err(Error::Device("no captured graph".into())),
+        }
+    }
+
+    /// Enqueues the forward pass of `n` tokens (ids and first position
+    /// already in the device buffers) on the stream.
+    fn enqueue(&self, cache: &CudaKvCache, n: usize) -> Result<()> {
+        let d = &*self.dev;
+        let b = self.bufs.as_ref().ok_or_else(|| Error::Device("buffers missing".into()))?;
+        let e = self.n_embd;
+        let p = |s: &CudaSlice<f32>| d.ptr(s);
+        let (x, h, o) = (p(&b.x), p(&b.h), p(&b.o));
+        let (aq, ad) = (d.ptr(&b.aq), d.ptr(&b.ad));
+        let pos = d.ptr(&b.pos);
+        let with_q8 = |n_vals: usize| n_vals % 32 == 0;
+        let norm_args = |add: DevPtr, add_norm: Option<&DevNorm>, norm: &DevNorm| NormArgs {
+            x,
+            add,
+            add_w: add_norm.map_or(0, |n| d.ptr(&n.w)),
+            w: d.ptr(&norm.w),
+            b: norm.b.as_ref().map_or(0, |b| d.ptr(b)),
+            out: h,
+            q: if with_q8(e) { aq } else { 0 },
+            ds: if with_q8(e) { ad } else { 0 },
+            n: e as i32,
+            kind: norm.kind_id(),
+            eps: norm.eps,
+            add_eps: add_norm.map_or(0.0, |n| n.eps),
+        };
+        let mv = |w: &DevWeight, xf: DevPtr, xq: DevPtr, xd: DevPtr, y: DevPtr| Matvec {
+            ty: w.ty,
+            w: [d.ptr(&w.buf), 0, 0],
+            y: [y, 0, 0],
+            rows: [w.rows, 0, 0],
+            cols: w.cols,
+            x: xf,
+            aq: xq,
+            ad: xd,
+            n_tok: n,
+            mode: MvMode::Store,
+            cap: 0.0,
+        };
+
+        ops::embed_rows(d, d.ptr(&self.token_embd.buf), self.token_embd.ty, e, d.ptr(&b.tokens), n, self.embd_scale, x)?;
+        if let Some(l0) = self.layers.first() {
+            ops::residual_norm(d, &norm_args(0, None, &l0.attn_norm), n)?;
+        }
+        for (li, l) in self.layers.iter().enumerate() {
+            // q, k, v: one launch per run of equal types.
+            let targets = [(&l.wq, p(&b.q)), (&l.wk, p(&b.k)), (&l.wv, p(&b.v))];
+            let mut i = 0;
+            while i < 3 {
+                let mut call = mv(targets[i].0, h, aq, ad, targets[i].1);
+                let mut j = i + 1;
+                while j < 3 && targets[j].0.ty == targets[i].0.ty {
+                    call.w[j - i] = d.ptr(&targets[j].0.buf);
+                    call.y[j - i] = targets[j].1;
+                    call.rows[j - i] = targets[j].0.rows;
+                    j += 1;
+                }
+                ops::matvec(d, &call)?;
+                i = j;
+            }
+            let opt = |s: &Option<CudaSlice<f32>>| s.as_ref().map_or(0, |s| d.ptr(s));
+            ops::qkv_post(
+                d,
+                &QkvArgs {
+                    q: p(&b.q),
+                    k: p(&b.k),
+                    v: p(&b.v),
+                    bq: opt(&l.bq),
+                    bk: opt(&l.bk),
+                    bv: opt(&l.bv),
+                    qn_w: l.q_norm.as_ref().map_or(0, |nn| d.ptr(&nn.w)),
+                    kn_w: l.k_norm.as_ref().map_or(0, |nn| d.ptr(&nn.w)),
+                    kc: d.ptr(&cache.k[li]),
+                    vc: d.ptr(&cache.v[li]),
+                    pos0: pos,
+                    n_head: l.n_head as i32,
+                    n_kv: l.n_kv as i32,
+                    hd: l.hd as i32,
+                    n_rot: l.n_rot as i32,
+                    neox: l.rope_neox as i32,
+                    n_tok: n as i32,
+                    theta_scale: l.theta_scale,
+                    freq_scale: l.freq_scale,
+                    qn_eps: l.q_norm.as_ref().map_or(0.0, |nn| nn.eps),
+                    kn_eps: l.k_norm.as_ref().map_or(0.0, |nn| nn.eps),
+                },
+            )?;
+            let wo_q8 = ops::wants_q8(l.wo.ty)?;
+            ops::attention(
+                d,
+                &AttnArgs {
+                    q: p(&b.q),
+                    kc: d.ptr(&cache.k[li]),
+                    vc: d.ptr(&cache.v[li]),
+                    part_o: p(&b.part_o),
+                    part_ml: p(&b.part_ml),
+                    out: p(&b.attn),
+                    oq: if wo_q8 { aq } else { 0 },
+                    ods: if wo_q8 { ad } else { 0 },
+                    pos0: pos,
+                    n_head: l.n_head as i32,
+                    n_kv: l.n_kv as i32,
+                    hd: l.hd as i32,
+                    n_split: b.n_split as i32,
+                    window: l.window.map_or(0, |w| w.min(i32::MAX as usize) as i32),
+                    n_tok: n as i32,
+                    scale: l.scale,
+                    softcap: l.softcap.unwrap_or(0.0),
+                },
+            )?;
+            ops::matvec(d, &mv(&l.wo, p(&b.attn), aq, ad, o))?;
+            ops::residual_norm(d, &norm_args(o, l.post_attn_norm.as_ref(), &l.ffn_norm), n)?;
+
+            let n_ff = l.up.rows;
+            let act = p(&b.act);
+            match &l.gate {
+                Some(g) if l.gated && g.ty == l.up.ty => {
+                    let mut call = mv(g, h, aq, ad, act);
+                    call.w[1] = d.ptr(&l.up.buf);
+                    call.mode = if l.gelu { MvMode::GluGelu } else { MvMode::GluSilu };
+                    ops::matvec(d, &call)?;
+                }
+                Some(g) if l.gated => {
+                    ops::matvec(d, &mv(g, h, aq, ad, p(&b.gate)))?;
+                    ops::matvec(d, &mv(&l.up, h, aq, ad, p(&b.up)))?;
+                    ops::glu(d, p(&b.gate), p(&b.up), act, n * n_ff, l.gelu)?;
+                }
+                _ => {
+                    ops::matvec(d, &mv(&l.up, h, aq, ad, act))?;
+                    ops::act_inplace(d, act, n * n_ff, l.gelu)?;
+                }
+            }
+            if ops::wants_q8(l.down.ty)? {
+                ops::quantize_q8(d, act, aq, ad, n * n_ff / 32)?;
+            }
+            ops::matvec(d, &mv(&l.down, act, aq, ad, o))?;
+            let next = self.layers.get(li + 1).map_or(&self.output_norm, |nl| &nl.attn_norm);
+            ops::residual_norm(d, &norm_args(o, l.post_ffn_norm.as_ref(), next), n)?;
+        }
+        // Vocabulary projection of the last token.
+        let last = n - 1;
+        let mut call = mv(
+            &self.output,
+            h + (last * e * 4) as u64,
+            aq + (last * e) as u64,
+            ad + (last * (e / 32) * 8) as u64,
+            p(&b.logits),
+        );
+        call.n_tok = 1;
+        if let Some(c) = self.final_softcap {
+            call.mode = MvMode::Softcap;
+            call.cap = c;
+        }
+        ops::matvec(d, &call)
+    }
+}
+
+impl DeviceModel for CudaModel {
+    fn n_vocab(&self) -> usize {
+        self.n_vocab
+    }
+
+    fn new_kv_cache(&self, n_ctx: usize) -> Result<Box<dyn KvCache>> {
+        Ok(Box::new(self.new_cuda_kv_cache(n_ctx)?))
+    }
+
+    fn decode_token(&mut self, kv: &mut dyn KvCache, token: u32, pos: usize) -> Result<&[f32]> {
+        self.forward(kv, &[token], pos)?;
+        Ok(&self.logits)
+    }
+
+    fn prefill(&mut self, kv: &mut dyn KvCache, tokens: &[u32], pos: usize) -> Result<&[f32]> {
+        self.forward(kv, tokens, pos)?;
+        Ok(&self.logits)
+    }
+}
+
+impl CudaModel {
+    /// Creates an empty f16 KV cache for `n_ctx` positions.
+    ///
+    /// # Errors
+    /// `n_ctx == 0`, sizes past the kernels' 32-bit positions, device
+    /// allocation failures.
+    pub fn new_cuda_kv_cache(&self, n_ctx: usize) -> Result<CudaKvCache> {
+        if n_ctx == 0 {
+            return Err(Error::InvalidModel("a KV cache needs at least one position".into()));
+        }
+        if n_ctx > i32::MAX as usize / 2 {
+            return Err(Error::InvalidModel(format!("a KV cache of {n_ctx} positions exceeds the kernels' range")));
+        }
+        let mut k = Vec::with_capacity(self.layers.len());
+        let mut v = Vec::with_capacity(self.layers.len());
+        for l in &self.layers {
+            let len = n_ctx.checked_mul(l.n_kv * l.hd).ok_or(Error::Overflow("KV cache size"))?;
+            k.push(self.dev.zeros::<u16>(len)?);
+            v.push(self.dev.zeros::<u16>(len)?);
+        }
+        self.dev.sync()?;
+        Ok(CudaKvCache { id: NEXT_ID.fetch_add(1, Ordering::Relaxed), model_id: self.id, n_ctx, len: 0, k, v })
+    }
+}

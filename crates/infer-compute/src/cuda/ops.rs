@@ -1,0 +1,228 @@
+//! Launch wrappers: one function per kernel family, taking device
+//! addresses and shapes, checking what the kernels assume, and choosing
+//! grid and block sizes. Used by the decode pipeline ([`super::model`]) and
+//! by the single-op entry points of [`super::CudaBackend`].
+
+use cudarc::driver::{LaunchConfig, PushKernelArg};
+
+use super::device::Device;
+use super::kernels::{
+    self, names, AttnArgs, DevPtr, MatvecArgs, MvMode, NormArgs, QkvArgs, ATTN_MAX_G, ATTN_SPLIT, MV_TOKENS, MV_WARPS,
+};
+use crate::error::{Error, Result};
+use crate::GgmlType;
+
+fn to_i32(v: usize, what: &str) -> Result<i32> {
+    i32::try_from(v).map_err(|_| Error::Device(format!("{what} = {v} does not fit the kernels' 32-bit indices")))
+}
+
+fn to_u32(v: usize, what: &str) -> Result<u32> {
+    u32::try_from(v).map_err(|_| Error::Device(format!("{what} = {v} does not fit a launch dimension")))
+}
+
+/// Quantizes `n_chunks` chunks of 32 f32 values at `x` to q8 (`q`: int8
+/// quants, `ds`: (d, d·sum) per chunk).
+pub(crate) fn quantize_q8(dev: &Device, x: DevPtr, q: DevPtr, ds: DevPtr, n_chunks: usize) -> Result<()> {
+    if n_chunks == 0 {
+        return Ok(());
+    }
+    let n = to_i32(n_chunks, "chunks")?;
+    let f = dev.func(names::QUANTIZE_Q8)?;
+    let cfg = LaunchConfig { grid_dim: (to_u32(n_chunks.div_ceil(8), "grid")?, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+    let mut b = dev.stream.launch_builder(f);
+    b.arg(&x).arg(&q).arg(&ds).arg(&n);
+    // SAFETY: x holds n_chunks·32 floats, q n_chunks·32 bytes, ds n_chunks
+    // float2 (callers size them so).
+    unsafe { b.launch(cfg) }.map_err(|e| Error::Device(format!("launching quantize_q8: {e}")))?;
+    Ok(())
+}
+
+/// One mat-vec launch: up to three weight matrices of one type and width.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Matvec {
+    pub ty: GgmlType,
+    pub w: [DevPtr; 3],
+    pub y: [DevPtr; 3],
+    pub rows: [usize; 3],
+    pub cols: usize,
+    /// f32 activation `[n_tok][cols]` (float weight types).
+    pub x: DevPtr,
+    /// q8 activation (quantized weight types).
+    pub aq: DevPtr,
+    pub ad: DevPtr,
+    pub n_tok: usize,
+    pub mode: MvMode,
+    pub cap: f32,
+}
+
+impl Matvec {
+    /// A single-matrix launch with the store epilogue.
+    pub fn single(ty: GgmlType, w: DevPtr, rows: usize, cols: usize, y: DevPtr) -> Self {
+        Matvec {
+            ty,
+            w: [w, 0, 0],
+            y: [y, 0, 0],
+            rows: [rows, 0, 0],
+            cols,
+            x: 0,
+            aq: 0,
+            ad: 0,
+            n_tok: 1,
+            mode: MvMode::Store,
+            cap: 0.0,
+        }
+    }
+}
+
+/// Whether weight type `ty` reads the q8 activation (else the f32 one).
+///
+/// # Errors
+/// [`Error::Unsupported`] for types without a mat-vec kernel.
+pub(crate) fn wants_q8(ty: GgmlType) -> Result<bool> {
+    kernels::matvec_kernels(ty).map(|k| k.quantized).ok_or(Error::Unsupported { op: "cuda matvec", ty })
+}
+
+/// Launches a mat-vec (see matvec.cu).
+pub(crate) fn matvec(dev: &Device, m: &Matvec) -> Result<()> {
+    let k = kernels::matvec_kernels(m.ty).ok_or(Error::Unsupported { op: "cuda matvec", ty: m.ty })?;
+    let glu = matches!(m.mode, MvMode::GluGelu | MvMode::GluSilu);
+    let total = if glu { m.rows[0] } else { m.rows.iter().sum() };
+    if total == 0 || m.n_tok == 0 {
+        return Ok(());
+    }
+    if k.quantized && m.cols % 32 != 0 {
+        return Err(Error::RowNotBlockMultiple { ty: m.ty, cols: m.cols, block_size: 32 });
+    }
+    let args = MatvecArgs {
+        w: m.w,
+        y: m.y,
+        aq: m.aq,
+        ad: m.ad,
+        ax: m.x,
+        rows: [to_i32(m.rows[0], "rows")?, to_i32(m.rows[1], "rows")?, to_i32(m.rows[2], "rows")?],
+        row_bytes: to_i32(m.ty.row_bytes(m.cols)?, "row bytes")?,
+        cols: to_i32(m.cols, "cols")?,
+        n_tok: to_i32(m.n_tok, "tokens")?,
+        mode: m.mode as i32,
+        cap: m.cap,
+    };
+    let (name, gy) = if m.n_tok == 1 { (k.t1, 1) } else { (k.t8, m.n_tok.div_ceil(MV_TOKENS)) };
+    let gx = total.div_ceil(MV_WARPS as usize);
+    dev.launch(name, (to_u32(gx, "grid")?, to_u32(gy, "grid")?, 1), MV_WARPS * 32, 0, &args)
+}
+
+/// Launches the fused residual add + norm (+ quantize) over `n_tok` rows.
+pub(crate) fn residual_norm(dev: &Device, args: &NormArgs, n_tok: usize) -> Result<()> {
+    if args.q != 0 && args.n % 32 != 0 {
+        return Err(Error::Device(format!("q8 output of a norm needs a multiple of 32 values, not {}", args.n)));
+    }
+    dev.launch(names::RESIDUAL_NORM, (to_u32(n_tok, "tokens")?, 1, 1), 256, 0, args)
+}
+
+/// Launches the q/k/v post-processing (bias, q/k norm, RoPE, KV append).
+pub(crate) fn qkv_post(dev: &Device, args: &QkvArgs) -> Result<()> {
+    if args.hd as usize > kernels::QKV_MAX_HD || args.n_rot > args.hd {
+        return Err(Error::Device(format!("head_dim {} (n_rot {}) exceeds the CUDA limit {}", args.hd, args.n_rot, kernels::QKV_MAX_HD)));
+    }
+    let blocks = to_u32((args.n_head + args.n_kv) as usize, "heads")?;
+    dev.launch(names::QKV_POST, (blocks, to_u32(args.n_tok as usize, "tokens")?, 1), 128, 0, args)
+}
+
+/// Splits needed for a cache of `n_ctx` positions.
+pub(crate) fn attn_splits(n_ctx: usize) -> usize {
+    n_ctx.div_ceil(ATTN_SPLIT).max(1)
+}
+
+/// Checks the attention kernels' shape assumptions.
+pub(crate) fn check_attn_shape(n_head: usize, n_kv: usize, hd: usize) -> Result<()> {
+    if hd % 8 != 0 || hd > kernels::QKV_MAX_HD || n_kv == 0 || n_head % n_kv != 0 {
+        return Err(Error::InvalidModel(format!(
+            "the CUDA attention needs head_dim a multiple of 8 and at most {} and n_head a multiple of n_head_kv (head_dim {hd}, heads {n_head}/{n_kv})",
+            kernels::QKV_MAX_HD
+        )));
+    }
+    Ok(())
+}
+
+/// Launches split-K attention and the combine (+ quantize when `args.oq`).
+pub(crate) fn attention(dev: &Device, args: &AttnArgs) -> Result<()> {
+    let (n_head, n_kv, hd) = (args.n_head as usize, args.n_kv as usize, args.hd as usize);
+    check_attn_shape(n_head, n_kv, hd)?;
+    let g = n_head / n_kv;
+    let n_gc = g.div_ceil(ATTN_MAX_G);
+    let smem = ((ATTN_MAX_G * hd + ATTN_MAX_G * ATTN_SPLIT) * 4) as u32;
+    let n_tok = to_u32(args.n_tok as usize, "tokens")?;
+    dev.launch(names::ATTN_SPLIT, (to_u32(n_kv * n_gc, "grid")?, to_u32(args.n_split as usize, "splits")?, n_tok), 256, smem, args)?;
+    let mut c = *args;
+    if hd % 32 != 0 {
+        c.oq = 0;
+        c.ods = 0;
+    }
+    dev.launch(names::ATTN_COMBINE, (to_u32(n_head, "heads")?, n_tok, 1), 128, 0, &c)?;
+    if hd % 32 != 0 && args.oq != 0 {
+        let q_dim = n_head * hd;
+        if q_dim % 32 != 0 {
+            return Err(Error::Device(format!("attention output of {q_dim} values cannot be quantized in chunks of 32")));
+        }
+        quantize_q8(dev, args.out, args.oq, args.ods, args.n_tok as usize * q_dim / 32)?;
+    }
+    Ok(())
+}
+
+/// Dequantizes rows `tokens[t]` of `table` (`ty`, `n` values per row) into
+/// `x[t]`, times `scale`.
+pub(crate) fn embed_rows(
+    dev: &Device,
+    table: DevPtr,
+    ty: GgmlType,
+    n: usize,
+    tokens: DevPtr,
+    n_tok: usize,
+    scale: f32,
+    x: DevPtr,
+) -> Result<()> {
+    if kernels::matvec_kernels(ty).is_none() {
+        return Err(Error::Unsupported { op: "cuda dequantize", ty });
+    }
+    let tyi = ty.id() as i32;
+    let rb = to_i32(ty.row_bytes(n)?, "row bytes")?;
+    let ni = to_i32(n, "row length")?;
+    let f = dev.func(names::EMBED_ROWS)?;
+    let cfg = LaunchConfig { grid_dim: (to_u32(n_tok, "tokens")?, 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
+    let mut b = dev.stream.launch_builder(f);
+    b.arg(&table).arg(&tyi).arg(&rb).arg(&ni).arg(&tokens).arg(&scale).arg(&x);
+    // SAFETY: table holds rows of `rb` bytes for every id in `tokens`
+    // (checked by the caller), x holds n_tok·n floats.
+    unsafe { b.launch(cfg) }.map_err(|e| Error::Device(format!("launching embed_rows: {e}")))?;
+    Ok(())
+}
+
+/// `out[i] = act(gate[i]) · up[i]` for `n` values (`gelu`: GELU-tanh, else SiLU).
+pub(crate) fn glu(dev: &Device, gate: DevPtr, up: DevPtr, out: DevPtr, n: usize, gelu: bool) -> Result<()> {
+    if n == 0 {
+        return Ok(());
+    }
+    let (ni, act) = (to_i32(n, "length")?, if gelu { 0i32 } else { 1 });
+    let f = dev.func(names::GLU)?;
+    let cfg = LaunchConfig { grid_dim: (to_u32(n.div_ceil(256), "grid")?, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+    let mut b = dev.stream.launch_builder(f);
+    b.arg(&gate).arg(&up).arg(&out).arg(&ni).arg(&act);
+    // SAFETY: all three buffers hold n floats.
+    unsafe { b.launch(cfg) }.map_err(|e| Error::Device(format!("launching glu: {e}")))?;
+    Ok(())
+}
+
+/// `x[i] = act(x[i])` for `n` values.
+pub(crate) fn act_inplace(dev: &Device, x: DevPtr, n: usize, gelu: bool) -> Result<()> {
+    if n == 0 {
+        return Ok(());
+    }
+    let (ni, act) = (to_i32(n, "length")?, if gelu { 0i32 } else { 1 });
+    let f = dev.func(names::ACT_INPLACE)?;
+    let cfg = LaunchConfig { grid_dim: (to_u32(n.div_ceil(256), "grid")?, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+    let mut b = dev.stream.launch_builder(f);
+    b.arg(&x).arg(&ni).arg(&act);
+    // SAFETY: x holds n floats.
+    unsafe { b.launch(cfg) }.map_err(|e| Error::Device(format!("launching act_inplace: {e}")))?;
+    Ok(())
+}
