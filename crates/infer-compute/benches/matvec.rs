@@ -8,7 +8,8 @@
 //! the backend's thread pool: the whole cost of one decode-time mat-vec.
 //!
 //! Run: `cargo bench -p infer-compute --bench matvec` (criterion filters
-//! work: `-- q4_K`). The bandwidth table is printed first.
+//! work: `-- q4_K`). A best-of-N summary with the bandwidth of each
+//! working set is printed first (`MATVEC_NO_SUMMARY=1` skips it).
 
 use std::time::{Duration, Instant};
 
@@ -21,8 +22,15 @@ use infer_compute::{quant, ComputeBackend, GgmlType};
 /// Weight types benchmarked (the default model's types first).
 const TYPES: [GgmlType; 6] = [GgmlType::Q8_0, GgmlType::Q5_0, GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q4_0, GgmlType::F32];
 
-/// `(rows, cols)`: square layers and Gemma 3 270M's output matrix.
+/// `(rows, cols)`: square layers and Gemma 3 270M's output matrix (640
+/// columns; the k-quants, whose rows are whole 256-value super-blocks, use
+/// 768 instead: the same DRAM-resident regime).
 const SHAPES: [(usize, usize); 3] = [(2048, 2048), (4096, 4096), (262144, 640)];
+
+/// The shape actually used for `ty` (see [`SHAPES`]).
+fn shape_for(ty: GgmlType, (rows, cols): (usize, usize)) -> (usize, usize) {
+    (rows, cols.next_multiple_of(ty.block_size()))
+}
 
 const THREADS: [usize; 2] = [1, 2];
 
@@ -88,32 +96,72 @@ fn read_bandwidth(bytes: usize, threads: usize) -> f64 {
     bytes as f64 / best / 1e9
 }
 
-fn print_bandwidth() {
-    let q8 = |r: usize, c: usize| GgmlType::Q8_0.row_bytes(c).unwrap_or(0) * r;
-    let sizes = [
-        ("2048x2048 q8_0", q8(2048, 2048)),
-        ("4096x4096 q8_0", q8(4096, 4096)),
-        ("262144x640 q8_0", q8(262144, 640)),
-        ("1 GiB", 1usize << 30),
-    ];
-    println!("measured read bandwidth (sum of an f32 array, best pass):");
-    for (name, bytes) in sizes {
-        let bw: Vec<String> = THREADS.iter().map(|&t| format!("{t} thread(s) {:6.1} GB/s", read_bandwidth(bytes, t))).collect();
-        println!("  {name:>16} ({:7.1} MB): {}", bytes as f64 / 1e6, bw.join(", "));
-    }
+/// Seconds of the fastest of `reps` calls of `f` (the least disturbed by
+/// other processes).
+fn best_time(reps: usize, mut f: impl FnMut()) -> f64 {
+    f();
+    (0..reps)
+        .map(|_| {
+            let t = Instant::now();
+            f();
+            t.elapsed().as_secs_f64()
+        })
+        .fold(f64::MAX, f64::min)
+}
+
+/// Prints the read bandwidth of the machine and a best-of-N summary of
+/// every case next to the bandwidth measured for a working set of the same
+/// size (criterion's statistics follow).
+fn print_summary(backends: &[(usize, CpuBackend)]) {
     println!("kernels: {}", Kernels::detect().level().name());
+    println!("measured read bandwidth (sum of an f32 array, best pass):");
+    let gib: Vec<String> = THREADS.iter().map(|&t| format!("{t}t {:.1} GB/s", read_bandwidth(1 << 30, t))).collect();
+    println!("  1 GiB: {}", gib.join(", "));
+    println!("{:<8} {:>12} {:>9} {:>3} {:>9} {:>9} {:>6}", "type", "shape", "MB", "thr", "GB/s", "bw GB/s", "%bw");
+    for ty in TYPES {
+        for shape in SHAPES {
+            let (rows, cols) = shape_for(ty, shape);
+            if ty == GgmlType::F32 && rows * cols > 4096 * 4096 {
+                continue;
+            }
+            let w = weight(ty, rows, cols);
+            let bytes = w.data.as_bytes().len();
+            let mut seed = 7u64;
+            let x: Vec<f32> = (0..cols).map(|_| noise(&mut seed)).collect();
+            let mut y = vec![0f32; rows];
+            let reps = (2_000_000_000 / bytes).clamp(5, 200);
+            for (threads, backend) in backends {
+                let t = best_time(reps, || backend.matvec(&w, &x, &mut y).expect("matvec"));
+                let gbs = bytes as f64 / t / 1e9;
+                let bw = read_bandwidth(bytes, *threads);
+                println!(
+                    "{:<8} {:>12} {:>9.1} {:>3} {:>9.1} {:>9.1} {:>5.0}%",
+                    ty.name(),
+                    format!("{rows}x{cols}"),
+                    bytes as f64 / 1e6,
+                    threads,
+                    gbs,
+                    bw,
+                    100.0 * gbs / bw
+                );
+            }
+        }
+    }
 }
 
 fn bench_matvec(c: &mut Criterion) {
-    print_bandwidth();
     let backends: Vec<(usize, CpuBackend)> = THREADS
         .iter()
         .map(|&t| (t, CpuBackend::with_options(t, Kernels::detect(), Precision::Quantized).expect("thread pool")))
         .collect();
+    if std::env::var_os("MATVEC_NO_SUMMARY").is_none() {
+        print_summary(&backends);
+    }
     for ty in TYPES {
         let mut group = c.benchmark_group(format!("matvec/{}", ty.name()));
         group.sample_size(10).warm_up_time(Duration::from_millis(300)).measurement_time(Duration::from_secs(2));
-        for (rows, cols) in SHAPES {
+        for shape in SHAPES {
+            let (rows, cols) = shape_for(ty, shape);
             if ty == GgmlType::F32 && rows * cols > 4096 * 4096 {
                 continue; // 671 MB: the DRAM case is covered by the quantized types
             }

@@ -12,7 +12,7 @@
 use core::arch::x86_64::*;
 
 use super::layout as L;
-use super::{read_u16, read_u32, KVALUES_IQ4NL};
+use super::{read_u16, read_u32, KVALUES_IQ4NL, PREFETCH_DISTANCE};
 use crate::cpu::kernels::{DotFn, Kernels};
 use crate::GgmlType;
 
@@ -65,6 +65,22 @@ safe_dot!(dot_iq4_nl, iq4_nl_dot);
 
 // ---------------------------------------------------------------------------
 // Shared helpers.
+
+/// Prefetches the `BYTES` bytes (a multiple of 64) that lie
+/// [`PREFETCH_DISTANCE`] past `p` into the cache. Prefetches never fault,
+/// so the addresses may lie past the end of the data.
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C (SSE would do).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn prefetch_ahead<const BYTES: usize>(p: *const u8) {
+    let mut off = 0;
+    while off < BYTES {
+        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH_DISTANCE + off).cast());
+        off += 64;
+    }
+}
 
 /// Sum of the 8 lanes.
 ///
@@ -217,6 +233,12 @@ macro_rules! q8_0_row {
         // `nb`, so they lie inside both slices.
         while i + 4 <= nb {
             let (wb0, ab0) = (wp.add(i * $wsize), ap.add(i * L::Q8_0));
+            // Four blocks are 72..136 bytes: two or three cache lines.
+            if 4 * $wsize > 128 {
+                prefetch_ahead::<192>(wb0);
+            } else {
+                prefetch_ahead::<128>(wb0);
+            }
             _mm_storeu_ps(scales.as_mut_ptr(), scale_products4(wb0, $wsize, ab0, L::Q8_0));
             for (j, acc) in acc.iter_mut().enumerate() {
                 let $wb = wb0.add(j * $wsize);
@@ -257,6 +279,7 @@ macro_rules! q8_1_row {
         // `nb`, so they lie inside both slices.
         while i + 4 <= nb {
             let (wb0, ab0) = (wp.add(i * $wsize), ap.add(i * L::Q8_1));
+            prefetch_ahead::<128>(wb0);
             _mm_storeu_ps(scales.as_mut_ptr(), scale_products4(wb0, $wsize, ab0, L::Q8_1));
             acc_m = _mm_add_ps(acc_m, scale_products4(wb0.add(2), $wsize, ab0.add(2), L::Q8_1));
             for (j, acc) in acc.iter_mut().enumerate() {
@@ -377,14 +400,16 @@ pub(super) unsafe fn q5_1_dot(w: &[u8], a: &[u8]) -> f32 {
 
 /// Row loop of the float types over `$n` elements: `$load` (with `$i`
 /// bound to the element index) yields 8 f32 of each side, `$tail` one
-/// product; four accumulators.
+/// product, `$prefetch(i)` prefetches ahead of the 32 weights at `i`; four
+/// accumulators.
 macro_rules! float_row {
-    ($n:expr, |$i:ident| $load:expr, $tail:expr) => {{
+    ($n:expr, $prefetch:expr, |$i:ident| $load:expr, $tail:expr) => {{
         let n: usize = $n;
         let mut acc = [_mm256_setzero_ps(); 4];
         let mut $i = 0;
         while $i + 32 <= n {
             let base = $i;
+            $prefetch(base);
             for (j, acc) in acc.iter_mut().enumerate() {
                 $i = base + 8 * j;
                 let (x, y) = $load;
@@ -417,6 +442,7 @@ pub(super) unsafe fn f32_dot(w: &[u8], a: &[u8]) -> f32 {
     // SAFETY (of every read below): element indices stay below `n`.
     float_row!(
         n,
+        |i: usize| prefetch_ahead::<128>(wp.add(i).cast()),
         |i| (_mm256_loadu_ps(wp.add(i)), _mm256_loadu_ps(ap.add(i))),
         wp.add(i).read_unaligned() * ap.add(i).read_unaligned()
     )
@@ -433,6 +459,7 @@ pub(super) unsafe fn f16_dot(w: &[u8], a: &[u8]) -> f32 {
     // SAFETY (of every read below): element indices stay below `n`.
     float_row!(
         n,
+        |i: usize| prefetch_ahead::<64>(wp.add(2 * i)),
         |i| (
             _mm256_cvtph_ps(_mm_loadu_si128(wp.add(2 * i).cast())),
             _mm256_cvtph_ps(_mm_loadu_si128(ap.add(2 * i).cast()))
@@ -463,6 +490,7 @@ pub(super) unsafe fn bf16_dot(w: &[u8], a: &[u8]) -> f32 {
     // SAFETY (of every read below): element indices stay below `n`.
     float_row!(
         n,
+        |i: usize| prefetch_ahead::<64>(wp.add(2 * i)),
         |i| (bf16x8(wp.add(2 * i)), bf16x8(ap.add(2 * i))),
         f32::from_bits((read_u16(wp.add(2 * i)) as u32) << 16) * f32::from_bits((read_u16(ap.add(2 * i)) as u32) << 16)
     )

@@ -10,7 +10,7 @@
 
 use core::arch::x86_64::*;
 
-use super::avx2::{f16_to_f32 as f16_to_f32_scalar, hsum_ps, safe_dot};
+use super::avx2::{f16_to_f32 as f16_to_f32_scalar, hsum_ps, prefetch_ahead, safe_dot};
 use super::layout as L;
 use super::{k4_scales_mins, q3k_scales, read_f32, read_u16, read_u32};
 
@@ -118,6 +118,7 @@ macro_rules! k4_row {
             // SAFETY (of every read of this iteration): block `i < nb` lies
             // inside both slices.
             let wb = wp.add(i * $wsize);
+            prefetch_ahead::<192>(wb);
             let ab = ap.add(i * L::Q8_K);
             let aq = ab.add(L::Q8_K_QS);
             let dd = _mm_cvtph_ps(_mm_cvtsi32_si128(read_u32(wb) as i32));
@@ -189,6 +190,7 @@ pub(super) unsafe fn q6_k_dot(w: &[u8], a: &[u8]) -> f32 {
         // SAFETY (of every read of this iteration): block `i < nb` lies
         // inside both slices.
         let wb = wp.add(i * L::Q6_K);
+        prefetch_ahead::<256>(wb);
         let ab = ap.add(i * L::Q8_K);
         let d = f16_to_f32_scalar(read_u16(wb.add(208))) * read_f32(ab);
         let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(wb.add(192).cast()));
@@ -242,6 +244,7 @@ pub(super) unsafe fn q2_k_dot(w: &[u8], a: &[u8]) -> f32 {
         // SAFETY (of every read of this iteration): block `i < nb` lies
         // inside both slices.
         let wb = wp.add(i * L::Q2_K);
+        prefetch_ahead::<128>(wb);
         let ab = ap.add(i * L::Q8_K);
         let da = read_f32(ab);
         let dd = _mm_cvtph_ps(_mm_cvtsi32_si128(read_u32(wb.add(80)) as i32));
@@ -289,6 +292,7 @@ pub(super) unsafe fn q3_k_dot(w: &[u8], a: &[u8]) -> f32 {
         // SAFETY (of every read of this iteration): block `i < nb` lies
         // inside both slices.
         let wb = wp.add(i * L::Q3_K);
+        prefetch_ahead::<128>(wb);
         let ab = ap.add(i * L::Q8_K);
         let d = f16_to_f32_scalar(read_u16(wb.add(108))) * read_f32(ab);
         let scales = q3k_scales(wb.add(96).cast::<[u8; 12]>().read_unaligned());

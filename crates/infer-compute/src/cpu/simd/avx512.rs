@@ -15,7 +15,7 @@
 
 use core::arch::x86_64::*;
 
-use super::avx2::{broadcast_load_f32, f16_mul, f16_to_f32, hsum_ps, q8_0_row, scale_products4};
+use super::avx2::{broadcast_load_f32, f16_mul, f16_to_f32, hsum_ps, prefetch_ahead, q8_0_row, scale_products4};
 use super::avx2_kquants::{broadcast_load_u32, k4_prepare, k4_row, Pairs};
 use super::layout as L;
 use super::{read_f32, read_u16, read_u32, KVALUES_IQ4NL};
@@ -162,6 +162,7 @@ unsafe fn f32_dot(w: &[u8], a: &[u8]) -> f32 {
     let mut i = 0;
     // SAFETY (of every read below): element indices stay below `n`.
     while i + 64 <= n {
+        prefetch_ahead::<256>(wp.add(i).cast());
         for (j, acc) in acc.iter_mut().enumerate() {
             let k = i + 16 * j;
             *acc = _mm512_fmadd_ps(_mm512_loadu_ps(wp.add(k)), _mm512_loadu_ps(ap.add(k)), *acc);
@@ -229,6 +230,7 @@ unsafe fn q6_k_dot(w: &[u8], a: &[u8]) -> f32 {
         // SAFETY (of every read of this iteration): block `i < nb` lies
         // inside both slices.
         let wb = wp.add(i * L::Q6_K);
+        prefetch_ahead::<256>(wb);
         let ab = ap.add(i * L::Q8_K);
         let aq = ab.add(L::Q8_K_QS);
         let d = f16_to_f32(read_u16(wb.add(208))) * read_f32(ab);

@@ -70,6 +70,15 @@ pub(crate) fn install(k: &mut Kernels) {
     }
 }
 
+/// How far ahead of the bytes being read the x86 kernels prefetch weight
+/// data. A row dot alone keeps too few cache misses in flight to stream
+/// from DRAM at full speed (the output matrix of a model does not fit in
+/// cache); prefetching about 2 KiB ahead brought the 262144x640 Q8_0
+/// mat-vec from ~60% to ~95% of the measured read bandwidth here, and costs
+/// nothing measurable on cache-resident matrices.
+#[allow(dead_code)]
+pub(crate) const PREFETCH_DISTANCE: usize = 2048;
+
 /// Byte layout of the blocks, shared by the kernels of every level
 /// (`quant/<type>.rs` holds the structs; the sizes are asserted there).
 #[allow(dead_code)]
