@@ -1,8 +1,11 @@
 //! `infer`: generate text with a GGUF model, inspect it, and benchmark it.
 
+mod bench;
 mod common;
 mod info;
+mod profile;
 mod run;
+mod synth;
 
 use std::process::ExitCode;
 
@@ -22,6 +25,10 @@ enum Command {
     Run(run::RunArgs),
     /// Show a model's architecture, shapes, tensor types and the backend in use.
     Info(info::InfoArgs),
+    /// Measure prefill and decode tokens per second (llama-bench's tests and table).
+    Bench(bench::BenchArgs),
+    /// Write a GGUF with random weights and a real model's shapes, metadata and tensor types.
+    Synth(synth::SynthArgs),
 }
 
 fn main() -> ExitCode {
@@ -29,6 +36,8 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Run(a) => run::run(a),
         Command::Info(a) => info::info(a),
+        Command::Bench(a) => bench::bench(a),
+        Command::Synth(a) => synth::synth(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

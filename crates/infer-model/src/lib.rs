@@ -11,6 +11,7 @@ pub mod gguf;
 pub mod model;
 pub mod reference;
 pub mod sampling;
+pub mod synth;
 pub mod tokenizer;
 
 pub use error::{Error, Result};

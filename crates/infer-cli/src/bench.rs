@@ -1,0 +1,474 @@
+//! `infer bench`: prefill and decode speed in llama-bench's terms.
+//!
+//! - `ppP`: one prefill of P random valid token ids from position 0, as
+//!   prompt tokens per second;
+//! - `tgN`: N decode steps after an empty context (the first token is BOS,
+//!   each next one the argmax of the logits), as generated tokens per
+//!   second.
+//!
+//! Each test is warmed up once (a prefill of P tokens; one decode step) and
+//! then repeated `-r` times with a fresh KV cache, created outside the
+//! timed region; results are mean ± sample standard deviation over the
+//! repetitions, as llama-bench reports them. Decode rows also give the
+//! weight bytes read per token (every layer matrix and the output matrix;
+//! the embedding table is only looked up) and, with a bandwidth figure,
+//! the fraction of it reached.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use clap::Args;
+use infer_compute::pipeline::ModelSpec;
+use infer_compute::{DeviceModel, KvCache};
+use infer_model::gguf::GgufFile;
+use infer_model::synth::{file_type_name, SynthArch};
+use rand::{Rng, SeedableRng};
+use serde::Serialize;
+
+use crate::common::{with_spinner, CliResult, ModelArgs};
+use crate::synth::{human_bytes, human_params};
+
+#[derive(Args)]
+pub struct BenchArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Benchmark a synthetic model instead of a file: a size of Gemma 3
+    /// (270m, 1b, 4b, 12b) or `llama-1b`, `llama-8b` (also `gemma3-1b`...).
+    /// It is generated with `infer synth` into the cache directory the
+    /// first time (seed 0) and reused afterwards.
+    #[arg(long, conflicts_with = "model", value_name = "SIZE")]
+    synth: Option<String>,
+    /// File type of the synthetic model (q4_k_m, q8_0, q4_0).
+    #[arg(long, default_value = "q4_k_m", requires = "synth")]
+    synth_quant: String,
+    /// Prompt tokens of the prefill test (0: no prefill test).
+    #[arg(short = 'p', long = "n-prompt", default_value_t = 512)]
+    n_prompt: usize,
+    /// Generated tokens of the decode test (0: no decode test).
+    #[arg(short = 'n', long = "n-gen", default_value_t = 128)]
+    n_gen: usize,
+    /// Repetitions of each test.
+    #[arg(short = 'r', long = "repetitions", default_value_t = 5)]
+    reps: usize,
+    /// Print a JSON array of results instead of tables.
+    #[arg(long)]
+    json: bool,
+    /// Memory bandwidth in GB/s (10^9 bytes) to compare decode against.
+    #[arg(long, value_name = "GBPS", conflicts_with = "measure_bandwidth")]
+    bandwidth: Option<f64>,
+    /// Measure the memory bandwidth: the best of 5 reads of a 1 GiB buffer
+    /// by the benchmark's thread count.
+    #[arg(long)]
+    measure_bandwidth: bool,
+    /// Also time each op of a decode step (a replay of the CPU pipeline, op
+    /// by op, over the decode test's positions).
+    #[arg(long)]
+    profile: bool,
+    /// Seed of the prompt's random token ids.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+}
+
+/// One test's result, as printed by `--json`.
+#[derive(Serialize, Clone, Debug)]
+pub struct TestResult {
+    /// llama-bench's model description (`gemma3 270M Q4_K - Medium`).
+    pub model: String,
+    pub model_filename: String,
+    /// Bytes of tensor data (llama-bench's `model_size`).
+    pub size_bytes: u64,
+    /// Parameters (values in all tensors).
+    pub params: u64,
+    pub backend: String,
+    pub device: String,
+    pub threads: usize,
+    /// `ppP` or `tgN`.
+    pub test: String,
+    pub n_prompt: usize,
+    pub n_gen: usize,
+    pub repetitions: usize,
+    /// Mean tokens per second.
+    pub avg_ts: f64,
+    /// Sample standard deviation of tokens per second.
+    pub stddev_ts: f64,
+    pub samples_ts: Vec<f64>,
+    pub avg_ns: f64,
+    pub stddev_ns: f64,
+    pub samples_ns: Vec<u64>,
+    /// Weight bytes read per decoded token (decode tests only).
+    pub bytes_per_token: Option<u64>,
+    /// `bytes_per_token · avg_ts` in GB/s (decode tests only).
+    pub effective_gbps: Option<f64>,
+    /// The bandwidth figure compared against (given or measured), GB/s.
+    pub bandwidth_gbps: Option<f64>,
+    /// `effective_gbps / bandwidth_gbps` (decode tests with a bandwidth).
+    pub roofline_fraction: Option<f64>,
+}
+
+/// Mean and sample standard deviation (0 for fewer than two values).
+fn mean_std(v: &[f64]) -> (f64, f64) {
+    let n = v.len() as f64;
+    if v.is_empty() {
+        return (0.0, 0.0);
+    }
+    let mean = v.iter().sum::<f64>() / n;
+    if v.len() < 2 {
+        return (mean, 0.0);
+    }
+    let var = v.iter().map(|x| (x - mean) * (x - mean)).sum::<f64>() / (n - 1.0);
+    (mean, var.sqrt())
+}
+
+/// Index of the largest logit (the first on ties); an error for NaN logits.
+pub fn argmax(logits: &[f32]) -> Result<u32, String> {
+    let mut best = 0usize;
+    for (i, &z) in logits.iter().enumerate() {
+        if z.is_nan() {
+            return Err(format!("the model produced a NaN logit (index {i})"));
+        }
+        if z > logits[best] {
+            best = i;
+        }
+    }
+    Ok(best as u32)
+}
+
+/// Weight bytes one decode step reads: every layer matrix and the output
+/// matrix (the embedding table is only looked up; norm weights, a few KB,
+/// and the KV cache, which grows with the position, are not counted).
+pub fn decode_bytes_per_token(spec: &ModelSpec) -> u64 {
+    let mut b = spec.output.data.as_bytes().len() as u64;
+    for l in &spec.layers {
+        for w in [&l.wq, &l.wk, &l.wv, &l.wo, &l.ffn_up, &l.ffn_down]
+            .into_iter()
+            .chain(l.ffn_gate.as_ref())
+        {
+            b += w.data.as_bytes().len() as u64;
+        }
+    }
+    b
+}
+
+/// llama-bench's model description: architecture, size label, file type.
+pub fn model_description(gguf: &GgufFile, params: u64) -> String {
+    let arch = gguf.get_str("general.architecture").unwrap_or("?");
+    let size = match gguf.get_str("general.size_label") {
+        Ok(s) => s.to_string(),
+        Err(_) if params >= 1_000_000_000 => format!("{:.0}B", params as f64 / 1e9),
+        Err(_) => format!("{:.0}M", params as f64 / 1e6),
+    };
+    let ftype = match gguf.get_u32("general.file_type") {
+        Ok(t) => file_type_name(t).map_or_else(|| format!("file type {t}"), str::to_string),
+        Err(_) => "?".to_string(),
+    };
+    format!("{arch} {size} {ftype}")
+}
+
+/// The path of a synthetic model for `--synth SIZE`, generating it into
+/// `<cache>/synth/` when it is not there yet.
+fn synth_model(size: &str, quant: &str, threads: usize) -> CliResult<PathBuf> {
+    let (arch, sz) = match size.split_once('-') {
+        Some((a, s)) => (a, s),
+        None => ("gemma3", size),
+    };
+    let (shape, q) = crate::synth::parse_spec(arch, sz, quant)?;
+    let dir = infer_model::fetch::cache_dir().join("synth");
+    std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    let arch_name = shape.arch.name();
+    let path = dir.join(format!(
+        "{arch_name}-{}-{}-seed0.gguf",
+        sz.to_ascii_lowercase(),
+        q.name()
+    ));
+    if path.is_file() {
+        return Ok(path);
+    }
+    eprintln!(
+        "generating {} (synthetic {} {}, once) ...",
+        path.display(),
+        shape.model_name,
+        q.name()
+    );
+    if shape.arch == SynthArch::Gemma3 && shape.n_vocab == 262_144 {
+        // The tokenizer is copied from the default model.
+        infer_model::fetch::default_model_path()?;
+    }
+    crate::synth::generate(&path, shape, q, 0, threads, None)?;
+    Ok(path)
+}
+
+/// Reads a 1 GiB buffer with `threads` threads, five times, and returns the
+/// best rate in GB/s (10^9 bytes per second). The buffer is written first,
+/// so that its pages are real memory, not the shared zero page.
+pub fn measure_bandwidth(threads: usize) -> f64 {
+    const BYTES: usize = 1 << 30;
+    let n = BYTES / 8;
+    let mut buf: Vec<u64> = Vec::with_capacity(n);
+    buf.extend((0..n as u64).map(|i| i.wrapping_mul(0x9E37_79B9_7F4A_7C15)));
+    let threads = threads.max(1);
+    let part = n.div_ceil(threads);
+    let read = |s: &[u64]| -> u64 {
+        let mut acc = [0u64; 8];
+        for c in s.chunks_exact(8) {
+            for i in 0..8 {
+                acc[i] = acc[i].wrapping_add(c[i]);
+            }
+        }
+        acc.iter().fold(0u64, |a, &b| a.wrapping_add(b))
+    };
+    let mut best = f64::INFINITY;
+    for _ in 0..5 {
+        let t0 = Instant::now();
+        let total = std::thread::scope(|s| {
+            let handles: Vec<_> = buf.chunks(part).map(|c| s.spawn(move || read(c))).collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap_or(0))
+                .fold(0u64, u64::wrapping_add)
+        });
+        std::hint::black_box(total);
+        best = best.min(t0.elapsed().as_secs_f64());
+    }
+    BYTES as f64 / best / 1e9
+}
+
+/// Runs the prefill test once; returns nanoseconds.
+fn time_prefill(model: &mut dyn DeviceModel, tokens: &[u32]) -> CliResult<u64> {
+    let mut kv: Box<dyn KvCache> = model.new_kv_cache(tokens.len())?;
+    let t0 = Instant::now();
+    let logits = model.prefill(kv.as_mut(), tokens, 0)?;
+    let ns = t0.elapsed().as_nanos() as u64;
+    argmax(logits)?;
+    Ok(ns)
+}
+
+/// Runs the decode test once (`n` steps from BOS); returns nanoseconds.
+fn time_decode(model: &mut dyn DeviceModel, bos: u32, n: usize) -> CliResult<u64> {
+    let mut kv: Box<dyn KvCache> = model.new_kv_cache(n)?;
+    let mut token = bos;
+    let t0 = Instant::now();
+    for pos in 0..n {
+        token = argmax(model.decode_token(kv.as_mut(), token, pos)?)?;
+    }
+    Ok(t0.elapsed().as_nanos() as u64)
+}
+
+pub fn bench(a: BenchArgs) -> CliResult {
+    if a.n_prompt == 0 && a.n_gen == 0 {
+        return Err("-p and -n are both 0: nothing to measure".into());
+    }
+    if a.reps == 0 {
+        return Err("--repetitions must be at least 1".into());
+    }
+    if let Some(bw) = a.bandwidth {
+        if !(bw.is_finite() && bw > 0.0) {
+            return Err(format!("--bandwidth must be a positive number of GB/s, got {bw}").into());
+        }
+    }
+    if a.model.threads == Some(0) {
+        return Err("--threads must be at least 1".into());
+    }
+    let threads = a.model.threads.unwrap_or_else(|| {
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1)
+    });
+    let path = match &a.synth {
+        Some(size) => synth_model(size, &a.synth_quant, threads)?,
+        None => a.model.resolve_model()?,
+    };
+    let gguf = GgufFile::open(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let spec =
+        infer_model::model::load_spec(&gguf).map_err(|e| format!("{}: {e}", path.display()))?;
+    let max_ctx = a.n_prompt.max(a.n_gen);
+    if max_ctx > spec.n_ctx_train {
+        return Err(format!(
+            "{max_ctx} positions exceed the model's context length {}",
+            spec.n_ctx_train
+        )
+        .into());
+    }
+    let margs = ModelArgs {
+        model: Some(path.clone()),
+        ..a.model.clone()
+    };
+    let backend = margs.backend()?;
+    let mut model = with_spinner("loading model", || backend.prepare(&spec))?;
+
+    let size_bytes: u64 = gguf.tensors().iter().map(|t| t.n_bytes as u64).sum();
+    let params: u64 = gguf.tensors().iter().map(|t| t.n_elements()).sum();
+    let desc = model_description(&gguf, params);
+    let bos = gguf
+        .get_u32("tokenizer.ggml.bos_token_id")
+        .unwrap_or(0)
+        .min(spec.n_vocab as u32 - 1);
+    let bytes_per_token = decode_bytes_per_token(&spec);
+    let bandwidth = if a.measure_bandwidth {
+        Some(with_spinner("measuring memory bandwidth", || {
+            measure_bandwidth(threads)
+        }))
+    } else {
+        a.bandwidth
+    };
+    let base = TestResult {
+        model: desc,
+        model_filename: path.display().to_string(),
+        size_bytes,
+        params,
+        backend: backend.name().to_uppercase(),
+        device: backend.device_info(),
+        threads,
+        test: String::new(),
+        n_prompt: 0,
+        n_gen: 0,
+        repetitions: a.reps,
+        avg_ts: 0.0,
+        stddev_ts: 0.0,
+        samples_ts: Vec::new(),
+        avg_ns: 0.0,
+        stddev_ns: 0.0,
+        samples_ns: Vec::new(),
+        bytes_per_token: None,
+        effective_gbps: None,
+        bandwidth_gbps: bandwidth,
+        roofline_fraction: None,
+    };
+    let finish = |mut r: TestResult, n_tokens: usize, samples_ns: Vec<u64>| -> TestResult {
+        let ts: Vec<f64> = samples_ns
+            .iter()
+            .map(|&ns| n_tokens as f64 * 1e9 / ns.max(1) as f64)
+            .collect();
+        let ns: Vec<f64> = samples_ns.iter().map(|&n| n as f64).collect();
+        (r.avg_ts, r.stddev_ts) = mean_std(&ts);
+        (r.avg_ns, r.stddev_ns) = mean_std(&ns);
+        r.samples_ts = ts;
+        r.samples_ns = samples_ns;
+        r
+    };
+
+    let mut results = Vec::new();
+    if a.n_prompt > 0 {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(a.seed);
+        let tokens: Vec<u32> = (0..a.n_prompt)
+            .map(|_| rng.gen_range(0..spec.n_vocab as u32))
+            .collect();
+        let samples = with_spinner(&format!("pp{}", a.n_prompt), || -> CliResult<Vec<u64>> {
+            time_prefill(model.as_mut(), &tokens)?; // warm-up
+            (0..a.reps)
+                .map(|_| time_prefill(model.as_mut(), &tokens))
+                .collect()
+        })?;
+        let r = TestResult {
+            test: format!("pp{}", a.n_prompt),
+            n_prompt: a.n_prompt,
+            ..base.clone()
+        };
+        results.push(finish(r, a.n_prompt, samples));
+    }
+    if a.n_gen > 0 {
+        let samples = with_spinner(&format!("tg{}", a.n_gen), || -> CliResult<Vec<u64>> {
+            time_decode(model.as_mut(), bos, 1)?; // warm-up
+            (0..a.reps)
+                .map(|_| time_decode(model.as_mut(), bos, a.n_gen))
+                .collect()
+        })?;
+        let r = TestResult {
+            test: format!("tg{}", a.n_gen),
+            n_gen: a.n_gen,
+            ..base.clone()
+        };
+        let mut r = finish(r, a.n_gen, samples);
+        let eff = bytes_per_token as f64 * r.avg_ts / 1e9;
+        r.bytes_per_token = Some(bytes_per_token);
+        r.effective_gbps = Some(eff);
+        r.roofline_fraction = bandwidth.map(|bw| eff / bw);
+        results.push(r);
+    }
+
+    let profile = if a.profile {
+        let steps = if a.n_gen > 0 { a.n_gen } else { 128 }.min(spec.n_ctx_train);
+        Some(with_spinner("profiling a replay of decode", || {
+            crate::profile::profile_decode(&spec, threads, bos, steps)
+        })?)
+    } else {
+        None
+    };
+
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&results)?);
+        return Ok(());
+    }
+    print_tables(&results);
+    if let Some(p) = profile {
+        let tg_ms = results.iter().find(|r| r.n_gen > 0).map(|r| 1e3 / r.avg_ts);
+        println!();
+        crate::profile::print_profile(&p, tg_ms);
+    }
+    Ok(())
+}
+
+/// The llama-bench table, then the decode memory-traffic table.
+fn print_tables(results: &[TestResult]) {
+    println!(
+        "| {:<30} | {:>10} | {:>10} | {:<10} | {:>7} | {:>15} | {:>20} |",
+        "model", "size", "params", "backend", "threads", "test", "t/s"
+    );
+    println!(
+        "| {:-<30} | {:->9}: | {:->9}: | {:-<10} | {:->6}: | {:->14}: | {:->19}: |",
+        "", "", "", "", "", "", ""
+    );
+    for r in results {
+        println!(
+            "| {:<30} | {:>10} | {:>10} | {:<10} | {:>7} | {:>15} | {:>20} |",
+            r.model,
+            human_bytes(r.size_bytes),
+            human_params(r.params),
+            r.backend,
+            r.threads,
+            r.test,
+            format!("{:.2} ± {:.2}", r.avg_ts, r.stddev_ts)
+        );
+    }
+    let decode: Vec<&TestResult> = results
+        .iter()
+        .filter(|r| r.bytes_per_token.is_some())
+        .collect();
+    if decode.is_empty() {
+        return;
+    }
+    println!();
+    println!(
+        "| {:>15} | {:>16} | {:>14} | {:>14} | {:>12} |",
+        "test", "weight B/token", "eff. GB/s", "bandwidth GB/s", "% of BW"
+    );
+    println!(
+        "| {:->14}: | {:->15}: | {:->13}: | {:->13}: | {:->11}: |",
+        "", "", "", "", ""
+    );
+    for r in decode {
+        let bw = r
+            .bandwidth_gbps
+            .map_or_else(|| "-".to_string(), |b| format!("{b:.1}"));
+        let frac = r
+            .roofline_fraction
+            .map_or_else(|| "-".to_string(), |f| format!("{:.1} %", f * 100.0));
+        println!(
+            "| {:>15} | {:>16} | {:>14.2} | {:>14} | {:>12} |",
+            r.test,
+            human_bytes(r.bytes_per_token.unwrap_or(0)),
+            r.effective_gbps.unwrap_or(0.0),
+            bw,
+            frac
+        );
+    }
+    println!();
+    println!(
+        "weight B/token: every layer matrix and the output matrix, read once per decoded token (the KV cache is not counted); \
+         eff. GB/s = weight B/token × t/s; bandwidth: {}",
+        if results.iter().any(|r| r.bandwidth_gbps.is_some()) {
+            "as given (--bandwidth) or measured (--measure-bandwidth: best 1 GiB read with the same threads)"
+        } else {
+            "none given (--bandwidth GBPS or --measure-bandwidth)"
+        }
+    );
+}

@@ -1,0 +1,180 @@
+//! `infer synth`: write a GGUF with random weights and a real model's
+//! shapes, metadata and tensor types (see [`infer_model::synth`]).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use clap::Args;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use infer_model::gguf::GgufFile;
+use infer_model::synth::{
+    self, SynthArch, SynthOptions, SynthQuant, SynthShape, SynthSummary, SynthVocab,
+};
+
+use crate::common::CliResult;
+
+#[derive(Args)]
+pub struct SynthArgs {
+    /// Architecture: gemma3 or llama.
+    #[arg(long, default_value = "gemma3")]
+    arch: String,
+    /// Model size: gemma3 270m, 1b, 4b, 12b; llama 1b (Llama 3.2 1B), 8b
+    /// (Llama 3 8B); `tiny` (either architecture, a few MB, for tests).
+    #[arg(long)]
+    size: String,
+    /// File type whose tensor type mix is copied: q4_k_m, q8_0 or q4_0.
+    #[arg(long, default_value = "q4_k_m")]
+    quant: String,
+    /// Seed of the random weights (the file is a function of the shape, the
+    /// file type and the seed).
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Generator threads (default: all cores; the output does not depend on it).
+    #[arg(short, long)]
+    threads: Option<usize>,
+    /// GGUF file to copy the tokenizer from (Gemma 3 sizes with the real
+    /// 262144-token vocabulary; default: the default model, fetched if needed).
+    #[arg(long)]
+    tokenizer_from: Option<PathBuf>,
+    /// Output file.
+    #[arg(short, long)]
+    output: PathBuf,
+}
+
+/// Parses `--arch`, `--size` and `--quant` into a shape and a file type.
+pub fn parse_spec(arch: &str, size: &str, quant: &str) -> CliResult<(SynthShape, SynthQuant)> {
+    let a = SynthArch::parse(arch).ok_or_else(|| {
+        let names: Vec<&str> = SynthArch::ALL.iter().map(|a| a.name()).collect();
+        format!(
+            "unknown architecture `{arch}` (known: {})",
+            names.join(", ")
+        )
+    })?;
+    let shape = SynthShape::preset(a, size)?;
+    let q = SynthQuant::parse(quant).ok_or_else(|| {
+        let names: Vec<&str> = SynthQuant::ALL.iter().map(|q| q.name()).collect();
+        format!("unknown file type `{quant}` (known: {})", names.join(", "))
+    })?;
+    Ok((shape, q))
+}
+
+/// Bytes as llama-bench prints model sizes: MiB below 1 GiB, else GiB.
+pub fn human_bytes(b: u64) -> String {
+    const MIB: f64 = (1u64 << 20) as f64;
+    const GIB: f64 = (1u64 << 30) as f64;
+    if (b as f64) < GIB {
+        format!("{:.2} MiB", b as f64 / MIB)
+    } else {
+        format!("{:.2} GiB", b as f64 / GIB)
+    }
+}
+
+/// Parameters as llama-bench prints them: millions below 1e9, else billions.
+pub fn human_params(n: u64) -> String {
+    if n < 1_000_000_000 {
+        format!("{:.2} M", n as f64 / 1e6)
+    } else {
+        format!("{:.2} B", n as f64 / 1e9)
+    }
+}
+
+/// Writes a synthetic model to `path`, with a progress bar on stderr
+/// (hidden when stderr is not a terminal). Gemma 3 shapes with the real
+/// vocabulary size copy the tokenizer of `tokenizer_from` or of the default
+/// model; other shapes get a generated vocabulary.
+pub fn generate(
+    path: &Path,
+    shape: SynthShape,
+    quant: SynthQuant,
+    seed: u64,
+    threads: usize,
+    tokenizer_from: Option<&Path>,
+) -> CliResult<SynthSummary> {
+    let copy_vocab = shape.arch == SynthArch::Gemma3 && shape.n_vocab == 262_144;
+    let source = if copy_vocab {
+        let p = match tokenizer_from {
+            Some(p) => p.to_path_buf(),
+            None => infer_model::fetch::default_model_path()?,
+        };
+        Some(GgufFile::open(&p).map_err(|e| format!("tokenizer source {}: {e}", p.display()))?)
+    } else {
+        None
+    };
+    let vocab = match &source {
+        Some(f) => SynthVocab::CopyFrom(f),
+        None => SynthVocab::Generated,
+    };
+    let plan = synth::plan_tensors(&shape, quant)?;
+    let total = synth::summarize(&plan)?.tensor_bytes;
+    let pb = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
+    pb.set_style(
+        ProgressStyle::with_template(
+            "{msg} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
+        )
+        .unwrap_or_else(|_| ProgressStyle::default_bar())
+        .progress_chars("=> "),
+    );
+    pb.set_message(format!("synth {} {}", shape.model_name, quant.name()));
+    let pb2 = pb.clone();
+    let progress: Arc<dyn Fn(u64) + Send + Sync> = Arc::new(move |done| pb2.set_position(done));
+    let opts = SynthOptions {
+        shape,
+        quant,
+        seed,
+        threads,
+    };
+    let result = synth::write_synthetic(path, &opts, vocab, progress);
+    pb.finish_and_clear();
+    Ok(result.map_err(|e| format!("{}: {e}", path.display()))?)
+}
+
+pub fn synth(a: SynthArgs) -> CliResult {
+    let (shape, quant) = parse_spec(&a.arch, &a.size, &a.quant)?;
+    let threads = match a.threads {
+        Some(0) => return Err("--threads must be at least 1".into()),
+        Some(t) => t,
+        None => std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1),
+    };
+    if let Some(dir) = a.output.parent().filter(|d| !d.as_os_str().is_empty()) {
+        if !dir.is_dir() {
+            return Err(format!("output directory {} does not exist", dir.display()).into());
+        }
+    }
+    let name = shape.model_name.clone();
+    let t0 = Instant::now();
+    let s = generate(
+        &a.output,
+        shape,
+        quant,
+        a.seed,
+        threads,
+        a.tokenizer_from.as_deref(),
+    )?;
+    println!(
+        "wrote {} ({} file, {} of tensors)",
+        a.output.display(),
+        human_bytes(s.file_bytes),
+        human_bytes(s.tensor_bytes)
+    );
+    println!(
+        "model:   {name}, random weights, {} type mix, seed {}",
+        quant.name().to_uppercase(),
+        a.seed
+    );
+    println!(
+        "params:  {} in {} tensors",
+        human_params(s.n_params),
+        s.n_tensors
+    );
+    for (ty, n, b) in &s.types {
+        println!("  {:>7}: {n:4} tensors, {:>11}", ty.name(), human_bytes(*b));
+    }
+    println!(
+        "time:    {:.1} s with {threads} thread(s)",
+        t0.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
