@@ -115,6 +115,15 @@ fi
 [[ -f "$model" ]] || die "model not found: $model"
 model="$(cd "$(dirname "$model")" && pwd)/$(basename "$model")"
 
+# A loaded machine makes both engines slow and noisy; llama.cpp's OpenMP
+# threads spin at every barrier and collapse when they share cores.
+load_start="$(cut -d' ' -f1 /proc/loadavg 2>/dev/null || echo 0)"
+if python3 -c "import os, sys; sys.exit(0 if float('$load_start') > 0.5 * (os.cpu_count() or 1) else 1)"; then
+    log "warning: load average $load_start on $(nproc) cores: other work is running, the numbers will be noisy"
+    [[ -z "${OMP_WAIT_POLICY:-}" ]] \
+        && log "warning: with cores shared, llama.cpp's spinning OpenMP threads slow it down many times over; OMP_WAIT_POLICY=passive avoids that"
+fi
+
 work="$(mktemp -d "${TMPDIR:-/tmp}/infer-compare.XXXXXX")"
 trap 'rm -rf -- "$work"' EXIT
 
@@ -137,12 +146,13 @@ for ((k = 1; k <= rounds; k++)); do
 done
 
 # ---------------------------------------------------------------- report
+load_end="$(cut -d' ' -f1 /proc/loadavg 2>/dev/null || echo 0)"
 python3 - "$work" "$rounds" "$model" "$threads" "$n_prompt" "$n_gen" "$reps" "$json_out" \
-    "$llama_bench" "$infer" "${llama_extra[*]:-}" "${infer_extra[*]:-}" <<'PY'
+    "$llama_bench" "$infer" "${llama_extra[*]:-}" "${infer_extra[*]:-}" "$load_start" "$load_end" <<'PY'
 import json, math, os, platform, sys, time
 
 (work, rounds, model, threads, n_prompt, n_gen, reps, json_out,
- llama_bin, infer_bin, llama_extra, infer_extra) = sys.argv[1:]
+ llama_bin, infer_bin, llama_extra, infer_extra, load_start, load_end) = sys.argv[1:]
 rounds, threads = int(rounds), int(threads)
 
 
@@ -297,7 +307,9 @@ if json_out:
     out = {
         "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "host": {"machine": platform.machine(), "nproc": os.cpu_count(),
-                 "cpu_info": meta.get("cpu_info"), "gpu_info": meta.get("gpu_info")},
+                 "cpu_info": meta.get("cpu_info"), "gpu_info": meta.get("gpu_info"),
+                 "loadavg_1m_start": float(load_start), "loadavg_1m_end": float(load_end),
+                 "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY")},
         "model": {"path": model, "file_size": os.path.getsize(model),
                   "type": meta.get("model_type"), "size": meta.get("model_size"),
                   "n_params": meta.get("model_n_params")},
