@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use infer_compute::backend::{QuantWeight, WeightBytes};
 use infer_compute::cpu::kernels::{quantize_activation, AlignedBytes};
-use infer_compute::cpu::{CpuBackend, Kernels, Precision};
+use infer_compute::cpu::{simd, CpuBackend, Kernels, Precision};
 use infer_compute::{quant, ComputeBackend, GgmlType};
 
 /// Weight types benchmarked (the default model's types first).
@@ -181,19 +181,27 @@ fn bench_matvec(c: &mut Criterion) {
 }
 
 /// The activation quantization that precedes every mat-vec (one vector of
-/// the model's widths), for comparison with the mat-vec times.
+/// the model's widths): the reference quantizer (what `matvec` calls) and
+/// the SIMD one of `cpu::simd::quantize_activation_row`.
 fn bench_quantize_activation(c: &mut Criterion) {
     let mut group = c.benchmark_group("quantize_activation");
     group.sample_size(20).warm_up_time(Duration::from_millis(200)).measurement_time(Duration::from_secs(1));
-    for (weight_ty, n) in [(GgmlType::Q8_0, 640), (GgmlType::Q8_0, 2048), (GgmlType::Q4_K, 640), (GgmlType::Q4_K, 2048)] {
+    let kernels = Kernels::detect();
+    for (weight_ty, n) in [(GgmlType::Q8_0, 640), (GgmlType::Q8_0, 2048), (GgmlType::Q4_K, 768), (GgmlType::Q4_K, 2048)] {
         let mut seed = 11u64;
         let x: Vec<f32> = (0..n).map(|_| noise(&mut seed)).collect();
         let mut out = AlignedBytes::default();
-        let act = weight_ty.vec_dot_type().map(|t| t.name()).unwrap_or("?");
+        let Some(act) = weight_ty.vec_dot_type() else { continue };
         group.throughput(Throughput::Elements(n as u64));
-        group.bench_function(format!("{act}/{n}"), |b| {
+        group.bench_function(format!("{}/{n}/reference", act.name()), |b| {
             b.iter(|| quantize_activation(weight_ty, &x, &mut out).expect("quantize"))
         });
+        out.resize(act.row_bytes(n).expect("whole blocks"));
+        if simd::quantize_activation_row(&kernels, act, &x, out.as_bytes_mut()) {
+            group.bench_function(format!("{}/{n}/{}", act.name(), kernels.level().name()), |b| {
+                b.iter(|| simd::quantize_activation_row(&kernels, act, &x, out.as_bytes_mut()))
+            });
+        }
     }
     group.finish();
 }

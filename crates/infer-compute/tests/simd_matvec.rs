@@ -339,3 +339,76 @@ fn short_and_mismatched_inputs() {
         }
     }
 }
+
+/// Activation rows that exercise the quantizers' corner cases: ties at
+/// exactly half a step (a block whose maximum is 127 has step 1), equal
+/// magnitudes of both signs, all-zero blocks, tiny and huge values, and
+/// non-finite values (which must give the reference's bytes too).
+fn activation_cases(n: usize, rng: &mut StdRng) -> Vec<Vec<f32>> {
+    let mut cases = Vec::new();
+    for _ in 0..20 {
+        cases.push(random_activation(n, rng));
+    }
+    let ties: Vec<f32> = (0..n).map(|i| if i % 32 == 0 { 127.0 } else { (i % 255) as f32 * 0.5 - 63.5 }).collect();
+    cases.push(ties.clone());
+    cases.push(ties.iter().map(|v| -v).collect());
+    let mut both_signs = random_activation(n, rng);
+    for c in both_signs.chunks_mut(32) {
+        c[3] = 9.0;
+        c[7] = -9.0;
+    }
+    cases.push(both_signs.clone());
+    cases.push(both_signs.iter().map(|v| -v).collect());
+    cases.push(vec![0.0; n]);
+    let mut some_zero = random_activation(n, rng);
+    some_zero[..n.min(256)].fill(0.0);
+    cases.push(some_zero);
+    cases.push(random_activation(n, rng).iter().map(|v| v * 1e-30).collect());
+    cases.push(random_activation(n, rng).iter().map(|v| v * 1e30).collect());
+    for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+        let mut x = random_activation(n, rng);
+        x[n / 2] = bad;
+        cases.push(x);
+    }
+    cases
+}
+
+/// The SIMD activation quantizers give the reference's bytes exactly.
+#[test]
+fn activation_quantizers_are_bit_exact() {
+    let levels = simd_levels();
+    let mut rng = StdRng::seed_from_u64(0x5eed_0006);
+    for level in &levels {
+        let k = Kernels::for_level(*level);
+        for act in [GgmlType::Q8_0, GgmlType::Q8_K] {
+            let mut covered = false;
+            for n in [256, 768, 2048] {
+                for (c, x) in activation_cases(n, &mut rng).into_iter().enumerate() {
+                    let mut want = vec![0u8; act.row_bytes(n).unwrap()];
+                    quant::quantize_row(act, &x, &mut want).unwrap();
+                    let mut got = vec![0xa5u8; want.len()];
+                    if !infer_compute::cpu::simd::quantize_activation_row(&k, act, &x, &mut got) {
+                        continue;
+                    }
+                    covered = true;
+                    if let Some(i) = got.iter().zip(&want).position(|(g, w)| g != w) {
+                        let bs = act.type_size();
+                        panic!(
+                            "{} {act} n={n} case {c}: byte {i} (block {}, offset {}) is {:#04x}, reference {:#04x}",
+                            level.name(),
+                            i / bs,
+                            i % bs,
+                            got[i],
+                            want[i]
+                        );
+                    }
+                }
+            }
+            eprintln!(
+                "{:<13} {act:<5} fast quantizer: {}",
+                level.name(),
+                if covered { "bit-exact" } else { "none (reference used)" }
+            );
+        }
+    }
+}

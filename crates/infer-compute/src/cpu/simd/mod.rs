@@ -33,11 +33,14 @@
 use super::kernels::Kernels;
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 use super::kernels::SimdLevel;
+use crate::GgmlType;
 
 #[cfg(target_arch = "x86_64")]
 pub mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx2_kquants;
+#[cfg(target_arch = "x86_64")]
+mod avx2_quantize;
 #[cfg(target_arch = "x86_64")]
 pub mod avx512;
 #[cfg(target_arch = "aarch64")]
@@ -78,6 +81,38 @@ pub(crate) fn install(k: &mut Kernels) {
 /// nothing measurable on cache-resident matrices.
 #[allow(dead_code)]
 pub(crate) const PREFETCH_DISTANCE: usize = 2048;
+
+/// Quantizes the activation row `x` to `act` (Q8_0 or Q8_K, the
+/// `vec_dot_type`s of the quantized weight types) into `out` with the
+/// instructions of `k`'s level, byte for byte as the reference quantizer
+/// (`quant::BlockFormat::quantize_row_ref`) does, and several times faster
+/// (the reference rounds through a library call per value).
+///
+/// Returns `false`, writing nothing, when the level has no fast quantizer
+/// for `act` (scalar, NEON, other types) or when `x` is not a whole number
+/// of blocks or `out` not exactly their size; the caller then uses the
+/// reference.
+pub fn quantize_activation_row(k: &Kernels, act: GgmlType, x: &[f32], out: &mut [u8]) -> bool {
+    if act.row_bytes(x.len()).ok() != Some(out.len()) {
+        return false;
+    }
+    match (k.level(), act) {
+        #[cfg(target_arch = "x86_64")]
+        (SimdLevel::Avx2 | SimdLevel::Avx512Vnni, GgmlType::Q8_0) => {
+            // SAFETY: both levels include AVX2, FMA and F16C, and `k`'s
+            // level was checked against the CPU by `Kernels::for_level`.
+            unsafe { avx2_quantize::quantize_q8_0(x, out) };
+            true
+        }
+        #[cfg(target_arch = "x86_64")]
+        (SimdLevel::Avx2 | SimdLevel::Avx512Vnni, GgmlType::Q8_K) => {
+            // SAFETY: as above.
+            unsafe { avx2_quantize::quantize_q8_k(x, out) };
+            true
+        }
+        _ => false,
+    }
+}
 
 /// Byte layout of the blocks, shared by the kernels of every level
 /// (`quant/<type>.rs` holds the structs; the sizes are asserted there).
