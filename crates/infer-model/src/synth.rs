@@ -86,6 +86,27 @@ impl std::fmt::Display for SynthArch {
     }
 }
 
+/// A size that [`SynthShape::preset`] does not know.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UnknownPreset {
+    pub arch: SynthArch,
+    pub size: String,
+}
+
+impl std::fmt::Display for UnknownPreset {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "no {} preset of size `{}` (sizes: {})",
+            self.arch,
+            self.size,
+            self.arch.sizes().join(", ")
+        )
+    }
+}
+
+impl std::error::Error for UnknownPreset {}
+
 /// The hyper-parameters of a synthetic model.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SynthShape {
@@ -137,8 +158,9 @@ impl SynthShape {
     /// not written: they change no shape or cost.
     ///
     /// # Errors
-    /// [`Error::Gguf`] naming the valid sizes when `size` is not one.
-    pub fn preset(arch: SynthArch, size: &str) -> Result<Self> {
+    /// [`UnknownPreset`] (its message names the valid sizes) when `size` is
+    /// not one.
+    pub fn preset(arch: SynthArch, size: &str) -> std::result::Result<Self, UnknownPreset> {
         let size_lc = size.to_ascii_lowercase();
         let gemma = |name: &str, label: &str, e, l, h, kv, ff, ctx, window, scaling| SynthShape {
             arch,
@@ -231,10 +253,10 @@ impl SynthShape {
                 ..llama("tiny Llama", "tiny", 256, 2, 512, 4096, false)
             },
             _ => {
-                return Err(Error::Gguf(format!(
-                    "no {arch} preset of size `{size}` (sizes: {})",
-                    arch.sizes().join(", ")
-                )))
+                return Err(UnknownPreset {
+                    arch,
+                    size: size.to_string(),
+                })
             }
         };
         Ok(shape)
