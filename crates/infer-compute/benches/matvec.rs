@@ -76,13 +76,10 @@ fn sum(x: &[f32]) -> f32 {
     acc.iter().sum::<f32>() + tail
 }
 
-/// Read bandwidth in GB/s for summing `bytes` of f32 with `threads`
-/// threads (each its own contiguous part), best of several passes.
-fn read_bandwidth(bytes: usize, threads: usize) -> f64 {
-    let n = bytes / 4;
-    let data: Vec<f32> = (0..n).map(|i| (i % 13) as f32).collect();
-    let part = n.div_ceil(threads);
-    let passes = (4usize << 30).div_ceil(bytes).clamp(3, 200);
+/// Read bandwidth in GB/s of summing `data` with `threads` threads (each
+/// its own contiguous part), best of `passes`.
+fn read_bandwidth_of(data: &[f32], threads: usize, passes: usize) -> f64 {
+    let part = data.len().div_ceil(threads);
     let mut best = f64::MAX;
     for _ in 0..passes {
         let t = Instant::now();
@@ -93,7 +90,18 @@ fn read_bandwidth(bytes: usize, threads: usize) -> f64 {
         std::hint::black_box(s);
         best = best.min(t.elapsed().as_secs_f64());
     }
-    bytes as f64 / best / 1e9
+    std::mem::size_of_val(data) as f64 / best / 1e9
+}
+
+/// An f32 array of `bytes` bytes for [`read_bandwidth_of`].
+fn bandwidth_array(bytes: usize) -> Vec<f32> {
+    (0..bytes / 4).map(|i| (i % 13) as f32).collect()
+}
+
+/// Passes of a bandwidth or mat-vec measurement over `bytes`: about 1.5 GB
+/// read, at least 3.
+fn passes_for(bytes: usize) -> usize {
+    (1_500_000_000 / bytes.max(1)).clamp(3, 300)
 }
 
 /// Seconds of the fastest of `reps` calls of `f` (the least disturbed by
@@ -109,14 +117,26 @@ fn best_time(reps: usize, mut f: impl FnMut()) -> f64 {
         .fold(f64::MAX, f64::min)
 }
 
-/// Prints the read bandwidth of the machine and a best-of-N summary of
-/// every case next to the bandwidth measured for a working set of the same
-/// size (criterion's statistics follow).
+/// The system load average over the last minute (Linux), for the record:
+/// other processes on a small machine disturb every number.
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|s| s.split_whitespace().next().map(str::to_owned))
+        .unwrap_or_else(|| "?".into())
+}
+
+/// Prints the read bandwidth of the machine and a summary of every case
+/// next to the read bandwidth of an f32 array of the same size, measured in
+/// alternation with it (three rounds, best of each), so that both see the
+/// same disturbances. Criterion's statistics follow.
 fn print_summary(backends: &[(usize, CpuBackend)]) {
-    println!("kernels: {}", Kernels::detect().level().name());
-    println!("measured read bandwidth (sum of an f32 array, best pass):");
-    let gib: Vec<String> = THREADS.iter().map(|&t| format!("{t}t {:.1} GB/s", read_bandwidth(1 << 30, t))).collect();
-    println!("  1 GiB: {}", gib.join(", "));
+    println!("kernels: {}, load average {}", Kernels::detect().level().name(), load_average());
+    let big = bandwidth_array(1 << 30);
+    let gib: Vec<String> =
+        THREADS.iter().map(|&t| format!("{t} thread(s) {:.1} GB/s", read_bandwidth_of(&big, t, 5))).collect();
+    drop(big);
+    println!("read bandwidth, 1 GiB f32 array: {}", gib.join(", "));
     println!("{:<8} {:>12} {:>9} {:>3} {:>9} {:>9} {:>6}", "type", "shape", "MB", "thr", "GB/s", "bw GB/s", "%bw");
     for ty in TYPES {
         for shape in SHAPES {
@@ -129,11 +149,15 @@ fn print_summary(backends: &[(usize, CpuBackend)]) {
             let mut seed = 7u64;
             let x: Vec<f32> = (0..cols).map(|_| noise(&mut seed)).collect();
             let mut y = vec![0f32; rows];
-            let reps = (2_000_000_000 / bytes).clamp(5, 200);
+            let array = bandwidth_array(bytes);
+            let passes = passes_for(bytes).div_ceil(3);
             for (threads, backend) in backends {
-                let t = best_time(reps, || backend.matvec(&w, &x, &mut y).expect("matvec"));
+                let (mut t, mut bw) = (f64::MAX, 0f64);
+                for _ in 0..3 {
+                    t = t.min(best_time(passes, || backend.matvec(&w, &x, &mut y).expect("matvec")));
+                    bw = bw.max(read_bandwidth_of(&array, *threads, passes));
+                }
                 let gbs = bytes as f64 / t / 1e9;
-                let bw = read_bandwidth(bytes, *threads);
                 println!(
                     "{:<8} {:>12} {:>9.1} {:>3} {:>9.1} {:>9.1} {:>5.0}%",
                     ty.name(),
@@ -147,6 +171,7 @@ fn print_summary(backends: &[(usize, CpuBackend)]) {
             }
         }
     }
+    println!("load average after the summary: {}", load_average());
 }
 
 fn bench_matvec(c: &mut Criterion) {
