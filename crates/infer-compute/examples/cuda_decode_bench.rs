@@ -150,7 +150,8 @@ mod bench {
         let toks: Vec<u32> = (0..start.max(1) as u32).map(|i| (i * 7919) % 262_144).collect();
         m.prefill(kv.as_mut(), &toks, 0)?;
         let mut pos = toks.len();
-        for _ in 0..8 {
+        // Warm-up: graph capture, and time for the clocks to rise.
+        for _ in 0..64 {
             m.decode_token(kv.as_mut(), 42, pos)?;
             pos += 1;
         }
@@ -168,8 +169,10 @@ mod bench {
         println!("{}", infer_compute::ComputeBackend::device_info(&cuda));
         println!("| model | weights MB/token | context | graph tok/s | % of 4.3 TB/s | direct tok/s | prefill 512 tok/s |");
         println!("| --- | --- | --- | --- | --- | --- | --- |");
+        let mut notes = Vec::new();
         for s in SHAPES.iter().filter(|s| which == "all" || s.name.contains(&which)) {
             let spec = model(s)?;
+            std::env::set_var("INFER_CUDA_REPACK", "1");
             let mut m = cuda.prepare_cuda(&spec)?;
             let wb = m.weight_bytes_per_token() as f64;
             for start in [1usize, 1024] {
@@ -182,7 +185,7 @@ mod bench {
                     .layers
                     .iter()
                     .map(|l| {
-                        let p = start + 8 + 128;
+                        let p = start + 64 + 128;
                         let n = l.sliding_window.map_or(p, |w| p.min(w));
                         (n * l.n_head_kv * l.head_dim * 2 * 2) as f64
                     })
@@ -212,6 +215,28 @@ mod bench {
                     pf
                 );
             }
+            // Per-kernel times of 32 direct steps (synchronized launches).
+            m.profile(true);
+            decode(&mut m, 1, 32, 4096)?;
+            let prof = m.profile(false);
+            let total: f64 = prof.iter().map(|p| p.1).sum();
+            let mut lines = vec![format!("{}: per-kernel time of a decode step (launches timed one by one, incl. launch latency), total {:.1} us/token", s.name, total * 1e6 / 96.0)];
+            for (k, t, n) in prof.iter().take(12) {
+                lines.push(format!("  {:<14} {:>8.1} us/token  {:>6.2} us/launch  {:>4.1}%", k, t * 1e6 / 96.0, t * 1e6 / *n as f64, 100.0 * t / total));
+            }
+            m.set_use_graph(true);
+            drop(m);
+            // The same model with GGUF rows everywhere (no repacking).
+            std::env::set_var("INFER_CUDA_REPACK", "0");
+            let mut m0 = cuda.prepare_cuda(&spec)?;
+            let g0 = decode(&mut m0, 1, 256, 4096)?;
+            lines.push(format!("{}: GGUF-layout mat-vecs (no repacking): {:.0} tok/s with graph at context 1", s.name, g0));
+            std::env::set_var("INFER_CUDA_REPACK", "1");
+            notes.push(lines.join("\n"));
+        }
+        println!();
+        for n in notes {
+            println!("{n}");
         }
         Ok(())
     }

@@ -5,10 +5,14 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Instant;
 
 use cudarc::cublas::CudaBlas;
 use cudarc::driver::sys::CUdevice_attribute;
-use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{
+    result, CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchArgs, LaunchConfig, PushKernelArg,
+    ValidAsZeroBits,
+};
 use cudarc::nvrtc::{CompileOptions, Ptx};
 
 use super::kernels::{self, names, DevPtr, KernelName};
@@ -64,6 +68,57 @@ pub(crate) struct Device {
     pub blas: CudaBlas,
     funcs: HashMap<&'static str, CudaFunction>,
     pub info: DeviceInfo,
+    /// When set, every launch is timed (synchronously) and summed per kernel.
+    profile: Mutex<Option<HashMap<&'static str, (f64, usize)>>>,
+}
+
+/// Page-locked host memory of `len` values of `T` (not write-combined, so
+/// the host reads it at full speed), for copies that a captured graph
+/// performs and for the logits.
+pub(crate) struct PinnedBuf<T> {
+    ptr: *mut T,
+    len: usize,
+    ctx: Arc<CudaContext>,
+}
+
+// SAFETY: plain host memory owned by this value; the device writes it only
+// in copies ordered before the stream synchronizations that precede any
+// host access (see `CudaModel`).
+unsafe impl<T: Send> Send for PinnedBuf<T> {}
+
+impl<T: DeviceRepr + ValidAsZeroBits + Copy> PinnedBuf<T> {
+    fn new(ctx: &Arc<CudaContext>, len: usize) -> Result<Self> {
+        let len = len.max(1);
+        let bytes = len.checked_mul(std::mem::size_of::<T>()).ok_or(Error::Overflow("pinned buffer size"))?;
+        ctx.bind_to_thread().map_err(dev_err("binding the context"))?;
+        // SAFETY: a fresh allocation of `bytes` bytes, zeroed below before
+        // any read (T is valid as zero bits).
+        let ptr = unsafe { result::malloc_host(bytes, 0) }.map_err(dev_err("pinned host allocation"))? as *mut T;
+        // SAFETY: `ptr` points to `bytes` writable bytes.
+        unsafe { std::ptr::write_bytes(ptr as *mut u8, 0, bytes) };
+        Ok(PinnedBuf { ptr, len, ctx: ctx.clone() })
+    }
+
+    /// The values (no device copy into them may be in flight).
+    pub fn as_slice(&self) -> &[T] {
+        // SAFETY: `ptr` holds `len` initialized values; device writes are
+        // finished whenever the host holds `&self` (see the Send note).
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+
+    /// The values, mutably.
+    pub fn as_mut_slice(&mut self) -> &mut [T] {
+        // SAFETY: as `as_slice`, with exclusive access.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+}
+
+impl<T> Drop for PinnedBuf<T> {
+    fn drop(&mut self) {
+        let _ = self.ctx.bind_to_thread();
+        // SAFETY: allocated by `malloc_host` in `new`, freed once.
+        let _ = unsafe { result::free_host(self.ptr as *mut std::ffi::c_void) };
+    }
 }
 
 impl Device {
@@ -104,12 +159,16 @@ impl Device {
         let ptx = ptx_for(info.compute_capability)?;
         let module = ctx.load_module(Ptx::from_src(ptx.as_str())).map_err(dev_err("loading the kernel module"))?;
         let mut funcs = HashMap::new();
-        let mv = GgmlType::ALL.iter().filter_map(|&t| kernels::matvec_kernels(t)).flat_map(|k| [k.t1, k.t8]);
+        let mv = GgmlType::ALL
+            .iter()
+            .flat_map(|&t| [kernels::matvec_kernels(t), kernels::repacked_matvec_kernels(t)])
+            .flatten()
+            .flat_map(|k| [k.t1, k.t8]);
         for KernelName(name) in names::ALL.into_iter().chain(mv) {
             let f = module.load_function(name).map_err(|e| Error::Device(format!("kernel {name}: {e}")))?;
             funcs.insert(name, f);
         }
-        Ok(Device { ctx, stream, blas, funcs, info })
+        Ok(Device { ctx, stream, blas, funcs, info, profile: Mutex::new(None) })
     }
 
     /// The loaded kernel `k`.
@@ -126,19 +185,89 @@ impl Device {
 
     /// Launches kernel `k` with one by-value argument struct.
     pub fn launch<A: DeviceRepr>(&self, k: KernelName, grid: (u32, u32, u32), block: u32, smem: u32, args: &A) -> Result<()> {
-        let f = self.func(k)?;
         let cfg = LaunchConfig { grid_dim: grid, block_dim: (block, 1, 1), shared_mem_bytes: smem };
-        let mut b = self.stream.launch_builder(f);
-        b.arg(args);
         // SAFETY: `A` mirrors the kernel's parameter struct (layout asserted
         // in kernels.rs and common.cuh); every pointer in it was taken from
         // a live allocation of this device sized by the caller for the grid.
+        unsafe {
+            self.launch_with(k, cfg, |b| {
+                b.arg(args);
+            })
+        }
+    }
+
+    /// Launches kernel `k`, `push` adding its arguments. Every launch of the
+    /// backend goes through here (and is timed when profiling is on).
+    ///
+    /// # Safety
+    /// The pushed arguments must match the kernel's parameters in number,
+    /// size and order, and every device pointer among them must cover what
+    /// the kernel reads and writes for `cfg`.
+    pub unsafe fn launch_with<'a>(
+        &'a self,
+        k: KernelName,
+        cfg: LaunchConfig,
+        push: impl FnOnce(&mut LaunchArgs<'a>),
+    ) -> Result<()> {
+        let f = self.func(k)?;
+        let mut b = self.stream.launch_builder(f);
+        push(&mut b);
+        let mut prof = self.profile.lock().map_err(|_| Error::Device("profile lock poisoned".into()))?;
+        let t0 = if prof.is_some() {
+            self.stream.synchronize().map_err(dev_err("profile sync"))?;
+            Some(Instant::now())
+        } else {
+            None
+        };
+        // SAFETY: the caller's contract.
         unsafe { b.launch(cfg) }.map_err(|e| Error::Device(format!("launching {}: {e}", k.0)))?;
+        if let (Some(t0), Some(map)) = (t0, prof.as_mut()) {
+            self.stream.synchronize().map_err(dev_err("profile sync"))?;
+            let e = map.entry(k.0).or_insert((0.0, 0));
+            e.0 += t0.elapsed().as_secs_f64();
+            e.1 += 1;
+        }
         Ok(())
     }
 
+    /// Starts (`true`) or stops collecting per-kernel times; stopping
+    /// returns `(kernel, total seconds, launches)`, slowest first. Timing
+    /// synchronizes around every launch, so graph capture must be off.
+    pub fn set_profiling(&self, on: bool) -> Vec<(&'static str, f64, usize)> {
+        let Ok(mut p) = self.profile.lock() else { return Vec::new() };
+        let old = std::mem::replace(&mut *p, on.then(HashMap::new));
+        let mut v: Vec<_> = old.unwrap_or_default().into_iter().map(|(k, (t, n))| (k, t, n)).collect();
+        v.sort_by(|a, b| b.1.total_cmp(&a.1));
+        v
+    }
+
+    /// Page-locked host memory for `len` values.
+    pub fn pinned<T: DeviceRepr + ValidAsZeroBits + Copy>(&self, len: usize) -> Result<PinnedBuf<T>> {
+        PinnedBuf::new(&self.ctx, len)
+    }
+
+    /// Enqueues a copy of `dst.len()` values from `src` (device address) to
+    /// pinned host memory: the one device-to-host path of the pipeline,
+    /// checked by the [`Device::sync`] that must follow before `dst` is read.
+    pub fn enqueue_read<T: DeviceRepr + ValidAsZeroBits + Copy>(&self, src: DevPtr, dst: &mut PinnedBuf<T>) -> Result<()> {
+        let dst = dst.as_mut_slice();
+        // SAFETY: `dst` is pinned host memory of `dst.len()` values that
+        // stays allocated until after the sync; `src` covers as many values.
+        unsafe { result::memcpy_dtoh_async(dst, src, self.stream.cu_stream()) }.map_err(dev_err("device to host copy"))
+    }
+
+    /// Enqueues a copy of the first `count` pinned host values to device
+    /// address `dst`.
+    pub fn enqueue_write<T: DeviceRepr + ValidAsZeroBits + Copy>(&self, src: &PinnedBuf<T>, dst: DevPtr, count: usize) -> Result<()> {
+        let src = &src.as_slice()[..count.min(src.len)];
+        // SAFETY: `src` is pinned host memory that outlives the copy (and
+        // any graph that captured it); `dst` covers `count` values.
+        unsafe { result::memcpy_htod_async(dst, src, self.stream.cu_stream()) }
+            .map_err(dev_err("host to device copy"))
+    }
+
     /// Allocates `n` zeroed values.
-    pub fn zeros<T: DeviceRepr + cudarc::driver::ValidAsZeroBits>(&self, n: usize) -> Result<CudaSlice<T>> {
+    pub fn zeros<T: DeviceRepr + ValidAsZeroBits>(&self, n: usize) -> Result<CudaSlice<T>> {
         self.stream.alloc_zeros::<T>(n.max(1)).map_err(dev_err("device allocation"))
     }
 
@@ -156,15 +285,6 @@ impl Device {
             return self.zeros_raw(1);
         }
         self.stream.clone_htod(data).map_err(dev_err("host to device copy"))
-    }
-
-    /// Copies host data into an existing device buffer (from its start).
-    pub fn write<T: DeviceRepr>(&self, dst: &mut CudaSlice<T>, data: &[T]) -> Result<()> {
-        if data.len() > dst.len() {
-            return Err(Error::Device(format!("write of {} values into a buffer of {}", data.len(), dst.len())));
-        }
-        let mut view = dst.slice_mut(0..data.len());
-        self.stream.memcpy_htod(data, &mut view).map_err(dev_err("host to device copy"))
     }
 
     /// The one checked device-to-host read: copies `out.len()` values of

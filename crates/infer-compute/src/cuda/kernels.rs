@@ -84,6 +84,18 @@ pub(crate) fn matvec_kernels(ty: GgmlType) -> Option<MatvecKernels> {
     }
 }
 
+/// The mat-vec kernels of the repacked layout of `ty` (see `repack.rs`).
+pub(crate) fn repacked_matvec_kernels(ty: GgmlType) -> Option<MatvecKernels> {
+    let q = |t1, t8| Some(MatvecKernels { t1: KernelName(t1), t8: KernelName(t8), quantized: true });
+    match ty {
+        GgmlType::Q8_0 => q("mv_q8_0r_t1", "mv_q8_0r_t8"),
+        GgmlType::Q4_0 => q("mv_q4_0r_t1", "mv_q4_0r_t8"),
+        GgmlType::Q5_0 => q("mv_q5_0r_t1", "mv_q5_0r_t8"),
+        GgmlType::Q6_K => q("mv_q6_kr_t1", "mv_q6_kr_t8"),
+        _ => None,
+    }
+}
+
 /// Epilogue of a mat-vec launch (`MV_*` in common.cuh).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(i32)]

@@ -25,6 +25,7 @@ mod device;
 pub(crate) mod kernels;
 mod model;
 mod ops;
+mod repack;
 
 use std::sync::Arc;
 

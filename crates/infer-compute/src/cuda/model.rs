@@ -36,7 +36,7 @@ use std::sync::Arc;
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaGraph, CudaSlice};
 
-use super::device::{dev_err, Device};
+use super::device::{dev_err, Device, PinnedBuf};
 use super::kernels::{AttnArgs, DevPtr, MvMode, NormArgs, QkvArgs};
 use super::ops::{self, Matvec};
 use crate::backend::{DeviceModel, KvCache, QuantWeight};
@@ -55,16 +55,35 @@ struct DevWeight {
     rows: usize,
     cols: usize,
     buf: CudaSlice<u8>,
+    /// Row stride of the repacked layout, 0 for GGUF rows.
+    repacked_stride: usize,
+}
+
+/// Whether `prepare` repacks weights (`INFER_CUDA_REPACK=0` keeps GGUF
+/// rows everywhere, to compare the two layouts).
+fn repack_enabled() -> bool {
+    std::env::var("INFER_CUDA_REPACK").map_or(true, |v| v != "0")
 }
 
 impl DevWeight {
     fn new(dev: &Device, w: &QuantWeight, what: &str) -> Result<Self> {
         if ops::wants_q8(w.ty).is_err() {
-            return Err(Error::Unsupported { op: "cuda weight", ty: w.ty }).map_err(|e| {
-                Error::InvalidModel(format!("{what}: {e}"))
-            });
+            return Err(Error::InvalidModel(format!("{what}: {}", Error::Unsupported { op: "cuda weight", ty: w.ty })));
         }
-        Ok(DevWeight { ty: w.ty, rows: w.rows, cols: w.cols, buf: dev.upload(w.data.as_bytes())? })
+        Ok(DevWeight { ty: w.ty, rows: w.rows, cols: w.cols, buf: dev.upload(w.data.as_bytes())?, repacked_stride: 0 })
+    }
+
+    /// A matrix for the mat-vec kernels: repacked when the type has a
+    /// repacked layout (see `repack.rs`), GGUF rows otherwise.
+    fn matrix(dev: &Device, w: &QuantWeight, what: &str) -> Result<Self> {
+        if repack_enabled() {
+            let rb = w.row_bytes();
+            if let Some(bytes) = super::repack::repack(w.ty, w.rows, rb, w.data.as_bytes()) {
+                let stride = super::repack::repacked_stride(rb);
+                return Ok(DevWeight { ty: w.ty, rows: w.rows, cols: w.cols, buf: dev.upload(&bytes)?, repacked_stride: stride });
+            }
+        }
+        Self::new(dev, w, what)
     }
 }
 
@@ -130,8 +149,9 @@ struct Buffers {
     n_split: usize,
     /// Bumped on every reallocation (invalidates captured graphs).
     generation: usize,
-    pos: CudaSlice<i32>,
-    tokens: CudaSlice<i32>,
+    /// `[pos0, token_0, token_1, ...]` on the host (pinned) and the device.
+    params_host: PinnedBuf<i32>,
+    params: CudaSlice<i32>,
     x: CudaSlice<f32>,
     h: CudaSlice<f32>,
     aq: CudaSlice<i8>,
@@ -191,7 +211,7 @@ pub struct CudaModel {
     generation: usize,
     graph: Option<SendCaptured>,
     use_graph: bool,
-    logits: Vec<f32>,
+    logits: PinnedBuf<f32>,
     weight_bytes: usize,
 }
 
@@ -268,10 +288,10 @@ impl CudaModel {
                 softcap: l.attn_softcap,
                 scale: l.attn_scale,
                 attn_norm: DevNorm::new(d, &l.attn_norm)?,
-                wq: DevWeight::new(d, &l.wq, &p("attn_q"))?,
-                wk: DevWeight::new(d, &l.wk, &p("attn_k"))?,
-                wv: DevWeight::new(d, &l.wv, &p("attn_v"))?,
-                wo: DevWeight::new(d, &l.wo, &p("attn_output"))?,
+                wq: DevWeight::matrix(d, &l.wq, &p("attn_q"))?,
+                wk: DevWeight::matrix(d, &l.wk, &p("attn_k"))?,
+                wv: DevWeight::matrix(d, &l.wv, &p("attn_v"))?,
+                wo: DevWeight::matrix(d, &l.wo, &p("attn_output"))?,
                 bq: opt_vec(&l.bq)?,
                 bk: opt_vec(&l.bk)?,
                 bv: opt_vec(&l.bv)?,
@@ -281,16 +301,16 @@ impl CudaModel {
                 ffn_norm: DevNorm::new(d, &l.ffn_norm)?,
                 gated,
                 gelu: l.activation == Activation::GeluTanh,
-                gate: if gated { l.ffn_gate.as_ref().map(|g| DevWeight::new(d, g, &p("ffn_gate"))).transpose()? } else { None },
-                up: DevWeight::new(d, &l.ffn_up, &p("ffn_up"))?,
-                down: DevWeight::new(d, &l.ffn_down, &p("ffn_down"))?,
+                gate: if gated { l.ffn_gate.as_ref().map(|g| DevWeight::matrix(d, g, &p("ffn_gate"))).transpose()? } else { None },
+                up: DevWeight::matrix(d, &l.ffn_up, &p("ffn_up"))?,
+                down: DevWeight::matrix(d, &l.ffn_down, &p("ffn_down"))?,
                 post_ffn_norm: opt_norm(&l.post_ffn_norm)?,
             });
         }
         let token_embd = DevWeight::new(d, &spec.token_embd, "token_embd")?;
         // A tied output shares the embedding's bytes; upload once anyway
         // (separate allocation keeps the code simple).
-        let output = DevWeight::new(d, &spec.output, "output")?;
+        let output = DevWeight::matrix(d, &spec.output, "output")?;
         weight_bytes += spec.output.data.as_bytes().len();
         let output_norm = DevNorm::new(d, &spec.output_norm)?;
         d.sync()?;
@@ -309,7 +329,7 @@ impl CudaModel {
             generation: 0,
             graph: None,
             use_graph: true,
-            logits: vec![0.0; spec.n_vocab],
+            logits: d.pinned(spec.n_vocab)?,
             weight_bytes,
             dev,
         })
@@ -322,6 +342,17 @@ impl CudaModel {
         if !on {
             self.graph = None;
         }
+    }
+
+    /// Per-kernel times of the steps run between `on = true` and
+    /// `on = false` (returned then, slowest first). Profiling launches
+    /// kernels one by one with a synchronization around each, so it turns
+    /// graph replay off while on.
+    pub fn profile(&mut self, on: bool) -> Vec<(&'static str, f64, usize)> {
+        if on {
+            self.set_use_graph(false);
+        }
+        self.dev.set_profiling(on)
     }
 
     /// Bytes of weight matrices one decode step reads (every projection of
@@ -347,8 +378,8 @@ impl CudaModel {
             cap,
             n_split,
             generation: self.generation,
-            pos: d.zeros(1)?,
-            tokens: d.zeros(cap)?,
+            params_host: d.pinned(cap + 1)?,
+            params: d.zeros(cap + 1)?,
             x: d.zeros(cap * e)?,
             h: d.zeros(cap * e)?,
             aq: d.zeros(cap * m.cols)?,
@@ -395,23 +426,37 @@ impl CudaModel {
         let mut pos = pos0;
         for chunk in tokens.chunks(PREFILL_CHUNK) {
             self.ensure_buffers(chunk.len(), n_split)?;
-            let ids: Vec<i32> = chunk.iter().map(|&t| t as i32).collect();
             let p = i32::try_from(pos).map_err(|_| Error::Device(format!("position {pos} exceeds the kernels' range")))?;
             {
+                // The previous chunk was synchronized: no copy reads these.
                 let b = self.bufs.as_mut().ok_or_else(|| Error::Device("buffers missing".into()))?;
-                self.dev.write(&mut b.pos, &[p])?;
-                self.dev.write(&mut b.tokens, &ids)?;
+                let params = b.params_host.as_mut_slice();
+                params[0] = p;
+                for (dst, &t) in params[1..].iter_mut().zip(chunk) {
+                    *dst = t as i32;
+                }
             }
             if chunk.len() == 1 && self.use_graph {
                 self.step_graph(cache)?;
             } else {
-                self.enqueue(cache, chunk.len())?;
+                self.enqueue_io(cache, chunk.len())?;
             }
+            self.dev.sync()?;
             pos += chunk.len();
             cache.len = cache.len.max(pos);
         }
+        Ok(())
+    }
+
+    /// The whole step on the stream: parameters in, forward pass, logits
+    /// out (what the graph captures).
+    fn enqueue_io(&mut self, cache: &CudaKvCache, n: usize) -> Result<()> {
         let b = self.bufs.as_ref().ok_or_else(|| Error::Device("buffers missing".into()))?;
-        self.dev.read_back(&b.logits, 0, &mut self.logits)
+        self.dev.enqueue_write(&b.params_host, self.dev.ptr(&b.params), n + 1)?;
+        self.enqueue(cache, n)?;
+        let b = self.bufs.as_ref().ok_or_else(|| Error::Device("buffers missing".into()))?;
+        let src = self.dev.ptr(&b.logits);
+        self.dev.enqueue_read(src, &mut self.logits)
     }
 
     /// Replays (capturing first if needed) the single-token step.
@@ -424,7 +469,7 @@ impl CudaModel {
             stream
                 .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
                 .map_err(dev_err("begin graph capture"))?;
-            let queued = self.enqueue(cache, 1);
+            let queued = self.enqueue_io(cache, 1);
             let ended = stream.end_capture(CUgraphInstantiate_flags(0));
             queued?;
             let graph = ended
@@ -447,7 +492,8 @@ impl CudaModel {
         let p = |s: &CudaSlice<f32>| d.ptr(s);
         let (x, h, o) = (p(&b.x), p(&b.h), p(&b.o));
         let (aq, ad) = (d.ptr(&b.aq), d.ptr(&b.ad));
-        let pos = d.ptr(&b.pos);
+        let pos = d.ptr(&b.params);
+        let tokens = pos + 4;
         let with_q8 = |n_vals: usize| n_vals % 32 == 0;
         let norm_args = |add: DevPtr, add_norm: Option<&DevNorm>, norm: &DevNorm| NormArgs {
             x,
@@ -475,9 +521,10 @@ impl CudaModel {
             n_tok: n,
             mode: MvMode::Store,
             cap: 0.0,
+            repacked_stride: w.repacked_stride,
         };
 
-        ops::embed_rows(d, d.ptr(&self.token_embd.buf), self.token_embd.ty, e, d.ptr(&b.tokens), n, self.embd_scale, x)?;
+        ops::embed_rows(d, d.ptr(&self.token_embd.buf), self.token_embd.ty, e, tokens, n, self.embd_scale, x)?;
         if let Some(l0) = self.layers.first() {
             ops::residual_norm(d, &norm_args(0, None, &l0.attn_norm), n)?;
         }
@@ -488,8 +535,9 @@ impl CudaModel {
             while i < 3 {
                 let mut call = mv(targets[i].0, h, aq, ad, targets[i].1);
                 let mut j = i + 1;
-                while j < 3 && targets[j].0.ty == targets[i].0.ty {
+                while j < 3 && targets[j].0.ty == targets[i].0.ty && targets[j].0.repacked_stride == targets[i].0.repacked_stride {
                     call.w[j - i] = d.ptr(&targets[j].0.buf);
+                    // Same type and layout: the stride is shared.
                     call.y[j - i] = targets[j].1;
                     call.rows[j - i] = targets[j].0.rows;
                     j += 1;
@@ -553,7 +601,7 @@ impl CudaModel {
             let n_ff = l.up.rows;
             let act = p(&b.act);
             match &l.gate {
-                Some(g) if l.gated && g.ty == l.up.ty => {
+                Some(g) if l.gated && g.ty == l.up.ty && g.repacked_stride == l.up.repacked_stride => {
                     let mut call = mv(g, h, aq, ad, act);
                     call.w[1] = d.ptr(&l.up.buf);
                     call.mode = if l.gelu { MvMode::GluGelu } else { MvMode::GluSilu };
@@ -605,12 +653,12 @@ impl DeviceModel for CudaModel {
 
     fn decode_token(&mut self, kv: &mut dyn KvCache, token: u32, pos: usize) -> Result<&[f32]> {
         self.forward(kv, &[token], pos)?;
-        Ok(&self.logits)
+        Ok(self.logits.as_slice())
     }
 
     fn prefill(&mut self, kv: &mut dyn KvCache, tokens: &[u32], pos: usize) -> Result<&[f32]> {
         self.forward(kv, tokens, pos)?;
-        Ok(&self.logits)
+        Ok(self.logits.as_slice())
     }
 }
 

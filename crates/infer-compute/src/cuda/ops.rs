@@ -27,14 +27,14 @@ pub(crate) fn quantize_q8(dev: &Device, x: DevPtr, q: DevPtr, ds: DevPtr, n_chun
         return Ok(());
     }
     let n = to_i32(n_chunks, "chunks")?;
-    let f = dev.func(names::QUANTIZE_Q8)?;
     let cfg = LaunchConfig { grid_dim: (to_u32(n_chunks.div_ceil(8), "grid")?, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-    let mut b = dev.stream.launch_builder(f);
-    b.arg(&x).arg(&q).arg(&ds).arg(&n);
     // SAFETY: x holds n_chunks·32 floats, q n_chunks·32 bytes, ds n_chunks
     // float2 (callers size them so).
-    unsafe { b.launch(cfg) }.map_err(|e| Error::Device(format!("launching quantize_q8: {e}")))?;
-    Ok(())
+    unsafe {
+        dev.launch_with(names::QUANTIZE_Q8, cfg, |b| {
+            b.arg(&x).arg(&q).arg(&ds).arg(&n);
+        })
+    }
 }
 
 /// One mat-vec launch: up to three weight matrices of one type and width.
@@ -53,6 +53,9 @@ pub(crate) struct Matvec {
     pub n_tok: usize,
     pub mode: MvMode,
     pub cap: f32,
+    /// Rows are in the repacked layout with this stride in bytes (0: GGUF
+    /// rows of `ty.row_bytes(cols)`).
+    pub repacked_stride: usize,
 }
 
 impl Matvec {
@@ -70,6 +73,7 @@ impl Matvec {
             n_tok: 1,
             mode: MvMode::Store,
             cap: 0.0,
+            repacked_stride: 0,
         }
     }
 }
@@ -84,7 +88,8 @@ pub(crate) fn wants_q8(ty: GgmlType) -> Result<bool> {
 
 /// Launches a mat-vec (see matvec.cu).
 pub(crate) fn matvec(dev: &Device, m: &Matvec) -> Result<()> {
-    let k = kernels::matvec_kernels(m.ty).ok_or(Error::Unsupported { op: "cuda matvec", ty: m.ty })?;
+    let k = if m.repacked_stride > 0 { kernels::repacked_matvec_kernels(m.ty) } else { kernels::matvec_kernels(m.ty) }
+        .ok_or(Error::Unsupported { op: "cuda matvec", ty: m.ty })?;
     let glu = matches!(m.mode, MvMode::GluGelu | MvMode::GluSilu);
     let total = if glu { m.rows[0] } else { m.rows.iter().sum() };
     if total == 0 || m.n_tok == 0 {
@@ -100,7 +105,7 @@ pub(crate) fn matvec(dev: &Device, m: &Matvec) -> Result<()> {
         ad: m.ad,
         ax: m.x,
         rows: [to_i32(m.rows[0], "rows")?, to_i32(m.rows[1], "rows")?, to_i32(m.rows[2], "rows")?],
-        row_bytes: to_i32(m.ty.row_bytes(m.cols)?, "row bytes")?,
+        row_bytes: to_i32(if m.repacked_stride > 0 { m.repacked_stride } else { m.ty.row_bytes(m.cols)? }, "row bytes")?,
         cols: to_i32(m.cols, "cols")?,
         n_tok: to_i32(m.n_tok, "tokens")?,
         mode: m.mode as i32,
@@ -187,14 +192,14 @@ pub(crate) fn embed_rows(
     let tyi = ty.id() as i32;
     let rb = to_i32(ty.row_bytes(n)?, "row bytes")?;
     let ni = to_i32(n, "row length")?;
-    let f = dev.func(names::EMBED_ROWS)?;
     let cfg = LaunchConfig { grid_dim: (to_u32(n_tok, "tokens")?, 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
-    let mut b = dev.stream.launch_builder(f);
-    b.arg(&table).arg(&tyi).arg(&rb).arg(&ni).arg(&tokens).arg(&scale).arg(&x);
     // SAFETY: table holds rows of `rb` bytes for every id in `tokens`
     // (checked by the caller), x holds n_tok·n floats.
-    unsafe { b.launch(cfg) }.map_err(|e| Error::Device(format!("launching embed_rows: {e}")))?;
-    Ok(())
+    unsafe {
+        dev.launch_with(names::EMBED_ROWS, cfg, |b| {
+            b.arg(&table).arg(&tyi).arg(&rb).arg(&ni).arg(&tokens).arg(&scale).arg(&x);
+        })
+    }
 }
 
 /// `out[i] = act(gate[i]) · up[i]` for `n` values (`gelu`: GELU-tanh, else SiLU).
@@ -203,13 +208,13 @@ pub(crate) fn glu(dev: &Device, gate: DevPtr, up: DevPtr, out: DevPtr, n: usize,
         return Ok(());
     }
     let (ni, act) = (to_i32(n, "length")?, if gelu { 0i32 } else { 1 });
-    let f = dev.func(names::GLU)?;
     let cfg = LaunchConfig { grid_dim: (to_u32(n.div_ceil(256), "grid")?, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-    let mut b = dev.stream.launch_builder(f);
-    b.arg(&gate).arg(&up).arg(&out).arg(&ni).arg(&act);
     // SAFETY: all three buffers hold n floats.
-    unsafe { b.launch(cfg) }.map_err(|e| Error::Device(format!("launching glu: {e}")))?;
-    Ok(())
+    unsafe {
+        dev.launch_with(names::GLU, cfg, |b| {
+            b.arg(&gate).arg(&up).arg(&out).arg(&ni).arg(&act);
+        })
+    }
 }
 
 /// `x[i] = act(x[i])` for `n` values.
@@ -218,11 +223,11 @@ pub(crate) fn act_inplace(dev: &Device, x: DevPtr, n: usize, gelu: bool) -> Resu
         return Ok(());
     }
     let (ni, act) = (to_i32(n, "length")?, if gelu { 0i32 } else { 1 });
-    let f = dev.func(names::ACT_INPLACE)?;
     let cfg = LaunchConfig { grid_dim: (to_u32(n.div_ceil(256), "grid")?, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-    let mut b = dev.stream.launch_builder(f);
-    b.arg(&x).arg(&ni).arg(&act);
     // SAFETY: x holds n floats.
-    unsafe { b.launch(cfg) }.map_err(|e| Error::Device(format!("launching act_inplace: {e}")))?;
-    Ok(())
+    unsafe {
+        dev.launch_with(names::ACT_INPLACE, cfg, |b| {
+            b.arg(&x).arg(&ni).arg(&act);
+        })
+    }
 }

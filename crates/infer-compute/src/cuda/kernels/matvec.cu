@@ -72,9 +72,9 @@ __device__ __forceinline__ void matvec_q(const MatvecArgs& a) {
 #pragma unroll
     for (int t = 0; t < NT; ++t) { acc[t] = 0.0f; acc2[t] = 0.0f; }
     for (int c = lane; c < n_chunk; c += WARP) {
-        const WChunk w = T::load(wrow, c);
+        const WChunk w = T::load(wrow, c, n_chunk);
         WChunk w2;
-        if (glu) w2 = T::load(wrow2, c);
+        if (glu) w2 = T::load(wrow2, c, n_chunk);
 #pragma unroll
         for (int t = 0; t < NT; ++t) {
             if (t < nt) {
@@ -142,6 +142,10 @@ MV_KERNELS(q3_k, TQ3_K)
 MV_KERNELS(q4_k, TQ4_K)
 MV_KERNELS(q5_k, TQ5_K)
 MV_KERNELS(q6_k, TQ6_K)
+MV_KERNELS(q8_0r, TQ8_0R)
+MV_KERNELS(q4_0r, TQ4_0R)
+MV_KERNELS(q5_0r, TQ5_0R)
+MV_KERNELS(q6_kr, TQ6_KR)
 
 #define MVF_KERNELS(name, F)                                                                       \
     extern "C" __global__ void __launch_bounds__(MV_WARPS * WARP) mv_##name##_t1(const MatvecArgs a) { \

@@ -28,7 +28,7 @@ __device__ __forceinline__ void set_scale(WChunk& w, float d, float m) {
 
 struct TQ4_0 {
     static constexpr bool SPLIT = false, HAS_MIN = true;
-    static __device__ __forceinline__ WChunk load(const u8* row, int c) {
+    static __device__ __forceinline__ WChunk load(const u8* row, int c, int) {
         const BlockQ4_0* b = (const BlockQ4_0*)row + c;
         WChunk w;
 #pragma unroll
@@ -45,7 +45,7 @@ struct TQ4_0 {
 
 struct TQ4_1 {
     static constexpr bool SPLIT = false, HAS_MIN = true;
-    static __device__ __forceinline__ WChunk load(const u8* row, int c) {
+    static __device__ __forceinline__ WChunk load(const u8* row, int c, int) {
         const BlockQ4_1* b = (const BlockQ4_1*)row + c;
         WChunk w;
 #pragma unroll
@@ -61,7 +61,7 @@ struct TQ4_1 {
 
 struct TQ5_0 {
     static constexpr bool SPLIT = false, HAS_MIN = true;
-    static __device__ __forceinline__ WChunk load(const u8* row, int c) {
+    static __device__ __forceinline__ WChunk load(const u8* row, int c, int) {
         const BlockQ5_0* b = (const BlockQ5_0*)row + c;
         const u32 qh = (u32)ld_i32_a2(b->qh);
         WChunk w;
@@ -79,7 +79,7 @@ struct TQ5_0 {
 
 struct TQ5_1 {
     static constexpr bool SPLIT = false, HAS_MIN = true;
-    static __device__ __forceinline__ WChunk load(const u8* row, int c) {
+    static __device__ __forceinline__ WChunk load(const u8* row, int c, int) {
         const BlockQ5_1* b = (const BlockQ5_1*)row + c;
         const u32 qh = (u32)ld_i32_a4(b->qh);
         WChunk w;
@@ -96,7 +96,7 @@ struct TQ5_1 {
 
 struct TQ8_0 {
     static constexpr bool SPLIT = false, HAS_MIN = false;
-    static __device__ __forceinline__ WChunk load(const u8* row, int c) {
+    static __device__ __forceinline__ WChunk load(const u8* row, int c, int) {
         const BlockQ8_0* b = (const BlockQ8_0*)row + c;
         WChunk w;
 #pragma unroll
@@ -126,7 +126,7 @@ __device__ __forceinline__ int iq4nl_lookup(u32 idx) {
 
 struct TIQ4_NL {
     static constexpr bool SPLIT = false, HAS_MIN = false;
-    static __device__ __forceinline__ WChunk load(const u8* row, int c) {
+    static __device__ __forceinline__ WChunk load(const u8* row, int c, int) {
         const BlockIQ4NL* b = (const BlockIQ4NL*)row + c;
         WChunk w;
 #pragma unroll
@@ -142,7 +142,7 @@ struct TIQ4_NL {
 
 struct TQ2_K {
     static constexpr bool SPLIT = true, HAS_MIN = true;
-    static __device__ __forceinline__ WChunk load(const u8* row, int c) {
+    static __device__ __forceinline__ WChunk load(const u8* row, int c, int) {
         const BlockQ2K* b = (const BlockQ2K*)row + c / 8;
         const int j = c % 8, h = j / 4, s = j % 4;
         WChunk w;
@@ -166,7 +166,7 @@ struct TQ3_K {
         const int high = (sc[8 + g % 4] >> (2 * (g / 4))) & 3;
         return (low | (high << 4)) - 32;
     }
-    static __device__ __forceinline__ WChunk load(const u8* row, int c) {
+    static __device__ __forceinline__ WChunk load(const u8* row, int c, int) {
         const BlockQ3K* b = (const BlockQ3K*)row + c / 8;
         const int j = c % 8, h = j / 4, s = j % 4;
         WChunk w;
@@ -199,7 +199,7 @@ __device__ __forceinline__ void scale_min_k4(const u8* q, int j, int& sc, int& m
 
 struct TQ4_K {
     static constexpr bool SPLIT = false, HAS_MIN = true;
-    static __device__ __forceinline__ WChunk load(const u8* row, int c) {
+    static __device__ __forceinline__ WChunk load(const u8* row, int c, int) {
         const BlockQ4K* b = (const BlockQ4K*)row + c / 8;
         const int j = c % 8;
         const int4* p = (const int4*)(b->qs + 32 * (j / 2));
@@ -219,7 +219,7 @@ struct TQ4_K {
 
 struct TQ5_K {
     static constexpr bool SPLIT = false, HAS_MIN = true;
-    static __device__ __forceinline__ WChunk load(const u8* row, int c) {
+    static __device__ __forceinline__ WChunk load(const u8* row, int c, int) {
         const BlockQ5K* b = (const BlockQ5K*)row + c / 8;
         const int j = c % 8;
         const int4* p = (const int4*)(b->qs + 32 * (j / 2));
@@ -240,7 +240,7 @@ struct TQ5_K {
 
 struct TQ6_K {
     static constexpr bool SPLIT = true, HAS_MIN = false;
-    static __device__ __forceinline__ WChunk load(const u8* row, int c) {
+    static __device__ __forceinline__ WChunk load(const u8* row, int c, int) {
         const BlockQ6K* b = (const BlockQ6K*)row + c / 8;
         const int j = c % 8, h = j / 4, s = j % 4;
         const u8* ql = b->ql + 64 * h + 32 * (s % 2);
@@ -257,6 +257,90 @@ struct TQ6_K {
 #pragma unroll
         for (int k = 0; k < 2; ++k) {
             w.d[k] = d * (float)b->scales[2 * j + k];
+            w.m[k] = 0.0f;
+        }
+        return w;
+    }
+};
+
+// Repacked rows (built by `cuda::repack` when a model is prepared): the
+// quant bytes of every block first, contiguous, so that a chunk's quants
+// are one or two aligned 16-byte loads; then the per-block fields
+// (high bits, scales) as arrays. `nc` is the row's chunk count. Row strides
+// are padded to 16 bytes.
+struct TQ8_0R {
+    static constexpr bool SPLIT = false, HAS_MIN = false;
+    static __device__ __forceinline__ WChunk load(const u8* row, int c, int nc) {
+        const int4* p = (const int4*)(row + 32 * c);
+        const int4 a = p[0], b = p[1];
+        WChunk w;
+        w.q[0] = a.x; w.q[1] = a.y; w.q[2] = a.z; w.q[3] = a.w;
+        w.q[4] = b.x; w.q[5] = b.y; w.q[6] = b.z; w.q[7] = b.w;
+        set_scale(w, f16_to_f32(((const u16*)(row + 32 * nc))[c]), 0.0f);
+        return w;
+    }
+};
+
+struct TQ4_0R {
+    static constexpr bool SPLIT = false, HAS_MIN = true;
+    static __device__ __forceinline__ WChunk load(const u8* row, int c, int nc) {
+        const int4 v = *(const int4*)(row + 16 * c);
+        const int vv[4] = {v.x, v.y, v.z, v.w};
+        WChunk w;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            w.q[i] = vv[i] & 0x0F0F0F0F;
+            w.q[4 + i] = (vv[i] >> 4) & 0x0F0F0F0F;
+        }
+        const float d = f16_to_f32(((const u16*)(row + 16 * nc))[c]);
+        set_scale(w, d, -8.0f * d);
+        return w;
+    }
+};
+
+struct TQ5_0R {
+    static constexpr bool SPLIT = false, HAS_MIN = true;
+    static __device__ __forceinline__ WChunk load(const u8* row, int c, int nc) {
+        const int4 v = *(const int4*)(row + 16 * c);
+        const u32 qh = ((const u32*)(row + 16 * nc))[c];
+        const int vv[4] = {v.x, v.y, v.z, v.w};
+        WChunk w;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            w.q[i] = (vv[i] & 0x0F0F0F0F) | (spread4(qh >> (4 * i)) << 4);
+            w.q[4 + i] = ((vv[i] >> 4) & 0x0F0F0F0F) | (spread4(qh >> (16 + 4 * i)) << 4);
+        }
+        const float d = f16_to_f32(((const u16*)(row + 20 * nc))[c]);
+        set_scale(w, d, -16.0f * d);
+        return w;
+    }
+};
+
+// Q6_K super-blocks without their d (208 bytes: ql, qh, scales), then the
+// row's d values.
+struct TQ6_KR {
+    static constexpr bool SPLIT = true, HAS_MIN = false;
+    static __device__ __forceinline__ WChunk load(const u8* row, int c, int nc) {
+        const int sb = c / 8, j = c % 8, h = j / 4, s = j % 4;
+        const u8* base = row + 208 * sb;
+        const int4* pl = (const int4*)(base + 64 * h + 32 * (s % 2));
+        const int4* ph = (const int4*)(base + 128 + 32 * h);
+        const int4 l0 = pl[0], l1 = pl[1], h0 = ph[0], h1 = ph[1];
+        const int lo[8] = {l0.x, l0.y, l0.z, l0.w, l1.x, l1.y, l1.z, l1.w};
+        const int hi[8] = {h0.x, h0.y, h0.z, h0.w, h1.x, h1.y, h1.z, h1.w};
+        const int shl = 4 * (s / 2);
+        WChunk w;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            const int l = (lo[i] >> shl) & 0x0F0F0F0F;
+            const int u = (hi[i] >> (2 * s)) & 0x03030303;
+            w.q[i] = (int)__vsub4((u32)(l | (u << 4)), 0x20202020u);
+        }
+        const float d = f16_to_f32(((const u16*)(row + 208 * (nc / 8)))[sb]);
+        const i8* sc = (const i8*)(base + 192);
+#pragma unroll
+        for (int k = 0; k < 2; ++k) {
+            w.d[k] = d * (float)sc[2 * j + k];
             w.m[k] = 0.0f;
         }
         return w;
@@ -308,17 +392,17 @@ __device__ __forceinline__ float chunk_value(const WChunk& w, int k) {
 // off the hot path: embedding lookup, dequantization).
 __device__ __forceinline__ bool load_chunk_any(int ty, const u8* row, int c, WChunk& w) {
     switch (ty) {
-        case TY_Q4_0: w = TQ4_0::load(row, c); return true;
-        case TY_Q4_1: w = TQ4_1::load(row, c); return true;
-        case TY_Q5_0: w = TQ5_0::load(row, c); return true;
-        case TY_Q5_1: w = TQ5_1::load(row, c); return true;
-        case TY_Q8_0: w = TQ8_0::load(row, c); return true;
-        case TY_IQ4_NL: w = TIQ4_NL::load(row, c); return true;
-        case TY_Q2_K: w = TQ2_K::load(row, c); return true;
-        case TY_Q3_K: w = TQ3_K::load(row, c); return true;
-        case TY_Q4_K: w = TQ4_K::load(row, c); return true;
-        case TY_Q5_K: w = TQ5_K::load(row, c); return true;
-        case TY_Q6_K: w = TQ6_K::load(row, c); return true;
+        case TY_Q4_0: w = TQ4_0::load(row, c, 0); return true;
+        case TY_Q4_1: w = TQ4_1::load(row, c, 0); return true;
+        case TY_Q5_0: w = TQ5_0::load(row, c, 0); return true;
+        case TY_Q5_1: w = TQ5_1::load(row, c, 0); return true;
+        case TY_Q8_0: w = TQ8_0::load(row, c, 0); return true;
+        case TY_IQ4_NL: w = TIQ4_NL::load(row, c, 0); return true;
+        case TY_Q2_K: w = TQ2_K::load(row, c, 0); return true;
+        case TY_Q3_K: w = TQ3_K::load(row, c, 0); return true;
+        case TY_Q4_K: w = TQ4_K::load(row, c, 0); return true;
+        case TY_Q5_K: w = TQ5_K::load(row, c, 0); return true;
+        case TY_Q6_K: w = TQ6_K::load(row, c, 0); return true;
         default: return false;
     }
 }
