@@ -238,6 +238,13 @@ mod bench {
         for n in notes {
             println!("{n}");
         }
+        println!();
+        let res: Vec<String> = cuda
+            .kernel_resources()
+            .iter()
+            .map(|(k, r, l)| format!("{k}: {r} regs{}", if *l > 0 { format!(", {l} B local") } else { String::new() }))
+            .collect();
+        println!("kernel registers: {}", res.join("; "));
         Ok(())
     }
 }

@@ -171,6 +171,18 @@ impl Device {
         Ok(Device { ctx, stream, blas, funcs, info, profile: Mutex::new(None) })
     }
 
+    /// `(kernel, registers per thread, local memory bytes per thread)` of
+    /// every loaded kernel, sorted by name (spills show as local memory).
+    pub fn kernel_resources(&self) -> Vec<(&'static str, i32, i32)> {
+        let mut v: Vec<_> = self
+            .funcs
+            .iter()
+            .map(|(&k, f)| (k, f.num_regs().unwrap_or(-1), f.local_size_bytes().unwrap_or(-1)))
+            .collect();
+        v.sort();
+        v
+    }
+
     /// The loaded kernel `k`.
     pub fn func(&self, k: KernelName) -> Result<&CudaFunction> {
         self.funcs.get(k.0).ok_or_else(|| Error::Device(format!("kernel {} is not loaded", k.0)))

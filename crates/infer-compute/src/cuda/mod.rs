@@ -78,6 +78,12 @@ impl CudaBackend {
         &self.dev.info
     }
 
+    /// `(kernel, registers per thread, local memory bytes per thread)` of
+    /// every kernel of the module, for tuning (local memory means spills).
+    pub fn kernel_resources(&self) -> Vec<(&'static str, i32, i32)> {
+        self.dev.kernel_resources()
+    }
+
     /// [`ComputeBackend::prepare`] returning the concrete model (for
     /// [`CudaModel::set_use_graph`] and its byte counts).
     ///

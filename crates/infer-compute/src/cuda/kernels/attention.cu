@@ -41,36 +41,50 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_split(const Attn
     for (int i = tid; i < nh * hd; i += blockDim.x) sq[i] = q[i];
     __syncthreads();
 
-    for (int jj = warp; jj < len; jj += n_warps) {
-        const u16* krow = a.kc + (size_t)(start + jj) * kv_dim + (size_t)g * hd;
-        float dots[ATTN_MAX_G];
+    // q . k: each warp takes positions warp, warp + n_warps, ... four at a
+    // time, so that four key rows are in flight before the arithmetic.
+    for (int jb = warp * 4; jb < len; jb += n_warps * 4) {
+        float dots[4][ATTN_MAX_G];
 #pragma unroll
-        for (int hh = 0; hh < ATTN_MAX_G; ++hh) dots[hh] = 0.0f;
+        for (int u = 0; u < 4; ++u)
+#pragma unroll
+            for (int hh = 0; hh < ATTN_MAX_G; ++hh) dots[u][hh] = 0.0f;
         for (int d0 = lane * 8; d0 < hd; d0 += WARP * 8) {
-            const uint4 kk = *(const uint4*)(krow + d0);
-            const u32 kw[4] = {kk.x, kk.y, kk.z, kk.w};
-            float kf[8];
+            uint4 kk[4];
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                kf[2 * e] = f16_to_f32((u16)(kw[e] & 0xFFFFu));
-                kf[2 * e + 1] = f16_to_f32((u16)(kw[e] >> 16));
+            for (int u = 0; u < 4; ++u) {
+                const int j = min(jb + u, len - 1);
+                kk[u] = *(const uint4*)(a.kc + (size_t)(start + j) * kv_dim + (size_t)g * hd + d0);
             }
 #pragma unroll
-            for (int hh = 0; hh < ATTN_MAX_G; ++hh) {
-                if (hh < nh) {
-                    const float4* qv = (const float4*)(sq + hh * hd + d0);
-                    const float4 qa = qv[0], qb = qv[1];
-                    dots[hh] += qa.x * kf[0] + qa.y * kf[1] + qa.z * kf[2] + qa.w * kf[3] + qb.x * kf[4]
-                                + qb.y * kf[5] + qb.z * kf[6] + qb.w * kf[7];
+            for (int u = 0; u < 4; ++u) {
+                const u32 kw[4] = {kk[u].x, kk[u].y, kk[u].z, kk[u].w};
+                float kf[8];
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    kf[2 * e] = f16_to_f32((u16)(kw[e] & 0xFFFFu));
+                    kf[2 * e + 1] = f16_to_f32((u16)(kw[e] >> 16));
+                }
+#pragma unroll
+                for (int hh = 0; hh < ATTN_MAX_G; ++hh) {
+                    if (hh < nh) {
+                        const float4* qv = (const float4*)(sq + hh * hd + d0);
+                        const float4 qa = qv[0], qb = qv[1];
+                        dots[u][hh] += qa.x * kf[0] + qa.y * kf[1] + qa.z * kf[2] + qa.w * kf[3] + qb.x * kf[4]
+                                       + qb.y * kf[5] + qb.z * kf[6] + qb.w * kf[7];
+                    }
                 }
             }
         }
 #pragma unroll
-        for (int hh = 0; hh < ATTN_MAX_G; ++hh) {
-            if (hh < nh) {
-                float l = warp_sum(dots[hh]) * a.scale;
-                if (a.softcap > 0.0f) l = a.softcap * tanhf(l * (1.0f / a.softcap));
-                if (lane == 0) sp[hh * ATTN_SPLIT + jj] = l;
+        for (int u = 0; u < 4; ++u) {
+#pragma unroll
+            for (int hh = 0; hh < ATTN_MAX_G; ++hh) {
+                if (hh < nh) {
+                    float l = warp_sum(dots[u][hh]) * a.scale;
+                    if (a.softcap > 0.0f) l = a.softcap * tanhf(l * (1.0f / a.softcap));
+                    if (lane == 0 && jb + u < len) sp[hh * ATTN_SPLIT + jb + u] = l;
+                }
             }
         }
     }
@@ -92,16 +106,24 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_split(const Attn
     }
     __syncthreads();
 
+    // p . v: one thread per dimension; eight value rows loaded before use.
     for (int d = tid; d < hd; d += blockDim.x) {
         float acc[ATTN_MAX_G];
 #pragma unroll
         for (int hh = 0; hh < ATTN_MAX_G; ++hh) acc[hh] = 0.0f;
         const u16* vcol = a.vc + (size_t)start * kv_dim + (size_t)g * hd + d;
-        for (int jj = 0; jj < len; ++jj) {
-            const float v = f16_to_f32(vcol[(size_t)jj * kv_dim]);
+        for (int jb = 0; jb < len; jb += 8) {
+            float v[8];
 #pragma unroll
-            for (int hh = 0; hh < ATTN_MAX_G; ++hh)
-                if (hh < nh) acc[hh] += sp[hh * ATTN_SPLIT + jj] * v;
+            for (int u = 0; u < 8; ++u) v[u] = jb + u < len ? f16_to_f32(vcol[(size_t)(jb + u) * kv_dim]) : 0.0f;
+#pragma unroll
+            for (int u = 0; u < 8; ++u) {
+                if (jb + u < len) {
+#pragma unroll
+                    for (int hh = 0; hh < ATTN_MAX_G; ++hh)
+                        if (hh < nh) acc[hh] += sp[hh * ATTN_SPLIT + jb + u] * v[u];
+                }
+            }
         }
 #pragma unroll
         for (int hh = 0; hh < ATTN_MAX_G; ++hh)
@@ -117,18 +139,19 @@ extern "C" __global__ void __launch_bounds__(COMBINE_THREADS) attn_combine(const
     const int hd = a.hd, q_dim = a.n_head * hd;
     const size_t base = ((size_t)t * a.n_head + h) * a.n_split;
     const float2* ml = a.part_ml + base;
+    // Only the first ceil(attended / ATTN_SPLIT) splits hold positions.
+    const int pos = *a.pos0 + t;
+    const int first = a.window > 0 ? max(0, pos + 1 - a.window) : 0;
+    const int n_active = min(a.n_split, (pos - first) / ATTN_SPLIT + 1);
     float m = NEG_INF;
-    for (int s = 0; s < a.n_split; ++s)
-        if (ml[s].y > 0.0f) m = fmaxf(m, ml[s].x);
+    for (int s = 0; s < n_active; ++s) m = fmaxf(m, ml[s].x);
     float total = 0.0f;
-    for (int s = 0; s < a.n_split; ++s)
-        if (ml[s].y > 0.0f) total += expf(ml[s].x - m) * ml[s].y;
+    for (int s = 0; s < n_active; ++s) total += expf(ml[s].x - m) * ml[s].y;
     const float inv = 1.0f / total;
     float* out = a.out + (size_t)t * q_dim + (size_t)h * hd;
     for (int d = tid; d < hd; d += blockDim.x) {
         float acc = 0.0f;
-        for (int s = 0; s < a.n_split; ++s)
-            if (ml[s].y > 0.0f) acc += expf(ml[s].x - m) * a.part_o[(base + s) * hd + d];
+        for (int s = 0; s < n_active; ++s) acc += expf(ml[s].x - m) * a.part_o[(base + s) * hd + d];
         out[d] = acc * inv;
     }
     if (a.oq) {

@@ -19,44 +19,118 @@ extern "C" __global__ void __launch_bounds__(256) quantize_q8(const float* x, i8
     quantize_chunk_warp(x[(size_t)gc * 32 + lane], q + (size_t)gc * 32, ds + gc);
 }
 
+// Values per thread kept in registers (rows up to NORM_THREADS * NORM_REG).
+#define NORM_REG 16
+
 extern "C" __global__ void __launch_bounds__(NORM_THREADS) residual_norm(const NormArgs a) {
     __shared__ float red[32];
     const int t = blockIdx.x, n = a.n, tid = threadIdx.x, nt = blockDim.x;
     float* x = a.x + (size_t)t * n;
-    if (a.add) {
-        const float* ad = a.add + (size_t)t * n;
-        float sa = 1.0f;
-        if (a.add_w) {
-            float ss = 0.0f;
-            for (int i = tid; i < n; i += nt) ss += ad[i] * ad[i];
-            ss = block_sum(ss, red);
-            sa = 1.0f / sqrtf(ss / (float)n + a.add_eps);
-        }
-        for (int i = tid; i < n; i += nt) {
-            float v = ad[i];
-            if (a.add_w) v = (v * sa) * a.add_w[i];
-            x[i] += v;
-        }
-    }
     float* out = a.out + (size_t)t * n;
-    if (a.kind == 0) {
-        float ss = 0.0f;
-        for (int i = tid; i < n; i += nt) ss += x[i] * x[i];
-        ss = block_sum(ss, red);
-        const float s = 1.0f / sqrtf(ss / (float)n + a.eps);
-        for (int i = tid; i < n; i += nt) out[i] = (x[i] * s) * a.w[i];
+    if (n <= nt * NORM_REG) {
+        // Whole row in registers: every load is issued before the first use.
+        float xv[NORM_REG];
+#pragma unroll
+        for (int k = 0; k < NORM_REG; ++k) {
+            const int i = tid + k * nt;
+            xv[k] = i < n ? x[i] : 0.0f;
+        }
+        if (a.add) {
+            const float* ad = a.add + (size_t)t * n;
+            float av[NORM_REG];
+            float ss = 0.0f;
+#pragma unroll
+            for (int k = 0; k < NORM_REG; ++k) {
+                const int i = tid + k * nt;
+                av[k] = i < n ? ad[i] : 0.0f;
+                ss += av[k] * av[k];
+            }
+            float sa = 1.0f;
+            if (a.add_w) {
+                ss = block_sum(ss, red);
+                sa = 1.0f / sqrtf(ss / (float)n + a.add_eps);
+            }
+#pragma unroll
+            for (int k = 0; k < NORM_REG; ++k) {
+                const int i = tid + k * nt;
+                if (i < n) {
+                    float v = av[k];
+                    if (a.add_w) v = (v * sa) * a.add_w[i];
+                    xv[k] += v;
+                    x[i] = xv[k];
+                }
+            }
+        }
+        if (a.kind == 0) {
+            float ss = 0.0f;
+#pragma unroll
+            for (int k = 0; k < NORM_REG; ++k) ss += xv[k] * xv[k];
+            ss = block_sum(ss, red);
+            const float s = 1.0f / sqrtf(ss / (float)n + a.eps);
+#pragma unroll
+            for (int k = 0; k < NORM_REG; ++k) {
+                const int i = tid + k * nt;
+                if (i < n) out[i] = (xv[k] * s) * a.w[i];
+            }
+        } else {
+            float sum = 0.0f;
+#pragma unroll
+            for (int k = 0; k < NORM_REG; ++k) sum += xv[k];
+            const float mean = block_sum(sum, red) / (float)n;
+            float sv = 0.0f;
+#pragma unroll
+            for (int k = 0; k < NORM_REG; ++k) {
+                const int i = tid + k * nt;
+                if (i < n) sv += (xv[k] - mean) * (xv[k] - mean);
+            }
+            const float var = block_sum(sv, red) / (float)n;
+            const float s = 1.0f / sqrtf(var + a.eps);
+#pragma unroll
+            for (int k = 0; k < NORM_REG; ++k) {
+                const int i = tid + k * nt;
+                if (i < n) {
+                    float v = ((xv[k] - mean) * s) * a.w[i];
+                    if (a.b) v += a.b[i];
+                    out[i] = v;
+                }
+            }
+        }
     } else {
-        float sum = 0.0f;
-        for (int i = tid; i < n; i += nt) sum += x[i];
-        const float mean = block_sum(sum, red) / (float)n;
-        float sv = 0.0f;
-        for (int i = tid; i < n; i += nt) sv += (x[i] - mean) * (x[i] - mean);
-        const float var = block_sum(sv, red) / (float)n;
-        const float s = 1.0f / sqrtf(var + a.eps);
-        for (int i = tid; i < n; i += nt) {
-            float v = ((x[i] - mean) * s) * a.w[i];
-            if (a.b) v += a.b[i];
-            out[i] = v;
+        // Long rows: the same arithmetic, streaming from memory.
+        if (a.add) {
+            const float* ad = a.add + (size_t)t * n;
+            float sa = 1.0f;
+            if (a.add_w) {
+                float ss = 0.0f;
+                for (int i = tid; i < n; i += nt) ss += ad[i] * ad[i];
+                ss = block_sum(ss, red);
+                sa = 1.0f / sqrtf(ss / (float)n + a.add_eps);
+            }
+            for (int i = tid; i < n; i += nt) {
+                float v = ad[i];
+                if (a.add_w) v = (v * sa) * a.add_w[i];
+                x[i] += v;
+            }
+        }
+        if (a.kind == 0) {
+            float ss = 0.0f;
+            for (int i = tid; i < n; i += nt) ss += x[i] * x[i];
+            ss = block_sum(ss, red);
+            const float s = 1.0f / sqrtf(ss / (float)n + a.eps);
+            for (int i = tid; i < n; i += nt) out[i] = (x[i] * s) * a.w[i];
+        } else {
+            float sum = 0.0f;
+            for (int i = tid; i < n; i += nt) sum += x[i];
+            const float mean = block_sum(sum, red) / (float)n;
+            float sv = 0.0f;
+            for (int i = tid; i < n; i += nt) sv += (x[i] - mean) * (x[i] - mean);
+            const float var = block_sum(sv, red) / (float)n;
+            const float s = 1.0f / sqrtf(var + a.eps);
+            for (int i = tid; i < n; i += nt) {
+                float v = ((x[i] - mean) * s) * a.w[i];
+                if (a.b) v += a.b[i];
+                out[i] = v;
+            }
         }
     }
     if (a.q) {
