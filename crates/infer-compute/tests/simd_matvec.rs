@@ -197,7 +197,14 @@ fn every_level_matches_scalar() {
         return;
     }
     let mut rng = StdRng::seed_from_u64(0x5eed_0001);
+    let scalar = Kernels::for_level(SimdLevel::Scalar);
     for level in &levels {
+        let k = Kernels::for_level(*level);
+        // Function addresses tell a level's own kernel from the scalar
+        // fallback (for the report only).
+        let own: Vec<&str> =
+            WEIGHT_TYPES.iter().filter(|t| k.dot(**t) as usize != scalar.dot(**t) as usize).map(|t| t.name()).collect();
+        eprintln!("{:<13} has kernels for: {}", level.name(), own.join(" "));
         for ty in WEIGHT_TYPES {
             let bs = ty.block_size();
             let mut worst = 0f64;
