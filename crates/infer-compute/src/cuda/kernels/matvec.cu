@@ -52,7 +52,13 @@ __device__ __forceinline__ void mv_store(const MatvecArgs& a, int seg, int r, in
             } else if (a.mode == MV_SOFTCAP) {
                 out = a.cap * tanhf(v * (1.0f / a.cap));
             }
-            if (lane == 0) a.y[seg][(size_t)(t0 + t) * a.rows[seg] + r] = out;
+            if (lane == 0) {
+                // Constant indices only: a run-time index into the argument
+                // struct would copy it to local memory.
+                float* y = seg == 0 ? a.y[0] : seg == 1 ? a.y[1] : a.y[2];
+                const int rows = seg == 0 ? a.rows[0] : seg == 1 ? a.rows[1] : a.rows[2];
+                y[(size_t)(t0 + t) * rows + r] = out;
+            }
         }
     }
 }
@@ -66,7 +72,8 @@ __device__ __forceinline__ void matvec_q(const MatvecArgs& a) {
     const int t0 = blockIdx.y * NT;
     const int nt = min(NT, a.n_tok - t0);
     const int n_chunk = a.cols / 32;
-    const u8* wrow = a.w[seg] + (size_t)r * a.row_bytes;
+    const u8* wbase = seg == 0 ? a.w[0] : seg == 1 ? a.w[1] : a.w[2];
+    const u8* wrow = wbase + (size_t)r * a.row_bytes;
     const u8* wrow2 = glu ? a.w[1] + (size_t)r * a.row_bytes : wrow;
     float acc[NT], acc2[NT];
 #pragma unroll
@@ -103,7 +110,8 @@ __device__ __forceinline__ void matvec_f(const MatvecArgs& a) {
     const int lane = threadIdx.x % WARP;
     const int t0 = blockIdx.y * NT;
     const int nt = min(NT, a.n_tok - t0);
-    const u8* wrow = a.w[seg] + (size_t)r * a.row_bytes;
+    const u8* wbase = seg == 0 ? a.w[0] : seg == 1 ? a.w[1] : a.w[2];
+    const u8* wrow = wbase + (size_t)r * a.row_bytes;
     const u8* wrow2 = glu ? a.w[1] + (size_t)r * a.row_bytes : wrow;
     float acc[NT], acc2[NT];
 #pragma unroll
