@@ -34,6 +34,8 @@ pub enum BackendKind {
     Auto,
     /// The CPU.
     Cpu,
+    /// The first NVIDIA GPU (needs a build with `--features cuda`).
+    Cuda,
 }
 
 /// CPU arithmetic.
@@ -72,8 +74,12 @@ impl ModelArgs {
             PrecisionArg::Quantized => Precision::Quantized,
             PrecisionArg::Exact => Precision::Exact,
         };
-        if self.backend == BackendKind::Auto && self.threads.is_none() && precision == Precision::Quantized {
-            return Ok(infer_compute::default_backend());
+        match self.backend {
+            BackendKind::Auto if self.threads.is_none() && precision == Precision::Quantized => {
+                return Ok(infer_compute::default_backend());
+            }
+            BackendKind::Cuda => return cuda_backend(),
+            _ => {}
         }
         let threads = self.threads.unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
         if threads == 0 {
@@ -81,6 +87,16 @@ impl ModelArgs {
         }
         Ok(Box::new(CpuBackend::with_options(threads, Kernels::detect(), precision)?))
     }
+}
+
+#[cfg(feature = "cuda")]
+fn cuda_backend() -> CliResult<Box<dyn ComputeBackend>> {
+    Ok(Box::new(infer_compute::cuda::CudaBackend::new(0)?))
+}
+
+#[cfg(not(feature = "cuda"))]
+fn cuda_backend() -> CliResult<Box<dyn ComputeBackend>> {
+    Err("this build has no CUDA support (rebuild with `--features cuda`)".into())
 }
 
 /// A spinner on stderr while `f` runs (hidden when stderr is not a terminal).
