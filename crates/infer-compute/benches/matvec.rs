@@ -9,14 +9,16 @@
 //!
 //! Run: `cargo bench -p infer-compute --bench matvec` (criterion filters
 //! work: `-- q4_K`). A best-of-N summary with the bandwidth of each
-//! working set is printed first (`MATVEC_NO_SUMMARY=1` skips it).
+//! working set is printed first (`MATVEC_NO_SUMMARY=1` skips it,
+//! `MATVEC_TYPES=q4_K,q8_0` restricts it; `MATVEC_HOT=1` adds every
+//! level's single-thread kernel speed on a cache-resident matrix).
 
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use infer_compute::backend::{QuantWeight, WeightBytes};
 use infer_compute::cpu::kernels::{quantize_activation, AlignedBytes};
-use infer_compute::cpu::{simd, CpuBackend, Kernels, Precision};
+use infer_compute::cpu::{simd, CpuBackend, Kernels, Precision, SimdLevel};
 use infer_compute::{quant, ComputeBackend, GgmlType};
 
 /// Weight types benchmarked (the default model's types first).
@@ -138,7 +140,11 @@ fn print_summary(backends: &[(usize, CpuBackend)]) {
     drop(big);
     println!("read bandwidth, 1 GiB f32 array: {}", gib.join(", "));
     println!("{:<8} {:>12} {:>9} {:>3} {:>9} {:>9} {:>6}", "type", "shape", "MB", "thr", "GB/s", "bw GB/s", "%bw");
+    let only = std::env::var("MATVEC_TYPES").unwrap_or_default();
     for ty in TYPES {
+        if !only.is_empty() && !only.split(',').any(|t| t == ty.name()) {
+            continue;
+        }
         for shape in SHAPES {
             let (rows, cols) = shape_for(ty, shape);
             if ty == GgmlType::F32 && rows * cols > 4096 * 4096 {
@@ -174,7 +180,56 @@ fn print_summary(backends: &[(usize, CpuBackend)]) {
     println!("load average after the summary: {}", load_average());
 }
 
+/// Single-thread speed of each level's row-dot kernels on a cache-resident
+/// 512x2048 matrix (`MATVEC_HOT=1`): the kernels' compute rate without the
+/// memory system, thread pool or activation quantization.
+fn print_hot() {
+    let types = [
+        GgmlType::Q8_0,
+        GgmlType::Q5_0,
+        GgmlType::Q4_K,
+        GgmlType::Q6_K,
+        GgmlType::Q4_0,
+        GgmlType::Q4_1,
+        GgmlType::Q5_1,
+        GgmlType::IQ4_NL,
+        GgmlType::Q2_K,
+        GgmlType::Q3_K,
+        GgmlType::Q5_K,
+        GgmlType::F32,
+        GgmlType::F16,
+        GgmlType::BF16,
+    ];
+    let (rows, cols) = (512, 2048);
+    println!("cache-resident {rows}x{cols}, one thread, GB/s of weights (best of 300):");
+    for ty in types {
+        let w = weight(ty, rows, cols);
+        let rb = w.row_bytes();
+        let mut seed = 3u64;
+        let x: Vec<f32> = (0..cols).map(|_| noise(&mut seed)).collect();
+        let mut act = AlignedBytes::default();
+        quantize_activation(ty, &x, &mut act).expect("quantize");
+        let mut line = format!("{:<7}", ty.name());
+        for level in SimdLevel::all_available() {
+            let dot = Kernels::for_level(level).dot(ty);
+            let data = w.data.as_bytes();
+            let t = best_time(300, || {
+                let mut s = 0f32;
+                for r in 0..rows {
+                    s += dot(&data[r * rb..(r + 1) * rb], act.as_bytes());
+                }
+                std::hint::black_box(s);
+            });
+            line += &format!("  {} {:6.1}", level.name(), data.len() as f64 / t / 1e9);
+        }
+        println!("{line}");
+    }
+}
+
 fn bench_matvec(c: &mut Criterion) {
+    if std::env::var_os("MATVEC_HOT").is_some() {
+        print_hot();
+    }
     let backends: Vec<(usize, CpuBackend)> = THREADS
         .iter()
         .map(|&t| (t, CpuBackend::with_options(t, Kernels::detect(), Precision::Quantized).expect("thread pool")))

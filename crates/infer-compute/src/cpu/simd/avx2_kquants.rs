@@ -12,7 +12,7 @@ use core::arch::x86_64::*;
 
 use super::avx2::{f16_to_f32 as f16_to_f32_scalar, hsum_ps, prefetch_ahead, safe_dot};
 use super::layout as L;
-use super::{k4_scales_mins, q3k_scales, read_f32, read_u16, read_u32};
+use super::{q3k_scales, read_f32, read_u16, read_u32};
 
 safe_dot!(dot_q2_k, q2_k_dot);
 safe_dot!(dot_q3_k, q3_k_dot);
@@ -63,9 +63,19 @@ fn n_blocks(w: &[u8], wsize: usize, a: &[u8]) -> usize {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn k4_prepare(wb: *const u8, pairs: &mut Pairs) -> __m256i {
-    let sm = k4_scales_mins(wb.add(4).cast::<[u8; 12]>().read_unaligned());
+    // `k4_scales_mins` in vector lanes: with the packed words u0, u1, u2 at
+    // offsets 4, 8, 12 of the block (the 16-byte load also takes 4 bytes of
+    // `qs`, unused), lanes [u0 & 3f, u2 & 0f | (u0 >> 6 & 3) << 4,
+    // u1 & 3f, u2 >> 4 & 0f | (u1 >> 6 & 3) << 4] are the scales 0..4,
+    // scales 4..8, mins 0..4 and mins 4..8.
+    let u = _mm_loadu_si128(wb.add(4).cast());
+    let low = _mm_srlv_epi32(_mm_shuffle_epi32::<0b10_01_10_00>(u), _mm_setr_epi32(0, 0, 0, 4));
+    let low = _mm_and_si128(low, _mm_setr_epi32(0x3f3f_3f3f, 0x0f0f_0f0f, 0x3f3f_3f3f, 0x0f0f_0f0f));
+    let top = _mm_srli_epi32::<6>(_mm_shuffle_epi32::<0b01_00_00_00>(u));
+    let top = _mm_slli_epi32::<4>(_mm_and_si128(top, _mm_setr_epi32(0, 0x0303_0303, 0, 0x0303_0303)));
+    let sm = _mm_or_si128(low, top);
     // Lane 0: the 8 scales, lane 1: the 8 mins, as i16.
-    let v = _mm256_cvtepu8_epi16(_mm_loadu_si128((&sm as *const u128).cast()));
+    let v = _mm256_cvtepu8_epi16(sm);
     let lo = _mm256_unpacklo_epi16(v, v);
     let hi = _mm256_unpackhi_epi16(v, v);
     _mm256_store_si256(pairs.0.as_mut_ptr().cast(), lo);
@@ -101,8 +111,8 @@ pub(super) struct Pairs(pub(super) [u32; 16]);
 /// Row loop of Q4_K (`$qh = false`) and Q5_K (`$qh = true`) with Q8_K:
 /// `d_a·(d·Σ_g sc_g·Σ q·a − dmin·Σ_g m_g·(bsum_2g + bsum_2g+1))`, 8 groups
 /// of 32. `$scaled(acc, p, s)` adds the `i16` pair sums `p` times the
-/// broadcast scales `s` to the `i32` lanes of `acc` (`vpmaddwd` + add, or
-/// VNNI's `vpdpwssd`).
+/// scale pair at `s` (broadcast) to the `i32` lanes of `acc` (`vpmaddwd` +
+/// add, or VNNI's `vpdpwssd` with a broadcast memory operand).
 macro_rules! k4_row {
     ($w:expr, $a:expr, $wsize:expr, $qh:expr, |$acc:ident, $p:ident, $s:ident| $scaled:expr) => {{
         let (w, a): (&[u8], &[u8]) = ($w, $a);
@@ -142,7 +152,7 @@ macro_rules! k4_row {
                 let g_lo = if j < 2 { 2 * j } else { 2 * j + 4 };
                 for (k, (codes, g)) in [(lo, g_lo), (hi, g_lo + 1)].into_iter().enumerate() {
                     let $p = _mm256_maddubs_epi16(codes, _mm256_loadu_si256(aq.add(64 * j + 32 * k).cast()));
-                    let $s = broadcast_load_u32(pairs.0.as_ptr().add(g));
+                    let $s: *const u32 = pairs.0.as_ptr().add(g);
                     let $acc = sum[k];
                     sum[k] = $scaled;
                 }
@@ -161,7 +171,7 @@ pub(super) use k4_row;
 /// The CPU must support AVX2, FMA and F16C.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn q4_k_dot(w: &[u8], a: &[u8]) -> f32 {
-    k4_row!(w, a, L::Q4_K, false, |acc, p, s| _mm256_add_epi32(acc, _mm256_madd_epi16(p, s)))
+    k4_row!(w, a, L::Q4_K, false, |acc, p, s| _mm256_add_epi32(acc, _mm256_madd_epi16(p, broadcast_load_u32(s))))
 }
 
 /// Q5_K × Q8_K: Q4_K with a fifth bit per code from `qh` (bit `2j` for the
@@ -171,7 +181,7 @@ pub(super) unsafe fn q4_k_dot(w: &[u8], a: &[u8]) -> f32 {
 /// The CPU must support AVX2, FMA and F16C.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn q5_k_dot(w: &[u8], a: &[u8]) -> f32 {
-    k4_row!(w, a, L::Q5_K, true, |acc, p, s| _mm256_add_epi32(acc, _mm256_madd_epi16(p, s)))
+    k4_row!(w, a, L::Q5_K, true, |acc, p, s| _mm256_add_epi32(acc, _mm256_madd_epi16(p, broadcast_load_u32(s))))
 }
 
 /// Q6_K × Q8_K: codes `u = low4 | high2 << 4` in `0..64`, value `u − 32`;

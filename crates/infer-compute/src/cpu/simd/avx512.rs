@@ -16,7 +16,7 @@
 use core::arch::x86_64::*;
 
 use super::avx2::{broadcast_load_f32, f16_mul, f16_to_f32, hsum_ps, prefetch_ahead, q8_0_row, scale_products4};
-use super::avx2_kquants::{broadcast_load_u32, k4_prepare, k4_row, Pairs};
+use super::avx2_kquants::{k4_prepare, k4_row, Pairs};
 use super::layout as L;
 use super::{read_f32, read_u16, read_u32, KVALUES_IQ4NL};
 use crate::cpu::kernels::{DotFn, Kernels};
@@ -261,6 +261,30 @@ unsafe fn q6_k_dot(w: &[u8], a: &[u8]) -> f32 {
     hsum_ps(acc)
 }
 
+/// `acc + Σ` of the two `i16 × i16` products of each dword lane of `p` and
+/// the dword at `s` broadcast (`vpdpwssd` with an embedded-broadcast
+/// memory operand: one instruction, no shuffle). Written as `asm!`: the
+/// compiler otherwise splits it into `vpmaddwd` + `vpaddd` and a separate
+/// broadcast.
+///
+/// # Safety
+/// The CPU must support the AVX-512 VNNI level's features; `s..s + 4`
+/// readable.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn dpwssd_broadcast(acc: __m256i, p: __m256i, s: *const u32) -> __m256i {
+    let mut acc = acc;
+    // SAFETY: reads 4 bytes at `s` (the caller's promise); no other effect.
+    core::arch::asm!(
+        "vpdpwssd {acc}, {p}, dword ptr [{s}]{{1to8}}",
+        acc = inout(ymm_reg) acc,
+        p = in(ymm_reg) p,
+        s = in(reg) s,
+        options(pure, readonly, nostack, preserves_flags)
+    );
+    acc
+}
+
 /// Q4_K × Q8_K: the AVX2 row loop with `vpdpwssd` applying the broadcast
 /// scales (256-bit vectors measured faster here than 512-bit ones, which
 /// need lane shuffles to pair nibbles with activations).
@@ -269,7 +293,7 @@ unsafe fn q6_k_dot(w: &[u8], a: &[u8]) -> f32 {
 /// The CPU must support the AVX-512 VNNI level's features.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 unsafe fn q4_k_dot(w: &[u8], a: &[u8]) -> f32 {
-    k4_row!(w, a, L::Q4_K, false, |acc, p, s| _mm256_dpwssd_epi32(acc, p, s))
+    k4_row!(w, a, L::Q4_K, false, |acc, p, s| dpwssd_broadcast(acc, p, s))
 }
 
 /// Q5_K × Q8_K, as Q4_K.
@@ -278,5 +302,5 @@ unsafe fn q4_k_dot(w: &[u8], a: &[u8]) -> f32 {
 /// The CPU must support the AVX-512 VNNI level's features.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 unsafe fn q5_k_dot(w: &[u8], a: &[u8]) -> f32 {
-    k4_row!(w, a, L::Q5_K, true, |acc, p, s| _mm256_dpwssd_epi32(acc, p, s))
+    k4_row!(w, a, L::Q5_K, true, |acc, p, s| dpwssd_broadcast(acc, p, s))
 }

@@ -5,12 +5,19 @@
 //! (`quant::VecDot::vec_dot_ref`), which is the specification every kernel
 //! here is tested against (`tests/simd_matvec.rs`).
 //!
-//! - [`avx2`]: x86-64 AVX2 + FMA + F16C, every weight type.
-//! - [`avx512`]: x86-64 AVX-512 F/BW/VL + VNNI (`vpdpbusd`, `vpdpwssd`) at
-//!   512-bit width for the types that dominate decoding (Q8_0, Q4_0, Q5_0,
-//!   Q4_K, Q6_K, F32); the rest use the AVX2 kernels.
+//! - [`avx2`] (+ `avx2_kquants`): x86-64 AVX2 + FMA + F16C, every weight
+//!   type.
+//! - [`avx512`]: x86-64 AVX-512 F/BW/VL + VNNI (`vpdpbusd`, `vpdpwssd`) for
+//!   the types that dominate decoding (Q8_0, Q4_0, Q5_0, IQ4_NL, Q4_K, Q5_K,
+//!   Q6_K, F32); the level's other types use the AVX2 kernels. 512-bit
+//!   vectors only where they measured faster (Q6_K, F32): on this
+//!   generation they close one of the three vector ports.
 //! - [`neon`]: aarch64 NEON with the dot-product extension (`sdot`, emitted
-//!   with `asm!` because `vdotq_s32` is not stable).
+//!   with `asm!` because `vdotq_s32` is not stable), every weight type.
+//! - `avx2_quantize`: the activation quantizers (Q8_0, Q8_K), bit-exact
+//!   with the reference, behind [`quantize_activation_row`].
+//!
+//! The AVX-512 intrinsics need Rust 1.89 or later.
 //!
 //! How the kernels work: the weights' codes are unpacked to bytes and
 //! multiplied with the activation's `i8` quants in integer lanes
