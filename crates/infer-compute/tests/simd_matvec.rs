@@ -175,7 +175,9 @@ fn check_shape(level: SimdLevel, ty: GgmlType, rows: usize, cols: usize, rng: &m
         let err = (got[r] as f64 - want[r] as f64).abs();
         let rel = err / s.max(f64::from(f32::MIN_POSITIVE));
         worst = worst.max(rel);
-        if !(err <= tol * s + f64::from(f32::MIN_POSITIVE)) {
+        // NaN counts as failing.
+        let within = err <= tol * s + f64::from(f32::MIN_POSITIVE);
+        if !within {
             bad.push(format!("row {r}: got {} want {} (rel {rel:.2e})", got[r], want[r]));
         }
     }

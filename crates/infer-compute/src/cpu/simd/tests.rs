@@ -43,8 +43,8 @@ fn q3k_scales_matches_layout() {
     for round in 0..2000 {
         let packed: [u8; 12] = if round == 0 { [0xff; 12] } else { bytes(&mut seed) };
         let s = q3k_scales(packed);
-        for g in 0..16 {
-            assert_eq!(s[g], q3k_scale(&packed, g), "group {g} of {packed:02x?}");
+        for (g, &got) in s.iter().enumerate() {
+            assert_eq!(got, q3k_scale(&packed, g), "group {g} of {packed:02x?}");
         }
     }
 }
