@@ -67,12 +67,13 @@ pub(crate) fn install(k: &mut Kernels) {
         SimdLevel::Avx2 => avx2::install(k),
         #[cfg(target_arch = "x86_64")]
         SimdLevel::Avx512Vnni => {
-            // Every AVX-512 processor has AVX2; the check keeps the promise
-            // of the AVX2 kernels' `# Safety` even on an odd virtual CPU.
+            // Every AVX-512 processor has AVX2, which both kernel sets also
+            // use; the check keeps their `# Safety` promise even on an odd
+            // virtual CPU (the level's detection does not test AVX2).
             if std::is_x86_feature_detected!("avx2") {
                 avx2::install(k);
+                avx512::install(k);
             }
-            avx512::install(k);
         }
         #[cfg(target_arch = "aarch64")]
         SimdLevel::NeonDotprod => neon::install(k),
