@@ -139,6 +139,22 @@ impl Kernels {
         self.dots[slot(ty)]
     }
 
+    /// Quantizes an activation row `x` to the pair type of weight type `ty`
+    /// into `out` (resized to fit), with this level's SIMD quantizer where
+    /// one exists (byte-identical to the reference) and the reference
+    /// otherwise.
+    ///
+    /// # Errors
+    /// As [`quantize_activation`].
+    pub fn quantize_activation(&self, ty: GgmlType, x: &[f32], out: &mut AlignedBytes) -> crate::Result<()> {
+        let act = ty.vec_dot_type().ok_or(crate::Error::Unsupported { op: "matvec", ty })?;
+        out.resize(act.row_bytes(x.len())?);
+        if super::simd::quantize_activation_row(self, act, x, out.as_bytes_mut()) {
+            return Ok(());
+        }
+        quantize_activation(ty, x, out)
+    }
+
     /// Replaces the kernel of `ty` (used by the SIMD modules while the table
     /// is built, after they checked the processor's features).
     pub(crate) fn set_dot(&mut self, ty: GgmlType, f: DotFn) {
@@ -171,7 +187,8 @@ impl AlignedBytes {
 }
 
 /// Quantizes an activation row `x` to the pair type of weight type `ty`
-/// (its `vec_dot_type`) into `out`, resized to fit.
+/// (its `vec_dot_type`) into `out`, resized to fit, with the scalar
+/// reference quantizer ([`Kernels::quantize_activation`] uses SIMD).
 ///
 /// # Errors
 /// Types without a dot product; a row length not a multiple of the

@@ -8,7 +8,7 @@
 
 use rayon::prelude::*;
 
-use super::kernels::{quantize_activation, AlignedBytes, Kernels};
+use super::kernels::{AlignedBytes, Kernels};
 use crate::backend::QuantWeight;
 use crate::error::{shape_err, Result};
 
@@ -45,7 +45,7 @@ pub fn matvec(k: &Kernels, w: &QuantWeight, x: &[f32], y: &mut [f32], scratch: &
             format!("W is {}x{}, x has {}, y has {}", w.rows, w.cols, x.len(), y.len()),
         ));
     }
-    quantize_activation(w.ty, x, scratch)?;
+    k.quantize_activation(w.ty, x, scratch)?;
     matvec_quantized(k, w, scratch.as_bytes(), y);
     Ok(())
 }
@@ -83,7 +83,7 @@ pub fn matmul_quant(
     {
         let mut one = AlignedBytes::default();
         for t in 0..n_tokens {
-            quantize_activation(w.ty, &x[t * w.cols..(t + 1) * w.cols], &mut one)?;
+            k.quantize_activation(w.ty, &x[t * w.cols..(t + 1) * w.cols], &mut one)?;
             scratch.as_bytes_mut()[t * arb..(t + 1) * arb].copy_from_slice(one.as_bytes());
         }
     }

@@ -213,11 +213,9 @@ impl CpuModel {
             let h = fit(&mut b.h, n * e);
             layer.attn_norm.apply(x, h);
             let q = fit(&mut b.q, n * qd);
-            matvec::matmul_quant(k, &l.wq, h, n, q, &mut b.qbuf)?;
             let kk = fit(&mut b.k, n * kvd);
-            matvec::matmul_quant(k, &l.wk, h, n, kk, &mut b.qbuf)?;
             let v = fit(&mut b.v, n * kvd);
-            matvec::matmul_quant(k, &l.wv, h, n, v, &mut b.qbuf)?;
+            project(k, &mut [(&l.wq, &mut *q), (&l.wk, &mut *kk), (&l.wv, &mut *v)], h, n, &mut b.qbuf)?;
             for (bias, out, d) in [(&layer.bq, &mut *q, qd), (&layer.bk, &mut *kk, kvd), (&layer.bv, &mut *v, kvd)] {
                 if let Some(bias) = bias {
                     out.chunks_exact_mut(d).for_each(|r| ops::add(r, bias));
@@ -260,18 +258,18 @@ impl CpuModel {
             layer.ffn_norm.apply(x, h);
             let n_ff = l.ffn_up.rows;
             let up = fit(&mut b.up, n * n_ff);
-            matvec::matmul_quant(k, &l.ffn_up, h, n, up, &mut b.qbuf)?;
             let act = fit(&mut b.act, n * n_ff);
             match (l.ffn, &l.ffn_gate) {
                 (FfnType::Gated, Some(wg)) => {
                     let gate = fit(&mut b.gate, n * n_ff);
-                    matvec::matmul_quant(k, wg, h, n, gate, &mut b.qbuf)?;
+                    project(k, &mut [(wg, &mut *gate), (&l.ffn_up, &mut *up)], h, n, &mut b.qbuf)?;
                     match l.activation {
                         Activation::GeluTanh => ops::geglu(gate, up, act),
                         Activation::Silu => ops::swiglu(gate, up, act),
                     }
                 }
                 _ => {
+                    matvec::matmul_quant(k, &l.ffn_up, h, n, up, &mut b.qbuf)?;
                     act.copy_from_slice(up);
                     match l.activation {
                         Activation::GeluTanh => ops::gelu_tanh(act),
@@ -295,6 +293,31 @@ impl CpuModel {
         }
         Ok(())
     }
+}
+
+/// `y = W·x` for several weights reading the same input `x` (n tokens):
+/// for one token the activation is quantized once per distinct
+/// `vec_dot_type` and shared (q/k/v, gate/up).
+fn project(k: &Kernels, outs: &mut [(&QuantWeight, &mut [f32])], x: &[f32], n: usize, qbuf: &mut AlignedBytes) -> Result<()> {
+    if n != 1 {
+        for (w, y) in outs.iter_mut() {
+            matvec::matmul_quant(k, w, x, n, y, qbuf)?;
+        }
+        return Ok(());
+    }
+    let mut quantized_for: Option<GgmlType> = None;
+    for (w, y) in outs.iter_mut() {
+        if w.cols != x.len() || y.len() != w.rows {
+            return Err(crate::error::shape_err("project", format!("W is {}x{}, x has {}, y has {}", w.rows, w.cols, x.len(), y.len())));
+        }
+        let act = w.ty.vec_dot_type().ok_or(Error::Unsupported { op: "matvec", ty: w.ty })?;
+        if quantized_for != Some(act) {
+            k.quantize_activation(w.ty, x, qbuf)?;
+            quantized_for = Some(act);
+        }
+        matvec::matvec_quantized(k, w, qbuf.as_bytes(), y);
+    }
+    Ok(())
 }
 
 impl DeviceModel for CpuModel {
