@@ -74,26 +74,37 @@ pub struct BenchArgs {
 pub struct TestResult {
     /// llama-bench's model description (`gemma3 270M Q4_K - Medium`).
     pub model: String,
+    /// Path of the GGUF file.
     pub model_filename: String,
     /// Bytes of tensor data (llama-bench's `model_size`).
     pub size_bytes: u64,
     /// Parameters (values in all tensors).
     pub params: u64,
+    /// Backend name (`CPU`).
     pub backend: String,
+    /// The backend's description of its device and kernels.
     pub device: String,
+    /// Threads the backend ran with.
     pub threads: usize,
     /// `ppP` or `tgN`.
     pub test: String,
+    /// Prompt tokens (prefill tests).
     pub n_prompt: usize,
+    /// Generated tokens (decode tests).
     pub n_gen: usize,
+    /// Timed repetitions.
     pub repetitions: usize,
     /// Mean tokens per second.
     pub avg_ts: f64,
     /// Sample standard deviation of tokens per second.
     pub stddev_ts: f64,
+    /// Tokens per second of each repetition.
     pub samples_ts: Vec<f64>,
+    /// Mean nanoseconds per repetition.
     pub avg_ns: f64,
+    /// Sample standard deviation of the nanoseconds.
     pub stddev_ns: f64,
+    /// Nanoseconds of each repetition.
     pub samples_ns: Vec<u64>,
     /// Weight bytes read per decoded token (decode tests only).
     pub bytes_per_token: Option<u64>,

@@ -46,9 +46,13 @@ pub struct OpTime {
 /// The result of a replay.
 #[derive(Clone, Debug)]
 pub struct Profile {
+    /// Decode steps replayed.
     pub steps: usize,
+    /// CPU threads.
     pub threads: usize,
+    /// SIMD kernel level.
     pub kernels: String,
+    /// Time per op kind, in replay order.
     pub ops: Vec<OpTime>,
 }
 

@@ -89,7 +89,9 @@ impl std::fmt::Display for SynthArch {
 /// A size that [`SynthShape::preset`] does not know.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct UnknownPreset {
+    /// The architecture asked for.
     pub arch: SynthArch,
+    /// The size that is not one of [`SynthArch::sizes`].
     pub size: String,
 }
 
@@ -110,17 +112,25 @@ impl std::error::Error for UnknownPreset {}
 /// The hyper-parameters of a synthetic model.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SynthShape {
+    /// Architecture.
     pub arch: SynthArch,
     /// The real model these shapes are copied from (`"Gemma 3 1B"`).
     pub model_name: String,
     /// `general.size_label` (`"1B"`).
     pub size_label: String,
+    /// Width of the residual stream.
     pub n_embd: usize,
+    /// Transformer blocks.
     pub n_layer: usize,
+    /// Query heads.
     pub n_head: usize,
+    /// Key/value heads (grouped-query attention when fewer than `n_head`).
     pub n_head_kv: usize,
+    /// Values per head.
     pub head_dim: usize,
+    /// Hidden width of the feed-forward network.
     pub n_ff: usize,
+    /// Vocabulary size (rows of the embedding table).
     pub n_vocab: usize,
     /// `<arch>.context_length`.
     pub n_ctx_train: usize,
@@ -390,21 +400,37 @@ pub fn file_type_name(file_type: u32) -> Option<&'static str> {
 /// What a tensor is, for choosing its type and initial values.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum TensorRole {
+    /// Token embeddings, n_vocab rows of n_embd.
     TokenEmbd,
+    /// Output projection (untied models).
     Output,
+    /// Final norm before the output projection.
     OutputNorm,
+    /// Pre-attention norm.
     AttnNorm,
+    /// Query projection.
     AttnQ,
+    /// Key projection.
     AttnK,
+    /// Value projection.
     AttnV,
+    /// Attention output projection.
     AttnOutput,
+    /// Per-head query norm (Gemma 3).
     AttnQNorm,
+    /// Per-head key norm (Gemma 3).
     AttnKNorm,
+    /// Norm of the attention output (Gemma 3).
     PostAttnNorm,
+    /// Pre-FFN norm.
     FfnNorm,
+    /// FFN gate projection.
     FfnGate,
+    /// FFN up projection.
     FfnUp,
+    /// FFN down projection.
     FfnDown,
+    /// Norm of the FFN output (Gemma 3).
     PostFfnNorm,
 }
 
@@ -504,11 +530,13 @@ pub fn tensor_type(
 pub struct TensorPlan {
     /// GGUF name (`"blk.3.attn_v.weight"`).
     pub name: String,
+    /// What the tensor is.
     pub role: TensorRole,
     /// Layer index for `blk.*` tensors.
     pub layer: Option<usize>,
     /// Extents in ggml order (`dims[0]` values per row).
     pub dims: Vec<u64>,
+    /// Element type.
     pub ty: GgmlType,
 }
 
@@ -968,8 +996,11 @@ pub fn fill_tensor(
 /// What to generate.
 #[derive(Clone, Debug)]
 pub struct SynthOptions {
+    /// Shapes of the model.
     pub shape: SynthShape,
+    /// File type whose tensor type mix is copied.
     pub quant: SynthQuant,
+    /// Seed of the random values.
     pub seed: u64,
     /// Generator threads (the output does not depend on it).
     pub threads: usize,
