@@ -7,6 +7,7 @@ pub mod kernels;
 pub mod matvec;
 pub mod model;
 pub mod ops;
+mod prefill;
 pub mod simd;
 
 use std::sync::Arc;
