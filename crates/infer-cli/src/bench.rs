@@ -131,17 +131,30 @@ fn mean_std(v: &[f64]) -> (f64, f64) {
 }
 
 /// Index of the largest logit (the first on ties); an error for NaN logits.
+/// Lane-wise maxima first (so that the scan vectorizes), then the first
+/// index holding the maximum.
 pub fn argmax(logits: &[f32]) -> Result<u32, String> {
-    let mut best = 0usize;
-    for (i, &z) in logits.iter().enumerate() {
-        if z.is_nan() {
-            return Err(format!("the model produced a NaN logit (index {i})"));
-        }
-        if z > logits[best] {
-            best = i;
+    const L: usize = 16;
+    let mut lanes = [f32::NEG_INFINITY; L];
+    let mut nan = false;
+    let chunks = logits.chunks_exact(L);
+    let tail = chunks.remainder();
+    for c in chunks {
+        for i in 0..L {
+            nan |= c[i].is_nan();
+            lanes[i] = lanes[i].max(c[i]);
         }
     }
-    Ok(best as u32)
+    for &z in tail {
+        nan |= z.is_nan();
+        lanes[0] = lanes[0].max(z);
+    }
+    if nan {
+        let i = logits.iter().position(|z| z.is_nan()).unwrap_or(0);
+        return Err(format!("the model produced a NaN logit (index {i})"));
+    }
+    let max = lanes.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    Ok(logits.iter().position(|&z| z == max).unwrap_or(0) as u32)
 }
 
 /// Weight bytes one decode step reads: every layer matrix and the output
@@ -501,4 +514,29 @@ fn print_tables(results: &[TestResult]) {
             "none given (--bandwidth GBPS or --measure-bandwidth)"
         }
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn argmax_first_of_ties_and_nan() {
+        let mut v: Vec<f32> = (0..37).map(|i| (i % 7) as f32).collect();
+        assert_eq!(argmax(&v), Ok(6));
+        v[36] = 9.0; // in the tail after the 16-wide chunks
+        assert_eq!(argmax(&v), Ok(36));
+        v[20] = f32::NAN;
+        assert!(argmax(&v).unwrap_err().contains("index 20"));
+        assert_eq!(argmax(&[-3.0, -1.0, -1.0]), Ok(1));
+        assert_eq!(argmax(&[f32::NEG_INFINITY; 3]), Ok(0));
+    }
+
+    #[test]
+    fn mean_and_sample_std() {
+        assert_eq!(mean_std(&[]), (0.0, 0.0));
+        assert_eq!(mean_std(&[5.0]), (5.0, 0.0));
+        let (m, s) = mean_std(&[1.0, 2.0, 3.0, 4.0]);
+        assert!((m - 2.5).abs() < 1e-12 && (s - 1.290_994_448_735_805_6).abs() < 1e-12);
+    }
 }

@@ -5,7 +5,9 @@
 //! pieces it is built from (`infer_compute::cpu::{matvec, kernels, ops}`),
 //! on the same weights, shapes and thread pool, and times each op on its
 //! own. The replay follows the decode path's order and arithmetic
-//! (activation quantized once per mat-vec, then the row-parallel mat-vec;
+//! (the activation quantized with the level's quantizer, once for the
+//! matrices that share an input and its pair type: q/k/v, gate/up; then
+//! the row-parallel mat-vecs;
 //! norms, RoPE, KV append, attention, activation, residual adds; output
 //! projection; argmax), but it is a replay: per-op timing adds a little
 //! overhead, and its total is compared with the real `decode_token` time
@@ -15,9 +17,10 @@ use std::collections::HashMap;
 use std::time::Instant;
 
 use infer_compute::backend::QuantWeight;
-use infer_compute::cpu::kernels::{quantize_activation, AlignedBytes};
+use infer_compute::cpu::kernels::AlignedBytes;
 use infer_compute::cpu::{matvec, ops, CpuBackend, Kernels, Precision};
 use infer_compute::pipeline::{Activation, FfnType, ModelSpec, Norm, NormType};
+use infer_compute::GgmlType;
 
 use crate::common::CliResult;
 
@@ -142,8 +145,10 @@ impl F32Norm {
 }
 
 /// `y = W·x` as the decode path does it, timed in two parts: quantizing the
-/// activation, then the mat-vec itself (recorded under `name` with the
-/// weight's type and shape).
+/// activation (skipped when `shared` says that `act` already holds `x` in
+/// this weight's pair type, as for k/v after q and up after gate), then the
+/// mat-vec itself (recorded under `name` with the weight's type and shape).
+#[allow(clippy::too_many_arguments)]
 fn timed_matvec(
     rec: &mut Recorder,
     k: &Kernels,
@@ -152,17 +157,26 @@ fn timed_matvec(
     x: &[f32],
     y: &mut [f32],
     act: &mut AlignedBytes,
+    shared: &mut Option<GgmlType>,
 ) -> infer_compute::Result<()> {
-    let act_ty = w.ty.vec_dot_type().map_or("?", |t| t.name());
-    let t0 = Instant::now();
-    quantize_activation(w.ty, x, act)?;
-    rec.add(
-        &format!("quantize activation -> {act_ty}"),
-        "",
-        &format!("{}", w.cols),
-        t0.elapsed().as_nanos() as u64,
-        0,
-    );
+    let act_ty =
+        w.ty.vec_dot_type()
+            .ok_or(infer_compute::Error::Unsupported {
+                op: "matvec",
+                ty: w.ty,
+            })?;
+    if *shared != Some(act_ty) {
+        let t0 = Instant::now();
+        k.quantize_activation(w.ty, x, act)?;
+        rec.add(
+            &format!("quantize activation -> {}", act_ty.name()),
+            "",
+            &format!("{}", w.cols),
+            t0.elapsed().as_nanos() as u64,
+            0,
+        );
+        *shared = Some(act_ty);
+    }
     let t1 = Instant::now();
     matvec::matvec_quantized(k, w, act.as_bytes(), y);
     let bytes = w.data.as_bytes().len() as u64;
@@ -241,9 +255,37 @@ pub fn profile_decode(
                     let mut q = vec![0f32; qd];
                     let mut kk = vec![0f32; kvd];
                     let mut v = vec![0f32; kvd];
-                    timed_matvec(&mut rec, &k, "attn_q", &l.wq, &h, &mut q, &mut act)?;
-                    timed_matvec(&mut rec, &k, "attn_k", &l.wk, &h, &mut kk, &mut act)?;
-                    timed_matvec(&mut rec, &k, "attn_v", &l.wv, &h, &mut v, &mut act)?;
+                    let mut shared = None;
+                    timed_matvec(
+                        &mut rec,
+                        &k,
+                        "attn_q",
+                        &l.wq,
+                        &h,
+                        &mut q,
+                        &mut act,
+                        &mut shared,
+                    )?;
+                    timed_matvec(
+                        &mut rec,
+                        &k,
+                        "attn_k",
+                        &l.wk,
+                        &h,
+                        &mut kk,
+                        &mut act,
+                        &mut shared,
+                    )?;
+                    timed_matvec(
+                        &mut rec,
+                        &k,
+                        "attn_v",
+                        &l.wv,
+                        &h,
+                        &mut v,
+                        &mut act,
+                        &mut shared,
+                    )?;
                     for (b, out) in biases.iter().zip([&mut q, &mut kk, &mut v]) {
                         if let Some(b) = b {
                             let b = b.as_ref().map_err(|e| e.to_string())?;
@@ -288,7 +330,16 @@ pub fn profile_decode(
                             &mut attn,
                         )
                     });
-                    timed_matvec(&mut rec, &k, "attn_output", &l.wo, &attn, &mut o, &mut act)?;
+                    timed_matvec(
+                        &mut rec,
+                        &k,
+                        "attn_output",
+                        &l.wo,
+                        &attn,
+                        &mut o,
+                        &mut act,
+                        &mut None,
+                    )?;
                     if let Some(n) = post_attn {
                         let tmp = o.clone();
                         rec.time(n.name(), || n.apply(&tmp, &mut o));
@@ -299,11 +350,30 @@ pub fn profile_decode(
                     let n_ff = l.ffn_up.rows;
                     let mut up = vec![0f32; n_ff];
                     let mut a = vec![0f32; n_ff];
-                    timed_matvec(&mut rec, &k, "ffn_up", &l.ffn_up, &h, &mut up, &mut act)?;
                     match (l.ffn, &l.ffn_gate) {
                         (FfnType::Gated, Some(wg)) => {
                             let mut gate = vec![0f32; n_ff];
-                            timed_matvec(&mut rec, &k, "ffn_gate", wg, &h, &mut gate, &mut act)?;
+                            let mut shared = None;
+                            timed_matvec(
+                                &mut rec,
+                                &k,
+                                "ffn_gate",
+                                wg,
+                                &h,
+                                &mut gate,
+                                &mut act,
+                                &mut shared,
+                            )?;
+                            timed_matvec(
+                                &mut rec,
+                                &k,
+                                "ffn_up",
+                                &l.ffn_up,
+                                &h,
+                                &mut up,
+                                &mut act,
+                                &mut shared,
+                            )?;
                             match l.activation {
                                 Activation::GeluTanh => rec
                                     .time("activation (geglu)", || ops::geglu(&gate, &up, &mut a)),
@@ -312,15 +382,29 @@ pub fn profile_decode(
                                 }),
                             }
                         }
-                        _ => rec.time("activation", || {
-                            a.copy_from_slice(&up);
-                            match l.activation {
-                                Activation::GeluTanh => ops::gelu_tanh(&mut a),
-                                Activation::Silu => ops::silu(&mut a),
-                            }
-                        }),
+                        _ => {
+                            timed_matvec(
+                                &mut rec, &k, "ffn_up", &l.ffn_up, &h, &mut up, &mut act, &mut None,
+                            )?;
+                            rec.time("activation", || {
+                                a.copy_from_slice(&up);
+                                match l.activation {
+                                    Activation::GeluTanh => ops::gelu_tanh(&mut a),
+                                    Activation::Silu => ops::silu(&mut a),
+                                }
+                            })
+                        }
                     }
-                    timed_matvec(&mut rec, &k, "ffn_down", &l.ffn_down, &a, &mut o, &mut act)?;
+                    timed_matvec(
+                        &mut rec,
+                        &k,
+                        "ffn_down",
+                        &l.ffn_down,
+                        &a,
+                        &mut o,
+                        &mut act,
+                        &mut None,
+                    )?;
                     if let Some(n) = post_ffn {
                         let tmp = o.clone();
                         rec.time(n.name(), || n.apply(&tmp, &mut o));
@@ -336,6 +420,7 @@ pub fn profile_decode(
                     &h,
                     &mut logits,
                     &mut act,
+                    &mut None,
                 )?;
                 if let Some(c) = spec.final_logit_softcap {
                     rec.time("logit softcap", || ops::softcap(&mut logits, c));
