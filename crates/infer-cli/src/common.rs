@@ -55,6 +55,9 @@ impl ModelArgs {
                 if !p.exists() {
                     return Err(format!("model file {} does not exist", p.display()).into());
                 }
+                if !p.is_file() {
+                    return Err(format!("{} is not a file", p.display()).into());
+                }
                 Ok(p.clone())
             }
             None => Ok(infer_model::fetch::default_model_path()?),
@@ -64,8 +67,8 @@ impl ModelArgs {
     /// Opens the model file (memory-mapped).
     pub fn open(&self) -> CliResult<GgufFile> {
         let path = self.resolve_model()?;
-        let gguf = GgufFile::open(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-        Ok(gguf)
+        // The reader's errors already name the file.
+        Ok(GgufFile::open(&path)?)
     }
 
     /// The backend to run on.
@@ -84,6 +87,16 @@ impl ModelArgs {
         let threads = self.threads.unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
         if threads == 0 {
             return Err("--threads must be at least 1".into());
+        }
+        let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+        if threads > cores {
+            eprintln!("warning: --threads {threads} is more than the {cores} core(s) of this machine; expect it to be slower");
+        }
+        if let Ok(want) = std::env::var("INFER_CPU_SIMD") {
+            if !infer_compute::cpu::SimdLevel::all_available().iter().any(|l| l.name() == want) {
+                let names: Vec<&str> = infer_compute::cpu::SimdLevel::all_available().iter().map(|l| l.name()).collect();
+                eprintln!("warning: INFER_CPU_SIMD={want} is not available here (choose from {}); using the best level", names.join(", "));
+            }
         }
         Ok(Box::new(CpuBackend::with_options(threads, Kernels::detect(), precision)?))
     }

@@ -18,13 +18,13 @@ pub struct RunArgs {
     #[arg(short = 'n', long, default_value_t = 64)]
     n_predict: usize,
     /// Sampling temperature; 0 is greedy (deterministic).
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     temp: f32,
     /// Keep the k most likely tokens (0: off).
     #[arg(long, default_value_t = 40)]
     top_k: usize,
     /// Nucleus sampling threshold (1: off).
-    #[arg(long, default_value_t = 0.95)]
+    #[arg(long, default_value_t = 0.95, allow_negative_numbers = true)]
     top_p: f32,
     /// Random seed.
     #[arg(long, default_value_t = 0)]
@@ -48,17 +48,19 @@ pub fn run(a: RunArgs) -> CliResult {
     let mut model = with_spinner("loading model", || backend.prepare(&spec))?;
     let load_time = t0.elapsed();
 
+    if a.ctx_size == 0 {
+        return Err("--ctx-size must be at least 1".into());
+    }
     let text = if a.chat { chat_prompt(&spec.arch, &a.prompt)? } else { a.prompt.clone() };
     let ids = tokenizer.encode(&text, true);
     let n_ctx = a.ctx_size.min(spec.n_ctx_train);
     if ids.len() >= n_ctx {
         return Err(format!("the prompt has {} tokens, more than the context length {n_ctx} allows", ids.len()).into());
     }
-    let cfg = if a.temp == 0.0 {
-        SamplerConfig::greedy()
-    } else {
-        SamplerConfig { temperature: a.temp, top_k: a.top_k, top_p: a.top_p, seed: a.seed, ..SamplerConfig::default() }
-    };
+    // Validated as given, also when greedy decoding ignores them.
+    let given = SamplerConfig { temperature: a.temp, top_k: a.top_k, top_p: a.top_p, seed: a.seed, ..SamplerConfig::default() };
+    given.validate()?;
+    let cfg = if a.temp == 0.0 { SamplerConfig::greedy() } else { given };
     let mut sampler = Sampler::new(cfg)?;
 
     let mut out = std::io::stdout().lock();
@@ -66,10 +68,20 @@ pub fn run(a: RunArgs) -> CliResult {
         write!(out, "{}", a.prompt)?;
     }
     out.flush()?;
+    // Stop generating at the first failed write (e.g. a closed pipe).
+    let mut write_error: Option<std::io::Error> = None;
     let stats = generate(model.as_mut(), &tokenizer, &ids, a.n_predict, n_ctx, &mut sampler, |s| {
-        let _ = out.write_all(s.as_bytes());
-        let _ = out.flush();
+        match out.write_all(s.as_bytes()).and_then(|_| out.flush()) {
+            Ok(()) => true,
+            Err(e) => {
+                write_error = Some(e);
+                false
+            }
+        }
     })?;
+    if let Some(e) = write_error {
+        return Err(format!("writing the output: {e}").into());
+    }
     writeln!(out)?;
     eprintln!();
     eprintln!("backend:  {}", backend.device_info());

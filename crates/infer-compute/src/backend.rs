@@ -84,17 +84,30 @@ impl QuantWeight {
     /// Row length not a multiple of the block size, or a byte length that does
     /// not match the shape.
     pub fn new(ty: GgmlType, rows: usize, cols: usize, data: WeightBytes) -> Result<Self> {
-        let need = ty
-            .row_bytes(cols)?
-            .checked_mul(rows)
+        let w = Self { ty, rows, cols, data };
+        w.check()?;
+        Ok(w)
+    }
+
+    /// Checks that the (public) fields still agree: `data` holds exactly
+    /// `rows` rows of `cols` values of `ty`. Kernels call this before
+    /// indexing rows, so a hand-edited weight is an error, not a panic.
+    ///
+    /// # Errors
+    /// As [`QuantWeight::new`].
+    pub fn check(&self) -> Result<()> {
+        let need = self
+            .ty
+            .row_bytes(self.cols)?
+            .checked_mul(self.rows)
             .ok_or(crate::Error::Overflow("weight size"))?;
-        if need != data.as_bytes().len() {
+        if need != self.data.as_bytes().len() {
             return Err(shape_err(
-                "QuantWeight::new",
-                format!("{rows}x{cols} {ty} needs {need} bytes, got {}", data.as_bytes().len()),
+                "QuantWeight",
+                format!("{}x{} {} needs {need} bytes, holds {}", self.rows, self.cols, self.ty, self.data.as_bytes().len()),
             ));
         }
-        Ok(Self { ty, rows, cols, data })
+        Ok(())
     }
 
     /// Bytes of one row.
@@ -114,6 +127,7 @@ impl QuantWeight {
     /// # Errors
     /// Types without a dequantizer.
     pub fn to_f32(&self) -> Result<Vec<f32>> {
+        self.check()?;
         let mut out = vec![0f32; self.rows * self.cols];
         if self.cols > 0 {
             for (i, chunk) in out.chunks_mut(self.cols).enumerate() {

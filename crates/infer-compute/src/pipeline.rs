@@ -145,6 +145,7 @@ impl ModelSpec {
         let bad = |what: String| Err(Error::InvalidModel(what));
         let e = self.n_embd;
         let check = |name: &str, w: &QuantWeight, rows: usize, cols: usize| -> Result<()> {
+            w.check().map_err(|e| Error::InvalidModel(format!("{name}: {e}")))?;
             if w.rows != rows || w.cols != cols {
                 return Err(Error::InvalidModel(format!(
                     "{name}: expected {rows}x{cols}, found {}x{}",

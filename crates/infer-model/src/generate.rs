@@ -46,6 +46,8 @@ pub enum StopReason {
     EndOfGeneration,
     /// The KV cache is full.
     ContextFull,
+    /// The caller's text callback asked to stop.
+    Stopped,
 }
 
 impl GenerationStats {
@@ -62,7 +64,7 @@ impl GenerationStats {
 
 /// Generates up to `max_tokens` tokens after `prompt_ids` with a fresh KV
 /// cache of `n_ctx` positions, calling `on_text` with each piece of text as
-/// soon as it forms whole characters.
+/// soon as it forms whole characters; `on_text` returns `false` to stop.
 ///
 /// # Errors
 /// [`Error::Compute`] with [`infer_compute::Error::ContextOverflow`] when the
@@ -74,7 +76,7 @@ pub fn generate(
     max_tokens: usize,
     n_ctx: usize,
     sampler: &mut Sampler,
-    mut on_text: impl FnMut(&str),
+    mut on_text: impl FnMut(&str) -> bool,
 ) -> Result<GenerationStats> {
     if prompt_ids.is_empty() {
         return Err(Error::Tokenizer("the prompt is empty".into()));
@@ -88,8 +90,12 @@ pub fn generate(
         sampler.accept(t);
     }
     let t0 = Instant::now();
-    let mut next = sampler.sample(model.prefill(kv.as_mut(), prompt_ids, 0)?)?;
+    let logits = model.prefill(kv.as_mut(), prompt_ids, 0)?;
     stats.prefill_time = t0.elapsed();
+    if max_tokens == 0 {
+        return Ok(stats);
+    }
+    let mut next = sampler.sample(logits)?;
     let mut decoder = tokenizer.decoder(true);
     let mut pos = prompt_ids.len();
     let t1 = Instant::now();
@@ -100,7 +106,10 @@ pub fn generate(
         }
         // `sample` already recorded `next` in the sampler's history.
         stats.generated_tokens += 1;
-        on_text(&decoder.push(next));
+        if !on_text(&decoder.push(next)) {
+            stats.stop = StopReason::Stopped;
+            break;
+        }
         if stats.generated_tokens >= max_tokens {
             stats.stop = StopReason::MaxTokens;
             break;
@@ -112,7 +121,9 @@ pub fn generate(
         next = sampler.sample(model.decode_token(kv.as_mut(), next, pos)?)?;
         pos += 1;
     }
-    on_text(&decoder.finish());
     stats.decode_time = t1.elapsed();
+    if stats.stop != StopReason::Stopped {
+        on_text(&decoder.finish());
+    }
     Ok(stats)
 }

@@ -39,6 +39,7 @@ pub fn matvec_quantized(k: &Kernels, w: &QuantWeight, act: &[u8], y: &mut [f32])
 /// # Errors
 /// Length mismatches; types without a dot product.
 pub fn matvec(k: &Kernels, w: &QuantWeight, x: &[f32], y: &mut [f32], scratch: &mut AlignedBytes) -> Result<()> {
+    w.check()?;
     if x.len() != w.cols || y.len() != w.rows {
         return Err(shape_err(
             "matvec",
@@ -64,6 +65,7 @@ pub fn matmul_quant(
     y: &mut [f32],
     scratch: &mut AlignedBytes,
 ) -> Result<()> {
+    w.check()?;
     if x.len() != n_tokens * w.cols || y.len() != n_tokens * w.rows {
         return Err(shape_err(
             "matmul_quant",

@@ -307,6 +307,7 @@ fn project(k: &Kernels, outs: &mut [(&QuantWeight, &mut [f32])], x: &[f32], n: u
     }
     let mut quantized_for: Option<GgmlType> = None;
     for (w, y) in outs.iter_mut() {
+        w.check()?;
         if w.cols != x.len() || y.len() != w.rows {
             return Err(crate::error::shape_err("project", format!("W is {}x{}, x has {}, y has {}", w.rows, w.cols, x.len(), y.len())));
         }

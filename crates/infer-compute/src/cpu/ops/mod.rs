@@ -10,8 +10,8 @@
 //! | --- | --- | --- |
 //! | [`norm`] | [`rms_norm`], [`layer_norm`], fused [`add_rms_norm`], [`add`], [`scale`] | `ggml_rms_norm` + `ggml_mul`, `ggml_norm`, `ggml_add`, `ggml_scale` |
 //! | [`activation`] | [`silu`], [`gelu_tanh`], [`swiglu`], [`geglu`], [`softcap`] | `ggml_silu`, `ggml_gelu`, `ggml_swiglu`, `ggml_geglu`, scale/tanh/scale |
-//! | [`rope`] | [`rope()`], [`RopeCache`] | `ggml_rope_ext` (modes NORM and NEOX, no YaRN) |
-//! | [`softmax`] | [`softmax()`] | `ggml_soft_max` |
+//! | [`mod@rope`] | [`rope()`], [`RopeCache`] | `ggml_rope_ext` (modes NORM and NEOX, no YaRN) |
+//! | [`mod@softmax`] | [`softmax()`] | `ggml_soft_max` |
 //! | [`attention`] | [`attention_decode`], [`attention_prefill`], [`kv_append`] | `mul_mat(k, q)` → softcap → `soft_max_ext` with causal/SWA mask → `mul_mat(v, kq)` |
 //!
 //! The loops that carry the decode time (sum of squares, residual add, q·k

@@ -12,7 +12,7 @@
 //!   Q6_K, F32); the level's other types use the AVX2 kernels. 512-bit
 //!   vectors only where they measured faster (Q6_K, F32): on this
 //!   generation they close one of the three vector ports.
-//! - [`neon`]: aarch64 NEON with the dot-product extension (`sdot`, emitted
+//! - `neon`: aarch64 NEON with the dot-product extension (`sdot`, emitted
 //!   with `asm!` because `vdotq_s32` is not stable), every weight type.
 //! - `avx2_quantize`: the activation quantizers (Q8_0, Q8_K), bit-exact
 //!   with the reference, behind [`quantize_activation_row`].
