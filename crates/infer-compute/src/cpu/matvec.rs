@@ -24,15 +24,36 @@ pub fn matvec_quantized(k: &Kernels, w: &QuantWeight, act: &[u8], y: &mut [f32])
     let dot = k.dot(w.ty);
     let rb = w.row_bytes();
     let data = w.data.as_bytes();
-    let chunk = rows_per_task(w.rows, rb);
+    // Large matrices: a few big tasks per thread, each reading STREAMS
+    // sub-ranges in turn, so that every core keeps several sequential
+    // streams in flight (one stream per core does not saturate DRAM).
+    let big = rows_per_task(w.rows, rb).max(w.rows / (rayon::current_num_threads() * 8).max(1));
+    let chunk = big.max(1);
     y.par_chunks_mut(chunk).enumerate().for_each(|(c, ys)| {
         let r0 = c * chunk;
-        for (i, yi) in ys.iter_mut().enumerate() {
-            let r = r0 + i;
-            *yi = dot(&data[r * rb..(r + 1) * rb], act);
+        let n = ys.len();
+        if n < 4 * STREAMS {
+            for (i, yi) in ys.iter_mut().enumerate() {
+                let r = r0 + i;
+                *yi = dot(&data[r * rb..(r + 1) * rb], act);
+            }
+            return;
+        }
+        let part = n.div_ceil(STREAMS);
+        for i in 0..part {
+            for s in 0..STREAMS {
+                let j = s * part + i;
+                if j < n {
+                    let r = r0 + j;
+                    ys[j] = dot(&data[r * rb..(r + 1) * rb], act);
+                }
+            }
         }
     });
 }
+
+/// Sequential read streams per task in [`matvec_quantized`].
+const STREAMS: usize = 4;
 
 /// `y = W·x`: quantizes `x` into `scratch`, then [`matvec_quantized`].
 ///
