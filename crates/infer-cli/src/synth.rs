@@ -138,9 +138,15 @@ pub fn synth(a: SynthArgs) -> CliResult {
             .map(|n| n.get())
             .unwrap_or(1),
     };
+    if a.output.is_dir() || a.output.as_os_str().to_string_lossy().ends_with('/') {
+        return Err(format!("cannot write {}: it is a directory; give a file name", a.output.display()).into());
+    }
     if let Some(dir) = a.output.parent().filter(|d| !d.as_os_str().is_empty()) {
         if !dir.is_dir() {
             return Err(format!("output directory {} does not exist", dir.display()).into());
+        }
+        if std::fs::metadata(dir).map(|m| m.permissions().readonly()).unwrap_or(false) {
+            return Err(format!("cannot write {}: {} is read-only", a.output.display(), dir.display()).into());
         }
     }
     let name = shape.model_name.clone();
