@@ -188,12 +188,15 @@ unsafe fn dots_vnni<const N: usize>(codes: *const u8, ws: &[f32], toks: [Tok<'_>
     let mut acc = [[_mm256_setzero_ps(); 4]; N];
     for (b, &wsb) in ws.iter().enumerate() {
         let w = _mm256_loadu_si256(codes.add(b * QK) as *const __m256i);
+        let wsv = _mm256_set1_ps(wsb);
         let slot = if b < main { b % 4 } else { 0 };
         for i in 0..N {
             let av = _mm256_loadu_si256(toks[i].qs.add(b * QK) as *const __m256i);
             let bias = _mm256_loadu_si256(toks[i].bias.add(b * 8) as *const __m256i);
             let isum = _mm256_dpbusd_epi32(bias, w, av);
-            let s = _mm256_set1_ps(wsb * *toks[i].d.get_unchecked(b));
+            // w_d · a_d in every lane (the same IEEE product as decode's),
+            // with the token's scale broadcast from memory.
+            let s = _mm256_mul_ps(wsv, _mm256_broadcast_ss(toks[i].d.get_unchecked(b)));
             acc[i][slot] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), s, acc[i][slot]);
         }
     }
