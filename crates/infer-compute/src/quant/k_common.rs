@@ -575,3 +575,68 @@ mod tests {
         }
     }
 }
+
+/// The shared part of ggml's `quantize_row_q4_K_ref` and
+/// `quantize_row_q5_K_ref` for one super-block `xb` (256 values): per group
+/// of 32, a scale and min by [`make_qkx2_quants`] with weights
+/// `sqrt(mean x²) + |x|`; the group scales and mins rounded to 6 bits
+/// against their maxima; the levels `0..=nmax` re-rounded against the
+/// f16-rounded effective scale and min. Returns the packed 6-bit scales,
+/// `d`, `dmin` and the levels.
+pub(crate) fn quantize_superblock_qkx2(xb: &[f32], nmax: i32, params: Qkx2Params) -> ([u8; 12], f16, f16, [u8; super::QK_K]) {
+    let mut l = [0u8; super::QK_K];
+    let mut laux = [0u8; 32];
+    let mut weights = [0f32; 32];
+    let mut scales = [0f32; 8];
+    let mut mins = [0f32; 8];
+    let mut max_scale = 0f32;
+    let mut max_min = 0f32;
+    for j in 0..8 {
+        let xg = &xb[32 * j..32 * j + 32];
+        let mut sum_x2 = 0f32;
+        for &v in xg {
+            sum_x2 += v * v;
+        }
+        let av_x = (sum_x2 / 32.0).sqrt();
+        for (w, &v) in weights.iter_mut().zip(xg) {
+            *w = av_x + v.abs();
+        }
+        let (scale, min) = make_qkx2_quants(nmax, xg, &weights, &mut l[32 * j..32 * j + 32], &mut laux, params);
+        scales[j] = scale;
+        mins[j] = min;
+        if scale > max_scale {
+            max_scale = scale;
+        }
+        if min > max_min {
+            max_min = min;
+        }
+    }
+
+    let inv_scale = if max_scale > 0.0 { 63.0 / max_scale } else { 0.0 };
+    let inv_min = if max_min > 0.0 { 63.0 / max_min } else { 0.0 };
+    let mut ls = [0u8; 8];
+    let mut lm = [0u8; 8];
+    for j in 0..8 {
+        ls[j] = (nearest_int(inv_scale * scales[j]) as u8).min(63);
+        lm[j] = (nearest_int(inv_min * mins[j]) as u8).min(63);
+    }
+    let packed = pack_scale_min_k4(&ls, &lm);
+    let d = f16::from_f32(max_scale / 63.0);
+    let dmin = f16::from_f32(max_min / 63.0);
+
+    let d_all = d.to_f32();
+    let m_all = dmin.to_f32();
+    for j in 0..8 {
+        let (sc, m) = get_scale_min_k4(j, &packed);
+        let dj = d_all * sc as f32;
+        if dj == 0.0 {
+            continue;
+        }
+        let dm = m_all * m as f32;
+        for ii in 0..32 {
+            let q = nearest_int((xb[32 * j + ii] + dm) / dj).clamp(0, nmax);
+            l[32 * j + ii] = q as u8;
+        }
+    }
+    (packed, d, dmin, l)
+}

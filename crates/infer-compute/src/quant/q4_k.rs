@@ -12,7 +12,7 @@
 
 use half::f16;
 
-use super::k_common::{get_scale_min_k4, make_qkx2_quants, nearest_int, pack_scale_min_k4, scaled_dot_i32, Qkx2Params};
+use super::k_common::{get_scale_min_k4, quantize_superblock_qkx2, scaled_dot_i32, Qkx2Params};
 use super::BlockFormat;
 use super::{BlockQ8K, VecDot, QK_K};
 use crate::GgmlType;
@@ -54,60 +54,10 @@ impl BlockFormat for BlockQ4K {
     fn quantize_row_ref(x: &[f32], y: &mut [Self]) {
         let params = Qkx2Params { rmin: -1.0, rdelta: 0.1, nstep: 20, use_mad: false };
         for (xb, yb) in x.chunks_exact(QK_K).zip(y.iter_mut()) {
-            let mut l = [0u8; QK_K];
-            let mut laux = [0u8; 32];
-            let mut weights = [0f32; 32];
-            let mut scales = [0f32; 8];
-            let mut mins = [0f32; 8];
-            let mut max_scale = 0f32;
-            let mut max_min = 0f32;
-            for j in 0..8 {
-                let xg = &xb[32 * j..32 * j + 32];
-                let mut sum_x2 = 0f32;
-                for &v in xg {
-                    sum_x2 += v * v;
-                }
-                let av_x = (sum_x2 / 32.0).sqrt();
-                for (w, &v) in weights.iter_mut().zip(xg) {
-                    *w = av_x + v.abs();
-                }
-                let (scale, min) = make_qkx2_quants(15, xg, &weights, &mut l[32 * j..32 * j + 32], &mut laux, params);
-                scales[j] = scale;
-                mins[j] = min;
-                if scale > max_scale {
-                    max_scale = scale;
-                }
-                if min > max_min {
-                    max_min = min;
-                }
-            }
-
-            let inv_scale = if max_scale > 0.0 { 63.0 / max_scale } else { 0.0 };
-            let inv_min = if max_min > 0.0 { 63.0 / max_min } else { 0.0 };
-            let mut ls = [0u8; 8];
-            let mut lm = [0u8; 8];
-            for j in 0..8 {
-                ls[j] = (nearest_int(inv_scale * scales[j]) as u8).min(63);
-                lm[j] = (nearest_int(inv_min * mins[j]) as u8).min(63);
-            }
-            yb.scales = pack_scale_min_k4(&ls, &lm);
-            yb.d = f16::from_f32(max_scale / 63.0);
-            yb.dmin = f16::from_f32(max_min / 63.0);
-
-            let d_all = yb.d.to_f32();
-            let m_all = yb.dmin.to_f32();
-            for j in 0..8 {
-                let (sc, m) = get_scale_min_k4(j, &yb.scales);
-                let d = d_all * sc as f32;
-                if d == 0.0 {
-                    continue;
-                }
-                let dm = m_all * m as f32;
-                for ii in 0..32 {
-                    let q = nearest_int((xb[32 * j + ii] + dm) / d).clamp(0, 15);
-                    l[32 * j + ii] = q as u8;
-                }
-            }
+            let (scales, d, dmin, l) = quantize_superblock_qkx2(xb, 15, params);
+            yb.scales = scales;
+            yb.d = d;
+            yb.dmin = dmin;
 
             for c in 0..4 {
                 for k in 0..32 {
