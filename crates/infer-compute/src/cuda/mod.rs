@@ -290,6 +290,8 @@ impl CudaBackend {
 
     /// `Y = X·Wᵀ` for `x: [n_tok, w.cols]` on the device.
     fn matvec_rows(&self, w: &QuantWeight, x: &[f32], n_tok: usize) -> Result<Vec<f32>> {
+        // The fields are public: a hand-edited weight must not reach a kernel.
+        w.check()?;
         let quantized = ops::wants_q8(w.ty)?;
         if x.len() != n_tok * w.cols {
             return Err(shape_err("cuda matvec", format!("W is {}x{}, x has {} values for {n_tok} tokens", w.rows, w.cols, x.len())));
