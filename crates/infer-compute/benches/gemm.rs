@@ -1,5 +1,6 @@
-//! f32 GEMM candidates side by side: the `gemm` crate (our backend's
-//! choice), faer's matmul and `matrixmultiply`, on square 512³ and 2048³
+//! f32 GEMM candidates side by side: our backend's `cpu::gemm::matmul`
+//! (faer for 8+ rows, the `gemm` crate below), faer's matmul alone and
+//! `matrixmultiply`, on square 512³ and 2048³
 //! products and the skinny 1×4096×4096 shape of a decode step, with 1 and 2
 //! threads where the library offers threading. Throughput is in FLOP
 //! (2·m·n·k per product).
@@ -21,7 +22,7 @@ fn bench(c: &mut Criterion) {
         let id = format!("{m}x{k}x{n}");
         g.throughput(Throughput::Elements((2 * m * n * k) as u64));
         for threads in [1usize, 2] {
-            g.bench_with_input(BenchmarkId::new(format!("gemm_t{threads}"), &id), &(), |bch, _| {
+            g.bench_with_input(BenchmarkId::new(format!("backend_t{threads}"), &id), &(), |bch, _| {
                 bch.iter(|| infer_compute::cpu::gemm::matmul(a.view(), b.view(), threads).unwrap())
             });
             let fa = Mat::<f32>::from_fn(m, k, |i, j| a[[i, j]]);
