@@ -640,3 +640,19 @@ pub(crate) fn quantize_superblock_qkx2(xb: &[f32], nmax: i32, params: Qkx2Params
     }
     (packed, d, dmin, l)
 }
+
+/// One super-block's share of ggml's generic `ggml_vec_dot_q4_K_q8_K` /
+/// `ggml_vec_dot_q5_K_q8_K`: `d·d8·Σ_g s_g·Σ q·q8 - dmin·d8·Σ_g
+/// m_g·(bsum_2g + bsum_2g+1)` for unpacked levels `q` (0..=15 or 0..=31)
+/// in groups of 32 with packed 6-bit scales and mins, integer sums inside.
+pub(crate) fn dot_block_scale_min_k4(q: &[i8; super::QK_K], scales: &[u8; 12], d: f16, dmin: f16, yb: &super::BlockQ8K) -> f32 {
+    let mut sm = [(0u8, 0u8); 8];
+    for (j, v) in sm.iter_mut().enumerate() {
+        *v = get_scale_min_k4(j, scales);
+    }
+    let sumi: i32 = yb.bsums.iter().enumerate().map(|(j, &b)| b as i32 * sm[j / 2].1 as i32).sum();
+    let isum = scaled_dot_i32::<32>(q, &yb.qs, |g| sm[g].0 as i32);
+    let d = d.to_f32() * yb.d;
+    let dmin = dmin.to_f32() * yb.d;
+    d * isum as f32 - dmin * sumi as f32
+}

@@ -13,7 +13,7 @@
 
 use half::f16;
 
-use super::k_common::{get_scale_min_k4, quantize_superblock_qkx2, scaled_dot_i32, Qkx2Params};
+use super::k_common::{dot_block_scale_min_k4, get_scale_min_k4, quantize_superblock_qkx2, Qkx2Params};
 use super::BlockFormat;
 use super::{BlockQ8K, VecDot, QK_K};
 use crate::GgmlType;
@@ -109,16 +109,7 @@ impl VecDot for BlockQ5K {
     fn vec_dot_ref(w: &[Self], a: &[Self::Act]) -> f32 {
         let mut sumf = 0f32;
         for (xb, yb) in w.iter().zip(a) {
-            let q = quants(xb);
-            let mut sm = [(0u8, 0u8); 8];
-            for (j, v) in sm.iter_mut().enumerate() {
-                *v = get_scale_min_k4(j, &xb.scales);
-            }
-            let sumi: i32 = yb.bsums.iter().enumerate().map(|(j, &b)| b as i32 * sm[j / 2].1 as i32).sum();
-            let isum = scaled_dot_i32::<32>(&q, &yb.qs, |g| sm[g].0 as i32);
-            let d = xb.d.to_f32() * yb.d;
-            let dmin = xb.dmin.to_f32() * yb.d;
-            sumf += d * isum as f32 - dmin * sumi as f32;
+            sumf += dot_block_scale_min_k4(&quants(xb), &xb.scales, xb.d, xb.dmin, yb);
         }
         sumf
     }
