@@ -18,6 +18,7 @@ use std::time::Instant;
 
 use infer_compute::backend::QuantWeight;
 use infer_compute::cpu::kernels::AlignedBytes;
+use infer_compute::cpu::model::PreparedNorm;
 use infer_compute::cpu::{matvec, ops, CpuBackend, Kernels, Precision};
 use infer_compute::pipeline::{Activation, FfnType, ModelSpec, Norm, NormType};
 use infer_compute::GgmlType;
@@ -105,42 +106,11 @@ impl Recorder {
     }
 }
 
-/// A norm's weights as f32, prepared once.
-struct F32Norm {
-    kind: NormType,
-    eps: f32,
-    w: Vec<f32>,
-    b: Option<Vec<f32>>,
-}
-
-impl F32Norm {
-    fn new(n: &Norm) -> CliResult<Self> {
-        Ok(Self {
-            kind: n.kind,
-            eps: n.eps,
-            w: n.weight.to_f32()?,
-            b: n.bias.as_ref().map(|b| b.to_f32()).transpose()?,
-        })
-    }
-
-    fn name(&self) -> &'static str {
-        match self.kind {
-            NormType::RmsNorm => "rms_norm",
-            NormType::LayerNorm => "layer_norm",
-        }
-    }
-
-    /// Normalizes `x` into `out`, or each `w.len()`-long piece of it.
-    fn apply(&self, x: &[f32], out: &mut [f32]) {
-        let d = self.w.len();
-        for (xr, or) in x.chunks_exact(d).zip(out.chunks_exact_mut(d)) {
-            match self.kind {
-                NormType::RmsNorm => ops::rms_norm(xr, &self.w, self.eps, or),
-                NormType::LayerNorm => {
-                    ops::layer_norm(xr, &self.w, self.b.as_deref(), self.eps, or)
-                }
-            }
-        }
+/// Name of a norm kind in the profile table.
+fn norm_name(kind: NormType) -> &'static str {
+    match kind {
+        NormType::RmsNorm => "rms_norm",
+        NormType::LayerNorm => "layer_norm",
     }
 }
 
@@ -210,19 +180,19 @@ pub fn profile_decode(
         .layers
         .iter()
         .map(|l| -> CliResult<_> {
-            let opt = |n: &Option<Norm>| n.as_ref().map(F32Norm::new).transpose();
+            let opt = |n: &Option<Norm>| n.as_ref().map(PreparedNorm::new).transpose();
             Ok((
-                F32Norm::new(&l.attn_norm)?,
+                PreparedNorm::new(&l.attn_norm)?,
                 opt(&l.q_norm)?,
                 opt(&l.k_norm)?,
                 opt(&l.post_attn_norm)?,
-                F32Norm::new(&l.ffn_norm)?,
+                PreparedNorm::new(&l.ffn_norm)?,
                 opt(&l.post_ffn_norm)?,
                 [&l.bq, &l.bk, &l.bv].map(|b| b.as_ref().map(|b| b.to_f32())),
             ))
         })
         .collect::<CliResult<_>>()?;
-    let output_norm = F32Norm::new(&spec.output_norm)?;
+    let output_norm = PreparedNorm::new(&spec.output_norm)?;
     let mut kcache: Vec<Vec<f32>> = spec
         .layers
         .iter()
@@ -251,7 +221,7 @@ pub fn profile_decode(
                 for (li, (l, pl)) in spec.layers.iter().zip(&layers).enumerate() {
                     let (attn_norm, q_norm, k_norm, post_attn, ffn_norm, post_ffn, biases) = pl;
                     let (qd, kvd) = (l.n_head * l.head_dim, l.n_head_kv * l.head_dim);
-                    rec.time(attn_norm.name(), || attn_norm.apply(&x, &mut h));
+                    rec.time(norm_name(attn_norm.kind), || attn_norm.apply(&x, &mut h));
                     let mut q = vec![0f32; qd];
                     let mut kk = vec![0f32; kvd];
                     let mut v = vec![0f32; kvd];
@@ -294,12 +264,12 @@ pub fn profile_decode(
                     }
                     if let Some(n) = q_norm {
                         rec.time("q/k norm (per head)", || {
-                            ops::rms_norm_heads(&mut q, l.head_dim, &n.w, n.eps)
+                            ops::rms_norm_heads(&mut q, l.head_dim, &n.weight, n.eps)
                         });
                     }
                     if let Some(n) = k_norm {
                         rec.time("q/k norm (per head)", || {
-                            ops::rms_norm_heads(&mut kk, l.head_dim, &n.w, n.eps)
+                            ops::rms_norm_heads(&mut kk, l.head_dim, &n.weight, n.eps)
                         });
                     }
                     rec.time("rope (q and k)", || {
@@ -342,11 +312,11 @@ pub fn profile_decode(
                     )?;
                     if let Some(n) = post_attn {
                         let tmp = o.clone();
-                        rec.time(n.name(), || n.apply(&tmp, &mut o));
+                        rec.time(norm_name(n.kind), || n.apply(&tmp, &mut o));
                     }
                     rec.time("residual add", || ops::add(&mut x, &o));
 
-                    rec.time(ffn_norm.name(), || ffn_norm.apply(&x, &mut h));
+                    rec.time(norm_name(ffn_norm.kind), || ffn_norm.apply(&x, &mut h));
                     let n_ff = l.ffn_up.rows;
                     let mut up = vec![0f32; n_ff];
                     let mut a = vec![0f32; n_ff];
@@ -407,11 +377,11 @@ pub fn profile_decode(
                     )?;
                     if let Some(n) = post_ffn {
                         let tmp = o.clone();
-                        rec.time(n.name(), || n.apply(&tmp, &mut o));
+                        rec.time(norm_name(n.kind), || n.apply(&tmp, &mut o));
                     }
                     rec.time("residual add", || ops::add(&mut x, &o));
                 }
-                rec.time(output_norm.name(), || output_norm.apply(&x, &mut h));
+                rec.time(norm_name(output_norm.kind), || output_norm.apply(&x, &mut h));
                 timed_matvec(
                     &mut rec,
                     &k,

@@ -20,21 +20,26 @@ use crate::GgmlType;
 
 static NEXT_MODEL_ID: AtomicUsize = AtomicUsize::new(1);
 
-/// A norm with its weights dequantized to f32 once.
-struct PreparedNorm {
-    kind: NormType,
-    eps: f32,
-    weight: Vec<f32>,
-    bias: Option<Vec<f32>>,
+/// A norm with its weights dequantized to f32 once (`weight`, `bias`: the
+/// normalized dimension's length).
+pub struct PreparedNorm {
+    pub kind: NormType,
+    pub eps: f32,
+    pub weight: Vec<f32>,
+    pub bias: Option<Vec<f32>>,
 }
 
 impl PreparedNorm {
-    fn new(n: &Norm) -> Result<Self> {
+    /// Dequantizes `n`'s weights.
+    ///
+    /// # Errors
+    /// Weights of a type without a dequantizer, or inconsistent weights.
+    pub fn new(n: &Norm) -> Result<Self> {
         Ok(Self { kind: n.kind, eps: n.eps, weight: n.weight.to_f32()?, bias: n.bias.as_ref().map(|b| b.to_f32()).transpose()? })
     }
 
-    /// Normalizes each `dim`-long row of `x` into `out`.
-    fn apply(&self, x: &[f32], out: &mut [f32]) {
+    /// Normalizes each `weight.len()`-long row of `x` into `out`.
+    pub fn apply(&self, x: &[f32], out: &mut [f32]) {
         let dim = self.weight.len();
         for (xr, or) in x.chunks_exact(dim).zip(out.chunks_exact_mut(dim)) {
             match self.kind {
