@@ -111,9 +111,6 @@ pub fn matmul_quant(
         }
     }
     let acts = scratch.as_bytes();
-    if super::prefill::supported(k, w.ty) {
-        return super::prefill::matmul(k, w, acts, n_tokens, y);
-    }
     let dot = k.dot(w.ty);
     let rb = w.row_bytes();
     let data = w.data.as_bytes();

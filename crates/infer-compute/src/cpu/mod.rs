@@ -7,7 +7,8 @@ pub mod kernels;
 pub mod matvec;
 pub mod model;
 pub mod ops;
-mod prefill;
+pub mod packed;
+pub mod weight;
 pub mod simd;
 
 use std::sync::Arc;

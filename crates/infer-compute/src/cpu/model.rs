@@ -12,6 +12,7 @@ use std::sync::Arc;
 use super::kernels::{AlignedBytes, Kernels};
 use super::matvec;
 use super::ops;
+use super::weight::{products, CpuWeight, ProductScratch};
 use super::Precision;
 use crate::backend::{DeviceModel, KvCache, QuantWeight};
 use crate::error::{Error, Result};
@@ -58,7 +59,15 @@ impl PreparedNorm {
 }
 
 struct PreparedLayer {
+    /// Shapes and options; its weights are not used (see the fields below).
     spec: LayerSpec,
+    wq: CpuWeight,
+    wk: CpuWeight,
+    wv: CpuWeight,
+    wo: CpuWeight,
+    ffn_gate: Option<CpuWeight>,
+    ffn_up: CpuWeight,
+    ffn_down: CpuWeight,
     attn_norm: PreparedNorm,
     bq: Option<Vec<f32>>,
     bk: Option<Vec<f32>>,
@@ -86,6 +95,7 @@ struct Buffers {
     tmp: Vec<f32>,
     scores: Vec<f32>,
     qbuf: AlignedBytes,
+    prod: ProductScratch,
 }
 
 fn fit(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
@@ -128,19 +138,19 @@ impl CpuModel {
                 Precision::Exact => to_f32_weight(w),
             }
         };
+        let prep = |w: &QuantWeight| CpuWeight::prepare(&kernels, conv(w)?);
         let opt_f32 = |w: &Option<QuantWeight>| w.as_ref().map(|w| w.to_f32()).transpose();
         let opt_norm = |n: &Option<Norm>| n.as_ref().map(PreparedNorm::new).transpose();
         let mut layers = Vec::with_capacity(spec.layers.len());
         for l in &spec.layers {
-            let mut s = l.clone();
-            s.wq = conv(&l.wq)?;
-            s.wk = conv(&l.wk)?;
-            s.wv = conv(&l.wv)?;
-            s.wo = conv(&l.wo)?;
-            s.ffn_gate = l.ffn_gate.as_ref().map(conv).transpose()?;
-            s.ffn_up = conv(&l.ffn_up)?;
-            s.ffn_down = conv(&l.ffn_down)?;
             layers.push(PreparedLayer {
+                wq: prep(&l.wq)?,
+                wk: prep(&l.wk)?,
+                wv: prep(&l.wv)?,
+                wo: prep(&l.wo)?,
+                ffn_gate: l.ffn_gate.as_ref().map(prep).transpose()?,
+                ffn_up: prep(&l.ffn_up)?,
+                ffn_down: prep(&l.ffn_down)?,
                 attn_norm: PreparedNorm::new(&l.attn_norm)?,
                 bq: opt_f32(&l.bq)?,
                 bk: opt_f32(&l.bk)?,
@@ -150,7 +160,7 @@ impl CpuModel {
                 post_attn_norm: opt_norm(&l.post_attn_norm)?,
                 ffn_norm: PreparedNorm::new(&l.ffn_norm)?,
                 post_ffn_norm: opt_norm(&l.post_ffn_norm)?,
-                spec: s,
+                spec: l.clone(),
             });
         }
         Ok(CpuModel {
@@ -220,7 +230,7 @@ impl CpuModel {
             let q = fit(&mut b.q, n * qd);
             let kk = fit(&mut b.k, n * kvd);
             let v = fit(&mut b.v, n * kvd);
-            project(k, &mut [(&l.wq, &mut *q), (&l.wk, &mut *kk), (&l.wv, &mut *v)], h, n, &mut b.qbuf)?;
+            products(k, &mut [(&layer.wq, &mut *q), (&layer.wk, &mut *kk), (&layer.wv, &mut *v)], h, n, &mut b.prod)?;
             for (bias, out, d) in [(&layer.bq, &mut *q, qd), (&layer.bk, &mut *kk, kvd), (&layer.bv, &mut *v, kvd)] {
                 if let Some(bias) = bias {
                     out.chunks_exact_mut(d).for_each(|r| ops::add(r, bias));
@@ -253,7 +263,7 @@ impl CpuModel {
                 ops::attention_prefill(q, &cache.k[li], &cache.v[li], pos0, n, &p, attn);
             }
             let o = fit(&mut b.o, n * e);
-            matvec::matmul_quant(k, &l.wo, attn, n, o, &mut b.qbuf)?;
+            products(k, &mut [(&layer.wo, o)], attn, n, &mut b.prod)?;
             if let Some(pn) = &layer.post_attn_norm {
                 pn.apply_inplace(o, &mut b.tmp);
             }
@@ -261,20 +271,20 @@ impl CpuModel {
 
             let h = fit(&mut b.h, n * e);
             layer.ffn_norm.apply(x, h);
-            let n_ff = l.ffn_up.rows;
+            let n_ff = layer.ffn_up.rows();
             let up = fit(&mut b.up, n * n_ff);
             let act = fit(&mut b.act, n * n_ff);
-            match (l.ffn, &l.ffn_gate) {
+            match (l.ffn, &layer.ffn_gate) {
                 (FfnType::Gated, Some(wg)) => {
                     let gate = fit(&mut b.gate, n * n_ff);
-                    project(k, &mut [(wg, &mut *gate), (&l.ffn_up, &mut *up)], h, n, &mut b.qbuf)?;
+                    products(k, &mut [(wg, &mut *gate), (&layer.ffn_up, &mut *up)], h, n, &mut b.prod)?;
                     match l.activation {
                         Activation::GeluTanh => ops::geglu(gate, up, act),
                         Activation::Silu => ops::swiglu(gate, up, act),
                     }
                 }
                 _ => {
-                    matvec::matmul_quant(k, &l.ffn_up, h, n, up, &mut b.qbuf)?;
+                    products(k, &mut [(&layer.ffn_up, &mut *up)], h, n, &mut b.prod)?;
                     act.copy_from_slice(up);
                     match l.activation {
                         Activation::GeluTanh => ops::gelu_tanh(act),
@@ -283,7 +293,7 @@ impl CpuModel {
                 }
             }
             let o = fit(&mut b.o, n * e);
-            matvec::matmul_quant(k, &l.ffn_down, act, n, o, &mut b.qbuf)?;
+            products(k, &mut [(&layer.ffn_down, o)], act, n, &mut b.prod)?;
             if let Some(pn) = &layer.post_ffn_norm {
                 pn.apply_inplace(o, &mut b.tmp);
             }
@@ -298,32 +308,6 @@ impl CpuModel {
         }
         Ok(())
     }
-}
-
-/// `y = W·x` for several weights reading the same input `x` (n tokens):
-/// for one token the activation is quantized once per distinct
-/// `vec_dot_type` and shared (q/k/v, gate/up).
-fn project(k: &Kernels, outs: &mut [(&QuantWeight, &mut [f32])], x: &[f32], n: usize, qbuf: &mut AlignedBytes) -> Result<()> {
-    if n != 1 {
-        for (w, y) in outs.iter_mut() {
-            matvec::matmul_quant(k, w, x, n, y, qbuf)?;
-        }
-        return Ok(());
-    }
-    let mut quantized_for: Option<GgmlType> = None;
-    for (w, y) in outs.iter_mut() {
-        w.check()?;
-        if w.cols != x.len() || y.len() != w.rows {
-            return Err(crate::error::shape_err("project", format!("W is {}x{}, x has {}, y has {}", w.rows, w.cols, x.len(), y.len())));
-        }
-        let act = w.ty.vec_dot_type().ok_or(Error::Unsupported { op: "matvec", ty: w.ty })?;
-        if quantized_for != Some(act) {
-            k.quantize_activation(w.ty, x, qbuf)?;
-            quantized_for = Some(act);
-        }
-        matvec::matvec_quantized(k, w, qbuf.as_bytes(), y);
-    }
-    Ok(())
 }
 
 impl DeviceModel for CpuModel {

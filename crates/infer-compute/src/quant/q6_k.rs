@@ -34,7 +34,7 @@ pub struct BlockQ6K {
 const _: () = assert!(std::mem::size_of::<BlockQ6K>() == 210);
 
 /// All 256 quants of a block, in `-32..=31`.
-fn quants(b: &BlockQ6K) -> [i8; QK_K] {
+pub(crate) fn quants(b: &BlockQ6K) -> [i8; QK_K] {
     let mut q = [0i8; QK_K];
     for (i, v) in q.iter_mut().enumerate() {
         let (h, s, k) = (i / 128, (i % 128) / 32, i % 32);

@@ -1,0 +1,532 @@
+//! Weights repacked once for the AVX-512 VNNI products, and the products.
+//!
+//! GGUF stores a matrix row by row, so a row-dot kernel reduces 32 values of
+//! one row across the lanes of a vector and pays a horizontal sum per block
+//! per token. Here 16 rows are interleaved so that lane `j` of a 512-bit
+//! vector holds 4 consecutive codes of row `j`: one `vpdpbusd` (u8 × i8 → i32)
+//! with 4 broadcast activation bytes advances 16 rows by 4 values, and after
+//! a block every lane holds its row's exact integer block dot. No horizontal
+//! sums remain, and in prefill the unpacked weights are shared by a tile of
+//! up to [`TILE`] tokens. ggml repacks Q4_0 the same way for its AVX and ARM
+//! GEMMs (`ggml-cpu/repack.cpp`); the layouts below are ours.
+//!
+//! Decode (one token) and prefill (many) run the same kernel, and for every
+//! (row, token) it performs the same f32 operations in the same order, so
+//! the two give bit-identical results: in formats whose activations are
+//! re-quantized between layers, any difference would flip roundings
+//! downstream and grow.
+//!
+//! # Arithmetic (per row and token; [`PackedWeight::dot_ref`] is its scalar
+//! statement and the SIMD kernels match it bit for bit)
+//! - Q4_0, Q5_0, Q8_0, IQ4_NL (activations Q8_0): for each 32-block `b` in
+//!   order, `acc = fma(f32(Σ q·a), w_d · a_d, acc)` with the integer sum exact.
+//! - Q4_K (activations Q8_K): per super-block `S = Σ_j sc_j·Σ q·a` and
+//!   `M = Σ_j m_j·Σ a` over the eight sub-blocks (exact), then
+//!   `acc = fma(fma(d, f32(S), -(dmin · f32(M))), a_d, acc)`.
+//! - Q6_K (activations Q8_K): `X = Σ_j sc_j·Σ q·a - 32·Σ_j sc_j·Σ a` over the
+//!   16 sub-blocks (exact), then `acc = fma(f32(X), d · a_d, acc)`.
+//!
+//! Unsigned codes meet signed activations in `vpdpbusd`; the formats' offsets
+//! (Q4_0's 8, Q5_0's 16, and 128 for the biased Q8_0 and IQ4_NL codes) are
+//! taken back through the activation block sums, which start each integer
+//! accumulator, so every lane ends at the exact `Σ q·a`.
+
+use rayon::prelude::*;
+
+use super::kernels::{AlignedBytes, Kernels, SimdLevel};
+use crate::backend::QuantWeight;
+use crate::error::{shape_err, Error, Result};
+use crate::quant::{self, BlockIQ4NL, BlockQ4K, BlockQ4_0, BlockQ5_0, BlockQ6K, BlockQ8K, BlockQ8_0, QK, QK_K};
+use crate::GgmlType;
+
+/// Rows per interleaved group: the 16 i32 lanes of a 512-bit vector.
+pub const GROUP: usize = 16;
+/// Tokens per prefill tile: each unpacked weight vector feeds this many.
+pub const TILE: usize = 8;
+
+/// Bytes of one (group, block) record; every record is a multiple of 64
+/// bytes, so with 64-byte aligned storage every vector load is aligned.
+///
+/// Layouts (offsets in bytes; "lane `j`" is row `16g + j` of the group):
+/// - Q8_0, 576: `0` 16 f32 scales; `64 + 64m` (m < 8) lane `j` = codes
+///   `4m..4m+4` of row `j` plus 128, as u8.
+/// - Q4_0 / IQ4_NL, 320: `0` scales; `64 + 64m` (m < 4) lane `j` = bytes
+///   `4m..4m+4` of row `j`'s `qs` (low nibbles: codes `4m..`, high nibbles:
+///   codes `16 + 4m..`).
+/// - Q5_0, 384: as Q4_0, then at `320 + 8m` (m < 8) a 64-bit mask whose bit
+///   `4j + i` is the fifth bit of code `4m + i` of row `j`.
+/// - Q4_K, 2560 per super-block: `0` d, `64` dmin (f32 ×16); `128 + 16s`
+///   sub-block scales `sc_s` (u8 ×16); `256 + 32s` mins `(m_s, m_s)` (u8
+///   pairs ×16, to meet Q8_K's pairs of 16-value sums); `512 + 64(8c + m)`
+///   lane `j` = bytes `32c + 4m..+4` of row
+///   `j`'s `qs` (low nibbles: sub-block `2c`, high: `2c + 1`).
+/// - Q6_K, 4672 per super-block: `0` d (f32 ×16); `64 + 16j` scales `sc_j`
+///   (i8 ×16); `320 + 32p` scale pairs `(sc_2p, sc_2p+1)` (i8 pairs ×16);
+///   `576 + 64m` (m < 64) lane `j` = codes `4m..4m+4` in `0..64`, as u8.
+pub const fn record_bytes(ty: GgmlType) -> Option<usize> {
+    match ty {
+        GgmlType::Q8_0 => Some(576),
+        GgmlType::Q4_0 | GgmlType::IQ4_NL => Some(320),
+        GgmlType::Q5_0 => Some(384),
+        GgmlType::Q4_K => Some(2560),
+        GgmlType::Q6_K => Some(4672),
+        _ => None,
+    }
+}
+
+/// The code offset of a 32-wide format: `value = code - offset`.
+pub(crate) const fn offset(ty: GgmlType) -> i32 {
+    match ty {
+        GgmlType::Q4_0 => 8,
+        GgmlType::Q5_0 => 16,
+        _ => 128,
+    }
+}
+
+/// Whether `ty` is packed on this kernel level (AVX-512 VNNI only: the
+/// kernels need `vpdpbusd` on 512-bit vectors).
+pub fn supported(k: &Kernels, ty: GgmlType) -> bool {
+    k.level() == SimdLevel::Avx512Vnni && record_bytes(ty).is_some()
+}
+
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+#[repr(C, align(64))]
+struct Line([u8; 64]);
+
+/// A `rows × cols` weight matrix in the interleaved layout of
+/// [`record_bytes`]: groups of [`GROUP`] rows (the last padded with zero
+/// rows), each group's blocks in order.
+pub struct PackedWeight {
+    ty: GgmlType,
+    rows: usize,
+    cols: usize,
+    /// Blocks per row (32 or 256 values each).
+    nb: usize,
+    rec: usize,
+    data: Vec<Line>,
+}
+
+fn put_f32(r: &mut [u8], at: usize, j: usize, v: f32) {
+    r[at + 4 * j..at + 4 * j + 4].copy_from_slice(&v.to_le_bytes());
+}
+
+impl PackedWeight {
+    /// Repacks `w`.
+    ///
+    /// # Errors
+    /// A type without a packed layout; inconsistent weight bytes.
+    pub fn new(w: &QuantWeight) -> Result<Self> {
+        w.check()?;
+        let rec = record_bytes(w.ty).ok_or(Error::Unsupported { op: "packed weight", ty: w.ty })?;
+        let nb = w.cols / w.ty.block_size();
+        let groups = w.rows.div_ceil(GROUP);
+        let mut data = vec![Line([0; 64]); groups * nb * rec / 64];
+        let bytes: &mut [u8] = bytemuck::cast_slice_mut(&mut data);
+        for (r, row) in (0..w.rows).map(|r| (r, w.row(r))) {
+            let (g, j) = (r / GROUP, r % GROUP);
+            for b in 0..nb {
+                let out = &mut bytes[(g * nb + b) * rec..][..rec];
+                pack_block(w.ty, row, b, j, out)?;
+            }
+        }
+        if w.ty == GgmlType::Q8_0 {
+            // Padding rows hold code 0 too (biased: 128), for uniformity.
+            for r in w.rows..groups * GROUP {
+                let (g, j) = (r / GROUP, r % GROUP);
+                for b in 0..nb {
+                    let out = &mut bytes[(g * nb + b) * rec..][..rec];
+                    for m in 0..8 {
+                        out[64 + 64 * m + 4 * j..][..4].fill(128);
+                    }
+                }
+            }
+        }
+        Ok(PackedWeight { ty: w.ty, rows: w.rows, cols: w.cols, nb, rec, data })
+    }
+
+    /// The weight type.
+    pub fn ty(&self) -> GgmlType {
+        self.ty
+    }
+    /// Rows (outputs).
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+    /// Columns (inputs).
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+    /// Bytes read per product with one token.
+    pub fn bytes(&self) -> usize {
+        self.data.len() * 64
+    }
+
+    fn group(&self, g: usize) -> &[u8] {
+        let n = self.nb * self.rec;
+        &bytemuck::cast_slice(&self.data)[g * n..(g + 1) * n]
+    }
+
+    /// The scalar statement of the packed arithmetic (module docs) for row
+    /// `r` and token `t` of `a`: the SIMD kernels match it bit for bit.
+    pub fn dot_ref(&self, r: usize, a: &PackedActs, t: usize) -> f32 {
+        let (g, j) = (r / GROUP, r % GROUP);
+        let data = self.group(g);
+        let qs = &a.qs[t * self.cols..(t + 1) * self.cols];
+        let f32_at = |rec: &[u8], at: usize| f32::from_le_bytes(rec[at + 4 * j..at + 4 * j + 4].try_into().unwrap());
+        let mut acc = 0f32;
+        for b in 0..self.nb {
+            let rec = &data[b * self.rec..(b + 1) * self.rec];
+            let ad = a.d[t * self.nb + b];
+            match self.ty {
+                GgmlType::Q4_K => {
+                    let aux = &a.aux[(t * self.nb + b) * 8..][..8];
+                    let mut s = 0i32;
+                    for sub in 0..8 {
+                        let isum: i32 = (0..32).map(|i| code(self.ty, rec, j, sub, i) * qs[b * QK_K + 32 * sub + i] as i32).sum();
+                        s += rec[128 + 16 * sub + j] as i32 * isum;
+                    }
+                    let m: i32 = (0..8).map(|p| rec[256 + 32 * p + 2 * j] as i32 * (bsum16(aux, 2 * p) + bsum16(aux, 2 * p + 1))).sum();
+                    let (d, dmin) = (f32_at(rec, 0), f32_at(rec, 64));
+                    acc = d.mul_add(s as f32, -(dmin * m as f32)).mul_add(ad, acc);
+                }
+                GgmlType::Q6_K => {
+                    let aux = &a.aux[(t * self.nb + b) * 8..][..8];
+                    let (mut s, mut bsum) = (0i32, 0i32);
+                    for sub in 0..16 {
+                        let isum: i32 = (0..16).map(|i| code(self.ty, rec, j, sub, i) * qs[b * QK_K + 16 * sub + i] as i32).sum();
+                        let sc = rec[64 + 16 * sub + j] as i8 as i32;
+                        s += sc * isum;
+                        bsum += sc * bsum16(aux, sub);
+                    }
+                    acc = ((s - 32 * bsum) as f32).mul_add(f32_at(rec, 0) * ad, acc);
+                }
+                _ => {
+                    let isum: i32 = (0..QK).map(|i| (code(self.ty, rec, j, 0, i) - offset(self.ty)) * qs[b * QK + i] as i32).sum();
+                    acc = (isum as f32).mul_add(f32_at(rec, 0) * ad, acc);
+                }
+            }
+        }
+        acc
+    }
+}
+
+/// Q8_K bsum `k` (16 values) from a super-block's 8 aux words.
+fn bsum16(aux: &[i32], k: usize) -> i32 {
+    (aux[k / 2] >> (16 * (k % 2))) as i16 as i32
+}
+
+/// Code `i` of sub-block `sub` of lane `j` in a record (as the kernels
+/// unpack it; 32-wide formats have one sub-block, IQ4_NL codes are biased).
+fn code(ty: GgmlType, rec: &[u8], j: usize, sub: usize, i: usize) -> i32 {
+    let lane = |base: usize, k: usize| rec[base + 64 * (k / 4) + 4 * j + k % 4];
+    match ty {
+        GgmlType::Q8_0 => lane(64, i) as i32,
+        GgmlType::Q4_0 | GgmlType::IQ4_NL | GgmlType::Q5_0 => {
+            let byte = lane(64, i % 16);
+            let nib = if i < 16 { byte & 15 } else { byte >> 4 };
+            match ty {
+                GgmlType::Q4_0 => nib as i32,
+                GgmlType::IQ4_NL => quant::iq4_nl::KVALUES_IQ4NL[nib as usize] as i32 + 128,
+                _ => {
+                    let m = u64::from_le_bytes(rec[320 + 8 * (i / 4)..][..8].try_into().unwrap());
+                    nib as i32 | (((m >> (4 * j + i % 4)) & 1) as i32) << 4
+                }
+            }
+        }
+        GgmlType::Q4_K => {
+            let byte = lane(512 + 64 * 8 * (sub / 2), i);
+            (if sub % 2 == 0 { byte & 15 } else { byte >> 4 }) as i32
+        }
+        GgmlType::Q6_K => lane(576, 16 * sub + i) as i32,
+        _ => 0,
+    }
+}
+
+/// Writes block `b` of one row (lane `j`) into its record `out`.
+fn pack_block(ty: GgmlType, row: &[u8], b: usize, j: usize, out: &mut [u8]) -> Result<()> {
+    let lane = |out: &mut [u8], base: usize, m: usize, v: [u8; 4]| out[base + 64 * m + 4 * j..][..4].copy_from_slice(&v);
+    match ty {
+        GgmlType::Q8_0 => {
+            let blk = &quant::blocks::<BlockQ8_0>(row)?[b];
+            put_f32(out, 0, j, blk.d.to_f32());
+            for m in 0..8 {
+                lane(out, 64, m, std::array::from_fn(|i| (blk.qs[4 * m + i] as i32 + 128) as u8));
+            }
+        }
+        GgmlType::Q4_0 | GgmlType::IQ4_NL => {
+            let (d, qs) = match ty {
+                GgmlType::Q4_0 => quant::blocks::<BlockQ4_0>(row).map(|x| (x[b].d, x[b].qs))?,
+                _ => quant::blocks::<BlockIQ4NL>(row).map(|x| (x[b].d, x[b].qs))?,
+            };
+            put_f32(out, 0, j, d.to_f32());
+            for m in 0..4 {
+                lane(out, 64, m, qs[4 * m..4 * m + 4].try_into().unwrap());
+            }
+        }
+        GgmlType::Q5_0 => {
+            let blk = &quant::blocks::<BlockQ5_0>(row)?[b];
+            put_f32(out, 0, j, blk.d.to_f32());
+            for m in 0..4 {
+                lane(out, 64, m, blk.qs[4 * m..4 * m + 4].try_into().unwrap());
+            }
+            let qh = u32::from_le_bytes(blk.qh);
+            for m in 0..8 {
+                let at = 320 + 8 * m;
+                let mut mask = u64::from_le_bytes(out[at..at + 8].try_into().unwrap());
+                mask |= (((qh >> (4 * m)) & 15) as u64) << (4 * j);
+                out[at..at + 8].copy_from_slice(&mask.to_le_bytes());
+            }
+        }
+        GgmlType::Q4_K => {
+            let blk = &quant::blocks::<BlockQ4K>(row)?[b];
+            put_f32(out, 0, j, blk.d.to_f32());
+            put_f32(out, 64, j, blk.dmin.to_f32());
+            for sub in 0..8 {
+                let (sc, m) = quant::k_common::get_scale_min_k4(sub, &blk.scales);
+                out[128 + 16 * sub + j] = sc;
+                out[256 + 32 * sub + 2 * j..][..2].fill(m);
+            }
+            for c in 0..4 {
+                for m in 0..8 {
+                    lane(out, 512 + 64 * 8 * c, m, blk.qs[32 * c + 4 * m..][..4].try_into().unwrap());
+                }
+            }
+        }
+        GgmlType::Q6_K => {
+            let blk = &quant::blocks::<BlockQ6K>(row)?[b];
+            put_f32(out, 0, j, blk.d.to_f32());
+            for sub in 0..16 {
+                out[64 + 16 * sub + j] = blk.scales[sub] as u8;
+                out[320 + 32 * (sub / 2) + 2 * j + sub % 2] = blk.scales[sub] as u8;
+            }
+            let q = quant::q6_k::quants(blk);
+            for m in 0..64 {
+                lane(out, 576, m, std::array::from_fn(|i| (q[4 * m + i] as i32 + 32) as u8));
+            }
+        }
+        _ => return Err(Error::Unsupported { op: "packed weight", ty }),
+    }
+    Ok(())
+}
+
+/// Activations quantized for the packed products: `n_tokens` rows of `cols`
+/// values, quantized exactly as the row-dot path quantizes them (Q8_0 for
+/// the 32-wide formats, Q8_K for the k-quants) and split into the arrays
+/// the kernels read. Buffers are reused between calls.
+#[derive(Default)]
+pub struct PackedActs {
+    /// `Q8_0` or `Q8_K`.
+    pub(crate) kind: Option<GgmlType>,
+    pub(crate) n_tokens: usize,
+    pub(crate) cols: usize,
+    /// `[n_tokens][cols]` codes.
+    pub(crate) qs: Vec<i8>,
+    /// `[n_tokens][blocks]` scales.
+    pub(crate) d: Vec<f32>,
+    /// Q8_0: `[n_tokens][blocks]` block sums `Σ a`; Q8_K:
+    /// `[n_tokens][blocks][8]` the 16 `bsums` as pairs of i16.
+    pub(crate) aux: Vec<i32>,
+}
+
+impl PackedActs {
+    /// Quantizes `x` (`n_tokens × cols`, row-major) for products with
+    /// weights of type `ty`.
+    ///
+    /// # Errors
+    /// `x.len()` not `n_tokens · cols`; `cols` not a multiple of the block;
+    /// a type without a packed layout.
+    pub fn quantize(&mut self, k: &Kernels, ty: GgmlType, x: &[f32], n_tokens: usize, cols: usize, scratch: &mut AlignedBytes) -> Result<()> {
+        let kind = ty.vec_dot_type().filter(|_| record_bytes(ty).is_some()).ok_or(Error::Unsupported { op: "packed product", ty })?;
+        if x.len() != n_tokens * cols {
+            return Err(shape_err("packed activations", format!("{} values for {n_tokens} x {cols}", x.len())));
+        }
+        *self = PackedActs { kind: Some(kind), n_tokens, cols, qs: std::mem::take(&mut self.qs), d: std::mem::take(&mut self.d), aux: std::mem::take(&mut self.aux) };
+        self.qs.clear();
+        self.d.clear();
+        self.aux.clear();
+        for row in x.chunks_exact(cols.max(1)).take(n_tokens) {
+            k.quantize_activation(ty, row, scratch)?;
+            if kind == GgmlType::Q8_0 {
+                for b in quant::blocks::<BlockQ8_0>(scratch.as_bytes())? {
+                    self.qs.extend_from_slice(&b.qs);
+                    self.d.push(b.d.to_f32());
+                    self.aux.push(b.qs.iter().map(|&q| q as i32).sum());
+                }
+            } else {
+                for b in quant::blocks::<BlockQ8K>(scratch.as_bytes())? {
+                    self.qs.extend_from_slice(&b.qs);
+                    self.d.push(b.d);
+                    self.aux.extend(b.bsums.chunks_exact(2).map(|p| (p[0] as u16 as u32 | (p[1] as u16 as u32) << 16) as i32));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The activation type these were quantized to, if any.
+    pub fn kind(&self) -> Option<GgmlType> {
+        self.kind
+    }
+}
+
+/// A pointer to the output that tasks writing disjoint rows share.
+#[derive(Clone, Copy)]
+struct OutPtr(*mut f32);
+// SAFETY: each task of `matmul` writes only the rows of its own groups.
+unsafe impl Send for OutPtr {}
+unsafe impl Sync for OutPtr {}
+
+/// `Y = X·Wᵀ`: `a` holds `n_tokens` quantized activations of `w.cols()`
+/// values, `y` is `n_tokens × w.rows()` (row-major). Groups of rows are
+/// split across the thread pool; each group meets the tokens in tiles of
+/// [`TILE`]. Without AVX-512 VNNI (only in tests: models pack only on that
+/// level) the scalar [`PackedWeight::dot_ref`] computes the same values.
+///
+/// # Errors
+/// Activations of another type or length; `y` of the wrong length.
+pub fn matmul(k: &Kernels, w: &PackedWeight, a: &PackedActs, y: &mut [f32]) -> Result<()> {
+    let n = a.n_tokens;
+    if a.kind != w.ty.vec_dot_type() || a.cols != w.cols || y.len() != n * w.rows {
+        return Err(shape_err(
+            "packed matmul",
+            format!("W is {} {}x{}, activations {:?} {n}x{}, y has {}", w.ty, w.rows, w.cols, a.kind, a.cols, y.len()),
+        ));
+    }
+    let groups = w.rows.div_ceil(GROUP);
+    let threads = rayon::current_num_threads().max(1);
+    let per_task = groups.div_ceil(threads * 4).max(1);
+    let out = OutPtr(y.as_mut_ptr());
+    let simd = k.level() == SimdLevel::Avx512Vnni;
+    (0..groups.div_ceil(per_task)).into_par_iter().for_each(|task| {
+        let out = out;
+        for g in task * per_task..((task + 1) * per_task).min(groups) {
+            let valid = (w.rows - g * GROUP).min(GROUP);
+            let mut t = 0;
+            while t < n {
+                let m = (n - t).min(TILE);
+                if simd {
+                    #[cfg(target_arch = "x86_64")]
+                    // SAFETY: the level is AVX-512 VNNI, which
+                    // `Kernels::for_level` checked against this CPU; the
+                    // group holds `w.nb` records of `w.ty`; `a` holds tokens
+                    // `t..t + m` of `w.cols` values (checked above); the
+                    // kernel writes lanes `..valid` of rows `t..t + m` of
+                    // `y` at columns `16g..`, inside `y` and owned by this
+                    // task alone.
+                    unsafe {
+                        super::simd::avx512_packed::tile(w.ty, w.group(g).as_ptr(), w.nb, a, t, m, out.0.add(t * w.rows + g * GROUP), w.rows, valid);
+                    }
+                } else {
+                    for tt in t..t + m {
+                        for j in 0..valid {
+                            let v = w.dot_ref(g * GROUP + j, a, tt);
+                            // SAFETY: as above, inside `y` and owned by this task.
+                            unsafe { *out.0.add(tt * w.rows + g * GROUP + j) = v };
+                        }
+                    }
+                }
+                t += m;
+            }
+        }
+    });
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cpu::matvec;
+
+    fn rng(seed: u64) -> impl FnMut() -> f32 {
+        let mut s = seed;
+        move || {
+            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            ((s >> 33) as f32 / (1u64 << 31) as f32) * 2.0 - 1.0
+        }
+    }
+
+    fn weight(ty: GgmlType, rows: usize, cols: usize, seed: u64) -> (Vec<f32>, QuantWeight) {
+        let mut rnd = rng(seed);
+        // Rows of different magnitudes, so that scales differ across lanes.
+        let wf: Vec<f32> = (0..rows * cols).map(|i| rnd() * (1.0 + (i / cols % 5) as f32)).collect();
+        let rb = ty.row_bytes(cols).unwrap();
+        let mut wq = vec![0u8; rows * rb];
+        for r in 0..rows {
+            quant::quantize_row(ty, &wf[r * cols..(r + 1) * cols], &mut wq[r * rb..(r + 1) * rb]).unwrap();
+        }
+        (wf, QuantWeight::new(ty, rows, cols, wq.into()).unwrap())
+    }
+
+    const TYPES: [GgmlType; 6] = [GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::IQ4_NL, GgmlType::Q4_K, GgmlType::Q6_K];
+
+    /// Awkward shapes: one row, rows not a multiple of 16, one block, many
+    /// blocks, token counts below, at and past a tile.
+    fn shapes(ty: GgmlType) -> Vec<(usize, usize, usize)> {
+        let bs = ty.block_size();
+        vec![(1, bs, 1), (17, 7 * bs.min(32), 3), (33, 2048, 9), (16, 20 * 32, 8), (40, 3 * bs, 13), (5, bs, 17)]
+            .into_iter()
+            .map(|(r, c, n)| (r, c.div_ceil(bs) * bs, n))
+            .collect()
+    }
+
+    #[test]
+    fn kernels_match_the_scalar_statement_bit_for_bit_and_the_reference_dot() {
+        let best = Kernels::detect();
+        let scalar = Kernels::for_level(SimdLevel::Scalar);
+        if !supported(&best, GgmlType::Q8_0) {
+            println!("packed SIMD kernels not exercised: CPU level {} (the scalar statement is still checked)", best.level().name());
+        }
+        for ty in TYPES {
+            for (rows, cols, n) in shapes(ty) {
+                let (wf, qw) = weight(ty, rows, cols, (rows * 131 + cols + n) as u64);
+                let pw = PackedWeight::new(&qw).unwrap();
+                let mut rnd = rng(cols as u64 * 7 + n as u64);
+                let x: Vec<f32> = (0..n * cols).map(|i| rnd() * if i % 97 == 0 { 300.0 } else { 2.0 }).collect();
+                let mut scratch = AlignedBytes::default();
+                let mut a = PackedActs::default();
+                a.quantize(&best, ty, &x, n, cols, &mut scratch).unwrap();
+                let mut y = vec![f32::NAN; n * rows];
+                matmul(&best, &pw, &a, &mut y).unwrap();
+                for t in 0..n {
+                    // One token at a time (decode) gives the same bits.
+                    let mut a1 = PackedActs::default();
+                    a1.quantize(&best, ty, &x[t * cols..(t + 1) * cols], 1, cols, &mut scratch).unwrap();
+                    let mut y1 = vec![f32::NAN; rows];
+                    matmul(&best, &pw, &a1, &mut y1).unwrap();
+                    let mut want = vec![0f32; rows];
+                    matvec::matvec(&scalar, &qw, &x[t * cols..(t + 1) * cols], &mut want, &mut scratch).unwrap();
+                    for r in 0..rows {
+                        let got = y[t * rows + r];
+                        let stmt = pw.dot_ref(r, &a, t);
+                        assert_eq!(got.to_bits(), stmt.to_bits(), "{ty} {rows}x{cols} n={n} t={t} r={r}: kernel {got} vs statement {stmt}");
+                        assert_eq!(y1[r].to_bits(), got.to_bits(), "{ty} {rows}x{cols} n={n} t={t} r={r}: decode {} vs prefill {got}", y1[r]);
+                        let mag: f32 = (0..cols).map(|c| (wf[r * cols + c] * x[t * cols + c]).abs()).sum();
+                        assert!((got - want[r]).abs() <= 2e-5 * mag + 1e-6, "{ty} {rows}x{cols} t={t} r={r}: {got} vs reference {}", want[r]);
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn bad_inputs_are_errors() {
+        let k = Kernels::detect();
+        let (_, f16w) = weight(GgmlType::F16, 2, 32, 1);
+        assert!(matches!(PackedWeight::new(&f16w), Err(Error::Unsupported { .. })));
+        let (_, qw) = weight(GgmlType::Q8_0, 3, 64, 2);
+        let pw = PackedWeight::new(&qw).unwrap();
+        let mut a = PackedActs::default();
+        let mut scratch = AlignedBytes::default();
+        assert!(a.quantize(&k, GgmlType::Q8_0, &[0.0; 63], 1, 64, &mut scratch).is_err());
+        a.quantize(&k, GgmlType::Q8_0, &[0.5; 128], 2, 64, &mut scratch).unwrap();
+        assert!(matmul(&k, &pw, &a, &mut [0.0; 5]).is_err(), "short output");
+        let (_, q4k) = weight(GgmlType::Q4_K, 3, 256, 3);
+        let mut a4 = PackedActs::default();
+        a4.quantize(&k, GgmlType::Q4_K, &[0.5; 256], 1, 256, &mut scratch).unwrap();
+        assert!(matmul(&k, &pw, &a4, &mut [0.0; 3]).is_err(), "Q8_K activations for Q8_0 weights");
+        let p4 = PackedWeight::new(&q4k).unwrap();
+        let mut y = [0.0; 3];
+        matmul(&k, &p4, &a4, &mut y).unwrap();
+        assert!(y.iter().all(|v| v.is_finite()));
+    }
+}
