@@ -108,12 +108,12 @@ const PAR_MIN_WORK: usize = 1 << 16;
 
 /// Logits of one head: `scores[j - first] = cap(scale · q_h · k[j, g])` for
 /// `j` in `first..=pos`.
-#[inline]
-fn head_logits(qh: &[f32], k_cache: &[f32], g: usize, first: usize, p: &AttnParams, scores: &mut [f32]) {
+#[inline(always)]
+fn head_logits<const WIDE: bool>(qh: &[f32], k_cache: &[f32], g: usize, first: usize, p: &AttnParams, scores: &mut [f32]) {
     let (hd, stride) = (p.head_dim, p.kv_dim());
     for (s, j) in scores.iter_mut().zip(first..) {
         let k = &k_cache[j * stride + g * hd..][..hd];
-        *s = p.scale * dot(qh, k);
+        *s = p.scale * dot_any::<WIDE>(qh, k);
     }
     if let Some(c) = p.softcap {
         let inv = 1.0 / c;
@@ -124,7 +124,7 @@ fn head_logits(qh: &[f32], k_cache: &[f32], g: usize, first: usize, p: &AttnPara
 }
 
 /// `out = Σ_j probs[j - first] · v[j, g]`, four cache rows per pass.
-#[inline]
+#[inline(always)]
 fn head_pv(probs: &[f32], v_cache: &[f32], g: usize, first: usize, p: &AttnParams, out: &mut [f32]) {
     let (hd, stride) = (p.head_dim, p.kv_dim());
     let row = |j: usize| &v_cache[j * stride + g * hd..][..hd];
@@ -148,8 +148,69 @@ fn head_pv(probs: &[f32], v_cache: &[f32], g: usize, first: usize, p: &AttnParam
 
 /// One query head at `pos`: logits, softmax, p·v. `scores` holds exactly
 /// `n_attended(pos)` floats. The single code path behind decode and prefill.
+///
+/// On x86-64 processors with AVX-512 the same Rust code is compiled a second
+/// time with those instructions enabled and chosen at run time. Rust neither
+/// reassociates nor contracts f32 arithmetic, so both builds give the same
+/// bits; the wide one is faster.
 #[inline]
+#[allow(clippy::too_many_arguments)]
 fn attend_head(
+    qh: &[f32],
+    k_cache: &[f32],
+    v_cache: &[f32],
+    h: usize,
+    pos: usize,
+    p: &AttnParams,
+    scores: &mut [f32],
+    out_h: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx512f") {
+        // SAFETY: the processor supports AVX-512 F, the only feature the
+        // function enables.
+        unsafe { attend_head_avx512(qh, k_cache, v_cache, h, pos, p, scores, out_h) };
+        return;
+    }
+    attend_head_portable::<false>(qh, k_cache, v_cache, h, pos, p, scores, out_h);
+}
+
+/// [`attend_head_portable`] compiled with AVX-512 F.
+///
+/// # Safety
+/// The processor must support AVX-512 F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn attend_head_avx512(
+    qh: &[f32],
+    k_cache: &[f32],
+    v_cache: &[f32],
+    h: usize,
+    pos: usize,
+    p: &AttnParams,
+    scores: &mut [f32],
+    out_h: &mut [f32],
+) {
+    attend_head_portable::<true>(qh, k_cache, v_cache, h, pos, p, scores, out_h);
+}
+
+/// [`dot`], or with `WIDE` (only inside [`attend_head_avx512`]) its AVX-512
+/// form, which gives the same bits.
+#[inline(always)]
+fn dot_any<const WIDE: bool>(a: &[f32], b: &[f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if WIDE {
+        // SAFETY: `WIDE` is set only by `attend_head_avx512`, which runs
+        // only where AVX-512 F is available.
+        return unsafe { super::dot_avx512(a, b) };
+    }
+    dot(a, b)
+}
+
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn attend_head_portable<const WIDE: bool>(
     qh: &[f32],
     k_cache: &[f32],
     v_cache: &[f32],
@@ -162,7 +223,7 @@ fn attend_head(
     let g = h / (p.n_head / p.n_head_kv);
     let first = p.first_pos(pos);
     debug_assert_eq!(scores.len(), pos + 1 - first);
-    head_logits(qh, k_cache, g, first, p, scores);
+    head_logits::<WIDE>(qh, k_cache, g, first, p, scores);
     softmax(scores);
     head_pv(scores, v_cache, g, first, p, out_h);
 }
@@ -275,7 +336,7 @@ pub fn attention_probs(q: &[f32], k_cache: &[f32], pos: usize, p: &AttnParams, p
         let g = h / (p.n_head / p.n_head_kv);
         row[..first].fill(0.0);
         let scores = &mut row[first..];
-        head_logits(&q[h * hd..][..hd], k_cache, g, first, p, scores);
+        head_logits::<false>(&q[h * hd..][..hd], k_cache, g, first, p, scores);
         softmax(scores);
     }
 }

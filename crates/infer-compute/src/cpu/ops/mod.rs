@@ -37,7 +37,7 @@ pub use softmax::softmax;
 /// that it vectorizes; summation order differs from a sequential loop.
 ///
 /// Contract: `a.len() == b.len()` (debug-asserted).
-#[inline]
+#[inline(always)]
 pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
     debug_assert_eq!(a.len(), b.len());
     const L: usize = 16;
@@ -63,6 +63,39 @@ pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
         }
     }
     acc[0] + tail
+}
+
+/// [`dot`] with AVX-512: the 16 accumulators are the lanes of one vector and
+/// the reduction is the same pairwise tree, so the result has the same bits.
+///
+/// # Safety
+/// The processor must support AVX-512 F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline]
+pub(crate) unsafe fn dot_avx512(a: &[f32], b: &[f32]) -> f32 {
+    use std::arch::x86_64::*;
+    debug_assert_eq!(a.len(), b.len());
+    let n = a.len().min(b.len());
+    let split = n - n % 16;
+    let mut acc = _mm512_setzero_ps();
+    let mut i = 0;
+    while i < split {
+        let x = _mm512_loadu_ps(a.as_ptr().add(i));
+        let y = _mm512_loadu_ps(b.as_ptr().add(i));
+        acc = _mm512_add_ps(acc, _mm512_mul_ps(x, y));
+        i += 16;
+    }
+    let mut tail = 0.0f32;
+    for (x, y) in a[split..n].iter().zip(&b[split..n]) {
+        tail += x * y;
+    }
+    let hi8 = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(acc)));
+    let s8 = _mm256_add_ps(_mm512_castps512_ps256(acc), hi8);
+    let s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps::<1>(s8));
+    let s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    let s1 = _mm_add_ss(s2, _mm_movehdup_ps(s2));
+    _mm_cvtss_f32(s1) + tail
 }
 
 /// Shared helpers of the op tests: seeded inputs and error reports.
@@ -114,6 +147,12 @@ mod tests {
             let mag: f64 = a.iter().zip(&b).map(|(&x, &y)| (x as f64 * y as f64).abs()).sum();
             let got = dot(&a, &b);
             assert!((got as f64 - want).abs() <= 1e-6 * mag, "n={n}: {got} vs {want}");
+            #[cfg(target_arch = "x86_64")]
+            if std::is_x86_feature_detected!("avx512f") {
+                // SAFETY: checked just above.
+                let wide = unsafe { dot_avx512(&a, &b) };
+                assert_eq!(wide.to_bits(), got.to_bits(), "n={n}: AVX-512 dot {wide} vs {got}");
+            }
         }
     }
 }

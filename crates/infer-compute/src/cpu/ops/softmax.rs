@@ -13,6 +13,7 @@
 ///
 /// Contract: entries are finite or `-inf` (a `+inf` or NaN entry yields NaN,
 /// as in ggml).
+#[inline(always)]
 pub fn softmax(x: &mut [f32]) {
     if x.is_empty() {
         return;
