@@ -16,9 +16,10 @@
 use std::collections::HashMap;
 use std::time::Instant;
 
-use infer_compute::backend::QuantWeight;
 use infer_compute::cpu::kernels::AlignedBytes;
 use infer_compute::cpu::model::PreparedNorm;
+use infer_compute::cpu::packed::{self, PackedActs};
+use infer_compute::cpu::weight::CpuWeight;
 use infer_compute::cpu::{matvec, ops, CpuBackend, Kernels, Precision};
 use infer_compute::pipeline::{Activation, FfnType, ModelSpec, Norm, NormType};
 use infer_compute::GgmlType;
@@ -114,49 +115,58 @@ fn norm_name(kind: NormType) -> &'static str {
     }
 }
 
-/// `y = W·x` as the decode path does it, timed in two parts: quantizing the
-/// activation (skipped when `shared` says that `act` already holds `x` in
-/// this weight's pair type, as for k/v after q and up after gate), then the
-/// mat-vec itself (recorded under `name` with the weight's type and shape).
+/// Quantized activations kept between products that share an input.
+#[derive(Default)]
+struct ActCache {
+    /// Row-dot activation bytes.
+    rows: AlignedBytes,
+    /// Packed-product activations.
+    packed: PackedActs,
+    tmp: AlignedBytes,
+    /// What `rows` / `packed` now hold: (packed?, activation type).
+    holds: Option<(bool, GgmlType)>,
+}
+
+/// `y = W·x` as the decode path does it (`cpu::weight`), timed in two
+/// parts: quantizing the activation (skipped when `shared` says the cache
+/// already holds `x` in this weight's form, as for k/v after q and up after
+/// gate), then the product itself (recorded under `name` with the weight's
+/// type, shape and bytes read).
 #[allow(clippy::too_many_arguments)]
 fn timed_matvec(
     rec: &mut Recorder,
     k: &Kernels,
     name: &str,
-    w: &QuantWeight,
+    w: &CpuWeight,
     x: &[f32],
     y: &mut [f32],
-    act: &mut AlignedBytes,
-    shared: &mut Option<GgmlType>,
+    cache: &mut ActCache,
+    shared: bool,
 ) -> infer_compute::Result<()> {
-    let act_ty =
-        w.ty.vec_dot_type()
-            .ok_or(infer_compute::Error::Unsupported {
-                op: "matvec",
-                ty: w.ty,
-            })?;
-    if *shared != Some(act_ty) {
+    let ty = w.ty();
+    let act_ty = ty.vec_dot_type().ok_or(infer_compute::Error::Unsupported { op: "matvec", ty })?;
+    let form = (matches!(w, CpuWeight::Packed(_)), act_ty);
+    if !shared || cache.holds != Some(form) {
         let t0 = Instant::now();
-        k.quantize_activation(w.ty, x, act)?;
-        rec.add(
-            &format!("quantize activation -> {}", act_ty.name()),
-            "",
-            &format!("{}", w.cols),
-            t0.elapsed().as_nanos() as u64,
-            0,
-        );
-        *shared = Some(act_ty);
+        match w {
+            CpuWeight::Rows(_) => k.quantize_activation(ty, x, &mut cache.rows)?,
+            CpuWeight::Packed(p) => cache.packed.quantize(k, ty, x, 1, p.cols(), &mut cache.tmp)?,
+        }
+        rec.add(&format!("quantize activation -> {}", act_ty.name()), "", &format!("{}", w.cols()), t0.elapsed().as_nanos() as u64, 0);
+        cache.holds = Some(form);
     }
     let t1 = Instant::now();
-    matvec::matvec_quantized(k, w, act.as_bytes(), y);
-    let bytes = w.data.as_bytes().len() as u64;
-    rec.add(
-        &format!("matvec {name}"),
-        w.ty.name(),
-        &format!("{}x{}", w.rows, w.cols),
-        t1.elapsed().as_nanos() as u64,
-        bytes,
-    );
+    let (bytes, layout) = match w {
+        CpuWeight::Rows(q) => {
+            matvec::matvec_quantized(k, q, cache.rows.as_bytes(), y);
+            (q.data.as_bytes().len() as u64, "")
+        }
+        CpuWeight::Packed(p) => {
+            packed::matmul(k, p, &cache.packed, y)?;
+            (p.bytes() as u64, " packed")
+        }
+    };
+    rec.add(&format!("matvec {name}"), &format!("{}{layout}", ty.name()), &format!("{}x{}", w.rows(), w.cols()), t1.elapsed().as_nanos() as u64, bytes);
     Ok(())
 }
 
@@ -189,6 +199,11 @@ pub fn profile_decode(
                 PreparedNorm::new(&l.ffn_norm)?,
                 opt(&l.post_ffn_norm)?,
                 [&l.bq, &l.bk, &l.bv].map(|b| b.as_ref().map(|b| b.to_f32())),
+                [&l.wq, &l.wk, &l.wv, &l.wo, &l.ffn_up, &l.ffn_down]
+                    .map(|w| CpuWeight::prepare(&k, w.clone()))
+                    .into_iter()
+                    .collect::<infer_compute::Result<Vec<_>>>()?,
+                l.ffn_gate.as_ref().map(|w| CpuWeight::prepare(&k, w.clone())).transpose()?,
             ))
         })
         .collect::<CliResult<_>>()?;
@@ -201,7 +216,8 @@ pub fn profile_decode(
     let mut vcache = kcache.clone();
     let mut rec = Recorder::default();
     let mut logits = vec![0f32; spec.n_vocab];
-    let mut act = AlignedBytes::default();
+    let mut act = ActCache::default();
+    let output = CpuWeight::Rows(spec.output.clone());
 
     backend
         .install(|| -> SendResult<()> {
@@ -219,42 +235,27 @@ pub fn profile_decode(
                     Ok(())
                 })?;
                 for (li, (l, pl)) in spec.layers.iter().zip(&layers).enumerate() {
-                    let (attn_norm, q_norm, k_norm, post_attn, ffn_norm, post_ffn, biases) = pl;
+                    let (attn_norm, q_norm, k_norm, post_attn, ffn_norm, post_ffn, biases, ws, gate_w) = pl;
+                    let [wq, wk, wv, wo, w_up, w_down] = [0, 1, 2, 3, 4, 5].map(|i| &ws[i]);
                     let (qd, kvd) = (l.n_head * l.head_dim, l.n_head_kv * l.head_dim);
                     rec.time(norm_name(attn_norm.kind), || attn_norm.apply(&x, &mut h));
                     let mut q = vec![0f32; qd];
                     let mut kk = vec![0f32; kvd];
                     let mut v = vec![0f32; kvd];
-                    let mut shared = None;
                     timed_matvec(
                         &mut rec,
                         &k,
-                        "attn_q",
-                        &l.wq,
-                        &h,
-                        &mut q,
-                        &mut act,
-                        &mut shared,
+                        "attn_q", wq, &h, &mut q, &mut act, false,
                     )?;
                     timed_matvec(
                         &mut rec,
                         &k,
-                        "attn_k",
-                        &l.wk,
-                        &h,
-                        &mut kk,
-                        &mut act,
-                        &mut shared,
+                        "attn_k", wk, &h, &mut kk, &mut act, true,
                     )?;
                     timed_matvec(
                         &mut rec,
                         &k,
-                        "attn_v",
-                        &l.wv,
-                        &h,
-                        &mut v,
-                        &mut act,
-                        &mut shared,
+                        "attn_v", wv, &h, &mut v, &mut act, true,
                     )?;
                     for (b, out) in biases.iter().zip([&mut q, &mut kk, &mut v]) {
                         if let Some(b) = b {
@@ -303,12 +304,7 @@ pub fn profile_decode(
                     timed_matvec(
                         &mut rec,
                         &k,
-                        "attn_output",
-                        &l.wo,
-                        &attn,
-                        &mut o,
-                        &mut act,
-                        &mut None,
+                        "attn_output", wo, &attn, &mut o, &mut act, false,
                     )?;
                     if let Some(n) = post_attn {
                         let tmp = o.clone();
@@ -317,32 +313,21 @@ pub fn profile_decode(
                     rec.time("residual add", || ops::add(&mut x, &o));
 
                     rec.time(norm_name(ffn_norm.kind), || ffn_norm.apply(&x, &mut h));
-                    let n_ff = l.ffn_up.rows;
+                    let n_ff = w_up.rows();
                     let mut up = vec![0f32; n_ff];
                     let mut a = vec![0f32; n_ff];
-                    match (l.ffn, &l.ffn_gate) {
+                    match (l.ffn, gate_w) {
                         (FfnType::Gated, Some(wg)) => {
                             let mut gate = vec![0f32; n_ff];
-                            let mut shared = None;
                             timed_matvec(
                                 &mut rec,
                                 &k,
-                                "ffn_gate",
-                                wg,
-                                &h,
-                                &mut gate,
-                                &mut act,
-                                &mut shared,
+                                "ffn_gate", wg, &h, &mut gate, &mut act, false,
                             )?;
                             timed_matvec(
                                 &mut rec,
                                 &k,
-                                "ffn_up",
-                                &l.ffn_up,
-                                &h,
-                                &mut up,
-                                &mut act,
-                                &mut shared,
+                                "ffn_up", w_up, &h, &mut up, &mut act, true,
                             )?;
                             match l.activation {
                                 Activation::GeluTanh => rec
@@ -354,7 +339,7 @@ pub fn profile_decode(
                         }
                         _ => {
                             timed_matvec(
-                                &mut rec, &k, "ffn_up", &l.ffn_up, &h, &mut up, &mut act, &mut None,
+                                &mut rec, &k, "ffn_up", w_up, &h, &mut up, &mut act, false,
                             )?;
                             rec.time("activation", || {
                                 a.copy_from_slice(&up);
@@ -368,12 +353,7 @@ pub fn profile_decode(
                     timed_matvec(
                         &mut rec,
                         &k,
-                        "ffn_down",
-                        &l.ffn_down,
-                        &a,
-                        &mut o,
-                        &mut act,
-                        &mut None,
+                        "ffn_down", w_down, &a, &mut o, &mut act, false,
                     )?;
                     if let Some(n) = post_ffn {
                         let tmp = o.clone();
@@ -385,12 +365,7 @@ pub fn profile_decode(
                 timed_matvec(
                     &mut rec,
                     &k,
-                    "output (logits)",
-                    &spec.output,
-                    &h,
-                    &mut logits,
-                    &mut act,
-                    &mut None,
+                    "output (logits)", &output, &h, &mut logits, &mut act, false,
                 )?;
                 if let Some(c) = spec.final_logit_softcap {
                     rec.time("logit softcap", || ops::softcap(&mut logits, c));
@@ -426,11 +401,11 @@ pub fn print_profile(p: &Profile, tg_ms: Option<f64>) {
     );
     println!();
     println!(
-        "| {:<40} | {:<6} | {:>11} | {:>9} | {:>11} | {:>7} | {:>8} |",
+        "| {:<40} | {:<11} | {:>11} | {:>9} | {:>11} | {:>7} | {:>8} |",
         "op", "type", "shape", "calls/tok", "µs/token", "% step", "GB/s"
     );
     println!(
-        "| {:-<40} | {:-<6} | {:->10}: | {:->8}: | {:->10}: | {:->6}: | {:->7}: |",
+        "| {:-<40} | {:-<11} | {:->10}: | {:->8}: | {:->10}: | {:->6}: | {:->7}: |",
         "", "", "", "", "", "", ""
     );
     let mut ops = p.ops.clone();
@@ -443,7 +418,7 @@ pub fn print_profile(p: &Profile, tg_ms: Option<f64>) {
             "-".into()
         };
         println!(
-            "| {:<40} | {:<6} | {:>11} | {:>9} | {:>11.1} | {:>7.1} | {:>8} |",
+            "| {:<40} | {:<11} | {:>11} | {:>9} | {:>11.1} | {:>7.1} | {:>8} |",
             o.op,
             o.ty,
             o.shape,
