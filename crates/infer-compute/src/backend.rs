@@ -93,8 +93,11 @@ impl QuantWeight {
     /// `rows` rows of `cols` values of `ty`. Kernels call this before
     /// indexing rows, so a hand-edited weight is an error, not a panic.
     ///
+    /// Also checks that the bytes are aligned for the type's blocks (GGUF
+    /// aligns tensor data to 32 bytes, so mapped tensors always are).
+    ///
     /// # Errors
-    /// As [`QuantWeight::new`].
+    /// As [`QuantWeight::new`]; misaligned bytes.
     pub fn check(&self) -> Result<()> {
         let need = self
             .ty
@@ -106,6 +109,10 @@ impl QuantWeight {
                 "QuantWeight",
                 format!("{}x{} {} needs {need} bytes, holds {}", self.rows, self.cols, self.ty, self.data.as_bytes().len()),
             ));
+        }
+        let align = crate::with_block_type!(self.ty, B => std::mem::align_of::<B>());
+        if self.data.as_bytes().as_ptr() as usize % align != 0 {
+            return Err(shape_err("QuantWeight", format!("{} bytes must be aligned to {align}", self.ty)));
         }
         Ok(())
     }

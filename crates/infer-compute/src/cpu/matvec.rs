@@ -87,7 +87,7 @@ pub fn matmul_quant(
     scratch: &mut AlignedBytes,
 ) -> Result<()> {
     w.check()?;
-    if x.len() != n_tokens * w.cols || y.len() != n_tokens * w.rows {
+    if n_tokens.checked_mul(w.cols) != Some(x.len()) || n_tokens.checked_mul(w.rows) != Some(y.len()) {
         return Err(shape_err(
             "matmul_quant",
             format!("W is {}x{}, x has {} values, y has {}, n_tokens {n_tokens}", w.rows, w.cols, x.len(), y.len()),

@@ -167,8 +167,15 @@ impl PackedWeight {
     }
 
     /// The scalar statement of the packed arithmetic (module docs) for row
-    /// `r` and token `t` of `a`: the SIMD kernels match it bit for bit.
+    /// `r` and token `t` of `a`: the SIMD kernels match it bit for bit. A
+    /// specification for tests, not a fast path.
+    ///
+    /// # Panics
+    /// If `r >= rows`, `t >= a`'s tokens, or `a` was not quantized for this
+    /// weight's type and columns.
     pub fn dot_ref(&self, r: usize, a: &PackedActs, t: usize) -> f32 {
+        assert!(r < self.rows && t < a.n_tokens, "row {r} / token {t} out of range");
+        assert!(a.kind == self.ty.vec_dot_type() && a.cols == self.cols, "activations of another type or length");
         let (g, j) = (r / GROUP, r % GROUP);
         let data = self.group(g);
         let qs = &a.qs[t * self.cols..(t + 1) * self.cols];
@@ -337,13 +344,14 @@ impl PackedActs {
     /// a type without a packed layout.
     pub fn quantize(&mut self, k: &Kernels, ty: GgmlType, x: &[f32], n_tokens: usize, cols: usize, scratch: &mut AlignedBytes) -> Result<()> {
         let kind = ty.vec_dot_type().filter(|_| record_bytes(ty).is_some()).ok_or(Error::Unsupported { op: "packed product", ty })?;
-        if x.len() != n_tokens * cols {
-            return Err(shape_err("packed activations", format!("{} values for {n_tokens} x {cols}", x.len())));
-        }
-        *self = PackedActs { kind: Some(kind), n_tokens, cols, qs: std::mem::take(&mut self.qs), d: std::mem::take(&mut self.d), aux: std::mem::take(&mut self.aux) };
+        self.kind = None;
+        self.n_tokens = 0;
         self.qs.clear();
         self.d.clear();
         self.aux.clear();
+        if n_tokens.checked_mul(cols) != Some(x.len()) {
+            return Err(shape_err("packed activations", format!("{} values for {n_tokens} x {cols}", x.len())));
+        }
         for row in x.chunks_exact(cols.max(1)).take(n_tokens) {
             k.quantize_activation(ty, row, scratch)?;
             if kind == GgmlType::Q8_0 {
@@ -360,6 +368,7 @@ impl PackedActs {
                 }
             }
         }
+        (self.kind, self.n_tokens, self.cols) = (Some(kind), n_tokens, cols);
         Ok(())
     }
 
@@ -367,6 +376,18 @@ impl PackedActs {
     pub fn kind(&self) -> Option<GgmlType> {
         self.kind
     }
+}
+
+/// Read streams per task in decode: the groups `g0..g1` are visited as
+/// `STREAMS` interleaved sub-ranges, because one sequential stream per core
+/// does not keep enough reads in flight to saturate DRAM (the same reason as
+/// in `matvec::matvec_quantized`).
+const STREAMS: usize = 4;
+
+/// `g0..g1` as `s` interleaved sub-ranges: `g0, g0 + part, .., g0 + 1, ..`.
+fn stream_order(g0: usize, g1: usize, s: usize) -> impl Iterator<Item = usize> {
+    let part = (g1 - g0).div_ceil(s.max(1)).max(1);
+    (0..part).flat_map(move |i| (0..s.max(1)).map(move |k| g0 + k * part + i)).filter(move |&g| g < g1)
 }
 
 /// A pointer to the output that tasks writing disjoint rows share.
@@ -386,7 +407,7 @@ unsafe impl Sync for OutPtr {}
 /// Activations of another type or length; `y` of the wrong length.
 pub fn matmul(k: &Kernels, w: &PackedWeight, a: &PackedActs, y: &mut [f32]) -> Result<()> {
     let n = a.n_tokens;
-    if a.kind != w.ty.vec_dot_type() || a.cols != w.cols || y.len() != n * w.rows {
+    if a.kind != w.ty.vec_dot_type() || a.cols != w.cols || n.checked_mul(w.rows) != Some(y.len()) {
         return Err(shape_err(
             "packed matmul",
             format!("W is {} {}x{}, activations {:?} {n}x{}, y has {}", w.ty, w.rows, w.cols, a.kind, a.cols, y.len()),
@@ -399,7 +420,8 @@ pub fn matmul(k: &Kernels, w: &PackedWeight, a: &PackedActs, y: &mut [f32]) -> R
     let simd = k.level() == SimdLevel::Avx512Vnni;
     (0..groups.div_ceil(per_task)).into_par_iter().for_each(|task| {
         let out = out;
-        for g in task * per_task..((task + 1) * per_task).min(groups) {
+        let (g0, g1) = (task * per_task, ((task + 1) * per_task).min(groups));
+        for g in stream_order(g0, g1, if n == 1 { STREAMS } else { 1 }) {
             let valid = (w.rows - g * GROUP).min(GROUP);
             let mut t = 0;
             while t < n {
@@ -505,6 +527,15 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    #[test]
+    fn stream_order_visits_every_group_once() {
+        for (g0, g1, s) in [(0, 0, 4), (0, 1, 4), (3, 10, 4), (0, 16, 4), (5, 6, 1), (0, 13, 3)] {
+            let mut v: Vec<usize> = stream_order(g0, g1, s).collect();
+            v.sort();
+            assert_eq!(v, (g0..g1).collect::<Vec<_>>(), "{g0}..{g1} in {s} streams");
         }
     }
 

@@ -10,7 +10,7 @@ use super::kernels::{AlignedBytes, Kernels};
 use super::matvec;
 use super::packed::{self, PackedActs, PackedWeight};
 use crate::backend::QuantWeight;
-use crate::error::{shape_err, Result};
+use crate::error::{shape_err, Error, Result};
 use crate::GgmlType;
 
 /// A prepared weight matrix: `rows × cols`, `y = W·x`.
@@ -74,23 +74,36 @@ pub struct ProductScratch {
 /// quantized once per activation type and shared (q/k/v, gate/up).
 ///
 /// # Errors
-/// Shape mismatches; types without a product.
+/// Shape mismatches (checked for every weight before any output is
+/// written); types without a product; inconsistent row weights.
 pub fn products(k: &Kernels, outs: &mut [(&CpuWeight, &mut [f32])], x: &[f32], n_tokens: usize, s: &mut ProductScratch) -> Result<()> {
-    let mut rows_for: Option<GgmlType> = None;
-    let mut packed_for: Option<GgmlType> = None;
-    for (w, y) in outs.iter_mut() {
-        if x.len() != n_tokens * w.cols() || y.len() != n_tokens * w.rows() {
+    // Everything is checked before any output is written.
+    for (w, y) in outs.iter() {
+        if n_tokens.checked_mul(w.cols()) != Some(x.len()) || n_tokens.checked_mul(w.rows()) != Some(y.len()) {
             return Err(shape_err(
                 "product",
                 format!("W is {}x{}, x has {} values, y has {}, n_tokens {n_tokens}", w.rows(), w.cols(), x.len(), y.len()),
             ));
         }
+        if w.ty().vec_dot_type().is_none() {
+            return Err(Error::Unsupported { op: "product", ty: w.ty() });
+        }
+        if let CpuWeight::Rows(q) = w {
+            q.check()?;
+        }
+    }
+    if n_tokens == 0 {
+        return Ok(());
+    }
+    let mut rows_for: Option<GgmlType> = None;
+    let mut packed_for: Option<(GgmlType, usize)> = None;
+    for (w, y) in outs.iter_mut() {
         let act = w.ty().vec_dot_type();
         match w {
             CpuWeight::Packed(p) => {
-                if packed_for != act {
+                if packed_for != act.map(|a| (a, p.cols())) {
                     s.packed.quantize(k, p.ty(), x, n_tokens, p.cols(), &mut s.tmp)?;
-                    packed_for = act;
+                    packed_for = act.map(|a| (a, p.cols()));
                 }
                 packed::matmul(k, p, &s.packed, y)?;
             }
@@ -105,4 +118,57 @@ pub fn products(k: &Kernels, outs: &mut [(&CpuWeight, &mut [f32])], x: &[f32], n
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn q8_0(rows: usize, cols: usize) -> QuantWeight {
+        let x: Vec<f32> = (0..rows * cols).map(|i| (i % 7) as f32 - 3.0).collect();
+        let rb = GgmlType::Q8_0.row_bytes(cols).unwrap();
+        let mut bytes = vec![0u8; rows * rb];
+        for r in 0..rows {
+            crate::quant::quantize_row(GgmlType::Q8_0, &x[r * cols..(r + 1) * cols], &mut bytes[r * rb..(r + 1) * rb]).unwrap();
+        }
+        QuantWeight::new(GgmlType::Q8_0, rows, cols, bytes.into()).unwrap()
+    }
+
+    #[test]
+    fn bad_products_are_errors_and_write_nothing() {
+        let k = Kernels::detect();
+        let mut s = ProductScratch::default();
+        let w = CpuWeight::prepare(&k, q8_0(5, 64)).unwrap();
+        // Sizes whose products wrap around usize.
+        assert!(products(&k, &mut [(&w, &mut [][..])], &[], 1 << 59, &mut s).is_err());
+        let mut a = PackedActs::default();
+        assert!(a.quantize(&k, GgmlType::Q8_0, &[], 1 << 59, 32, &mut s.tmp).is_err());
+        // A type without a product, one token or two.
+        let q8k = QuantWeight::new(GgmlType::Q8_K, 2, 256, vec![0u8; 2 * GgmlType::Q8_K.row_bytes(256).unwrap()].into()).unwrap();
+        let c = CpuWeight::Rows(q8k);
+        for n in [1, 2] {
+            let mut y = vec![0f32; 2 * n];
+            assert!(matches!(products(&k, &mut [(&c, &mut y[..])], &vec![0.5; 256 * n], n, &mut s), Err(Error::Unsupported { .. })));
+        }
+        // Inconsistent row weights (public fields edited) are errors, not panics.
+        let mut bad = q8_0(5, 64);
+        bad.rows = 6;
+        let bad = CpuWeight::Rows(bad);
+        assert!(products(&k, &mut [(&bad, &mut [0.0; 6][..])], &[0.5; 64], 1, &mut s).is_err());
+        // A bad second output leaves the first untouched.
+        let mut y1 = [7.0f32; 5];
+        assert!(products(&k, &mut [(&w, &mut y1[..]), (&w, &mut [0.0; 4][..])], &[0.5; 64], 1, &mut s).is_err());
+        assert_eq!(y1, [7.0; 5]);
+    }
+
+    #[test]
+    fn shared_activations_follow_the_input_width() {
+        // Two packed weights of different widths in one call (n_tokens = 0
+        // and 1): each gets activations of its own width.
+        let k = Kernels::detect();
+        let mut s = ProductScratch::default();
+        let (a, b) = (CpuWeight::prepare(&k, q8_0(3, 64)).unwrap(), CpuWeight::prepare(&k, q8_0(3, 32)).unwrap());
+        assert!(products(&k, &mut [(&a, &mut [][..]), (&b, &mut [][..])], &[], 0, &mut s).is_ok());
+        assert!(products(&k, &mut [(&a, &mut [0.0; 3][..]), (&b, &mut [0.0; 3][..])], &[0.5; 64], 1, &mut s).is_err(), "x fits only one");
+    }
 }
