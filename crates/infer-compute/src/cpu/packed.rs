@@ -44,32 +44,39 @@ pub const GROUP: usize = 16;
 /// Tokens per prefill tile: each unpacked weight vector feeds this many.
 pub const TILE: usize = 8;
 
-/// Bytes of one (group, block) record; every record is a multiple of 64
-/// bytes, so with 64-byte aligned storage every vector load is aligned.
+/// Bytes per block of a format's two regions: (scales, codes).
 ///
-/// Layouts (offsets in bytes; "lane `j`" is row `16g + j` of the group):
-/// - Q8_0, 576: `0` 16 f32 scales; `64 + 64m` (m < 8) lane `j` = codes
-///   `4m..4m+4` of row `j` plus 128, as u8.
-/// - Q4_0 / IQ4_NL, 320: `0` scales; `64 + 64m` (m < 4) lane `j` = bytes
-///   `4m..4m+4` of row `j`'s `qs` (low nibbles: codes `4m..`, high nibbles:
-///   codes `16 + 4m..`).
-/// - Q5_0, 384: as Q4_0, then at `320 + 8m` (m < 8) a 64-bit mask whose bit
+/// A group of 16 rows is stored as its `nb` blocks' scales (f16 ×16 per
+/// block, `d` per lane; Q4_K: `d` ×16 then `dmin` ×16), padded to 64 bytes,
+/// then its `nb` code records. Code records are multiples of 64 bytes, so
+/// with 64-byte aligned storage every code load is aligned. The sizes equal
+/// the GGUF bytes of 16 rows, except Q4_K (+2.8%: its 6-bit scales and mins
+/// are stored as bytes).
+///
+/// Code records (offsets in bytes; "lane `j`" is row `16g + j`):
+/// - Q8_0, 512: `64m` (m < 8) lane `j` = codes `4m..4m+4` of row `j` plus
+///   128, as u8.
+/// - Q4_0 / IQ4_NL, 256: `64m` (m < 4) lane `j` = bytes `4m..4m+4` of row
+///   `j`'s `qs` (low nibbles: codes `4m..`, high nibbles: codes `16 + 4m..`).
+/// - Q5_0, 320: as Q4_0, then at `256 + 8m` (m < 8) a 64-bit mask whose bit
 ///   `4j + i` is the fifth bit of code `4m + i` of row `j`.
-/// - Q4_K, 2560 per super-block: `0` d, `64` dmin (f32 ×16); `128 + 16s`
-///   sub-block scales `sc_s` (u8 ×16); `256 + 32s` mins `(m_s, m_s)` (u8
-///   pairs ×16, to meet Q8_K's pairs of 16-value sums); `512 + 64(8c + m)`
-///   lane `j` = bytes `32c + 4m..+4` of row
-///   `j`'s `qs` (low nibbles: sub-block `2c`, high: `2c + 1`).
-/// - Q6_K, 4672 per super-block: `0` d (f32 ×16); `64 + 16j` scales `sc_j`
-///   (i8 ×16); `320 + 32p` scale pairs `(sc_2p, sc_2p+1)` (i8 pairs ×16);
-///   `576 + 64m` (m < 64) lane `j` = codes `4m..4m+4` in `0..64`, as u8.
-pub const fn record_bytes(ty: GgmlType) -> Option<usize> {
+/// - Q4_K, 2304 per super-block: `16s` (s < 8) sub-block scales (u8 ×16);
+///   `128 + 32p` (p < 4) mins `(m_2p, m_2p+1)` (u8 pairs ×16);
+///   `256 + 64(8c + m)` lane `j` = bytes `32c + 4m..+4` of row `j`'s `qs`
+///   (low nibbles: sub-block `2c`, high: `2c + 1`).
+/// - Q6_K, 3328 per super-block (codes `q` in `0..64`, value `q - 32`):
+///   `16s` (s < 16) sub-block scales (i8 ×16); `256 + 64u` (u < 32) lane `j`
+///   byte `i`: low nibble of code `4u + i`, high nibble of code
+///   `128 + 4u + i`; `2304 + 64v` (v < 16) the codes' top two bits, at bits
+///   4-5 for code `4v + i`, 6-7 for `64 + 4v + i`, 0-1 for `128 + 4v + i`
+///   and 2-3 for `192 + 4v + i`.
+pub const fn layout(ty: GgmlType) -> Option<(usize, usize)> {
     match ty {
-        GgmlType::Q8_0 => Some(576),
-        GgmlType::Q4_0 | GgmlType::IQ4_NL => Some(320),
-        GgmlType::Q5_0 => Some(384),
-        GgmlType::Q4_K => Some(2560),
-        GgmlType::Q6_K => Some(4672),
+        GgmlType::Q8_0 => Some((32, 512)),
+        GgmlType::Q4_0 | GgmlType::IQ4_NL => Some((32, 256)),
+        GgmlType::Q5_0 => Some((32, 320)),
+        GgmlType::Q4_K => Some((64, 2304)),
+        GgmlType::Q6_K => Some((32, 3328)),
         _ => None,
     }
 }
@@ -83,31 +90,36 @@ pub(crate) const fn offset(ty: GgmlType) -> i32 {
     }
 }
 
+/// Activation words per Q8_K super-block in [`PackedActs`]: the 16 sums of
+/// 16 codes (`bsums`) as i32, then the 8 sums of 32 as four i16 pairs.
+pub(crate) const AUX_K: usize = 20;
+
 /// Whether `ty` is packed on this kernel level (AVX-512 VNNI only: the
 /// kernels need `vpdpbusd` on 512-bit vectors).
 pub fn supported(k: &Kernels, ty: GgmlType) -> bool {
-    k.level() == SimdLevel::Avx512Vnni && record_bytes(ty).is_some()
+    k.level() == SimdLevel::Avx512Vnni && layout(ty).is_some()
 }
 
 #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
 #[repr(C, align(64))]
 struct Line([u8; 64]);
 
-/// A `rows × cols` weight matrix in the interleaved layout of
-/// [`record_bytes`]: groups of [`GROUP`] rows (the last padded with zero
-/// rows), each group's blocks in order.
+/// A `rows × cols` weight matrix in the interleaved layout of [`layout`]:
+/// groups of [`GROUP`] rows (the last padded with zero rows).
 pub struct PackedWeight {
     ty: GgmlType,
     rows: usize,
     cols: usize,
     /// Blocks per row (32 or 256 values each).
     nb: usize,
-    rec: usize,
+    /// Scale and code bytes per block.
+    scale: usize,
+    code: usize,
     data: Vec<Line>,
 }
 
-fn put_f32(r: &mut [u8], at: usize, j: usize, v: f32) {
-    r[at + 4 * j..at + 4 * j + 4].copy_from_slice(&v.to_le_bytes());
+fn round64(n: usize) -> usize {
+    n.div_ceil(64) * 64
 }
 
 impl PackedWeight {
@@ -117,31 +129,32 @@ impl PackedWeight {
     /// A type without a packed layout; inconsistent weight bytes.
     pub fn new(w: &QuantWeight) -> Result<Self> {
         w.check()?;
-        let rec = record_bytes(w.ty).ok_or(Error::Unsupported { op: "packed weight", ty: w.ty })?;
+        let (scale, code) = layout(w.ty).ok_or(Error::Unsupported { op: "packed weight", ty: w.ty })?;
         let nb = w.cols / w.ty.block_size();
         let groups = w.rows.div_ceil(GROUP);
-        let mut data = vec![Line([0; 64]); groups * nb * rec / 64];
-        let bytes: &mut [u8] = bytemuck::cast_slice_mut(&mut data);
-        for (r, row) in (0..w.rows).map(|r| (r, w.row(r))) {
+        let mut p = PackedWeight { ty: w.ty, rows: w.rows, cols: w.cols, nb, scale, code, data: Vec::new() };
+        let gb = p.group_bytes();
+        p.data = vec![Line([0; 64]); groups * gb / 64];
+        let codes_at = p.codes_at();
+        let bytes: &mut [u8] = bytemuck::cast_slice_mut(&mut p.data);
+        for r in 0..groups * GROUP {
             let (g, j) = (r / GROUP, r % GROUP);
+            let group = &mut bytes[g * gb..(g + 1) * gb];
+            let (scales, codes) = group.split_at_mut(codes_at);
             for b in 0..nb {
-                let out = &mut bytes[(g * nb + b) * rec..][..rec];
-                pack_block(w.ty, row, b, j, out)?;
-            }
-        }
-        if w.ty == GgmlType::Q8_0 {
-            // Padding rows hold code 0 too (biased: 128), for uniformity.
-            for r in w.rows..groups * GROUP {
-                let (g, j) = (r / GROUP, r % GROUP);
-                for b in 0..nb {
-                    let out = &mut bytes[(g * nb + b) * rec..][..rec];
+                let sc = &mut scales[b * scale..(b + 1) * scale];
+                let rec = &mut codes[b * code..(b + 1) * code];
+                if r < w.rows {
+                    pack_block(w.ty, w.row(r), b, j, sc, rec)?;
+                } else if w.ty == GgmlType::Q8_0 {
+                    // Padding rows hold code 0 (biased: 128) like the others.
                     for m in 0..8 {
-                        out[64 + 64 * m + 4 * j..][..4].fill(128);
+                        rec[64 * m + 4 * j..][..4].fill(128);
                     }
                 }
             }
         }
-        Ok(PackedWeight { ty: w.ty, rows: w.rows, cols: w.cols, nb, rec, data })
+        Ok(p)
     }
 
     /// The weight type.
@@ -161,8 +174,16 @@ impl PackedWeight {
         self.data.len() * 64
     }
 
+    fn codes_at(&self) -> usize {
+        round64(self.nb * self.scale)
+    }
+
+    fn group_bytes(&self) -> usize {
+        self.codes_at() + self.nb * self.code
+    }
+
     fn group(&self, g: usize) -> &[u8] {
-        let n = self.nb * self.rec;
+        let n = self.group_bytes();
         &bytemuck::cast_slice(&self.data)[g * n..(g + 1) * n]
     }
 
@@ -177,39 +198,37 @@ impl PackedWeight {
         assert!(r < self.rows && t < a.n_tokens, "row {r} / token {t} out of range");
         assert!(a.kind == self.ty.vec_dot_type() && a.cols == self.cols, "activations of another type or length");
         let (g, j) = (r / GROUP, r % GROUP);
-        let data = self.group(g);
+        let (scales, codes) = self.group(g).split_at(self.codes_at());
         let qs = &a.qs[t * self.cols..(t + 1) * self.cols];
-        let f32_at = |rec: &[u8], at: usize| f32::from_le_bytes(rec[at + 4 * j..at + 4 * j + 4].try_into().unwrap());
+        let f16_at = |b: usize, at: usize| half::f16::from_le_bytes([scales[b * self.scale + at + 2 * j], scales[b * self.scale + at + 2 * j + 1]]).to_f32();
         let mut acc = 0f32;
         for b in 0..self.nb {
-            let rec = &data[b * self.rec..(b + 1) * self.rec];
+            let rec = &codes[b * self.code..(b + 1) * self.code];
             let ad = a.d[t * self.nb + b];
             match self.ty {
                 GgmlType::Q4_K => {
-                    let aux = &a.aux[(t * self.nb + b) * 8..][..8];
+                    let aux = &a.aux[(t * self.nb + b) * AUX_K..][..AUX_K];
                     let mut s = 0i32;
+                    let mut m = 0i32;
                     for sub in 0..8 {
                         let isum: i32 = (0..32).map(|i| code(self.ty, rec, j, sub, i) * qs[b * QK_K + 32 * sub + i] as i32).sum();
-                        s += rec[128 + 16 * sub + j] as i32 * isum;
+                        s += rec[16 * sub + j] as i32 * isum;
+                        m += rec[128 + 32 * (sub / 2) + 2 * j + sub % 2] as i32 * (aux[2 * sub] + aux[2 * sub + 1]);
                     }
-                    let m: i32 = (0..8).map(|p| rec[256 + 32 * p + 2 * j] as i32 * (bsum16(aux, 2 * p) + bsum16(aux, 2 * p + 1))).sum();
-                    let (d, dmin) = (f32_at(rec, 0), f32_at(rec, 64));
-                    acc = d.mul_add(s as f32, -(dmin * m as f32)).mul_add(ad, acc);
+                    acc = f16_at(b, 0).mul_add(s as f32, -(f16_at(b, 32) * m as f32)).mul_add(ad, acc);
                 }
                 GgmlType::Q6_K => {
-                    let aux = &a.aux[(t * self.nb + b) * 8..][..8];
-                    let (mut s, mut bsum) = (0i32, 0i32);
+                    let aux = &a.aux[(t * self.nb + b) * AUX_K..][..AUX_K];
+                    let mut x = 0i32;
                     for sub in 0..16 {
                         let isum: i32 = (0..16).map(|i| code(self.ty, rec, j, sub, i) * qs[b * QK_K + 16 * sub + i] as i32).sum();
-                        let sc = rec[64 + 16 * sub + j] as i8 as i32;
-                        s += sc * isum;
-                        bsum += sc * bsum16(aux, sub);
+                        x += rec[16 * sub + j] as i8 as i32 * (isum - 32 * aux[sub]);
                     }
-                    acc = ((s - 32 * bsum) as f32).mul_add(f32_at(rec, 0) * ad, acc);
+                    acc = (x as f32).mul_add(f16_at(b, 0) * ad, acc);
                 }
                 _ => {
                     let isum: i32 = (0..QK).map(|i| (code(self.ty, rec, j, 0, i) - offset(self.ty)) * qs[b * QK + i] as i32).sum();
-                    acc = (isum as f32).mul_add(f32_at(rec, 0) * ad, acc);
+                    acc = (isum as f32).mul_add(f16_at(b, 0) * ad, acc);
                 }
             }
         }
@@ -217,98 +236,99 @@ impl PackedWeight {
     }
 }
 
-/// Q8_K bsum `k` (16 values) from a super-block's 8 aux words.
-fn bsum16(aux: &[i32], k: usize) -> i32 {
-    (aux[k / 2] >> (16 * (k % 2))) as i16 as i32
-}
-
-/// Code `i` of sub-block `sub` of lane `j` in a record (as the kernels
-/// unpack it; 32-wide formats have one sub-block, IQ4_NL codes are biased).
+/// Code `i` of sub-block `sub` of lane `j` in a code record, as the kernels
+/// unpack it (32-wide formats have one sub-block; Q8_0 and IQ4_NL codes are
+/// biased by 128).
 fn code(ty: GgmlType, rec: &[u8], j: usize, sub: usize, i: usize) -> i32 {
     let lane = |base: usize, k: usize| rec[base + 64 * (k / 4) + 4 * j + k % 4];
     match ty {
-        GgmlType::Q8_0 => lane(64, i) as i32,
+        GgmlType::Q8_0 => lane(0, i) as i32,
         GgmlType::Q4_0 | GgmlType::IQ4_NL | GgmlType::Q5_0 => {
-            let byte = lane(64, i % 16);
+            let byte = lane(0, i % 16);
             let nib = if i < 16 { byte & 15 } else { byte >> 4 };
             match ty {
                 GgmlType::Q4_0 => nib as i32,
                 GgmlType::IQ4_NL => quant::iq4_nl::KVALUES_IQ4NL[nib as usize] as i32 + 128,
                 _ => {
-                    let m = u64::from_le_bytes(rec[320 + 8 * (i / 4)..][..8].try_into().unwrap());
+                    let m = u64::from_le_bytes(rec[256 + 8 * (i / 4)..][..8].try_into().unwrap());
                     nib as i32 | (((m >> (4 * j + i % 4)) & 1) as i32) << 4
                 }
             }
         }
         GgmlType::Q4_K => {
-            let byte = lane(512 + 64 * 8 * (sub / 2), i);
+            let byte = lane(256 + 64 * 8 * (sub / 2), i);
             (if sub % 2 == 0 { byte & 15 } else { byte >> 4 }) as i32
         }
-        GgmlType::Q6_K => lane(576, 16 * sub + i) as i32,
+        GgmlType::Q6_K => {
+            let c = 16 * sub + i;
+            let gi = c / 4;
+            let byte = rec[256 + 64 * (gi % 32) + 4 * j + c % 4];
+            let nib = if gi < 32 { byte & 15 } else { byte >> 4 };
+            let hi = rec[2304 + 64 * (gi % 16) + 4 * j + c % 4];
+            nib as i32 | (((hi >> [4, 6, 0, 2][gi / 16]) & 3) as i32) << 4
+        }
         _ => 0,
     }
 }
 
-/// Writes block `b` of one row (lane `j`) into its record `out`.
-fn pack_block(ty: GgmlType, row: &[u8], b: usize, j: usize, out: &mut [u8]) -> Result<()> {
-    let lane = |out: &mut [u8], base: usize, m: usize, v: [u8; 4]| out[base + 64 * m + 4 * j..][..4].copy_from_slice(&v);
+/// Writes block `b` of one row (lane `j`): its scales into `sc`, its codes
+/// into the code record `rec`.
+fn pack_block(ty: GgmlType, row: &[u8], b: usize, j: usize, sc: &mut [u8], rec: &mut [u8]) -> Result<()> {
+    let lane = |rec: &mut [u8], base: usize, m: usize, v: [u8; 4]| rec[base + 64 * m + 4 * j..][..4].copy_from_slice(&v);
+    let put_f16 = |sc: &mut [u8], at: usize, v: half::f16| sc[at + 2 * j..at + 2 * j + 2].copy_from_slice(&v.to_le_bytes());
     match ty {
         GgmlType::Q8_0 => {
             let blk = &quant::blocks::<BlockQ8_0>(row)?[b];
-            put_f32(out, 0, j, blk.d.to_f32());
+            put_f16(sc, 0, blk.d);
             for m in 0..8 {
-                lane(out, 64, m, std::array::from_fn(|i| (blk.qs[4 * m + i] as i32 + 128) as u8));
+                lane(rec, 0, m, std::array::from_fn(|i| (blk.qs[4 * m + i] as i32 + 128) as u8));
             }
         }
-        GgmlType::Q4_0 | GgmlType::IQ4_NL => {
+        GgmlType::Q4_0 | GgmlType::IQ4_NL | GgmlType::Q5_0 => {
             let (d, qs) = match ty {
                 GgmlType::Q4_0 => quant::blocks::<BlockQ4_0>(row).map(|x| (x[b].d, x[b].qs))?,
+                GgmlType::Q5_0 => quant::blocks::<BlockQ5_0>(row).map(|x| (x[b].d, x[b].qs))?,
                 _ => quant::blocks::<BlockIQ4NL>(row).map(|x| (x[b].d, x[b].qs))?,
             };
-            put_f32(out, 0, j, d.to_f32());
+            put_f16(sc, 0, d);
             for m in 0..4 {
-                lane(out, 64, m, qs[4 * m..4 * m + 4].try_into().unwrap());
+                lane(rec, 0, m, qs[4 * m..4 * m + 4].try_into().unwrap());
             }
-        }
-        GgmlType::Q5_0 => {
-            let blk = &quant::blocks::<BlockQ5_0>(row)?[b];
-            put_f32(out, 0, j, blk.d.to_f32());
-            for m in 0..4 {
-                lane(out, 64, m, blk.qs[4 * m..4 * m + 4].try_into().unwrap());
-            }
-            let qh = u32::from_le_bytes(blk.qh);
-            for m in 0..8 {
-                let at = 320 + 8 * m;
-                let mut mask = u64::from_le_bytes(out[at..at + 8].try_into().unwrap());
-                mask |= (((qh >> (4 * m)) & 15) as u64) << (4 * j);
-                out[at..at + 8].copy_from_slice(&mask.to_le_bytes());
+            if ty == GgmlType::Q5_0 {
+                let qh = u32::from_le_bytes(quant::blocks::<BlockQ5_0>(row)?[b].qh);
+                for m in 0..8 {
+                    let at = 256 + 8 * m;
+                    let mask = u64::from_le_bytes(rec[at..at + 8].try_into().unwrap()) | (((qh >> (4 * m)) & 15) as u64) << (4 * j);
+                    rec[at..at + 8].copy_from_slice(&mask.to_le_bytes());
+                }
             }
         }
         GgmlType::Q4_K => {
             let blk = &quant::blocks::<BlockQ4K>(row)?[b];
-            put_f32(out, 0, j, blk.d.to_f32());
-            put_f32(out, 64, j, blk.dmin.to_f32());
+            put_f16(sc, 0, blk.d);
+            put_f16(sc, 32, blk.dmin);
             for sub in 0..8 {
-                let (sc, m) = quant::k_common::get_scale_min_k4(sub, &blk.scales);
-                out[128 + 16 * sub + j] = sc;
-                out[256 + 32 * sub + 2 * j..][..2].fill(m);
+                let (s, m) = quant::k_common::get_scale_min_k4(sub, &blk.scales);
+                rec[16 * sub + j] = s;
+                rec[128 + 32 * (sub / 2) + 2 * j + sub % 2] = m;
             }
             for c in 0..4 {
                 for m in 0..8 {
-                    lane(out, 512 + 64 * 8 * c, m, blk.qs[32 * c + 4 * m..][..4].try_into().unwrap());
+                    lane(rec, 256 + 64 * 8 * c, m, blk.qs[32 * c + 4 * m..][..4].try_into().unwrap());
                 }
             }
         }
         GgmlType::Q6_K => {
             let blk = &quant::blocks::<BlockQ6K>(row)?[b];
-            put_f32(out, 0, j, blk.d.to_f32());
+            put_f16(sc, 0, blk.d);
             for sub in 0..16 {
-                out[64 + 16 * sub + j] = blk.scales[sub] as u8;
-                out[320 + 32 * (sub / 2) + 2 * j + sub % 2] = blk.scales[sub] as u8;
+                rec[16 * sub + j] = blk.scales[sub] as u8;
             }
-            let q = quant::q6_k::quants(blk);
-            for m in 0..64 {
-                lane(out, 576, m, std::array::from_fn(|i| (q[4 * m + i] as i32 + 32) as u8));
+            let q: [u8; QK_K] = quant::q6_k::quants(blk).map(|v| (v as i32 + 32) as u8);
+            for c in 0..QK_K {
+                let (gi, i) = (c / 4, c % 4);
+                rec[256 + 64 * (gi % 32) + 4 * j + i] |= (q[c] & 15) << (4 * (gi / 32));
+                rec[2304 + 64 * (gi % 16) + 4 * j + i] |= (q[c] >> 4) << [4, 6, 0, 2][gi / 16];
             }
         }
         _ => return Err(Error::Unsupported { op: "packed weight", ty }),
@@ -331,7 +351,7 @@ pub struct PackedActs {
     /// `[n_tokens][blocks]` scales.
     pub(crate) d: Vec<f32>,
     /// Q8_0: `[n_tokens][blocks]` block sums `Σ a`; Q8_K:
-    /// `[n_tokens][blocks][8]` the 16 `bsums` as pairs of i16.
+    /// `[n_tokens][blocks][AUX_K]` (see [`AUX_K`]).
     pub(crate) aux: Vec<i32>,
 }
 
@@ -343,7 +363,7 @@ impl PackedActs {
     /// `x.len()` not `n_tokens · cols`; `cols` not a multiple of the block;
     /// a type without a packed layout.
     pub fn quantize(&mut self, k: &Kernels, ty: GgmlType, x: &[f32], n_tokens: usize, cols: usize, scratch: &mut AlignedBytes) -> Result<()> {
-        let kind = ty.vec_dot_type().filter(|_| record_bytes(ty).is_some()).ok_or(Error::Unsupported { op: "packed product", ty })?;
+        let kind = ty.vec_dot_type().filter(|_| layout(ty).is_some()).ok_or(Error::Unsupported { op: "packed product", ty })?;
         self.kind = None;
         self.n_tokens = 0;
         self.qs.clear();
@@ -364,7 +384,9 @@ impl PackedActs {
                 for b in quant::blocks::<BlockQ8K>(scratch.as_bytes())? {
                     self.qs.extend_from_slice(&b.qs);
                     self.d.push(b.d);
-                    self.aux.extend(b.bsums.chunks_exact(2).map(|p| (p[0] as u16 as u32 | (p[1] as u16 as u32) << 16) as i32));
+                    self.aux.extend(b.bsums.iter().map(|&v| v as i32));
+                    let s32: [i32; 8] = std::array::from_fn(|i| b.bsums[2 * i] as i32 + b.bsums[2 * i + 1] as i32);
+                    self.aux.extend(s32.chunks_exact(2).map(|p| (p[0] as u16 as u32 | (p[1] as u16 as u32) << 16) as i32));
                 }
             }
         }
@@ -430,13 +452,15 @@ pub fn matmul(k: &Kernels, w: &PackedWeight, a: &PackedActs, y: &mut [f32]) -> R
                     #[cfg(target_arch = "x86_64")]
                     // SAFETY: the level is AVX-512 VNNI, which
                     // `Kernels::for_level` checked against this CPU; the
-                    // group holds `w.nb` records of `w.ty`; `a` holds tokens
+                    // group holds `w.nb` scale entries and, 64-byte aligned,
+                    // `w.nb` code records of `w.ty`; `a` holds tokens
                     // `t..t + m` of `w.cols` values (checked above); the
                     // kernel writes lanes `..valid` of rows `t..t + m` of
                     // `y` at columns `16g..`, inside `y` and owned by this
                     // task alone.
                     unsafe {
-                        super::simd::avx512_packed::tile(w.ty, w.group(g).as_ptr(), w.nb, a, t, m, out.0.add(t * w.rows + g * GROUP), w.rows, valid);
+                        let group = w.group(g).as_ptr();
+                        super::simd::avx512_packed::tile(w.ty, group, group.add(w.codes_at()), w.nb, a, t, m, out.0.add(t * w.rows + g * GROUP), w.rows, valid);
                     }
                 } else {
                     for tt in t..t + m {

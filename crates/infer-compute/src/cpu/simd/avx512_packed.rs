@@ -9,26 +9,28 @@
 
 use std::arch::x86_64::*;
 
-use crate::cpu::packed::PackedActs;
+use crate::cpu::packed::{PackedActs, AUX_K};
 use crate::GgmlType;
 
-/// Runs group `rec` (`nb` records of `ty`) against tokens `t0..t0 + n`
-/// (`1 <= n <= 8`) of `a`, storing lanes `..valid` of token `t`'s outputs
-/// at `y + (t - t0)·ld_y`.
+/// Runs one group (`scales`: its scale region, `codes`: its `nb` code
+/// records, 64-byte aligned) of `ty` against tokens `t0..t0 + n`
+/// (`1 <= n <= 8`) of `a`, storing lanes `..valid` of token `t`'s outputs at
+/// `y + (t - t0)·ld_y`.
 ///
 /// # Safety
-/// AVX-512 F/BW/VL/VNNI and FMA must be available; `rec` must point to `nb`
-/// records of `ty`'s packed layout; `a` must hold tokens `t0..t0 + n` with
-/// `nb` blocks each; `y + t·ld_y .. + valid` must be writable for `t < n`.
+/// AVX-512 F/BW/VL/VNNI and FMA must be available; `scales` and `codes` must
+/// hold `nb` blocks of `ty`'s packed layout; `a` must hold tokens
+/// `t0..t0 + n` with `nb` blocks each; `y + t·ld_y .. + valid` must be
+/// writable for `t < n`.
 #[allow(clippy::too_many_arguments)]
-pub(crate) unsafe fn tile(ty: GgmlType, rec: *const u8, nb: usize, a: &PackedActs, t0: usize, n: usize, y: *mut f32, ld_y: usize, valid: usize) {
+pub(crate) unsafe fn tile(ty: GgmlType, scales: *const u8, codes: *const u8, nb: usize, a: &PackedActs, t0: usize, n: usize, y: *mut f32, ld_y: usize, valid: usize) {
     let mask: __mmask16 = if valid >= 16 { 0xffff } else { (1u16 << valid) - 1 };
     let ld_a = a.cols;
     let qs = a.qs.as_ptr().add(t0 * ld_a);
-    let aux_per = if ty == GgmlType::Q4_K || ty == GgmlType::Q6_K { 8 } else { 1 };
+    let aux_per = if ty == GgmlType::Q4_K || ty == GgmlType::Q6_K { AUX_K } else { 1 };
     let d = a.d.as_ptr().add(t0 * nb);
     let aux = a.aux.as_ptr().add(t0 * nb * aux_per);
-    let v = View { rec, nb, qs, ld_a, d, aux, y, ld_y, mask };
+    let v = View { scales, codes, nb, qs, ld_a, d, aux, aux_per, y, ld_y, mask };
     macro_rules! by_n {
         ($f:ident $(, $c:expr)?) => {
             match n {
@@ -62,18 +64,33 @@ const F_IQ4_NL: u8 = 3;
 /// Raw pointers of one kernel call (see [`tile`]).
 #[derive(Clone, Copy)]
 struct View {
-    rec: *const u8,
+    scales: *const u8,
+    codes: *const u8,
     nb: usize,
     /// Token 0's codes; token `t` at `+ t·ld_a`.
     qs: *const i8,
     ld_a: usize,
     /// Token 0's block scales; token `t` at `+ t·nb`.
     d: *const f32,
-    /// Token 0's aux words; token `t` at `+ t·nb·(1 or 8)`.
+    /// Token 0's aux words; token `t` at `+ t·nb·aux_per`.
     aux: *const i32,
+    aux_per: usize,
     y: *mut f32,
     ld_y: usize,
     mask: __mmask16,
+}
+
+impl View {
+    /// Aux word `i` of block `b` of token `t`.
+    #[inline(always)]
+    unsafe fn aux(&self, t: usize, b: usize, i: usize) -> i32 {
+        *self.aux.add((t * self.nb + b) * self.aux_per + i)
+    }
+    /// The activation scale of block `b` of token `t`.
+    #[inline(always)]
+    unsafe fn d(&self, t: usize, b: usize) -> f32 {
+        *self.d.add(t * self.nb + b)
+    }
 }
 
 /// Four activation codes at byte `at` of token `t`, in every lane.
@@ -83,19 +100,26 @@ unsafe fn act4(v: &View, t: usize, at: usize) -> __m512i {
     _mm512_set1_epi32((v.qs.add(t * v.ld_a + at) as *const i32).read_unaligned())
 }
 
-/// The u8 codes of values `4m..4m + 4` of a 32-wide record, 16 lanes.
+/// 16 f16 scales at `p`, as f32.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn scales16(p: *const u8) -> __m512 {
+    _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i))
+}
+
+/// The u8 codes of values `4m..4m + 4` of a 32-wide code record, 16 lanes.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw")]
 unsafe fn codes32<const F: u8>(r: *const u8, m: usize) -> __m512i {
     if F == F_Q8_0 {
-        return _mm512_load_si512(r.add(64 + 64 * m) as *const __m512i);
+        return _mm512_load_si512(r.add(64 * m) as *const __m512i);
     }
-    let raw = _mm512_load_si512(r.add(64 + 64 * (m % 4)) as *const __m512i);
+    let raw = _mm512_load_si512(r.add(64 * (m % 4)) as *const __m512i);
     let lo4 = _mm512_set1_epi8(0x0f);
     let nib = if m < 4 { _mm512_and_si512(raw, lo4) } else { _mm512_and_si512(_mm512_srli_epi16::<4>(raw), lo4) };
     match F {
         F_Q5_0 => {
-            let hi = (r.add(320 + 8 * m) as *const u64).read_unaligned();
+            let hi = (r.add(256 + 8 * m) as *const u64).read_unaligned();
             _mm512_mask_add_epi8(nib, hi, nib, _mm512_set1_epi8(16))
         }
         F_IQ4_NL => {
@@ -116,14 +140,19 @@ unsafe fn q32<const F: u8, const T: usize>(v: View) {
         F_Q5_0 => 4,
         _ => 7,
     };
+    let rec_bytes = match F {
+        F_Q8_0 => 512,
+        F_Q5_0 => 320,
+        _ => 256,
+    };
     let mut acc = [_mm512_setzero_ps(); T];
     for b in 0..v.nb {
-        let r = v.rec.add(b * 64 * rec_lines::<F>());
+        let r = v.codes.add(b * rec_bytes);
         // Two integer chains per token (even and odd m) shorten the
         // dependency chain when the tile is small.
         let mut is = [[_mm512_setzero_si512(); 2]; T];
         for t in 0..T {
-            is[t][0] = _mm512_set1_epi32(-(*v.aux.add(t * v.nb + b) << off_shift));
+            is[t][0] = _mm512_set1_epi32(-(v.aux(t, b, 0) << off_shift));
         }
         for m in 0..8 {
             let w = codes32::<F>(r, m);
@@ -132,10 +161,10 @@ unsafe fn q32<const F: u8, const T: usize>(v: View) {
                 is[t][c] = _mm512_dpbusd_epi32(is[t][c], w, act4(&v, t, b * 32 + 4 * m));
             }
         }
-        let wd = _mm512_load_ps(r as *const f32);
+        let wd = scales16(v.scales.add(32 * b));
         for t in 0..T {
             let isum = if T < 4 { _mm512_add_epi32(is[t][0], is[t][1]) } else { is[t][0] };
-            let s = _mm512_mul_ps(wd, _mm512_set1_ps(*v.d.add(t * v.nb + b)));
+            let s = _mm512_mul_ps(wd, _mm512_set1_ps(v.d(t, b)));
             acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), s, acc[t]);
         }
     }
@@ -144,51 +173,41 @@ unsafe fn q32<const F: u8, const T: usize>(v: View) {
     }
 }
 
-/// Record size of a 32-wide format in 64-byte lines.
-const fn rec_lines<const F: u8>() -> usize {
-    match F {
-        F_Q8_0 => 9,
-        F_Q5_0 => 6,
-        _ => 5,
-    }
-}
-
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma")]
 unsafe fn q4k<const T: usize>(v: View) {
     let lo4 = _mm512_set1_epi8(0x0f);
     let mut acc = [_mm512_setzero_ps(); T];
     for sb in 0..v.nb {
-        let r = v.rec.add(sb * 2560);
+        let r = v.codes.add(sb * 2304);
         let a0 = sb * 256;
         let mut s = [_mm512_setzero_si512(); T];
         for sub in 0..8 {
             let mut is = [_mm512_setzero_si512(); T];
             for m in 0..8 {
-                let raw = _mm512_load_si512(r.add(512 + 64 * (8 * (sub / 2) + m)) as *const __m512i);
+                let raw = _mm512_load_si512(r.add(256 + 64 * (8 * (sub / 2) + m)) as *const __m512i);
                 let w = if sub % 2 == 0 { _mm512_and_si512(raw, lo4) } else { _mm512_and_si512(_mm512_srli_epi16::<4>(raw), lo4) };
                 for t in 0..T {
                     is[t] = _mm512_dpbusd_epi32(is[t], w, act4(&v, t, a0 + 32 * sub + 4 * m));
                 }
             }
-            let sc = _mm512_cvtepu8_epi32(_mm_load_si128(r.add(128 + 16 * sub) as *const __m128i));
+            let sc = _mm512_cvtepu8_epi32(_mm_load_si128(r.add(16 * sub) as *const __m128i));
             for t in 0..T {
                 s[t] = _mm512_add_epi32(s[t], _mm512_mullo_epi32(is[t], sc));
             }
         }
         let mut mins = [_mm512_setzero_si512(); T];
-        for p in 0..8 {
-            let mp = _mm512_cvtepu8_epi16(_mm256_load_si256(r.add(256 + 32 * p) as *const __m256i));
+        for p in 0..4 {
+            let mp = _mm512_cvtepu8_epi16(_mm256_load_si256(r.add(128 + 32 * p) as *const __m256i));
             for t in 0..T {
-                let bs = _mm512_set1_epi32(*v.aux.add((t * v.nb + sb) * 8 + p));
-                mins[t] = _mm512_dpwssd_epi32(mins[t], mp, bs);
+                mins[t] = _mm512_dpwssd_epi32(mins[t], mp, _mm512_set1_epi32(v.aux(t, sb, 16 + p)));
             }
         }
-        let d = _mm512_load_ps(r as *const f32);
-        let dmin = _mm512_load_ps(r.add(64) as *const f32);
+        let d = scales16(v.scales.add(64 * sb));
+        let dmin = scales16(v.scales.add(64 * sb + 32));
         for t in 0..T {
             let m = _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(mins[t]));
             let x = _mm512_fmsub_ps(d, _mm512_cvtepi32_ps(s[t]), m);
-            acc[t] = _mm512_fmadd_ps(x, _mm512_set1_ps(*v.d.add(t * v.nb + sb)), acc[t]);
+            acc[t] = _mm512_fmadd_ps(x, _mm512_set1_ps(v.d(t, sb)), acc[t]);
         }
     }
     for t in 0..T {
@@ -196,39 +215,54 @@ unsafe fn q4k<const T: usize>(v: View) {
     }
 }
 
+/// The u8 codes (`0..64`) of Q6_K group `gi` (codes `4gi..4gi + 4`), 16 lanes.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn codes_q6k(r: *const u8, gi: usize) -> __m512i {
+    let raw = _mm512_load_si512(r.add(256 + 64 * (gi % 32)) as *const __m512i);
+    let lo4 = _mm512_set1_epi8(0x0f);
+    let nib = if gi < 32 { _mm512_and_si512(raw, lo4) } else { _mm512_and_si512(_mm512_srli_epi16::<4>(raw), lo4) };
+    let h = _mm512_load_si512(r.add(2304 + 64 * (gi % 16)) as *const __m512i);
+    // Bring the group's two bits to bits 4-5 (16-bit shifts: bits crossing
+    // into the neighbouring byte land outside the mask).
+    let h = match gi / 16 {
+        0 => h,
+        1 => _mm512_srli_epi16::<2>(h),
+        2 => _mm512_slli_epi16::<4>(h),
+        _ => _mm512_slli_epi16::<2>(h),
+    };
+    // nib | (h & 0x30) (truth table 0xF8: a | (b & c)); nib has no bits above 3.
+    _mm512_ternarylogic_epi32::<0xF8>(nib, h, _mm512_set1_epi8(0x30))
+}
+
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma")]
 unsafe fn q6k<const T: usize>(v: View) {
     let mut acc = [_mm512_setzero_ps(); T];
     for sb in 0..v.nb {
-        let r = v.rec.add(sb * 4672);
+        let r = v.codes.add(sb * 3328);
         let a0 = sb * 256;
         let mut s = [_mm512_setzero_si512(); T];
         for sub in 0..16 {
+            // Each sub-block's sum starts at -32·Σa (the codes' offset).
             let mut is = [_mm512_setzero_si512(); T];
+            for t in 0..T {
+                is[t] = _mm512_set1_epi32(-(v.aux(t, sb, sub) << 5));
+            }
             for m in 0..4 {
-                let w = _mm512_load_si512(r.add(576 + 64 * (4 * sub + m)) as *const __m512i);
+                let w = codes_q6k(r, 4 * sub + m);
                 for t in 0..T {
                     is[t] = _mm512_dpbusd_epi32(is[t], w, act4(&v, t, a0 + 16 * sub + 4 * m));
                 }
             }
-            let sc = _mm512_cvtepi8_epi32(_mm_load_si128(r.add(64 + 16 * sub) as *const __m128i));
+            let sc = _mm512_cvtepi8_epi32(_mm_load_si128(r.add(16 * sub) as *const __m128i));
             for t in 0..T {
                 s[t] = _mm512_add_epi32(s[t], _mm512_mullo_epi32(is[t], sc));
             }
         }
-        let mut bsum = [_mm512_setzero_si512(); T];
-        for p in 0..8 {
-            let scp = _mm512_cvtepi8_epi16(_mm256_load_si256(r.add(320 + 32 * p) as *const __m256i));
-            for t in 0..T {
-                let bs = _mm512_set1_epi32(*v.aux.add((t * v.nb + sb) * 8 + p));
-                bsum[t] = _mm512_dpwssd_epi32(bsum[t], scp, bs);
-            }
-        }
-        let d = _mm512_load_ps(r as *const f32);
+        let d = scales16(v.scales.add(32 * sb));
         for t in 0..T {
-            let x = _mm512_sub_epi32(s[t], _mm512_slli_epi32::<5>(bsum[t]));
-            let da = _mm512_mul_ps(d, _mm512_set1_ps(*v.d.add(t * v.nb + sb)));
-            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(x), da, acc[t]);
+            let da = _mm512_mul_ps(d, _mm512_set1_ps(v.d(t, sb)));
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[t]), da, acc[t]);
         }
     }
     for t in 0..T {
