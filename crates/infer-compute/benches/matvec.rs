@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use infer_compute::backend::{QuantWeight, WeightBytes};
 use infer_compute::cpu::kernels::{quantize_activation, AlignedBytes};
+use infer_compute::cpu::packed::{self, PackedActs, PackedWeight};
 use infer_compute::cpu::{simd, CpuBackend, Kernels, Precision, SimdLevel};
 use infer_compute::{quant, ComputeBackend, GgmlType};
 
@@ -175,6 +176,26 @@ fn print_summary(backends: &[(usize, CpuBackend)]) {
                     100.0 * gbs / bw
                 );
             }
+            let k = Kernels::detect();
+            if packed::supported(&k, ty) {
+                // The packed layout of the same matrix (what a prepared
+                // model's layers use), activation quantization included.
+                let pw = PackedWeight::new(&w).expect("pack");
+                let (mut a, mut tmp) = (PackedActs::default(), AlignedBytes::default());
+                for (threads, backend) in backends {
+                    let mut t = f64::MAX;
+                    for _ in 0..3 {
+                        t = t.min(backend.install(|| {
+                            best_time(passes, || {
+                                a.quantize(&k, ty, &x, 1, cols, &mut tmp).expect("quantize");
+                                packed::matmul(&k, &pw, &a, &mut y).expect("packed")
+                            })
+                        }));
+                    }
+                    let gbs = pw.bytes() as f64 / t / 1e9;
+                    println!("{:<8} {:>12} {:>9.1} {:>3} {:>9.1}   (packed)", ty.name(), format!("{rows}x{cols}"), pw.bytes() as f64 / 1e6, threads, gbs);
+                }
+            }
         }
     }
     println!("load average after the summary: {}", load_average());
@@ -221,6 +242,17 @@ fn print_hot() {
                 std::hint::black_box(s);
             });
             line += &format!("  {} {:6.1}", level.name(), data.len() as f64 / t / 1e9);
+        }
+        let k = Kernels::detect();
+        if packed::supported(&k, ty) {
+            // The packed product of the same matrix, on one thread.
+            let pw = PackedWeight::new(&w).expect("pack");
+            let mut a = PackedActs::default();
+            a.quantize(&k, ty, &x, 1, cols, &mut act).expect("quantize");
+            let mut y = vec![0f32; rows];
+            let one = CpuBackend::with_options(1, k, Precision::Quantized).expect("thread pool");
+            let t = one.install(|| best_time(300, || packed::matmul(&k, &pw, &a, &mut y).expect("packed")));
+            line += &format!("  packed {:6.1}", pw.bytes() as f64 / t / 1e9);
         }
         println!("{line}");
     }

@@ -93,6 +93,24 @@ impl View {
     }
 }
 
+/// In decode (`T == 1`, weights streamed from memory once), prefetches the
+/// record that lies 2 KiB or two records (whichever is further) past the
+/// record at `r`: a kernel call
+/// reads one group (several KiB) before the next, so without it each core
+/// has a single stream of demand misses in flight. Prefill reuses cached
+/// weights and skips it. Prefetching past the end of the weights is
+/// harmless (a hint, never a fault).
+#[inline(always)]
+unsafe fn prefetch<const T: usize>(r: *const u8, bytes: usize) {
+    if T == 1 {
+        let mut off = 0;
+        while off < bytes {
+            _mm_prefetch::<_MM_HINT_T0>(r.wrapping_add((2 * bytes).max(2048) + off) as *const i8);
+            off += 64;
+        }
+    }
+}
+
 /// Four activation codes at byte `at` of token `t`, in every lane.
 #[inline]
 #[target_feature(enable = "avx512f")]
@@ -148,6 +166,7 @@ unsafe fn q32<const F: u8, const T: usize>(v: View) {
     let mut acc = [_mm512_setzero_ps(); T];
     for b in 0..v.nb {
         let r = v.codes.add(b * rec_bytes);
+        prefetch::<T>(r, rec_bytes);
         // Two integer chains per token (even and odd m) shorten the
         // dependency chain when the tile is small.
         let mut is = [[_mm512_setzero_si512(); 2]; T];
@@ -179,6 +198,7 @@ unsafe fn q4k<const T: usize>(v: View) {
     let mut acc = [_mm512_setzero_ps(); T];
     for sb in 0..v.nb {
         let r = v.codes.add(sb * 2304);
+        prefetch::<T>(r, 2304);
         let a0 = sb * 256;
         let mut s = [_mm512_setzero_si512(); T];
         for sub in 0..8 {
@@ -240,6 +260,7 @@ unsafe fn q6k<const T: usize>(v: View) {
     let mut acc = [_mm512_setzero_ps(); T];
     for sb in 0..v.nb {
         let r = v.codes.add(sb * 3328);
+        prefetch::<T>(r, 3328);
         let a0 = sb * 256;
         let mut s = [_mm512_setzero_si512(); T];
         for sub in 0..16 {
