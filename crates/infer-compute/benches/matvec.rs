@@ -253,6 +253,14 @@ fn print_hot() {
             let one = CpuBackend::with_options(1, k, Precision::Quantized).expect("thread pool");
             let t = one.install(|| best_time(300, || packed::matmul(&k, &pw, &a, &mut y).expect("packed")));
             line += &format!("  packed {:6.1}", pw.bytes() as f64 / t / 1e9);
+            // Prefill: 64 tokens against the same cached matrix, in
+            // integer multiply-adds per second (GMAC/s).
+            let n = 64;
+            let xs: Vec<f32> = (0..n * cols).map(|_| noise(&mut seed)).collect();
+            a.quantize(&k, ty, &xs, n, cols, &mut act).expect("quantize");
+            let mut ys = vec![0f32; n * rows];
+            let t = one.install(|| best_time(50, || packed::matmul(&k, &pw, &a, &mut ys).expect("packed")));
+            line += &format!("  prefill {:6.1} GMAC/s", (n * rows * cols) as f64 / t / 1e9);
         }
         println!("{line}");
     }

@@ -437,7 +437,10 @@ pub fn matmul(k: &Kernels, w: &PackedWeight, a: &PackedActs, y: &mut [f32]) -> R
     }
     let groups = w.rows.div_ceil(GROUP);
     let threads = rayon::current_num_threads().max(1);
-    let per_task = groups.div_ceil(threads * 4).max(1);
+    // Decode: a few large tasks per thread (each reads several streams).
+    // Prefill: about 16 tasks per thread, so that a core slowed by other
+    // work hands groups to the others instead of holding up the join.
+    let per_task = groups.div_ceil(threads * if n == 1 { 4 } else { 16 }).max(1);
     let out = OutPtr(y.as_mut_ptr());
     let simd = k.level() == SimdLevel::Avx512Vnni;
     (0..groups.div_ceil(per_task)).into_par_iter().for_each(|task| {
