@@ -224,6 +224,22 @@ mod bench {
             for (k, t, n) in prof.iter().take(12) {
                 lines.push(format!("  {:<14} {:>8.1} us/token  {:>6.2} us/launch  {:>4.1}%", k, t * 1e6 / 96.0, t * 1e6 / *n as f64, 100.0 * t / total));
             }
+            // Per-kernel times of one 512-token prefill (synchronized).
+            {
+                let mut kv = m.new_kv_cache(640)?;
+                let toks: Vec<u32> = (0..512u32).map(|i| (i * 7919) % s.vocab as u32).collect();
+                m.prefill(kv.as_mut(), &toks, 0)?;
+                m.profile(true);
+                let t = Instant::now();
+                m.prefill(kv.as_mut(), &toks, 0)?;
+                let wall = t.elapsed().as_secs_f64();
+                let prof = m.profile(false);
+                let total: f64 = prof.iter().map(|p| p.1).sum();
+                lines.push(format!("{}: per-kernel time of a 512-token prefill (timed one by one), total {:.2} ms of {:.2} ms", s.name, total * 1e3, wall * 1e3));
+                for (k, t, n) in prof.iter().take(12) {
+                    lines.push(format!("  {:<18} {:>8.2} ms  {:>5} launches  {:>4.1}%", k, t * 1e3, n, 100.0 * t / total));
+                }
+            }
             m.set_use_graph(true);
             drop(m);
             // The same model with GGUF rows everywhere (no repacking).

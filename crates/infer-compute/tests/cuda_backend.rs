@@ -555,10 +555,17 @@ fn check_logits(what: &str, got: &[f32], want: &[f32]) -> f64 {
     assert!(cos >= 0.999, "{what}: cosine {cos:.6}");
     let (tg, tw) = (argmax(got), argmax(want));
     if tg != tw {
-        // Only a near-tie of the reference may flip the top token.
+        // Only a near-tie of the reference may flip the top token: a margin
+        // within 1e-3 of the logit range, or within three times the RMS
+        // difference of the two logit vectors (two quantized paths round
+        // differently; their difference sets the scale of a tie).
         let range = want.iter().cloned().fold(f32::MIN, f32::max) - want.iter().cloned().fold(f32::MAX, f32::min);
+        let rms = (got.iter().zip(want).map(|(a, b)| ((a - b) as f64).powi(2)).sum::<f64>() / want.len() as f64).sqrt() as f32;
         let margin = want[tw] - want[tg];
-        assert!(margin <= 1e-3 * range, "{what}: top-1 {tg} vs CPU {tw} (CPU margin {margin:e} of range {range:e})");
+        assert!(
+            margin <= (1e-3 * range).max(3.0 * rms),
+            "{what}: top-1 {tg} vs CPU {tw} (CPU margin {margin:e} of range {range:e}, RMS difference {rms:e})"
+        );
         eprintln!("{what}: top-1 differs on a near-tie (margin {margin:e})");
     }
     cos
@@ -619,15 +626,24 @@ fn prefill_matches_cpu_and_chunks() {
         let got = gm.decode_token(gkv.as_mut(), toks[pos], pos).unwrap().to_vec();
         check_logits(&format!("decode after prefill pos {pos}"), &got, &want);
     }
-    // A prefill longer than one device chunk, continuing the same caches.
+    // A 28-token prefill (the GEMM path: at least GEMM_MIN_TOKENS),
+    // continuing the same caches.
     let want = cm.prefill(ckv.as_mut(), &toks[20..48], 20).unwrap().to_vec();
     let got = gm.prefill(gkv.as_mut(), &toks[20..48], 20).unwrap().to_vec();
     check_logits("prefill 20..48", &got, &want);
-    let mut ckv = cm.new_kv_cache(64).unwrap();
-    let mut gkv = gm.new_kv_cache(64).unwrap();
-    let want = cm.prefill(ckv.as_mut(), &toks, 0).unwrap().to_vec();
-    let got = gm.prefill(gkv.as_mut(), &toks, 0).unwrap().to_vec();
-    check_logits("prefill 48 (two chunks)", &got, &want);
+    // A prefill longer than one device pass: two passes, then decode.
+    let n = infer_compute::cuda::PREFILL_CHUNK + 40;
+    let toks = tokens(22, n + 4, spec.n_vocab);
+    let mut ckv = cm.new_kv_cache(n + 8).unwrap();
+    let mut gkv = gm.new_kv_cache(n + 8).unwrap();
+    let want = cm.prefill(ckv.as_mut(), &toks[..n], 0).unwrap().to_vec();
+    let got = gm.prefill(gkv.as_mut(), &toks[..n], 0).unwrap().to_vec();
+    check_logits(&format!("prefill {n} (two passes)"), &got, &want);
+    for pos in n..n + 4 {
+        let want = cm.decode_token(ckv.as_mut(), toks[pos], pos).unwrap().to_vec();
+        let got = gm.decode_token(gkv.as_mut(), toks[pos], pos).unwrap().to_vec();
+        check_logits(&format!("decode after a two-pass prefill, pos {pos}"), &got, &want);
+    }
 }
 
 #[test]

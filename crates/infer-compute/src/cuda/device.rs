@@ -224,6 +224,13 @@ impl Device {
         let f = self.func(k)?;
         let mut b = self.stream.launch_builder(f);
         push(&mut b);
+        // SAFETY: the caller's contract.
+        self.timed(k.0, || unsafe { b.launch(cfg) }.map(|_| ()).map_err(|e| Error::Device(format!("launching {}: {e}", k.0))))
+    }
+
+    /// Runs `f` (which enqueues work on the stream), timing it under `name`
+    /// while profiling is on (see [`Device::set_profiling`]).
+    pub(crate) fn timed(&self, name: &'static str, f: impl FnOnce() -> Result<()>) -> Result<()> {
         let mut prof = self.profile.lock().map_err(|_| Error::Device("profile lock poisoned".into()))?;
         let t0 = if prof.is_some() {
             self.stream.synchronize().map_err(dev_err("profile sync"))?;
@@ -231,11 +238,10 @@ impl Device {
         } else {
             None
         };
-        // SAFETY: the caller's contract.
-        unsafe { b.launch(cfg) }.map_err(|e| Error::Device(format!("launching {}: {e}", k.0)))?;
+        f()?;
         if let (Some(t0), Some(map)) = (t0, prof.as_mut()) {
             self.stream.synchronize().map_err(dev_err("profile sync"))?;
-            let e = map.entry(k.0).or_insert((0.0, 0));
+            let e = map.entry(name).or_insert((0.0, 0));
             e.0 += t0.elapsed().as_secs_f64();
             e.1 += 1;
         }

@@ -22,9 +22,12 @@
 //! before each step, so the single-token step is position-independent and
 //! is captured once as a CUDA graph (per KV cache and buffer set) and
 //! replayed for every token. Prefill runs the same kernels on chunks of up
-//! to [`PREFILL_CHUNK`] tokens without a graph: the mat-vec kernels reuse
-//! each decoded weight chunk for 8 tokens, and attention runs one grid
-//! layer per token, each causal to its own position.
+//! to [`PREFILL_CHUNK`] tokens without a graph. Passes of at least
+//! [`GEMM_MIN_TOKENS`] tokens dequantize each projection's weights to f32
+//! (one matrix at a time, into a scratch buffer) and multiply on the tensor
+//! cores in TF32 through cuBLAS; shorter ones use the mat-vec kernels,
+//! which reuse each decoded weight chunk for 8 tokens. Attention runs one
+//! grid layer per token, each causal to its own position.
 //!
 //! KV cache: f16, per layer `[n_ctx, n_head_kv, head_dim]`, position-major
 //! (the CPU layout, half the bytes). Attention accumulates in f32.
@@ -46,8 +49,31 @@ use crate::GgmlType;
 
 static NEXT_ID: AtomicUsize = AtomicUsize::new(1);
 
-/// Tokens per prefill pass (bounds the scratch buffers).
-pub const PREFILL_CHUNK: usize = 32;
+/// Most tokens per prefill pass (bounds the scratch buffers; see
+/// [`prefill_chunk`]).
+pub const PREFILL_CHUNK: usize = 512;
+
+/// Bytes the split-attention partial sums of one pass may take; longer
+/// contexts get shorter passes.
+const ATTN_PARTS_BUDGET: usize = 256 << 20;
+
+/// Tokens per prefill pass for `n_split` attention splits: [`PREFILL_CHUNK`],
+/// fewer when the per-token partial sums (`heads · n_split · head_dim`
+/// floats) would exceed [`ATTN_PARTS_BUDGET`], at least 32.
+fn prefill_chunk(m: &Maxima, n_split: usize) -> usize {
+    let per_token = (m.heads * n_split * m.hd * 4).max(1);
+    (ATTN_PARTS_BUDGET / per_token).clamp(32, PREFILL_CHUNK)
+}
+
+/// Prefill passes of at least this many tokens run the projections as
+/// TF32 tensor-core GEMMs on weights dequantized to f32 (one matrix at a
+/// time, into a scratch buffer); shorter ones use the mat-vec kernels.
+/// `INFER_CUDA_PREFILL_GEMM=0` turns the GEMM path off.
+pub const GEMM_MIN_TOKENS: usize = 16;
+
+fn prefill_gemm_enabled() -> bool {
+    std::env::var("INFER_CUDA_PREFILL_GEMM").map_or(true, |v| v != "0")
+}
 
 /// A weight matrix in device memory, GGUF blocks as they are.
 struct DevWeight {
@@ -167,6 +193,9 @@ struct Buffers {
     part_o: CudaSlice<f32>,
     part_ml: CudaSlice<f32>,
     logits: CudaSlice<f32>,
+    /// One layer matrix dequantized to f32, for the prefill GEMMs (`None`
+    /// when the buffers serve fewer than [`GEMM_MIN_TOKENS`] tokens).
+    wf: Option<CudaSlice<f32>>,
 }
 
 /// A captured single-token step.
@@ -192,6 +221,8 @@ struct Maxima {
     heads: usize,
     hd: usize,
     cols: usize,
+    /// Values of the largest layer matrix.
+    mat: usize,
 }
 
 /// A model prepared on a CUDA device.
@@ -275,6 +306,7 @@ impl CudaModel {
                 mats.push(g);
             }
             weight_bytes += mats.iter().map(|w| w.data.as_bytes().len()).sum::<usize>();
+            max.mat = max.mat.max(mats.iter().map(|w| w.rows * w.cols).max().unwrap_or(0));
             let gated = matches!((l.ffn, &l.ffn_gate), (FfnType::Gated, Some(_)));
             layers.push(DevLayer {
                 n_head: l.n_head,
@@ -395,6 +427,7 @@ impl CudaModel {
             part_o: d.zeros(cap * m.heads * n_split * m.hd)?,
             part_ml: d.zeros(cap * m.heads * n_split * 2)?,
             logits: d.zeros(self.n_vocab)?,
+            wf: if cap >= GEMM_MIN_TOKENS && prefill_gemm_enabled() { Some(d.zeros(m.mat)?) } else { None },
         });
         Ok(())
     }
@@ -424,7 +457,7 @@ impl CudaModel {
         }
         let n_split = ops::attn_splits(cache.n_ctx);
         let mut pos = pos0;
-        for chunk in tokens.chunks(PREFILL_CHUNK) {
+        for chunk in tokens.chunks(prefill_chunk(&self.max, n_split)) {
             self.ensure_buffers(chunk.len(), n_split)?;
             let p = i32::try_from(pos).map_err(|_| Error::Device(format!("position {pos} exceeds the kernels' range")))?;
             {
@@ -524,6 +557,15 @@ impl CudaModel {
             repacked_stride: w.repacked_stride,
         };
 
+        // Prefill GEMM: dequantize one matrix, then one TF32 GEMM.
+        let gemm_wf = b.wf.as_ref().filter(|_| n >= GEMM_MIN_TOKENS).map(|w| d.ptr(w));
+        let mm = |w: &DevWeight, xf: DevPtr, y: DevPtr, wf: DevPtr| -> Result<()> {
+            let repacked = w.repacked_stride != 0;
+            let stride = if repacked { w.repacked_stride } else { w.ty.row_bytes(w.cols)? };
+            ops::dequant_matrix(d, d.ptr(&w.buf), w.ty, stride, w.rows, w.cols, repacked, wf)?;
+            ops::gemm_tf32(d, wf, xf, y, w.rows, w.cols, n)
+        };
+
         ops::embed_rows(d, d.ptr(&self.token_embd.buf), self.token_embd.ty, e, tokens, n, self.embd_scale, x)?;
         if let Some(l0) = self.layers.first() {
             ops::residual_norm(d, &norm_args(0, None, &l0.attn_norm), n)?;
@@ -532,6 +574,12 @@ impl CudaModel {
             // q, k, v: one launch per run of equal types.
             let targets = [(&l.wq, p(&b.q)), (&l.wk, p(&b.k)), (&l.wv, p(&b.v))];
             let mut i = 0;
+            if let Some(wf) = gemm_wf {
+                for (w, y) in targets {
+                    mm(w, h, y, wf)?;
+                }
+                i = 3;
+            }
             while i < 3 {
                 let mut call = mv(targets[i].0, h, aq, ad, targets[i].1);
                 let mut j = i + 1;
@@ -595,12 +643,25 @@ impl CudaModel {
                     softcap: l.softcap.unwrap_or(0.0),
                 },
             )?;
-            ops::matvec(d, &mv(&l.wo, p(&b.attn), aq, ad, o))?;
+            match gemm_wf {
+                Some(wf) => mm(&l.wo, p(&b.attn), o, wf)?,
+                None => ops::matvec(d, &mv(&l.wo, p(&b.attn), aq, ad, o))?,
+            }
             ops::residual_norm(d, &norm_args(o, l.post_attn_norm.as_ref(), &l.ffn_norm), n)?;
 
             let n_ff = l.up.rows;
             let act = p(&b.act);
             match &l.gate {
+                Some(g) if l.gated && gemm_wf.is_some() => {
+                    let wf = gemm_wf.unwrap_or(0);
+                    mm(g, h, p(&b.gate), wf)?;
+                    mm(&l.up, h, p(&b.up), wf)?;
+                    ops::glu(d, p(&b.gate), p(&b.up), act, n * n_ff, l.gelu)?;
+                }
+                _ if gemm_wf.is_some() => {
+                    mm(&l.up, h, act, gemm_wf.unwrap_or(0))?;
+                    ops::act_inplace(d, act, n * n_ff, l.gelu)?;
+                }
                 Some(g) if l.gated && g.ty == l.up.ty && g.repacked_stride == l.up.repacked_stride => {
                     let mut call = mv(g, h, aq, ad, act);
                     call.w[1] = d.ptr(&l.up.buf);
@@ -617,10 +678,14 @@ impl CudaModel {
                     ops::act_inplace(d, act, n * n_ff, l.gelu)?;
                 }
             }
-            if ops::wants_q8(l.down.ty)? {
-                ops::quantize_q8(d, act, aq, ad, n * n_ff / 32)?;
+            if let Some(wf) = gemm_wf {
+                mm(&l.down, act, o, wf)?;
+            } else {
+                if ops::wants_q8(l.down.ty)? {
+                    ops::quantize_q8(d, act, aq, ad, n * n_ff / 32)?;
+                }
+                ops::matvec(d, &mv(&l.down, act, aq, ad, o))?;
             }
-            ops::matvec(d, &mv(&l.down, act, aq, ad, o))?;
             let next = self.layers.get(li + 1).map_or(&self.output_norm, |nl| &nl.attn_norm);
             ops::residual_norm(d, &norm_args(o, l.post_ffn_norm.as_ref(), next), n)?;
         }

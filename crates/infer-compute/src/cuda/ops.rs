@@ -231,3 +231,81 @@ pub(crate) fn act_inplace(dev: &Device, x: DevPtr, n: usize, gelu: bool) -> Resu
         })
     }
 }
+
+/// Dequantizes a whole `rows × cols` matrix (`stride` bytes per row; GGUF
+/// rows, or the layout of `repack.rs` when `repacked`) to f32 at `out`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn dequant_matrix(
+    dev: &Device,
+    w: DevPtr,
+    ty: GgmlType,
+    stride: usize,
+    rows: usize,
+    cols: usize,
+    repacked: bool,
+    out: DevPtr,
+) -> Result<()> {
+    if kernels::matvec_kernels(ty).is_none() || (repacked && !super::repack::has_repacked(ty)) {
+        return Err(Error::Unsupported { op: "cuda dequantize", ty });
+    }
+    if rows == 0 || cols == 0 {
+        return Ok(());
+    }
+    let (tyi, st, n, rp) = (ty.id() as i32, to_i32(stride, "row stride")?, to_i32(cols, "row length")?, repacked as i32);
+    // 64 threads: DQ_THREADS in elementwise.cu.
+    let cfg = LaunchConfig { grid_dim: (to_u32(rows, "rows")?, 1, 1), block_dim: (64, 1, 1), shared_mem_bytes: 0 };
+    // SAFETY: w holds `rows` rows of `stride` bytes in the stated layout,
+    // out holds rows·cols floats (callers size them so).
+    unsafe {
+        dev.launch_with(names::DEQUANT_MATRIX, cfg, |b| {
+            b.arg(&w).arg(&tyi).arg(&st).arg(&n).arg(&rp).arg(&out);
+        })
+    }
+}
+
+/// `Y = X·Wᵀ` on the tensor cores in TF32 (f32 storage, 10-bit mantissa
+/// products, f32 accumulation): `w` is `rows × cols`, `x` is
+/// `n_tok × cols`, `y` is `n_tok × rows`, all row-major f32, on the
+/// device's stream.
+pub(crate) fn gemm_tf32(dev: &Device, w: DevPtr, x: DevPtr, y: DevPtr, rows: usize, cols: usize, n_tok: usize) -> Result<()> {
+    use cudarc::cublas::sys::{self as cb, cublasOperation_t};
+    if rows == 0 || cols == 0 || n_tok == 0 {
+        return Ok(());
+    }
+    let (m, n, k) = (to_i32(rows, "rows")?, to_i32(n_tok, "tokens")?, to_i32(cols, "columns")?);
+    let (alpha, beta) = (1.0f32, 0.0f32);
+    // Column-major view: Y (rows × n_tok, ld rows) = Wᵀ-view (W is
+    // cols × rows column-major, transposed) · X-view (cols × n_tok).
+    dev.timed("cublas_gemm_tf32", || {
+        // SAFETY: the handle is the device's, bound to its stream; the
+        // pointers hold rows·cols, n_tok·cols and n_tok·rows floats (callers
+        // size them so); alpha and beta live across the call.
+        let status = unsafe {
+            cb::cublasGemmEx(
+                *dev.blas.handle(),
+                cublasOperation_t::CUBLAS_OP_T,
+                cublasOperation_t::CUBLAS_OP_N,
+                m,
+                n,
+                k,
+                &alpha as *const f32 as *const _,
+                w as usize as *const std::ffi::c_void,
+                cb::cudaDataType::CUDA_R_32F,
+                k,
+                x as usize as *const std::ffi::c_void,
+                cb::cudaDataType::CUDA_R_32F,
+                k,
+                &beta as *const f32 as *const _,
+                y as usize as *mut std::ffi::c_void,
+                cb::cudaDataType::CUDA_R_32F,
+                m,
+                cb::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32,
+                cb::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+            )
+        };
+        if status != cb::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+            return Err(Error::Device(format!("cuBLAS GemmEx (TF32): {status:?}")));
+        }
+        Ok(())
+    })
+}

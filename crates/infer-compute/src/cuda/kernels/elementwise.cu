@@ -42,3 +42,52 @@ extern "C" __global__ void act_inplace(float* x, int n, int act) {
     if (i >= n) return;
     x[i] = act == 0 ? act_gelu_tanh(x[i]) : act_silu(x[i]);
 }
+
+// Decodes chunk c of a repacked row (`repack.rs`; nc chunks per row).
+__device__ __forceinline__ bool load_chunk_repacked(int ty, const u8* row, int c, int nc, WChunk& w) {
+    switch (ty) {
+        case TY_Q4_0: w = TQ4_0R::load(row, c, nc); return true;
+        case TY_Q5_0: w = TQ5_0R::load(row, c, nc); return true;
+        case TY_Q8_0: w = TQ8_0R::load(row, c, nc); return true;
+        case TY_Q6_K: w = TQ6_KR::load(row, c, nc); return true;
+        default: return false;
+    }
+}
+
+// out[r][k] = dequant(W)[r][k] in f32 for a whole matrix: rows of `stride`
+// bytes (GGUF rows, or the layout of `repack.rs` when `repacked`), n values
+// each; the input of the prefill GEMM. Grid: x = row. Each thread decodes
+// one 32-value chunk into shared memory, then the block writes the row
+// segment with consecutive threads on consecutive floats (coalesced).
+#define DQ_THREADS 64
+extern "C" __global__ void __launch_bounds__(DQ_THREADS) dequant_matrix(const u8* w, int ty, int stride, int n,
+                                                                          int repacked, float* out) {
+    __shared__ float sm[DQ_THREADS * 33];  // chunk i at sm[33 i ..]: no bank conflicts
+    const int r = blockIdx.x, tid = threadIdx.x;
+    const u8* row = w + (size_t)r * stride;
+    float* o = out + (size_t)r * n;
+    if (ty == TY_F32 || ty == TY_F16 || ty == TY_BF16) {
+        for (int k = tid; k < n; k += blockDim.x) {
+            float v;
+            if (ty == TY_F32) v = ((const float*)row)[k];
+            else if (ty == TY_F16) v = f16_to_f32(((const u16*)row)[k]);
+            else v = bf16_to_f32(((const u16*)row)[k]);
+            o[k] = v;
+        }
+        return;
+    }
+    const int nc = n / 32;
+    for (int c0 = 0; c0 < nc; c0 += DQ_THREADS) {
+        const int c = c0 + tid;
+        if (c < nc) {
+            WChunk wc;
+            const bool ok = repacked ? load_chunk_repacked(ty, row, c, nc, wc) : load_chunk_any(ty, row, c, wc);
+#pragma unroll
+            for (int k = 0; k < 32; ++k) sm[tid * 33 + k] = ok ? chunk_value(wc, k) : 0.0f;
+        }
+        __syncthreads();
+        const int cnt = min(DQ_THREADS, nc - c0) * 32;
+        for (int i = tid; i < cnt; i += DQ_THREADS) o[c0 * 32 + i] = sm[(i / 32) * 33 + i % 32];
+        __syncthreads();
+    }
+}
