@@ -23,9 +23,9 @@
 //! is captured once as a CUDA graph (per KV cache and buffer set) and
 //! replayed for every token. Prefill runs the same kernels on chunks of up
 //! to [`PREFILL_CHUNK`] tokens without a graph. Passes of at least
-//! [`GEMM_MIN_TOKENS`] tokens dequantize each projection's weights to f32
+//! [`GEMM_MIN_TOKENS`] tokens dequantize each projection's weights to bf16
 //! (one matrix at a time, into a scratch buffer) and multiply on the tensor
-//! cores in TF32 through cuBLAS; shorter ones use the mat-vec kernels,
+//! cores through cuBLAS (f32 accumulation); shorter ones use the mat-vec kernels,
 //! which reuse each decoded weight chunk for 8 tokens. Attention runs one
 //! grid layer per token, each causal to its own position.
 //!
@@ -41,7 +41,7 @@ use cudarc::driver::{CudaGraph, CudaSlice};
 
 use super::device::{dev_err, Device, PinnedBuf};
 use super::kernels::{AttnArgs, DevPtr, MvMode, NormArgs, QkvArgs};
-use super::ops::{self, Matvec};
+use super::ops::{self, GemmPrecision, Matvec};
 use crate::backend::{DeviceModel, KvCache, QuantWeight};
 use crate::error::{shape_err, Error, Result};
 use crate::pipeline::{Activation, FfnType, ModelSpec, Norm, NormType, RopeType};
@@ -66,13 +66,18 @@ fn prefill_chunk(m: &Maxima, n_split: usize) -> usize {
 }
 
 /// Prefill passes of at least this many tokens run the projections as
-/// TF32 tensor-core GEMMs on weights dequantized to f32 (one matrix at a
-/// time, into a scratch buffer); shorter ones use the mat-vec kernels.
-/// `INFER_CUDA_PREFILL_GEMM=0` turns the GEMM path off.
+/// tensor-core GEMMs on weights dequantized to bf16 (one matrix at a time,
+/// into a scratch buffer); shorter ones use the mat-vec kernels.
+/// `INFER_CUDA_PREFILL_GEMM=tf32` uses f32 operands with TF32 products
+/// instead, `=0` turns the GEMM path off.
 pub const GEMM_MIN_TOKENS: usize = 16;
 
-fn prefill_gemm_enabled() -> bool {
-    std::env::var("INFER_CUDA_PREFILL_GEMM").map_or(true, |v| v != "0")
+fn prefill_gemm() -> Option<GemmPrecision> {
+    match std::env::var("INFER_CUDA_PREFILL_GEMM").as_deref() {
+        Ok("0") => None,
+        Ok("tf32") => Some(GemmPrecision::Tf32),
+        _ => Some(GemmPrecision::Bf16),
+    }
 }
 
 /// A weight matrix in device memory, GGUF blocks as they are.
@@ -193,9 +198,18 @@ struct Buffers {
     part_o: CudaSlice<f32>,
     part_ml: CudaSlice<f32>,
     logits: CudaSlice<f32>,
-    /// One layer matrix dequantized to f32, for the prefill GEMMs (`None`
-    /// when the buffers serve fewer than [`GEMM_MIN_TOKENS`] tokens).
-    wf: Option<CudaSlice<f32>>,
+    /// The prefill GEMMs' scratch (`None` when the buffers serve fewer
+    /// than [`GEMM_MIN_TOKENS`] tokens or the path is off).
+    gemm: Option<GemmScratch>,
+}
+
+/// Scratch of the prefill GEMMs.
+struct GemmScratch {
+    prec: GemmPrecision,
+    /// One layer matrix, dequantized (f32 or bf16 values).
+    w: CudaSlice<f32>,
+    /// The pass's activations in bf16 (unused with TF32).
+    x: CudaSlice<u16>,
 }
 
 /// A captured single-token step.
@@ -427,7 +441,15 @@ impl CudaModel {
             part_o: d.zeros(cap * m.heads * n_split * m.hd)?,
             part_ml: d.zeros(cap * m.heads * n_split * 2)?,
             logits: d.zeros(self.n_vocab)?,
-            wf: if cap >= GEMM_MIN_TOKENS && prefill_gemm_enabled() { Some(d.zeros(m.mat)?) } else { None },
+            gemm: match prefill_gemm().filter(|_| cap >= GEMM_MIN_TOKENS) {
+                Some(prec) => Some(GemmScratch {
+                    prec,
+                    // f32 slots: m.mat values of 4 (TF32) or 2 (bf16) bytes.
+                    w: d.zeros((m.mat * prec.bytes()).div_ceil(4))?,
+                    x: d.zeros(if prec == GemmPrecision::Bf16 { cap * m.cols } else { 1 })?,
+                }),
+                None => None,
+            },
         });
         Ok(())
     }
@@ -557,13 +579,24 @@ impl CudaModel {
             repacked_stride: w.repacked_stride,
         };
 
-        // Prefill GEMM: dequantize one matrix, then one TF32 GEMM.
-        let gemm_wf = b.wf.as_ref().filter(|_| n >= GEMM_MIN_TOKENS).map(|w| d.ptr(w));
-        let mm = |w: &DevWeight, xf: DevPtr, y: DevPtr, wf: DevPtr| -> Result<()> {
+        // Prefill GEMM: dequantize one matrix, then one tensor-core GEMM.
+        let gemm = b.gemm.as_ref().filter(|_| n >= GEMM_MIN_TOKENS).map(|g| (g.prec, d.ptr(&g.w), d.ptr(&g.x)));
+        let missing = || Error::Device("prefill GEMM scratch missing".into());
+        // The GEMM operand of an f32 input of `cols` values per token
+        // (converted once and shared by the products that read it).
+        let operand = |xf: DevPtr, cols: usize| -> Result<DevPtr> {
+            let (prec, _, xb) = gemm.ok_or_else(missing)?;
+            match prec {
+                GemmPrecision::Bf16 => ops::to_bf16(d, xf, xb, n * cols).map(|_| xb),
+                GemmPrecision::Tf32 => Ok(xf),
+            }
+        };
+        let mm = |w: &DevWeight, x: DevPtr, y: DevPtr| -> Result<()> {
+            let (prec, wf, _) = gemm.ok_or_else(missing)?;
             let repacked = w.repacked_stride != 0;
             let stride = if repacked { w.repacked_stride } else { w.ty.row_bytes(w.cols)? };
-            ops::dequant_matrix(d, d.ptr(&w.buf), w.ty, stride, w.rows, w.cols, repacked, wf)?;
-            ops::gemm_tf32(d, wf, xf, y, w.rows, w.cols, n)
+            ops::dequant_matrix(d, d.ptr(&w.buf), w.ty, stride, w.rows, w.cols, repacked, prec, wf)?;
+            ops::gemm(d, prec, wf, x, y, w.rows, w.cols, n)
         };
 
         ops::embed_rows(d, d.ptr(&self.token_embd.buf), self.token_embd.ty, e, tokens, n, self.embd_scale, x)?;
@@ -574,9 +607,10 @@ impl CudaModel {
             // q, k, v: one launch per run of equal types.
             let targets = [(&l.wq, p(&b.q)), (&l.wk, p(&b.k)), (&l.wv, p(&b.v))];
             let mut i = 0;
-            if let Some(wf) = gemm_wf {
+            if gemm.is_some() {
+                let xo = operand(h, e)?;
                 for (w, y) in targets {
-                    mm(w, h, y, wf)?;
+                    mm(w, xo, y)?;
                 }
                 i = 3;
             }
@@ -643,23 +677,24 @@ impl CudaModel {
                     softcap: l.softcap.unwrap_or(0.0),
                 },
             )?;
-            match gemm_wf {
-                Some(wf) => mm(&l.wo, p(&b.attn), o, wf)?,
-                None => ops::matvec(d, &mv(&l.wo, p(&b.attn), aq, ad, o))?,
+            if gemm.is_some() {
+                mm(&l.wo, operand(p(&b.attn), l.wo.cols)?, o)?;
+            } else {
+                ops::matvec(d, &mv(&l.wo, p(&b.attn), aq, ad, o))?;
             }
             ops::residual_norm(d, &norm_args(o, l.post_attn_norm.as_ref(), &l.ffn_norm), n)?;
 
             let n_ff = l.up.rows;
             let act = p(&b.act);
             match &l.gate {
-                Some(g) if l.gated && gemm_wf.is_some() => {
-                    let wf = gemm_wf.unwrap_or(0);
-                    mm(g, h, p(&b.gate), wf)?;
-                    mm(&l.up, h, p(&b.up), wf)?;
+                Some(g) if l.gated && gemm.is_some() => {
+                    let xo = operand(h, e)?;
+                    mm(g, xo, p(&b.gate))?;
+                    mm(&l.up, xo, p(&b.up))?;
                     ops::glu(d, p(&b.gate), p(&b.up), act, n * n_ff, l.gelu)?;
                 }
-                _ if gemm_wf.is_some() => {
-                    mm(&l.up, h, act, gemm_wf.unwrap_or(0))?;
+                _ if gemm.is_some() => {
+                    mm(&l.up, operand(h, e)?, act)?;
                     ops::act_inplace(d, act, n * n_ff, l.gelu)?;
                 }
                 Some(g) if l.gated && g.ty == l.up.ty && g.repacked_stride == l.up.repacked_stride => {
@@ -678,8 +713,8 @@ impl CudaModel {
                     ops::act_inplace(d, act, n * n_ff, l.gelu)?;
                 }
             }
-            if let Some(wf) = gemm_wf {
-                mm(&l.down, act, o, wf)?;
+            if gemm.is_some() {
+                mm(&l.down, operand(act, n_ff)?, o)?;
             } else {
                 if ops::wants_q8(l.down.ty)? {
                     ops::quantize_q8(d, act, aq, ad, n * n_ff / 32)?;

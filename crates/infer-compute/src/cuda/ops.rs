@@ -232,8 +232,29 @@ pub(crate) fn act_inplace(dev: &Device, x: DevPtr, n: usize, gelu: bool) -> Resu
     }
 }
 
+/// Input precision of the prefill GEMMs (f32 accumulation in both).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum GemmPrecision {
+    /// f32 operands, TF32 tensor-core products (10-bit mantissas).
+    Tf32,
+    /// bf16 operands (8-bit mantissas, f32's range): half the bytes and
+    /// twice the tensor-core rate of TF32.
+    Bf16,
+}
+
+impl GemmPrecision {
+    /// Bytes of one operand value.
+    pub(crate) fn bytes(self) -> usize {
+        match self {
+            GemmPrecision::Tf32 => 4,
+            GemmPrecision::Bf16 => 2,
+        }
+    }
+}
+
 /// Dequantizes a whole `rows × cols` matrix (`stride` bytes per row; GGUF
-/// rows, or the layout of `repack.rs` when `repacked`) to f32 at `out`.
+/// rows, or the layout of `repack.rs` when `repacked`) to `prec`'s operand
+/// type (f32 or bf16) at `out`.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn dequant_matrix(
     dev: &Device,
@@ -243,6 +264,7 @@ pub(crate) fn dequant_matrix(
     rows: usize,
     cols: usize,
     repacked: bool,
+    prec: GemmPrecision,
     out: DevPtr,
 ) -> Result<()> {
     if kernels::matvec_kernels(ty).is_none() || (repacked && !super::repack::has_repacked(ty)) {
@@ -252,34 +274,56 @@ pub(crate) fn dequant_matrix(
         return Ok(());
     }
     let (tyi, st, n, rp) = (ty.id() as i32, to_i32(stride, "row stride")?, to_i32(cols, "row length")?, repacked as i32);
+    let bf = (prec == GemmPrecision::Bf16) as i32;
     // 64 threads: DQ_THREADS in elementwise.cu.
     let cfg = LaunchConfig { grid_dim: (to_u32(rows, "rows")?, 1, 1), block_dim: (64, 1, 1), shared_mem_bytes: 0 };
     // SAFETY: w holds `rows` rows of `stride` bytes in the stated layout,
-    // out holds rows·cols floats (callers size them so).
+    // out holds rows·cols values of the operand type (callers size them so).
     unsafe {
         dev.launch_with(names::DEQUANT_MATRIX, cfg, |b| {
-            b.arg(&w).arg(&tyi).arg(&st).arg(&n).arg(&rp).arg(&out);
+            b.arg(&w).arg(&tyi).arg(&st).arg(&n).arg(&rp).arg(&bf).arg(&out);
         })
     }
 }
 
-/// `Y = X·Wᵀ` on the tensor cores in TF32 (f32 storage, 10-bit mantissa
-/// products, f32 accumulation): `w` is `rows × cols`, `x` is
-/// `n_tok × cols`, `y` is `n_tok × rows`, all row-major f32, on the
-/// device's stream.
-pub(crate) fn gemm_tf32(dev: &Device, w: DevPtr, x: DevPtr, y: DevPtr, rows: usize, cols: usize, n_tok: usize) -> Result<()> {
+/// Converts `n` f32 values at `x` to bf16 at `out`.
+pub(crate) fn to_bf16(dev: &Device, x: DevPtr, out: DevPtr, n: usize) -> Result<()> {
+    if n == 0 {
+        return Ok(());
+    }
+    let ni = to_i32(n, "length")?;
+    let cfg = LaunchConfig { grid_dim: (to_u32(n.div_ceil(256), "grid")?, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+    // SAFETY: x holds n floats, out n bf16 values.
+    unsafe {
+        dev.launch_with(names::TO_BF16, cfg, |b| {
+            b.arg(&x).arg(&out).arg(&ni);
+        })
+    }
+}
+
+/// `Y = X·Wᵀ` on the tensor cores with f32 accumulation: `w` is
+/// `rows × cols`, `x` is `n_tok × cols` (both row-major, in `prec`'s
+/// operand type), `y` is `n_tok × rows` row-major f32, on the device's
+/// stream.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn gemm(dev: &Device, prec: GemmPrecision, w: DevPtr, x: DevPtr, y: DevPtr, rows: usize, cols: usize, n_tok: usize) -> Result<()> {
     use cudarc::cublas::sys::{self as cb, cublasOperation_t};
     if rows == 0 || cols == 0 || n_tok == 0 {
         return Ok(());
     }
     let (m, n, k) = (to_i32(rows, "rows")?, to_i32(n_tok, "tokens")?, to_i32(cols, "columns")?);
     let (alpha, beta) = (1.0f32, 0.0f32);
+    let (ab_type, compute, name) = match prec {
+        GemmPrecision::Tf32 => (cb::cudaDataType::CUDA_R_32F, cb::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32, "cublas_gemm_tf32"),
+        GemmPrecision::Bf16 => (cb::cudaDataType::CUDA_R_16BF, cb::cublasComputeType_t::CUBLAS_COMPUTE_32F, "cublas_gemm_bf16"),
+    };
     // Column-major view: Y (rows × n_tok, ld rows) = Wᵀ-view (W is
     // cols × rows column-major, transposed) · X-view (cols × n_tok).
-    dev.timed("cublas_gemm_tf32", || {
+    dev.timed(name, || {
         // SAFETY: the handle is the device's, bound to its stream; the
-        // pointers hold rows·cols, n_tok·cols and n_tok·rows floats (callers
-        // size them so); alpha and beta live across the call.
+        // pointers hold rows·cols and n_tok·cols operand values and
+        // n_tok·rows floats (callers size them so); alpha and beta live
+        // across the call.
         let status = unsafe {
             cb::cublasGemmEx(
                 *dev.blas.handle(),
@@ -290,21 +334,21 @@ pub(crate) fn gemm_tf32(dev: &Device, w: DevPtr, x: DevPtr, y: DevPtr, rows: usi
                 k,
                 &alpha as *const f32 as *const _,
                 w as usize as *const std::ffi::c_void,
-                cb::cudaDataType::CUDA_R_32F,
+                ab_type,
                 k,
                 x as usize as *const std::ffi::c_void,
-                cb::cudaDataType::CUDA_R_32F,
+                ab_type,
                 k,
                 &beta as *const f32 as *const _,
                 y as usize as *mut std::ffi::c_void,
                 cb::cudaDataType::CUDA_R_32F,
                 m,
-                cb::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32,
+                compute,
                 cb::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
             )
         };
         if status != cb::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
-            return Err(Error::Device(format!("cuBLAS GemmEx (TF32): {status:?}")));
+            return Err(Error::Device(format!("cuBLAS GemmEx ({prec:?}): {status:?}")));
         }
         Ok(())
     })

@@ -34,6 +34,13 @@ __device__ __forceinline__ u16 f32_to_f16(float f) {
 
 __device__ __forceinline__ float bf16_to_f32(u16 h) { return __uint_as_float(((u32)h) << 16); }
 
+// Round to nearest even (sm_80+ instruction).
+__device__ __forceinline__ u16 f32_to_bf16(float f) {
+    u16 h;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+
 // ---------------------------------------------------------------------------
 // GGUF blocks. Every struct has 2-byte alignment (its f16 fields), so a
 // block inside a row is only guaranteed 2-byte aligned unless its size is

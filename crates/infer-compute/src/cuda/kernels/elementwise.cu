@@ -54,25 +54,27 @@ __device__ __forceinline__ bool load_chunk_repacked(int ty, const u8* row, int c
     }
 }
 
-// out[r][k] = dequant(W)[r][k] in f32 for a whole matrix: rows of `stride`
-// bytes (GGUF rows, or the layout of `repack.rs` when `repacked`), n values
-// each; the input of the prefill GEMM. Grid: x = row. Each thread decodes
+// out[r][k] = dequant(W)[r][k] in f32 (or bf16 when `out_bf16`) for a whole
+// matrix: rows of `stride` bytes (GGUF rows, or the layout of `repack.rs`
+// when `repacked`), n values each; the input of the prefill GEMM. Grid: x = row. Each thread decodes
 // one 32-value chunk into shared memory, then the block writes the row
 // segment with consecutive threads on consecutive floats (coalesced).
 #define DQ_THREADS 64
 extern "C" __global__ void __launch_bounds__(DQ_THREADS) dequant_matrix(const u8* w, int ty, int stride, int n,
-                                                                          int repacked, float* out) {
+                                                                          int repacked, int out_bf16, void* out) {
     __shared__ float sm[DQ_THREADS * 33];  // chunk i at sm[33 i ..]: no bank conflicts
     const int r = blockIdx.x, tid = threadIdx.x;
     const u8* row = w + (size_t)r * stride;
-    float* o = out + (size_t)r * n;
+    float* of = (float*)out + (size_t)r * n;
+    u16* ob = (u16*)out + (size_t)r * n;
     if (ty == TY_F32 || ty == TY_F16 || ty == TY_BF16) {
         for (int k = tid; k < n; k += blockDim.x) {
             float v;
             if (ty == TY_F32) v = ((const float*)row)[k];
             else if (ty == TY_F16) v = f16_to_f32(((const u16*)row)[k]);
             else v = bf16_to_f32(((const u16*)row)[k]);
-            o[k] = v;
+            if (out_bf16) ob[k] = f32_to_bf16(v);
+            else of[k] = v;
         }
         return;
     }
@@ -87,7 +89,17 @@ extern "C" __global__ void __launch_bounds__(DQ_THREADS) dequant_matrix(const u8
         }
         __syncthreads();
         const int cnt = min(DQ_THREADS, nc - c0) * 32;
-        for (int i = tid; i < cnt; i += DQ_THREADS) o[c0 * 32 + i] = sm[(i / 32) * 33 + i % 32];
+        for (int i = tid; i < cnt; i += DQ_THREADS) {
+            const float v = sm[(i / 32) * 33 + i % 32];
+            if (out_bf16) ob[c0 * 32 + i] = f32_to_bf16(v);
+            else of[c0 * 32 + i] = v;
+        }
         __syncthreads();
     }
+}
+
+// out[i] = bf16(x[i]), i < n: activations for the bf16 prefill GEMM.
+extern "C" __global__ void __launch_bounds__(256) to_bf16(const float* x, u16* out, int n) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = f32_to_bf16(x[i]);
 }
