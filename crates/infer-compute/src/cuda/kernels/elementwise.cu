@@ -4,20 +4,23 @@
 
 #define EW_THREADS 128
 
+__device__ __forceinline__ bool is_float_type(int ty) { return ty == TY_F32 || ty == TY_F16 || ty == TY_BF16; }
+
+// Value k of a row of a float type (F32, F16, BF16).
+__device__ __forceinline__ float float_value(int ty, const u8* row, int k) {
+    if (ty == TY_F32) return ((const float*)row)[k];
+    if (ty == TY_F16) return f16_to_f32(((const u16*)row)[k]);
+    return bf16_to_f32(((const u16*)row)[k]);
+}
+
 // x[t][k] = scale * dequant(table[tokens[t]])[k], k < n. Grid: x = token.
 extern "C" __global__ void __launch_bounds__(EW_THREADS) embed_rows(const u8* table, int ty, int row_bytes, int n,
                                                                       const int* tokens, float scale, float* x) {
     const int t = blockIdx.x, tid = threadIdx.x;
     const u8* row = table + (size_t)tokens[t] * row_bytes;
     float* xr = x + (size_t)t * n;
-    if (ty == TY_F32 || ty == TY_F16 || ty == TY_BF16) {
-        for (int k = tid; k < n; k += blockDim.x) {
-            float v;
-            if (ty == TY_F32) v = ((const float*)row)[k];
-            else if (ty == TY_F16) v = f16_to_f32(((const u16*)row)[k]);
-            else v = bf16_to_f32(((const u16*)row)[k]);
-            xr[k] = v * scale;
-        }
+    if (is_float_type(ty)) {
+        for (int k = tid; k < n; k += blockDim.x) xr[k] = float_value(ty, row, k) * scale;
         return;
     }
     for (int c = tid; c < n / 32; c += blockDim.x) {
@@ -67,12 +70,9 @@ extern "C" __global__ void __launch_bounds__(DQ_THREADS) dequant_matrix(const u8
     const u8* row = w + (size_t)r * stride;
     float* of = (float*)out + (size_t)r * n;
     u16* ob = (u16*)out + (size_t)r * n;
-    if (ty == TY_F32 || ty == TY_F16 || ty == TY_BF16) {
+    if (is_float_type(ty)) {
         for (int k = tid; k < n; k += blockDim.x) {
-            float v;
-            if (ty == TY_F32) v = ((const float*)row)[k];
-            else if (ty == TY_F16) v = f16_to_f32(((const u16*)row)[k]);
-            else v = bf16_to_f32(((const u16*)row)[k]);
+            const float v = float_value(ty, row, k);
             if (out_bf16) ob[k] = f32_to_bf16(v);
             else of[k] = v;
         }
