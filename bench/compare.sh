@@ -21,7 +21,8 @@
 #                     --features cuda
 #   --llama-bench P   use this llama-bench instead of the cached build
 #   --infer P         use this infer binary instead of building it
-#   --no-build        do not run cargo (use target/release/infer as it is)
+#   --no-build        do not run cargo (use target/release/infer, or
+#                     $CARGO_TARGET_DIR/release/infer, as it is)
 #   --llama-args S    extra arguments for llama-bench (split on spaces)
 #   --infer-args S    extra arguments for `infer bench` (split on spaces)
 #
@@ -101,7 +102,7 @@ if [[ $build_infer == 1 ]]; then
     log "cargo ${cargo_args[*]}"
     (cd "$root" && nice -n 19 cargo "${cargo_args[@]}" >&2) || die "cargo ${cargo_args[*]} failed"
 fi
-[[ -n "$infer" ]] || infer="$root/target/release/infer"
+[[ -n "$infer" ]] || infer="${CARGO_TARGET_DIR:-$root/target}/release/infer"
 [[ -x "$infer" ]] || die "infer not found at $infer (build it with: cargo build --release -p infer-cli)"
 bench_help="$("$infer" bench --help 2>&1 || true)"
 if ! grep -q -- '--json' <<< "$bench_help"; then

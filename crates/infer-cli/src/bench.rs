@@ -320,7 +320,8 @@ pub fn bench(a: BenchArgs) -> CliResult {
         Some(size) => synth_model(size, &a.synth_quant, threads)?,
         None => a.model.resolve_model()?,
     };
-    let gguf = GgufFile::open(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    // The reader's errors name the file already.
+    let gguf = GgufFile::open(&path).map_err(|e| e.to_string())?;
     let spec =
         infer_model::model::load_spec(&gguf).map_err(|e| format!("{}: {e}", path.display()))?;
     let max_ctx = a.n_prompt.max(a.n_gen);

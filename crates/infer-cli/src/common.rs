@@ -79,6 +79,7 @@ impl ModelArgs {
         };
         match self.backend {
             BackendKind::Auto if self.threads.is_none() && precision == Precision::Quantized => {
+                warn_simd_env();
                 return Ok(infer_compute::default_backend());
             }
             BackendKind::Cuda => return cuda_backend(),
@@ -92,13 +93,20 @@ impl ModelArgs {
         if threads > cores {
             eprintln!("warning: --threads {threads} is more than the {cores} core(s) of this machine; expect it to be slower");
         }
-        if let Ok(want) = std::env::var("INFER_CPU_SIMD") {
-            if !infer_compute::cpu::SimdLevel::all_available().iter().any(|l| l.name() == want) {
-                let names: Vec<&str> = infer_compute::cpu::SimdLevel::all_available().iter().map(|l| l.name()).collect();
-                eprintln!("warning: INFER_CPU_SIMD={want} is not available here (choose from {}); using the best level", names.join(", "));
-            }
-        }
+        warn_simd_env();
         Ok(Box::new(CpuBackend::with_options(threads, Kernels::detect(), precision)?))
+    }
+}
+
+/// Warns when `INFER_CPU_SIMD` names a level this processor lacks (the
+/// kernels then fall back to the best level).
+fn warn_simd_env() {
+    if let Ok(want) = std::env::var("INFER_CPU_SIMD") {
+        let levels = infer_compute::cpu::SimdLevel::all_available();
+        if !levels.iter().any(|l| l.name() == want) {
+            let names: Vec<&str> = levels.iter().map(|l| l.name()).collect();
+            eprintln!("warning: INFER_CPU_SIMD={want} is not available here (choose from {}); using the best level", names.join(", "));
+        }
     }
 }
 

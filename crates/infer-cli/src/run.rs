@@ -55,7 +55,11 @@ pub fn run(a: RunArgs) -> CliResult {
     let ids = tokenizer.encode(&text, true);
     let n_ctx = a.ctx_size.min(spec.n_ctx_train);
     if ids.len() >= n_ctx {
-        return Err(format!("the prompt has {} tokens, more than the context length {n_ctx} allows", ids.len()).into());
+        return Err(format!(
+            "the prompt has {} tokens; a context of {n_ctx} positions leaves no room to generate (raise --ctx-size or shorten the prompt)",
+            ids.len()
+        )
+        .into());
     }
     // Validated as given, also when greedy decoding ignores them.
     let given = SamplerConfig { temperature: a.temp, top_k: a.top_k, top_p: a.top_p, seed: a.seed, ..SamplerConfig::default() };
@@ -92,9 +96,12 @@ pub fn run(a: RunArgs) -> CliResult {
         stats.prefill_time.as_secs_f64(),
         stats.prefill_tps()
     );
+    // The first generated token comes from the prefill's logits, so the
+    // decode rate counts the tokens after it.
     eprintln!(
-        "decode:   {} tokens in {:.3} s ({:.1} tokens/s), stop: {:?}",
+        "decode:   {} tokens ({} decoded after the first) in {:.3} s ({:.1} tokens/s), stop: {:?}",
         stats.generated_tokens,
+        stats.generated_tokens.saturating_sub(1),
         stats.decode_time.as_secs_f64(),
         stats.decode_tps(),
         stats.stop

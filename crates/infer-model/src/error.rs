@@ -33,8 +33,9 @@ pub enum Error {
     /// An error from the compute layer.
     #[error(transparent)]
     Compute(#[from] infer_compute::Error),
-    /// Fetching the default model failed.
-    #[error("model download: {0}")]
+    /// Locating or fetching the default model failed (`$INFER_MODEL` not a
+    /// file, or the fetch or its verification failed).
+    #[error("default model: {0}")]
     Download(String),
     /// A sampling setting or logits that cannot be sampled.
     #[error(transparent)]

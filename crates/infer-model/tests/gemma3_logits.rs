@@ -131,4 +131,7 @@ fn context_overflow_is_an_error_not_a_wrap() {
     let other = cpu.prepare(&spec).expect("prepare");
     let mut foreign = other.new_kv_cache(4).unwrap();
     assert!(model.decode_token(foreign.as_mut(), 2, 0).is_err());
+    // A cache far beyond any memory is an error, not an abort.
+    assert!(model.new_kv_cache(1 << 40).is_err());
+    assert!(model.new_kv_cache(usize::MAX).is_err());
 }

@@ -324,8 +324,8 @@ impl DeviceModel for CpuModel {
         for l in &self.layers {
             let kvd = l.spec.n_head_kv * l.spec.head_dim;
             let len = n_ctx.checked_mul(kvd).ok_or(Error::Overflow("KV cache size"))?;
-            k.push(vec![0f32; len]);
-            v.push(vec![0f32; len]);
+            k.push(zeroed(len)?);
+            v.push(zeroed(len)?);
         }
         Ok(Box::new(CpuKvCache { model_id: self.id, n_ctx, len: 0, k, v }))
     }
@@ -339,6 +339,25 @@ impl DeviceModel for CpuModel {
         self.forward(kv, tokens, pos)?;
         Ok(&self.logits)
     }
+}
+
+/// `len` zeros, or an error when the allocator refuses (a context far
+/// beyond the machine's memory must not abort the process). Zeroed pages
+/// come from the allocator lazily, as with `vec![0.0; len]`.
+fn zeroed(len: usize) -> Result<Vec<f32>> {
+    if len == 0 {
+        return Ok(Vec::new());
+    }
+    let layout = std::alloc::Layout::array::<f32>(len).map_err(|_| Error::Overflow("KV cache size"))?;
+    // SAFETY: the layout has a non-zero size.
+    let p = unsafe { std::alloc::alloc_zeroed(layout) } as *mut f32;
+    if p.is_null() {
+        return Err(Error::InvalidModel(format!("cannot allocate a KV cache of {} bytes per layer", layout.size())));
+    }
+    // SAFETY: `p` was allocated by the global allocator with the layout of
+    // `len` f32s (so capacity `len`), and all-zero bytes are the valid
+    // value 0.0 for every element.
+    Ok(unsafe { Vec::from_raw_parts(p, len, len) })
 }
 
 /// The CPU's KV cache: per layer, K and V as `[n_ctx, n_head_kv, head_dim]`
