@@ -1,6 +1,7 @@
-//! The CPU backend: quantized GEMV with run-time-selected SIMD kernels,
-//! f32 GEMM through the `gemm` crate, and the decode pipeline
-//! ([`model::CpuModel`]).
+//! The CPU backend: quantized GEMV with run-time-selected SIMD kernels
+//! ([`matvec`], [`simd`]), weights repacked for the AVX-512 VNNI products
+//! ([`packed`], [`weight`]), f32 GEMM through faer and the `gemm` crate
+//! ([`gemm`]), and the decode pipeline ([`model::CpuModel`]).
 
 pub mod gemm;
 pub mod kernels;
@@ -8,8 +9,8 @@ pub mod matvec;
 pub mod model;
 pub mod ops;
 pub mod packed;
-pub mod weight;
 pub mod simd;
+pub mod weight;
 
 use std::sync::Arc;
 

@@ -1,9 +1,12 @@
-//! The CPU decode pipeline: a [`ModelSpec`] run layer by layer over the
-//! memory-mapped weights, with an f32 KV cache.
+//! The CPU decode pipeline: a [`ModelSpec`] run layer by layer, with an f32
+//! KV cache. Layer matrices are prepared once ([`CpuWeight`]: repacked for
+//! the AVX-512 VNNI kernels where they apply, else the memory-mapped GGUF
+//! rows); the output projection reads the mapped rows.
 //!
 //! One forward function serves decode (1 token) and prefill (n tokens
-//! batched through each layer with [`matvec::matmul_quant`]). Buffers are
-//! kept between calls, so decoding allocates nothing once warm.
+//! batched through each layer with [`products`]), through the same kernel
+//! per (row, token), so the two agree bit for bit. Buffers are kept between
+//! calls, so decoding allocates nothing once warm.
 
 use std::any::Any;
 use std::sync::atomic::{AtomicUsize, Ordering};

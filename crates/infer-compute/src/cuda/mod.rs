@@ -6,8 +6,7 @@
 //! - Kernels are the `.cu` files of `kernels/`, embedded with
 //!   `include_str!`, compiled once per process by NVRTC for the device's
 //!   compute capability (`compute_90` PTX on the H200, compiled to sm_90 by
-//!   the driver at load), and looked up by the typed names of
-//!   [`kernels`].
+//!   the driver at load), and looked up by typed names (`kernels.rs`).
 //! - Dense f32 products go to cuBLAS (row-major handled by swapping the
 //!   operands: `Cᵀ = Bᵀ·Aᵀ` in cuBLAS's column-major view).
 //! - Quantized mat-vecs quantize the activation to q8 chunks on the device
@@ -15,7 +14,9 @@
 //!   products against the GGUF blocks as they are stored; float weights
 //!   (F32, F16, BF16) use the f32 activation. See `kernels/matvec.cu`.
 //! - The pipeline ([`CudaModel`]) keeps weights, scratch buffers and an f16
-//!   KV cache on the device and replays one captured CUDA graph per token.
+//!   KV cache on the device and replays one captured CUDA graph per token;
+//!   prefill passes of 16+ tokens run the projections as cuBLAS tensor-core
+//!   GEMMs on weights dequantized to bf16 one matrix at a time.
 //!
 //! Supported weight types: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
 //! IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K (Q8_1 and Q8_K are activation

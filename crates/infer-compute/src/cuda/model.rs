@@ -49,8 +49,9 @@ use crate::GgmlType;
 
 static NEXT_ID: AtomicUsize = AtomicUsize::new(1);
 
-/// Most tokens per prefill pass (bounds the scratch buffers; see
-/// [`prefill_chunk`]).
+/// Most tokens per prefill pass (bounds the scratch buffers); passes are
+/// shorter when the split-attention partial sums of one pass would exceed
+/// 256 MiB (long contexts), but at least 32 tokens.
 pub const PREFILL_CHUNK: usize = 512;
 
 /// Bytes the split-attention partial sums of one pass may take; longer

@@ -45,7 +45,7 @@ fn quants(b: &BlockQ4K) -> [i8; QK_K] {
 impl BlockFormat for BlockQ4K {
     const TYPE: GgmlType = GgmlType::Q4_K;
 
-    /// ggml `quantize_row_q4_K_ref`: per group of 32, [`make_qkx2_quants`]
+    /// ggml `quantize_row_q4_K_ref`: per group of 32, [`make_qkx2_quants`](super::k_common::make_qkx2_quants)
     /// with weights `sqrt(mean(x²)) + |x|`, 15 levels and search `(-1.0, 0.1, 20)`
     /// minimising the weighted squared error; group scales and mins are
     /// rounded to 6 bits against their maxima (`d = max_scale / 63`,

@@ -50,7 +50,7 @@ fn quants(b: &BlockQ5K) -> [i8; QK_K] {
 impl BlockFormat for BlockQ5K {
     const TYPE: GgmlType = GgmlType::Q5_K;
 
-    /// ggml `quantize_row_q5_K_ref`: per group of 32, [`make_qkx2_quants`]
+    /// ggml `quantize_row_q5_K_ref`: per group of 32, [`make_qkx2_quants`](super::k_common::make_qkx2_quants)
     /// with weights `sqrt(mean(x²)) + |x|`, 31 levels and search `(-0.5, 0.1, 15)`
     /// minimising the weighted squared error; group scales and mins are
     /// rounded to 6 bits against their maxima (`d = max_scale / 63`,
