@@ -32,6 +32,14 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    // Writing into a closed pipe (`infer info | head -1`) ends the process
+    // quietly, as command-line tools do, instead of panicking in `println!`.
+    #[cfg(unix)]
+    // SAFETY: runs first, before any other thread exists; it only restores
+    // the default action of SIGPIPE.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Run(a) => run::run(a),

@@ -95,3 +95,33 @@ fn bad_sampling_settings_are_one_clear_error() {
     let o = infer(&["run", "--model", &model, "--temp", "0.7", "--top-p", "0", "hi"]);
     assert_one_line_error(&o, "top_p");
 }
+
+#[test]
+fn a_closed_pipe_ends_output_without_a_panic() {
+    // `infer info | head -0`: the reader is gone before the first write.
+    use std::process::Stdio;
+    let model = default_model();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_infer"))
+        .args(["info", "--model", &model])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run infer");
+    drop(child.stdout.take());
+    let o = child.wait_with_output().expect("wait");
+    let err = stderr(&o);
+    assert!(!err.contains("panicked"), "stderr: {err}");
+    #[cfg(unix)]
+    {
+        use std::os::unix::process::ExitStatusExt;
+        // Either it finished writing before the pipe closed, or SIGPIPE
+        // ended it: never a panic's exit code 101.
+        assert!(o.status.success() || o.status.signal() == Some(libc_sigpipe()), "status {:?}, stderr: {err}", o.status);
+    }
+}
+
+/// SIGPIPE's number on Linux and the BSDs.
+#[cfg(unix)]
+fn libc_sigpipe() -> i32 {
+    13
+}
