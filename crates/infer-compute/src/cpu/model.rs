@@ -1,6 +1,6 @@
 //! The CPU decode pipeline: a [`ModelSpec`] run layer by layer, with an f32
 //! KV cache. Layer matrices are prepared once ([`CpuWeight`]: repacked for
-//! the AVX-512 VNNI kernels where they apply, else the memory-mapped GGUF
+//! the x86-64 packed kernels where they apply, else the memory-mapped GGUF
 //! rows); the output projection reads the mapped rows.
 //!
 //! One forward function serves decode (1 token) and prefill (n tokens

@@ -1,4 +1,5 @@
-//! Weights repacked once for the AVX-512 VNNI products, and the products.
+//! Weights repacked once for the x86-64 SIMD products (AVX-512 VNNI and
+//! AVX2), and the products.
 //!
 //! GGUF stores a matrix row by row, so a row-dot kernel reduces 32 values of
 //! one row across the lanes of a vector and pays a horizontal sum per block
@@ -8,7 +9,9 @@
 //! a block every lane holds its row's exact integer block dot. No horizontal
 //! sums remain, and in prefill the unpacked weights are shared by a tile of
 //! up to [`TILE`] tokens. ggml repacks Q4_0 the same way for its AVX and ARM
-//! GEMMs (`ggml-cpu/repack.cpp`); the layouts below are ours.
+//! GEMMs (`ggml-cpu/repack.cpp`); the layouts below are ours. Without VNNI,
+//! the AVX2 kernels take each group as two 256-bit halves and emulate
+//! `vpdpbusd` exactly, so both levels give the same bits.
 //!
 //! Decode (one token) and prefill (many) run the same kernel, and for every
 //! (row, token) it performs the same f32 operations in the same order, so
@@ -94,10 +97,11 @@ pub(crate) const fn offset(ty: GgmlType) -> i32 {
 /// 16 codes (`bsums`) as i32, then the 8 sums of 32 as four i16 pairs.
 pub(crate) const AUX_K: usize = 20;
 
-/// Whether `ty` is packed on this kernel level (AVX-512 VNNI only: the
-/// kernels need `vpdpbusd` on 512-bit vectors).
+/// Whether `ty` is packed on this kernel level: AVX-512 VNNI
+/// (`vpdpbusd` on 512-bit vectors) or AVX2 (the same sums emulated exactly,
+/// on 256-bit halves of each group; same results).
 pub fn supported(k: &Kernels, ty: GgmlType) -> bool {
-    k.level() == SimdLevel::Avx512Vnni && layout(ty).is_some()
+    matches!(k.level(), SimdLevel::Avx512Vnni | SimdLevel::Avx2) && layout(ty).is_some()
 }
 
 #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
@@ -422,8 +426,8 @@ unsafe impl Sync for OutPtr {}
 /// `Y = X·Wᵀ`: `a` holds `n_tokens` quantized activations of `w.cols()`
 /// values, `y` is `n_tokens × w.rows()` (row-major). Groups of rows are
 /// split across the thread pool; each group meets the tokens in tiles of
-/// [`TILE`]. Without AVX-512 VNNI (only in tests: models pack only on that
-/// level) the scalar [`PackedWeight::dot_ref`] computes the same values.
+/// [`TILE`]. On other levels (only in tests: models pack only where a
+/// kernel exists) the scalar [`PackedWeight::dot_ref`] computes the same values.
 ///
 /// # Errors
 /// Activations of another type or length; `y` of the wrong length.
@@ -442,7 +446,7 @@ pub fn matmul(k: &Kernels, w: &PackedWeight, a: &PackedActs, y: &mut [f32]) -> R
     // work hands groups to the others instead of holding up the join.
     let per_task = groups.div_ceil(threads * if n == 1 { 4 } else { 16 }).max(1);
     let out = OutPtr(y.as_mut_ptr());
-    let simd = k.level() == SimdLevel::Avx512Vnni;
+    let level = k.level();
     (0..groups.div_ceil(per_task)).into_par_iter().for_each(|task| {
         let out = out;
         let (g0, g1) = (task * per_task, ((task + 1) * per_task).min(groups));
@@ -451,19 +455,25 @@ pub fn matmul(k: &Kernels, w: &PackedWeight, a: &PackedActs, y: &mut [f32]) -> R
             let mut t = 0;
             while t < n {
                 let m = (n - t).min(TILE);
-                if simd {
+                if matches!(level, SimdLevel::Avx512Vnni | SimdLevel::Avx2) {
                     #[cfg(target_arch = "x86_64")]
-                    // SAFETY: the level is AVX-512 VNNI, which
-                    // `Kernels::for_level` checked against this CPU; the
-                    // group holds `w.nb` scale entries and, 64-byte aligned,
-                    // `w.nb` code records of `w.ty`; `a` holds tokens
-                    // `t..t + m` of `w.cols` values (checked above); the
-                    // kernel writes lanes `..valid` of rows `t..t + m` of
-                    // `y` at columns `16g..`, inside `y` and owned by this
-                    // task alone.
+                    // SAFETY: the level (AVX-512 VNNI, or AVX2 with FMA and
+                    // F16C) was checked against this CPU by
+                    // `Kernels::for_level`; the group holds `w.nb` scale
+                    // entries and, 64-byte aligned, `w.nb` code records of
+                    // `w.ty`; `a` holds tokens `t..t + m` of `w.cols` values
+                    // (checked above); the kernel writes lanes `..valid` of
+                    // rows `t..t + m` of `y` at columns `16g..`, inside `y`
+                    // and owned by this task alone.
                     unsafe {
                         let group = w.group(g).as_ptr();
-                        super::simd::avx512_packed::tile(w.ty, group, group.add(w.codes_at()), w.nb, a, t, m, out.0.add(t * w.rows + g * GROUP), w.rows, valid);
+                        let (scales, codes) = (group, group.add(w.codes_at()));
+                        let y = out.0.add(t * w.rows + g * GROUP);
+                        if level == SimdLevel::Avx512Vnni {
+                            super::simd::avx512_packed::tile(w.ty, scales, codes, w.nb, a, t, m, y, w.rows, valid);
+                        } else {
+                            super::simd::avx2_packed::tile(w.ty, scales, codes, w.nb, a, t, m, y, w.rows, valid);
+                        }
                     }
                 } else {
                     for tt in t..t + m {
@@ -520,11 +530,18 @@ mod tests {
 
     #[test]
     fn kernels_match_the_scalar_statement_bit_for_bit_and_the_reference_dot() {
-        let best = Kernels::detect();
-        let scalar = Kernels::for_level(SimdLevel::Scalar);
-        if !supported(&best, GgmlType::Q8_0) {
-            println!("packed SIMD kernels not exercised: CPU level {} (the scalar statement is still checked)", best.level().name());
+        for level in SimdLevel::all_available() {
+            let k = Kernels::for_level(level);
+            if !supported(&k, GgmlType::Q8_0) {
+                println!("packed kernels: level {} has none (the scalar statement is checked instead)", level.name());
+            }
+            check_level(&k);
         }
+    }
+
+    fn check_level(best: &Kernels) {
+        let best = *best;
+        let scalar = Kernels::for_level(SimdLevel::Scalar);
         for ty in TYPES {
             for (rows, cols, n) in shapes(ty) {
                 let (wf, qw) = weight(ty, rows, cols, (rows * 131 + cols + n) as u64);
@@ -547,7 +564,7 @@ mod tests {
                     for r in 0..rows {
                         let got = y[t * rows + r];
                         let stmt = pw.dot_ref(r, &a, t);
-                        assert_eq!(got.to_bits(), stmt.to_bits(), "{ty} {rows}x{cols} n={n} t={t} r={r}: kernel {got} vs statement {stmt}");
+                        assert_eq!(got.to_bits(), stmt.to_bits(), "{} {ty} {rows}x{cols} n={n} t={t} r={r}: kernel {got} vs statement {stmt}", best.level().name());
                         assert_eq!(y1[r].to_bits(), got.to_bits(), "{ty} {rows}x{cols} n={n} t={t} r={r}: decode {} vs prefill {got}", y1[r]);
                         let mag: f32 = (0..cols).map(|c| (wf[r * cols + c] * x[t * cols + c]).abs()).sum();
                         assert!((got - want[r]).abs() <= 2e-5 * mag + 1e-6, "{ty} {rows}x{cols} t={t} r={r}: {got} vs reference {}", want[r]);

@@ -1,7 +1,7 @@
 //! A weight matrix as the CPU pipeline holds it, and its products.
 //!
 //! Formats with a packed layout (`packed`) are repacked once when the model
-//! is prepared, on processors with AVX-512 VNNI; every other matrix keeps
+//! is prepared, on processors with AVX-512 VNNI or AVX2; every other matrix keeps
 //! its GGUF rows (borrowed from the memory map) and goes through the
 //! row-dot kernels. Either way decode and prefill run the same kernel per
 //! (row, token), so their results are bit-identical.

@@ -52,6 +52,8 @@ mod avx2_quantize;
 pub mod avx512;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx512_packed;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx2_packed;
 #[cfg(target_arch = "aarch64")]
 pub mod neon;
 

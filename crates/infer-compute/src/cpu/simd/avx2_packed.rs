@@ -1,0 +1,315 @@
+//! AVX2 kernels of the packed products (`cpu::packed`), for processors
+//! without AVX-512 VNNI: the same layouts, each 16-row group taken as two
+//! halves of 8 rows (one 256-bit vector each), up to 4 tokens per pass.
+//!
+//! `vpdpbusd` is emulated exactly: `vpmaddubsw` (u8 × i8 pairs into i16)
+//! then `vpmaddwd` by ones. No pair can saturate: the unsigned codes are
+//! below 64 (Q4_0, Q5_0, Q4_K, Q6_K), so a pair is at most 2·63·128; the
+//! signed codes of Q8_0 and IQ4_NL go through `|q|` and `sign(a, q)`, so a
+//! pair is at most 2·128·127. Every integer sum is therefore the exact one
+//! of the AVX-512 kernels and of `PackedWeight::dot_ref`, and the f32
+//! operations per lane are the same: the results have the same bits.
+
+use std::arch::x86_64::*;
+
+use crate::cpu::packed::{PackedActs, AUX_K};
+use crate::GgmlType;
+
+/// Tokens per pass (register budget: 16 vector registers).
+const T_MAX: usize = 4;
+
+/// As `avx512_packed::tile`: group `scales`/`codes` of `ty` against tokens
+/// `t0..t0 + n` (`1 <= n <= 8`), lanes `..valid` of token `t`'s outputs at
+/// `y + (t - t0)·ld_y`.
+///
+/// # Safety
+/// AVX2, FMA and F16C must be available; the pointers as in
+/// `avx512_packed::tile`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn tile(ty: GgmlType, scales: *const u8, codes: *const u8, nb: usize, a: &PackedActs, t0: usize, n: usize, y: *mut f32, ld_y: usize, valid: usize) {
+    let aux_per = if ty == GgmlType::Q4_K || ty == GgmlType::Q6_K { AUX_K } else { 1 };
+    let mut t = 0;
+    while t < n {
+        let m = (n - t).min(T_MAX);
+        for half in 0..2 {
+            let lanes = valid.saturating_sub(8 * half).min(8);
+            if lanes == 0 {
+                continue;
+            }
+            let tt = t0 + t;
+            let v = View {
+                scales,
+                codes,
+                half,
+                nb,
+                qs: a.qs.as_ptr().add(tt * a.cols),
+                ld_a: a.cols,
+                d: a.d.as_ptr().add(tt * nb),
+                aux: a.aux.as_ptr().add(tt * nb * aux_per),
+                aux_per,
+                y: y.add(t * ld_y + 8 * half),
+                ld_y,
+                lanes,
+            };
+            macro_rules! by_n {
+                ($f:ident $(, $c:expr)?) => {
+                    match m {
+                        1 => $f::<$($c,)? 1>(v),
+                        2 => $f::<$($c,)? 2>(v),
+                        3 => $f::<$($c,)? 3>(v),
+                        _ => $f::<$($c,)? 4>(v),
+                    }
+                };
+            }
+            match ty {
+                GgmlType::Q8_0 => by_n!(q32, F_Q8_0),
+                GgmlType::Q4_0 => by_n!(q32, F_Q4_0),
+                GgmlType::Q5_0 => by_n!(q32, F_Q5_0),
+                GgmlType::IQ4_NL => by_n!(q32, F_IQ4_NL),
+                GgmlType::Q4_K => by_n!(q4k),
+                GgmlType::Q6_K => by_n!(q6k),
+                _ => {}
+            }
+        }
+        t += m;
+    }
+}
+
+const F_Q8_0: u8 = 0;
+const F_Q4_0: u8 = 1;
+const F_Q5_0: u8 = 2;
+const F_IQ4_NL: u8 = 3;
+
+/// Raw pointers of one pass over one half (see [`tile`]).
+#[derive(Clone, Copy)]
+struct View {
+    scales: *const u8,
+    codes: *const u8,
+    /// Rows `8·half..8·half + 8` of the group.
+    half: usize,
+    nb: usize,
+    qs: *const i8,
+    ld_a: usize,
+    d: *const f32,
+    aux: *const i32,
+    aux_per: usize,
+    /// Token 0's outputs for this half; token `t` at `+ t·ld_y`.
+    y: *mut f32,
+    ld_y: usize,
+    /// Valid rows of this half (1..=8).
+    lanes: usize,
+}
+
+impl View {
+    #[inline(always)]
+    unsafe fn aux(&self, t: usize, b: usize, i: usize) -> i32 {
+        *self.aux.add((t * self.nb + b) * self.aux_per + i)
+    }
+    #[inline(always)]
+    unsafe fn d(&self, t: usize, b: usize) -> f32 {
+        *self.d.add(t * self.nb + b)
+    }
+    /// This half's 32 bytes of the 64-byte plane at `p`.
+    #[inline(always)]
+    unsafe fn plane(&self, p: *const u8) -> __m256i {
+        _mm256_load_si256(p.add(32 * self.half) as *const __m256i)
+    }
+}
+
+/// Four activation codes at byte `at` of token `t`, in every lane.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn act4(v: &View, t: usize, at: usize) -> __m256i {
+    _mm256_set1_epi32((v.qs.add(t * v.ld_a + at) as *const i32).read_unaligned())
+}
+
+/// 8 f16 scales of this half at `p` (the group's 16), as f32.
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn scales8(v: &View, p: *const u8) -> __m256 {
+    _mm256_cvtph_ps(_mm_loadu_si128(p.add(16 * v.half) as *const __m128i))
+}
+
+/// `acc + Σ_4 w·a` per i32 lane for unsigned `w` below 64 (exact).
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn dot_u(acc: __m256i, w: __m256i, a: __m256i) -> __m256i {
+    _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(w, a), _mm256_set1_epi16(1)))
+}
+
+/// `acc + Σ_4 q·a` per i32 lane for signed `q` (exact through `|q|` and
+/// `sign(a, q)`).
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn dot_s(acc: __m256i, q: __m256i, a: __m256i) -> __m256i {
+    dot_u(acc, _mm256_abs_epi8(q), _mm256_sign_epi8(a, q))
+}
+
+/// Stores `acc[t]` (this half's lanes) for every token of the pass.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn store<const T: usize>(v: &View, acc: &[__m256; T]) {
+    let idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    let mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(v.lanes as i32), idx);
+    for t in 0..T {
+        _mm256_maskstore_ps(v.y.add(t * v.ld_y), mask, acc[t]);
+    }
+}
+
+/// Signed codes (Q8_0, IQ4_NL) or unsigned codes (Q4_0, Q5_0) of values
+/// `4m..4m + 4` of a 32-wide code record, this half's 8 lanes.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn codes32<const F: u8>(v: &View, r: *const u8, m: usize) -> __m256i {
+    if F == F_Q8_0 {
+        // Stored biased by 128: flipping the top bit gives q as i8.
+        return _mm256_xor_si256(v.plane(r.add(64 * m)), _mm256_set1_epi8(-128));
+    }
+    let raw = v.plane(r.add(64 * (m % 4)));
+    let lo4 = _mm256_set1_epi8(0x0f);
+    let nib = if m < 4 { _mm256_and_si256(raw, lo4) } else { _mm256_and_si256(_mm256_srli_epi16::<4>(raw), lo4) };
+    match F {
+        F_Q5_0 => {
+            // The fifth bits of this half: 32 mask bits, one per byte.
+            let bits = ((r.add(256 + 8 * m) as *const u64).read_unaligned() >> (32 * v.half)) as u32 as i32;
+            // Byte k of lane j takes bit 4j + k: spread the bits to bytes.
+            let spread = _mm256_shuffle_epi8(
+                _mm256_set1_epi32(bits),
+                _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3),
+            );
+            let sel = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
+            let set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, sel), sel);
+            _mm256_or_si256(nib, _mm256_and_si256(set, _mm256_set1_epi8(16)))
+        }
+        F_IQ4_NL => {
+            let kv = &super::KVALUES_IQ4NL;
+            let table = _mm256_broadcastsi128_si256(_mm_loadu_si128(kv.as_ptr() as *const __m128i));
+            _mm256_shuffle_epi8(table, nib)
+        }
+        _ => nib,
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q32<const F: u8, const T: usize>(v: View) {
+    let signed = F == F_Q8_0 || F == F_IQ4_NL;
+    // log2 of the unsigned codes' offset (`packed::offset`): 8 or 16.
+    let off_shift = if F == F_Q4_0 { 3 } else { 4 };
+    let rec_bytes = match F {
+        F_Q8_0 => 512,
+        F_Q5_0 => 320,
+        _ => 256,
+    };
+    let mut acc = [_mm256_setzero_ps(); T];
+    for b in 0..v.nb {
+        let r = v.codes.add(b * rec_bytes);
+        let mut is = [_mm256_setzero_si256(); T];
+        if !signed {
+            for t in 0..T {
+                is[t] = _mm256_set1_epi32(-(v.aux(t, b, 0) << off_shift));
+            }
+        }
+        for m in 0..8 {
+            let w = codes32::<F>(&v, r, m);
+            for t in 0..T {
+                let a = act4(&v, t, b * 32 + 4 * m);
+                is[t] = if signed { dot_s(is[t], w, a) } else { dot_u(is[t], w, a) };
+            }
+        }
+        let wd = scales8(&v, v.scales.add(32 * b));
+        for t in 0..T {
+            let s = _mm256_mul_ps(wd, _mm256_set1_ps(v.d(t, b)));
+            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is[t]), s, acc[t]);
+        }
+    }
+    store::<T>(&v, &acc);
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q4k<const T: usize>(v: View) {
+    let lo4 = _mm256_set1_epi8(0x0f);
+    let mut acc = [_mm256_setzero_ps(); T];
+    for sb in 0..v.nb {
+        let r = v.codes.add(sb * 2304);
+        let a0 = sb * 256;
+        let mut s = [_mm256_setzero_si256(); T];
+        for sub in 0..8 {
+            let mut is = [_mm256_setzero_si256(); T];
+            for m in 0..8 {
+                let raw = v.plane(r.add(256 + 64 * (8 * (sub / 2) + m)));
+                let w = if sub % 2 == 0 { _mm256_and_si256(raw, lo4) } else { _mm256_and_si256(_mm256_srli_epi16::<4>(raw), lo4) };
+                for t in 0..T {
+                    is[t] = dot_u(is[t], w, act4(&v, t, a0 + 32 * sub + 4 * m));
+                }
+            }
+            let sc = _mm256_cvtepu8_epi32(_mm_loadl_epi64(r.add(16 * sub + 8 * v.half) as *const __m128i));
+            for t in 0..T {
+                s[t] = _mm256_add_epi32(s[t], _mm256_mullo_epi32(is[t], sc));
+            }
+        }
+        let mut mins = [_mm256_setzero_si256(); T];
+        for p in 0..4 {
+            let mp = _mm256_cvtepu8_epi16(_mm_loadu_si128(r.add(128 + 32 * p + 16 * v.half) as *const __m128i));
+            for t in 0..T {
+                mins[t] = _mm256_add_epi32(mins[t], _mm256_madd_epi16(mp, _mm256_set1_epi32(v.aux(t, sb, 16 + p))));
+            }
+        }
+        let d = scales8(&v, v.scales.add(64 * sb));
+        let dmin = scales8(&v, v.scales.add(64 * sb + 32));
+        for t in 0..T {
+            let m = _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(mins[t]));
+            let x = _mm256_fmsub_ps(d, _mm256_cvtepi32_ps(s[t]), m);
+            acc[t] = _mm256_fmadd_ps(x, _mm256_set1_ps(v.d(t, sb)), acc[t]);
+        }
+    }
+    store::<T>(&v, &acc);
+}
+
+/// The u8 codes (`0..64`) of Q6_K group `gi`, this half's 8 lanes.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn codes_q6k(v: &View, r: *const u8, gi: usize) -> __m256i {
+    let raw = v.plane(r.add(256 + 64 * (gi % 32)));
+    let lo4 = _mm256_set1_epi8(0x0f);
+    let nib = if gi < 32 { _mm256_and_si256(raw, lo4) } else { _mm256_and_si256(_mm256_srli_epi16::<4>(raw), lo4) };
+    let h = v.plane(r.add(2304 + 64 * (gi % 16)));
+    let h = match gi / 16 {
+        0 => h,
+        1 => _mm256_srli_epi16::<2>(h),
+        2 => _mm256_slli_epi16::<4>(h),
+        _ => _mm256_slli_epi16::<2>(h),
+    };
+    _mm256_or_si256(nib, _mm256_and_si256(h, _mm256_set1_epi8(0x30)))
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q6k<const T: usize>(v: View) {
+    let mut acc = [_mm256_setzero_ps(); T];
+    for sb in 0..v.nb {
+        let r = v.codes.add(sb * 3328);
+        let a0 = sb * 256;
+        let mut s = [_mm256_setzero_si256(); T];
+        for sub in 0..16 {
+            let mut is = [_mm256_setzero_si256(); T];
+            for t in 0..T {
+                is[t] = _mm256_set1_epi32(-(v.aux(t, sb, sub) << 5));
+            }
+            for m in 0..4 {
+                let w = codes_q6k(&v, r, 4 * sub + m);
+                for t in 0..T {
+                    is[t] = dot_u(is[t], w, act4(&v, t, a0 + 16 * sub + 4 * m));
+                }
+            }
+            let sc = _mm256_cvtepi8_epi32(_mm_loadl_epi64(r.add(16 * sub + 8 * v.half) as *const __m128i));
+            for t in 0..T {
+                s[t] = _mm256_add_epi32(s[t], _mm256_mullo_epi32(is[t], sc));
+            }
+        }
+        let d = scales8(&v, v.scales.add(32 * sb));
+        for t in 0..T {
+            let da = _mm256_mul_ps(d, _mm256_set1_ps(v.d(t, sb)));
+            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[t]), da, acc[t]);
+        }
+    }
+    store::<T>(&v, &acc);
+}
