@@ -16,6 +16,9 @@
 //!   with `asm!` because `vdotq_s32` is not stable), every weight type.
 //! - `avx2_quantize`: the activation quantizers (Q8_0, Q8_K), bit-exact
 //!   with the reference, behind [`quantize_activation_row`].
+//! - `avx512_packed`, `avx2_packed`: the products of the packed layouts of
+//!   `cpu::packed` (16 interleaved rows per group), shared by decode and
+//!   prefill; both levels give the same bits.
 //!
 //! The AVX-512 intrinsics need Rust 1.89 or later.
 //!
