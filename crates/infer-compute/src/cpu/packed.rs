@@ -376,18 +376,22 @@ impl PackedActs {
         if n_tokens.checked_mul(cols) != Some(x.len()) {
             return Err(shape_err("packed activations", format!("{} values for {n_tokens} x {cols}", x.len())));
         }
+        // A block with a NaN input gets a NaN scale, so that its products are
+        // NaN on every level (the quantizers turn NaN into arbitrary codes,
+        // such as -128, on which the kernels need not agree).
+        let scale = |d: f32, xb: &[f32]| if xb.iter().any(|v| v.is_nan()) { f32::NAN } else { d };
         for row in x.chunks_exact(cols.max(1)).take(n_tokens) {
             k.quantize_activation(ty, row, scratch)?;
             if kind == GgmlType::Q8_0 {
-                for b in quant::blocks::<BlockQ8_0>(scratch.as_bytes())? {
+                for (b, xb) in quant::blocks::<BlockQ8_0>(scratch.as_bytes())?.iter().zip(row.chunks_exact(QK)) {
                     self.qs.extend_from_slice(&b.qs);
-                    self.d.push(b.d.to_f32());
+                    self.d.push(scale(b.d.to_f32(), xb));
                     self.aux.push(b.qs.iter().map(|&q| q as i32).sum());
                 }
             } else {
-                for b in quant::blocks::<BlockQ8K>(scratch.as_bytes())? {
+                for (b, xb) in quant::blocks::<BlockQ8K>(scratch.as_bytes())?.iter().zip(row.chunks_exact(QK_K)) {
                     self.qs.extend_from_slice(&b.qs);
-                    self.d.push(b.d);
+                    self.d.push(scale(b.d, xb));
                     self.aux.extend(b.bsums.iter().map(|&v| v as i32));
                     let s32: [i32; 8] = std::array::from_fn(|i| b.bsums[2 * i] as i32 + b.bsums[2 * i + 1] as i32);
                     self.aux.extend(s32.chunks_exact(2).map(|p| (p[0] as u16 as u32 | (p[1] as u16 as u32) << 16) as i32));
@@ -580,6 +584,26 @@ mod tests {
             let mut v: Vec<usize> = stream_order(g0, g1, s).collect();
             v.sort();
             assert_eq!(v, (g0..g1).collect::<Vec<_>>(), "{g0}..{g1} in {s} streams");
+        }
+    }
+
+    #[test]
+    fn a_nan_activation_gives_nan_outputs_on_every_level() {
+        for ty in TYPES {
+            let cols = ty.block_size() * 2;
+            let (_, qw) = weight(ty, 17, cols, 5);
+            let pw = PackedWeight::new(&qw).unwrap();
+            let mut x: Vec<f32> = (0..cols).map(|i| (i as f32 * 0.37).sin()).collect();
+            x[cols / 2 + 10] = f32::NAN; // in the second block
+            for level in SimdLevel::all_available() {
+                let k = Kernels::for_level(level);
+                let (mut a, mut tmp) = (PackedActs::default(), AlignedBytes::default());
+                a.quantize(&k, ty, &x, 1, cols, &mut tmp).unwrap();
+                let mut y = vec![0f32; 17];
+                matmul(&k, &pw, &a, &mut y).unwrap();
+                assert!(y.iter().all(|v| v.is_nan()), "{ty} {}: {y:?}", level.name());
+                assert!(pw.dot_ref(3, &a, 0).is_nan());
+            }
         }
     }
 

@@ -6,7 +6,10 @@
 //! then `vpmaddwd` by ones. No pair can saturate: the unsigned codes are
 //! below 64 (Q4_0, Q5_0, Q4_K, Q6_K), so a pair is at most 2·63·128; the
 //! signed codes of Q8_0 and IQ4_NL go through `|q|` and `sign(a, q)`, so a
-//! pair is at most 2·128·127. Every integer sum is therefore the exact one
+//! pair is at most 2·128·127 (Q8_0 activations of finite inputs lie in
+//! -127..=127; a block with a NaN input, whose codes may hold -128, which
+//! `sign` cannot negate, has a NaN scale and a NaN result on every level:
+//! see `PackedActs::quantize`). Every integer sum is therefore the exact one
 //! of the AVX-512 kernels and of `PackedWeight::dot_ref`, and the f32
 //! operations per lane are the same: the results have the same bits.
 
