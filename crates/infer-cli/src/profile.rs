@@ -280,14 +280,7 @@ pub fn profile_decode(
                     rec.time("kv append", || {
                         ops::kv_append(&mut kcache[li], &mut vcache[li], &kk, &v, pos, kvd)
                     });
-                    let p = ops::AttnParams {
-                        n_head: l.n_head,
-                        n_head_kv: l.n_head_kv,
-                        head_dim: l.head_dim,
-                        scale: l.attn_scale,
-                        softcap: l.attn_softcap,
-                        window: l.sliding_window,
-                    };
+                    let p = ops::AttnParams::from_layer(l);
                     let mut scores = vec![0f32; l.n_head * n_ctx];
                     let mut attn = vec![0f32; qd];
                     rec.time("attention (scores, softmax, values)", || {

@@ -250,14 +250,7 @@ impl CpuModel {
                 ops::rope(&mut kk[t * kvd..(t + 1) * kvd], l.n_head_kv, l.head_dim, pos0 + t, &l.rope);
                 ops::kv_append(&mut cache.k[li], &mut cache.v[li], &kk[t * kvd..(t + 1) * kvd], &v[t * kvd..(t + 1) * kvd], pos0 + t, kvd);
             }
-            let p = ops::AttnParams {
-                n_head: l.n_head,
-                n_head_kv: l.n_head_kv,
-                head_dim: l.head_dim,
-                scale: l.attn_scale,
-                softcap: l.attn_softcap,
-                window: l.sliding_window,
-            };
+            let p = ops::AttnParams::from_layer(l);
             let attn = fit(&mut b.attn, n * qd);
             if n == 1 {
                 let scores = fit(&mut b.scores, l.n_head * cache.n_ctx);

@@ -97,6 +97,22 @@ pub(crate) const fn offset(ty: GgmlType) -> i32 {
 /// 16 codes (`bsums`) as i32, then the 8 sums of 32 as four i16 pairs.
 pub(crate) const AUX_K: usize = 20;
 
+/// Activation words per block in [`PackedActs`] for weights of `ty`: one
+/// block sum (Q8_0 activations) or [`AUX_K`] (Q8_K activations).
+pub(crate) const fn aux_words(ty: GgmlType) -> usize {
+    match ty {
+        GgmlType::Q4_K | GgmlType::Q6_K => AUX_K,
+        _ => 1,
+    }
+}
+
+/// Ids of the 32-wide formats in the SIMD kernels' const parameter (both
+/// levels).
+pub(crate) const F_Q8_0: u8 = 0;
+pub(crate) const F_Q4_0: u8 = 1;
+pub(crate) const F_Q5_0: u8 = 2;
+pub(crate) const F_IQ4_NL: u8 = 3;
+
 /// Whether `ty` is packed on this kernel level: AVX-512 VNNI
 /// (`vpdpbusd` on 512-bit vectors) or AVX2 (the same sums emulated exactly,
 /// on 256-bit halves of each group; same results).

@@ -15,7 +15,7 @@
 
 use std::arch::x86_64::*;
 
-use crate::cpu::packed::{PackedActs, AUX_K};
+use crate::cpu::packed::{aux_words, layout, offset, PackedActs, F_IQ4_NL, F_Q4_0, F_Q5_0, F_Q8_0};
 use crate::GgmlType;
 
 /// Tokens per pass (register budget: 16 vector registers).
@@ -30,7 +30,9 @@ const T_MAX: usize = 4;
 /// `avx512_packed::tile`.
 #[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn tile(ty: GgmlType, scales: *const u8, codes: *const u8, nb: usize, a: &PackedActs, t0: usize, n: usize, y: *mut f32, ld_y: usize, valid: usize) {
-    let aux_per = if ty == GgmlType::Q4_K || ty == GgmlType::Q6_K { AUX_K } else { 1 };
+    let aux_per = aux_words(ty);
+    let Some((_, rec)) = layout(ty) else { return };
+    let shift = offset(ty).trailing_zeros();
     let mut t = 0;
     while t < n {
         let m = (n - t).min(T_MAX);
@@ -43,6 +45,8 @@ pub(crate) unsafe fn tile(ty: GgmlType, scales: *const u8, codes: *const u8, nb:
             let v = View {
                 scales,
                 codes,
+                rec,
+                shift,
                 half,
                 nb,
                 qs: a.qs.as_ptr().add(tt * a.cols),
@@ -78,16 +82,15 @@ pub(crate) unsafe fn tile(ty: GgmlType, scales: *const u8, codes: *const u8, nb:
     }
 }
 
-const F_Q8_0: u8 = 0;
-const F_Q4_0: u8 = 1;
-const F_Q5_0: u8 = 2;
-const F_IQ4_NL: u8 = 3;
-
 /// Raw pointers of one pass over one half (see [`tile`]).
 #[derive(Clone, Copy)]
 struct View {
     scales: *const u8,
     codes: *const u8,
+    /// Bytes of one code record (`packed::layout`).
+    rec: usize,
+    /// log2 of the unsigned 32-wide codes' offset (`packed::offset`).
+    shift: u32,
     /// Rows `8·half..8·half + 8` of the group.
     half: usize,
     nb: usize,
@@ -196,20 +199,13 @@ unsafe fn codes32<const F: u8>(v: &View, r: *const u8, m: usize) -> __m256i {
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn q32<const F: u8, const T: usize>(v: View) {
     let signed = F == F_Q8_0 || F == F_IQ4_NL;
-    // log2 of the unsigned codes' offset (`packed::offset`): 8 or 16.
-    let off_shift = if F == F_Q4_0 { 3 } else { 4 };
-    let rec_bytes = match F {
-        F_Q8_0 => 512,
-        F_Q5_0 => 320,
-        _ => 256,
-    };
     let mut acc = [_mm256_setzero_ps(); T];
     for b in 0..v.nb {
-        let r = v.codes.add(b * rec_bytes);
+        let r = v.codes.add(b * v.rec);
         let mut is = [_mm256_setzero_si256(); T];
         if !signed {
             for t in 0..T {
-                is[t] = _mm256_set1_epi32(-(v.aux(t, b, 0) << off_shift));
+                is[t] = _mm256_set1_epi32(-(v.aux(t, b, 0) << v.shift));
             }
         }
         for m in 0..8 {
@@ -233,7 +229,7 @@ unsafe fn q4k<const T: usize>(v: View) {
     let lo4 = _mm256_set1_epi8(0x0f);
     let mut acc = [_mm256_setzero_ps(); T];
     for sb in 0..v.nb {
-        let r = v.codes.add(sb * 2304);
+        let r = v.codes.add(sb * v.rec);
         let a0 = sb * 256;
         let mut s = [_mm256_setzero_si256(); T];
         for sub in 0..8 {
@@ -289,7 +285,7 @@ unsafe fn codes_q6k(v: &View, r: *const u8, gi: usize) -> __m256i {
 unsafe fn q6k<const T: usize>(v: View) {
     let mut acc = [_mm256_setzero_ps(); T];
     for sb in 0..v.nb {
-        let r = v.codes.add(sb * 3328);
+        let r = v.codes.add(sb * v.rec);
         let a0 = sb * 256;
         let mut s = [_mm256_setzero_si256(); T];
         for sub in 0..16 {

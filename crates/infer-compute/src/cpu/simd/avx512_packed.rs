@@ -9,7 +9,7 @@
 
 use std::arch::x86_64::*;
 
-use crate::cpu::packed::{PackedActs, AUX_K};
+use crate::cpu::packed::{aux_words, layout, offset, PackedActs, F_IQ4_NL, F_Q4_0, F_Q5_0, F_Q8_0};
 use crate::GgmlType;
 
 /// Runs one group (`scales`: its scale region, `codes`: its `nb` code
@@ -27,10 +27,12 @@ pub(crate) unsafe fn tile(ty: GgmlType, scales: *const u8, codes: *const u8, nb:
     let mask: __mmask16 = if valid >= 16 { 0xffff } else { (1u16 << valid) - 1 };
     let ld_a = a.cols;
     let qs = a.qs.as_ptr().add(t0 * ld_a);
-    let aux_per = if ty == GgmlType::Q4_K || ty == GgmlType::Q6_K { AUX_K } else { 1 };
+    let aux_per = aux_words(ty);
     let d = a.d.as_ptr().add(t0 * nb);
     let aux = a.aux.as_ptr().add(t0 * nb * aux_per);
-    let v = View { scales, codes, nb, qs, ld_a, d, aux, aux_per, y, ld_y, mask };
+    let Some((_, rec)) = layout(ty) else { return };
+    let shift = offset(ty).trailing_zeros();
+    let v = View { scales, codes, rec, shift, nb, qs, ld_a, d, aux, aux_per, y, ld_y, mask };
     macro_rules! by_n {
         ($f:ident $(, $c:expr)?) => {
             match n {
@@ -56,16 +58,15 @@ pub(crate) unsafe fn tile(ty: GgmlType, scales: *const u8, codes: *const u8, nb:
     }
 }
 
-const F_Q8_0: u8 = 0;
-const F_Q4_0: u8 = 1;
-const F_Q5_0: u8 = 2;
-const F_IQ4_NL: u8 = 3;
-
 /// Raw pointers of one kernel call (see [`tile`]).
 #[derive(Clone, Copy)]
 struct View {
     scales: *const u8,
     codes: *const u8,
+    /// Bytes of one code record (`packed::layout`).
+    rec: usize,
+    /// log2 of the 32-wide codes' offset (`packed::offset`).
+    shift: u32,
     nb: usize,
     /// Token 0's codes; token `t` at `+ t·ld_a`.
     qs: *const i8,
@@ -152,26 +153,15 @@ unsafe fn codes32<const F: u8>(r: *const u8, m: usize) -> __m512i {
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma")]
 unsafe fn q32<const F: u8, const T: usize>(v: View) {
-    // log2 of the code offset (`packed::offset`): 8, 16 or 128.
-    let off_shift = match F {
-        F_Q4_0 => 3,
-        F_Q5_0 => 4,
-        _ => 7,
-    };
-    let rec_bytes = match F {
-        F_Q8_0 => 512,
-        F_Q5_0 => 320,
-        _ => 256,
-    };
     let mut acc = [_mm512_setzero_ps(); T];
     for b in 0..v.nb {
-        let r = v.codes.add(b * rec_bytes);
-        prefetch::<T>(r, rec_bytes);
+        let r = v.codes.add(b * v.rec);
+        prefetch::<T>(r, v.rec);
         // Two integer chains per token (even and odd m) shorten the
         // dependency chain when the tile is small.
         let mut is = [[_mm512_setzero_si512(); 2]; T];
         for t in 0..T {
-            is[t][0] = _mm512_set1_epi32(-(v.aux(t, b, 0) << off_shift));
+            is[t][0] = _mm512_set1_epi32(-(v.aux(t, b, 0) << v.shift));
         }
         for m in 0..8 {
             let w = codes32::<F>(r, m);
@@ -197,8 +187,8 @@ unsafe fn q4k<const T: usize>(v: View) {
     let lo4 = _mm512_set1_epi8(0x0f);
     let mut acc = [_mm512_setzero_ps(); T];
     for sb in 0..v.nb {
-        let r = v.codes.add(sb * 2304);
-        prefetch::<T>(r, 2304);
+        let r = v.codes.add(sb * v.rec);
+        prefetch::<T>(r, v.rec);
         let a0 = sb * 256;
         let mut s = [_mm512_setzero_si512(); T];
         for sub in 0..8 {
@@ -259,8 +249,8 @@ unsafe fn codes_q6k(r: *const u8, gi: usize) -> __m512i {
 unsafe fn q6k<const T: usize>(v: View) {
     let mut acc = [_mm512_setzero_ps(); T];
     for sb in 0..v.nb {
-        let r = v.codes.add(sb * 3328);
-        prefetch::<T>(r, 3328);
+        let r = v.codes.add(sb * v.rec);
+        prefetch::<T>(r, v.rec);
         let a0 = sb * 256;
         let mut s = [_mm512_setzero_si512(); T];
         for sub in 0..16 {
