@@ -75,8 +75,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             .y_desc("tokens/s")
             .draw()?;
         let bars2 = [(0.0, b.llama, llama_color), (1.0, b.infer, infer_color)];
-        chart.draw_series(bars2.iter().map(|&(x, v, c)| Rectangle::new([(x + 0.15, 0.0), (x + 0.85, v)], c.filled())))?;
-        chart.draw_series(bars2.iter().map(|&(x, v, _)| Text::new(format!("{v:.1}"), (x + 0.3, v * 1.03 + max * 0.02), ("sans-serif", 13))))?;
+        chart
+            .draw_series(bars2.iter().map(|&(x, v, c)| Rectangle::new([(x + 0.15, 0.0), (x + 0.85, v)], c.filled())))?;
+        chart.draw_series(
+            bars2
+                .iter()
+                .map(|&(x, v, _)| Text::new(format!("{v:.1}"), (x + 0.3, v * 1.03 + max * 0.02), ("sans-serif", 13))),
+        )?;
     }
     root.present()?;
     eprintln!("wrote {}", args[0]);

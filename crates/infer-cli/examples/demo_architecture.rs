@@ -18,9 +18,7 @@
 use std::path::PathBuf;
 
 use infer_compute::backend::QuantWeight;
-use infer_compute::pipeline::{
-    Activation, FfnType, LayerSpec, ModelSpec, Norm, NormType, RopeType,
-};
+use infer_compute::pipeline::{Activation, FfnType, LayerSpec, ModelSpec, Norm, NormType, RopeType};
 use infer_model::gguf::GgufFile;
 
 type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
@@ -34,13 +32,7 @@ fn mib(b: usize) -> String {
 }
 
 fn weight(w: &QuantWeight) -> String {
-    format!(
-        "{} {}x{} ({})",
-        w.ty.name(),
-        w.rows,
-        w.cols,
-        mib(w.data.as_bytes().len())
-    )
+    format!("{} {}x{} ({})", w.ty.name(), w.rows, w.cols, mib(w.data.as_bytes().len()))
 }
 
 fn norm(n: &Norm) -> String {
@@ -63,24 +55,12 @@ fn rope(l: &LayerSpec) -> String {
         RopeType::Normal => "adjacent pairs",
         RopeType::NeoX => "NeoX halves",
     };
-    let scale = if l.rope.freq_scale != 1.0 {
-        format!(", positions × {}", l.rope.freq_scale)
-    } else {
-        String::new()
-    };
-    format!(
-        "base {}, {} of {} dims rotated, {kind}{scale}",
-        l.rope.base, l.rope.n_rot, l.head_dim
-    )
+    let scale = if l.rope.freq_scale != 1.0 { format!(", positions × {}", l.rope.freq_scale) } else { String::new() };
+    format!("base {}, {} of {} dims rotated, {kind}{scale}", l.rope.base, l.rope.n_rot, l.head_dim)
 }
 
 fn layer_matrices(l: &LayerSpec) -> Vec<(&'static str, &QuantWeight)> {
-    let mut v = vec![
-        ("attn_q", &l.wq),
-        ("attn_k", &l.wk),
-        ("attn_v", &l.wv),
-        ("attn_output", &l.wo),
-    ];
+    let mut v = vec![("attn_q", &l.wq), ("attn_k", &l.wk), ("attn_v", &l.wv), ("attn_output", &l.wo)];
     if let Some(g) = &l.ffn_gate {
         v.push(("ffn_gate", g));
     }
@@ -90,10 +70,7 @@ fn layer_matrices(l: &LayerSpec) -> Vec<(&'static str, &QuantWeight)> {
 }
 
 fn layer_bytes(l: &LayerSpec) -> usize {
-    layer_matrices(l)
-        .iter()
-        .map(|(_, w)| w.data.as_bytes().len())
-        .sum()
+    layer_matrices(l).iter().map(|(_, w)| w.data.as_bytes().len()).sum()
 }
 
 fn print_layer(i: usize, l: &LayerSpec, e: usize) {
@@ -112,62 +89,22 @@ fn print_layer(i: usize, l: &LayerSpec, e: usize) {
         l.n_head_kv
     );
     op("attn_norm", norm(&l.attn_norm), format!("x[{e}] → h[{e}]"));
-    op(
-        "quantize activation",
-        format!(
-            "h to {} blocks (each mat-vec: its type's pair)",
-            act_ty(&l.wq)
-        ),
-        String::new(),
-    );
-    op(
-        "attn_q",
-        weight(&l.wq),
-        format!("h[{e}] → q[{}×{hd}]", l.n_head),
-    );
-    op(
-        "attn_k",
-        weight(&l.wk),
-        format!("h[{e}] → k[{}×{hd}]", l.n_head_kv),
-    );
-    op(
-        "attn_v",
-        weight(&l.wv),
-        format!("h[{e}] → v[{}×{hd}]", l.n_head_kv),
-    );
+    op("quantize activation", format!("h to {} blocks (each mat-vec: its type's pair)", act_ty(&l.wq)), String::new());
+    op("attn_q", weight(&l.wq), format!("h[{e}] → q[{}×{hd}]", l.n_head));
+    op("attn_k", weight(&l.wk), format!("h[{e}] → k[{}×{hd}]", l.n_head_kv));
+    op("attn_v", weight(&l.wv), format!("h[{e}] → v[{}×{hd}]", l.n_head_kv));
     if let Some(n) = &l.q_norm {
-        op(
-            "attn_q_norm",
-            format!("{} per head", norm(n)),
-            format!("q[{}×{hd}]", l.n_head),
-        );
+        op("attn_q_norm", format!("{} per head", norm(n)), format!("q[{}×{hd}]", l.n_head));
     }
     if let Some(n) = &l.k_norm {
-        op(
-            "attn_k_norm",
-            format!("{} per head", norm(n)),
-            format!("k[{}×{hd}]", l.n_head_kv),
-        );
+        op("attn_k_norm", format!("{} per head", norm(n)), format!("k[{}×{hd}]", l.n_head_kv));
     }
     op("rope", rope(l), "q, k".to_string());
-    op(
-        "kv append",
-        format!(
-            "k, v into the cache at pos ({} B f32 per position)",
-            2 * kvd * 4
-        ),
-        String::new(),
-    );
-    let softcap = l
-        .attn_softcap
-        .map_or(String::new(), |c| format!(", softcap {c}"));
+    op("kv append", format!("k, v into the cache at pos ({} B f32 per position)", 2 * kvd * 4), String::new());
+    let softcap = l.attn_softcap.map_or(String::new(), |c| format!(", softcap {c}"));
     op(
         "attention",
-        format!(
-            "softmax(q·kᵀ·{:.4}{softcap})·v over {}",
-            l.attn_scale,
-            attention_kind(l)
-        ),
+        format!("softmax(q·kᵀ·{:.4}{softcap})·v over {}", l.attn_scale, attention_kind(l)),
         format!("q[{qd}], cache → a[{qd}]"),
     );
     op("attn_output", weight(&l.wo), format!("a[{qd}] → o[{e}]"));
@@ -187,11 +124,7 @@ fn print_layer(i: usize, l: &LayerSpec, e: usize) {
         (FfnType::Plain, Activation::Silu) => "silu(u)",
     };
     op("activation", act.to_string(), format!("→ m[{n_ff}]"));
-    op(
-        "ffn_down",
-        weight(&l.ffn_down),
-        format!("m[{n_ff}] → o[{e}]"),
-    );
+    op("ffn_down", weight(&l.ffn_down), format!("m[{n_ff}] → o[{e}]"));
     if let Some(n) = &l.post_ffn_norm {
         op("post_ffw_norm", norm(n), format!("o[{e}]"));
     }
@@ -223,16 +156,10 @@ fn main() -> Result<()> {
     );
     println!("The decode of one token runs, in order:");
     println!();
-    println!(
-        "embedding: look up row `token` of token_embd {}",
-        weight(&spec.token_embd)
-    );
+    println!("embedding: look up row `token` of token_embd {}", weight(&spec.token_embd));
     let row = spec.token_embd.row_bytes();
     if spec.embd_scale != 1.0 {
-        println!(
-            "  dequantize {row} B to x[{e}], scale by {:.3} (sqrt(n_embd))",
-            spec.embd_scale
-        );
+        println!("  dequantize {row} B to x[{e}], scale by {:.3} (sqrt(n_embd))", spec.embd_scale);
     } else {
         println!("  dequantize {row} B to x[{e}]");
     }
@@ -240,9 +167,7 @@ fn main() -> Result<()> {
     print_layer(0, l0, e);
 
     println!();
-    println!(
-        "every layer (types of attn_q, attn_k, attn_v, attn_output, ffn_gate, ffn_up, ffn_down):"
-    );
+    println!("every layer (types of attn_q, attn_k, attn_v, attn_output, ffn_gate, ffn_up, ffn_down):");
     println!("| layer | attention | RoPE base | RoPE position scale | matrix types | bytes |");
     println!("| ---: | --- | ---: | ---: | --- | ---: |");
     for (i, l) in spec.layers.iter().enumerate() {
@@ -260,10 +185,7 @@ fn main() -> Result<()> {
     println!();
     println!("output:");
     println!("  output_norm {}: x[{e}] → h[{e}]", norm(&spec.output_norm));
-    let tied = std::ptr::eq(
-        spec.output.data.as_bytes().as_ptr(),
-        spec.token_embd.data.as_bytes().as_ptr(),
-    );
+    let tied = std::ptr::eq(spec.output.data.as_bytes().as_ptr(), spec.token_embd.data.as_bytes().as_ptr());
     println!(
         "  output {}{}: h[{e}] → logits[{}]",
         weight(&spec.output),

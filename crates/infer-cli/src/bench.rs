@@ -163,10 +163,7 @@ pub fn argmax(logits: &[f32]) -> Result<u32, String> {
 pub fn decode_bytes_per_token(spec: &ModelSpec) -> u64 {
     let mut b = spec.output.data.as_bytes().len() as u64;
     for l in &spec.layers {
-        for w in [&l.wq, &l.wk, &l.wv, &l.wo, &l.ffn_up, &l.ffn_down]
-            .into_iter()
-            .chain(l.ffn_gate.as_ref())
-        {
+        for w in [&l.wq, &l.wk, &l.wv, &l.wo, &l.ffn_up, &l.ffn_down].into_iter().chain(l.ffn_gate.as_ref()) {
             b += w.data.as_bytes().len() as u64;
         }
     }
@@ -199,20 +196,11 @@ fn synth_model(size: &str, quant: &str, threads: usize) -> CliResult<PathBuf> {
     let dir = infer_model::fetch::cache_dir().join("synth");
     std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
     let arch_name = shape.arch.name();
-    let path = dir.join(format!(
-        "{arch_name}-{}-{}-seed0.gguf",
-        sz.to_ascii_lowercase(),
-        q.name()
-    ));
+    let path = dir.join(format!("{arch_name}-{}-{}-seed0.gguf", sz.to_ascii_lowercase(), q.name()));
     if path.is_file() {
         return Ok(path);
     }
-    eprintln!(
-        "generating {} (synthetic {} {}, once) ...",
-        path.display(),
-        shape.model_name,
-        q.name()
-    );
+    eprintln!("generating {} (synthetic {} {}, once) ...", path.display(), shape.model_name, q.name());
     if shape.arch == SynthArch::Gemma3 && shape.n_vocab == 262_144 {
         // The tokenizer is copied from the default model.
         infer_model::fetch::default_model_path()?;
@@ -229,18 +217,10 @@ fn read_streams(s: &[u64]) -> u64 {
     let (b, rest) = rest.split_at(q);
     let (c, d) = rest.split_at(q);
     let mut acc = [0u64; 8];
-    let chunks = a
-        .chunks_exact(8)
-        .zip(b.chunks_exact(8))
-        .zip(c.chunks_exact(8))
-        .zip(d.chunks_exact(8));
+    let chunks = a.chunks_exact(8).zip(b.chunks_exact(8)).zip(c.chunks_exact(8)).zip(d.chunks_exact(8));
     for (((w, x), y), z) in chunks {
         for i in 0..8 {
-            acc[i] = acc[i]
-                .wrapping_add(w[i])
-                .wrapping_add(x[i])
-                .wrapping_add(y[i])
-                .wrapping_add(z[i]);
+            acc[i] = acc[i].wrapping_add(w[i]).wrapping_add(x[i]).wrapping_add(y[i]).wrapping_add(z[i]);
         }
     }
     acc.iter().fold(0u64, |a, &b| a.wrapping_add(b))
@@ -260,14 +240,8 @@ pub fn measure_bandwidth(threads: usize) -> f64 {
     for _ in 0..8 {
         let t0 = Instant::now();
         let total = std::thread::scope(|s| {
-            let handles: Vec<_> = buf
-                .chunks(part)
-                .map(|c| s.spawn(move || read_streams(c)))
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| h.join().unwrap_or(0))
-                .fold(0u64, u64::wrapping_add)
+            let handles: Vec<_> = buf.chunks(part).map(|c| s.spawn(move || read_streams(c))).collect();
+            handles.into_iter().map(|h| h.join().unwrap_or(0)).fold(0u64, u64::wrapping_add)
         });
         std::hint::black_box(total);
         best = best.min(t0.elapsed().as_secs_f64());
@@ -311,46 +285,29 @@ pub fn bench(a: BenchArgs) -> CliResult {
     if a.model.threads == Some(0) {
         return Err("--threads must be at least 1".into());
     }
-    let threads = a.model.threads.unwrap_or_else(|| {
-        std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(1)
-    });
+    let threads = a.model.threads.unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
     let path = match &a.synth {
         Some(size) => synth_model(size, &a.synth_quant, threads)?,
         None => a.model.resolve_model()?,
     };
     // The reader's errors name the file already.
     let gguf = GgufFile::open(&path).map_err(|e| e.to_string())?;
-    let spec =
-        infer_model::model::load_spec(&gguf).map_err(|e| format!("{}: {e}", path.display()))?;
+    let spec = infer_model::model::load_spec(&gguf).map_err(|e| format!("{}: {e}", path.display()))?;
     let max_ctx = a.n_prompt.max(a.n_gen);
     if max_ctx > spec.n_ctx_train {
-        return Err(format!(
-            "{max_ctx} positions exceed the model's context length {}",
-            spec.n_ctx_train
-        )
-        .into());
+        return Err(format!("{max_ctx} positions exceed the model's context length {}", spec.n_ctx_train).into());
     }
-    let margs = ModelArgs {
-        model: Some(path.clone()),
-        ..a.model.clone()
-    };
+    let margs = ModelArgs { model: Some(path.clone()), ..a.model.clone() };
     let backend = margs.backend()?;
     let mut model = with_spinner("loading model", || backend.prepare(&spec))?;
 
     let size_bytes: u64 = gguf.tensors().iter().map(|t| t.n_bytes as u64).sum();
     let params: u64 = gguf.tensors().iter().map(|t| t.n_elements()).sum();
     let desc = model_description(&gguf, params);
-    let bos = gguf
-        .get_u32("tokenizer.ggml.bos_token_id")
-        .unwrap_or(0)
-        .min(spec.n_vocab as u32 - 1);
+    let bos = gguf.get_u32("tokenizer.ggml.bos_token_id").unwrap_or(0).min(spec.n_vocab as u32 - 1);
     let bytes_per_token = decode_bytes_per_token(&spec);
     let bandwidth = if a.measure_bandwidth {
-        Some(with_spinner("measuring memory bandwidth", || {
-            measure_bandwidth(threads)
-        }))
+        Some(with_spinner("measuring memory bandwidth", || measure_bandwidth(threads)))
     } else {
         a.bandwidth
     };
@@ -378,10 +335,7 @@ pub fn bench(a: BenchArgs) -> CliResult {
         roofline_fraction: None,
     };
     let finish = |mut r: TestResult, n_tokens: usize, samples_ns: Vec<u64>| -> TestResult {
-        let ts: Vec<f64> = samples_ns
-            .iter()
-            .map(|&ns| n_tokens as f64 * 1e9 / ns.max(1) as f64)
-            .collect();
+        let ts: Vec<f64> = samples_ns.iter().map(|&ns| n_tokens as f64 * 1e9 / ns.max(1) as f64).collect();
         let ns: Vec<f64> = samples_ns.iter().map(|&n| n as f64).collect();
         (r.avg_ts, r.stddev_ts) = mean_std(&ts);
         (r.avg_ns, r.stddev_ns) = mean_std(&ns);
@@ -393,34 +347,20 @@ pub fn bench(a: BenchArgs) -> CliResult {
     let mut results = Vec::new();
     if a.n_prompt > 0 {
         let mut rng = rand::rngs::StdRng::seed_from_u64(a.seed);
-        let tokens: Vec<u32> = (0..a.n_prompt)
-            .map(|_| rng.gen_range(0..spec.n_vocab as u32))
-            .collect();
+        let tokens: Vec<u32> = (0..a.n_prompt).map(|_| rng.gen_range(0..spec.n_vocab as u32)).collect();
         let samples = with_spinner(&format!("pp{}", a.n_prompt), || -> CliResult<Vec<u64>> {
             time_prefill(model.as_mut(), &tokens)?; // warm-up
-            (0..a.reps)
-                .map(|_| time_prefill(model.as_mut(), &tokens))
-                .collect()
+            (0..a.reps).map(|_| time_prefill(model.as_mut(), &tokens)).collect()
         })?;
-        let r = TestResult {
-            test: format!("pp{}", a.n_prompt),
-            n_prompt: a.n_prompt,
-            ..base.clone()
-        };
+        let r = TestResult { test: format!("pp{}", a.n_prompt), n_prompt: a.n_prompt, ..base.clone() };
         results.push(finish(r, a.n_prompt, samples));
     }
     if a.n_gen > 0 {
         let samples = with_spinner(&format!("tg{}", a.n_gen), || -> CliResult<Vec<u64>> {
             time_decode(model.as_mut(), bos, 1)?; // warm-up
-            (0..a.reps)
-                .map(|_| time_decode(model.as_mut(), bos, a.n_gen))
-                .collect()
+            (0..a.reps).map(|_| time_decode(model.as_mut(), bos, a.n_gen)).collect()
         })?;
-        let r = TestResult {
-            test: format!("tg{}", a.n_gen),
-            n_gen: a.n_gen,
-            ..base.clone()
-        };
+        let r = TestResult { test: format!("tg{}", a.n_gen), n_gen: a.n_gen, ..base.clone() };
         let mut r = finish(r, a.n_gen, samples);
         let eff = bytes_per_token as f64 * r.avg_ts / 1e9;
         r.bytes_per_token = Some(bytes_per_token);
@@ -457,10 +397,7 @@ fn print_tables(results: &[TestResult]) {
         "| {:<30} | {:>10} | {:>10} | {:<10} | {:>7} | {:>15} | {:>20} |",
         "model", "size", "params", "backend", "threads", "test", "t/s"
     );
-    println!(
-        "| {:-<30} | {:->9}: | {:->9}: | {:-<10} | {:->6}: | {:->14}: | {:->19}: |",
-        "", "", "", "", "", "", ""
-    );
+    println!("| {:-<30} | {:->9}: | {:->9}: | {:-<10} | {:->6}: | {:->14}: | {:->19}: |", "", "", "", "", "", "", "");
     for r in results {
         println!(
             "| {:<30} | {:>10} | {:>10} | {:<10} | {:>7} | {:>15} | {:>20} |",
@@ -473,10 +410,7 @@ fn print_tables(results: &[TestResult]) {
             format!("{:.2} ± {:.2}", r.avg_ts, r.stddev_ts)
         );
     }
-    let decode: Vec<&TestResult> = results
-        .iter()
-        .filter(|r| r.bytes_per_token.is_some())
-        .collect();
+    let decode: Vec<&TestResult> = results.iter().filter(|r| r.bytes_per_token.is_some()).collect();
     if decode.is_empty() {
         return;
     }
@@ -485,17 +419,10 @@ fn print_tables(results: &[TestResult]) {
         "| {:>15} | {:>16} | {:>14} | {:>14} | {:>12} |",
         "test", "weight B/token", "eff. GB/s", "bandwidth GB/s", "% of BW"
     );
-    println!(
-        "| {:->14}: | {:->15}: | {:->13}: | {:->13}: | {:->11}: |",
-        "", "", "", "", ""
-    );
+    println!("| {:->14}: | {:->15}: | {:->13}: | {:->13}: | {:->11}: |", "", "", "", "", "");
     for r in decode {
-        let bw = r
-            .bandwidth_gbps
-            .map_or_else(|| "-".to_string(), |b| format!("{b:.1}"));
-        let frac = r
-            .roofline_fraction
-            .map_or_else(|| "-".to_string(), |f| format!("{:.1} %", f * 100.0));
+        let bw = r.bandwidth_gbps.map_or_else(|| "-".to_string(), |b| format!("{b:.1}"));
+        let frac = r.roofline_fraction.map_or_else(|| "-".to_string(), |f| format!("{:.1} %", f * 100.0));
         println!(
             "| {:>15} | {:>16} | {:>14.2} | {:>14} | {:>12} |",
             r.test,

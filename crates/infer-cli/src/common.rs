@@ -85,13 +85,16 @@ impl ModelArgs {
             BackendKind::Cuda => return cuda_backend(),
             _ => {}
         }
-        let threads = self.threads.unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
+        let threads =
+            self.threads.unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
         if threads == 0 {
             return Err("--threads must be at least 1".into());
         }
         let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
         if threads > cores {
-            eprintln!("warning: --threads {threads} is more than the {cores} core(s) of this machine; expect it to be slower");
+            eprintln!(
+                "warning: --threads {threads} is more than the {cores} core(s) of this machine; expect it to be slower"
+            );
         }
         warn_simd_env();
         Ok(Box::new(CpuBackend::with_options(threads, Kernels::detect(), precision)?))
@@ -105,7 +108,10 @@ fn warn_simd_env() {
         let levels = infer_compute::cpu::SimdLevel::all_available();
         if !levels.iter().any(|l| l.name() == want) {
             let names: Vec<&str> = levels.iter().map(|l| l.name()).collect();
-            eprintln!("warning: INFER_CPU_SIMD={want} is not available here (choose from {}); using the best level", names.join(", "));
+            eprintln!(
+                "warning: INFER_CPU_SIMD={want} is not available here (choose from {}); using the best level",
+                names.join(", ")
+            );
         }
     }
 }
@@ -123,7 +129,9 @@ fn cuda_backend() -> CliResult<Box<dyn ComputeBackend>> {
 /// A spinner on stderr while `f` runs (hidden when stderr is not a terminal).
 pub fn with_spinner<T>(msg: &str, f: impl FnOnce() -> T) -> T {
     let pb = ProgressBar::new_spinner();
-    pb.set_style(ProgressStyle::with_template("{spinner} {msg} {elapsed}").unwrap_or_else(|_| ProgressStyle::default_spinner()));
+    pb.set_style(
+        ProgressStyle::with_template("{spinner} {msg} {elapsed}").unwrap_or_else(|_| ProgressStyle::default_spinner()),
+    );
     pb.set_message(msg.to_string());
     pb.enable_steady_tick(Duration::from_millis(100));
     let out = f();

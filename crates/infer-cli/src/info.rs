@@ -16,7 +16,12 @@ pub fn info(a: InfoArgs) -> CliResult {
     let gguf = a.model.open()?;
     let backend = a.model.backend()?;
     let arch = gguf.get_str("general.architecture").unwrap_or("?");
-    println!("file:         GGUF v{}, {} metadata keys, {} tensors", gguf.version(), gguf.metadata().len(), gguf.tensors().len());
+    println!(
+        "file:         GGUF v{}, {} metadata keys, {} tensors",
+        gguf.version(),
+        gguf.metadata().len(),
+        gguf.tensors().len()
+    );
     if let Ok(name) = gguf.get_str("general.name") {
         println!("name:         {name}");
     }

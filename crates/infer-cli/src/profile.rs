@@ -152,7 +152,13 @@ fn timed_matvec(
             CpuWeight::Rows(_) => k.quantize_activation(ty, x, &mut cache.rows)?,
             CpuWeight::Packed(p) => cache.packed.quantize(k, ty, x, 1, p.cols(), &mut cache.tmp)?,
         }
-        rec.add(&format!("quantize activation -> {}", act_ty.name()), "", &format!("{}", w.cols()), t0.elapsed().as_nanos() as u64, 0);
+        rec.add(
+            &format!("quantize activation -> {}", act_ty.name()),
+            "",
+            &format!("{}", w.cols()),
+            t0.elapsed().as_nanos() as u64,
+            0,
+        );
         cache.holds = Some(form);
     }
     let t1 = Instant::now();
@@ -166,7 +172,13 @@ fn timed_matvec(
             (p.bytes() as u64, " packed")
         }
     };
-    rec.add(&format!("matvec {name}"), &format!("{}{layout}", ty.name()), &format!("{}x{}", w.rows(), w.cols()), t1.elapsed().as_nanos() as u64, bytes);
+    rec.add(
+        &format!("matvec {name}"),
+        &format!("{}{layout}", ty.name()),
+        &format!("{}x{}", w.rows(), w.cols()),
+        t1.elapsed().as_nanos() as u64,
+        bytes,
+    );
     Ok(())
 }
 
@@ -176,12 +188,7 @@ fn timed_matvec(
 ///
 /// # Errors
 /// Weight types without a CPU kernel; NaN logits.
-pub fn profile_decode(
-    spec: &ModelSpec,
-    threads: usize,
-    bos: u32,
-    steps: usize,
-) -> CliResult<Profile> {
+pub fn profile_decode(spec: &ModelSpec, threads: usize, bos: u32, steps: usize) -> CliResult<Profile> {
     let backend = CpuBackend::with_options(threads, Kernels::detect(), Precision::Quantized)?;
     let k = *backend.kernels();
     let e = spec.n_embd;
@@ -208,11 +215,7 @@ pub fn profile_decode(
         })
         .collect::<CliResult<_>>()?;
     let output_norm = PreparedNorm::new(&spec.output_norm)?;
-    let mut kcache: Vec<Vec<f32>> = spec
-        .layers
-        .iter()
-        .map(|l| vec![0f32; n_ctx * l.n_head_kv * l.head_dim])
-        .collect();
+    let mut kcache: Vec<Vec<f32>> = spec.layers.iter().map(|l| vec![0f32; n_ctx * l.n_head_kv * l.head_dim]).collect();
     let mut vcache = kcache.clone();
     let mut rec = Recorder::default();
     let mut logits = vec![0f32; spec.n_vocab];
@@ -242,21 +245,9 @@ pub fn profile_decode(
                     let mut q = vec![0f32; qd];
                     let mut kk = vec![0f32; kvd];
                     let mut v = vec![0f32; kvd];
-                    timed_matvec(
-                        &mut rec,
-                        &k,
-                        "attn_q", wq, &h, &mut q, &mut act, false,
-                    )?;
-                    timed_matvec(
-                        &mut rec,
-                        &k,
-                        "attn_k", wk, &h, &mut kk, &mut act, true,
-                    )?;
-                    timed_matvec(
-                        &mut rec,
-                        &k,
-                        "attn_v", wv, &h, &mut v, &mut act, true,
-                    )?;
+                    timed_matvec(&mut rec, &k, "attn_q", wq, &h, &mut q, &mut act, false)?;
+                    timed_matvec(&mut rec, &k, "attn_k", wk, &h, &mut kk, &mut act, true)?;
+                    timed_matvec(&mut rec, &k, "attn_v", wv, &h, &mut v, &mut act, true)?;
                     for (b, out) in biases.iter().zip([&mut q, &mut kk, &mut v]) {
                         if let Some(b) = b {
                             let b = b.as_ref().map_err(|e| e.to_string())?;
@@ -264,41 +255,23 @@ pub fn profile_decode(
                         }
                     }
                     if let Some(n) = q_norm {
-                        rec.time("q/k norm (per head)", || {
-                            ops::rms_norm_heads(&mut q, l.head_dim, &n.weight, n.eps)
-                        });
+                        rec.time("q/k norm (per head)", || ops::rms_norm_heads(&mut q, l.head_dim, &n.weight, n.eps));
                     }
                     if let Some(n) = k_norm {
-                        rec.time("q/k norm (per head)", || {
-                            ops::rms_norm_heads(&mut kk, l.head_dim, &n.weight, n.eps)
-                        });
+                        rec.time("q/k norm (per head)", || ops::rms_norm_heads(&mut kk, l.head_dim, &n.weight, n.eps));
                     }
                     rec.time("rope (q and k)", || {
                         ops::rope(&mut q, l.n_head, l.head_dim, pos, &l.rope);
                         ops::rope(&mut kk, l.n_head_kv, l.head_dim, pos, &l.rope);
                     });
-                    rec.time("kv append", || {
-                        ops::kv_append(&mut kcache[li], &mut vcache[li], &kk, &v, pos, kvd)
-                    });
+                    rec.time("kv append", || ops::kv_append(&mut kcache[li], &mut vcache[li], &kk, &v, pos, kvd));
                     let p = ops::AttnParams::from_layer(l);
                     let mut scores = vec![0f32; l.n_head * n_ctx];
                     let mut attn = vec![0f32; qd];
                     rec.time("attention (scores, softmax, values)", || {
-                        ops::attention_decode(
-                            &q,
-                            &kcache[li],
-                            &vcache[li],
-                            pos,
-                            &p,
-                            &mut scores,
-                            &mut attn,
-                        )
+                        ops::attention_decode(&q, &kcache[li], &vcache[li], pos, &p, &mut scores, &mut attn)
                     });
-                    timed_matvec(
-                        &mut rec,
-                        &k,
-                        "attn_output", wo, &attn, &mut o, &mut act, false,
-                    )?;
+                    timed_matvec(&mut rec, &k, "attn_output", wo, &attn, &mut o, &mut act, false)?;
                     if let Some(n) = post_attn {
                         let tmp = o.clone();
                         rec.time(norm_name(n.kind), || n.apply(&tmp, &mut o));
@@ -312,28 +285,17 @@ pub fn profile_decode(
                     match (l.ffn, gate_w) {
                         (FfnType::Gated, Some(wg)) => {
                             let mut gate = vec![0f32; n_ff];
-                            timed_matvec(
-                                &mut rec,
-                                &k,
-                                "ffn_gate", wg, &h, &mut gate, &mut act, false,
-                            )?;
-                            timed_matvec(
-                                &mut rec,
-                                &k,
-                                "ffn_up", w_up, &h, &mut up, &mut act, true,
-                            )?;
+                            timed_matvec(&mut rec, &k, "ffn_gate", wg, &h, &mut gate, &mut act, false)?;
+                            timed_matvec(&mut rec, &k, "ffn_up", w_up, &h, &mut up, &mut act, true)?;
                             match l.activation {
-                                Activation::GeluTanh => rec
-                                    .time("activation (geglu)", || ops::geglu(&gate, &up, &mut a)),
-                                Activation::Silu => rec.time("activation (swiglu)", || {
-                                    ops::swiglu(&gate, &up, &mut a)
-                                }),
+                                Activation::GeluTanh => {
+                                    rec.time("activation (geglu)", || ops::geglu(&gate, &up, &mut a))
+                                }
+                                Activation::Silu => rec.time("activation (swiglu)", || ops::swiglu(&gate, &up, &mut a)),
                             }
                         }
                         _ => {
-                            timed_matvec(
-                                &mut rec, &k, "ffn_up", w_up, &h, &mut up, &mut act, false,
-                            )?;
+                            timed_matvec(&mut rec, &k, "ffn_up", w_up, &h, &mut up, &mut act, false)?;
                             rec.time("activation", || {
                                 a.copy_from_slice(&up);
                                 match l.activation {
@@ -343,11 +305,7 @@ pub fn profile_decode(
                             })
                         }
                     }
-                    timed_matvec(
-                        &mut rec,
-                        &k,
-                        "ffn_down", w_down, &a, &mut o, &mut act, false,
-                    )?;
+                    timed_matvec(&mut rec, &k, "ffn_down", w_down, &a, &mut o, &mut act, false)?;
                     if let Some(n) = post_ffn {
                         let tmp = o.clone();
                         rec.time(norm_name(n.kind), || n.apply(&tmp, &mut o));
@@ -355,11 +313,7 @@ pub fn profile_decode(
                     rec.time("residual add", || ops::add(&mut x, &o));
                 }
                 rec.time(norm_name(output_norm.kind), || output_norm.apply(&x, &mut h));
-                timed_matvec(
-                    &mut rec,
-                    &k,
-                    "output (logits)", &output, &h, &mut logits, &mut act, false,
-                )?;
+                timed_matvec(&mut rec, &k, "output (logits)", &output, &h, &mut logits, &mut act, false)?;
                 if let Some(c) = spec.final_logit_softcap {
                     rec.time("logit softcap", || ops::softcap(&mut logits, c));
                 }
@@ -375,12 +329,7 @@ pub fn profile_decode(
         o.calls_per_step = *c as f64 / steps_f;
         o.bytes_per_step = (o.bytes_per_step as f64 / steps_f) as u64;
     }
-    Ok(Profile {
-        steps,
-        threads,
-        kernels: k.level().name().to_string(),
-        ops: out,
-    })
+    Ok(Profile { steps, threads, kernels: k.level().name().to_string(), ops: out })
 }
 
 /// Prints the profile as a markdown table, most expensive op first, with
@@ -397,10 +346,7 @@ pub fn print_profile(p: &Profile, tg_ms: Option<f64>) {
         "| {:<40} | {:<11} | {:>11} | {:>9} | {:>11} | {:>7} | {:>8} |",
         "op", "type", "shape", "calls/tok", "µs/token", "% step", "GB/s"
     );
-    println!(
-        "| {:-<40} | {:-<11} | {:->10}: | {:->8}: | {:->10}: | {:->6}: | {:->7}: |",
-        "", "", "", "", "", "", ""
-    );
+    println!("| {:-<40} | {:-<11} | {:->10}: | {:->8}: | {:->10}: | {:->6}: | {:->7}: |", "", "", "", "", "", "", "");
     let mut ops = p.ops.clone();
     ops.sort_by(|a, b| b.ns.cmp(&a.ns).then(a.order.cmp(&b.order)));
     for o in &ops {
@@ -422,12 +368,7 @@ pub fn print_profile(p: &Profile, tg_ms: Option<f64>) {
         );
     }
     println!();
-    let matvec_ns: u64 = p
-        .ops
-        .iter()
-        .filter(|o| o.op.starts_with("matvec"))
-        .map(|o| o.ns)
-        .sum();
+    let matvec_ns: u64 = p.ops.iter().filter(|o| o.op.starts_with("matvec")).map(|o| o.ns).sum();
     println!(
         "replay total: {:.3} ms/token (mat-vecs {:.1} %){}",
         step / 1e6,

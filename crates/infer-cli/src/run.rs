@@ -62,7 +62,8 @@ pub fn run(a: RunArgs) -> CliResult {
         .into());
     }
     // Validated as given, also when greedy decoding ignores them.
-    let given = SamplerConfig { temperature: a.temp, top_k: a.top_k, top_p: a.top_p, seed: a.seed, ..SamplerConfig::default() };
+    let given =
+        SamplerConfig { temperature: a.temp, top_k: a.top_k, top_p: a.top_p, seed: a.seed, ..SamplerConfig::default() };
     given.validate()?;
     let cfg = if a.temp == 0.0 { SamplerConfig::greedy() } else { given };
     let mut sampler = Sampler::new(cfg)?;

@@ -8,9 +8,7 @@ use std::time::Instant;
 use clap::Args;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use infer_model::gguf::GgufFile;
-use infer_model::synth::{
-    self, SynthArch, SynthOptions, SynthQuant, SynthShape, SynthSummary, SynthVocab,
-};
+use infer_model::synth::{self, SynthArch, SynthOptions, SynthQuant, SynthShape, SynthSummary, SynthVocab};
 
 use crate::common::CliResult;
 
@@ -46,10 +44,7 @@ pub struct SynthArgs {
 pub fn parse_spec(arch: &str, size: &str, quant: &str) -> CliResult<(SynthShape, SynthQuant)> {
     let a = SynthArch::parse(arch).ok_or_else(|| {
         let names: Vec<&str> = SynthArch::ALL.iter().map(|a| a.name()).collect();
-        format!(
-            "unknown architecture `{arch}` (known: {})",
-            names.join(", ")
-        )
+        format!("unknown architecture `{arch}` (known: {})", names.join(", "))
     })?;
     let shape = SynthShape::preset(a, size)?;
     let q = SynthQuant::parse(quant).ok_or_else(|| {
@@ -109,21 +104,14 @@ pub fn generate(
     let total = synth::summarize(&plan)?.tensor_bytes;
     let pb = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
     pb.set_style(
-        ProgressStyle::with_template(
-            "{msg} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
-        )
-        .unwrap_or_else(|_| ProgressStyle::default_bar())
-        .progress_chars("=> "),
+        ProgressStyle::with_template("{msg} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> "),
     );
     pb.set_message(format!("synth {} {}", shape.model_name, quant.name()));
     let pb2 = pb.clone();
     let progress: Arc<dyn Fn(u64) + Send + Sync> = Arc::new(move |done| pb2.set_position(done));
-    let opts = SynthOptions {
-        shape,
-        quant,
-        seed,
-        threads,
-    };
+    let opts = SynthOptions { shape, quant, seed, threads };
     let result = synth::write_synthetic(path, &opts, vocab, progress);
     pb.finish_and_clear();
     Ok(result.map_err(|e| format!("{}: {e}", path.display()))?)
@@ -134,9 +122,7 @@ pub fn synth(a: SynthArgs) -> CliResult {
     let threads = match a.threads {
         Some(0) => return Err("--threads must be at least 1".into()),
         Some(t) => t,
-        None => std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(1),
+        None => std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
     };
     if a.output.is_dir() || a.output.as_os_str().to_string_lossy().ends_with('/') {
         return Err(format!("cannot write {}: it is a directory; give a file name", a.output.display()).into());
@@ -151,36 +137,18 @@ pub fn synth(a: SynthArgs) -> CliResult {
     }
     let name = shape.model_name.clone();
     let t0 = Instant::now();
-    let s = generate(
-        &a.output,
-        shape,
-        quant,
-        a.seed,
-        threads,
-        a.tokenizer_from.as_deref(),
-    )?;
+    let s = generate(&a.output, shape, quant, a.seed, threads, a.tokenizer_from.as_deref())?;
     println!(
         "wrote {} ({} file, {} of tensors)",
         a.output.display(),
         human_bytes(s.file_bytes),
         human_bytes(s.tensor_bytes)
     );
-    println!(
-        "model:   {name}, random weights, {} type mix, seed {}",
-        quant.name().to_uppercase(),
-        a.seed
-    );
-    println!(
-        "params:  {} in {} tensors",
-        human_params(s.n_params),
-        s.n_tensors
-    );
+    println!("model:   {name}, random weights, {} type mix, seed {}", quant.name().to_uppercase(), a.seed);
+    println!("params:  {} in {} tensors", human_params(s.n_params), s.n_tensors);
     for (ty, n, b) in &s.types {
         println!("  {:>7}: {n:4} tensors, {:>11}", ty.name(), human_bytes(*b));
     }
-    println!(
-        "time:    {:.1} s with {threads} thread(s)",
-        t0.elapsed().as_secs_f64()
-    );
+    println!("time:    {:.1} s with {threads} thread(s)", t0.elapsed().as_secs_f64());
     Ok(())
 }

@@ -53,7 +53,18 @@ fn info_describes_the_default_model() {
     let o = infer(&["info", "--model", &model]);
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(o.status.success(), "stderr: {}", stderr(&o));
-    for key in ["GGUF v3", "33 metadata keys", "236 tensors", "gemma3", "q4_K", "q6_K", "q5_0", "q8_0", "n_embd 640", "kernels:"] {
+    for key in [
+        "GGUF v3",
+        "33 metadata keys",
+        "236 tensors",
+        "gemma3",
+        "q4_K",
+        "q6_K",
+        "q5_0",
+        "q8_0",
+        "n_embd 640",
+        "kernels:",
+    ] {
         assert!(out.contains(key), "info lacks {key}: {out}");
     }
 }
@@ -116,7 +127,11 @@ fn a_closed_pipe_ends_output_without_a_panic() {
         use std::os::unix::process::ExitStatusExt;
         // Either it finished writing before the pipe closed, or SIGPIPE
         // ended it: never a panic's exit code 101.
-        assert!(o.status.success() || o.status.signal() == Some(libc_sigpipe()), "status {:?}, stderr: {err}", o.status);
+        assert!(
+            o.status.success() || o.status.signal() == Some(libc_sigpipe()),
+            "status {:?}, stderr: {err}",
+            o.status
+        );
     }
 }
 

@@ -34,9 +34,7 @@ fn quantize_tensor(ty: GgmlType, x: &[f32]) -> Result<(Vec<u64>, usize), String>
 
 fn bench_dequant(c: &mut Criterion) {
     let mut rng = StdRng::seed_from_u64(0x5eed);
-    let x: Vec<f32> = (0..ROWS * COLS)
-        .map(|_| rng.sample::<f32, _>(StandardNormal))
-        .collect();
+    let x: Vec<f32> = (0..ROWS * COLS).map(|_| rng.sample::<f32, _>(StandardNormal)).collect();
     let mut y = vec![0f32; ROWS * COLS];
 
     let mut group = c.benchmark_group("dequantize_4096x4096");

@@ -31,7 +31,14 @@ fn bench(c: &mut Criterion) {
             g.bench_with_input(BenchmarkId::new(format!("faer_t{threads}"), &id), &(), |bch, _| {
                 bch.iter(|| {
                     let mut c = Mat::<f32>::zeros(m, n);
-                    faer::linalg::matmul::matmul(c.as_mut(), faer::Accum::Replace, fa.as_ref(), fb.as_ref(), 1.0f32, par);
+                    faer::linalg::matmul::matmul(
+                        c.as_mut(),
+                        faer::Accum::Replace,
+                        fa.as_ref(),
+                        fb.as_ref(),
+                        1.0f32,
+                        par,
+                    );
                     c
                 })
             });
@@ -43,7 +50,20 @@ fn bench(c: &mut Criterion) {
                 // c holds m×n values; strides match those layouts.
                 unsafe {
                     matrixmultiply::sgemm(
-                        m, k, n, 1.0, a.as_ptr(), k as isize, 1, b.as_ptr(), n as isize, 1, 0.0, c.as_mut_ptr(), n as isize, 1,
+                        m,
+                        k,
+                        n,
+                        1.0,
+                        a.as_ptr(),
+                        k as isize,
+                        1,
+                        b.as_ptr(),
+                        n as isize,
+                        1,
+                        0.0,
+                        c.as_mut_ptr(),
+                        n as isize,
+                        1,
                     );
                 }
                 c

@@ -13,9 +13,7 @@
 //! as callers pay them.
 
 use criterion::{black_box, criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use infer_compute::linalg::{
-    cholesky, cholesky_inverse, cholesky_solve, ridge_decomposition_solve,
-};
+use infer_compute::linalg::{cholesky, cholesky_inverse, cholesky_solve, ridge_decomposition_solve};
 use ndarray::Array2;
 use rand::rngs::StdRng;
 use rand::SeedableRng;
@@ -39,10 +37,7 @@ fn random_spd(rng: &mut StdRng, n: usize) -> Array2<f64> {
 fn bench_linalg(c: &mut Criterion) {
     let mut rng = StdRng::seed_from_u64(7);
     let mut group = c.benchmark_group("linalg");
-    group
-        .sample_size(10)
-        .warm_up_time(Duration::from_secs(1))
-        .measurement_time(Duration::from_secs(3));
+    group.sample_size(10).warm_up_time(Duration::from_secs(1)).measurement_time(Duration::from_secs(3));
 
     for &n in &SIZES {
         let nf = n as f64;
@@ -71,9 +66,7 @@ fn bench_linalg(c: &mut Criterion) {
         let flops = 4.0 * nf * nf * d + nf * nf * nf / 3.0 + 2.0 * nf * d * d;
         group.throughput(Throughput::Elements(flops as u64));
         group.bench_function(BenchmarkId::new(format!("ridge_d{RIDGE_D}"), n), |bch| {
-            bch.iter(|| {
-                ridge_decomposition_solve(black_box(k.view()), black_box(t.view()), 1e-2).unwrap()
-            })
+            bch.iter(|| ridge_decomposition_solve(black_box(k.view()), black_box(t.view()), 1e-2).unwrap())
         });
     }
     group.finish();

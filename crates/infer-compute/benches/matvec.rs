@@ -23,7 +23,8 @@ use infer_compute::cpu::{simd, CpuBackend, Kernels, Precision, SimdLevel};
 use infer_compute::{quant, ComputeBackend, GgmlType};
 
 /// Weight types benchmarked (the default model's types first).
-const TYPES: [GgmlType; 6] = [GgmlType::Q8_0, GgmlType::Q5_0, GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q4_0, GgmlType::F32];
+const TYPES: [GgmlType; 6] =
+    [GgmlType::Q8_0, GgmlType::Q5_0, GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q4_0, GgmlType::F32];
 
 /// `(rows, cols)`: square layers and Gemma 3 270M's output matrix (640
 /// columns; the k-quants, whose rows are whole 256-value super-blocks, use
@@ -193,7 +194,14 @@ fn print_summary(backends: &[(usize, CpuBackend)]) {
                         }));
                     }
                     let gbs = pw.bytes() as f64 / t / 1e9;
-                    println!("{:<8} {:>12} {:>9.1} {:>3} {:>9.1}   (packed)", ty.name(), format!("{rows}x{cols}"), pw.bytes() as f64 / 1e6, threads, gbs);
+                    println!(
+                        "{:<8} {:>12} {:>9.1} {:>3} {:>9.1}   (packed)",
+                        ty.name(),
+                        format!("{rows}x{cols}"),
+                        pw.bytes() as f64 / 1e6,
+                        threads,
+                        gbs
+                    );
                 }
             }
         }
@@ -307,7 +315,8 @@ fn bench_quantize_activation(c: &mut Criterion) {
     let mut group = c.benchmark_group("quantize_activation");
     group.sample_size(20).warm_up_time(Duration::from_millis(200)).measurement_time(Duration::from_secs(1));
     let kernels = Kernels::detect();
-    for (weight_ty, n) in [(GgmlType::Q8_0, 640), (GgmlType::Q8_0, 2048), (GgmlType::Q4_K, 768), (GgmlType::Q4_K, 2048)] {
+    for (weight_ty, n) in [(GgmlType::Q8_0, 640), (GgmlType::Q8_0, 2048), (GgmlType::Q4_K, 768), (GgmlType::Q4_K, 2048)]
+    {
         let mut seed = 11u64;
         let x: Vec<f32> = (0..n).map(|_| noise(&mut seed)).collect();
         let mut out = AlignedBytes::default();

@@ -47,7 +47,16 @@ mod bench {
     }
 
     const SHAPES: [Shape; 2] = [
-        Shape { name: "gemma3-270m", n_embd: 640, n_layer: 18, n_head: 4, n_kv: 1, hd: 256, n_ff: 2048, vocab: 262_144 },
+        Shape {
+            name: "gemma3-270m",
+            n_embd: 640,
+            n_layer: 18,
+            n_head: 4,
+            n_kv: 1,
+            hd: 256,
+            n_ff: 2048,
+            vocab: 262_144,
+        },
         Shape { name: "gemma3-1b", n_embd: 1152, n_layer: 26, n_head: 4, n_kv: 1, hd: 256, n_ff: 6912, vocab: 262_144 },
     ];
 
@@ -167,7 +176,9 @@ mod bench {
         let which = std::env::args().nth(1).unwrap_or_else(|| "all".into());
         let cuda = CudaBackend::new(0)?;
         println!("{}", infer_compute::ComputeBackend::device_info(&cuda));
-        println!("| model | weights MB/token | context | graph tok/s | % of 4.3 TB/s | direct tok/s | prefill 512 tok/s |");
+        println!(
+            "| model | weights MB/token | context | graph tok/s | % of 4.3 TB/s | direct tok/s | prefill 512 tok/s |"
+        );
         println!("| --- | --- | --- | --- | --- | --- | --- |");
         let mut notes = Vec::new();
         for s in SHAPES.iter().filter(|s| which == "all" || s.name.contains(&which)) {
@@ -222,7 +233,13 @@ mod bench {
             let total: f64 = prof.iter().map(|p| p.1).sum();
             let mut lines = vec![format!("{}: per-kernel time of a decode step (launches timed one by one, incl. launch latency), total {:.1} us/token", s.name, total * 1e6 / 96.0)];
             for (k, t, n) in prof.iter().take(12) {
-                lines.push(format!("  {:<14} {:>8.1} us/token  {:>6.2} us/launch  {:>4.1}%", k, t * 1e6 / 96.0, t * 1e6 / *n as f64, 100.0 * t / total));
+                lines.push(format!(
+                    "  {:<14} {:>8.1} us/token  {:>6.2} us/launch  {:>4.1}%",
+                    k,
+                    t * 1e6 / 96.0,
+                    t * 1e6 / *n as f64,
+                    100.0 * t / total
+                ));
             }
             // Per-kernel times of one 512-token prefill (synchronized).
             {
@@ -235,9 +252,20 @@ mod bench {
                 let wall = t.elapsed().as_secs_f64();
                 let prof = m.profile(false);
                 let total: f64 = prof.iter().map(|p| p.1).sum();
-                lines.push(format!("{}: per-kernel time of a 512-token prefill (timed one by one), total {:.2} ms of {:.2} ms", s.name, total * 1e3, wall * 1e3));
+                lines.push(format!(
+                    "{}: per-kernel time of a 512-token prefill (timed one by one), total {:.2} ms of {:.2} ms",
+                    s.name,
+                    total * 1e3,
+                    wall * 1e3
+                ));
                 for (k, t, n) in prof.iter().take(12) {
-                    lines.push(format!("  {:<18} {:>8.2} ms  {:>5} launches  {:>4.1}%", k, t * 1e3, n, 100.0 * t / total));
+                    lines.push(format!(
+                        "  {:<18} {:>8.2} ms  {:>5} launches  {:>4.1}%",
+                        k,
+                        t * 1e3,
+                        n,
+                        100.0 * t / total
+                    ));
                 }
             }
             m.set_use_graph(true);
@@ -246,7 +274,10 @@ mod bench {
             std::env::set_var("INFER_CUDA_REPACK", "0");
             let mut m0 = cuda.prepare_cuda(&spec)?;
             let g0 = decode(&mut m0, 1, 256, 4096)?;
-            lines.push(format!("{}: GGUF-layout mat-vecs (no repacking): {:.0} tok/s with graph at context 1", s.name, g0));
+            lines.push(format!(
+                "{}: GGUF-layout mat-vecs (no repacking): {:.0} tok/s with graph at context 1",
+                s.name, g0
+            ));
             std::env::set_var("INFER_CUDA_REPACK", "1");
             notes.push(lines.join("\n"));
         }

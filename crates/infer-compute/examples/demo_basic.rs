@@ -67,18 +67,7 @@ fn cpu_features() -> Vec<&'static str> {
         macro_rules! probe {
             ($($f:tt),*) => {$(if is_x86_feature_detected!($f) { v.push($f); })*};
         }
-        probe!(
-            "sse4.2",
-            "avx",
-            "avx2",
-            "fma",
-            "f16c",
-            "avx512f",
-            "avx512bw",
-            "avx512vl",
-            "avx512vnni",
-            "avx512bf16"
-        );
+        probe!("sse4.2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512vnni", "avx512bf16");
     }
     #[cfg(target_arch = "aarch64")]
     {
@@ -99,18 +88,12 @@ fn main() -> Result<(), infer_compute::Error> {
                 std::process::exit(2);
             }
         },
-        None => std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(1),
+        None => std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
     };
 
     println!("== backends ==");
     let default = default_backend();
-    println!(
-        "default backend:   {} — {}",
-        default.name(),
-        default.device_info()
-    );
+    println!("default backend:   {} — {}", default.name(), default.device_info());
     println!(
         "CUDA backend:      {}",
         if cfg!(feature = "cuda") {
@@ -119,18 +102,11 @@ fn main() -> Result<(), infer_compute::Error> {
             "not compiled in (build with --features cuda)"
         }
     );
-    println!(
-        "CPU architecture:  {}, {} core(s) available",
-        std::env::consts::ARCH,
-        threads
-    );
+    println!("CPU architecture:  {}, {} core(s) available", std::env::consts::ARCH, threads);
     println!("CPU features:      {}", cpu_features().join(" "));
     let levels = SimdLevel::all_available();
     let names: Vec<&str> = levels.iter().map(|l| l.name()).collect();
-    println!(
-        "SIMD levels:       {} (best first; INFER_CPU_SIMD=<level> picks one)",
-        names.join(", ")
-    );
+    println!("SIMD levels:       {} (best first; INFER_CPU_SIMD=<level> picks one)", names.join(", "));
     println!("selected:          {}", Kernels::detect().level().name());
 
     println!();
@@ -148,10 +124,7 @@ fn main() -> Result<(), infer_compute::Error> {
         });
         result?;
         let gflops = 2.0 * (m * k * n) as f64 / t.as_secs_f64() / 1e9;
-        println!(
-            "  {m:>5} x {k:>5} · {k:>5} x {n:>5}: {:>9.1} µs, {gflops:>7.1} GFLOP/s",
-            t.as_secs_f64() * 1e6
-        );
+        println!("  {m:>5} x {k:>5} · {k:>5} x {n:>5}: {:>9.1} µs, {gflops:>7.1} GFLOP/s", t.as_secs_f64() * 1e6);
     }
 
     println!();
@@ -170,9 +143,7 @@ fn main() -> Result<(), infer_compute::Error> {
     }
     println!(" {:->8}: |", "");
 
-    let values: Vec<f32> = (0..ROWS * COLS)
-        .map(|_| rng.gen_range(-1.0f32..1.0) * 0.05)
-        .collect();
+    let values: Vec<f32> = (0..ROWS * COLS).map(|_| rng.gen_range(-1.0f32..1.0) * 0.05).collect();
     let x: Vec<f32> = (0..COLS).map(|_| rng.gen_range(-1.0f32..1.0)).collect();
     let backends: Vec<CpuBackend> = levels
         .iter()
@@ -190,11 +161,7 @@ fn main() -> Result<(), infer_compute::Error> {
         }
         let w = QuantWeight::new(ty, ROWS, COLS, bytes.into())?;
         let mut outputs: Vec<Vec<f32>> = Vec::new();
-        print!(
-            "| {:<7} | {:>10} |",
-            ty.name(),
-            format!("{:.2} MiB", (row_bytes * ROWS) as f64 / (1 << 20) as f64)
-        );
+        print!("| {:<7} | {:>10} |", ty.name(), format!("{:.2} MiB", (row_bytes * ROWS) as f64 / (1 << 20) as f64));
         for b in &backends {
             let mut y = vec![0f32; ROWS];
             let mut result = Ok(());
@@ -205,17 +172,12 @@ fn main() -> Result<(), infer_compute::Error> {
             });
             result?;
             let gbps = (row_bytes * ROWS) as f64 / t.as_secs_f64() / 1e9;
-            print!(
-                " {:>22} |",
-                format!("{:.1} ({gbps:.1})", t.as_secs_f64() * 1e6)
-            );
+            print!(" {:>22} |", format!("{:.1} ({gbps:.1})", t.as_secs_f64() * 1e6));
             outputs.push(y);
         }
         let scalar = outputs.last().cloned().unwrap_or_default();
-        let max_diff = outputs
-            .iter()
-            .flat_map(|y| y.iter().zip(&scalar).map(|(a, b)| (a - b).abs()))
-            .fold(0f32, f32::max);
+        let max_diff =
+            outputs.iter().flat_map(|y| y.iter().zip(&scalar).map(|(a, b)| (a - b).abs())).fold(0f32, f32::max);
         println!(" {max_diff:>9.2e} |");
     }
     Ok(())

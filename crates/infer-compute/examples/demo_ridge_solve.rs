@@ -33,29 +33,15 @@ fn main() -> Result<(), infer_compute::Error> {
 
     for (name, keys, lambdas) in [
         ("independent keys", &independent, [1e-4, 1e1]),
-        (
-            "keys sharing a dominant direction (c + 1e-3 noise)",
-            &shared,
-            [1e-9, 1e-4],
-        ),
+        ("keys sharing a dominant direction (c + 1e-3 noise)", &shared, [1e-9, 1e-4]),
     ] {
         println!("{name}: K [{FACTS}, {D}], T [{FACTS}, {D}]");
         for lambda in lambdas {
-            let (dw, report) =
-                ridge_decomposition_solve_with_report(keys.view(), targets.view(), lambda)?;
+            let (dw, report) = ridge_decomposition_solve_with_report(keys.view(), targets.view(), lambda)?;
             let norm = dw.iter().map(|&x| f64::from(x).powi(2)).sum::<f64>().sqrt();
-            println!(
-                "  lambda = {lambda:e}: ΔW [{}, {}], ‖ΔW‖_F = {norm:.3}",
-                dw.nrows(),
-                dw.ncols()
-            );
+            println!("  lambda = {lambda:e}: ΔW [{}, {}], ‖ΔW‖_F = {norm:.3}", dw.nrows(), dw.ncols());
             println!("    fact  cos(ΔW·k, t)  ‖ΔW·k − t‖/‖t‖");
-            for (i, (c, r)) in report
-                .cosine
-                .iter()
-                .zip(&report.relative_residual)
-                .enumerate()
-            {
+            for (i, (c, r)) in report.cosine.iter().zip(&report.relative_residual).enumerate() {
                 println!("    {i:>4}  {c:>12.8}  {r:>15.3e}");
             }
             println!(

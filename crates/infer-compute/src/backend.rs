@@ -99,15 +99,17 @@ impl QuantWeight {
     /// # Errors
     /// As [`QuantWeight::new`]; misaligned bytes.
     pub fn check(&self) -> Result<()> {
-        let need = self
-            .ty
-            .row_bytes(self.cols)?
-            .checked_mul(self.rows)
-            .ok_or(crate::Error::Overflow("weight size"))?;
+        let need = self.ty.row_bytes(self.cols)?.checked_mul(self.rows).ok_or(crate::Error::Overflow("weight size"))?;
         if need != self.data.as_bytes().len() {
             return Err(shape_err(
                 "QuantWeight",
-                format!("{}x{} {} needs {need} bytes, holds {}", self.rows, self.cols, self.ty, self.data.as_bytes().len()),
+                format!(
+                    "{}x{} {} needs {need} bytes, holds {}",
+                    self.rows,
+                    self.cols,
+                    self.ty,
+                    self.data.as_bytes().len()
+                ),
             ));
         }
         let align = crate::with_block_type!(self.ty, B => std::mem::align_of::<B>());

@@ -56,11 +56,7 @@ impl GgmlType {
     /// [`Error::UnknownType`] for ids this library does not support
     /// (including ids ggml has removed or that we do not implement).
     pub fn from_id(id: u32) -> Result<Self> {
-        Self::ALL
-            .iter()
-            .copied()
-            .find(|t| *t as u32 == id)
-            .ok_or(Error::UnknownType(id))
+        Self::ALL.iter().copied().find(|t| *t as u32 == id).ok_or(Error::UnknownType(id))
     }
 
     /// ggml's id of this type.
@@ -93,10 +89,7 @@ impl GgmlType {
     /// Parses ggml's name (exact, case-sensitive as ggml prints it; upper
     /// case is accepted too).
     pub fn from_name(name: &str) -> Option<Self> {
-        Self::ALL
-            .iter()
-            .copied()
-            .find(|t| t.name() == name || t.name().eq_ignore_ascii_case(name))
+        Self::ALL.iter().copied().find(|t| t.name() == name || t.name().eq_ignore_ascii_case(name))
     }
 
     /// Number of values in one block (1 for plain float types).
@@ -110,12 +103,7 @@ impl GgmlType {
             | GgmlType::Q8_0
             | GgmlType::Q8_1
             | GgmlType::IQ4_NL => 32,
-            GgmlType::Q2_K
-            | GgmlType::Q3_K
-            | GgmlType::Q4_K
-            | GgmlType::Q5_K
-            | GgmlType::Q6_K
-            | GgmlType::Q8_K => 256,
+            GgmlType::Q2_K | GgmlType::Q3_K | GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K | GgmlType::Q8_K => 256,
         }
     }
 
@@ -152,15 +140,9 @@ impl GgmlType {
             GgmlType::F32 => Some(GgmlType::F32),
             GgmlType::F16 => Some(GgmlType::F16),
             GgmlType::BF16 => Some(GgmlType::BF16),
-            GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 | GgmlType::IQ4_NL => {
-                Some(GgmlType::Q8_0)
-            }
+            GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 | GgmlType::IQ4_NL => Some(GgmlType::Q8_0),
             GgmlType::Q4_1 | GgmlType::Q5_1 => Some(GgmlType::Q8_1),
-            GgmlType::Q2_K
-            | GgmlType::Q3_K
-            | GgmlType::Q4_K
-            | GgmlType::Q5_K
-            | GgmlType::Q6_K => Some(GgmlType::Q8_K),
+            GgmlType::Q2_K | GgmlType::Q3_K | GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => Some(GgmlType::Q8_K),
             GgmlType::Q8_1 | GgmlType::Q8_K => None,
         }
     }

@@ -170,10 +170,16 @@ impl ModelSpec {
         for (i, l) in self.layers.iter().enumerate() {
             let p = |s: &str| format!("blk.{i}.{s}");
             if l.n_head == 0 || l.n_head_kv == 0 || l.head_dim == 0 || l.n_head % l.n_head_kv != 0 {
-                return bad(format!("blk.{i}: n_head {} must be a positive multiple of n_head_kv {}", l.n_head, l.n_head_kv));
+                return bad(format!(
+                    "blk.{i}: n_head {} must be a positive multiple of n_head_kv {}",
+                    l.n_head, l.n_head_kv
+                ));
             }
             if l.rope.n_rot > l.head_dim || l.rope.n_rot % 2 != 0 {
-                return bad(format!("blk.{i}: n_rot {} must be even and at most head_dim {}", l.rope.n_rot, l.head_dim));
+                return bad(format!(
+                    "blk.{i}: n_rot {} must be even and at most head_dim {}",
+                    l.rope.n_rot, l.head_dim
+                ));
             }
             if l.sliding_window == Some(0) {
                 return bad(format!("blk.{i}: sliding window of 0"));

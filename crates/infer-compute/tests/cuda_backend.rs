@@ -31,7 +31,8 @@ fn backend() -> Option<CudaBackend> {
             // Written to the stderr handle rather than with eprintln!, which
             // the test harness captures: a skip must be visible in CI logs.
             use std::io::Write;
-            let _ = writeln!(std::io::stderr(), "skipped (no CUDA device: {e}); set INFER_REQUIRE_CUDA=1 to fail instead");
+            let _ =
+                writeln!(std::io::stderr(), "skipped (no CUDA device: {e}); set INFER_REQUIRE_CUDA=1 to fail instead");
             None
         }
     }
@@ -392,7 +393,9 @@ fn rope_matches_cpu() {
     let cuda = cuda_or_skip!();
     let mut rng = StdRng::seed_from_u64(7);
     for kind in [RopeType::NeoX, RopeType::Normal] {
-        for (n_head, hd, n_rot, base) in [(4usize, 64usize, 64usize, 10_000f32), (2, 256, 256, 1_000_000.0), (3, 80, 32, 10_000.0)] {
+        for (n_head, hd, n_rot, base) in
+            [(4usize, 64usize, 64usize, 10_000f32), (2, 256, 256, 1_000_000.0), (3, 80, 32, 10_000.0)]
+        {
             for pos0 in [0usize, 5, 1000, 4099] {
                 let spec = RopeSpec { kind, base, n_rot, freq_scale: 1.0 };
                 let n_tok = 3;
@@ -410,7 +413,13 @@ fn rope_matches_cpu() {
                     }
                     // sin/cos of angles up to ~4100 rad: both sides are
                     // accurate to a few ulps of the angle.
-                    assert_close(&format!("rope {kind:?} hd={hd} n_rot={n_rot} pos={pos0} norm={with_norm}"), &got, &want, 1e-4, 2e-4);
+                    assert_close(
+                        &format!("rope {kind:?} hd={hd} n_rot={n_rot} pos={pos0} norm={with_norm}"),
+                        &got,
+                        &want,
+                        1e-4,
+                        2e-4,
+                    );
                 }
             }
         }
@@ -439,7 +448,13 @@ fn attention_matches_cpu() {
                 let mut scratch = vec![0f32; nh * n_ctx];
                 let mut want = vec![0f32; nh * hd];
                 ops::attention_decode(&q, &kc, &vc, pos, &p, &mut scratch, &mut want);
-                assert_close(&format!("attention {nh}/{nkv}x{hd} cap={cap:?} win={win:?} pos={pos}"), &got, &want, 1e-4, 1e-5);
+                assert_close(
+                    &format!("attention {nh}/{nkv}x{hd} cap={cap:?} win={win:?} pos={pos}"),
+                    &got,
+                    &want,
+                    1e-4,
+                    1e-5,
+                );
             }
         }
     }
@@ -485,8 +500,24 @@ fn random_model(seed: u64, arch: Arch) -> ModelSpec {
     let gemma = arch != Arch::LlamaBias;
     // Per layer: (wq, wk, wv, wo, gate, up, down) types.
     let types = [
-        [GgmlType::Q4_K, GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q5_0, GgmlType::Q4_K, GgmlType::Q4_K, GgmlType::Q6_K],
-        [GgmlType::Q8_0, GgmlType::Q8_0, GgmlType::Q8_0, GgmlType::Q8_0, GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::Q4_0],
+        [
+            GgmlType::Q4_K,
+            GgmlType::Q4_K,
+            GgmlType::Q6_K,
+            GgmlType::Q5_0,
+            GgmlType::Q4_K,
+            GgmlType::Q4_K,
+            GgmlType::Q6_K,
+        ],
+        [
+            GgmlType::Q8_0,
+            GgmlType::Q8_0,
+            GgmlType::Q8_0,
+            GgmlType::Q8_0,
+            GgmlType::Q5_0,
+            GgmlType::Q8_0,
+            GgmlType::Q4_0,
+        ],
         [GgmlType::F16, GgmlType::F16, GgmlType::F16, GgmlType::Q5_K, GgmlType::Q3_K, GgmlType::Q3_K, GgmlType::Q2_K],
     ];
     let mut layers = Vec::new();
@@ -560,7 +591,8 @@ fn check_logits(what: &str, got: &[f32], want: &[f32]) -> f64 {
         // difference of the two logit vectors (two quantized paths round
         // differently; their difference sets the scale of a tie).
         let range = want.iter().cloned().fold(f32::MIN, f32::max) - want.iter().cloned().fold(f32::MAX, f32::min);
-        let rms = (got.iter().zip(want).map(|(a, b)| ((a - b) as f64).powi(2)).sum::<f64>() / want.len() as f64).sqrt() as f32;
+        let rms = (got.iter().zip(want).map(|(a, b)| ((a - b) as f64).powi(2)).sum::<f64>() / want.len() as f64).sqrt()
+            as f32;
         let margin = want[tw] - want[tg];
         assert!(
             margin <= (1e-3 * range).max(3.0 * rms),

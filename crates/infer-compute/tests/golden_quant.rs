@@ -65,16 +65,9 @@ fn read_manifest(dir: &Path) -> Vec<Case> {
         if lineno == 0 && f.first() == Some(&"name") {
             continue;
         }
-        assert_eq!(
-            f.len(),
-            7,
-            "{}:{}: expected 7 tab-separated fields: {line:?}",
-            path.display(),
-            lineno + 1
-        );
+        assert_eq!(f.len(), 7, "{}:{}: expected 7 tab-separated fields: {line:?}", path.display(), lineno + 1);
         let num = |s: &str| -> usize {
-            s.parse()
-                .unwrap_or_else(|_| panic!("{}:{}: bad number {s:?}", path.display(), lineno + 1))
+            s.parse().unwrap_or_else(|_| panic!("{}:{}: bad number {s:?}", path.display(), lineno + 1))
         };
         cases.push(Case {
             name: f[0].to_string(),
@@ -99,10 +92,7 @@ struct AlignedBytes {
 
 impl AlignedBytes {
     fn zeroed(len: usize) -> Self {
-        Self {
-            words: vec![0; len.div_ceil(8)],
-            len,
-        }
+        Self { words: vec![0; len.div_ceil(8)], len }
     }
     fn from_slice(b: &[u8]) -> Self {
         let mut a = Self::zeroed(b.len());
@@ -120,20 +110,14 @@ impl AlignedBytes {
 fn read_bytes(path: &Path, expect_len: usize) -> Result<Vec<u8>, String> {
     let b = std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
     if b.len() != expect_len {
-        return Err(format!(
-            "{} has {} bytes, expected {expect_len}",
-            path.display(),
-            b.len()
-        ));
+        return Err(format!("{} has {} bytes, expected {expect_len}", path.display(), b.len()));
     }
     Ok(b)
 }
 
 fn read_f32(path: &Path, expect_values: usize) -> Result<Vec<f32>, String> {
     let b = read_bytes(path, expect_values * 4)?;
-    Ok(b.chunks_exact(4)
-        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect())
+    Ok(b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
 }
 
 fn same_f32(a: f32, b: f32) -> bool {
@@ -181,10 +165,7 @@ fn check_case(dir: &Path, c: &Case) -> Result<CaseOutcome, String> {
     }
     let lib_vdt = ty.vec_dot_type().map_or("none", GgmlType::name);
     if lib_vdt != c.vec_dot_type {
-        return Err(format!(
-            "manifest says vec_dot_type {}, the library {lib_vdt}",
-            c.vec_dot_type
-        ));
+        return Err(format!("manifest says vec_dot_type {}, the library {lib_vdt}", c.vec_dot_type));
     }
     let row_bytes = ty.row_bytes(c.cols).map_err(|e| e.to_string())?;
     let file = |ext: &str| dir.join(format!("{}.{ext}", c.name));
@@ -206,11 +187,8 @@ fn check_case(dir: &Path, c: &Case) -> Result<CaseOutcome, String> {
             if got[range.clone()] == want[range.clone()] {
                 continue;
             }
-            let skip =
-                unspecified_bytes(ty, &x[b * c.block_size..][..c.block_size]).unwrap_or(0..0);
-            let bad = range
-                .clone()
-                .find(|&i| got[i] != want[i] && !skip.contains(&(i - range.start)));
+            let skip = unspecified_bytes(ty, &x[b * c.block_size..][..c.block_size]).unwrap_or(0..0);
+            let bad = range.clone().find(|&i| got[i] != want[i] && !skip.contains(&(i - range.start)));
             match bad {
                 Some(i) => {
                     first_bad.get_or_insert((b, i));
@@ -221,7 +199,9 @@ fn check_case(dir: &Path, c: &Case) -> Result<CaseOutcome, String> {
         if let Some((b, i)) = first_bad {
             out.failures.push(format!(
                 "quantize row {r}: first differing byte {i} (block {b}, byte {} of it): got {:#04x}, want {:#04x}",
-                i - b * c.type_size, got[i], want[i]
+                i - b * c.type_size,
+                got[i],
+                want[i]
             ));
             break;
         }
@@ -235,10 +215,7 @@ fn check_case(dir: &Path, c: &Case) -> Result<CaseOutcome, String> {
         Some(read_f32(&deq_path, c.rows * c.cols)?)
     } else {
         if deq_path.exists() {
-            out.failures.push(format!(
-                "unexpected {} for an activation-only type",
-                deq_path.display()
-            ));
+            out.failures.push(format!("unexpected {} for an activation-only type", deq_path.display()));
         }
         None
     };
@@ -246,13 +223,15 @@ fn check_case(dir: &Path, c: &Case) -> Result<CaseOutcome, String> {
         let mut y = vec![0f32; c.cols];
         for r in 0..c.rows {
             let qb = AlignedBytes::from_slice(&want_q[r * row_bytes..][..row_bytes]);
-            quant::dequantize_row(ty, qb.as_ref(), &mut y)
-                .map_err(|e| format!("dequantize_row: {e}"))?;
+            quant::dequantize_row(ty, qb.as_ref(), &mut y).map_err(|e| format!("dequantize_row: {e}"))?;
             let want = &want_deq[r * c.cols..][..c.cols];
             if let Some(i) = (0..c.cols).find(|&i| !same_f32(y[i], want[i])) {
                 out.failures.push(format!(
                     "dequantize row {r}: first differing value {i}: got {:e} ({:#010x}), want {:e} ({:#010x})",
-                    y[i], y[i].to_bits(), want[i], want[i].to_bits()
+                    y[i],
+                    y[i].to_bits(),
+                    want[i],
+                    want[i].to_bits()
                 ));
                 break;
             }
@@ -316,10 +295,7 @@ fn install_capturing_hook() {
                 } else {
                     "non-string panic payload".to_string()
                 };
-                let loc = info
-                    .location()
-                    .map(|l| format!(" at {}:{}", l.file(), l.line()))
-                    .unwrap_or_default();
+                let loc = info.location().map(|l| format!(" at {}:{}", l.file(), l.line())).unwrap_or_default();
                 CAPTURED.with(|c| *c.borrow_mut() = Some(format!("{msg}{loc}")));
             } else {
                 previous(info);
@@ -334,11 +310,7 @@ fn run_captured<T>(f: impl FnOnce() -> T) -> Result<T, String> {
     CAPTURING.with(|c| c.set(true));
     let r = panic::catch_unwind(AssertUnwindSafe(f));
     CAPTURING.with(|c| c.set(false));
-    r.map_err(|_| {
-        CAPTURED
-            .with(|c| c.borrow_mut().take())
-            .unwrap_or_else(|| "panic".to_string())
-    })
+    r.map_err(|_| CAPTURED.with(|c| c.borrow_mut().take()).unwrap_or_else(|| "panic".to_string()))
 }
 
 #[test]
@@ -383,16 +355,9 @@ fn golden_quant_all_manifest_cases() {
         }
     }
 
-    let passing: Vec<&str> = per_type
-        .iter()
-        .filter(|(_, (n, p))| n == p)
-        .map(|(t, _)| t.as_str())
-        .collect();
-    let failing: Vec<String> = per_type
-        .iter()
-        .filter(|(_, (n, p))| n != p)
-        .map(|(t, (n, p))| format!("{t} ({p}/{n})"))
-        .collect();
+    let passing: Vec<&str> = per_type.iter().filter(|(_, (n, p))| n == p).map(|(t, _)| t.as_str()).collect();
+    let failing: Vec<String> =
+        per_type.iter().filter(|(_, (n, p))| n != p).map(|(t, (n, p))| format!("{t} ({p}/{n})")).collect();
     println!(
         "golden_quant: {}/{} cases passed; {}/{} types fully passing: {}",
         cases.len() - failed,
@@ -401,14 +366,8 @@ fn golden_quant_all_manifest_cases() {
         per_type.len(),
         passing.join(" ")
     );
-    let worst: Vec<String> = worst_dot
-        .iter()
-        .map(|(t, w)| format!("{t} {w:.1e}"))
-        .collect();
-    println!(
-        "golden_quant: worst dot error / sum|w*x| per type: {}",
-        worst.join(", ")
-    );
+    let worst: Vec<String> = worst_dot.iter().map(|(t, w)| format!("{t} {w:.1e}")).collect();
+    println!("golden_quant: worst dot error / sum|w*x| per type: {}", worst.join(", "));
     if !waived.is_empty() {
         println!(
             "golden_quant: blocks compared without the bytes ggml leaves unspecified (IQ4_NL indices of blocks below GROUP_MAX_EPS, Q8_K bsums of zero blocks): {}",
@@ -416,11 +375,7 @@ fn golden_quant_all_manifest_cases() {
         );
     }
     if failed > 0 {
-        panic!(
-            "{failed} of {} golden cases failed; types failing: {}\n{report}",
-            cases.len(),
-            failing.join(", ")
-        );
+        panic!("{failed} of {} golden cases failed; types failing: {}\n{report}", cases.len(), failing.join(", "));
     }
 }
 
@@ -465,10 +420,7 @@ fn activation_only_types_have_no_vec_dot() {
         let x = vec![0.25f32; n];
         let q = AlignedBytes::zeroed(ty.row_bytes(n).unwrap());
         let r = quant::vec_dot(ty, q.as_ref(), &x);
-        assert!(
-            matches!(r, Err(Error::Unsupported { op: "vec_dot", ty: t }) if t == ty),
-            "vec_dot({ty}): {r:?}"
-        );
+        assert!(matches!(r, Err(Error::Unsupported { op: "vec_dot", ty: t }) if t == ty), "vec_dot({ty}): {r:?}");
     }
 }
 
@@ -479,28 +431,10 @@ fn wrong_buffer_lengths_are_errors() {
         let n = 2 * ty.block_size();
         let x = vec![1.0f32; n];
         let mut short = AlignedBytes::zeroed(ty.row_bytes(n).unwrap() - 1);
-        assert!(
-            matches!(
-                quant::quantize_row(ty, &x, short.as_mut()),
-                Err(Error::Shape { .. })
-            ),
-            "{ty}"
-        );
+        assert!(matches!(quant::quantize_row(ty, &x, short.as_mut()), Err(Error::Shape { .. })), "{ty}");
         let mut y = vec![0f32; n];
-        assert!(
-            matches!(
-                quant::dequantize_row(ty, short.as_ref(), &mut y),
-                Err(Error::Shape { .. })
-            ),
-            "{ty}"
-        );
-        assert!(
-            matches!(
-                quant::vec_dot(ty, short.as_ref(), &x),
-                Err(Error::Shape { .. })
-            ),
-            "{ty}"
-        );
+        assert!(matches!(quant::dequantize_row(ty, short.as_ref(), &mut y), Err(Error::Shape { .. })), "{ty}");
+        assert!(matches!(quant::vec_dot(ty, short.as_ref(), &x), Err(Error::Shape { .. })), "{ty}");
     }
 }
 
@@ -526,17 +460,11 @@ fn extreme_inputs_do_not_panic() {
         let rows: Vec<Vec<f32>> = specials
             .iter()
             .map(|&s| vec![s; n])
-            .chain(specials.iter().map(|&s| {
-                (0..n)
-                    .map(|i| {
-                        if i % 7 == 3 {
-                            s
-                        } else {
-                            (i as f32 - 20.0) * 0.37
-                        }
-                    })
-                    .collect()
-            }))
+            .chain(
+                specials
+                    .iter()
+                    .map(|&s| (0..n).map(|i| if i % 7 == 3 { s } else { (i as f32 - 20.0) * 0.37 }).collect()),
+            )
             .collect();
         for x in &rows {
             let r = run_captured(|| -> Result<(), Error> {
@@ -552,13 +480,8 @@ fn extreme_inputs_do_not_panic() {
             });
             match r {
                 Ok(Ok(())) => {}
-                Ok(Err(e)) => {
-                    failures.push(format!("{ty}: error {e} for input starting {:?}", &x[..4]))
-                }
-                Err(p) => failures.push(format!(
-                    "{ty}: panicked ({p}) for input starting {:?}",
-                    &x[..4]
-                )),
+                Ok(Err(e)) => failures.push(format!("{ty}: error {e} for input starting {:?}", &x[..4])),
+                Err(p) => failures.push(format!("{ty}: panicked ({p}) for input starting {:?}", &x[..4])),
             }
         }
     }

@@ -7,8 +7,8 @@
 //! the checks do not share code with what they check.
 
 use infer_compute::linalg::{
-    cholesky, cholesky_inverse, cholesky_solve, ridge_decomposition_solve,
-    ridge_decomposition_solve_with_report, CholeskyFactor,
+    cholesky, cholesky_inverse, cholesky_solve, ridge_decomposition_solve, ridge_decomposition_solve_with_report,
+    CholeskyFactor,
 };
 use infer_compute::Error;
 use ndarray::{array, Array2, ArrayView2};
@@ -44,18 +44,11 @@ fn fro(a: ArrayView2<f64>) -> f64 {
 }
 
 fn fro32(a: ArrayView2<f32>) -> f64 {
-    a.iter()
-        .map(|&x| f64::from(x) * f64::from(x))
-        .sum::<f64>()
-        .sqrt()
+    a.iter().map(|&x| f64::from(x) * f64::from(x)).sum::<f64>().sqrt()
 }
 
 fn rel_diff32(a: ArrayView2<f32>, b: ArrayView2<f32>) -> f64 {
-    let d: f64 = a
-        .iter()
-        .zip(b)
-        .map(|(&x, &y)| (f64::from(x) - f64::from(y)).powi(2))
-        .sum();
+    let d: f64 = a.iter().zip(b).map(|(&x, &y)| (f64::from(x) - f64::from(y)).powi(2)).sum();
     d.sqrt() / fro32(b)
 }
 
@@ -77,13 +70,7 @@ fn ridge_via_svd(k: ArrayView2<f32>, t: ArrayView2<f32>, lambda: f64) -> Array2<
     let r = s.nrows();
     let u = Array2::from_shape_fn((n, r), |(i, j)| u[(i, j)]);
     let vt = Array2::from_shape_fn((r, d), |(i, j)| v[(j, i)]);
-    let scale = Array2::from_shape_fn((r, r), |(i, j)| {
-        if i == j {
-            s[i] / (s[i] * s[i] + lambda)
-        } else {
-            0.0
-        }
-    });
+    let scale = Array2::from_shape_fn((r, r), |(i, j)| if i == j { s[i] / (s[i] * s[i] + lambda) } else { 0.0 });
     to32(&to64(t).t().dot(&u).dot(&scale).dot(&vt))
 }
 
@@ -101,11 +88,7 @@ fn ridge_via_normal_equations(k: ArrayView2<f32>, t: ArrayView2<f32>, lambda: f6
     let mut x = faer::Mat::<f64>::from_fn(d, rhs.ncols(), |i, j| rhs[[i, j]]);
     use faer::linalg::solvers::Solve;
     am.partial_piv_lu().solve_in_place(x.as_mut());
-    to32(
-        &Array2::from_shape_fn((d, x.ncols()), |(i, j)| x[(i, j)])
-            .t()
-            .to_owned(),
-    )
+    to32(&Array2::from_shape_fn((d, x.ncols()), |(i, j)| x[(i, j)]).t().to_owned())
 }
 
 // ---------------------------------------------------------------- cholesky
@@ -141,10 +124,7 @@ fn cholesky_ridge_shifts_diagonal() {
     let l = f.l();
     let shifted = &a + &(Array2::<f64>::eye(n) * ridge);
     let err = fro((l.dot(&l.t()) - &shifted).view());
-    assert!(
-        err <= 4.0 * EPS * n as f64 * fro(shifted.view()),
-        "err {err:e}"
-    );
+    assert!(err <= 4.0 * EPS * n as f64 * fro(shifted.view()), "err {err:e}");
 }
 
 #[test]
@@ -186,10 +166,7 @@ fn solve_with_ridge_solves_shifted_system() {
     let x = cholesky_solve(&f, b.view()).unwrap();
     let shifted = &a + &(Array2::<f64>::eye(n) * 2.0);
     let res = fro((shifted.dot(&x) - &b).view());
-    assert!(
-        res <= 8.0 * EPS * n as f64 * fro(shifted.view()) * fro(x.view()),
-        "res {res:e}"
-    );
+    assert!(res <= 8.0 * EPS * n as f64 * fro(shifted.view()) * fro(x.view()), "res {res:e}");
 }
 
 // ---------------------------------------------------------------- inverse
@@ -215,12 +192,7 @@ fn inverse_times_a_is_identity() {
 /// `A` with rows (1,2,3), (4,5,6), (7,8,9), (7,8,9) has rank 2, so `AᵀA`
 /// (3×3) is singular.
 fn rank2_gram() -> Array2<f64> {
-    let a = array![
-        [1.0, 2.0, 3.0],
-        [4.0, 5.0, 6.0],
-        [7.0, 8.0, 9.0],
-        [7.0, 8.0, 9.0]
-    ];
+    let a = array![[1.0, 2.0, 3.0], [4.0, 5.0, 6.0], [7.0, 8.0, 9.0], [7.0, 8.0, 9.0]];
     a.t().dot(&a)
 }
 
@@ -246,11 +218,7 @@ fn rank_deficient_gram_solvable_with_ridge() {
     let res = fro((shifted.dot(&x) - &b).view());
     let bound = 16.0 * EPS * 3.0 * fro(shifted.view()) * fro(x.view());
     assert!(res <= bound, "‖(AᵀA + 1e-6·I)·X − B‖ = {res:e} > {bound:e}");
-    assert!(
-        res / fro(b.view()) < 1e-6,
-        "relative residual {:e}",
-        res / fro(b.view())
-    );
+    assert!(res / fro(b.view()) < 1e-6, "relative residual {:e}", res / fro(b.view()));
 }
 
 #[test]
@@ -266,9 +234,7 @@ fn indefinite_matrix_names_pivot_and_value() {
     }
     // The first pivot itself negative.
     let a = array![[-1.0, 0.0], [0.0, 1.0]];
-    assert!(
-        matches!(cholesky(a.view(), 0.0), Err(Error::NotPositiveDefinite { pivot: 0, value }) if value == -1.0)
-    );
+    assert!(matches!(cholesky(a.view(), 0.0), Err(Error::NotPositiveDefinite { pivot: 0, value }) if value == -1.0));
     // A big enough ridge makes it definite.
     assert!(cholesky(a.view(), 2.0).is_ok());
 }
@@ -302,10 +268,7 @@ fn indefinite_large_matrix_names_pivot() {
 #[test]
 fn cholesky_rejects_bad_input() {
     let rect = Array2::<f64>::zeros((3, 4));
-    assert!(matches!(
-        cholesky(rect.view(), 0.0),
-        Err(Error::Shape { .. })
-    ));
+    assert!(matches!(cholesky(rect.view(), 0.0), Err(Error::Shape { .. })));
 
     let mut asym = random_spd(&mut StdRng::seed_from_u64(0x51), 6);
     asym[[4, 1]] += 1e-3;
@@ -323,47 +286,26 @@ fn cholesky_rejects_bad_input() {
 
     let mut nan = Array2::<f64>::eye(3);
     nan[[1, 1]] = f64::NAN;
-    assert!(matches!(
-        cholesky(nan.view(), 0.0),
-        Err(Error::NonFinite(_))
-    ));
+    assert!(matches!(cholesky(nan.view(), 0.0), Err(Error::NonFinite(_))));
     let mut inf = Array2::<f64>::eye(3);
     inf[[2, 0]] = f64::INFINITY;
     inf[[0, 2]] = f64::INFINITY;
-    assert!(matches!(
-        cholesky(inf.view(), 0.0),
-        Err(Error::NonFinite(_))
-    ));
+    assert!(matches!(cholesky(inf.view(), 0.0), Err(Error::NonFinite(_))));
 
     let eye = Array2::<f64>::eye(3);
-    assert!(matches!(
-        cholesky(eye.view(), -1.0),
-        Err(Error::Shape { .. })
-    ));
-    assert!(matches!(
-        cholesky(eye.view(), f64::NAN),
-        Err(Error::NonFinite(_))
-    ));
-    assert!(matches!(
-        cholesky(eye.view(), f64::INFINITY),
-        Err(Error::NonFinite(_))
-    ));
+    assert!(matches!(cholesky(eye.view(), -1.0), Err(Error::Shape { .. })));
+    assert!(matches!(cholesky(eye.view(), f64::NAN), Err(Error::NonFinite(_))));
+    assert!(matches!(cholesky(eye.view(), f64::INFINITY), Err(Error::NonFinite(_))));
 }
 
 #[test]
 fn solve_rejects_bad_rhs() {
     let f: CholeskyFactor = cholesky(Array2::<f64>::eye(4).view(), 0.0).unwrap();
     let b = Array2::<f64>::zeros((3, 2));
-    assert!(matches!(
-        cholesky_solve(&f, b.view()),
-        Err(Error::Shape { .. })
-    ));
+    assert!(matches!(cholesky_solve(&f, b.view()), Err(Error::Shape { .. })));
     let mut b = Array2::<f64>::zeros((4, 2));
     b[[0, 1]] = f64::NAN;
-    assert!(matches!(
-        cholesky_solve(&f, b.view()),
-        Err(Error::NonFinite(_))
-    ));
+    assert!(matches!(cholesky_solve(&f, b.view()), Err(Error::NonFinite(_))));
 }
 
 #[test]
@@ -371,12 +313,7 @@ fn empty_matrix() {
     let a = Array2::<f64>::zeros((0, 0));
     let f = cholesky(a.view(), 0.0).unwrap();
     assert_eq!(f.n(), 0);
-    assert_eq!(
-        cholesky_solve(&f, Array2::<f64>::zeros((0, 2)).view())
-            .unwrap()
-            .dim(),
-        (0, 2)
-    );
+    assert_eq!(cholesky_solve(&f, Array2::<f64>::zeros((0, 2)).view()).unwrap().dim(), (0, 2));
     assert_eq!(cholesky_inverse(&f).unwrap().dim(), (0, 0));
 }
 
@@ -412,9 +349,7 @@ fn ridge_rectangular_layer() {
 fn shared_direction_keys(rng: &mut StdRng, n: usize, d: usize) -> Array2<f32> {
     let c = randn(rng, 1, d);
     let noise = randn(rng, n, d);
-    to32(&Array2::from_shape_fn((n, d), |(i, j)| {
-        c[[0, j]] + 1e-3 * noise[[i, j]]
-    }))
+    to32(&Array2::from_shape_fn((n, d), |(i, j)| c[[0, j]] + 1e-3 * noise[[i, j]]))
 }
 
 #[test]
@@ -428,17 +363,10 @@ fn ridge_accurate_on_shared_direction_keys() {
     let (dw, report) = ridge_decomposition_solve_with_report(k.view(), t.view(), lambda).unwrap();
     let reference = ridge_via_svd(k.view(), t.view(), lambda);
     let err64 = rel_diff32(dw.view(), reference.view());
-    assert!(
-        err64 < 1e-5,
-        "f64 path vs SVD: relative difference {err64:e}"
-    );
+    assert!(err64 < 1e-5, "f64 path vs SVD: relative difference {err64:e}");
     assert_eq!(report.len(), n);
     assert!(report.min_cosine() > 0.999, "cosines {:?}", report.cosine);
-    assert!(
-        report.max_relative_residual() < 0.05,
-        "residuals {:?}",
-        report.relative_residual
-    );
+    assert!(report.max_relative_residual() < 0.05, "residuals {:?}", report.relative_residual);
 
     // The same normal equations in f32 (faer's f32 Cholesky) lose the
     // key-separating part of K·Kᵀ: this is why the solve runs in f64.
@@ -457,13 +385,8 @@ fn ridge_accurate_on_shared_direction_keys() {
             rel_diff32(t.t().dot(&x).view(), reference.view())
         }
     };
-    eprintln!(
-        "shared-direction keys: relative error f64 path {err64:e}, f32 normal equations {err32:e}"
-    );
-    assert!(
-        err32 > 100.0 * err64,
-        "f32 ({err32:e}) was expected to be far worse than f64 ({err64:e})"
-    );
+    eprintln!("shared-direction keys: relative error f64 path {err64:e}, f32 normal equations {err32:e}");
+    assert!(err32 > 100.0 * err64, "f32 ({err32:e}) was expected to be far worse than f64 ({err64:e})");
 }
 
 #[test]
@@ -471,12 +394,7 @@ fn ridge_report_exact_fit() {
     let mut rng = StdRng::seed_from_u64(0x64);
     let (k, t) = (randn_f32(&mut rng, 8, 64), randn_f32(&mut rng, 8, 64));
     let (dw, report) = ridge_decomposition_solve_with_report(k.view(), t.view(), 0.0).unwrap();
-    for (i, (&c, &r)) in report
-        .cosine
-        .iter()
-        .zip(&report.relative_residual)
-        .enumerate()
-    {
+    for (i, (&c, &r)) in report.cosine.iter().zip(&report.relative_residual).enumerate() {
         assert!(c > 1.0 - 1e-10, "fact {i}: cosine {c}");
         assert!(r < 1e-5, "fact {i}: residual {r:e}");
     }
@@ -485,10 +403,7 @@ fn ridge_report_exact_fit() {
     let diff: f32 = (&y - &t.row(3)).iter().map(|x| x * x).sum::<f32>().sqrt();
     assert!(diff < 1e-4 * t.row(3).dot(&t.row(3)).sqrt());
     // The plain form returns the same ΔW.
-    assert_eq!(
-        ridge_decomposition_solve(k.view(), t.view(), 0.0).unwrap(),
-        dw
-    );
+    assert_eq!(ridge_decomposition_solve(k.view(), t.view(), 0.0).unwrap(), dw);
 }
 
 #[test]
@@ -504,29 +419,14 @@ fn ridge_large_lambda_shrinks() {
 fn ridge_rejects_bad_input() {
     let k = Array2::<f32>::ones((4, 8));
     let t = Array2::<f32>::ones((3, 8));
-    assert!(matches!(
-        ridge_decomposition_solve(k.view(), t.view(), 1.0),
-        Err(Error::Shape { .. })
-    ));
+    assert!(matches!(ridge_decomposition_solve(k.view(), t.view(), 1.0), Err(Error::Shape { .. })));
     let t = Array2::<f32>::ones((4, 8));
-    assert!(matches!(
-        ridge_decomposition_solve(k.view(), t.view(), -1.0),
-        Err(Error::Shape { .. })
-    ));
-    assert!(matches!(
-        ridge_decomposition_solve(k.view(), t.view(), f64::NAN),
-        Err(Error::NonFinite(_))
-    ));
+    assert!(matches!(ridge_decomposition_solve(k.view(), t.view(), -1.0), Err(Error::Shape { .. })));
+    assert!(matches!(ridge_decomposition_solve(k.view(), t.view(), f64::NAN), Err(Error::NonFinite(_))));
     let mut bad = k.clone();
     bad[[2, 3]] = f32::NAN;
-    assert!(matches!(
-        ridge_decomposition_solve(bad.view(), t.view(), 1.0),
-        Err(Error::NonFinite(_))
-    ));
-    assert!(matches!(
-        ridge_decomposition_solve(k.view(), bad.view(), 1.0),
-        Err(Error::NonFinite(_))
-    ));
+    assert!(matches!(ridge_decomposition_solve(bad.view(), t.view(), 1.0), Err(Error::NonFinite(_))));
+    assert!(matches!(ridge_decomposition_solve(k.view(), bad.view(), 1.0), Err(Error::NonFinite(_))));
     // Four identical keys, no ridge: K·Kᵀ has rank 1, the second key depends on the first.
     match ridge_decomposition_solve(k.view(), t.view(), 0.0) {
         Err(Error::NotPositiveDefinite { pivot, .. }) => assert_eq!(pivot, 1),
@@ -535,10 +435,7 @@ fn ridge_rejects_bad_input() {
     // More facts than features, no ridge.
     let mut rng = StdRng::seed_from_u64(0x66);
     let (k, t) = (randn_f32(&mut rng, 10, 4), randn_f32(&mut rng, 10, 4));
-    assert!(matches!(
-        ridge_decomposition_solve(k.view(), t.view(), 0.0),
-        Err(Error::NotPositiveDefinite { .. })
-    ));
+    assert!(matches!(ridge_decomposition_solve(k.view(), t.view(), 0.0), Err(Error::NotPositiveDefinite { .. })));
     assert!(ridge_decomposition_solve(k.view(), t.view(), 1e-2).is_ok());
 }
 

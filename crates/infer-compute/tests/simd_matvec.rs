@@ -279,11 +279,7 @@ fn random_bytes_every_code() {
                 quant::dequantize_row(act_ty, a.as_bytes(), &mut xa).unwrap();
                 let s: f64 = deq.iter().zip(&xa).map(|(w, x)| (*w as f64 * *x as f64).abs()).sum();
                 let err = (got as f64 - want as f64).abs();
-                assert!(
-                    err <= INT_TOL * s + 1e-30,
-                    "{} {ty}: got {got}, want {want}, Σ|w·x| {s}",
-                    level.name()
-                );
+                assert!(err <= INT_TOL * s + 1e-30, "{} {ty}: got {got}, want {want}, Σ|w·x| {s}", level.name());
             }
         }
     }

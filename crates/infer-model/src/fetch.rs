@@ -27,8 +27,7 @@ pub const DEFAULT_MODEL_FILE: &str = "gemma-3-270m-q4_k_m.gguf";
 /// Size of the default model in bytes.
 pub const DEFAULT_MODEL_SIZE: u64 = 253_113_024;
 /// SHA-256 of the default model, lower-case hex.
-pub const DEFAULT_MODEL_SHA256: &str =
-    "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818";
+pub const DEFAULT_MODEL_SHA256: &str = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818";
 /// Environment variable naming a model file that replaces the default one.
 pub const MODEL_ENV: &str = "INFER_MODEL";
 /// Environment variable naming the cache directory.
@@ -43,9 +42,7 @@ static FETCH_LOCK: Mutex<()> = Mutex::new(());
 
 /// Reads a non-empty environment variable.
 fn env_path(name: &str) -> Option<PathBuf> {
-    std::env::var_os(name)
-        .filter(|v| !v.is_empty())
-        .map(PathBuf::from)
+    std::env::var_os(name).filter(|v| !v.is_empty()).map(PathBuf::from)
 }
 
 /// The cache directory: `$INFER_CACHE_DIR`, else `$HOME/.cache/infer-compute`,
@@ -75,14 +72,8 @@ pub fn default_model_path() -> Result<PathBuf> {
     if let Some(path) = env_path(MODEL_ENV) {
         return match std::fs::metadata(&path) {
             Ok(m) if m.is_file() => Ok(path),
-            Ok(_) => Err(Error::Download(format!(
-                "{MODEL_ENV}={} is not a file",
-                path.display()
-            ))),
-            Err(e) => Err(Error::Download(format!(
-                "{MODEL_ENV}={}: {e}",
-                path.display()
-            ))),
+            Ok(_) => Err(Error::Download(format!("{MODEL_ENV}={} is not a file", path.display()))),
+            Err(e) => Err(Error::Download(format!("{MODEL_ENV}={}: {e}", path.display()))),
         };
     }
     let dir = cache_dir();
@@ -90,9 +81,7 @@ pub fn default_model_path() -> Result<PathBuf> {
     if has_default_size(&path) {
         return Ok(path);
     }
-    let _guard = FETCH_LOCK
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    let _guard = FETCH_LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     // Another thread may have fetched it while we waited.
     if has_default_size(&path) {
         return Ok(path);
@@ -123,14 +112,11 @@ pub fn fetch_default_model(dir: &Path) -> Result<PathBuf> {
         .status()
         .map_err(|e| Error::Download(format!("cannot run bash for the fetch script: {e}")))?;
     if !status.success() {
-        return Err(Error::Download(format!(
-            "the fetch script failed ({status}); its messages are above on stderr"
-        )));
+        return Err(Error::Download(format!("the fetch script failed ({status}); its messages are above on stderr")));
     }
     let path = dir.join(DEFAULT_MODEL_FILE);
-    let size = std::fs::metadata(&path)
-        .map_err(|e| Error::Download(format!("{} after fetching: {e}", path.display())))?
-        .len();
+    let size =
+        std::fs::metadata(&path).map_err(|e| Error::Download(format!("{} after fetching: {e}", path.display())))?.len();
     let digest = sha256_file(&path)?;
     if size != DEFAULT_MODEL_SIZE || digest != DEFAULT_MODEL_SHA256 {
         // Best effort: a corrupt file must not be taken for the model later.
@@ -149,16 +135,9 @@ pub fn fetch_default_model(dir: &Path) -> Result<PathBuf> {
 /// # Errors
 /// [`Error::Io`] when the file cannot be read.
 pub fn sha256_file(path: &Path) -> Result<String> {
-    let io_err = |source| Error::Io {
-        path: path.to_path_buf(),
-        source,
-    };
+    let io_err = |source| Error::Io { path: path.to_path_buf(), source };
     let mut file = File::open(path).map_err(io_err)?;
     let mut hasher = Sha256::new();
     std::io::copy(&mut file, &mut hasher).map_err(io_err)?;
-    Ok(hasher
-        .finalize()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect())
+    Ok(hasher.finalize().iter().map(|b| format!("{b:02x}")).collect())
 }

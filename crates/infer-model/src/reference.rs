@@ -53,13 +53,14 @@ impl ReferenceCase {
     pub fn load(path: &Path) -> Result<Self> {
         let io = |e| Error::Io { path: path.to_path_buf(), source: e };
         let text = std::fs::read_to_string(path).map_err(io)?;
-        let mut case: ReferenceCase =
-            serde_json::from_str(&text).map_err(|e| Error::Gguf(format!("{}: bad reference JSON: {e}", path.display())))?;
+        let mut case: ReferenceCase = serde_json::from_str(&text)
+            .map_err(|e| Error::Gguf(format!("{}: bad reference JSON: {e}", path.display())))?;
         let stem = path.file_stem().and_then(|s| s.to_str()).unwrap_or("").to_string();
         let ll = path.with_file_name(format!("{stem}.last_logits.f32"));
         if ll.exists() {
             let bytes = std::fs::read(&ll).map_err(|e| Error::Io { path: ll.clone(), source: e })?;
-            case.last_logits = Some(bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect());
+            case.last_logits =
+                Some(bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect());
         }
         if case.prompt_top.len() != case.prompt_ids.len() {
             return Err(Error::Gguf(format!("{}: prompt_top and prompt_ids differ in length", path.display())));

@@ -98,25 +98,12 @@ impl Default for SamplerConfig {
 impl SamplerConfig {
     /// Greedy decoding: always the most likely token.
     pub fn greedy() -> Self {
-        SamplerConfig {
-            temperature: 0.0,
-            top_k: 0,
-            top_p: 1.0,
-            min_p: 0.0,
-            ..Self::default()
-        }
+        SamplerConfig { temperature: 0.0, top_k: 0, top_p: 1.0, min_p: 0.0, ..Self::default() }
     }
 
     /// Plain sampling from the softmax at `temperature`, no filters.
     pub fn with_temperature(temperature: f32, seed: u64) -> Self {
-        SamplerConfig {
-            temperature,
-            top_k: 0,
-            top_p: 1.0,
-            min_p: 0.0,
-            seed,
-            ..Self::default()
-        }
+        SamplerConfig { temperature, top_k: 0, top_p: 1.0, min_p: 0.0, seed, ..Self::default() }
     }
 
     /// Checks every setting's range.
@@ -126,10 +113,7 @@ impl SamplerConfig {
     pub fn validate(&self) -> Result<(), SamplingError> {
         let bad = |m: String| Err(SamplingError::InvalidConfig(m));
         if !(self.temperature.is_finite() && self.temperature >= 0.0) {
-            return bad(format!(
-                "temperature {} (must be finite and >= 0)",
-                self.temperature
-            ));
+            return bad(format!("temperature {} (must be finite and >= 0)", self.temperature));
         }
         if !(self.top_p > 0.0 && self.top_p <= 1.0) {
             return bad(format!("top_p {} (must be in (0, 1])", self.top_p));
@@ -138,10 +122,7 @@ impl SamplerConfig {
             return bad(format!("min_p {} (must be in [0, 1])", self.min_p));
         }
         if !(self.repetition_penalty.is_finite() && self.repetition_penalty > 0.0) {
-            return bad(format!(
-                "repetition_penalty {} (must be finite and > 0)",
-                self.repetition_penalty
-            ));
+            return bad(format!("repetition_penalty {} (must be finite and > 0)", self.repetition_penalty));
         }
         Ok(())
     }
@@ -183,9 +164,7 @@ impl PartialOrd for Cand {
 }
 impl Ord for Cand {
     fn cmp(&self, other: &Self) -> Ordering {
-        self.logit
-            .total_cmp(&other.logit)
-            .then_with(|| other.id.cmp(&self.id))
+        self.logit.total_cmp(&other.logit).then_with(|| other.id.cmp(&self.id))
     }
 }
 
@@ -310,11 +289,7 @@ impl Sampler {
                 }
             }
         }
-        let (l, best) = if use_penalty {
-            (&penalized[..], argmax(&penalized).unwrap_or(0))
-        } else {
-            (logits, best)
-        };
+        let (l, best) = if use_penalty { (&penalized[..], argmax(&penalized).unwrap_or(0)) } else { (logits, best) };
         let chosen = self.choose(l, best);
         self.penalized = penalized;
         let id = chosen?;
@@ -338,11 +313,8 @@ impl Sampler {
         // sums are kept in f64.
         let weight = |x: f32| (((x as f64 - max) * inv_t) as f32).exp() as f64;
         // min-p as a threshold on the logit.
-        let floor = if self.cfg.min_p > 0.0 {
-            max + t as f64 * (self.cfg.min_p as f64).ln()
-        } else {
-            f64::NEG_INFINITY
-        };
+        let floor =
+            if self.cfg.min_p > 0.0 { max + t as f64 * (self.cfg.min_p as f64).ln() } else { f64::NEG_INFINITY };
         let keep = |x: f32| x != f32::NEG_INFINITY && x as f64 >= floor;
         let top_p = self.cfg.top_p as f64;
         let n = l.len();
@@ -356,10 +328,7 @@ impl Sampler {
             // weights, one to find the draw.
             let mut w = std::mem::take(&mut self.weights);
             w.clear();
-            w.extend(
-                l.iter()
-                    .map(|&x| if keep(x) { weight(x) as f32 } else { 0.0 }),
-            );
+            w.extend(l.iter().map(|&x| if keep(x) { weight(x) as f32 } else { 0.0 }));
             let total: f64 = w.iter().map(|&v| v as f64).sum();
             let u = self.rng.gen::<f64>() * total;
             let mut acc = 0.0;
@@ -373,9 +342,7 @@ impl Sampler {
             }
             // Rounding left `u` at the very end: the last token with a
             // nonzero weight.
-            let id = chosen
-                .or_else(|| w.iter().rposition(|&v| v > 0.0).map(|i| i as u32))
-                .unwrap_or(best);
+            let id = chosen.or_else(|| w.iter().rposition(|&v| v > 0.0).map(|i| i as u32)).unwrap_or(best);
             self.weights = w;
             return Ok(id);
         }
@@ -395,10 +362,7 @@ impl Sampler {
         };
         let mut w = std::mem::take(&mut self.weights);
         w.clear();
-        w.extend(
-            l.iter()
-                .map(|&x| if keep(x) { weight(x) as f32 } else { 0.0 }),
-        );
+        w.extend(l.iter().map(|&x| if keep(x) { weight(x) as f32 } else { 0.0 }));
         let mut mass = [0f64; BUCKETS];
         let mut total = 0f64;
         for (&x, &v) in l.iter().zip(&w) {
@@ -419,10 +383,7 @@ impl Sampler {
         self.cands.clear();
         for (i, (&x, &v)) in l.iter().zip(&w).enumerate() {
             if v > 0.0 && bucket(x) <= last {
-                self.cands.push(Cand {
-                    logit: x,
-                    id: i as u32,
-                });
+                self.cands.push(Cand { logit: x, id: i as u32 });
             }
         }
         self.weights = w;
@@ -437,15 +398,8 @@ impl Sampler {
         if k.saturating_mul(4) >= l.len() {
             // Most of the row: select and sort directly.
             self.cands.clear();
-            self.cands.extend(
-                l.iter()
-                    .enumerate()
-                    .filter(|&(_, &x)| keep(x))
-                    .map(|(i, &x)| Cand {
-                        logit: x,
-                        id: i as u32,
-                    }),
-            );
+            self.cands
+                .extend(l.iter().enumerate().filter(|&(_, &x)| keep(x)).map(|(i, &x)| Cand { logit: x, id: i as u32 }));
             if self.cands.len() > k {
                 self.cands.select_nth_unstable_by(k - 1, |a, b| b.cmp(a));
                 self.cands.truncate(k);
@@ -461,10 +415,7 @@ impl Sampler {
             if x < floor || !keep(x) {
                 continue;
             }
-            let c = Cand {
-                logit: x,
-                id: i as u32,
-            };
+            let c = Cand { logit: x, id: i as u32 };
             if self.heap.len() < k {
                 self.heap.push(Reverse(c));
                 if self.heap.len() == k {
@@ -508,10 +459,6 @@ impl Sampler {
         }
         // Rounding left `u` at the very end: the least likely kept token
         // with a nonzero weight (the first one always has weight 1).
-        self.cands[..kept]
-            .iter()
-            .rev()
-            .find(|c| weight(c.logit) > 0.0)
-            .map_or(self.cands[0].id, |c| c.id)
+        self.cands[..kept].iter().rev().find(|c| weight(c.logit) > 0.0).map_or(self.cands[0].id, |c| c.id)
     }
 }

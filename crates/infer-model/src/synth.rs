@@ -65,9 +65,7 @@ impl SynthArch {
 
     /// Parses a GGUF architecture name (case-insensitive).
     pub fn parse(s: &str) -> Option<Self> {
-        Self::ALL
-            .into_iter()
-            .find(|a| a.name().eq_ignore_ascii_case(s))
+        Self::ALL.into_iter().find(|a| a.name().eq_ignore_ascii_case(s))
     }
 
     /// The preset sizes of this architecture, as accepted by
@@ -97,13 +95,7 @@ pub struct UnknownPreset {
 
 impl std::fmt::Display for UnknownPreset {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "no {} preset of size `{}` (sizes: {})",
-            self.arch,
-            self.size,
-            self.arch.sizes().join(", ")
-        )
+        write!(f, "no {} preset of size `{}` (sizes: {})", self.arch, self.size, self.arch.sizes().join(", "))
     }
 }
 
@@ -209,45 +201,12 @@ impl SynthShape {
             rms_eps: 1e-5,
         };
         let shape = match (arch, size_lc.as_str()) {
-            (SynthArch::Gemma3, "270m") => gemma(
-                "Gemma 3 270M",
-                "270M",
-                640,
-                18,
-                4,
-                1,
-                2048,
-                32_768,
-                512,
-                None,
-            ),
-            (SynthArch::Gemma3, "1b") => {
-                gemma("Gemma 3 1B", "1B", 1152, 26, 4, 1, 6912, 32_768, 512, None)
+            (SynthArch::Gemma3, "270m") => gemma("Gemma 3 270M", "270M", 640, 18, 4, 1, 2048, 32_768, 512, None),
+            (SynthArch::Gemma3, "1b") => gemma("Gemma 3 1B", "1B", 1152, 26, 4, 1, 6912, 32_768, 512, None),
+            (SynthArch::Gemma3, "4b") => gemma("Gemma 3 4B", "4B", 2560, 34, 8, 4, 10_240, 131_072, 1024, Some(8.0)),
+            (SynthArch::Gemma3, "12b") => {
+                gemma("Gemma 3 12B", "12B", 3840, 48, 16, 8, 15_360, 131_072, 1024, Some(8.0))
             }
-            (SynthArch::Gemma3, "4b") => gemma(
-                "Gemma 3 4B",
-                "4B",
-                2560,
-                34,
-                8,
-                4,
-                10_240,
-                131_072,
-                1024,
-                Some(8.0),
-            ),
-            (SynthArch::Gemma3, "12b") => gemma(
-                "Gemma 3 12B",
-                "12B",
-                3840,
-                48,
-                16,
-                8,
-                15_360,
-                131_072,
-                1024,
-                Some(8.0),
-            ),
             (SynthArch::Gemma3, "tiny") => SynthShape {
                 head_dim: 64,
                 n_vocab: 1024,
@@ -262,12 +221,7 @@ impl SynthShape {
                 n_vocab: 1024,
                 ..llama("tiny Llama", "tiny", 256, 2, 512, 4096, false)
             },
-            _ => {
-                return Err(UnknownPreset {
-                    arch,
-                    size: size.to_string(),
-                })
-            }
+            _ => return Err(UnknownPreset { arch, size: size.to_string() }),
         };
         Ok(shape)
     }
@@ -293,16 +247,11 @@ impl SynthShape {
             return bad(format!("{name} must be positive"));
         }
         if self.n_head % self.n_head_kv != 0 {
-            return bad(format!(
-                "n_head {} is not a multiple of n_head_kv {}",
-                self.n_head, self.n_head_kv
-            ));
+            return bad(format!("n_head {} is not a multiple of n_head_kv {}", self.n_head, self.n_head_kv));
         }
-        for (name, v) in [
-            ("n_embd", self.n_embd),
-            ("n_ff", self.n_ff),
-            ("n_head·head_dim", self.n_head * self.head_dim),
-        ] {
+        for (name, v) in
+            [("n_embd", self.n_embd), ("n_ff", self.n_ff), ("n_head·head_dim", self.n_head * self.head_dim)]
+        {
             if v % 32 != 0 {
                 return bad(format!("{name} = {v} is not a multiple of 32"));
             }
@@ -347,9 +296,7 @@ impl SynthQuant {
 
     /// Parses [`SynthQuant::name`] (case-insensitive).
     pub fn parse(s: &str) -> Option<Self> {
-        Self::ALL
-            .into_iter()
-            .find(|q| q.name().eq_ignore_ascii_case(s))
+        Self::ALL.into_iter().find(|q| q.name().eq_ignore_ascii_case(s))
     }
 
     /// `general.file_type` (llama.cpp's `llama_ftype`).
@@ -515,9 +462,7 @@ pub fn tensor_type(
                 GgmlType::Q8_0
             }
         }
-        TensorRole::AttnV | TensorRole::FfnDown
-            if quant == SynthQuant::Q4KM && use_more_bits(layer, n_layer) =>
-        {
+        TensorRole::AttnV | TensorRole::FfnDown if quant == SynthQuant::Q4KM && use_more_bits(layer, n_layer) => {
             GgmlType::Q6_K
         }
         _ => base,
@@ -574,36 +519,14 @@ impl TensorPlan {
 pub fn plan_tensors(shape: &SynthShape, quant: SynthQuant) -> Result<Vec<TensorPlan>> {
     shape.validate()?;
     let s = shape;
-    let (e, q, kv) = (
-        s.n_embd as u64,
-        (s.n_head * s.head_dim) as u64,
-        (s.n_head_kv * s.head_dim) as u64,
-    );
+    let (e, q, kv) = (s.n_embd as u64, (s.n_head * s.head_dim) as u64, (s.n_head_kv * s.head_dim) as u64);
     let gemma = s.arch == SynthArch::Gemma3;
     let mut out = Vec::new();
     let mut push = |name: String, role: TensorRole, layer: Option<usize>, dims: Vec<u64>| {
-        let ty = tensor_type(
-            quant,
-            role,
-            layer.unwrap_or(0),
-            s.n_layer,
-            dims[0] as usize,
-            s.tied_embeddings,
-        );
-        out.push(TensorPlan {
-            name,
-            role,
-            layer,
-            dims,
-            ty,
-        });
+        let ty = tensor_type(quant, role, layer.unwrap_or(0), s.n_layer, dims[0] as usize, s.tied_embeddings);
+        out.push(TensorPlan { name, role, layer, dims, ty });
     };
-    push(
-        "token_embd.weight".into(),
-        TensorRole::TokenEmbd,
-        None,
-        vec![e, s.n_vocab as u64],
-    );
+    push("token_embd.weight".into(), TensorRole::TokenEmbd, None, vec![e, s.n_vocab as u64]);
     for i in 0..s.n_layer {
         let n = |t: &str| format!("blk.{i}.{t}.weight");
         let l = Some(i);
@@ -612,59 +535,24 @@ pub fn plan_tensors(shape: &SynthShape, quant: SynthQuant) -> Result<Vec<TensorP
         push(n("attn_k"), TensorRole::AttnK, l, vec![e, kv]);
         push(n("attn_v"), TensorRole::AttnV, l, vec![e, kv]);
         if gemma {
-            push(
-                n("attn_q_norm"),
-                TensorRole::AttnQNorm,
-                l,
-                vec![s.head_dim as u64],
-            );
-            push(
-                n("attn_k_norm"),
-                TensorRole::AttnKNorm,
-                l,
-                vec![s.head_dim as u64],
-            );
+            push(n("attn_q_norm"), TensorRole::AttnQNorm, l, vec![s.head_dim as u64]);
+            push(n("attn_k_norm"), TensorRole::AttnKNorm, l, vec![s.head_dim as u64]);
         }
         push(n("attn_output"), TensorRole::AttnOutput, l, vec![q, e]);
         if gemma {
-            push(
-                n("post_attention_norm"),
-                TensorRole::PostAttnNorm,
-                l,
-                vec![e],
-            );
+            push(n("post_attention_norm"), TensorRole::PostAttnNorm, l, vec![e]);
         }
         push(n("ffn_norm"), TensorRole::FfnNorm, l, vec![e]);
-        push(
-            n("ffn_gate"),
-            TensorRole::FfnGate,
-            l,
-            vec![e, s.n_ff as u64],
-        );
+        push(n("ffn_gate"), TensorRole::FfnGate, l, vec![e, s.n_ff as u64]);
         push(n("ffn_up"), TensorRole::FfnUp, l, vec![e, s.n_ff as u64]);
-        push(
-            n("ffn_down"),
-            TensorRole::FfnDown,
-            l,
-            vec![s.n_ff as u64, e],
-        );
+        push(n("ffn_down"), TensorRole::FfnDown, l, vec![s.n_ff as u64, e]);
         if gemma {
             push(n("post_ffw_norm"), TensorRole::PostFfnNorm, l, vec![e]);
         }
     }
-    push(
-        "output_norm.weight".into(),
-        TensorRole::OutputNorm,
-        None,
-        vec![e],
-    );
+    push("output_norm.weight".into(), TensorRole::OutputNorm, None, vec![e]);
     if !s.tied_embeddings {
-        push(
-            "output.weight".into(),
-            TensorRole::Output,
-            None,
-            vec![e, s.n_vocab as u64],
-        );
+        push("output.weight".into(), TensorRole::Output, None, vec![e, s.n_vocab as u64]);
     }
     Ok(out)
 }
@@ -749,18 +637,9 @@ pub fn generated_vocab(n_vocab: usize) -> Result<Vec<(String, Value)>> {
     Ok(vec![
         (p("model"), Value::from("llama")),
         (p("pre"), Value::from("default")),
-        (
-            p("tokens"),
-            Value::Array(tokens.into_iter().map(Value::String).collect()),
-        ),
-        (
-            p("scores"),
-            Value::Array(scores.into_iter().map(Value::F32).collect()),
-        ),
-        (
-            p("token_type"),
-            Value::Array(types.into_iter().map(Value::I32).collect()),
-        ),
+        (p("tokens"), Value::Array(tokens.into_iter().map(Value::String).collect())),
+        (p("scores"), Value::Array(scores.into_iter().map(Value::F32).collect())),
+        (p("token_type"), Value::Array(types.into_iter().map(Value::I32).collect())),
         (p("bos_token_id"), Value::U32(1)),
         (p("eos_token_id"), Value::U32(2)),
         (p("unknown_token_id"), Value::U32(0)),
@@ -777,12 +656,7 @@ fn copied_vocab(file: &GgufFile, n_vocab: usize) -> Result<Vec<(String, Value)>>
             "the tokenizer to copy has {n} tokens, the synthetic model needs {n_vocab}"
         )));
     }
-    Ok(file
-        .metadata()
-        .iter()
-        .filter(|(k, _)| k.starts_with("tokenizer."))
-        .cloned()
-        .collect())
+    Ok(file.metadata().iter().filter(|(k, _)| k.starts_with("tokenizer.")).cloned().collect())
 }
 
 /// The metadata of a synthetic file, in file order: `general.*`, the
@@ -862,9 +736,7 @@ fn mix(mut z: u64) -> u64 {
 /// The seed of one tensor: the file's seed mixed with the tensor's name.
 fn tensor_seed(seed: u64, name: &str) -> u64 {
     // FNV-1a of the name.
-    let h = name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
-    });
+    let h = name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
     mix(seed ^ mix(h))
 }
 
@@ -919,11 +791,7 @@ pub fn fill_tensor(
 ) -> Result<()> {
     let need = plan.n_bytes()?;
     if out.len() != need {
-        return Err(Error::Gguf(format!(
-            "tensor `{}`: buffer of {} bytes, needs {need}",
-            plan.name,
-            out.len()
-        )));
+        return Err(Error::Gguf(format!("tensor `{}`: buffer of {} bytes, needs {need}", plan.name, out.len())));
     }
     let (rows, cols) = (plan.rows(), plan.cols());
     if rows == 0 || cols == 0 {
@@ -986,10 +854,7 @@ pub fn fill_tensor(
     match failed.into_inner() {
         Ok(Some(e)) => Err(e),
         Ok(None) => Ok(()),
-        Err(_) => Err(Error::Gguf(format!(
-            "tensor `{}`: a generator thread failed",
-            plan.name
-        ))),
+        Err(_) => Err(Error::Gguf(format!("tensor `{}`: a generator thread failed", plan.name))),
     }
 }
 
@@ -1042,13 +907,7 @@ pub fn summarize(plan: &[TensorPlan]) -> Result<SynthSummary> {
         }
     }
     types.sort_by_key(|(ty, _, _)| ty.id());
-    Ok(SynthSummary {
-        n_tensors: plan.len(),
-        n_params,
-        tensor_bytes,
-        file_bytes: 0,
-        types,
-    })
+    Ok(SynthSummary { n_tensors: plan.len(), n_params, tensor_bytes, file_bytes: 0, types })
 }
 
 /// Writes a synthetic model to `path` (through a temporary file in the same
@@ -1073,8 +932,7 @@ pub fn write_synthetic(
     }
     let done = Arc::new(AtomicUsize::new(0));
     for t in plan {
-        let (seed, threads, progress, done) =
-            (opts.seed, opts.threads, progress.clone(), done.clone());
+        let (seed, threads, progress, done) = (opts.seed, opts.threads, progress.clone(), done.clone());
         let (name, dims, ty) = (t.name.clone(), t.dims.clone(), t.ty);
         w.add_tensor_with(name, &dims, ty, move |buf| {
             let report = |n: u64| {
@@ -1085,11 +943,7 @@ pub fn write_synthetic(
         })?;
     }
     w.write_to_path(path)?;
-    summary.file_bytes = std::fs::metadata(path)
-        .map_err(|source| Error::Io {
-            path: path.to_path_buf(),
-            source,
-        })?
-        .len();
+    summary.file_bytes =
+        std::fs::metadata(path).map_err(|source| Error::Io { path: path.to_path_buf(), source })?.len();
     Ok(summary)
 }

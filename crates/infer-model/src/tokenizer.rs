@@ -77,10 +77,7 @@ impl TokenType {
 
     /// Whether tokens of this type are cut out of the text before merging.
     fn is_pretokenized(self) -> bool {
-        matches!(
-            self,
-            TokenType::Control | TokenType::UserDefined | TokenType::Unknown
-        )
+        matches!(self, TokenType::Control | TokenType::UserDefined | TokenType::Unknown)
     }
 
     /// Whether tokens of this type are "special": only cut out of the text
@@ -212,11 +209,7 @@ impl Tokenizer {
                 "unsupported tokenizer model `{model}` (only SentencePiece, `llama`, is implemented)"
             )));
         }
-        let tokens = file
-            .get_str_array(&key("tokens"))?
-            .into_iter()
-            .map(str::to_owned)
-            .collect();
+        let tokens = file.get_str_array(&key("tokens"))?.into_iter().map(str::to_owned).collect();
         let vocab = SpmVocab {
             tokens,
             scores: optional(file.get_f32_array(&key("scores")))?,
@@ -274,8 +267,7 @@ impl Tokenizer {
             } else {
                 text.push_str(t);
             }
-            let end = u32::try_from(text.len())
-                .map_err(|_| err("the vocabulary's texts exceed 4 GiB".into()))?;
+            let end = u32::try_from(text.len()).map_err(|_| err("the vocabulary's texts exceed 4 GiB".into()))?;
             offsets.push(end);
         }
         let scores = vocab.scores.unwrap_or_else(|| vec![0.0; n]);
@@ -285,20 +277,14 @@ impl Tokenizer {
         };
 
         let piece = |i: usize| &text[offsets[i] as usize..offsets[i + 1] as usize];
-        let lookup = PieceTable::build(n, piece).map_err(|(a, b)| {
-            err(format!(
-                "tokens {a} and {b} have the same text {:?}",
-                piece(b as usize)
-            ))
-        })?;
+        let lookup = PieceTable::build(n, piece)
+            .map_err(|(a, b)| err(format!("tokens {a} and {b} have the same text {:?}", piece(b as usize))))?;
         let find = |s: &str| lookup.get(s, piece);
 
         // Special token ids: a value from the file when it is in range,
         // else the default when that is.
         let pick = |given: Option<u32>, default: Option<u32>| {
-            given
-                .filter(|&id| (id as usize) < n)
-                .or(default.filter(|&id| (id as usize) < n))
+            given.filter(|&id| (id as usize) < n).or(default.filter(|&id| (id as usize) < n))
         };
         let bos = pick(vocab.bos_id, Some(1));
         let eos = pick(vocab.eos_id, Some(2));
@@ -325,12 +311,8 @@ impl Tokenizer {
         let mut byte_of = vec![0u8; n];
         for i in 0..n {
             if types[i] == TokenType::Byte {
-                byte_of[i] = parse_byte_token(piece(i)).ok_or_else(|| {
-                    err(format!(
-                        "byte token {i} has text {:?}, expected <0xXX>",
-                        piece(i)
-                    ))
-                })?;
+                byte_of[i] = parse_byte_token(piece(i))
+                    .ok_or_else(|| err(format!("byte token {i} has text {:?}, expected <0xXX>", piece(i))))?;
             }
         }
         let mut byte_tokens = [None; 256];
@@ -350,17 +332,14 @@ impl Tokenizer {
         rendered_offsets.push(0u32);
         for i in 0..n {
             match types[i] {
-                TokenType::Normal => {
-                    rendered.extend_from_slice(piece(i).replace('\u{2581}', " ").as_bytes())
-                }
+                TokenType::Normal => rendered.extend_from_slice(piece(i).replace('\u{2581}', " ").as_bytes()),
                 TokenType::Byte => rendered.push(byte_of[i]),
                 TokenType::Control | TokenType::Unknown | TokenType::UserDefined => {
                     rendered.extend_from_slice(piece(i).as_bytes())
                 }
                 TokenType::Unused | TokenType::Undefined => {}
             }
-            let end = u32::try_from(rendered.len())
-                .map_err(|_| err("the vocabulary's texts exceed 4 GiB".into()))?;
+            let end = u32::try_from(rendered.len()).map_err(|_| err("the vocabulary's texts exceed 4 GiB".into()))?;
             rendered_offsets.push(end);
         }
 
@@ -493,10 +472,7 @@ impl Tokenizer {
         if i >= self.n_vocab() {
             return None;
         }
-        Some(
-            &self.rendered
-                [self.rendered_offsets[i] as usize..self.rendered_offsets[i + 1] as usize],
-        )
+        Some(&self.rendered[self.rendered_offsets[i] as usize..self.rendered_offsets[i + 1] as usize])
     }
 
     /// Encodes `text`, parsing special tokens written in it
@@ -628,22 +604,14 @@ impl Tokenizer {
     /// [`Error::Tokenizer`] naming the first id that is not a token.
     pub fn try_decode(&self, ids: &[u32]) -> Result<String> {
         if let Some(bad) = ids.iter().find(|&&id| id as usize >= self.n_vocab()) {
-            return Err(Error::Tokenizer(format!(
-                "token id {bad} is outside the vocabulary of {}",
-                self.n_vocab()
-            )));
+            return Err(Error::Tokenizer(format!("token id {bad} is outside the vocabulary of {}", self.n_vocab())));
         }
         Ok(self.decode(ids))
     }
 
     /// A streaming decoder (see [`Decoder`]).
     pub fn decoder(&self, skip_special: bool) -> Decoder<'_> {
-        Decoder {
-            tok: self,
-            pending: Vec::new(),
-            skip_special,
-            prev_special: true,
-        }
+        Decoder { tok: self, pending: Vec::new(), skip_special, prev_special: true }
     }
 }
 
@@ -699,11 +667,7 @@ impl Decoder<'_> {
             self.pending.extend_from_slice(bytes);
         } else {
             let strip = self.tok.add_space_prefix && self.prev_special && ty == TokenType::Normal;
-            let bytes = if strip {
-                bytes.strip_prefix(b" ").unwrap_or(bytes)
-            } else {
-                bytes
-            };
+            let bytes = if strip { bytes.strip_prefix(b" ").unwrap_or(bytes) } else { bytes };
             self.pending.extend_from_slice(bytes);
             self.prev_special = false;
         }
@@ -790,15 +754,9 @@ fn hash_bytes(b: &[u8]) -> u64 {
 impl PieceTable {
     /// Builds the table for `n` texts; a duplicate text gives the ids of
     /// the two tokens sharing it.
-    fn build<'a>(
-        n: usize,
-        piece: impl Fn(usize) -> &'a str,
-    ) -> std::result::Result<Self, (u32, u32)> {
+    fn build<'a>(n: usize, piece: impl Fn(usize) -> &'a str) -> std::result::Result<Self, (u32, u32)> {
         let cap = (2 * n).next_power_of_two().max(16);
-        let mut t = PieceTable {
-            slots: vec![EMPTY_SLOT; cap],
-            mask: cap - 1,
-        };
+        let mut t = PieceTable { slots: vec![EMPTY_SLOT; cap], mask: cap - 1 };
         for i in 0..n {
             let key = piece(i);
             let mut s = hash_bytes(key.as_bytes()) as usize & t.mask;
@@ -847,9 +805,7 @@ struct TrieNode {
 
 impl Default for SpecialTrie {
     fn default() -> Self {
-        SpecialTrie {
-            nodes: vec![TrieNode::default()],
-        }
+        SpecialTrie { nodes: vec![TrieNode::default()] }
     }
 }
 
@@ -931,9 +887,7 @@ impl PartialOrd for Candidate {
 impl Ord for Candidate {
     /// Higher score first; among equal scores the leftmost pair.
     fn cmp(&self, other: &Self) -> Ordering {
-        self.score
-            .total_cmp(&other.score)
-            .then_with(|| other.left.cmp(&self.left))
+        self.score.total_cmp(&other.score).then_with(|| other.left.cmp(&self.left))
     }
 }
 
@@ -964,10 +918,7 @@ impl Session {
             self.try_pair(tok, i as u32 - 1, i as u32);
         }
         while let Some(c) = self.queue.pop() {
-            let (l, r) = (
-                self.symbols[c.left as usize],
-                self.symbols[c.right as usize],
-            );
+            let (l, r) = (self.symbols[c.left as usize], self.symbols[c.right as usize]);
             if l.len == 0 || r.len == 0 || l.len + r.len != c.len {
                 continue;
             }
@@ -1007,12 +958,7 @@ impl Session {
         let r = self.symbols[right as usize];
         let piece = &self.escaped[l.start as usize..(l.start + l.len + r.len) as usize];
         if let Some(id) = tok.token_id(piece) {
-            self.queue.push(Candidate {
-                score: tok.scores[id as usize],
-                left,
-                right,
-                len: l.len + r.len,
-            });
+            self.queue.push(Candidate { score: tok.scores[id as usize], left, right, len: l.len + r.len });
         }
     }
 }

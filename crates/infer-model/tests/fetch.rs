@@ -1,9 +1,7 @@
 //! Locating the default model. Environment variables are process-global,
 //! so every check that sets them lives in the one test of this binary.
 
-use infer_model::fetch::{
-    cache_dir, default_model_path, CACHE_DIR_ENV, DEFAULT_MODEL_FILE, MODEL_ENV,
-};
+use infer_model::fetch::{cache_dir, default_model_path, CACHE_DIR_ENV, DEFAULT_MODEL_FILE, MODEL_ENV};
 use infer_model::Error;
 
 #[test]
@@ -34,10 +32,7 @@ fn environment_overrides() {
     std::env::set_var(CACHE_DIR_ENV, &tmp);
     assert_eq!(cache_dir(), tmp);
     let cached = tmp.join(DEFAULT_MODEL_FILE);
-    std::fs::File::create(&cached)
-        .unwrap()
-        .set_len(infer_model::fetch::DEFAULT_MODEL_SIZE)
-        .unwrap();
+    std::fs::File::create(&cached).unwrap().set_len(infer_model::fetch::DEFAULT_MODEL_SIZE).unwrap();
     assert_eq!(default_model_path().unwrap(), cached);
 
     std::env::remove_var(CACHE_DIR_ENV);

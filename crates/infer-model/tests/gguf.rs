@@ -12,9 +12,7 @@ use infer_model::Error;
 
 /// Deterministic filler bytes.
 fn pattern(n: usize, seed: u8) -> Vec<u8> {
-    (0..n)
-        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
-        .collect()
+    (0..n).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
 }
 
 /// A small valid file: two metadata entries and three tensors.
@@ -22,22 +20,9 @@ fn sample_writer() -> GgufWriter {
     let mut w = GgufWriter::new();
     w.add_metadata("general.architecture", "test").unwrap();
     w.add_metadata("test.block_count", 2u32).unwrap();
-    w.add_tensor("norm.weight", &[8], GgmlType::F32, pattern(32, 1))
-        .unwrap();
-    w.add_tensor(
-        "blk.0.q.weight",
-        &[64, 3],
-        GgmlType::Q8_0,
-        pattern(2 * 34 * 3, 2),
-    )
-    .unwrap();
-    w.add_tensor(
-        "blk.0.k.weight",
-        &[256, 2],
-        GgmlType::Q4_K,
-        pattern(144 * 2, 3),
-    )
-    .unwrap();
+    w.add_tensor("norm.weight", &[8], GgmlType::F32, pattern(32, 1)).unwrap();
+    w.add_tensor("blk.0.q.weight", &[64, 3], GgmlType::Q8_0, pattern(2 * 34 * 3, 2)).unwrap();
+    w.add_tensor("blk.0.k.weight", &[256, 2], GgmlType::Q4_K, pattern(144 * 2, 3)).unwrap();
     w
 }
 
@@ -47,9 +32,7 @@ fn sample_bytes() -> Vec<u8> {
 
 /// Position of the first occurrence of `needle`.
 fn find(hay: &[u8], needle: &[u8]) -> usize {
-    hay.windows(needle.len())
-        .position(|w| w == needle)
-        .expect("needle present")
+    hay.windows(needle.len()).position(|w| w == needle).expect("needle present")
 }
 
 /// Position just after a GGUF string with this text (key or tensor name).
@@ -84,12 +67,7 @@ struct InfoPos {
 
 fn info_pos(bytes: &[u8], name: &str, n_dims: usize) -> InfoPos {
     let n = after_string(bytes, name);
-    InfoPos {
-        n_dims: n,
-        dims: n + 4,
-        ty: n + 4 + 8 * n_dims,
-        offset: n + 4 + 8 * n_dims + 4,
-    }
+    InfoPos { n_dims: n, dims: n + 4, ty: n + 4 + 8 * n_dims, offset: n + 4 + 8 * n_dims + 4 }
 }
 
 /// Parses and expects an [`Error::Gguf`] whose message contains every
@@ -174,21 +152,12 @@ fn every_value() -> Vec<(String, Value)> {
         ("v.arr_i16".into(), Value::from(vec![-2i16, 300])),
         ("v.arr_u32".into(), Value::from(vec![7u32])),
         ("v.arr_i32".into(), Value::from(vec![-5i32, 5, i32::MAX])),
-        (
-            "v.arr_f32".into(),
-            Value::from(vec![0.0f32, -0.0, f32::INFINITY, 1e30]),
-        ),
+        ("v.arr_f32".into(), Value::from(vec![0.0f32, -0.0, f32::INFINITY, 1e30])),
         ("v.arr_bool".into(), Value::from(vec![true, false, true])),
-        (
-            "v.arr_string".into(),
-            Value::from(vec!["a", "", "<0x0A>", "▁the"]),
-        ),
+        ("v.arr_string".into(), Value::from(vec!["a", "", "<0x0A>", "▁the"])),
         ("v.arr_u64".into(), Value::from(vec![u64::MAX, 0])),
         ("v.arr_i64".into(), Value::from(vec![i64::MAX, -1])),
-        (
-            "v.arr_f64".into(),
-            Value::from(vec![f64::MIN_POSITIVE, 2.5]),
-        ),
+        ("v.arr_f64".into(), Value::from(vec![f64::MIN_POSITIVE, 2.5])),
         ("v.arr_empty".into(), Value::Array(vec![])),
         (
             "v.nested".into(),
@@ -196,10 +165,7 @@ fn every_value() -> Vec<(String, Value)> {
                 Value::from(vec![1u32, 2, 3]),
                 Value::from(vec!["x", "y"]),
                 Value::Array(vec![]),
-                Value::Array(vec![
-                    Value::from(vec![true]),
-                    Value::from(vec![false, false]),
-                ]),
+                Value::Array(vec![Value::from(vec![true]), Value::from(vec![false, false])]),
             ]),
         ),
     ]
@@ -224,10 +190,7 @@ fn round_trip_every_value_type() {
     let ids: BTreeSet<u32> = values.iter().map(|(_, v)| v.type_id()).collect();
     assert_eq!(ids, (0..=12).collect());
     assert_eq!(f.get("v.nested").unwrap().type_name(), "array");
-    assert_eq!(
-        f.get("v.arr_string").unwrap().type_description(),
-        "array of string"
-    );
+    assert_eq!(f.get("v.arr_string").unwrap().type_description(), "array of string");
 }
 
 #[test]
@@ -241,13 +204,7 @@ fn round_trip_tensors_zero_copy() {
     let norm = f.tensor("norm.weight").unwrap();
     assert_eq!(
         norm,
-        &TensorInfo {
-            name: "norm.weight".into(),
-            dims: vec![8],
-            ty: GgmlType::F32,
-            offset: 0,
-            n_bytes: 32
-        }
+        &TensorInfo { name: "norm.weight".into(), dims: vec![8], ty: GgmlType::F32, offset: 0, n_bytes: 32 }
     );
     assert_eq!(f.tensor_data(norm), &pattern(32, 1)[..]);
     let q = f.tensor("blk.0.q.weight").unwrap();
@@ -274,10 +231,8 @@ fn round_trip_tensors_zero_copy() {
 #[test]
 fn weight_shapes_of_3d_and_4d_tensors() {
     let mut w = GgufWriter::new();
-    w.add_tensor("t3", &[32, 2, 3], GgmlType::F16, vec![0u8; 32 * 6 * 2])
-        .unwrap();
-    w.add_tensor("t4", &[32, 2, 3, 4], GgmlType::Q8_0, vec![0u8; 34 * 24])
-        .unwrap();
+    w.add_tensor("t3", &[32, 2, 3], GgmlType::F16, vec![0u8; 32 * 6 * 2]).unwrap();
+    w.add_tensor("t4", &[32, 2, 3, 4], GgmlType::Q8_0, vec![0u8; 34 * 24]).unwrap();
     let f = GgufFile::from_bytes(w.to_bytes().unwrap()).unwrap();
     let t3 = f.weight("t3").unwrap();
     assert_eq!((t3.rows, t3.cols), (6, 32));
@@ -295,10 +250,7 @@ fn custom_alignment_is_honoured() {
     assert_eq!(f.data_offset() % 64, 0);
     let offsets: Vec<u64> = f.tensors().iter().map(|t| t.offset).collect();
     assert_eq!(offsets, [0, 64, 320]);
-    assert_eq!(
-        f.tensor_data(f.tensor("blk.0.k.weight").unwrap()),
-        &pattern(288, 3)[..]
-    );
+    assert_eq!(f.tensor_data(f.tensor("blk.0.k.weight").unwrap()), &pattern(288, 3)[..]);
 }
 
 #[test]
@@ -307,11 +259,7 @@ fn writer_output_is_stable_through_a_read() {
     let f = GgufFile::from_bytes(bytes.clone()).unwrap();
     let again = GgufWriter::from_gguf(&f).unwrap().to_bytes().unwrap();
     assert_eq!(bytes, again);
-    assert_eq!(
-        bytes.len() % 32,
-        0,
-        "the last tensor is padded as ggml pads it"
-    );
+    assert_eq!(bytes.len() % 32, 0, "the last tensor is padded as ggml pads it");
 }
 
 #[test]
@@ -331,10 +279,7 @@ fn open_memory_maps_a_file() {
     sample_writer().write_to_path(&path).unwrap();
     let f = GgufFile::open(&path).unwrap();
     assert_eq!(f.get_str("general.architecture").unwrap(), "test");
-    assert_eq!(
-        f.tensor_data(f.tensor("norm.weight").unwrap()),
-        &pattern(32, 1)[..]
-    );
+    assert_eq!(f.tensor_data(f.tensor("norm.weight").unwrap()), &pattern(32, 1)[..]);
     let w = f.weight("blk.0.k.weight").unwrap();
     drop(f); // the weight keeps the mapping alive
     assert_eq!(w.data.as_bytes(), &pattern(288, 3)[..]);
@@ -342,18 +287,12 @@ fn open_memory_maps_a_file() {
     // Errors name the path.
     std::fs::write(&path, b"GGUF").unwrap();
     match GgufFile::open(&path) {
-        Err(Error::Gguf(msg)) => assert!(
-            msg.contains("sample.gguf") && msg.contains("truncated"),
-            "{msg}"
-        ),
+        Err(Error::Gguf(msg)) => assert!(msg.contains("sample.gguf") && msg.contains("truncated"), "{msg}"),
         other => panic!("{other:?}"),
     }
     std::fs::write(&path, b"").unwrap();
     assert!(matches!(GgufFile::open(&path), Err(Error::Gguf(_))));
-    assert!(matches!(
-        GgufFile::open(dir.join("missing.gguf")),
-        Err(Error::Io { .. })
-    ));
+    assert!(matches!(GgufFile::open(dir.join("missing.gguf")), Err(Error::Io { .. })));
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -371,16 +310,9 @@ fn write_to_path_leaves_no_partial_file() {
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("out.gguf");
     let mut w = sample_writer();
-    w.add_tensor_with("bad", &[4], GgmlType::F32, |_| {
-        Err(Error::Gguf("fill failed".into()))
-    })
-    .unwrap();
+    w.add_tensor_with("bad", &[4], GgmlType::F32, |_| Err(Error::Gguf("fill failed".into()))).unwrap();
     assert!(w.write_to_path(&path).is_err());
-    assert_eq!(
-        std::fs::read_dir(&dir).unwrap().count(),
-        0,
-        "partial file left behind"
-    );
+    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0, "partial file left behind");
     sample_writer().write_to_path(&path).unwrap();
     assert_eq!(std::fs::read(&path).unwrap(), sample_bytes());
     assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1);
@@ -397,10 +329,7 @@ fn generated_tensors_are_filled_at_write_time() {
         Ok(())
     })
     .unwrap();
-    w.add_tensor_with("failing", &[4], GgmlType::F32, |_| {
-        Err(Error::Gguf("no data".into()))
-    })
-    .unwrap();
+    w.add_tensor_with("failing", &[4], GgmlType::F32, |_| Err(Error::Gguf("no data".into()))).unwrap();
     assert!(matches!(w.to_bytes(), Err(Error::Gguf(m)) if m == "no data"));
     w = GgufWriter::new();
     w.add_tensor_with("gen", &[4, 2], GgmlType::F32, |buf| {
@@ -465,9 +394,7 @@ fn getters_convert_losslessly_and_report_types() {
     assert_eq!(f.get_i32_array("types_u8").unwrap(), [1, 6]);
 
     let key_type = |r: infer_model::Result<_>, exp: &str, fnd: &str| match r {
-        Err(Error::KeyType {
-            expected, found, ..
-        }) => {
+        Err(Error::KeyType { expected, found, .. }) => {
             assert_eq!((expected, found), (exp, fnd));
         }
         Err(e) => panic!("{e:?}"),
@@ -481,26 +408,11 @@ fn getters_convert_losslessly_and_report_types() {
     key_type(f.get_bool("u8").map(drop), "bool", "u8");
     key_type(f.get_str("tokens").map(drop), "string", "array of string");
     key_type(f.get_array("name").map(drop), "array", "string");
-    key_type(
-        f.get_str_array("scores").map(drop),
-        "array of string",
-        "array of f32",
-    );
-    key_type(
-        f.get_f32_array("tokens").map(drop),
-        "array of f32",
-        "array of string",
-    );
-    key_type(
-        f.get_i32_array("scores").map(drop),
-        "array of i32",
-        "array of f32",
-    );
+    key_type(f.get_str_array("scores").map(drop), "array of string", "array of f32");
+    key_type(f.get_f32_array("tokens").map(drop), "array of f32", "array of string");
+    key_type(f.get_i32_array("scores").map(drop), "array of i32", "array of f32");
     assert!(matches!(f.get_u32("absent"), Err(Error::MissingKey(k)) if k == "absent"));
-    assert!(matches!(
-        f.get_str_array("absent"),
-        Err(Error::MissingKey(_))
-    ));
+    assert!(matches!(f.get_str_array("absent"), Err(Error::MissingKey(_))));
     assert!(f.get("absent").is_none());
 }
 
@@ -517,9 +429,7 @@ fn writer_rejects_bad_input() {
     let mixed = Value::Array(vec![Value::U32(1), Value::String("x".into())]);
     assert!(matches!(w.add_metadata("mixed", mixed), Err(Error::Gguf(m)) if m.contains("mixes")));
     let nested_mixed = Value::Array(vec![Value::Array(vec![Value::U8(1), Value::I8(1)])]);
-    assert!(
-        matches!(w.add_metadata("nm", nested_mixed), Err(Error::Gguf(m)) if m.contains("element 0"))
-    );
+    assert!(matches!(w.add_metadata("nm", nested_mixed), Err(Error::Gguf(m)) if m.contains("element 0")));
     assert!(w.add_metadata("general.alignment", 48u32).is_err());
     assert!(w.add_metadata("general.alignment", 0u32).is_err());
     assert!(w.add_metadata("general.alignment", 64u64).is_err());
@@ -529,36 +439,14 @@ fn writer_rejects_bad_input() {
         Err(e) => panic!("{e:?}"),
         Ok(_) => panic!("accepted (expected {frag:?})"),
     };
-    err(
-        w.add_tensor("a", &[4], GgmlType::F32, vec![0u8; 15]),
-        "needs 16 bytes, got 15",
-    );
-    err(
-        w.add_tensor("a", &[33], GgmlType::Q8_0, vec![0u8; 34]),
-        "multiple",
-    );
-    err(
-        w.add_tensor("a", &[], GgmlType::F32, vec![]),
-        "0 dimensions",
-    );
-    err(
-        w.add_tensor("a", &[1, 1, 1, 1, 1], GgmlType::F32, vec![0u8; 4]),
-        "5 dimensions",
-    );
-    err(
-        w.add_tensor("a", &[1 << 32, 1 << 32], GgmlType::F32, vec![]),
-        "overflows",
-    );
-    err(
-        w.add_tensor("x".repeat(64), &[1], GgmlType::F32, vec![0u8; 4]),
-        "longer than",
-    );
-    w.add_tensor("a", &[4], GgmlType::F32, vec![0u8; 16])
-        .unwrap();
-    err(
-        w.add_tensor("a", &[4], GgmlType::F32, vec![0u8; 16]),
-        "duplicate tensor name",
-    );
+    err(w.add_tensor("a", &[4], GgmlType::F32, vec![0u8; 15]), "needs 16 bytes, got 15");
+    err(w.add_tensor("a", &[33], GgmlType::Q8_0, vec![0u8; 34]), "multiple");
+    err(w.add_tensor("a", &[], GgmlType::F32, vec![]), "0 dimensions");
+    err(w.add_tensor("a", &[1, 1, 1, 1, 1], GgmlType::F32, vec![0u8; 4]), "5 dimensions");
+    err(w.add_tensor("a", &[1 << 32, 1 << 32], GgmlType::F32, vec![]), "overflows");
+    err(w.add_tensor("x".repeat(64), &[1], GgmlType::F32, vec![0u8; 4]), "longer than");
+    w.add_tensor("a", &[4], GgmlType::F32, vec![0u8; 16]).unwrap();
+    err(w.add_tensor("a", &[4], GgmlType::F32, vec![0u8; 16]), "duplicate tensor name");
 }
 
 // ---------------------------------------------------------------------------
@@ -595,14 +483,8 @@ fn big_endian_file() {
 #[test]
 fn truncated_header() {
     expect_gguf_err(Vec::new(), &["header", "truncated", "magic"]);
-    expect_gguf_err(
-        sample_bytes()[..12].to_vec(),
-        &["header", "truncated", "tensor count"],
-    );
-    expect_gguf_err(
-        sample_bytes()[..20].to_vec(),
-        &["header", "truncated", "metadata count"],
-    );
+    expect_gguf_err(sample_bytes()[..12].to_vec(), &["header", "truncated", "tensor count"]);
+    expect_gguf_err(sample_bytes()[..20].to_vec(), &["header", "truncated", "metadata count"]);
 }
 
 #[test]
@@ -610,30 +492,18 @@ fn truncated_metadata() {
     let b = sample_bytes();
     // Cut inside the value of `test.block_count`.
     let cut = after_string(&b, "test.block_count") + 4 + 2;
-    expect_gguf_err(
-        b[..cut].to_vec(),
-        &["metadata `test.block_count`", "truncated", "u32 value"],
-    );
+    expect_gguf_err(b[..cut].to_vec(), &["metadata `test.block_count`", "truncated", "u32 value"]);
     // Cut inside a key.
     let cut = find(&b, b"test.block_count") + 3;
-    expect_gguf_err(
-        b[..cut].to_vec(),
-        &["metadata entry 1", "key", "past the end"],
-    );
+    expect_gguf_err(b[..cut].to_vec(), &["metadata entry 1", "key", "past the end"]);
 }
 
 #[test]
 fn truncated_tensor_infos() {
     let b = sample_bytes();
     let p = info_pos(&b, "blk.0.q.weight", 2);
-    expect_gguf_err(
-        b[..p.dims + 5].to_vec(),
-        &["tensor `blk.0.q.weight`", "truncated", "dimension"],
-    );
-    expect_gguf_err(
-        b[..p.offset + 3].to_vec(),
-        &["tensor `blk.0.q.weight`", "truncated", "data offset"],
-    );
+    expect_gguf_err(b[..p.dims + 5].to_vec(), &["tensor `blk.0.q.weight`", "truncated", "dimension"]);
+    expect_gguf_err(b[..p.offset + 3].to_vec(), &["tensor `blk.0.q.weight`", "truncated", "data offset"]);
 }
 
 #[test]
@@ -642,10 +512,7 @@ fn truncated_data() {
     let f = GgufFile::from_bytes(b.clone()).unwrap();
     let k = f.tensor("blk.0.k.weight").unwrap();
     let cut = f.data_offset() + k.offset as usize + k.n_bytes - 1;
-    expect_gguf_err(
-        b[..cut].to_vec(),
-        &["truncated", "tensor `blk.0.k.weight`", "past the end"],
-    );
+    expect_gguf_err(b[..cut].to_vec(), &["truncated", "tensor `blk.0.k.weight`", "past the end"]);
     // Cut before the data section starts at all.
     let cut = f.data_offset() - 1;
     expect_gguf_err(b[..cut].to_vec(), &["truncated", "data section"]);
@@ -656,14 +523,7 @@ fn string_length_past_end() {
     let mut b = sample_bytes();
     let at = string_len_pos(&b, "general.architecture");
     put_u64(&mut b, at, 1 << 62);
-    expect_gguf_err(
-        b,
-        &[
-            "metadata entry 0",
-            "string length 4611686018427387904",
-            "past the end",
-        ],
-    );
+    expect_gguf_err(b, &["metadata entry 0", "string length 4611686018427387904", "past the end"]);
     // A string value (not a key).
     let mut b = sample_bytes();
     let at = after_string(&b, "general.architecture") + 4;
@@ -684,14 +544,7 @@ fn huge_array_count_does_not_allocate() {
     let count_at = after_string(&b, "arr") + 4 + 4;
     assert_eq!(get_u64(&b, count_at), 3);
     put_u64(&mut b, count_at, 1 << 60);
-    expect_gguf_err(
-        b.clone(),
-        &[
-            "metadata `arr`",
-            "array of 1152921504606846976 u32",
-            "needs at least",
-        ],
-    );
+    expect_gguf_err(b.clone(), &["metadata `arr`", "array of 1152921504606846976 u32", "needs at least"]);
     // A count whose byte size overflows u64.
     put_u64(&mut b, count_at, u64::MAX);
     expect_gguf_err(b, &["metadata `arr`", "array of 18446744073709551615 u32"]);
@@ -700,26 +553,16 @@ fn huge_array_count_does_not_allocate() {
 #[test]
 fn huge_nested_array_count() {
     let mut w = GgufWriter::new();
-    w.add_metadata("nest", Value::Array(vec![Value::from(vec![5u8, 6])]))
-        .unwrap();
+    w.add_metadata("nest", Value::Array(vec![Value::from(vec![5u8, 6])])).unwrap();
     let mut b = w.to_bytes().unwrap();
     // Outer: type 9, count 1; inner: type 0, count 2.
     let outer_count = after_string(&b, "nest") + 4 + 4;
     let inner_count = outer_count + 8 + 4;
     assert_eq!(get_u64(&b, inner_count), 2);
     put_u64(&mut b, inner_count, 1 << 60);
-    expect_gguf_err(
-        b.clone(),
-        &[
-            "metadata `nest`",
-            "element [0]: array of 1152921504606846976 u8",
-        ],
-    );
+    expect_gguf_err(b.clone(), &["metadata `nest`", "element [0]: array of 1152921504606846976 u8"]);
     put_u64(&mut b, outer_count, 1 << 61);
-    expect_gguf_err(
-        b,
-        &["metadata `nest`", "array of 2305843009213693952 array"],
-    );
+    expect_gguf_err(b, &["metadata `nest`", "array of 2305843009213693952 array"]);
 }
 
 #[test]
@@ -730,14 +573,7 @@ fn deeply_nested_arrays() {
         r.u32(9).u64(1); // element type array, count 1
     }
     r.u32(0).u64(0);
-    let msg = expect_gguf_err(
-        r.0,
-        &[
-            "metadata `deep`",
-            "element [0][0][0]",
-            "nested deeper than 32",
-        ],
-    );
+    let msg = expect_gguf_err(r.0, &["metadata `deep`", "element [0][0][0]", "nested deeper than 32"]);
     assert!(msg.len() < 300, "{msg}");
 }
 
@@ -789,13 +625,7 @@ fn tensor_offset_past_end() {
     let mut b = sample_bytes();
     let p = info_pos(&b, "blk.0.k.weight", 2);
     put_u64(&mut b, p.offset, 1 << 20);
-    expect_gguf_err(
-        b.clone(),
-        &[
-            "tensor `blk.0.k.weight`",
-            "past the end of the data section",
-        ],
-    );
+    expect_gguf_err(b.clone(), &["tensor `blk.0.k.weight`", "past the end of the data section"]);
     // Offset + size overflowing u64.
     put_u64(&mut b, p.offset, u64::MAX - 31);
     expect_gguf_err(b, &["tensor `blk.0.k.weight`", "past the end"]);
@@ -806,10 +636,7 @@ fn tensor_size_past_end() {
     let mut b = sample_bytes();
     let p = info_pos(&b, "blk.0.k.weight", 2);
     put_u64(&mut b, p.dims + 8, 1000); // 1000 rows of Q4_K
-    expect_gguf_err(
-        b,
-        &["tensor `blk.0.k.weight`", "144000 bytes", "past the end"],
-    );
+    expect_gguf_err(b, &["tensor `blk.0.k.weight`", "144000 bytes", "past the end"]);
 }
 
 #[test]
@@ -825,10 +652,7 @@ fn misaligned_tensor_offset() {
     let mut b = sample_bytes();
     let p = info_pos(&b, "blk.0.k.weight", 2);
     put_u64(&mut b, p.offset, 260);
-    expect_gguf_err(
-        b,
-        &["tensor `blk.0.k.weight`", "offset 260", "alignment 32"],
-    );
+    expect_gguf_err(b, &["tensor `blk.0.k.weight`", "offset 260", "alignment 32"]);
 }
 
 #[test]
@@ -874,10 +698,7 @@ fn unknown_tensor_type() {
     let mut b = sample_bytes();
     let p = info_pos(&b, "blk.0.q.weight", 2);
     put_u32(&mut b, p.ty, 4); // ggml's removed Q4_2
-    expect_gguf_err(
-        b.clone(),
-        &["tensor `blk.0.q.weight`", "unknown", "type id 4"],
-    );
+    expect_gguf_err(b.clone(), &["tensor `blk.0.q.weight`", "unknown", "type id 4"]);
     put_u32(&mut b, p.ty, 12345);
     expect_gguf_err(b, &["tensor `blk.0.q.weight`", "type id 12345"]);
 }
@@ -907,41 +728,17 @@ fn bad_alignment_values() {
         r.tensor("t", &[4], 0, 0);
         r.data(64, 16)
     };
-    expect_gguf_err(
-        with_alignment(Value::U32(0)),
-        &["general.alignment", "0 is not a power of two"],
-    );
-    expect_gguf_err(
-        with_alignment(Value::U32(48)),
-        &["general.alignment", "48 is not a power of two"],
-    );
-    expect_gguf_err(
-        with_alignment(Value::String("32".into())),
-        &["general.alignment", "must be a u32"],
-    );
-    assert_eq!(
-        GgufFile::from_bytes(with_alignment(Value::U32(64)))
-            .unwrap()
-            .alignment(),
-        64
-    );
-    assert_eq!(
-        GgufFile::from_bytes(with_alignment(Value::U32(1)))
-            .unwrap()
-            .alignment(),
-        1
-    );
+    expect_gguf_err(with_alignment(Value::U32(0)), &["general.alignment", "0 is not a power of two"]);
+    expect_gguf_err(with_alignment(Value::U32(48)), &["general.alignment", "48 is not a power of two"]);
+    expect_gguf_err(with_alignment(Value::String("32".into())), &["general.alignment", "must be a u32"]);
+    assert_eq!(GgufFile::from_bytes(with_alignment(Value::U32(64))).unwrap().alignment(), 64);
+    assert_eq!(GgufFile::from_bytes(with_alignment(Value::U32(1))).unwrap().alignment(), 1);
 }
 
 #[test]
 fn duplicate_keys() {
     let mut r = Raw::new(3, 0, 2);
-    r.string("a.key")
-        .u32(4)
-        .u32(1)
-        .string("a.key")
-        .u32(4)
-        .u32(2);
+    r.string("a.key").u32(4).u32(1).string("a.key").u32(4).u32(2);
     expect_gguf_err(r.0, &["duplicate metadata key `a.key`", "entry 1"]);
 }
 
@@ -959,17 +756,11 @@ fn duplicate_tensor_names() {
 
 /// The cached default model, fetched when absent.
 fn default_model() -> GgufFile {
-    use infer_model::fetch::{
-        cache_dir, fetch_default_model, DEFAULT_MODEL_FILE, DEFAULT_MODEL_SIZE,
-    };
+    use infer_model::fetch::{cache_dir, fetch_default_model, DEFAULT_MODEL_FILE, DEFAULT_MODEL_SIZE};
     let dir = cache_dir();
     let path = dir.join(DEFAULT_MODEL_FILE);
     let present = std::fs::metadata(&path).is_ok_and(|m| m.len() == DEFAULT_MODEL_SIZE);
-    let path = if present {
-        path
-    } else {
-        fetch_default_model(&dir).expect("fetching the default model")
-    };
+    let path = if present { path } else { fetch_default_model(&dir).expect("fetching the default model") };
     GgufFile::open(path).expect("opening the default model")
 }
 
@@ -983,16 +774,10 @@ fn default_model_header() {
     assert_eq!(f.metadata().len(), 33);
     assert_eq!(f.get_str("general.architecture").unwrap(), "gemma3");
     let types: BTreeSet<u32> = f.tensors().iter().map(|t| t.ty.id()).collect();
-    let expected: BTreeSet<u32> = [
-        GgmlType::F32,
-        GgmlType::Q5_0,
-        GgmlType::Q8_0,
-        GgmlType::Q4_K,
-        GgmlType::Q6_K,
-    ]
-    .iter()
-    .map(|t| t.id())
-    .collect();
+    let expected: BTreeSet<u32> = [GgmlType::F32, GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K]
+        .iter()
+        .map(|t| t.id())
+        .collect();
     assert_eq!(types, expected);
     for t in f.tensors() {
         assert_eq!(f.tensor_data(t).len(), t.n_bytes, "{}", t.name);
@@ -1001,20 +786,11 @@ fn default_model_header() {
     }
     let tokens = f.get_str_array("tokenizer.ggml.tokens").unwrap();
     assert!(tokens.len() > 200_000);
-    assert_eq!(
-        f.get_f32_array("tokenizer.ggml.scores").unwrap().len(),
-        tokens.len()
-    );
-    assert_eq!(
-        f.get_i32_array("tokenizer.ggml.token_type").unwrap().len(),
-        tokens.len()
-    );
+    assert_eq!(f.get_f32_array("tokenizer.ggml.scores").unwrap().len(), tokens.len());
+    assert_eq!(f.get_i32_array("tokenizer.ggml.token_type").unwrap().len(), tokens.len());
     let q = f.tensor("blk.0.attn_q.weight").unwrap();
     assert_eq!(q.dims.len(), 2);
-    assert_eq!(
-        f.get_u32("gemma3.embedding_length").unwrap() as u64,
-        q.dims[0]
-    );
+    assert_eq!(f.get_u32("gemma3.embedding_length").unwrap() as u64, q.dims[0]);
 }
 
 #[test]
@@ -1035,10 +811,7 @@ fn default_model_dequantizes_attn_q() {
     let mut nonzero = 0usize;
     for r in 0..w.rows {
         infer_compute::quant::dequantize_row(w.ty, w.row(r), &mut row).unwrap();
-        assert!(
-            row.iter().all(|v| v.is_finite()),
-            "row {r} has non-finite values"
-        );
+        assert!(row.iter().all(|v| v.is_finite()), "row {r} has non-finite values");
         nonzero += row.iter().filter(|v| **v != 0.0).count();
     }
     assert!(nonzero > w.rows * w.cols / 2, "mostly zeros: {nonzero}");

@@ -35,7 +35,9 @@ fn gemma3_spec_of_the_default_model() {
 
 #[test]
 fn missing_required_key_is_named() {
-    for key in ["gemma3.block_count", "gemma3.embedding_length", "gemma3.attention.sliding_window", "gemma3.context_length"] {
+    for key in
+        ["gemma3.block_count", "gemma3.embedding_length", "gemma3.attention.sliding_window", "gemma3.context_length"]
+    {
         let g = edited(|w| {
             w.remove_metadata(key).expect("key present");
         });

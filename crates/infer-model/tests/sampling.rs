@@ -7,14 +7,7 @@ use infer_model::sampling::{argmax, Sampler, SamplerConfig, SamplingError};
 use rand::{Rng, SeedableRng};
 
 fn cfg(temperature: f32, top_k: usize, top_p: f32, min_p: f32, seed: u64) -> SamplerConfig {
-    SamplerConfig {
-        temperature,
-        top_k,
-        top_p,
-        min_p,
-        seed,
-        ..SamplerConfig::default()
-    }
+    SamplerConfig { temperature, top_k, top_p, min_p, seed, ..SamplerConfig::default() }
 }
 
 /// Logits whose softmax is `probs`.
@@ -92,11 +85,7 @@ fn seeded_runs_reproduce() {
         |seed| SamplerConfig::with_temperature(1.0, seed),
         |seed| cfg(0.9, 40, 1.0, 0.0, seed),
         |seed| cfg(1.2, 0, 0.9, 0.0, seed),
-        |seed| SamplerConfig {
-            seed,
-            repetition_penalty: 1.3,
-            ..SamplerConfig::default()
-        },
+        |seed| SamplerConfig { seed, repetition_penalty: 1.3, ..SamplerConfig::default() },
     ];
     for c in configs {
         let a = run(42, c);
@@ -169,10 +158,7 @@ fn top_k_and_min_p_restrict_support() {
     let mut s = Sampler::new(cfg(1.0, 0, 1.0, 0.2, 7)).unwrap();
     let h = histogram(&mut s, &l, n);
     assert_eq!(h[2], 0, "{h:?}");
-    assert!(
-        (h[0] as f64 / n as f64 - 0.15 / 0.95).abs() < 0.015,
-        "{h:?}"
-    );
+    assert!((h[0] as f64 / n as f64 - 0.15 / 0.95).abs() < 0.015, "{h:?}");
     // top-k then top-p: of the top 3 (0.5, 0.3, 0.15, renormalised to
     // 0.526, 0.316, 0.158), top-p 0.8 keeps two.
     let mut s = Sampler::new(cfg(1.0, 3, 0.8, 0.0, 8)).unwrap();
@@ -188,10 +174,7 @@ fn top_k_and_min_p_restrict_support() {
 fn large_vocabulary_nucleus_matches_a_full_sort() {
     // A flat distribution over 262144 tokens, so that the nucleus is far
     // wider than the first partial selection.
-    let l = random_logits(262_144, 11)
-        .iter()
-        .map(|x| x * 0.3)
-        .collect::<Vec<_>>();
+    let l = random_logits(262_144, 11).iter().map(|x| x * 0.3).collect::<Vec<_>>();
     let top_p = 0.5;
     let mut order: Vec<u32> = (0..l.len() as u32).collect();
     order.sort_by(|&a, &b| l[b as usize].total_cmp(&l[a as usize]).then(a.cmp(&b)));
@@ -220,11 +203,7 @@ fn large_vocabulary_nucleus_matches_a_full_sort() {
 #[test]
 fn large_vocabulary_top_k_speed() {
     let l = random_logits(262_144, 13);
-    let mut s = Sampler::new(SamplerConfig {
-        seed: 1,
-        ..SamplerConfig::default()
-    })
-    .unwrap();
+    let mut s = Sampler::new(SamplerConfig { seed: 1, ..SamplerConfig::default() }).unwrap();
     let mut best = std::time::Duration::MAX;
     let mut top = l.clone();
     top.sort_by(|a, b| b.total_cmp(a));
@@ -242,11 +221,7 @@ fn large_vocabulary_top_k_speed() {
 fn masked_and_infinite_logits() {
     let inf = f32::INFINITY;
     let ninf = f32::NEG_INFINITY;
-    for c in [
-        SamplerConfig::with_temperature(1.0, 1),
-        cfg(1.0, 2, 0.9, 0.05, 1),
-        cfg(1.0, 0, 0.5, 0.0, 1),
-    ] {
+    for c in [SamplerConfig::with_temperature(1.0, 1), cfg(1.0, 2, 0.9, 0.05, 1), cfg(1.0, 0, 0.5, 0.0, 1)] {
         let mut s = Sampler::new(c).unwrap();
         let h = histogram(&mut s, &[ninf, 0.0, ninf, 0.0], 2000);
         assert_eq!((h[0], h[2]), (0, 0));
@@ -260,14 +235,8 @@ fn bad_logits_are_errors() {
     for c in [SamplerConfig::greedy(), SamplerConfig::default()] {
         let mut s = Sampler::new(c).unwrap();
         assert_eq!(s.sample(&[]), Err(SamplingError::Empty));
-        assert_eq!(
-            s.sample(&[1.0, f32::NAN, 2.0]),
-            Err(SamplingError::NaN { index: 1 })
-        );
-        assert_eq!(
-            s.sample(&[f32::NAN; 3]),
-            Err(SamplingError::NaN { index: 0 })
-        );
+        assert_eq!(s.sample(&[1.0, f32::NAN, 2.0]), Err(SamplingError::NaN { index: 1 }));
+        assert_eq!(s.sample(&[f32::NAN; 3]), Err(SamplingError::NaN { index: 0 }));
         // The sampler stays usable.
         assert_eq!(Sampler::greedy().sample(&[1.0, 2.0]).unwrap(), 1);
     }
@@ -277,62 +246,25 @@ fn bad_logits_are_errors() {
 fn invalid_settings_are_rejected() {
     let base = SamplerConfig::default;
     let bad = [
-        SamplerConfig {
-            temperature: -0.1,
-            ..base()
-        },
-        SamplerConfig {
-            temperature: f32::NAN,
-            ..base()
-        },
-        SamplerConfig {
-            temperature: f32::INFINITY,
-            ..base()
-        },
-        SamplerConfig {
-            top_p: 0.0,
-            ..base()
-        },
-        SamplerConfig {
-            top_p: 1.5,
-            ..base()
-        },
-        SamplerConfig {
-            min_p: -0.5,
-            ..base()
-        },
-        SamplerConfig {
-            min_p: f32::NAN,
-            ..base()
-        },
-        SamplerConfig {
-            repetition_penalty: 0.0,
-            ..base()
-        },
-        SamplerConfig {
-            repetition_penalty: f32::NAN,
-            ..base()
-        },
+        SamplerConfig { temperature: -0.1, ..base() },
+        SamplerConfig { temperature: f32::NAN, ..base() },
+        SamplerConfig { temperature: f32::INFINITY, ..base() },
+        SamplerConfig { top_p: 0.0, ..base() },
+        SamplerConfig { top_p: 1.5, ..base() },
+        SamplerConfig { min_p: -0.5, ..base() },
+        SamplerConfig { min_p: f32::NAN, ..base() },
+        SamplerConfig { repetition_penalty: 0.0, ..base() },
+        SamplerConfig { repetition_penalty: f32::NAN, ..base() },
     ];
     for c in bad {
-        assert!(
-            matches!(
-                Sampler::new(c.clone()),
-                Err(SamplingError::InvalidConfig(_))
-            ),
-            "{c:?}"
-        );
+        assert!(matches!(Sampler::new(c.clone()), Err(SamplingError::InvalidConfig(_))), "{c:?}");
     }
     assert!(Sampler::new(base()).is_ok());
 }
 
 #[test]
 fn repetition_penalty() {
-    let c = SamplerConfig {
-        repetition_penalty: 2.0,
-        repeat_last_n: 2,
-        ..SamplerConfig::greedy()
-    };
+    let c = SamplerConfig { repetition_penalty: 2.0, repeat_last_n: 2, ..SamplerConfig::greedy() };
     let mut s = Sampler::new(c).unwrap();
     // Positive logits are divided: 2.0 -> 1.0 < 1.9.
     s.accept(0);

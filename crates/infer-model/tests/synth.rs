@@ -8,8 +8,8 @@ use infer_compute::cpu::{CpuBackend, Kernels, Precision};
 use infer_compute::{ComputeBackend, GgmlType};
 use infer_model::gguf::{GgufFile, Value};
 use infer_model::synth::{
-    self, fallback_type, generated_vocab, plan_tensors, use_more_bits, SynthArch, SynthOptions,
-    SynthQuant, SynthShape, SynthVocab,
+    self, fallback_type, generated_vocab, plan_tensors, use_more_bits, SynthArch, SynthOptions, SynthQuant, SynthShape,
+    SynthVocab,
 };
 use infer_model::tokenizer::Tokenizer;
 
@@ -19,21 +19,9 @@ fn tmp(name: &str) -> PathBuf {
     dir.join(name)
 }
 
-fn write(
-    arch: SynthArch,
-    size: &str,
-    quant: SynthQuant,
-    seed: u64,
-    threads: usize,
-    name: &str,
-) -> PathBuf {
+fn write(arch: SynthArch, size: &str, quant: SynthQuant, seed: u64, threads: usize, name: &str) -> PathBuf {
     let path = tmp(name);
-    let opts = SynthOptions {
-        shape: SynthShape::preset(arch, size).unwrap(),
-        quant,
-        seed,
-        threads,
-    };
+    let opts = SynthOptions { shape: SynthShape::preset(arch, size).unwrap(), quant, seed, threads };
     synth::write_synthetic(&path, &opts, SynthVocab::Generated, Arc::new(|_| {})).unwrap();
     path
 }
@@ -74,14 +62,9 @@ fn preset_parameter_counts_match_the_real_models() {
 
 #[test]
 fn unknown_presets_are_errors_naming_the_sizes() {
-    let e = SynthShape::preset(SynthArch::Llama, "70b")
-        .unwrap_err()
-        .to_string();
+    let e = SynthShape::preset(SynthArch::Llama, "70b").unwrap_err().to_string();
     assert!(e.contains("1b, 8b"), "{e}");
-    assert!(
-        SynthShape::preset(SynthArch::Gemma3, "1B").is_ok(),
-        "sizes are case-insensitive"
-    );
+    assert!(SynthShape::preset(SynthArch::Gemma3, "1B").is_ok(), "sizes are case-insensitive");
     assert_eq!(SynthArch::parse("GEMMA3"), Some(SynthArch::Gemma3));
     assert_eq!(SynthQuant::parse("Q4_K_M"), Some(SynthQuant::Q4KM));
     assert!(generated_vocab(100).is_err());
@@ -103,9 +86,7 @@ fn use_more_bits_matches_llama_cpp() {
 
 #[test]
 fn q4_k_m_mix_of_larger_models() {
-    let plan = |arch, size| {
-        plan_tensors(&SynthShape::preset(arch, size).unwrap(), SynthQuant::Q4KM).unwrap()
-    };
+    let plan = |arch, size| plan_tensors(&SynthShape::preset(arch, size).unwrap(), SynthQuant::Q4KM).unwrap();
     let ty = |p: &[synth::TensorPlan], name: &str| p.iter().find(|t| t.name == name).unwrap().ty;
     // Llama 3 8B: untied, rows of 4096 and 14336 (multiples of 256).
     let p = plan(SynthArch::Llama, "8b");
@@ -135,20 +116,9 @@ fn q4_k_m_mix_of_larger_models() {
     assert_eq!(ty(&p, "token_embd.weight"), GgmlType::Q6_K);
     assert_eq!(ty(&p, "blk.10.ffn_gate.weight"), GgmlType::Q4_K);
     // Q8_0 and Q4_0 files.
-    let p = plan_tensors(
-        &SynthShape::preset(SynthArch::Llama, "8b").unwrap(),
-        SynthQuant::Q8_0,
-    )
-    .unwrap();
-    assert!(p
-        .iter()
-        .filter(|t| !t.role.is_norm())
-        .all(|t| t.ty == GgmlType::Q8_0));
-    let p = plan_tensors(
-        &SynthShape::preset(SynthArch::Llama, "8b").unwrap(),
-        SynthQuant::Q4_0,
-    )
-    .unwrap();
+    let p = plan_tensors(&SynthShape::preset(SynthArch::Llama, "8b").unwrap(), SynthQuant::Q8_0).unwrap();
+    assert!(p.iter().filter(|t| !t.role.is_norm()).all(|t| t.ty == GgmlType::Q8_0));
+    let p = plan_tensors(&SynthShape::preset(SynthArch::Llama, "8b").unwrap(), SynthQuant::Q4_0).unwrap();
     assert_eq!(ty(&p, "output.weight"), GgmlType::Q6_K);
     assert_eq!(ty(&p, "token_embd.weight"), GgmlType::Q4_0);
     assert_eq!(ty(&p, "blk.0.attn_v.weight"), GgmlType::Q4_0);
@@ -161,9 +131,7 @@ fn gemma3_270m_plan_reproduces_the_default_model() {
     let plan = plan_tensors(&shape, SynthQuant::Q4KM).unwrap();
     assert_eq!(plan.len(), real.tensors().len());
     for t in &plan {
-        let r = real
-            .tensor(&t.name)
-            .unwrap_or_else(|| panic!("{} not in the real file", t.name));
+        let r = real.tensor(&t.name).unwrap_or_else(|| panic!("{} not in the real file", t.name));
         assert_eq!((t.ty, &t.dims), (r.ty, &r.dims), "{}", t.name);
     }
     // The hyper-parameter keys of the real file, with the same values.
@@ -182,35 +150,10 @@ fn gemma3_270m_plan_reproduces_the_default_model() {
 
 #[test]
 fn writing_is_deterministic_and_independent_of_threads() {
-    let a = write(
-        SynthArch::Llama,
-        "tiny",
-        SynthQuant::Q4KM,
-        7,
-        1,
-        "det-a.gguf",
-    );
-    let b = write(
-        SynthArch::Llama,
-        "tiny",
-        SynthQuant::Q4KM,
-        7,
-        3,
-        "det-b.gguf",
-    );
-    let c = write(
-        SynthArch::Llama,
-        "tiny",
-        SynthQuant::Q4KM,
-        8,
-        2,
-        "det-c.gguf",
-    );
-    let (a, b, c) = (
-        std::fs::read(a).unwrap(),
-        std::fs::read(b).unwrap(),
-        std::fs::read(c).unwrap(),
-    );
+    let a = write(SynthArch::Llama, "tiny", SynthQuant::Q4KM, 7, 1, "det-a.gguf");
+    let b = write(SynthArch::Llama, "tiny", SynthQuant::Q4KM, 7, 3, "det-b.gguf");
+    let c = write(SynthArch::Llama, "tiny", SynthQuant::Q4KM, 8, 2, "det-c.gguf");
+    let (a, b, c) = (std::fs::read(a).unwrap(), std::fs::read(b).unwrap(), std::fs::read(c).unwrap());
     assert_eq!(a, b);
     assert_eq!(a.len(), c.len());
     assert_ne!(a, c);
@@ -224,14 +167,7 @@ fn tiny_models_load_tokenize_and_decode() {
         (SynthArch::Gemma3, SynthQuant::Q8_0),
         (SynthArch::Llama, SynthQuant::Q4_0),
     ] {
-        let path = write(
-            arch,
-            "tiny",
-            quant,
-            0,
-            2,
-            &format!("run-{arch}-{}.gguf", quant.name()),
-        );
+        let path = write(arch, "tiny", quant, 0, 2, &format!("run-{arch}-{}.gguf", quant.name()));
         let g = GgufFile::open(&path).unwrap();
         let shape = SynthShape::preset(arch, "tiny").unwrap();
         assert_eq!(g.get_str("general.architecture").unwrap(), arch.name());
@@ -266,14 +202,8 @@ fn tiny_models_load_tokenize_and_decode() {
         let mut next = 3u32;
         for pos in ids.len()..16 {
             let logits = model.decode_token(kv.as_mut(), next, pos).unwrap();
-            assert!(
-                logits.iter().all(|z| z.is_finite() && z.abs() < 100.0),
-                "{arch} pos {pos}"
-            );
-            next = logits
-                .iter()
-                .enumerate()
-                .fold(0, |b, (i, z)| if *z > logits[b] { i } else { b }) as u32;
+            assert!(logits.iter().all(|z| z.is_finite() && z.abs() < 100.0), "{arch} pos {pos}");
+            next = logits.iter().enumerate().fold(0, |b, (i, z)| if *z > logits[b] { i } else { b }) as u32;
         }
     }
 }

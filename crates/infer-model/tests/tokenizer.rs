@@ -21,14 +21,8 @@ const NEWLINE: u32 = 4;
 
 /// Specials, a few scored pieces, then the 256 byte tokens.
 fn tiny_vocab() -> SpmVocab {
-    let specials: &[(&str, i32)] = &[
-        ("<unk>", 2),
-        ("<s>", 3),
-        ("</s>", 3),
-        ("<start>", 3),
-        ("\n", 4),
-        ("<unused0>", 5),
-    ];
+    let specials: &[(&str, i32)] =
+        &[("<unk>", 2), ("<s>", 3), ("</s>", 3), ("<start>", 3), ("\n", 4), ("<unused0>", 5)];
     let pieces: &[(&str, f32)] = &[
         ("\u{2581}", -10.0),
         ("a", -1.0),
@@ -71,19 +65,14 @@ fn tiny(space_prefix: bool) -> Tokenizer {
 }
 
 fn pieces(t: &Tokenizer, ids: &[u32]) -> Vec<String> {
-    ids.iter()
-        .map(|&id| t.piece(id).unwrap().to_string())
-        .collect()
+    ids.iter().map(|&id| t.piece(id).unwrap().to_string()).collect()
 }
 
 #[test]
 fn tiny_defaults() {
     let t = Tokenizer::from_vocab(tiny_vocab()).unwrap();
     assert_eq!(t.n_vocab(), 6 + 10 + 256);
-    assert_eq!(
-        (t.unk_id(), t.bos_id(), t.eos_id()),
-        (Some(UNK), Some(BOS), Some(EOS))
-    );
+    assert_eq!((t.unk_id(), t.bos_id(), t.eos_id()), (Some(UNK), Some(BOS), Some(EOS)));
     assert!(t.add_bos() && !t.add_eos() && t.add_space_prefix());
     assert!(t.is_eog(EOS) && !t.is_eog(BOS));
     assert_eq!(t.token_id("<start>"), Some(START));
@@ -112,18 +101,12 @@ fn tiny_merges_by_score() {
 fn tiny_space_prefix_and_specials() {
     let t = tiny(true);
     assert_eq!(pieces(&t, &t.encode("a", false)), ["\u{2581}a"]);
-    assert_eq!(
-        pieces(&t, &t.encode("a a", false)),
-        ["\u{2581}a", "\u{2581}a"]
-    );
+    assert_eq!(pieces(&t, &t.encode("a a", false)), ["\u{2581}a", "\u{2581}a"]);
     // A space is put in front of text that follows a special token.
     assert_eq!(t.encode("<start>a", true), vec![BOS, START, 14]);
     assert_eq!(t.decode_with(&t.encode("<start>a", true), true), "a");
     // User-defined tokens are cut out too (and a space follows them).
-    assert_eq!(
-        pieces(&t, &t.encode("a\na", false)),
-        ["\u{2581}a", "\n", "\u{2581}a"]
-    );
+    assert_eq!(pieces(&t, &t.encode("a\na", false)), ["\u{2581}a", "\n", "\u{2581}a"]);
     // Without parsing specials, `<start>` is plain text (byte fallback).
     let plain = t.encode_with("<start>", false, false);
     assert!(!plain.contains(&START));
@@ -132,25 +115,14 @@ fn tiny_space_prefix_and_specials() {
     assert!(t.encode_with("a\n", false, false).contains(&NEWLINE));
     let t = tiny(false);
     assert_eq!(pieces(&t, &t.encode("a", false)), ["a"]);
-    assert_eq!(
-        t.encode("<start>a", false),
-        vec![START, t.token_id("a").unwrap()]
-    );
+    assert_eq!(t.encode("<start>a", false), vec![START, t.token_id("a").unwrap()]);
 }
 
 #[test]
 fn tiny_round_trips() {
     for prefix in [false, true] {
         let t = tiny(prefix);
-        for text in [
-            "abc",
-            "a b  c",
-            " a",
-            "a\n\nb ",
-            "x€é<start>q",
-            "<s>ab</s>",
-            "",
-        ] {
+        for text in ["abc", "a b  c", " a", "a\n\nb ", "x€é<start>q", "<s>ab</s>", ""] {
             let ids = t.encode(text, false);
             assert_eq!(t.decode(&ids), text, "prefix {prefix}, {text:?} -> {ids:?}");
         }
@@ -179,10 +151,7 @@ fn tiny_byte_fallback_and_streaming() {
     // Ids outside the vocabulary.
     assert_eq!(d.push(100_000), "\u{FFFD}");
     assert_eq!(t.decode(&[a, 100_000, a]), "a\u{FFFD}a");
-    assert!(matches!(
-        t.try_decode(&[a, 100_000]),
-        Err(Error::Tokenizer(_))
-    ));
+    assert!(matches!(t.try_decode(&[a, 100_000]), Err(Error::Tokenizer(_))));
     assert_eq!(t.try_decode(&[a]).unwrap(), "a");
     // Unused tokens decode as nothing; specials can be skipped.
     let unused = t.token_id("<unused0>").unwrap();
@@ -198,10 +167,7 @@ fn tiny_byte_fallback_without_byte_tokens() {
     v.scores.as_mut().unwrap().truncate(n);
     v.token_types.as_mut().unwrap().truncate(n);
     let t = Tokenizer::from_vocab(v).unwrap();
-    assert_eq!(
-        t.encode_with("a€", false, true),
-        vec![t.token_id("\u{2581}a").unwrap(), UNK, UNK, UNK]
-    );
+    assert_eq!(t.encode_with("a€", false, true), vec![t.token_id("\u{2581}a").unwrap(), UNK, UNK, UNK]);
 }
 
 #[test]
@@ -248,10 +214,7 @@ fn from_gguf_metadata_and_errors() {
             ("tokenizer.ggml.model", "llama".into()),
             ("tokenizer.ggml.tokens", v.tokens.clone().into()),
             ("tokenizer.ggml.scores", v.scores.clone().unwrap().into()),
-            (
-                "tokenizer.ggml.token_type",
-                v.token_types.clone().unwrap().into(),
-            ),
+            ("tokenizer.ggml.token_type", v.token_types.clone().unwrap().into()),
         ]
     };
     let mut e = base();
@@ -270,22 +233,13 @@ fn from_gguf_metadata_and_errors() {
     }
     let mut e = base();
     e.remove(1);
-    assert!(matches!(
-        Tokenizer::from_gguf(&gguf_with(e)),
-        Err(Error::MissingKey(_))
-    ));
+    assert!(matches!(Tokenizer::from_gguf(&gguf_with(e)), Err(Error::MissingKey(_))));
     let mut e = base();
     e[2].1 = vec![1.0f32, 2.0].into();
-    assert!(matches!(
-        Tokenizer::from_gguf(&gguf_with(e)),
-        Err(Error::Tokenizer(_))
-    ));
+    assert!(matches!(Tokenizer::from_gguf(&gguf_with(e)), Err(Error::Tokenizer(_))));
     let mut e = base();
     e[3].1 = "oops".into();
-    assert!(matches!(
-        Tokenizer::from_gguf(&gguf_with(e)),
-        Err(Error::KeyType { .. })
-    ));
+    assert!(matches!(Tokenizer::from_gguf(&gguf_with(e)), Err(Error::KeyType { .. })));
     // Scores and types are optional.
     let mut e = base();
     e.truncate(2);
@@ -306,8 +260,7 @@ fn gemma() -> &'static Tokenizer {
     static TOK: OnceLock<Tokenizer> = OnceLock::new();
     TOK.get_or_init(|| {
         let path = model_path();
-        let file =
-            GgufFile::open(&path).unwrap_or_else(|e| panic!("opening {}: {e}", path.display()));
+        let file = GgufFile::open(&path).unwrap_or_else(|e| panic!("opening {}: {e}", path.display()));
         let t0 = Instant::now();
         let tok = Tokenizer::from_gguf(&file).expect("Gemma 3 tokenizer");
         eprintln!("tokenizer loaded in {:?}", t0.elapsed());
@@ -349,11 +302,7 @@ fn ids_of(v: &serde_json::Value, path: &Path) -> Vec<u32> {
     v.as_array()
         .unwrap_or_else(|| panic!("{}: ids are not an array", path.display()))
         .iter()
-        .map(|x| {
-            x.as_u64()
-                .and_then(|x| u32::try_from(x).ok())
-                .expect("token id")
-        })
+        .map(|x| x.as_u64().and_then(|x| u32::try_from(x).ok()).expect("token id"))
         .collect()
 }
 
@@ -369,15 +318,10 @@ fn check_case(tok: &Tokenizer, path: &Path, text: &str, want: &[u32]) -> Result<
             got.iter().map(|&i| tok.piece(i)).collect::<Vec<_>>(),
         ));
     }
-    let body = got
-        .strip_prefix(&[tok.bos_id().unwrap()][..])
-        .unwrap_or(&got);
+    let body = got.strip_prefix(&[tok.bos_id().unwrap()][..]).unwrap_or(&got);
     let back = tok.decode(body);
     if back != text {
-        return Err(format!(
-            "{}: round trip {text:?} -> {back:?}",
-            path.display()
-        ));
+        return Err(format!("{}: round trip {text:?} -> {back:?}", path.display()));
     }
     Ok(())
 }
@@ -386,17 +330,11 @@ fn check_case(tok: &Tokenizer, path: &Path, text: &str, want: &[u32]) -> Result<
 fn gemma_metadata() {
     let t = gemma();
     assert_eq!(t.n_vocab(), 262_144);
-    assert_eq!(
-        (t.bos_id(), t.eos_id(), t.unk_id(), t.pad_id()),
-        (Some(2), Some(1), Some(3), Some(0))
-    );
+    assert_eq!((t.bos_id(), t.eos_id(), t.unk_id(), t.pad_id()), (Some(2), Some(1), Some(3), Some(0)));
     assert_eq!(t.eot_id(), Some(106));
     assert!(t.is_eog(1) && t.is_eog(106) && !t.is_eog(2));
     assert!(t.add_bos() && !t.add_eos());
-    assert!(
-        !t.add_space_prefix(),
-        "Gemma 3 sets tokenizer.ggml.add_space_prefix = false"
-    );
+    assert!(!t.add_space_prefix(), "Gemma 3 sets tokenizer.ggml.add_space_prefix = false");
     assert_eq!(t.token_id("<start_of_turn>"), Some(105));
     assert_eq!(t.token_id("<0x0A>"), Some(248));
     assert_eq!(t.token_type(248), Some(TokenType::Byte));
@@ -418,11 +356,7 @@ fn gemma_golden_tokenizer_cases() {
             failures.push(e);
         }
     }
-    println!(
-        "tokenizer cases: {} of {} passed",
-        files.len() - failures.len(),
-        files.len()
-    );
+    println!("tokenizer cases: {} of {} passed", files.len() - failures.len(), files.len());
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
@@ -434,10 +368,7 @@ fn gemma_golden_prompts() {
         .map(|it| {
             it.filter_map(|e| e.ok().map(|e| e.path()))
                 .filter(|p| {
-                    p.is_dir()
-                        && p.file_name()
-                            .and_then(|n| n.to_str())
-                            .is_some_and(|n| n.starts_with("logits"))
+                    p.is_dir() && p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("logits"))
                 })
                 .collect()
         })
@@ -454,11 +385,7 @@ fn gemma_golden_prompts() {
             }
         }
     }
-    println!(
-        "prompt cases: {} of {total} passed ({} directories)",
-        total - failures.len(),
-        dirs.len()
-    );
+    println!("prompt cases: {} of {total} passed ({} directories)", total - failures.len(), dirs.len());
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
@@ -493,11 +420,7 @@ fn gemma_byte_fallback_streams_whole_chars() {
     let text = "x\u{10FFFD}y";
     let ids = t.encode(text, false);
     let types: Vec<_> = ids.iter().map(|&i| t.token_type(i).unwrap()).collect();
-    assert_eq!(
-        types.iter().filter(|&&ty| ty == TokenType::Byte).count(),
-        4,
-        "{ids:?}"
-    );
+    assert_eq!(types.iter().filter(|&&ty| ty == TokenType::Byte).count(), 4, "{ids:?}");
     let mut d = t.decoder(false);
     let mut chunks = Vec::new();
     for &id in &ids {
@@ -539,20 +462,12 @@ fn gemma_long_whitespace_runs() {
     assert_eq!(t.encode(&"\n".repeat(31), false), vec![137]);
     assert_eq!(t.encode(&"\n".repeat(33), false), vec![137, 108]);
     // Long runs of pre-tokenized whitespace stay linear in the text length.
-    for text in [
-        "\n".repeat(300_000),
-        " ".repeat(300_000) + "x",
-        "\t \n".repeat(100_000),
-    ] {
+    for text in ["\n".repeat(300_000), " ".repeat(300_000) + "x", "\t \n".repeat(100_000)] {
         let t0 = Instant::now();
         let ids = t.encode(&text, false);
         let took = t0.elapsed();
         assert_eq!(t.decode(&ids), text);
-        println!(
-            "{} bytes of whitespace: {} tokens in {took:?}",
-            text.len(),
-            ids.len()
-        );
+        println!("{} bytes of whitespace: {} tokens in {took:?}", text.len(), ids.len());
         assert!(took < Duration::from_secs(5), "{took:?}");
     }
 }

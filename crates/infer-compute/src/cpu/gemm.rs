@@ -72,7 +72,11 @@ fn gemm_raw(
         }
         return dst;
     }
-    let par = if threads > 1 && m * n * k >= 64 * 64 * 64 { gemm::Parallelism::Rayon(threads) } else { gemm::Parallelism::None };
+    let par = if threads > 1 && m * n * k >= 64 * 64 * 64 {
+        gemm::Parallelism::Rayon(threads)
+    } else {
+        gemm::Parallelism::None
+    };
     let dst_ptr = dst.as_mut_ptr();
     // SAFETY: `dst` is a fresh, contiguous m×n row-major array (row stride
     // n, column stride 1); lhs and rhs point into live views whose shapes
@@ -107,13 +111,22 @@ mod tests {
             let want = naive(&a, &b);
             for threads in [1, 2] {
                 let got = matmul(a.view(), b.view(), threads).unwrap();
-                assert!(got.iter().zip(&want).all(|(g, w)| (g - w).abs() <= 1e-3 * w.abs().max(1.0)), "matmul {m}x{k}x{n}");
+                assert!(
+                    got.iter().zip(&want).all(|(g, w)| (g - w).abs() <= 1e-3 * w.abs().max(1.0)),
+                    "matmul {m}x{k}x{n}"
+                );
                 let bt = b.t().to_owned();
                 let got = matmul_transb(a.view(), bt.view(), threads).unwrap();
-                assert!(got.iter().zip(&want).all(|(g, w)| (g - w).abs() <= 1e-3 * w.abs().max(1.0)), "transb {m}x{k}x{n}");
+                assert!(
+                    got.iter().zip(&want).all(|(g, w)| (g - w).abs() <= 1e-3 * w.abs().max(1.0)),
+                    "transb {m}x{k}x{n}"
+                );
                 // A strided (transposed) view as the right operand.
                 let got = matmul(a.view(), bt.t(), threads).unwrap();
-                assert!(got.iter().zip(&want).all(|(g, w)| (g - w).abs() <= 1e-3 * w.abs().max(1.0)), "strided {m}x{k}x{n}");
+                assert!(
+                    got.iter().zip(&want).all(|(g, w)| (g - w).abs() <= 1e-3 * w.abs().max(1.0)),
+                    "strided {m}x{k}x{n}"
+                );
             }
         }
         assert!(matmul(Array2::zeros((2, 3)).view(), Array2::zeros((4, 2)).view(), 1).is_err());

@@ -110,9 +110,7 @@ impl Kernels {
     pub fn detect() -> Self {
         let best = SimdLevel::best_available();
         let wanted = std::env::var("INFER_CPU_SIMD").ok();
-        let level = wanted
-            .and_then(|w| SimdLevel::all_available().into_iter().find(|l| l.name() == w))
-            .unwrap_or(best);
+        let level = wanted.and_then(|w| SimdLevel::all_available().into_iter().find(|l| l.name() == w)).unwrap_or(best);
         Self::for_level(level)
     }
 

@@ -62,10 +62,7 @@ const STREAMS: usize = 4;
 pub fn matvec(k: &Kernels, w: &QuantWeight, x: &[f32], y: &mut [f32], scratch: &mut AlignedBytes) -> Result<()> {
     w.check()?;
     if x.len() != w.cols || y.len() != w.rows {
-        return Err(shape_err(
-            "matvec",
-            format!("W is {}x{}, x has {}, y has {}", w.rows, w.cols, x.len(), y.len()),
-        ));
+        return Err(shape_err("matvec", format!("W is {}x{}, x has {}, y has {}", w.rows, w.cols, x.len(), y.len())));
     }
     k.quantize_activation(w.ty, x, scratch)?;
     matvec_quantized(k, w, scratch.as_bytes(), y);

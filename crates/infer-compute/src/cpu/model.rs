@@ -39,7 +39,12 @@ impl PreparedNorm {
     /// # Errors
     /// Weights of a type without a dequantizer, or inconsistent weights.
     pub fn new(n: &Norm) -> Result<Self> {
-        Ok(Self { kind: n.kind, eps: n.eps, weight: n.weight.to_f32()?, bias: n.bias.as_ref().map(|b| b.to_f32()).transpose()? })
+        Ok(Self {
+            kind: n.kind,
+            eps: n.eps,
+            weight: n.weight.to_f32()?,
+            bias: n.bias.as_ref().map(|b| b.to_f32()).transpose()?,
+        })
     }
 
     /// Normalizes each `weight.len()`-long row of `x` into `out`.
@@ -204,7 +209,10 @@ impl CpuModel {
             return Err(Error::ContextOverflow { pos: pos0, n_tokens: n, n_ctx: cache.n_ctx });
         }
         if let Some(&t) = tokens.iter().find(|&&t| t as usize >= self.n_vocab) {
-            return Err(crate::error::shape_err("decode", format!("token id {t} is outside the vocabulary of {}", self.n_vocab)));
+            return Err(crate::error::shape_err(
+                "decode",
+                format!("token id {t} is outside the vocabulary of {}", self.n_vocab),
+            ));
         }
         let pool = self.pool.clone();
         pool.install(|| self.forward_inner(cache, tokens, pos0))?;
@@ -248,7 +256,14 @@ impl CpuModel {
             for t in 0..n {
                 ops::rope(&mut q[t * qd..(t + 1) * qd], l.n_head, l.head_dim, pos0 + t, &l.rope);
                 ops::rope(&mut kk[t * kvd..(t + 1) * kvd], l.n_head_kv, l.head_dim, pos0 + t, &l.rope);
-                ops::kv_append(&mut cache.k[li], &mut cache.v[li], &kk[t * kvd..(t + 1) * kvd], &v[t * kvd..(t + 1) * kvd], pos0 + t, kvd);
+                ops::kv_append(
+                    &mut cache.k[li],
+                    &mut cache.v[li],
+                    &kk[t * kvd..(t + 1) * kvd],
+                    &v[t * kvd..(t + 1) * kvd],
+                    pos0 + t,
+                    kvd,
+                );
             }
             let p = ops::AttnParams::from_layer(l);
             let attn = fit(&mut b.attn, n * qd);

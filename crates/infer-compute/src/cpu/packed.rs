@@ -220,7 +220,10 @@ impl PackedWeight {
         let (g, j) = (r / GROUP, r % GROUP);
         let (scales, codes) = self.group(g).split_at(self.codes_at());
         let qs = &a.qs[t * self.cols..(t + 1) * self.cols];
-        let f16_at = |b: usize, at: usize| half::f16::from_le_bytes([scales[b * self.scale + at + 2 * j], scales[b * self.scale + at + 2 * j + 1]]).to_f32();
+        let f16_at = |b: usize, at: usize| {
+            half::f16::from_le_bytes([scales[b * self.scale + at + 2 * j], scales[b * self.scale + at + 2 * j + 1]])
+                .to_f32()
+        };
         let mut acc = 0f32;
         for b in 0..self.nb {
             let rec = &codes[b * self.code..(b + 1) * self.code];
@@ -231,7 +234,8 @@ impl PackedWeight {
                     let mut s = 0i32;
                     let mut m = 0i32;
                     for sub in 0..8 {
-                        let isum: i32 = (0..32).map(|i| code(self.ty, rec, j, sub, i) * qs[b * QK_K + 32 * sub + i] as i32).sum();
+                        let isum: i32 =
+                            (0..32).map(|i| code(self.ty, rec, j, sub, i) * qs[b * QK_K + 32 * sub + i] as i32).sum();
                         s += rec[16 * sub + j] as i32 * isum;
                         m += rec[128 + 32 * (sub / 2) + 2 * j + sub % 2] as i32 * (aux[2 * sub] + aux[2 * sub + 1]);
                     }
@@ -241,13 +245,15 @@ impl PackedWeight {
                     let aux = &a.aux[(t * self.nb + b) * AUX_K..][..AUX_K];
                     let mut x = 0i32;
                     for sub in 0..16 {
-                        let isum: i32 = (0..16).map(|i| code(self.ty, rec, j, sub, i) * qs[b * QK_K + 16 * sub + i] as i32).sum();
+                        let isum: i32 =
+                            (0..16).map(|i| code(self.ty, rec, j, sub, i) * qs[b * QK_K + 16 * sub + i] as i32).sum();
                         x += rec[16 * sub + j] as i8 as i32 * (isum - 32 * aux[sub]);
                     }
                     acc = (x as f32).mul_add(f16_at(b, 0) * ad, acc);
                 }
                 _ => {
-                    let isum: i32 = (0..QK).map(|i| (code(self.ty, rec, j, 0, i) - offset(self.ty)) * qs[b * QK + i] as i32).sum();
+                    let isum: i32 =
+                        (0..QK).map(|i| (code(self.ty, rec, j, 0, i) - offset(self.ty)) * qs[b * QK + i] as i32).sum();
                     acc = (isum as f32).mul_add(f16_at(b, 0) * ad, acc);
                 }
             }
@@ -294,8 +300,10 @@ fn code(ty: GgmlType, rec: &[u8], j: usize, sub: usize, i: usize) -> i32 {
 /// Writes block `b` of one row (lane `j`): its scales into `sc`, its codes
 /// into the code record `rec`.
 fn pack_block(ty: GgmlType, row: &[u8], b: usize, j: usize, sc: &mut [u8], rec: &mut [u8]) -> Result<()> {
-    let lane = |rec: &mut [u8], base: usize, m: usize, v: [u8; 4]| rec[base + 64 * m + 4 * j..][..4].copy_from_slice(&v);
-    let put_f16 = |sc: &mut [u8], at: usize, v: half::f16| sc[at + 2 * j..at + 2 * j + 2].copy_from_slice(&v.to_le_bytes());
+    let lane =
+        |rec: &mut [u8], base: usize, m: usize, v: [u8; 4]| rec[base + 64 * m + 4 * j..][..4].copy_from_slice(&v);
+    let put_f16 =
+        |sc: &mut [u8], at: usize, v: half::f16| sc[at + 2 * j..at + 2 * j + 2].copy_from_slice(&v.to_le_bytes());
     match ty {
         GgmlType::Q8_0 => {
             let blk = &quant::blocks::<BlockQ8_0>(row)?[b];
@@ -318,7 +326,8 @@ fn pack_block(ty: GgmlType, row: &[u8], b: usize, j: usize, sc: &mut [u8], rec: 
                 let qh = u32::from_le_bytes(quant::blocks::<BlockQ5_0>(row)?[b].qh);
                 for m in 0..8 {
                     let at = 256 + 8 * m;
-                    let mask = u64::from_le_bytes(rec[at..at + 8].try_into().unwrap()) | (((qh >> (4 * m)) & 15) as u64) << (4 * j);
+                    let mask = u64::from_le_bytes(rec[at..at + 8].try_into().unwrap())
+                        | (((qh >> (4 * m)) & 15) as u64) << (4 * j);
                     rec[at..at + 8].copy_from_slice(&mask.to_le_bytes());
                 }
             }
@@ -382,8 +391,19 @@ impl PackedActs {
     /// # Errors
     /// `x.len()` not `n_tokens · cols`; `cols` not a multiple of the block;
     /// a type without a packed layout.
-    pub fn quantize(&mut self, k: &Kernels, ty: GgmlType, x: &[f32], n_tokens: usize, cols: usize, scratch: &mut AlignedBytes) -> Result<()> {
-        let kind = ty.vec_dot_type().filter(|_| layout(ty).is_some()).ok_or(Error::Unsupported { op: "packed product", ty })?;
+    pub fn quantize(
+        &mut self,
+        k: &Kernels,
+        ty: GgmlType,
+        x: &[f32],
+        n_tokens: usize,
+        cols: usize,
+        scratch: &mut AlignedBytes,
+    ) -> Result<()> {
+        let kind = ty
+            .vec_dot_type()
+            .filter(|_| layout(ty).is_some())
+            .ok_or(Error::Unsupported { op: "packed product", ty })?;
         self.kind = None;
         self.n_tokens = 0;
         self.qs.clear();
@@ -410,7 +430,8 @@ impl PackedActs {
                     self.d.push(scale(b.d, xb));
                     self.aux.extend(b.bsums.iter().map(|&v| v as i32));
                     let s32: [i32; 8] = std::array::from_fn(|i| b.bsums[2 * i] as i32 + b.bsums[2 * i + 1] as i32);
-                    self.aux.extend(s32.chunks_exact(2).map(|p| (p[0] as u16 as u32 | (p[1] as u16 as u32) << 16) as i32));
+                    self.aux
+                        .extend(s32.chunks_exact(2).map(|p| (p[0] as u16 as u32 | (p[1] as u16 as u32) << 16) as i32));
                 }
             }
         }
@@ -536,7 +557,8 @@ mod tests {
         (wf, QuantWeight::new(ty, rows, cols, wq.into()).unwrap())
     }
 
-    const TYPES: [GgmlType; 6] = [GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::IQ4_NL, GgmlType::Q4_K, GgmlType::Q6_K];
+    const TYPES: [GgmlType; 6] =
+        [GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::IQ4_NL, GgmlType::Q4_K, GgmlType::Q6_K];
 
     /// Awkward shapes: one row, rows not a multiple of 16, one block, many
     /// blocks, token counts below, at and past a tile.
@@ -584,10 +606,24 @@ mod tests {
                     for r in 0..rows {
                         let got = y[t * rows + r];
                         let stmt = pw.dot_ref(r, &a, t);
-                        assert_eq!(got.to_bits(), stmt.to_bits(), "{} {ty} {rows}x{cols} n={n} t={t} r={r}: kernel {got} vs statement {stmt}", best.level().name());
-                        assert_eq!(y1[r].to_bits(), got.to_bits(), "{ty} {rows}x{cols} n={n} t={t} r={r}: decode {} vs prefill {got}", y1[r]);
+                        assert_eq!(
+                            got.to_bits(),
+                            stmt.to_bits(),
+                            "{} {ty} {rows}x{cols} n={n} t={t} r={r}: kernel {got} vs statement {stmt}",
+                            best.level().name()
+                        );
+                        assert_eq!(
+                            y1[r].to_bits(),
+                            got.to_bits(),
+                            "{ty} {rows}x{cols} n={n} t={t} r={r}: decode {} vs prefill {got}",
+                            y1[r]
+                        );
                         let mag: f32 = (0..cols).map(|c| (wf[r * cols + c] * x[t * cols + c]).abs()).sum();
-                        assert!((got - want[r]).abs() <= 2e-5 * mag + 1e-6, "{ty} {rows}x{cols} t={t} r={r}: {got} vs reference {}", want[r]);
+                        assert!(
+                            (got - want[r]).abs() <= 2e-5 * mag + 1e-6,
+                            "{ty} {rows}x{cols} t={t} r={r}: {got} vs reference {}",
+                            want[r]
+                        );
                     }
                 }
             }

@@ -76,13 +76,25 @@ pub struct ProductScratch {
 /// # Errors
 /// Shape mismatches (checked for every weight before any output is
 /// written); types without a product; inconsistent row weights.
-pub fn products(k: &Kernels, outs: &mut [(&CpuWeight, &mut [f32])], x: &[f32], n_tokens: usize, s: &mut ProductScratch) -> Result<()> {
+pub fn products(
+    k: &Kernels,
+    outs: &mut [(&CpuWeight, &mut [f32])],
+    x: &[f32],
+    n_tokens: usize,
+    s: &mut ProductScratch,
+) -> Result<()> {
     // Everything is checked before any output is written.
     for (w, y) in outs.iter() {
         if n_tokens.checked_mul(w.cols()) != Some(x.len()) || n_tokens.checked_mul(w.rows()) != Some(y.len()) {
             return Err(shape_err(
                 "product",
-                format!("W is {}x{}, x has {} values, y has {}, n_tokens {n_tokens}", w.rows(), w.cols(), x.len(), y.len()),
+                format!(
+                    "W is {}x{}, x has {} values, y has {}, n_tokens {n_tokens}",
+                    w.rows(),
+                    w.cols(),
+                    x.len(),
+                    y.len()
+                ),
             ));
         }
         if w.ty().vec_dot_type().is_none() {
@@ -129,7 +141,8 @@ mod tests {
         let rb = GgmlType::Q8_0.row_bytes(cols).unwrap();
         let mut bytes = vec![0u8; rows * rb];
         for r in 0..rows {
-            crate::quant::quantize_row(GgmlType::Q8_0, &x[r * cols..(r + 1) * cols], &mut bytes[r * rb..(r + 1) * rb]).unwrap();
+            crate::quant::quantize_row(GgmlType::Q8_0, &x[r * cols..(r + 1) * cols], &mut bytes[r * rb..(r + 1) * rb])
+                .unwrap();
         }
         QuantWeight::new(GgmlType::Q8_0, rows, cols, bytes.into()).unwrap()
     }
@@ -144,11 +157,16 @@ mod tests {
         let mut a = PackedActs::default();
         assert!(a.quantize(&k, GgmlType::Q8_0, &[], 1 << 59, 32, &mut s.tmp).is_err());
         // A type without a product, one token or two.
-        let q8k = QuantWeight::new(GgmlType::Q8_K, 2, 256, vec![0u8; 2 * GgmlType::Q8_K.row_bytes(256).unwrap()].into()).unwrap();
+        let q8k =
+            QuantWeight::new(GgmlType::Q8_K, 2, 256, vec![0u8; 2 * GgmlType::Q8_K.row_bytes(256).unwrap()].into())
+                .unwrap();
         let c = CpuWeight::Rows(q8k);
         for n in [1, 2] {
             let mut y = vec![0f32; 2 * n];
-            assert!(matches!(products(&k, &mut [(&c, &mut y[..])], &vec![0.5; 256 * n], n, &mut s), Err(Error::Unsupported { .. })));
+            assert!(matches!(
+                products(&k, &mut [(&c, &mut y[..])], &vec![0.5; 256 * n], n, &mut s),
+                Err(Error::Unsupported { .. })
+            ));
         }
         // Inconsistent row weights (public fields edited) are errors, not panics.
         let mut bad = q8_0(5, 64);
@@ -169,6 +187,9 @@ mod tests {
         let mut s = ProductScratch::default();
         let (a, b) = (CpuWeight::prepare(&k, q8_0(3, 64)).unwrap(), CpuWeight::prepare(&k, q8_0(3, 32)).unwrap());
         assert!(products(&k, &mut [(&a, &mut [][..]), (&b, &mut [][..])], &[], 0, &mut s).is_ok());
-        assert!(products(&k, &mut [(&a, &mut [0.0; 3][..]), (&b, &mut [0.0; 3][..])], &[0.5; 64], 1, &mut s).is_err(), "x fits only one");
+        assert!(
+            products(&k, &mut [(&a, &mut [0.0; 3][..]), (&b, &mut [0.0; 3][..])], &[0.5; 64], 1, &mut s).is_err(),
+            "x fits only one"
+        );
     }
 }

@@ -10,8 +10,8 @@ use std::time::Instant;
 use cudarc::cublas::CudaBlas;
 use cudarc::driver::sys::CUdevice_attribute;
 use cudarc::driver::{
-    result, CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchArgs, LaunchConfig, PushKernelArg,
-    ValidAsZeroBits,
+    result, CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchArgs, LaunchConfig,
+    PushKernelArg, ValidAsZeroBits,
 };
 use cudarc::nvrtc::{CompileOptions, Ptx};
 
@@ -196,7 +196,14 @@ impl Device {
     }
 
     /// Launches kernel `k` with one by-value argument struct.
-    pub fn launch<A: DeviceRepr>(&self, k: KernelName, grid: (u32, u32, u32), block: u32, smem: u32, args: &A) -> Result<()> {
+    pub fn launch<A: DeviceRepr>(
+        &self,
+        k: KernelName,
+        grid: (u32, u32, u32),
+        block: u32,
+        smem: u32,
+        args: &A,
+    ) -> Result<()> {
         let cfg = LaunchConfig { grid_dim: grid, block_dim: (block, 1, 1), shared_mem_bytes: smem };
         // SAFETY: `A` mirrors the kernel's parameter struct (layout asserted
         // in kernels.rs and common.cuh); every pointer in it was taken from
@@ -225,7 +232,9 @@ impl Device {
         let mut b = self.stream.launch_builder(f);
         push(&mut b);
         // SAFETY: the caller's contract.
-        self.timed(k.0, || unsafe { b.launch(cfg) }.map(|_| ()).map_err(|e| Error::Device(format!("launching {}: {e}", k.0))))
+        self.timed(k.0, || {
+            unsafe { b.launch(cfg) }.map(|_| ()).map_err(|e| Error::Device(format!("launching {}: {e}", k.0)))
+        })
     }
 
     /// Runs `f` (which enqueues work on the stream), timing it under `name`
@@ -267,7 +276,11 @@ impl Device {
     /// Enqueues a copy of `dst.len()` values from `src` (device address) to
     /// pinned host memory: the one device-to-host path of the pipeline,
     /// checked by the [`Device::sync`] that must follow before `dst` is read.
-    pub fn enqueue_read<T: DeviceRepr + ValidAsZeroBits + Copy>(&self, src: DevPtr, dst: &mut PinnedBuf<T>) -> Result<()> {
+    pub fn enqueue_read<T: DeviceRepr + ValidAsZeroBits + Copy>(
+        &self,
+        src: DevPtr,
+        dst: &mut PinnedBuf<T>,
+    ) -> Result<()> {
         let dst = dst.as_mut_slice();
         // SAFETY: `dst` is pinned host memory of `dst.len()` values that
         // stays allocated until after the sync; `src` covers as many values.
@@ -276,12 +289,16 @@ impl Device {
 
     /// Enqueues a copy of the first `count` pinned host values to device
     /// address `dst`.
-    pub fn enqueue_write<T: DeviceRepr + ValidAsZeroBits + Copy>(&self, src: &PinnedBuf<T>, dst: DevPtr, count: usize) -> Result<()> {
+    pub fn enqueue_write<T: DeviceRepr + ValidAsZeroBits + Copy>(
+        &self,
+        src: &PinnedBuf<T>,
+        dst: DevPtr,
+        count: usize,
+    ) -> Result<()> {
         let src = &src.as_slice()[..count.min(src.len)];
         // SAFETY: `src` is pinned host memory that outlives the copy (and
         // any graph that captured it); `dst` covers `count` values.
-        unsafe { result::memcpy_htod_async(dst, src, self.stream.cu_stream()) }
-            .map_err(dev_err("host to device copy"))
+        unsafe { result::memcpy_htod_async(dst, src, self.stream.cu_stream()) }.map_err(dev_err("host to device copy"))
     }
 
     /// Allocates `n` zeroed values.

@@ -37,8 +37,18 @@ pub(crate) mod names {
     pub const TO_BF16: KernelName = KernelName("to_bf16");
 
     /// Every non-mat-vec kernel (loaded when the backend starts).
-    pub const ALL: [KernelName; 10] =
-        [QUANTIZE_Q8, RESIDUAL_NORM, QKV_POST, ATTN_SPLIT, ATTN_COMBINE, EMBED_ROWS, GLU, ACT_INPLACE, DEQUANT_MATRIX, TO_BF16];
+    pub const ALL: [KernelName; 10] = [
+        QUANTIZE_Q8,
+        RESIDUAL_NORM,
+        QKV_POST,
+        ATTN_SPLIT,
+        ATTN_COMBINE,
+        EMBED_ROWS,
+        GLU,
+        ACT_INPLACE,
+        DEQUANT_MATRIX,
+        TO_BF16,
+    ];
 }
 
 /// The mat-vec kernels of one weight type: for one token (`t1`) and for up

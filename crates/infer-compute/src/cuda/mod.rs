@@ -33,8 +33,8 @@ use std::sync::Arc;
 use cudarc::cublas::{sys::cublasOperation_t, Gemm, GemmConfig};
 use ndarray::{Array2, ArrayView2};
 
-pub use device::DeviceInfo;
 use device::Device;
+pub use device::DeviceInfo;
 use kernels::{AttnArgs, NormArgs, QkvArgs};
 pub use model::{CudaKvCache, CudaModel, PREFILL_CHUNK};
 use ops::Matvec;
@@ -173,7 +173,10 @@ impl CudaBackend {
     ) -> Result<Vec<f32>> {
         let row = n_head * head_dim;
         if row == 0 || x.len() % row != 0 || spec.n_rot > head_dim || spec.n_rot % 2 != 0 {
-            return Err(shape_err("cuda rope", format!("{} values, {n_head} heads of {head_dim}, n_rot {}", x.len(), spec.n_rot)));
+            return Err(shape_err(
+                "cuda rope",
+                format!("{} values, {n_head} heads of {head_dim}, n_rot {}", x.len(), spec.n_rot),
+            ));
         }
         let d = &*self.dev;
         let xb = self.upload_f32(x)?;
@@ -295,7 +298,10 @@ impl CudaBackend {
         w.check()?;
         let quantized = ops::wants_q8(w.ty)?;
         if x.len() != n_tok * w.cols {
-            return Err(shape_err("cuda matvec", format!("W is {}x{}, x has {} values for {n_tok} tokens", w.rows, w.cols, x.len())));
+            return Err(shape_err(
+                "cuda matvec",
+                format!("W is {}x{}, x has {} values for {n_tok} tokens", w.rows, w.cols, x.len()),
+            ));
         }
         if w.rows == 0 || n_tok == 0 {
             return Ok(vec![0.0; n_tok * w.rows]);
@@ -331,7 +337,8 @@ impl CudaBackend {
         if m == 0 || n == 0 || k == 0 {
             return Ok(Array2::zeros((m, n)));
         }
-        let too_big = |v: usize| i32::try_from(v).map_err(|_| Error::Device(format!("dimension {v} exceeds cuBLAS's int range")));
+        let too_big =
+            |v: usize| i32::try_from(v).map_err(|_| Error::Device(format!("dimension {v} exceeds cuBLAS's int range")));
         let (mi, ni, ki) = (too_big(m)?, too_big(n)?, too_big(k)?);
         let a = a.as_standard_layout();
         let b = b.as_standard_layout();
@@ -388,7 +395,10 @@ impl ComputeBackend for CudaBackend {
 
     fn matvec(&self, w: &QuantWeight, x: &[f32], y: &mut [f32]) -> Result<()> {
         if x.len() != w.cols || y.len() != w.rows {
-            return Err(shape_err("matvec", format!("W is {}x{}, x has {}, y has {}", w.rows, w.cols, x.len(), y.len())));
+            return Err(shape_err(
+                "matvec",
+                format!("W is {}x{}, x has {}, y has {}", w.rows, w.cols, x.len(), y.len()),
+            ));
         }
         let out = self.matvec_rows(w, x, 1)?;
         y.copy_from_slice(&out);
@@ -410,4 +420,3 @@ impl ComputeBackend for CudaBackend {
         Ok(Box::new(self.prepare_cuda(spec)?))
     }
 }
-

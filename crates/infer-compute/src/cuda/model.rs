@@ -112,7 +112,13 @@ impl DevWeight {
             let rb = w.row_bytes();
             if let Some(bytes) = super::repack::repack(w.ty, w.rows, rb, w.data.as_bytes()) {
                 let stride = super::repack::repacked_stride(rb);
-                return Ok(DevWeight { ty: w.ty, rows: w.rows, cols: w.cols, buf: dev.upload(&bytes)?, repacked_stride: stride });
+                return Ok(DevWeight {
+                    ty: w.ty,
+                    rows: w.rows,
+                    cols: w.cols,
+                    buf: dev.upload(&bytes)?,
+                    repacked_stride: stride,
+                });
             }
         }
         Self::new(dev, w, what)
@@ -300,12 +306,18 @@ impl CudaModel {
             ops::check_attn_shape(l.n_head, l.n_head_kv, l.head_dim)?;
             for (name, n) in [("post_attention_norm", &l.post_attn_norm), ("post_ffw_norm", &l.post_ffn_norm)] {
                 if n.as_ref().is_some_and(|n| n.kind != NormType::RmsNorm) {
-                    return Err(Error::InvalidModel(format!("{}: the CUDA backend supports RMSNorm post-norms only", p(name))));
+                    return Err(Error::InvalidModel(format!(
+                        "{}: the CUDA backend supports RMSNorm post-norms only",
+                        p(name)
+                    )));
                 }
             }
             for (name, n) in [("attn_q_norm", &l.q_norm), ("attn_k_norm", &l.k_norm)] {
                 if n.as_ref().is_some_and(|n| n.kind != NormType::RmsNorm || n.bias.is_some()) {
-                    return Err(Error::InvalidModel(format!("{}: the CUDA backend supports RMSNorm q/k norms only", p(name))));
+                    return Err(Error::InvalidModel(format!(
+                        "{}: the CUDA backend supports RMSNorm q/k norms only",
+                        p(name)
+                    )));
                 }
             }
             let n_ff = l.ffn_up.rows;
@@ -348,7 +360,11 @@ impl CudaModel {
                 ffn_norm: DevNorm::new(d, &l.ffn_norm)?,
                 gated,
                 gelu: l.activation == Activation::GeluTanh,
-                gate: if gated { l.ffn_gate.as_ref().map(|g| DevWeight::matrix(d, g, &p("ffn_gate"))).transpose()? } else { None },
+                gate: if gated {
+                    l.ffn_gate.as_ref().map(|g| DevWeight::matrix(d, g, &p("ffn_gate"))).transpose()?
+                } else {
+                    None
+                },
                 up: DevWeight::matrix(d, &l.ffn_up, &p("ffn_up"))?,
                 down: DevWeight::matrix(d, &l.ffn_down, &p("ffn_down"))?,
                 post_ffn_norm: opt_norm(&l.post_ffn_norm)?,
@@ -482,7 +498,8 @@ impl CudaModel {
         let mut pos = pos0;
         for chunk in tokens.chunks(prefill_chunk(&self.max, n_split)) {
             self.ensure_buffers(chunk.len(), n_split)?;
-            let p = i32::try_from(pos).map_err(|_| Error::Device(format!("position {pos} exceeds the kernels' range")))?;
+            let p =
+                i32::try_from(pos).map_err(|_| Error::Device(format!("position {pos} exceeds the kernels' range")))?;
             {
                 // The previous chunk was synchronized: no copy reads these.
                 let b = self.bufs.as_mut().ok_or_else(|| Error::Device("buffers missing".into()))?;
@@ -618,7 +635,10 @@ impl CudaModel {
             while i < 3 {
                 let mut call = mv(targets[i].0, h, aq, ad, targets[i].1);
                 let mut j = i + 1;
-                while j < 3 && targets[j].0.ty == targets[i].0.ty && targets[j].0.repacked_stride == targets[i].0.repacked_stride {
+                while j < 3
+                    && targets[j].0.ty == targets[i].0.ty
+                    && targets[j].0.repacked_stride == targets[i].0.repacked_stride
+                {
                     call.w[j - i] = d.ptr(&targets[j].0.buf);
                     // Same type and layout: the stride is shared.
                     call.y[j - i] = targets[j].1;

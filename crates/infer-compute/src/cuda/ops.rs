@@ -27,7 +27,11 @@ pub(crate) fn quantize_q8(dev: &Device, x: DevPtr, q: DevPtr, ds: DevPtr, n_chun
         return Ok(());
     }
     let n = to_i32(n_chunks, "chunks")?;
-    let cfg = LaunchConfig { grid_dim: (to_u32(n_chunks.div_ceil(8), "grid")?, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+    let cfg = LaunchConfig {
+        grid_dim: (to_u32(n_chunks.div_ceil(8), "grid")?, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    };
     // SAFETY: x holds n_chunks·32 floats, q n_chunks·32 bytes, ds n_chunks
     // float2 (callers size them so).
     unsafe {
@@ -105,7 +109,10 @@ pub(crate) fn matvec(dev: &Device, m: &Matvec) -> Result<()> {
         ad: m.ad,
         ax: m.x,
         rows: [to_i32(m.rows[0], "rows")?, to_i32(m.rows[1], "rows")?, to_i32(m.rows[2], "rows")?],
-        row_bytes: to_i32(if m.repacked_stride > 0 { m.repacked_stride } else { m.ty.row_bytes(m.cols)? }, "row bytes")?,
+        row_bytes: to_i32(
+            if m.repacked_stride > 0 { m.repacked_stride } else { m.ty.row_bytes(m.cols)? },
+            "row bytes",
+        )?,
         cols: to_i32(m.cols, "cols")?,
         n_tok: to_i32(m.n_tok, "tokens")?,
         mode: m.mode as i32,
@@ -127,7 +134,12 @@ pub(crate) fn residual_norm(dev: &Device, args: &NormArgs, n_tok: usize) -> Resu
 /// Launches the q/k/v post-processing (bias, q/k norm, RoPE, KV append).
 pub(crate) fn qkv_post(dev: &Device, args: &QkvArgs) -> Result<()> {
     if args.hd as usize > kernels::QKV_MAX_HD || args.n_rot > args.hd {
-        return Err(Error::Device(format!("head_dim {} (n_rot {}) exceeds the CUDA limit {}", args.hd, args.n_rot, kernels::QKV_MAX_HD)));
+        return Err(Error::Device(format!(
+            "head_dim {} (n_rot {}) exceeds the CUDA limit {}",
+            args.hd,
+            args.n_rot,
+            kernels::QKV_MAX_HD
+        )));
     }
     let blocks = to_u32((args.n_head + args.n_kv) as usize, "heads")?;
     dev.launch(names::QKV_POST, (blocks, to_u32(args.n_tok as usize, "tokens")?, 1), 128, 0, args)
@@ -157,7 +169,13 @@ pub(crate) fn attention(dev: &Device, args: &AttnArgs) -> Result<()> {
     let n_gc = g.div_ceil(ATTN_MAX_G);
     let smem = ((ATTN_MAX_G * hd + ATTN_MAX_G * ATTN_SPLIT) * 4) as u32;
     let n_tok = to_u32(args.n_tok as usize, "tokens")?;
-    dev.launch(names::ATTN_SPLIT, (to_u32(n_kv * n_gc, "grid")?, to_u32(args.n_split as usize, "splits")?, n_tok), 256, smem, args)?;
+    dev.launch(
+        names::ATTN_SPLIT,
+        (to_u32(n_kv * n_gc, "grid")?, to_u32(args.n_split as usize, "splits")?, n_tok),
+        256,
+        smem,
+        args,
+    )?;
     let mut c = *args;
     if hd % 32 != 0 {
         c.oq = 0;
@@ -167,7 +185,9 @@ pub(crate) fn attention(dev: &Device, args: &AttnArgs) -> Result<()> {
     if hd % 32 != 0 && args.oq != 0 {
         let q_dim = n_head * hd;
         if q_dim % 32 != 0 {
-            return Err(Error::Device(format!("attention output of {q_dim} values cannot be quantized in chunks of 32")));
+            return Err(Error::Device(format!(
+                "attention output of {q_dim} values cannot be quantized in chunks of 32"
+            )));
         }
         quantize_q8(dev, args.out, args.oq, args.ods, args.n_tok as usize * q_dim / 32)?;
     }
@@ -208,7 +228,11 @@ pub(crate) fn glu(dev: &Device, gate: DevPtr, up: DevPtr, out: DevPtr, n: usize,
         return Ok(());
     }
     let (ni, act) = (to_i32(n, "length")?, if gelu { 0i32 } else { 1 });
-    let cfg = LaunchConfig { grid_dim: (to_u32(n.div_ceil(256), "grid")?, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+    let cfg = LaunchConfig {
+        grid_dim: (to_u32(n.div_ceil(256), "grid")?, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    };
     // SAFETY: all three buffers hold n floats.
     unsafe {
         dev.launch_with(names::GLU, cfg, |b| {
@@ -223,7 +247,11 @@ pub(crate) fn act_inplace(dev: &Device, x: DevPtr, n: usize, gelu: bool) -> Resu
         return Ok(());
     }
     let (ni, act) = (to_i32(n, "length")?, if gelu { 0i32 } else { 1 });
-    let cfg = LaunchConfig { grid_dim: (to_u32(n.div_ceil(256), "grid")?, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+    let cfg = LaunchConfig {
+        grid_dim: (to_u32(n.div_ceil(256), "grid")?, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    };
     // SAFETY: x holds n floats.
     unsafe {
         dev.launch_with(names::ACT_INPLACE, cfg, |b| {
@@ -273,7 +301,8 @@ pub(crate) fn dequant_matrix(
     if rows == 0 || cols == 0 {
         return Ok(());
     }
-    let (tyi, st, n, rp) = (ty.id() as i32, to_i32(stride, "row stride")?, to_i32(cols, "row length")?, repacked as i32);
+    let (tyi, st, n, rp) =
+        (ty.id() as i32, to_i32(stride, "row stride")?, to_i32(cols, "row length")?, repacked as i32);
     let bf = (prec == GemmPrecision::Bf16) as i32;
     // 64 threads: DQ_THREADS in elementwise.cu.
     let cfg = LaunchConfig { grid_dim: (to_u32(rows, "rows")?, 1, 1), block_dim: (64, 1, 1), shared_mem_bytes: 0 };
@@ -292,7 +321,11 @@ pub(crate) fn to_bf16(dev: &Device, x: DevPtr, out: DevPtr, n: usize) -> Result<
         return Ok(());
     }
     let ni = to_i32(n, "length")?;
-    let cfg = LaunchConfig { grid_dim: (to_u32(n.div_ceil(256), "grid")?, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+    let cfg = LaunchConfig {
+        grid_dim: (to_u32(n.div_ceil(256), "grid")?, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    };
     // SAFETY: x holds n floats, out n bf16 values.
     unsafe {
         dev.launch_with(names::TO_BF16, cfg, |b| {
@@ -306,7 +339,16 @@ pub(crate) fn to_bf16(dev: &Device, x: DevPtr, out: DevPtr, n: usize) -> Result<
 /// operand type), `y` is `n_tok × rows` row-major f32, on the device's
 /// stream.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn gemm(dev: &Device, prec: GemmPrecision, w: DevPtr, x: DevPtr, y: DevPtr, rows: usize, cols: usize, n_tok: usize) -> Result<()> {
+pub(crate) fn gemm(
+    dev: &Device,
+    prec: GemmPrecision,
+    w: DevPtr,
+    x: DevPtr,
+    y: DevPtr,
+    rows: usize,
+    cols: usize,
+    n_tok: usize,
+) -> Result<()> {
     use cudarc::cublas::sys::{self as cb, cublasOperation_t};
     if rows == 0 || cols == 0 || n_tok == 0 {
         return Ok(());
@@ -314,8 +356,12 @@ pub(crate) fn gemm(dev: &Device, prec: GemmPrecision, w: DevPtr, x: DevPtr, y: D
     let (m, n, k) = (to_i32(rows, "rows")?, to_i32(n_tok, "tokens")?, to_i32(cols, "columns")?);
     let (alpha, beta) = (1.0f32, 0.0f32);
     let (ab_type, compute, name) = match prec {
-        GemmPrecision::Tf32 => (cb::cudaDataType::CUDA_R_32F, cb::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32, "cublas_gemm_tf32"),
-        GemmPrecision::Bf16 => (cb::cudaDataType::CUDA_R_16BF, cb::cublasComputeType_t::CUBLAS_COMPUTE_32F, "cublas_gemm_bf16"),
+        GemmPrecision::Tf32 => {
+            (cb::cudaDataType::CUDA_R_32F, cb::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32, "cublas_gemm_tf32")
+        }
+        GemmPrecision::Bf16 => {
+            (cb::cudaDataType::CUDA_R_16BF, cb::cublasComputeType_t::CUBLAS_COMPUTE_32F, "cublas_gemm_bf16")
+        }
     };
     // Column-major view: Y (rows × n_tok, ld rows) = Wᵀ-view (W is
     // cols × rows column-major, transposed) · X-view (cols × n_tok).

@@ -107,10 +107,7 @@ pub fn cholesky(a: ArrayView2<f64>, ridge: f64) -> Result<CholeskyFactor> {
     const OP: &str = "cholesky";
     let (n, ncols) = a.dim();
     if n != ncols {
-        return Err(shape_err(
-            OP,
-            format!("matrix must be square, got [{n}, {ncols}]"),
-        ));
+        return Err(shape_err(OP, format!("matrix must be square, got [{n}, {ncols}]")));
     }
     check_ridge(OP, ridge)?;
     check_finite_f64(a, "cholesky input matrix")?;
@@ -144,9 +141,7 @@ pub(super) fn factor_shifted(m: Mat<f64>, ridge: f64) -> Result<CholeskyFactor> 
 fn negligible_pivot(llt: &Llt<f64>, m: MatRef<'_, f64>) -> Option<(usize, f64)> {
     let tol = m.nrows() as f64 * f64::EPSILON;
     let l = llt.L();
-    (0..l.nrows())
-        .map(|k| (k, l[(k, k)] * l[(k, k)]))
-        .find(|&(k, d)| d <= tol * m[(k, k)])
+    (0..l.nrows()).map(|k| (k, l[(k, k)] * l[(k, k)])).find(|&(k, d)| d <= tol * m[(k, k)])
 }
 
 /// The pivot to report when faer found pivot `k` non-positive: factor the
@@ -167,11 +162,7 @@ fn failing_pivot(m: MatRef<'_, f64>, mut k: usize) -> (usize, f64) {
                 }
                 // Lower triangle only: row k of m, columns 0..k, as a column.
                 let mut y = Mat::from_fn(k, 1, |i, _| m[(k, i)]);
-                faer::linalg::triangular_solve::solve_lower_triangular_in_place(
-                    llt.L(),
-                    y.as_mut(),
-                    faer::Par::Seq,
-                );
+                faer::linalg::triangular_solve::solve_lower_triangular_in_place(llt.L(), y.as_mut(), faer::Par::Seq);
                 let yty: f64 = (0..k).map(|i| y[(i, 0)] * y[(i, 0)]).sum();
                 return (k, m[(k, k)] - yty);
             }

@@ -49,10 +49,7 @@ fn check_ridge(op: &'static str, ridge: f64) -> Result<()> {
     if ridge < 0.0 {
         // error.rs has no general invalid-argument variant; `Shape` carries
         // the op name and a readable detail.
-        return Err(shape_err(
-            op,
-            format!("ridge coefficient must be >= 0, got {ridge}"),
-        ));
+        return Err(shape_err(op, format!("ridge coefficient must be >= 0, got {ridge}")));
     }
     Ok(())
 }

@@ -105,11 +105,7 @@ impl RidgeReport {
 ///   precision (`λ = 0` with dependent keys, duplicated facts, or
 ///   `N > d_in`); the pivot names the first key that depends on the earlier
 ///   ones. Raise `lambda`.
-pub fn ridge_decomposition_solve(
-    k: ArrayView2<f32>,
-    t: ArrayView2<f32>,
-    lambda: f64,
-) -> Result<Array2<f32>> {
+pub fn ridge_decomposition_solve(k: ArrayView2<f32>, t: ArrayView2<f32>, lambda: f64) -> Result<Array2<f32>> {
     let (delta, _) = solve_f64(k, t, lambda)?;
     Ok(delta)
 }
@@ -132,19 +128,9 @@ pub fn ridge_decomposition_solve_with_report(
     // Y = K · ΔWᵀ : [N, d_out], row i = (ΔW·kᵢ)ᵀ, with the f32 ΔW the caller gets.
     let dw = Mat::from_fn(d_out, d_in, |i, j| f64::from(delta[[i, j]]));
     let mut y = Mat::<f64>::zeros(n, d_out);
-    matmul(
-        y.as_mut(),
-        Accum::Replace,
-        k64.as_ref(),
-        dw.transpose(),
-        1.0,
-        faer::get_global_parallelism(),
-    );
+    matmul(y.as_mut(), Accum::Replace, k64.as_ref(), dw.transpose(), 1.0, faer::get_global_parallelism());
 
-    let mut report = RidgeReport {
-        cosine: Vec::with_capacity(n),
-        relative_residual: Vec::with_capacity(n),
-    };
+    let mut report = RidgeReport { cosine: Vec::with_capacity(n), relative_residual: Vec::with_capacity(n) };
     for i in 0..n {
         let (mut dot, mut yy, mut tt, mut rr) = (0.0, 0.0, 0.0, 0.0);
         for j in 0..d_out {
@@ -159,11 +145,7 @@ pub fn ridge_decomposition_solve_with_report(
             (false, false) => 1.0,
             _ => 0.0,
         };
-        let residual = if tt > 0.0 {
-            (rr / tt).sqrt()
-        } else {
-            rr.sqrt()
-        };
+        let residual = if tt > 0.0 { (rr / tt).sqrt() } else { rr.sqrt() };
         report.cosine.push(cosine);
         report.relative_residual.push(residual);
     }
@@ -172,21 +154,14 @@ pub fn ridge_decomposition_solve_with_report(
 
 /// Shared body: checks, f64 solve, rounding to f32. Also returns `K` in f64
 /// for the report.
-fn solve_f64(
-    k: ArrayView2<f32>,
-    t: ArrayView2<f32>,
-    lambda: f64,
-) -> Result<(Array2<f32>, Mat<f64>)> {
+fn solve_f64(k: ArrayView2<f32>, t: ArrayView2<f32>, lambda: f64) -> Result<(Array2<f32>, Mat<f64>)> {
     const OP: &str = "ridge_decomposition_solve";
     let (n, d_in) = k.dim();
     let d_out = t.ncols();
     if t.nrows() != n {
         return Err(shape_err(
             OP,
-            format!(
-                "keys are [{n}, {d_in}] but targets are [{}, {d_out}]: one target row per key row",
-                t.nrows()
-            ),
+            format!("keys are [{n}, {d_in}] but targets are [{}, {d_out}]: one target row per key row", t.nrows()),
         ));
     }
     check_ridge(OP, lambda)?;
@@ -205,14 +180,7 @@ fn solve_f64(
 
     // G = K·Kᵀ + λI : [N, N]. Finite: |f32|² · d_in stays far below f64::MAX.
     let mut gram = Mat::<f64>::zeros(n, n);
-    matmul(
-        gram.as_mut(),
-        Accum::Replace,
-        k64.as_ref(),
-        k64.transpose(),
-        1.0,
-        par,
-    );
+    matmul(gram.as_mut(), Accum::Replace, k64.as_ref(), k64.transpose(), 1.0, par);
     for i in 0..n {
         gram[(i, i)] += lambda;
     }
@@ -224,20 +192,11 @@ fn solve_f64(
     let mut x = k64.clone();
     chol.llt().solve_in_place(x.as_mut());
     let mut dw = Mat::<f64>::zeros(d_out, d_in);
-    matmul(
-        dw.as_mut(),
-        Accum::Replace,
-        t64.transpose(),
-        x.as_ref(),
-        1.0,
-        par,
-    );
+    matmul(dw.as_mut(), Accum::Replace, t64.transpose(), x.as_ref(), 1.0, par);
 
     let delta = Array2::from_shape_fn((d_out, d_in), |(i, j)| dw[(i, j)] as f32);
     if !delta.iter().all(|x| x.is_finite()) {
-        return Err(Error::NonFinite(
-            "ridge_decomposition_solve result (beyond the f32 range)",
-        ));
+        return Err(Error::NonFinite("ridge_decomposition_solve result (beyond the f32 range)"));
     }
     Ok((delta, k64))
 }

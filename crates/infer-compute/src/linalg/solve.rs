@@ -25,11 +25,7 @@ pub fn cholesky_solve(l: &CholeskyFactor, b: ArrayView2<f64>) -> Result<Array2<f
     if b.nrows() != n {
         return Err(shape_err(
             "cholesky_solve",
-            format!(
-                "factor is [{n}, {n}] but b is [{}, {}]",
-                b.nrows(),
-                b.ncols()
-            ),
+            format!("factor is [{n}, {n}] but b is [{}, {}]", b.nrows(), b.ncols()),
         ));
     }
     check_finite_f64(b, "cholesky_solve right-hand side")?;

@@ -183,10 +183,7 @@ mod tests {
         // 1 + 2^-11 is exactly halfway between 1 and 1 + 2^-10: ties to even (1).
         assert_eq!(f32_to_f16(1.0 + f32::powi(2.0, -11)).to_bits(), 0x3c00);
         // 1 + 3·2^-11 is halfway between 1 + 2^-10 and 1 + 2^-9: ties to even (up).
-        assert_eq!(
-            f32_to_f16(1.0 + 3.0 * f32::powi(2.0, -11)).to_bits(),
-            0x3c02
-        );
+        assert_eq!(f32_to_f16(1.0 + 3.0 * f32::powi(2.0, -11)).to_bits(), 0x3c02);
         assert_eq!(f32_to_f16(65504.0).to_bits(), 0x7bff);
         assert_eq!(f32_to_f16(65520.0).to_bits(), 0x7c00);
         assert_eq!(f32_to_f16(-1e10).to_bits(), 0xfc00);
@@ -221,10 +218,7 @@ mod tests {
 
     #[test]
     fn float_dots_sum_in_f64() {
-        let w: Vec<f16> = [1.0f32, 1e-4, -1.0]
-            .iter()
-            .map(|&v| f32_to_f16(v))
-            .collect();
+        let w: Vec<f16> = [1.0f32, 1e-4, -1.0].iter().map(|&v| f32_to_f16(v)).collect();
         let a: Vec<f16> = [1.0f32; 3].iter().map(|&v| f32_to_f16(v)).collect();
         let expect = (f64::from(f16_to_f32(w[0])) + f64::from(f16_to_f32(w[1])) - 1.0) as f32;
         assert_eq!(f16::vec_dot_ref(&w, &a), expect);

@@ -27,9 +27,7 @@ const _: () = assert!(std::mem::size_of::<BlockIQ4NL>() == 18);
 
 /// The 16 reconstruction levels of IQ4_NL (and IQ4_XS), ascending
 /// (ggml `kvalues_iq4nl`).
-pub const KVALUES_IQ4NL: [i8; 16] = [
-    -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
-];
+pub const KVALUES_IQ4NL: [i8; 16] = [-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113];
 
 /// Blocks whose largest magnitude is below this are stored with `d = 0`
 /// (ggml `GROUP_MAX_EPS`).

@@ -583,7 +583,11 @@ mod tests {
 /// against their maxima; the levels `0..=nmax` re-rounded against the
 /// f16-rounded effective scale and min. Returns the packed 6-bit scales,
 /// `d`, `dmin` and the levels.
-pub(crate) fn quantize_superblock_qkx2(xb: &[f32], nmax: i32, params: Qkx2Params) -> ([u8; 12], f16, f16, [u8; super::QK_K]) {
+pub(crate) fn quantize_superblock_qkx2(
+    xb: &[f32],
+    nmax: i32,
+    params: Qkx2Params,
+) -> ([u8; 12], f16, f16, [u8; super::QK_K]) {
     let mut l = [0u8; super::QK_K];
     let mut laux = [0u8; 32];
     let mut weights = [0f32; 32];
@@ -645,7 +649,13 @@ pub(crate) fn quantize_superblock_qkx2(xb: &[f32], nmax: i32, params: Qkx2Params
 /// `ggml_vec_dot_q5_K_q8_K`: `d·d8·Σ_g s_g·Σ q·q8 - dmin·d8·Σ_g
 /// m_g·(bsum_2g + bsum_2g+1)` for unpacked levels `q` (0..=15 or 0..=31)
 /// in groups of 32 with packed 6-bit scales and mins, integer sums inside.
-pub(crate) fn dot_block_scale_min_k4(q: &[i8; super::QK_K], scales: &[u8; 12], d: f16, dmin: f16, yb: &super::BlockQ8K) -> f32 {
+pub(crate) fn dot_block_scale_min_k4(
+    q: &[i8; super::QK_K],
+    scales: &[u8; 12],
+    d: f16,
+    dmin: f16,
+    yb: &super::BlockQ8K,
+) -> f32 {
     let mut sm = [(0u8, 0u8); 8];
     for (j, v) in sm.iter_mut().enumerate() {
         *v = get_scale_min_k4(j, scales);

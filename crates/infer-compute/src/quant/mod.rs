@@ -82,22 +82,70 @@ macro_rules! with_block_type {
     ($ty:expr, $B:ident => $body:expr) => {{
         use $crate::quant::*;
         match $ty {
-            $crate::GgmlType::F32 => { type $B = f32; $body }
-            $crate::GgmlType::F16 => { type $B = half::f16; $body }
-            $crate::GgmlType::BF16 => { type $B = half::bf16; $body }
-            $crate::GgmlType::Q4_0 => { type $B = BlockQ4_0; $body }
-            $crate::GgmlType::Q4_1 => { type $B = BlockQ4_1; $body }
-            $crate::GgmlType::Q5_0 => { type $B = BlockQ5_0; $body }
-            $crate::GgmlType::Q5_1 => { type $B = BlockQ5_1; $body }
-            $crate::GgmlType::Q8_0 => { type $B = BlockQ8_0; $body }
-            $crate::GgmlType::Q8_1 => { type $B = BlockQ8_1; $body }
-            $crate::GgmlType::Q2_K => { type $B = BlockQ2K; $body }
-            $crate::GgmlType::Q3_K => { type $B = BlockQ3K; $body }
-            $crate::GgmlType::Q4_K => { type $B = BlockQ4K; $body }
-            $crate::GgmlType::Q5_K => { type $B = BlockQ5K; $body }
-            $crate::GgmlType::Q6_K => { type $B = BlockQ6K; $body }
-            $crate::GgmlType::Q8_K => { type $B = BlockQ8K; $body }
-            $crate::GgmlType::IQ4_NL => { type $B = BlockIQ4NL; $body }
+            $crate::GgmlType::F32 => {
+                type $B = f32;
+                $body
+            }
+            $crate::GgmlType::F16 => {
+                type $B = half::f16;
+                $body
+            }
+            $crate::GgmlType::BF16 => {
+                type $B = half::bf16;
+                $body
+            }
+            $crate::GgmlType::Q4_0 => {
+                type $B = BlockQ4_0;
+                $body
+            }
+            $crate::GgmlType::Q4_1 => {
+                type $B = BlockQ4_1;
+                $body
+            }
+            $crate::GgmlType::Q5_0 => {
+                type $B = BlockQ5_0;
+                $body
+            }
+            $crate::GgmlType::Q5_1 => {
+                type $B = BlockQ5_1;
+                $body
+            }
+            $crate::GgmlType::Q8_0 => {
+                type $B = BlockQ8_0;
+                $body
+            }
+            $crate::GgmlType::Q8_1 => {
+                type $B = BlockQ8_1;
+                $body
+            }
+            $crate::GgmlType::Q2_K => {
+                type $B = BlockQ2K;
+                $body
+            }
+            $crate::GgmlType::Q3_K => {
+                type $B = BlockQ3K;
+                $body
+            }
+            $crate::GgmlType::Q4_K => {
+                type $B = BlockQ4K;
+                $body
+            }
+            $crate::GgmlType::Q5_K => {
+                type $B = BlockQ5K;
+                $body
+            }
+            $crate::GgmlType::Q6_K => {
+                type $B = BlockQ6K;
+                $body
+            }
+            $crate::GgmlType::Q8_K => {
+                type $B = BlockQ8K;
+                $body
+            }
+            $crate::GgmlType::IQ4_NL => {
+                type $B = BlockIQ4NL;
+                $body
+            }
         }
     }};
 }
@@ -110,20 +158,62 @@ macro_rules! with_weight_type {
     ($ty:expr, $W:ident => $body:expr, else $none:expr) => {{
         use $crate::quant::*;
         match $ty {
-            $crate::GgmlType::F32 => { type $W = f32; $body }
-            $crate::GgmlType::F16 => { type $W = half::f16; $body }
-            $crate::GgmlType::BF16 => { type $W = half::bf16; $body }
-            $crate::GgmlType::Q4_0 => { type $W = BlockQ4_0; $body }
-            $crate::GgmlType::Q4_1 => { type $W = BlockQ4_1; $body }
-            $crate::GgmlType::Q5_0 => { type $W = BlockQ5_0; $body }
-            $crate::GgmlType::Q5_1 => { type $W = BlockQ5_1; $body }
-            $crate::GgmlType::Q8_0 => { type $W = BlockQ8_0; $body }
-            $crate::GgmlType::Q2_K => { type $W = BlockQ2K; $body }
-            $crate::GgmlType::Q3_K => { type $W = BlockQ3K; $body }
-            $crate::GgmlType::Q4_K => { type $W = BlockQ4K; $body }
-            $crate::GgmlType::Q5_K => { type $W = BlockQ5K; $body }
-            $crate::GgmlType::Q6_K => { type $W = BlockQ6K; $body }
-            $crate::GgmlType::IQ4_NL => { type $W = BlockIQ4NL; $body }
+            $crate::GgmlType::F32 => {
+                type $W = f32;
+                $body
+            }
+            $crate::GgmlType::F16 => {
+                type $W = half::f16;
+                $body
+            }
+            $crate::GgmlType::BF16 => {
+                type $W = half::bf16;
+                $body
+            }
+            $crate::GgmlType::Q4_0 => {
+                type $W = BlockQ4_0;
+                $body
+            }
+            $crate::GgmlType::Q4_1 => {
+                type $W = BlockQ4_1;
+                $body
+            }
+            $crate::GgmlType::Q5_0 => {
+                type $W = BlockQ5_0;
+                $body
+            }
+            $crate::GgmlType::Q5_1 => {
+                type $W = BlockQ5_1;
+                $body
+            }
+            $crate::GgmlType::Q8_0 => {
+                type $W = BlockQ8_0;
+                $body
+            }
+            $crate::GgmlType::Q2_K => {
+                type $W = BlockQ2K;
+                $body
+            }
+            $crate::GgmlType::Q3_K => {
+                type $W = BlockQ3K;
+                $body
+            }
+            $crate::GgmlType::Q4_K => {
+                type $W = BlockQ4K;
+                $body
+            }
+            $crate::GgmlType::Q5_K => {
+                type $W = BlockQ5K;
+                $body
+            }
+            $crate::GgmlType::Q6_K => {
+                type $W = BlockQ6K;
+                $body
+            }
+            $crate::GgmlType::IQ4_NL => {
+                type $W = BlockIQ4NL;
+                $body
+            }
             $crate::GgmlType::Q8_1 | $crate::GgmlType::Q8_K => $none,
         }
     }};
@@ -137,7 +227,10 @@ macro_rules! with_weight_type {
 pub fn blocks<B: BlockFormat>(bytes: &[u8]) -> Result<&[B]> {
     let size = std::mem::size_of::<B>();
     if bytes.len() % size != 0 {
-        return Err(shape_err("blocks", format!("{} bytes is not a whole number of {}-byte {} blocks", bytes.len(), size, B::TYPE)));
+        return Err(shape_err(
+            "blocks",
+            format!("{} bytes is not a whole number of {}-byte {} blocks", bytes.len(), size, B::TYPE),
+        ));
     }
     bytemuck::try_cast_slice(bytes).map_err(|_| Error::Misaligned { ty: B::TYPE })
 }
@@ -146,7 +239,10 @@ pub fn blocks<B: BlockFormat>(bytes: &[u8]) -> Result<&[B]> {
 pub fn blocks_mut<B: BlockFormat>(bytes: &mut [u8]) -> Result<&mut [B]> {
     let size = std::mem::size_of::<B>();
     if bytes.len() % size != 0 {
-        return Err(shape_err("blocks_mut", format!("{} bytes is not a whole number of {}-byte {} blocks", bytes.len(), size, B::TYPE)));
+        return Err(shape_err(
+            "blocks_mut",
+            format!("{} bytes is not a whole number of {}-byte {} blocks", bytes.len(), size, B::TYPE),
+        ));
     }
     bytemuck::try_cast_slice_mut(bytes).map_err(|_| Error::Misaligned { ty: B::TYPE })
 }

@@ -90,8 +90,7 @@ impl VecDot for BlockQ4_1 {
                 sumi += (q & 0x0f) as i32 * ab.qs[j] as i32;
                 sumi += (q >> 4) as i32 * ab.qs[j + QK / 2] as i32;
             }
-            sumf += (f16_to_f32(wb.d) * f16_to_f32(ab.d)) * sumi as f32
-                + f16_to_f32(wb.m) * f16_to_f32(ab.s);
+            sumf += (f16_to_f32(wb.d) * f16_to_f32(ab.d)) * sumi as f32 + f16_to_f32(wb.m) * f16_to_f32(ab.s);
         }
         sumf
     }

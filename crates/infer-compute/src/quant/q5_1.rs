@@ -74,8 +74,7 @@ impl VecDot for BlockQ5_1 {
             for (q, &qa) in unpack5(&wb.qs, wb.qh).iter().zip(&ab.qs) {
                 sumi += *q as i32 * qa as i32;
             }
-            sumf += (f16_to_f32(wb.d) * f16_to_f32(ab.d)) * sumi as f32
-                + f16_to_f32(wb.m) * f16_to_f32(ab.s);
+            sumf += (f16_to_f32(wb.d) * f16_to_f32(ab.d)) * sumi as f32 + f16_to_f32(wb.m) * f16_to_f32(ab.s);
         }
         sumf
     }

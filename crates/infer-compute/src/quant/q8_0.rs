@@ -68,12 +68,7 @@ impl VecDot for BlockQ8_0 {
     fn vec_dot_ref(w: &[Self], a: &[Self::Act]) -> f32 {
         let mut sumf = 0.0f32;
         for (wb, ab) in w.iter().zip(a) {
-            let sumi: i32 = wb
-                .qs
-                .iter()
-                .zip(&ab.qs)
-                .map(|(&p, &q)| p as i32 * q as i32)
-                .sum();
+            let sumi: i32 = wb.qs.iter().zip(&ab.qs).map(|(&p, &q)| p as i32 * q as i32).sum();
             sumf += sumi as f32 * (f16_to_f32(wb.d) * f16_to_f32(ab.d));
         }
         sumf

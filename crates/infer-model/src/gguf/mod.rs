@@ -127,10 +127,7 @@ impl GgufFile {
     /// file of version 2 or 3.
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref();
-        let io_err = |source| Error::Io {
-            path: path.to_path_buf(),
-            source,
-        };
+        let io_err = |source| Error::Io { path: path.to_path_buf(), source };
         let file = File::open(path).map_err(io_err)?;
         let len = file.metadata().map_err(io_err)?.len();
         let storage = if len == 0 {
@@ -212,8 +209,7 @@ impl GgufFile {
     }
 
     fn require(&self, key: &str) -> Result<&Value> {
-        self.get(key)
-            .ok_or_else(|| Error::MissingKey(key.to_owned()))
+        self.get(key).ok_or_else(|| Error::MissingKey(key.to_owned()))
     }
 
     fn typed<'a, T>(
@@ -223,11 +219,7 @@ impl GgufFile {
         conv: impl FnOnce(&'a Value) -> Option<T>,
     ) -> Result<T> {
         let v = self.require(key)?;
-        conv(v).ok_or_else(|| Error::KeyType {
-            key: key.to_owned(),
-            expected,
-            found: v.type_description(),
-        })
+        conv(v).ok_or_else(|| Error::KeyType { key: key.to_owned(), expected, found: v.type_description() })
     }
 
     /// An integer key as `u32`. Any integer type is accepted when its
@@ -312,11 +304,7 @@ impl GgufFile {
         conv: impl Fn(&'a Value) -> Option<T>,
     ) -> Result<Vec<T>> {
         let v = self.require(key)?;
-        let mismatch = || Error::KeyType {
-            key: key.to_owned(),
-            expected,
-            found: v.type_description(),
-        };
+        let mismatch = || Error::KeyType { key: key.to_owned(), expected, found: v.type_description() };
         let items = v.as_array().ok_or_else(mismatch)?;
         let mut out = Vec::with_capacity(items.len());
         for item in items {
@@ -376,15 +364,11 @@ impl GgufFile {
     /// opened). An info that does not belong to this file and points past
     /// its end gives an empty slice.
     pub fn tensor_data(&self, t: &TensorInfo) -> &[u8] {
-        self.data_range(t)
-            .and_then(|(start, len)| self.bytes().get(start..start + len))
-            .unwrap_or(&[])
+        self.data_range(t).and_then(|(start, len)| self.bytes().get(start..start + len)).unwrap_or(&[])
     }
 
     fn data_range(&self, t: &TensorInfo) -> Option<(usize, usize)> {
-        let start = self
-            .data_offset
-            .checked_add(usize::try_from(t.offset).ok()?)?;
+        let start = self.data_offset.checked_add(usize::try_from(t.offset).ok()?)?;
         start.checked_add(t.n_bytes)?;
         Some((start, t.n_bytes))
     }
@@ -398,9 +382,7 @@ impl GgufFile {
     /// # Errors
     /// [`Error::MissingTensor`] when there is no tensor of that name.
     pub fn weight(&self, name: &str) -> Result<QuantWeight> {
-        let t = self
-            .tensor(name)
-            .ok_or_else(|| Error::MissingTensor(name.to_owned()))?;
+        let t = self.tensor(name).ok_or_else(|| Error::MissingTensor(name.to_owned()))?;
         self.tensor_weight(t)
     }
 

@@ -58,10 +58,7 @@ struct Short {
 
 impl Short {
     fn message(&self) -> String {
-        format!(
-            "truncated: {} needs {} byte(s) at offset {}, only {} left",
-            self.item, self.need, self.pos, self.left
-        )
+        format!("truncated: {} needs {} byte(s) at offset {}, only {} left", self.item, self.need, self.pos, self.left)
     }
 }
 
@@ -89,12 +86,7 @@ impl<'a> Cursor<'a> {
 
     fn take(&mut self, n: u64, item: &'static str) -> Result<&'a [u8], Short> {
         if n > self.left() as u64 {
-            return Err(Short {
-                pos: self.pos,
-                need: n,
-                left: self.left(),
-                item,
-            });
+            return Err(Short { pos: self.pos, need: n, left: self.left(), item });
         }
         let n = n as usize;
         let s = &self.buf[self.pos..self.pos + n];
@@ -142,36 +134,16 @@ impl<'a> Cursor<'a> {
     fn value(&mut self, ty: u32, depth: usize) -> Result<Value, String> {
         let pos = self.pos;
         let value = match ty {
-            tag::U8 => Value::U8(u8::from_le_bytes(
-                self.array("u8 value").map_err(|s| s.message())?,
-            )),
-            tag::I8 => Value::I8(i8::from_le_bytes(
-                self.array("i8 value").map_err(|s| s.message())?,
-            )),
-            tag::U16 => Value::U16(u16::from_le_bytes(
-                self.array("u16 value").map_err(|s| s.message())?,
-            )),
-            tag::I16 => Value::I16(i16::from_le_bytes(
-                self.array("i16 value").map_err(|s| s.message())?,
-            )),
-            tag::U32 => Value::U32(u32::from_le_bytes(
-                self.array("u32 value").map_err(|s| s.message())?,
-            )),
-            tag::I32 => Value::I32(i32::from_le_bytes(
-                self.array("i32 value").map_err(|s| s.message())?,
-            )),
-            tag::F32 => Value::F32(f32::from_le_bytes(
-                self.array("f32 value").map_err(|s| s.message())?,
-            )),
-            tag::U64 => Value::U64(u64::from_le_bytes(
-                self.array("u64 value").map_err(|s| s.message())?,
-            )),
-            tag::I64 => Value::I64(i64::from_le_bytes(
-                self.array("i64 value").map_err(|s| s.message())?,
-            )),
-            tag::F64 => Value::F64(f64::from_le_bytes(
-                self.array("f64 value").map_err(|s| s.message())?,
-            )),
+            tag::U8 => Value::U8(u8::from_le_bytes(self.array("u8 value").map_err(|s| s.message())?)),
+            tag::I8 => Value::I8(i8::from_le_bytes(self.array("i8 value").map_err(|s| s.message())?)),
+            tag::U16 => Value::U16(u16::from_le_bytes(self.array("u16 value").map_err(|s| s.message())?)),
+            tag::I16 => Value::I16(i16::from_le_bytes(self.array("i16 value").map_err(|s| s.message())?)),
+            tag::U32 => Value::U32(u32::from_le_bytes(self.array("u32 value").map_err(|s| s.message())?)),
+            tag::I32 => Value::I32(i32::from_le_bytes(self.array("i32 value").map_err(|s| s.message())?)),
+            tag::F32 => Value::F32(f32::from_le_bytes(self.array("f32 value").map_err(|s| s.message())?)),
+            tag::U64 => Value::U64(u64::from_le_bytes(self.array("u64 value").map_err(|s| s.message())?)),
+            tag::I64 => Value::I64(i64::from_le_bytes(self.array("i64 value").map_err(|s| s.message())?)),
+            tag::F64 => Value::F64(f64::from_le_bytes(self.array("f64 value").map_err(|s| s.message())?)),
             tag::BOOL => match self.array::<1>("bool value").map_err(|s| s.message())?[0] {
                 0 => Value::Bool(false),
                 1 => Value::Bool(true),
@@ -180,13 +152,10 @@ impl<'a> Cursor<'a> {
             tag::STRING => Value::String(self.string()?),
             tag::ARRAY => {
                 if depth >= MAX_ARRAY_DEPTH {
-                    return Err(format!(
-                        "arrays nested deeper than {MAX_ARRAY_DEPTH} levels at offset {pos}"
-                    ));
+                    return Err(format!("arrays nested deeper than {MAX_ARRAY_DEPTH} levels at offset {pos}"));
                 }
                 let elem = self.u32("array element type").map_err(|s| s.message())?;
-                let (Some(elem_name), Some(min_size)) = (tag_name(elem), min_encoded_size(elem))
-                else {
+                let (Some(elem_name), Some(min_size)) = (tag_name(elem), min_encoded_size(elem)) else {
                     return Err(format!("unknown array element type {elem} at offset {pos}"));
                 };
                 let count_pos = self.pos;
@@ -233,10 +202,7 @@ fn parse_inner(buf: &[u8]) -> Result<Parsed, String> {
     // Header.
     let magic = cur.take(4, "magic").context(|| "header".into())?;
     if magic != MAGIC {
-        return Err(format!(
-            "bad magic {:?} (expected \"GGUF\")",
-            magic.escape_ascii().to_string()
-        ));
+        return Err(format!("bad magic {:?} (expected \"GGUF\")", magic.escape_ascii().to_string()));
     }
     let version = cur.u32("version").context(|| "header".into())?;
     match version {
@@ -248,11 +214,7 @@ fn parse_inner(buf: &[u8]) -> Result<Parsed, String> {
                 v.swap_bytes()
             ))
         }
-        v => {
-            return Err(format!(
-                "unsupported GGUF version {v} (versions 2 and 3 are supported)"
-            ))
-        }
+        v => return Err(format!("unsupported GGUF version {v} (versions 2 and 3 are supported)")),
     }
     let n_tensors = cur.u64("tensor count").context(|| "header".into())?;
     let n_kv = cur.u64("metadata count").context(|| "header".into())?;
@@ -274,10 +236,7 @@ fn parse_inner(buf: &[u8]) -> Result<Parsed, String> {
         Some(&i) => {
             let v = &metadata[i].1;
             let Some(a) = v.as_u32() else {
-                return Err(format!(
-                    "`{ALIGNMENT_KEY}` must be a u32, found {} {v}",
-                    v.type_name()
-                ));
+                return Err(format!("`{ALIGNMENT_KEY}` must be a u32, found {} {v}", v.type_name()));
             };
             if !a.is_power_of_two() {
                 return Err(format!("`{ALIGNMENT_KEY}` = {a} is not a power of two"));
@@ -286,14 +245,10 @@ fn parse_inner(buf: &[u8]) -> Result<Parsed, String> {
         }
     };
 
-    let (tensors, tensor_index) =
-        read_tensor_infos(&mut cur, n_tensors).map_err(|e| hinted(&tensor_hint, e))?;
+    let (tensors, tensor_index) = read_tensor_infos(&mut cur, n_tensors).map_err(|e| hinted(&tensor_hint, e))?;
 
     // Data section.
-    let data_offset = cur
-        .pos
-        .checked_next_multiple_of(alignment)
-        .ok_or("data offset overflows")?;
+    let data_offset = cur.pos.checked_next_multiple_of(alignment).ok_or("data offset overflows")?;
     if !tensors.is_empty() && data_offset > buf.len() {
         return Err(format!(
             "truncated: the data section would start at offset {data_offset}, past the end of the file ({} bytes)",
@@ -335,15 +290,7 @@ fn parse_inner(buf: &[u8]) -> Result<Parsed, String> {
         }
     }
 
-    Ok(Parsed {
-        version,
-        alignment,
-        data_offset,
-        metadata,
-        key_index,
-        tensors,
-        tensor_index,
-    })
+    Ok(Parsed { version, alignment, data_offset, metadata, key_index, tensors, tensor_index })
 }
 
 /// A note for a header count that cannot fit in the `left` bytes after the
@@ -351,9 +298,7 @@ fn parse_inner(buf: &[u8]) -> Result<Parsed, String> {
 fn impossible_count(count: u64, min_bytes: u64, left: u64, what: &str) -> Option<String> {
     match count.checked_mul(min_bytes) {
         Some(need) if need <= left => None,
-        _ => Some(format!(
-            "the header declares {count} {what}, more than the {left} bytes after it can hold"
-        )),
+        _ => Some(format!("the header declares {count} {what}, more than the {left} bytes after it can hold")),
     }
 }
 
@@ -367,19 +312,11 @@ fn read_metadata(cur: &mut Cursor<'_>, n_kv: u64) -> Result<Metadata, String> {
     let mut key_index = HashMap::with_capacity(cap);
     for i in 0..n_kv {
         let entry_pos = cur.pos;
-        let key = cur
-            .string()
-            .map_err(|e| format!("metadata entry {i} (offset {entry_pos}): key: {e}"))?;
-        let ty = cur
-            .u32("value type")
-            .context(|| format!("metadata `{key}` (entry {i})"))?;
-        let value = cur
-            .value(ty, 0)
-            .map_err(|e| format!("metadata `{key}` (entry {i}): {e}"))?;
+        let key = cur.string().map_err(|e| format!("metadata entry {i} (offset {entry_pos}): key: {e}"))?;
+        let ty = cur.u32("value type").context(|| format!("metadata `{key}` (entry {i})"))?;
+        let value = cur.value(ty, 0).map_err(|e| format!("metadata `{key}` (entry {i}): {e}"))?;
         if key_index.insert(key.clone(), metadata.len()).is_some() {
-            return Err(format!(
-                "duplicate metadata key `{key}` (entry {i}, offset {entry_pos})"
-            ));
+            return Err(format!("duplicate metadata key `{key}` (entry {i}, offset {entry_pos})"));
         }
         metadata.push((key, value));
     }
@@ -395,16 +332,11 @@ fn read_tensor_infos(cur: &mut Cursor<'_>, n_tensors: u64) -> Result<TensorInfos
     let mut tensor_index = HashMap::with_capacity(cap);
     for i in 0..n_tensors {
         let info_pos = cur.pos;
-        let name = cur
-            .string()
-            .map_err(|e| format!("tensor info {i} (offset {info_pos}): name: {e}"))?;
+        let name = cur.string().map_err(|e| format!("tensor info {i} (offset {info_pos}): name: {e}"))?;
         let what = || format!("tensor `{name}` (info {i})");
         let n_dims = cur.u32("dimension count").context(what)?;
         if n_dims == 0 || n_dims as usize > MAX_DIMS {
-            return Err(format!(
-                "{}: {n_dims} dimensions (1 to {MAX_DIMS} are allowed)",
-                what()
-            ));
+            return Err(format!("{}: {n_dims} dimensions (1 to {MAX_DIMS} are allowed)", what()));
         }
         let mut dims = Vec::with_capacity(n_dims as usize);
         for _ in 0..n_dims {
@@ -415,17 +347,9 @@ fn read_tensor_infos(cur: &mut Cursor<'_>, n_tensors: u64) -> Result<TensorInfos
         let ty = GgmlType::from_id(type_id).map_err(|e| format!("{}: {e}", what()))?;
         let n_bytes = tensor_bytes(&dims, ty).map_err(|e| format!("{}: {e}", what()))?;
         if tensor_index.insert(name.clone(), tensors.len()).is_some() {
-            return Err(format!(
-                "duplicate tensor name `{name}` (info {i}, offset {info_pos})"
-            ));
+            return Err(format!("duplicate tensor name `{name}` (info {i}, offset {info_pos})"));
         }
-        tensors.push(TensorInfo {
-            name,
-            dims,
-            ty,
-            offset,
-            n_bytes,
-        });
+        tensors.push(TensorInfo { name, dims, ty, offset, n_bytes });
     }
     Ok((tensors, tensor_index))
 }

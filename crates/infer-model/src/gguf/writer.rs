@@ -98,11 +98,7 @@ impl GgufWriter {
     /// [`Error::Gguf`] when the key already exists, when an array mixes
     /// element types, or for a `general.alignment` that is not a `u32`
     /// power of two.
-    pub fn add_metadata(
-        &mut self,
-        key: impl Into<String>,
-        value: impl Into<Value>,
-    ) -> Result<&mut Self> {
+    pub fn add_metadata(&mut self, key: impl Into<String>, value: impl Into<Value>) -> Result<&mut Self> {
         let key = key.into();
         if self.key_index.contains_key(&key) {
             return Err(Error::Gguf(format!("duplicate metadata key `{key}`")));
@@ -119,11 +115,7 @@ impl GgufWriter {
     ///
     /// # Errors
     /// As [`GgufWriter::add_metadata`], except for duplicates.
-    pub fn set_metadata(
-        &mut self,
-        key: impl Into<String>,
-        value: impl Into<Value>,
-    ) -> Result<&mut Self> {
+    pub fn set_metadata(&mut self, key: impl Into<String>, value: impl Into<Value>) -> Result<&mut Self> {
         let key = key.into();
         let value = value.into();
         check_value(&key, &value)?;
@@ -220,22 +212,9 @@ impl GgufWriter {
         tensor_bytes(dims, ty).map_err(|e| Error::Gguf(format!("tensor `{name}`: {e}")))
     }
 
-    fn push_tensor(
-        &mut self,
-        name: String,
-        dims: &[u64],
-        ty: GgmlType,
-        n_bytes: usize,
-        data: Data,
-    ) {
+    fn push_tensor(&mut self, name: String, dims: &[u64], ty: GgmlType, n_bytes: usize, data: Data) {
         self.tensor_index.insert(name.clone(), self.tensors.len());
-        self.tensors.push(PendingTensor {
-            name,
-            dims: dims.to_vec(),
-            ty,
-            n_bytes,
-            data,
-        });
+        self.tensors.push(PendingTensor { name, dims: dims.to_vec(), ty, n_bytes, data });
     }
 
     /// The data alignment the file will use.
@@ -252,8 +231,7 @@ impl GgufWriter {
     /// Errors of fill functions.
     pub fn to_bytes(&self) -> Result<Vec<u8>> {
         let mut out = Vec::new();
-        self.write_impl(&mut out)
-            .map_err(|e| e.into_error(Path::new("<memory>")))?;
+        self.write_impl(&mut out).map_err(|e| e.into_error(Path::new("<memory>")))?;
         Ok(out)
     }
 
@@ -276,10 +254,7 @@ impl GgufWriter {
         tmp_name.push(format!(".partial-{}", std::process::id()));
         let tmp = path.with_file_name(tmp_name);
         let result = self.write_file(&tmp).and_then(|()| {
-            std::fs::rename(&tmp, path).map_err(|source| Error::Io {
-                path: path.to_path_buf(),
-                source,
-            })
+            std::fs::rename(&tmp, path).map_err(|source| Error::Io { path: path.to_path_buf(), source })
         });
         if result.is_err() {
             // Best effort: the partial file is of no use.
@@ -289,17 +264,11 @@ impl GgufWriter {
     }
 
     fn write_file(&self, path: &Path) -> Result<()> {
-        let io_err = |source| Error::Io {
-            path: path.to_path_buf(),
-            source,
-        };
+        let io_err = |source| Error::Io { path: path.to_path_buf(), source };
         let file = File::create(path).map_err(io_err)?;
         let mut w = BufWriter::with_capacity(1 << 20, file);
         self.write_impl(&mut w).map_err(|e| e.into_error(path))?;
-        w.into_inner()
-            .map_err(|e| io_err(e.into_error()))?
-            .sync_all()
-            .map_err(io_err)
+        w.into_inner().map_err(|e| io_err(e.into_error()))?.sync_all().map_err(io_err)
     }
 
     /// Writes the file to any byte sink.
@@ -308,16 +277,12 @@ impl GgufWriter {
     /// [`Error::Io`] (with the path `<stream>`) on write errors; errors of
     /// fill functions.
     pub fn write_to(&self, w: &mut impl Write) -> Result<()> {
-        self.write_impl(w)
-            .map_err(|e| e.into_error(Path::new("<stream>")))
+        self.write_impl(w).map_err(|e| e.into_error(Path::new("<stream>")))
     }
 
     fn write_impl(&self, w: &mut impl Write) -> std::result::Result<(), WriteError> {
         let alignment = self.alignment();
-        let mut out = Counting {
-            inner: w,
-            written: 0,
-        };
+        let mut out = Counting { inner: w, written: 0 };
 
         out.put(&MAGIC)?;
         out.put(&VERSION.to_le_bytes())?;
@@ -368,11 +333,7 @@ fn check_value(key: &str, value: &Value) -> Result<()> {
     if key == ALIGNMENT_KEY {
         match value {
             Value::U32(a) if a.is_power_of_two() => {}
-            Value::U32(a) => {
-                return Err(Error::Gguf(format!(
-                    "`{ALIGNMENT_KEY}` = {a} is not a power of two"
-                )))
-            }
+            Value::U32(a) => return Err(Error::Gguf(format!("`{ALIGNMENT_KEY}` = {a} is not a power of two"))),
             other => {
                 return Err(Error::Gguf(format!(
                     "`{ALIGNMENT_KEY}` must be a u32 (as ggml reads it), got {}",
@@ -419,10 +380,7 @@ impl From<std::io::Error> for WriteError {
 impl WriteError {
     fn into_error(self, path: &Path) -> Error {
         match self {
-            WriteError::Io(source) => Error::Io {
-                path: PathBuf::from(path),
-                source,
-            },
+            WriteError::Io(source) => Error::Io { path: PathBuf::from(path), source },
             WriteError::Fill(e) => e,
         }
     }

@@ -109,7 +109,14 @@ const PAR_MIN_WORK: usize = 1 << 16;
 /// Logits of one head: `scores[j - first] = cap(scale · q_h · k[j, g])` for
 /// `j` in `first..=pos`.
 #[inline(always)]
-fn head_logits<const WIDE: bool>(qh: &[f32], k_cache: &[f32], g: usize, first: usize, p: &AttnParams, scores: &mut [f32]) {
+fn head_logits<const WIDE: bool>(
+    qh: &[f32],
+    k_cache: &[f32],
+    g: usize,
+    first: usize,
+    p: &AttnParams,
+    scores: &mut [f32],
+) {
     let (hd, stride) = (p.head_dim, p.kv_dim());
     for (s, j) in scores.iter_mut().zip(first..) {
         let k = &k_cache[j * stride + g * hd..][..hd];
@@ -308,15 +315,15 @@ pub fn attention_prefill(
     // Group small tasks so that each carries some work.
     let avg = p.n_attended(pos0 + n_tokens / 2) * hd;
     let min_len = (PAR_MIN_WORK / 4 / avg.max(1)).max(1);
-    out.par_chunks_mut(hd)
-        .enumerate()
-        .with_min_len(min_len)
-        .for_each_init(Vec::new, |scores: &mut Vec<f32>, (i, out_h)| {
+    out.par_chunks_mut(hd).enumerate().with_min_len(min_len).for_each_init(
+        Vec::new,
+        |scores: &mut Vec<f32>, (i, out_h)| {
             let (t, h) = (i / p.n_head, i % p.n_head);
             let pos = pos0 + t;
             scores.resize(p.n_attended(pos), 0.0);
             attend_head(&q[i * hd..][..hd], k_cache, v_cache, h, pos, p, scores, out_h);
-        });
+        },
+    );
 }
 
 /// The attention probabilities of one decode step, for inspection and
@@ -349,7 +356,10 @@ pub fn attention_probs(q: &[f32], k_cache: &[f32], pos: usize, p: &AttnParams, p
 pub fn kv_append(k_cache: &mut [f32], v_cache: &mut [f32], k: &[f32], v: &[f32], pos: usize, kv_dim: usize) {
     debug_assert_eq!(k.len(), kv_dim);
     debug_assert_eq!(v.len(), kv_dim);
-    debug_assert!(k_cache.len() >= (pos + 1) * kv_dim && v_cache.len() >= (pos + 1) * kv_dim, "position {pos} is past the cache");
+    debug_assert!(
+        k_cache.len() >= (pos + 1) * kv_dim && v_cache.len() >= (pos + 1) * kv_dim,
+        "position {pos} is past the cache"
+    );
     let r = pos * kv_dim..(pos + 1) * kv_dim;
     k_cache[r.clone()].copy_from_slice(k);
     v_cache[r].copy_from_slice(v);
@@ -392,7 +402,13 @@ mod tests {
         (probs, out)
     }
 
-    fn params(n_head: usize, n_head_kv: usize, head_dim: usize, softcap: Option<f32>, window: Option<usize>) -> AttnParams {
+    fn params(
+        n_head: usize,
+        n_head_kv: usize,
+        head_dim: usize,
+        softcap: Option<f32>,
+        window: Option<usize>,
+    ) -> AttnParams {
         AttnParams { n_head, n_head_kv, head_dim, scale: 1.0 / (head_dim as f32).sqrt(), softcap, window }
     }
 

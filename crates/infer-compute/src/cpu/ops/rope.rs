@@ -204,9 +204,7 @@ mod tests {
 
     fn exact_angles(pos: usize, spec: &RopeSpec) -> Vec<f64> {
         (0..spec.n_rot / 2)
-            .map(|i| {
-                spec.freq_scale as f64 * pos as f64 * (spec.base as f64).powf(-2.0 * i as f64 / spec.n_rot as f64)
-            })
+            .map(|i| spec.freq_scale as f64 * pos as f64 * (spec.base as f64).powf(-2.0 * i as f64 / spec.n_rot as f64))
             .collect()
     }
 
@@ -259,7 +257,11 @@ mod tests {
 
                 // Partial rotation: the tail is untouched, bit for bit.
                 for h in 0..n_head {
-                    assert_eq!(&y[h * hd + spec.n_rot..(h + 1) * hd], &x[h * hd + spec.n_rot..(h + 1) * hd], "{what}: tail");
+                    assert_eq!(
+                        &y[h * hd + spec.n_rot..(h + 1) * hd],
+                        &x[h * hd + spec.n_rot..(h + 1) * hd],
+                        "{what}: tail"
+                    );
                 }
             }
         }

@@ -29,7 +29,18 @@ const T_MAX: usize = 4;
 /// AVX2, FMA and F16C must be available; the pointers as in
 /// `avx512_packed::tile`.
 #[allow(clippy::too_many_arguments)]
-pub(crate) unsafe fn tile(ty: GgmlType, scales: *const u8, codes: *const u8, nb: usize, a: &PackedActs, t0: usize, n: usize, y: *mut f32, ld_y: usize, valid: usize) {
+pub(crate) unsafe fn tile(
+    ty: GgmlType,
+    scales: *const u8,
+    codes: *const u8,
+    nb: usize,
+    a: &PackedActs,
+    t0: usize,
+    n: usize,
+    y: *mut f32,
+    ld_y: usize,
+    valid: usize,
+) {
     let aux_per = aux_words(ty);
     let Some((_, rec)) = layout(ty) else { return };
     let shift = offset(ty).trailing_zeros();
@@ -181,7 +192,9 @@ unsafe fn codes32<const F: u8>(v: &View, r: *const u8, m: usize) -> __m256i {
             // Byte k of lane j takes bit 4j + k: spread the bits to bytes.
             let spread = _mm256_shuffle_epi8(
                 _mm256_set1_epi32(bits),
-                _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3),
+                _mm256_setr_epi8(
+                    0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3,
+                ),
             );
             let sel = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
             let set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, sel), sel);
@@ -236,7 +249,11 @@ unsafe fn q4k<const T: usize>(v: View) {
             let mut is = [_mm256_setzero_si256(); T];
             for m in 0..8 {
                 let raw = v.plane(r.add(256 + 64 * (8 * (sub / 2) + m)));
-                let w = if sub % 2 == 0 { _mm256_and_si256(raw, lo4) } else { _mm256_and_si256(_mm256_srli_epi16::<4>(raw), lo4) };
+                let w = if sub % 2 == 0 {
+                    _mm256_and_si256(raw, lo4)
+                } else {
+                    _mm256_and_si256(_mm256_srli_epi16::<4>(raw), lo4)
+                };
                 for t in 0..T {
                     is[t] = dot_u(is[t], w, act4(&v, t, a0 + 32 * sub + 4 * m));
                 }

@@ -105,9 +105,7 @@ unsafe fn dot_u8_offset(u: __m256i, c: __m256i, y: __m256i) -> __m256i {
 /// The CPU must support the AVX-512 VNNI level's features.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 unsafe fn q8_0_dot(w: &[u8], a: &[u8]) -> f32 {
-    q8_0_row!(w, a, L::Q8_0, |wb, aq| {
-        dot_i8(_mm256_loadu_si256(wb.add(2).cast()), _mm256_loadu_si256(aq.cast()))
-    })
+    q8_0_row!(w, a, L::Q8_0, |wb, aq| { dot_i8(_mm256_loadu_si256(wb.add(2).cast()), _mm256_loadu_si256(aq.cast())) })
 }
 
 /// Q4_0 × Q8_0: `Σ q·a − 8·Σ a`.
@@ -117,9 +115,7 @@ unsafe fn q8_0_dot(w: &[u8], a: &[u8]) -> f32 {
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 unsafe fn q4_0_dot(w: &[u8], a: &[u8]) -> f32 {
     let eight = _mm256_set1_epi8(8);
-    q8_0_row!(w, a, L::Q4_0, |wb, aq| {
-        dot_u8_offset(nibbles32(wb.add(2)), eight, _mm256_loadu_si256(aq.cast()))
-    })
+    q8_0_row!(w, a, L::Q4_0, |wb, aq| { dot_u8_offset(nibbles32(wb.add(2)), eight, _mm256_loadu_si256(aq.cast())) })
 }
 
 /// Q5_0 × Q8_0: the fifth bits (`qh`, one per value) are a byte mask that
@@ -242,7 +238,8 @@ unsafe fn q6_k_dot(w: &[u8], a: &[u8]) -> f32 {
         for n in 0..2 {
             let ql = _mm512_loadu_si512(wb.add(64 * n).cast());
             let qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(wb.add(128 + 32 * n).cast()));
-            let u_lo = _mm512_or_si512(_mm512_and_si512(ql, low4), _mm512_and_si512(_mm512_sllv_epi64(qh, shl_lo), bits45));
+            let u_lo =
+                _mm512_or_si512(_mm512_and_si512(ql, low4), _mm512_and_si512(_mm512_sllv_epi64(qh, shl_lo), bits45));
             let u_hi = _mm512_or_si512(
                 _mm512_and_si512(_mm512_srli_epi16::<4>(ql), low4),
                 _mm512_and_si512(_mm512_srlv_epi64(qh, shr_hi), bits45),

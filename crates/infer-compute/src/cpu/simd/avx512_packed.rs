@@ -23,7 +23,18 @@ use crate::GgmlType;
 /// `t0..t0 + n` with `nb` blocks each; `y + t·ld_y .. + valid` must be
 /// writable for `t < n`.
 #[allow(clippy::too_many_arguments)]
-pub(crate) unsafe fn tile(ty: GgmlType, scales: *const u8, codes: *const u8, nb: usize, a: &PackedActs, t0: usize, n: usize, y: *mut f32, ld_y: usize, valid: usize) {
+pub(crate) unsafe fn tile(
+    ty: GgmlType,
+    scales: *const u8,
+    codes: *const u8,
+    nb: usize,
+    a: &PackedActs,
+    t0: usize,
+    n: usize,
+    y: *mut f32,
+    ld_y: usize,
+    valid: usize,
+) {
     let mask: __mmask16 = if valid >= 16 { 0xffff } else { (1u16 << valid) - 1 };
     let ld_a = a.cols;
     let qs = a.qs.as_ptr().add(t0 * ld_a);
@@ -195,7 +206,11 @@ unsafe fn q4k<const T: usize>(v: View) {
             let mut is = [_mm512_setzero_si512(); T];
             for m in 0..8 {
                 let raw = _mm512_load_si512(r.add(256 + 64 * (8 * (sub / 2) + m)) as *const __m512i);
-                let w = if sub % 2 == 0 { _mm512_and_si512(raw, lo4) } else { _mm512_and_si512(_mm512_srli_epi16::<4>(raw), lo4) };
+                let w = if sub % 2 == 0 {
+                    _mm512_and_si512(raw, lo4)
+                } else {
+                    _mm512_and_si512(_mm512_srli_epi16::<4>(raw), lo4)
+                };
                 for t in 0..T {
                     is[t] = _mm512_dpbusd_epi32(is[t], w, act4(&v, t, a0 + 32 * sub + 4 * m));
                 }

@@ -50,13 +50,13 @@ pub mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx2_kquants;
 #[cfg(target_arch = "x86_64")]
+pub(crate) mod avx2_packed;
+#[cfg(target_arch = "x86_64")]
 mod avx2_quantize;
 #[cfg(target_arch = "x86_64")]
 pub mod avx512;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx512_packed;
-#[cfg(target_arch = "x86_64")]
-pub(crate) mod avx2_packed;
 #[cfg(target_arch = "aarch64")]
 pub mod neon;
 

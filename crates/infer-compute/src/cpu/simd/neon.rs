@@ -316,10 +316,8 @@ unsafe fn q2_k_dot(w: &[u8], a: &[u8]) -> f32 {
         let dmin = f16_to_f32(read_u16(wb.add(82))) * da;
         let packed = vld1q_u8(wb);
         let m = vshrq_n_u8::<4>(packed);
-        let mins = int16x8x2_t(
-            vreinterpretq_s16_u16(vmovl_u8(vget_low_u8(m))),
-            vreinterpretq_s16_u16(vmovl_high_u8(m)),
-        );
+        let mins =
+            int16x8x2_t(vreinterpretq_s16_u16(vmovl_u8(vget_low_u8(m))), vreinterpretq_s16_u16(vmovl_high_u8(m)));
         let msum = bsums_dot(ab, mins);
         let sc = wb; // low nibbles of scales[g]
         let mut sumi = 0i32;
@@ -468,8 +466,10 @@ unsafe fn q5_k_dot(w: &[u8], a: &[u8]) -> f32 {
             let lo1 = vorrq_u8(vandq_u8(q1, low4), vandq_u8(vtstq_u8(qh1, b_lo), bit4));
             let hi0 = vorrq_u8(vshrq_n_u8::<4>(q0), vandq_u8(vtstq_u8(qh0, b_hi), bit4));
             let hi1 = vorrq_u8(vshrq_n_u8::<4>(q1), vandq_u8(vtstq_u8(qh1, b_hi), bit4));
-            let p_lo = vaddvq_s32(sdot(sdot(vdupq_n_s32(0), vreinterpretq_s8_u8(lo0), a0), vreinterpretq_s8_u8(lo1), a1));
-            let p_hi = vaddvq_s32(sdot(sdot(vdupq_n_s32(0), vreinterpretq_s8_u8(hi0), a2), vreinterpretq_s8_u8(hi1), a3));
+            let p_lo =
+                vaddvq_s32(sdot(sdot(vdupq_n_s32(0), vreinterpretq_s8_u8(lo0), a0), vreinterpretq_s8_u8(lo1), a1));
+            let p_hi =
+                vaddvq_s32(sdot(sdot(vdupq_n_s32(0), vreinterpretq_s8_u8(hi0), a2), vreinterpretq_s8_u8(hi1), a3));
             sumi += p_lo * sm[2 * j] as i32 + p_hi * sm[2 * j + 1] as i32;
         }
         sum += d * sumi as f32 - dmin * vaddvq_s32(pm) as f32;
