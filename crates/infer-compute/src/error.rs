@@ -43,6 +43,10 @@ pub enum Error {
     /// Linear algebra: input is not symmetric within tolerance.
     #[error("matrix is not symmetric: |a[{i},{j}] - a[{j},{i}]| = {diff} exceeds tolerance")]
     NotSymmetric { i: usize, j: usize, diff: f64 },
+    /// An allocation the allocator refused (a model, cache or buffer
+    /// larger than the memory available): what it was for and its size.
+    #[error("out of memory: {what} needs {bytes} bytes ({:.1} MiB)", *bytes as f64 / (1u64 << 20) as f64)]
+    OutOfMemory { what: String, bytes: u64 },
     /// NaN or infinity in an input that must be finite.
     #[error("non-finite value in {0}")]
     NonFinite(&'static str),

@@ -13,6 +13,7 @@ pub mod cuda;
 pub mod error;
 pub mod ggml_type;
 pub mod linalg;
+mod memory;
 pub mod pipeline;
 pub mod quant;
 

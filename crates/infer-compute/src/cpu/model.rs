@@ -106,9 +106,10 @@ struct Buffers {
     prod: ProductScratch,
 }
 
-fn fit(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
-    v.resize(n, 0.0);
-    &mut v[..n]
+/// `v` resized to `n` values (a scratch buffer of the forward pass).
+fn fit(v: &mut Vec<f32>, n: usize) -> Result<&mut [f32]> {
+    crate::memory::resize(v, n, 0.0, "a scratch buffer")?;
+    Ok(&mut v[..n])
 }
 
 /// A model prepared for the CPU.
@@ -132,8 +133,7 @@ fn to_f32_weight(w: &QuantWeight) -> Result<QuantWeight> {
     if w.ty == GgmlType::F32 {
         return Ok(w.clone());
     }
-    let v = w.to_f32()?;
-    QuantWeight::new(GgmlType::F32, w.rows, w.cols, bytemuck::cast_slice::<f32, u8>(&v).to_vec().into())
+    QuantWeight::new(GgmlType::F32, w.rows, w.cols, w.to_f32()?.into())
 }
 
 impl CpuModel {
@@ -184,7 +184,7 @@ impl CpuModel {
             kernels,
             pool,
             buf: Buffers::default(),
-            logits: vec![0.0; spec.n_vocab],
+            logits: crate::memory::zeroed(spec.n_vocab, "the logits")?,
         })
     }
 
@@ -225,7 +225,7 @@ impl CpuModel {
         let e = self.n_embd;
         let k = &self.kernels;
         let b = &mut self.buf;
-        let x = fit(&mut b.x, n * e);
+        let x = fit(&mut b.x, n * e)?;
         for (t, &tok) in tokens.iter().enumerate() {
             let row = &mut x[t * e..(t + 1) * e];
             crate::quant::dequantize_row(self.token_embd.ty, self.token_embd.row(tok as usize), row)?;
@@ -236,11 +236,11 @@ impl CpuModel {
         for (li, layer) in self.layers.iter().enumerate() {
             let l = &layer.spec;
             let (qd, kvd) = (l.n_head * l.head_dim, l.n_head_kv * l.head_dim);
-            let h = fit(&mut b.h, n * e);
+            let h = fit(&mut b.h, n * e)?;
             layer.attn_norm.apply(x, h);
-            let q = fit(&mut b.q, n * qd);
-            let kk = fit(&mut b.k, n * kvd);
-            let v = fit(&mut b.v, n * kvd);
+            let q = fit(&mut b.q, n * qd)?;
+            let kk = fit(&mut b.k, n * kvd)?;
+            let v = fit(&mut b.v, n * kvd)?;
             products(k, &mut [(&layer.wq, &mut *q), (&layer.wk, &mut *kk), (&layer.wv, &mut *v)], h, n, &mut b.prod)?;
             for (bias, out, d) in [(&layer.bq, &mut *q, qd), (&layer.bk, &mut *kk, kvd), (&layer.bv, &mut *v, kvd)] {
                 if let Some(bias) = bias {
@@ -266,28 +266,28 @@ impl CpuModel {
                 );
             }
             let p = ops::AttnParams::from_layer(l);
-            let attn = fit(&mut b.attn, n * qd);
+            let attn = fit(&mut b.attn, n * qd)?;
             if n == 1 {
-                let scores = fit(&mut b.scores, l.n_head * cache.n_ctx);
+                let scores = fit(&mut b.scores, l.n_head * cache.n_ctx)?;
                 ops::attention_decode(q, &cache.k[li], &cache.v[li], pos0, &p, scores, attn);
             } else {
                 ops::attention_prefill(q, &cache.k[li], &cache.v[li], pos0, n, &p, attn);
             }
-            let o = fit(&mut b.o, n * e);
+            let o = fit(&mut b.o, n * e)?;
             products(k, &mut [(&layer.wo, o)], attn, n, &mut b.prod)?;
             if let Some(pn) = &layer.post_attn_norm {
                 pn.apply_inplace(o, &mut b.tmp);
             }
             ops::add(x, o);
 
-            let h = fit(&mut b.h, n * e);
+            let h = fit(&mut b.h, n * e)?;
             layer.ffn_norm.apply(x, h);
             let n_ff = layer.ffn_up.rows();
-            let up = fit(&mut b.up, n * n_ff);
-            let act = fit(&mut b.act, n * n_ff);
+            let up = fit(&mut b.up, n * n_ff)?;
+            let act = fit(&mut b.act, n * n_ff)?;
             match (l.ffn, &layer.ffn_gate) {
                 (FfnType::Gated, Some(wg)) => {
-                    let gate = fit(&mut b.gate, n * n_ff);
+                    let gate = fit(&mut b.gate, n * n_ff)?;
                     products(k, &mut [(wg, &mut *gate), (&layer.ffn_up, &mut *up)], h, n, &mut b.prod)?;
                     match l.activation {
                         Activation::GeluTanh => ops::geglu(gate, up, act),
@@ -303,7 +303,7 @@ impl CpuModel {
                     }
                 }
             }
-            let o = fit(&mut b.o, n * e);
+            let o = fit(&mut b.o, n * e)?;
             products(k, &mut [(&layer.ffn_down, o)], act, n, &mut b.prod)?;
             if let Some(pn) = &layer.post_ffn_norm {
                 pn.apply_inplace(o, &mut b.tmp);
@@ -311,7 +311,7 @@ impl CpuModel {
             ops::add(x, o);
         }
         let last = &x[(n - 1) * e..n * e];
-        let h = fit(&mut b.h, e);
+        let h = fit(&mut b.h, e)?;
         self.output_norm.apply(last, h);
         matvec::matvec(k, &self.output, h, &mut self.logits, &mut b.qbuf)?;
         if let Some(c) = self.final_logit_softcap {
@@ -335,8 +335,8 @@ impl DeviceModel for CpuModel {
         for l in &self.layers {
             let kvd = l.spec.n_head_kv * l.spec.head_dim;
             let len = n_ctx.checked_mul(kvd).ok_or(Error::Overflow("KV cache size"))?;
-            k.push(zeroed(len)?);
-            v.push(zeroed(len)?);
+            k.push(crate::memory::zeroed(len, "a KV cache layer (K)")?);
+            v.push(crate::memory::zeroed(len, "a KV cache layer (V)")?);
         }
         Ok(Box::new(CpuKvCache { model_id: self.id, n_ctx, len: 0, k, v }))
     }
@@ -350,25 +350,6 @@ impl DeviceModel for CpuModel {
         self.forward(kv, tokens, pos)?;
         Ok(&self.logits)
     }
-}
-
-/// `len` zeros, or an error when the allocator refuses (a context far
-/// beyond the machine's memory must not abort the process). Zeroed pages
-/// come from the allocator lazily, as with `vec![0.0; len]`.
-fn zeroed(len: usize) -> Result<Vec<f32>> {
-    if len == 0 {
-        return Ok(Vec::new());
-    }
-    let layout = std::alloc::Layout::array::<f32>(len).map_err(|_| Error::Overflow("KV cache size"))?;
-    // SAFETY: the layout has a non-zero size.
-    let p = unsafe { std::alloc::alloc_zeroed(layout) } as *mut f32;
-    if p.is_null() {
-        return Err(Error::InvalidModel(format!("cannot allocate a KV cache of {} bytes per layer", layout.size())));
-    }
-    // SAFETY: `p` was allocated by the global allocator with the layout of
-    // `len` f32s (so capacity `len`), and all-zero bytes are the valid
-    // value 0.0 for every element.
-    Ok(unsafe { Vec::from_raw_parts(p, len, len) })
 }
 
 /// The CPU's KV cache: per layer, K and V as `[n_ctx, n_head_kv, head_dim]`
