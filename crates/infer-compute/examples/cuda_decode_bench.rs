@@ -26,9 +26,9 @@ mod bench {
     use std::time::Instant;
 
     use half::f16;
-    use infer_compute::backend::{DeviceModel, QuantWeight, WeightBytes};
     use infer_compute::cuda::CudaBackend;
     use infer_compute::pipeline::{Activation, FfnType, LayerSpec, ModelSpec, Norm, NormType, RopeSpec, RopeType};
+    use infer_compute::{DeviceModel, QuantWeight, WeightBytes};
     use infer_compute::{GgmlType, Result};
     use rand::rngs::StdRng;
     use rand::{Rng, RngCore, SeedableRng};

@@ -14,10 +14,10 @@
 //!
 //! Levels this processor lacks are listed as skipped, with the reason.
 
-use infer_compute::backend::{QuantWeight, WeightBytes};
 use infer_compute::cpu::kernels::{AlignedBytes, Kernels, SimdLevel};
 use infer_compute::cpu::matvec::matvec;
 use infer_compute::{quant, GgmlType};
+use infer_compute::{QuantWeight, WeightBytes};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use rand_distr::{Distribution, Normal};

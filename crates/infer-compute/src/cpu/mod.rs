@@ -16,9 +16,10 @@ use std::sync::Arc;
 
 use ndarray::{Array2, ArrayView2};
 
-use crate::backend::{ComputeBackend, DeviceModel, QuantWeight};
+use crate::backend::{ComputeBackend, DeviceModel};
 use crate::error::{Error, Result};
 use crate::pipeline::ModelSpec;
+use crate::weight::QuantWeight;
 pub use kernels::{Kernels, SimdLevel};
 
 /// How the CPU backend computes the quantized products of a prepared model.
