@@ -6,11 +6,15 @@
 pub mod gemm;
 pub mod kernels;
 pub mod matvec;
-pub mod model;
+pub(crate) mod model;
 pub mod ops;
+// Public for this crate's benchmarks and tests of the SIMD kernels only;
+// not part of the API (the prepared model uses them through `weight`).
+#[doc(hidden)]
 pub mod packed;
+#[doc(hidden)]
 pub mod simd;
-pub mod weight;
+pub(crate) mod weight;
 
 use std::sync::Arc;
 
