@@ -5,15 +5,13 @@
 //! Cases of the robustness issue: a Q4_1 row of zeros dotted with
 //! 32 × 3000.0 (`d · Σq` = 96 000 overflows Q8_1's `s`), Q4_0 and Q8_0 at
 //! |x| = 10⁷ (Q8_0's `d` = 78 740 overflows). Paths: GEMV
-//! (`matvec::matvec`), prefill (`matvec::matmul_quant`) and the products of
-//! prepared weights (`weight::products`, repacked on AVX2/AVX-512) with one
-//! and with several tokens.
+//! (`matvec::matvec`) and prefill (`matvec::matmul_quant`); the products of
+//! the prepared (repacked) weights the CPU model runs are covered by the
+//! unit tests of `quant::overflow`.
 
-use infer_compute::backend::QuantWeight;
 use infer_compute::cpu::kernels::{AlignedBytes, Kernels, SimdLevel};
 use infer_compute::cpu::matvec::{matmul_quant, matvec, matvec_quantized};
-use infer_compute::cpu::weight::{products, CpuWeight, ProductScratch};
-use infer_compute::{quant, GgmlType};
+use infer_compute::{quant, GgmlType, QuantWeight};
 
 /// `rows` weight rows of `cols` values of type `ty`, quantized from `f`.
 fn weight(ty: GgmlType, rows: usize, cols: usize, f: impl Fn(usize, usize) -> f32) -> QuantWeight {
@@ -119,17 +117,6 @@ fn overflowing_activation_blocks_give_exact_products_on_every_level() {
             matmul_quant(&k, &c.w, &c.x, 2, &mut y2, &mut s).unwrap();
             check(&what("matmul_quant"), &y2, &want_both, 1e-5);
 
-            // Prepared weights: repacked where the level has a packed
-            // layout for the type (f32 block scale: 8-bit codes remain, so
-            // the tolerance is the quantization error's), rows otherwise.
-            let pw = CpuWeight::prepare(&k, c.w.clone()).unwrap();
-            let tol = if matches!(pw, CpuWeight::Packed(_)) { 2e-2 } else { 1e-5 };
-            let mut scratch = ProductScratch::default();
-            for n in [1, 2] {
-                let mut y = vec![f32::NAN; n * rows];
-                products(&k, &mut [(&pw, &mut y[..])], &c.x[..n * cols], n, &mut scratch).unwrap();
-                check(&what(&format!("products, {n} token(s)")), &y, &want_both[..n * rows], tol);
-            }
             if c.name.starts_with("Q4_1 zeros") {
                 assert!(y.iter().all(|&v| v == 0.0), "{}: {y:?}", what("zeros"));
             }

@@ -141,3 +141,70 @@ pub fn add_block_products(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::cpu::kernels::{Kernels, SimdLevel};
+    use crate::cpu::weight::{products, CpuWeight, ProductScratch};
+    use crate::{quant, GgmlType, QuantWeight};
+
+    fn weight(ty: GgmlType, rows: usize, cols: usize) -> QuantWeight {
+        let rb = ty.row_bytes(cols).unwrap();
+        let mut bytes = vec![0u8; rows * rb];
+        for r in 0..rows {
+            let x: Vec<f32> = (0..cols).map(|c| ((r * 5 + c) % 13) as f32 * 0.05 - 0.3).collect();
+            quant::quantize_row(ty, &x, &mut bytes[r * rb..(r + 1) * rb]).unwrap();
+        }
+        QuantWeight::new(ty, rows, cols, bytes.into()).unwrap()
+    }
+
+    /// The prepared products the CPU model runs (repacked weights on
+    /// AVX2/AVX-512, row kernels elsewhere), one and two tokens, with an
+    /// overflowing block in each token: finite and close to the exact
+    /// product (repacked: the 8-bit codes' error; rows: f32 rounding).
+    #[test]
+    fn prepared_products_of_overflowing_blocks_are_finite_on_every_level() {
+        let cols = 96;
+        let x: Vec<f32> = (0..2 * cols)
+            .map(|i| if (32..64).contains(&(i % cols)) { 1e7 * ((i % 7) as f32 - 3.0) / 3.0 } else { 0.5 })
+            .collect();
+        let x3000: Vec<f32> =
+            (0..2 * cols).map(|i| if (32..64).contains(&(i % cols)) { 3000.0 } else { 0.25 }).collect();
+        let mut n_packed = 0;
+        for level in SimdLevel::all_available() {
+            let k = Kernels::for_level(level);
+            for (ty, x) in [
+                (GgmlType::Q4_0, &x),
+                (GgmlType::Q8_0, &x),
+                (GgmlType::Q5_0, &x),
+                (GgmlType::IQ4_NL, &x),
+                (GgmlType::Q4_1, &x3000),
+                (GgmlType::Q5_1, &x3000),
+            ] {
+                let w = weight(ty, 20, cols);
+                let wf = w.to_f32().unwrap();
+                let pw = CpuWeight::prepare(&k, w).unwrap();
+                let packed = matches!(pw, CpuWeight::Packed(_));
+                n_packed += usize::from(packed);
+                let tol = if packed { 2e-2 } else { 1e-5 };
+                let mut s = ProductScratch::default();
+                for n in [1, 2] {
+                    let mut y = vec![f32::NAN; n * 20];
+                    products(&k, &mut [(&pw, &mut y[..])], &x[..n * cols], n, &mut s).unwrap();
+                    for t in 0..n {
+                        for (r, row) in wf.chunks_exact(cols).enumerate() {
+                            let p = row.iter().zip(&x[t * cols..(t + 1) * cols]).map(|(&a, &b)| a as f64 * b as f64);
+                            let (e, scale) = (p.clone().sum::<f64>(), p.map(f64::abs).sum::<f64>());
+                            let got = y[t * 20 + r];
+                            assert!(
+                                got.is_finite() && (got as f64 - e).abs() <= tol * scale,
+                                "{ty} on {level:?}, {n} token(s), token {t} row {r}: {got} vs {e}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+        println!("{n_packed} repacked case(s)");
+    }
+}

@@ -7,8 +7,8 @@ use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
-use infer_compute::backend::WeightBytes;
 use infer_compute::GgmlType;
+use infer_compute::WeightBytes;
 
 use super::array::Array;
 use super::reader::tensor_bytes;

@@ -1,22 +1,14 @@
-//! The [`ComputeBackend`] trait: every hardware-specific operation behind
-//! one small interface, and [`default_backend`], which picks the best device
-//! available at run time.
+//! Weight tensors as the backends receive them: [`WeightBytes`] (shared,
+//! immutable bytes, usually a range of a memory-mapped GGUF file) and
+//! [`QuantWeight`] (a 2-D matrix of one GGUF block type over such bytes).
 //!
-//! Two levels:
-//! - single ops (`matmul`, `matvec`, `matmul_quant`) for callers that build
-//!   their own graphs or test kernels;
-//! - the pipeline: [`ComputeBackend::prepare`] takes a device-independent
-//!   [`ModelSpec`] and returns a [`DeviceModel`] whose weights live where the
-//!   backend wants them (borrowed from the memory map on the CPU, uploaded
-//!   once on a GPU). Its KV caches are created and owned by the backend.
+//! This module sits below the backend contract: file readers, the pipeline
+//! description and every backend describe weights with it, and it depends
+//! only on the block formats ([`crate::quant`]).
 
-use std::any::Any;
 use std::sync::Arc;
 
-use ndarray::{Array2, ArrayView2};
-
 use crate::error::{shape_err, Result};
-use crate::pipeline::ModelSpec;
 use crate::GgmlType;
 
 /// Shared, immutable bytes of a weight tensor: a range of an owner such as a
@@ -129,7 +121,7 @@ impl QuantWeight {
             ));
         }
         let align = crate::with_block_type!(self.ty, B => std::mem::align_of::<B>());
-        if self.data.as_bytes().as_ptr() as usize % align != 0 {
+        if !(self.data.as_bytes().as_ptr() as usize).is_multiple_of(align) {
             return Err(shape_err("QuantWeight", format!("{} bytes must be aligned to {align}", self.ty)));
         }
         Ok(())
@@ -163,102 +155,4 @@ impl QuantWeight {
         }
         Ok(out)
     }
-}
-
-/// A compute device. Callers program against this trait only.
-pub trait ComputeBackend: Send + Sync {
-    /// Short name (`"cpu"`, `"cuda"`).
-    fn name(&self) -> &'static str;
-
-    /// Human-readable description of the device and the kernels selected
-    /// (e.g. CPU model, SIMD path, thread count; GPU name and memory).
-    fn device_info(&self) -> String;
-
-    /// Dense f32 matrix product `a · b`: a is m×k, b is k×n, result m×n.
-    ///
-    /// # Errors
-    /// [`crate::Error::Shape`] when the inner dimensions differ.
-    fn matmul(&self, a: ArrayView2<'_, f32>, b: ArrayView2<'_, f32>) -> Result<Array2<f32>>;
-
-    /// Dense f32 product with the second operand transposed, `a · bᵀ`: a is
-    /// m×k, b is n×k, result m×n (the layout of weight matrices).
-    ///
-    /// # Errors
-    /// [`crate::Error::Shape`] when the k dimensions differ.
-    fn matmul_transb(&self, a: ArrayView2<'_, f32>, b: ArrayView2<'_, f32>) -> Result<Array2<f32>>;
-
-    /// Quantized matrix-vector product `y = W·x` (GEMV): `x` has `w.cols`
-    /// values, `y` has `w.rows`. The activation is quantized to the weight
-    /// type's `vec_dot_type` as ggml does (exact f32 for F32 weights).
-    ///
-    /// # Errors
-    /// Length mismatches; types without a dot product (Q8_1, Q8_K).
-    fn matvec(&self, w: &QuantWeight, x: &[f32], y: &mut [f32]) -> Result<()>;
-
-    /// Quantized matrix product for prefill: `x` is n_tokens × w.cols,
-    /// result n_tokens × w.rows (`Y = X·Wᵀ`), each weight block reused across
-    /// all tokens.
-    ///
-    /// # Errors
-    /// As [`ComputeBackend::matvec`].
-    fn matmul_quant(&self, w: &QuantWeight, x: ArrayView2<'_, f32>) -> Result<Array2<f32>>;
-
-    /// Prepares a model for this device: validates the spec, repacks or
-    /// uploads the weights once, and returns the runnable model.
-    ///
-    /// # Errors
-    /// [`crate::Error::InvalidModel`] for inconsistent specs; device errors.
-    fn prepare(&self, spec: &ModelSpec) -> Result<Box<dyn DeviceModel>>;
-}
-
-/// A model prepared on one device. Runs one sequence at a time against a KV
-/// cache it created.
-pub trait DeviceModel: Send {
-    /// Vocabulary size (length of the logits).
-    fn n_vocab(&self) -> usize;
-
-    /// Creates an empty KV cache for `n_ctx` positions on this device.
-    ///
-    /// # Errors
-    /// Allocation failures on the device; `n_ctx == 0`.
-    fn new_kv_cache(&self, n_ctx: usize) -> Result<Box<dyn KvCache>>;
-
-    /// Runs one token at position `pos` (0-based; the cache must hold
-    /// positions `0..pos`) and returns the logits, `n_vocab` values.
-    ///
-    /// # Errors
-    /// [`crate::Error::ContextOverflow`] when `pos >= kv.n_ctx()`; a token id
-    /// past the vocabulary; a cache made by another model.
-    fn decode_token(&mut self, kv: &mut dyn KvCache, token: u32, pos: usize) -> Result<&[f32]>;
-
-    /// Runs `tokens` at positions `pos..pos + tokens.len()` together (batched
-    /// through each layer) and returns the logits of the last one.
-    ///
-    /// # Errors
-    /// As [`DeviceModel::decode_token`]; an empty `tokens`.
-    fn prefill(&mut self, kv: &mut dyn KvCache, tokens: &[u32], pos: usize) -> Result<&[f32]>;
-}
-
-/// A KV cache owned by a backend. Opaque to callers.
-pub trait KvCache: Send {
-    /// Capacity in positions.
-    fn n_ctx(&self) -> usize;
-    /// For the owning backend to recover its concrete type.
-    fn as_any_mut(&mut self) -> &mut dyn Any;
-}
-
-/// The best backend available here: CUDA when built with the `cuda` feature
-/// and a device and driver are found, otherwise the CPU backend with the
-/// best SIMD path of this processor. Never panics: a missing driver falls
-/// back to the CPU.
-pub fn default_backend() -> Box<dyn ComputeBackend> {
-    #[cfg(feature = "cuda")]
-    {
-        // `CudaBackend::new` checks for the driver library first and catches
-        // the loader's panics, so a machine without CUDA lands here.
-        if let Ok(b) = crate::cuda::CudaBackend::new(0) {
-            return Box::new(b);
-        }
-    }
-    Box::new(crate::cpu::CpuBackend::new())
 }
