@@ -291,7 +291,8 @@ pub fn bench(a: BenchArgs) -> CliResult {
         None => a.model.resolve_model()?,
     };
     // The reader's errors name the file already.
-    let gguf = GgufFile::open(&path).map_err(|e| e.to_string())?;
+    let gguf =
+        if a.model.no_mmap { GgufFile::read(&path) } else { GgufFile::open(&path) }.map_err(|e| e.to_string())?;
     let spec = infer_model::model::load_spec(&gguf).map_err(|e| format!("{}: {e}", path.display()))?;
     let max_ctx = a.n_prompt.max(a.n_gen);
     if max_ctx > spec.n_ctx_train {

@@ -25,6 +25,11 @@ pub struct ModelArgs {
     /// dequantized to f32, f32 activations).
     #[arg(long, value_enum, default_value_t = PrecisionArg::Quantized)]
     pub precision: PrecisionArg,
+    /// Read the model file into memory instead of mapping it (for files on
+    /// network or removable storage, where a mapped file that shrinks while
+    /// in use ends the process with SIGBUS).
+    #[arg(long)]
+    pub no_mmap: bool,
 }
 
 /// Backend choice.
@@ -64,11 +69,12 @@ impl ModelArgs {
         }
     }
 
-    /// Opens the model file (memory-mapped).
+    /// Opens the model file: memory-mapped, or read into memory with
+    /// `--no-mmap`.
     pub fn open(&self) -> CliResult<GgufFile> {
         let path = self.resolve_model()?;
         // The reader's errors already name the file.
-        Ok(GgufFile::open(&path)?)
+        Ok(if self.no_mmap { GgufFile::read(&path)? } else { GgufFile::open(&path)? })
     }
 
     /// The backend to run on.

@@ -140,7 +140,27 @@ impl ComputeBackend for CpuBackend {
 
     fn prepare(&self, spec: &ModelSpec) -> Result<Box<dyn DeviceModel>> {
         spec.validate()?;
-        let model = model::CpuModel::new(spec, self.kernels, self.pool.clone(), self.precision)?;
+        let model =
+            model::CpuModel::new(spec, self.kernels, self.pool.clone(), self.precision).map_err(|e| match e {
+                // Say what the whole model needs, not only the failed matrix.
+                crate::Error::OutOfMemory { what, bytes } if self.precision == Precision::Exact => {
+                    let all: u64 = spec
+                        .layers
+                        .iter()
+                        .flat_map(|l| {
+                            [&l.wq, &l.wk, &l.wv, &l.wo, &l.ffn_up, &l.ffn_down].into_iter().chain(&l.ffn_gate)
+                        })
+                        .chain([&spec.output])
+                        .map(|w| 4 * w.rows as u64 * w.cols as u64)
+                        .sum();
+                    let what = format!(
+                        "{what} (one of {:.0} MiB of f32 matrices in the exact precision)",
+                        all as f64 / (1u64 << 20) as f64
+                    );
+                    crate::Error::OutOfMemory { what, bytes }
+                }
+                other => other,
+            })?;
         Ok(Box::new(model))
     }
 }
