@@ -125,3 +125,46 @@ fn empty_arrays_keep_their_element_type() {
     assert!(f.get_i32_array("ids").unwrap().is_empty());
     assert!(matches!(f.get_str_array("ids"), Err(Error::KeyType { .. })));
 }
+
+/// Fuzzer findings (`fuzz/`, target `gguf_reader`), both in the target's
+/// own checks rather than in the reader, kept as the writer's properties
+/// they exposed: a NaN value is written back bit for bit (values compare
+/// unequal, bytes do not), and tensors with gaps between them are packed,
+/// so offsets change while names, shapes and data do not.
+#[test]
+fn rewrites_keep_nan_bits_and_pack_gapped_tensors() {
+    let nan_value: &[u8] = &[
+        71, 71, 85, 70, 3, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 39, 0, 0, 0, 0, 0, 0, 0, 103, 101,
+        110, 92, 114, 71, 71, 97, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 71, 71, 85, 70, 3, 0, 0, 0, 10, 0, 0, 0,
+        0, 0, 0, 0, 6, 0, 0, 0, 172, 246, 255, 255, 255, 255, 255, 255, 255, 0, 0, 0, 97, 108, 0, 0, 0,
+    ];
+    let gapped: &[u8] = &[
+        71, 71, 85, 70, 3, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 17, 0, 0, 0, 0, 0, 0, 0, 103, 101,
+        110, 101, 114, 97, 108, 46, 97, 108, 105, 103, 110, 109, 101, 110, 116, 4, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 0,
+        0, 0, 0, 97, 1, 0, 0, 0, 3, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0,
+        98, 1, 0, 0, 0, 4, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 13, 0, 0, 0, 0, 0, 0, 0, 6, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+        0, 0, 0, 0, 0, 253, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 4, 0, 0,
+    ];
+    for (name, input) in [("NaN value", nan_value), ("gapped tensors", gapped)] {
+        let f = GgufFile::from_bytes(input.to_vec()).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let once = GgufWriter::from_gguf(&f).unwrap().to_bytes().unwrap();
+        let again = GgufFile::from_bytes(once.clone()).unwrap();
+        for ((ka, va), (kb, vb)) in again.metadata().iter().zip(f.metadata()) {
+            assert_eq!(ka, kb);
+            assert_eq!(format!("{va:?}"), format!("{vb:?}"), "{name}: `{ka}`");
+            if let (Value::F32(a), Value::F32(b)) = (va, vb) {
+                assert_eq!(a.to_bits(), b.to_bits(), "{name}: NaN bits");
+            }
+        }
+        for (a, b) in again.tensors().iter().zip(f.tensors()) {
+            assert_eq!((&a.name, &a.dims, a.ty), (&b.name, &b.dims, b.ty), "{name}");
+            assert_eq!(again.tensor_data(a), f.tensor_data(b), "{name}: `{}`", a.name);
+        }
+        let twice = GgufWriter::from_gguf(&again).unwrap().to_bytes().unwrap();
+        assert_eq!(twice, once, "{name}: a rewrite of a rewrite differs");
+    }
+    let f = GgufFile::from_bytes(gapped.to_vec()).unwrap();
+    assert_eq!(f.tensor("b").unwrap().offset, 13);
+    let packed = GgufFile::from_bytes(GgufWriter::from_gguf(&f).unwrap().to_bytes().unwrap()).unwrap();
+    assert_eq!(packed.tensor("b").unwrap().offset, 6);
+}
