@@ -115,9 +115,11 @@ impl Tokenizer {
         let model = file.get_str(&key("model"))?;
         let tokens: Vec<String> = match model {
             "llama" | "gpt2" => file.get_str_array(&key("tokens"))?.into_iter().map(str::to_owned).collect(),
-            other => return Err(Error::Tokenizer(format!(
+            other => {
+                return Err(Error::Tokenizer(format!(
                 "unsupported tokenizer model `{other}` (supported: `llama` = SentencePiece, `gpt2` = byte-level BPE)"
-            ))),
+            )))
+            }
         };
         let token_types = optional(file.get_i32_array(&key("token_type")))?;
         let id = |k: &str| optional(file.get_u32(&key(k)));
