@@ -207,13 +207,16 @@ fn smollm_dir() -> PathBuf {
 /// file is absent.
 fn smollm() -> Option<&'static Tokenizer> {
     static TOK: OnceLock<Option<Tokenizer>> = OnceLock::new();
-    TOK.get_or_init(|| match tokenizer_for(&smollm_dir()) {
-        Ok(t) => Some(t),
-        Err(e) if model_file(&smollm_dir()).is_err() => {
+    TOK.get_or_init(|| match (Instant::now(), tokenizer_for(&smollm_dir())) {
+        (t0, Ok(t)) => {
+            println!("SmolLM2 tokenizer loaded in {:?}", t0.elapsed());
+            Some(t)
+        }
+        (_, Err(e)) if model_file(&smollm_dir()).is_err() => {
             eprintln!("SKIP SmolLM2 tokenizer tests: {e}");
             None
         }
-        Err(e) => panic!("{e}"),
+        (_, Err(e)) => panic!("{e}"),
     })
     .as_ref()
 }

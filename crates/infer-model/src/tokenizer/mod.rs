@@ -54,7 +54,7 @@ pub enum TokenizerKind {
 
 #[derive(Clone)]
 enum Model {
-    Spm(SpmModel),
+    Spm(Box<SpmModel>),
     Bpe(Box<BpeModel>),
 }
 
@@ -168,7 +168,7 @@ impl Tokenizer {
     /// when a byte token's text is not of the form `<0xXX>`.
     pub fn from_vocab(vocab: SpmVocab) -> Result<Tokenizer> {
         let (vocab, model, add_bos, add_eos) = SpmModel::build(vocab)?;
-        Ok(Tokenizer { vocab, model: Model::Spm(model), add_bos, add_eos })
+        Ok(Tokenizer { vocab, model: Model::Spm(Box::new(model)), add_bos, add_eos })
     }
 
     /// Builds a byte-level BPE tokenizer from an already-read vocabulary
