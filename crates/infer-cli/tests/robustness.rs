@@ -160,7 +160,7 @@ fn signals_during_synth_remove_the_partial_file() {
     for signal in ["INT", "TERM"] {
         let dir = tmpdir();
         let out = dir.path().join("big.gguf");
-        let mut child = Command::new(env!("CARGO_BIN_EXE_infer"))
+        let child = Command::new(env!("CARGO_BIN_EXE_infer"))
             .args(["synth", "--size", "270m", "-t", "1", "--tokenizer-from", &model, "-o", out.to_str().unwrap()])
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())

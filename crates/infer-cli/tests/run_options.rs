@@ -28,7 +28,8 @@ fn seed_is_random_by_default_printed_and_reproducible() {
     let a = run_tiny(&m, &["-n", "24", "hello"]);
     let b = run_tiny(&m, &["-n", "24", "hello"]);
     assert!(a.status.success() && b.status.success(), "{}", stderr(&a));
-    let (sa, sb) = (stat_after(&stderr(&a), "sampling: seed "), stat_after(&stderr(&b), "sampling: seed "));
+    let (ea, eb) = (stderr(&a), stderr(&b));
+    let (sa, sb) = (stat_after(&ea, "sampling: seed "), stat_after(&eb, "sampling: seed "));
     assert!(sa.parse::<u64>().is_ok() && sb.parse::<u64>().is_ok(), "{sa} {sb}");
     assert_ne!(sa, sb, "two runs without --seed drew the same seed");
     // The printed seed reproduces the run; --seed N is reproducible.
@@ -121,11 +122,7 @@ fn prompts_from_words_flag_file_and_stdin_agree() {
     let m = synth_tiny(dir.path(), "llama");
     let ms = m.to_str().unwrap();
     let greedy = ["run", "--model", ms, "-t", "1", "-n", "6", "--temp", "0"];
-    let with = |extra: &[&str]| {
-        let mut a = greedy.to_vec();
-        a.extend_from_slice(extra);
-        a
-    };
+    let with = |extra: &[&str]| -> Vec<String> { greedy.iter().chain(extra).map(|s| s.to_string()).collect() };
     let words = infer(&with(&["Once", "upon", "a", "time"]));
     assert!(words.status.success(), "{}", stderr(&words));
     assert!(stdout(&words).starts_with("Once upon a time"), "{}", stdout(&words));

@@ -6,12 +6,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
 /// Runs `infer` with `args` (standard input empty).
-pub fn infer(args: &[&str]) -> Output {
+pub fn infer<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_infer")).args(args).stdin(Stdio::null()).output().expect("run infer")
 }
 
 /// Runs `infer` with `args` and `input` on standard input.
-pub fn infer_stdin(args: &[&str], input: &[u8]) -> Output {
+pub fn infer_stdin<S: AsRef<std::ffi::OsStr>>(args: &[S], input: &[u8]) -> Output {
     use std::io::Write;
     let mut child = Command::new(env!("CARGO_BIN_EXE_infer"))
         .args(args)
