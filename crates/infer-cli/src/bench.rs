@@ -388,7 +388,7 @@ pub fn bench(a: BenchArgs) -> CliResult {
             time_prefill(model.as_mut(), &tokens)?; // warm-up
             (0..a.reps).map(|_| time_prefill(model.as_mut(), &tokens)).collect()
         })?;
-        let r = TestResult { test: format!("pp{}", n_prompt), n_prompt: n_prompt, ..base.clone() };
+        let r = TestResult { test: format!("pp{}", n_prompt), n_prompt, ..base.clone() };
         results.push(finish(r, n_prompt, samples));
     }
     if n_gen > 0 {
@@ -396,7 +396,7 @@ pub fn bench(a: BenchArgs) -> CliResult {
             time_decode(model.as_mut(), bos, 1)?; // warm-up
             (0..a.reps).map(|_| time_decode(model.as_mut(), bos, n_gen)).collect()
         })?;
-        let r = TestResult { test: format!("tg{}", n_gen), n_gen: n_gen, ..base.clone() };
+        let r = TestResult { test: format!("tg{}", n_gen), n_gen, ..base.clone() };
         let mut r = finish(r, n_gen, samples);
         let eff = bytes_per_token as f64 * r.avg_ts / 1e9;
         r.bytes_per_token = Some(bytes_per_token);

@@ -14,17 +14,18 @@ use infer_model::gguf::GgufFile;
 #[derive(Args, Clone, Debug)]
 pub struct ModelArgs {
     /// GGUF model file (default: Gemma 3 270M Q4_K_M, fetched and cached on first use).
-    #[arg(short, long)]
+    #[arg(short, long, value_name = "FILE")]
     pub model: Option<PathBuf>,
     /// Compute backend.
     #[arg(long, value_enum, default_value_t = BackendKind::Auto)]
     pub backend: BackendKind,
     /// CPU threads (default: all cores; at most 4 × the cores, larger values
     /// are capped with a warning).
-    #[arg(short, long)]
+    #[arg(short, long, value_name = "N")]
     pub threads: Option<usize>,
-    /// CPU arithmetic: `quantized` (as ggml, fast) or `exact` (weights
-    /// dequantized to f32, f32 activations).
+    /// CPU arithmetic: `quantized` (as ggml: 8-bit activations, integer dot
+    /// products with the GGUF blocks) or `exact` (weights dequantized to f32
+    /// once, f32 activations).
     #[arg(long, value_enum, default_value_t = PrecisionArg::Quantized)]
     pub precision: PrecisionArg,
 }

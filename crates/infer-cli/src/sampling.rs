@@ -10,31 +10,31 @@ use crate::common::CliResult;
 /// Sampling options, named and defaulted as llama.cpp's `llama-cli`.
 #[derive(Args, Clone, Debug)]
 pub struct SamplingArgs {
-    /// Temperature; 0 is greedy (deterministic). Applied after the filters.
-    #[arg(long, default_value_t = 0.8, allow_negative_numbers = true)]
+    /// Temperature, applied after the filters; 0 is greedy (the most likely token, deterministic).
+    #[arg(long, value_name = "T", default_value_t = 0.8, allow_negative_numbers = true)]
     pub temp: f32,
     /// Keep the K most likely tokens (0: off).
     #[arg(long, value_name = "K", default_value_t = 40)]
     pub top_k: usize,
-    /// Keep the most likely tokens whose probabilities sum to P (1: off).
+    /// Keep the most likely tokens whose probabilities sum to P, compared in f32 as llama.cpp does (1: off).
     #[arg(long, value_name = "P", default_value_t = 0.95, allow_negative_numbers = true)]
     pub top_p: f32,
     /// Drop tokens less likely than P × the most likely one (0: off).
     #[arg(long, value_name = "P", default_value_t = 0.05, allow_negative_numbers = true)]
     pub min_p: f32,
-    /// Divide the positive (multiply the negative) logits of recent tokens by this (1: off).
-    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
+    /// Divide the positive (multiply the negative) logits of the recent tokens by X (1: off).
+    #[arg(long, value_name = "X", default_value_t = 1.0, allow_negative_numbers = true)]
     pub repeat_penalty: f32,
-    /// How many recent tokens the penalties look at (0: off, -1: the context size).
+    /// How many recent tokens (prompt and output) the penalties look at (0: off, -1: the context size).
     #[arg(long, value_name = "N", default_value_t = 64, allow_negative_numbers = true)]
     pub repeat_last_n: i64,
-    /// Subtract this from the logit of every token among the recent ones (0: off).
-    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    /// Subtract X once from the logit of every recent token (0: off).
+    #[arg(long, value_name = "X", default_value_t = 0.0, allow_negative_numbers = true)]
     pub presence_penalty: f32,
-    /// Subtract this × its count from the logit of every recent token (0: off).
-    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    /// Subtract X per occurrence from the logit of every recent token (0: off).
+    #[arg(long, value_name = "X", default_value_t = 0.0, allow_negative_numbers = true)]
     pub frequency_penalty: f32,
-    /// Random seed (default, or -1: a random one, printed with the statistics).
+    /// Seed of the draw (default, or -1: a random seed, printed on the `sampling:` line).
     #[arg(long, value_name = "N", allow_negative_numbers = true)]
     pub seed: Option<i64>,
 }

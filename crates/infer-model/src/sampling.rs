@@ -15,10 +15,10 @@
 //!    largest penalized logit, the lowest id among equal ones;
 //! 3. **top-k**: keep the `k` most likely tokens (ties broken towards lower
 //!    ids), found by partial selection, never a sort of the vocabulary;
-//! 4. **top-p** (nucleus): the softmax of the remaining logits (temperature
-//!    1) in `f32`, then the smallest most-likely-first prefix whose `f32`
-//!    running sum is `>=` `top_p` (as an `f32`) — llama.cpp's comparison,
-//!    see [`nucleus_len`];
+//! 4. **top-p** (nucleus): the softmax of the remaining logits at
+//!    temperature one, in `f32`, then the smallest most-likely-first prefix
+//!    whose `f32` running sum is `>=` `top_p` (as an `f32`): llama.cpp's
+//!    comparison, see [`nucleus_len`];
 //! 5. **min-p**: keep the tokens whose logit is at least the largest plus
 //!    `ln(min_p)` (in `f32`), i.e. probability ≥ `min_p` × the largest;
 //! 6. **temperature**: logits divided by `T`;
