@@ -407,9 +407,7 @@ pub fn bench(a: BenchArgs) -> CliResult {
 
     let profile = if a.profile {
         let steps = if n_gen > 0 { n_gen } else { 128 }.min(spec.n_ctx_train);
-        Some(with_spinner("profiling a replay of decode", || {
-            crate::profile::profile_decode(&spec, threads, bos, steps)
-        })?)
+        Some(with_spinner("profiling decode", || crate::profile::profile_decode(model.as_mut(), bos, steps))?)
     } else {
         None
     };
@@ -426,7 +424,7 @@ pub fn bench(a: BenchArgs) -> CliResult {
         writeln!(out)?;
         out.flush()?;
         drop(out);
-        crate::profile::print_profile(&p, tg_ms);
+        crate::profile::print_profile(&p, &backend.device_info(), tg_ms);
     }
     Ok(())
 }

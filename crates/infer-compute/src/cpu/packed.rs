@@ -37,9 +37,9 @@
 use rayon::prelude::*;
 
 use super::kernels::{AlignedBytes, Kernels, SimdLevel};
-use crate::backend::QuantWeight;
 use crate::error::{shape_err, Error, Result};
 use crate::quant::{self, BlockIQ4NL, BlockQ4K, BlockQ4_0, BlockQ5_0, BlockQ6K, BlockQ8K, BlockQ8_0, QK, QK_K};
+use crate::weight::QuantWeight;
 use crate::GgmlType;
 
 /// Rows per interleaved group: the 16 i32 lanes of a 512-bit vector.

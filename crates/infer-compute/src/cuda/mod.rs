@@ -39,9 +39,10 @@ use kernels::{AttnArgs, NormArgs, QkvArgs};
 pub use model::{CudaKvCache, CudaModel, PREFILL_CHUNK};
 use ops::Matvec;
 
-use crate::backend::{ComputeBackend, DeviceModel, QuantWeight};
+use crate::backend::{ComputeBackend, DeviceModel};
 use crate::error::{shape_err, Error, Result};
 use crate::pipeline::{ModelSpec, RopeSpec, RopeType};
+use crate::weight::QuantWeight;
 
 /// A CUDA device behind the [`ComputeBackend`] trait.
 pub struct CudaBackend {
