@@ -77,7 +77,7 @@ fn bench_table_and_profile() {
     let out = stdout(&o);
     assert!(out.contains("| model") && out.contains("| t/s") || out.contains("t/s |"), "{out}");
     assert!(out.contains("pp8") && out.contains("tg4"), "{out}");
-    assert!(out.contains("replay") && out.contains("matvec ffn_down") && out.contains("attention"), "{out}");
+    assert!(out.contains("decode profile") && out.contains("matvec ffn_down") && out.contains("attention"), "{out}");
     assert!(out.contains("% step"), "{out}");
     // The table names the kernels (SIMD level) and the precision that ran.
     assert!(out.contains("| kernels") && out.contains("| precision"), "{out}");
