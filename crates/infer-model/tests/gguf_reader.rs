@@ -322,7 +322,7 @@ fn alignment_one_gives_aligned_copies_of_misaligned_tensors() {
         w
     };
     let mut w = build("x");
-    if GgufFile::from_bytes(w.to_bytes().unwrap()).unwrap().data_offset() % 2 == 0 {
+    if GgufFile::from_bytes(w.to_bytes().unwrap()).unwrap().data_offset().is_multiple_of(2) {
         w = build("xy");
     }
     let bytes = w.to_bytes().unwrap();
@@ -331,7 +331,7 @@ fn alignment_one_gives_aligned_copies_of_misaligned_tensors() {
     let mut misaligned = 0;
     for (t, seed) in f.tensors().iter().zip(1u8..) {
         let start = f.data_offset() + t.offset as usize;
-        if start % 2 != 0 || (t.ty == GgmlType::F32 && start % 4 != 0) {
+        if !start.is_multiple_of(2) || (t.ty == GgmlType::F32 && !start.is_multiple_of(4)) {
             misaligned += 1;
         }
         let data = f.tensor_data(t);

@@ -375,7 +375,7 @@ impl GgufFile {
     /// [`Error::MissingKey`]; [`Error::KeyType`] for anything but an array
     /// of integers in range.
     pub fn get_i32_array(&self, key: &str) -> Result<Vec<i32>> {
-        self.typed(key, "array of i32", |v| int_array(v))
+        self.typed(key, "array of i32", int_array)
     }
 
     /// An array of integers as `u32` (elements of any integer type that fit
@@ -384,7 +384,7 @@ impl GgufFile {
     /// # Errors
     /// As [`GgufFile::get_i32_array`].
     pub fn get_u32_array(&self, key: &str) -> Result<Vec<u32>> {
-        self.typed(key, "array of u32", |v| int_array(v))
+        self.typed(key, "array of u32", int_array)
     }
 
     /// Every tensor description, in file order.
@@ -490,7 +490,7 @@ fn aligned_copies(bytes: &[u8], data_offset: usize, tensors: &[TensorInfo]) -> R
         else {
             continue;
         };
-        if data.as_ptr() as usize % align == 0 {
+        if (data.as_ptr() as usize).is_multiple_of(align) {
             continue;
         }
         let mut copy = Storage::try_aligned(data.len(), || format!("an aligned copy of tensor `{}`", t.name))?;
