@@ -2,40 +2,56 @@
 //! special-token parsing) and decoding any id sequence (ids past the
 //! vocabulary included) never panics or hangs.
 //!
-//! The vocabulary is the default model's (Gemma 3, 262 144 tokens) when
-//! `$INFER_FUZZ_MODEL` or the model cache holds it, a generated one
-//! otherwise.
+//! The vocabularies are those of the cached models (Gemma 3's
+//! SentencePiece, SmolLM2's byte-level BPE; `$INFER_FUZZ_MODELS` lists
+//! other files, separated by `:`), or a generated one when none is found.
+//! The first input byte picks the vocabulary.
 
 #![no_main]
 
+use std::path::PathBuf;
 use std::sync::OnceLock;
 
 use infer_model::gguf::{GgufFile, GgufWriter};
 use infer_model::tokenizer::Tokenizer;
 use libfuzzer_sys::fuzz_target;
 
-fn tokenizer() -> &'static Tokenizer {
-    static TOK: OnceLock<Tokenizer> = OnceLock::new();
-    TOK.get_or_init(|| {
-        let path = std::env::var_os("INFER_FUZZ_MODEL").map(std::path::PathBuf::from).unwrap_or_else(|| {
-            infer_model::fetch::cache_dir().join(infer_model::fetch::DEFAULT_MODEL_FILE)
-        });
-        if let Ok(file) = GgufFile::open(&path) {
-            eprintln!("tokenizer of {}", path.display());
-            return Tokenizer::from_gguf(&file).expect("the model's tokenizer");
+fn tokenizers() -> &'static [Tokenizer] {
+    static TOKS: OnceLock<Vec<Tokenizer>> = OnceLock::new();
+    TOKS.get_or_init(|| {
+        let cache = infer_model::fetch::cache_dir();
+        let mut paths: Vec<PathBuf> =
+            vec![cache.join(infer_model::fetch::DEFAULT_MODEL_FILE), cache.join("SmolLM2-135M-Instruct.Q4_1.gguf")];
+        if let Some(more) = std::env::var_os("INFER_FUZZ_MODELS") {
+            paths.extend(std::env::split_paths(&more));
         }
-        eprintln!("{} not found: a generated vocabulary", path.display());
-        let mut w = GgufWriter::new();
-        for (k, v) in infer_model::synth::generated_vocab(4096).expect("a generated vocabulary") {
-            w.add_metadata(k, v).expect("vocabulary metadata");
+        let mut toks: Vec<Tokenizer> = paths
+            .iter()
+            .filter_map(|p| GgufFile::open(p).ok().map(|f| (p, f)))
+            .map(|(p, f)| {
+                eprintln!("tokenizer of {}", p.display());
+                Tokenizer::from_gguf(&f).expect("the model's tokenizer")
+            })
+            .collect();
+        if toks.is_empty() {
+            eprintln!("no model found: a generated vocabulary");
+            let mut w = GgufWriter::new();
+            for (k, v) in infer_model::synth::generated_vocab(4096).expect("a generated vocabulary") {
+                w.add_metadata(k, v).expect("vocabulary metadata");
+            }
+            let file = GgufFile::from_bytes(w.to_bytes().expect("in memory")).expect("a valid file");
+            toks.push(Tokenizer::from_gguf(&file).expect("the generated tokenizer"));
         }
-        let file = GgufFile::from_bytes(w.to_bytes().expect("in memory")).expect("a valid file");
-        Tokenizer::from_gguf(&file).expect("the generated tokenizer")
+        toks
     })
 }
 
 fuzz_target!(|data: &[u8]| {
-    let tok = tokenizer();
+    let toks = tokenizers();
+    let Some((&pick, data)) = data.split_first() else {
+        return;
+    };
+    let tok = &toks[pick as usize % toks.len()];
     let text = String::from_utf8_lossy(data);
     let ids = tok.encode(&text, true);
     assert!(ids.iter().all(|&id| (id as usize) < tok.n_vocab()), "an id past the vocabulary");

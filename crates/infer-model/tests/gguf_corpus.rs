@@ -63,7 +63,8 @@ fn one_value(key: &str, v: impl Into<Value>, f: impl FnOnce(&mut Vec<u8>, usize)
     b
 }
 
-#[allow(clippy::vec_init_then_push)] // one push per kind, grouped by comments
+// One push per kind, grouped under comments, reads better than one literal.
+#[allow(clippy::vec_init_then_push)]
 fn corpus() -> Vec<Bad> {
     let mut c = Vec::new();
     // Header.
