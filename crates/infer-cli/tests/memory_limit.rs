@@ -90,7 +90,7 @@ fn a_50m_element_metadata_array_fits_in_its_size() {
 fn no_mmap_reads_the_model_into_memory() {
     let model = default_model();
     let run = |extra: &[&str]| {
-        let mut args = vec!["run", "--model", &model, "-n", "4", "--threads", "2"];
+        let mut args = vec!["run", "--model", &model, "-n", "4", "--threads", "2", "--temp", "0"];
         args.extend_from_slice(extra);
         args.push("The capital of France is");
         let o = Command::new(env!("CARGO_BIN_EXE_infer")).args(&args).output().expect("run infer");
