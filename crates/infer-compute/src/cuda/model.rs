@@ -41,7 +41,7 @@ use cudarc::driver::{CudaGraph, CudaSlice};
 
 use super::device::{dev_err, Device, PinnedBuf};
 use super::kernels::{AttnArgs, DevPtr, MvMode, NormArgs, QkvArgs};
-use super::ops::{self, GemmPrecision, Matvec};
+use super::ops::{self, GemmPrecision, Matvec, MvEpilogue};
 use crate::backend::{DeviceModel, KvCache, QuantWeight};
 use crate::error::{shape_err, Error, Result};
 use crate::pipeline::{Activation, FfnType, ModelSpec, Norm, NormType, RopeType};
@@ -202,6 +202,13 @@ struct Buffers {
     gate: CudaSlice<f32>,
     up: CudaSlice<f32>,
     act: CudaSlice<f32>,
+    /// The q8 of `act` made by the gate/up product's epilogue in decode
+    /// (separate from `aq`, which that product reads).
+    aq_ff: CudaSlice<i8>,
+    ad_ff: CudaSlice<f32>,
+    /// Arrival counters of the decode epilogues (zero between launches):
+    /// `n_ff / 32` for the q8 epilogue, then one for the norm epilogue.
+    counters: CudaSlice<i32>,
     part_o: CudaSlice<f32>,
     part_ml: CudaSlice<f32>,
     logits: CudaSlice<f32>,
@@ -265,6 +272,10 @@ pub struct CudaModel {
     use_graph: bool,
     logits: PinnedBuf<f32>,
     weight_bytes: usize,
+    /// Decode steps use the mat-vec epilogues (q8 of the GLU output, the
+    /// residual norm after `wo` and `down`) instead of separate launches;
+    /// `INFER_CUDA_FUSE=0` turns them off.
+    fuse: bool,
 }
 
 /// The KV cache of a [`CudaModel`]: per layer, K and V as f16
@@ -394,6 +405,7 @@ impl CudaModel {
             use_graph: true,
             logits: d.pinned(spec.n_vocab)?,
             weight_bytes,
+            fuse: std::env::var("INFER_CUDA_FUSE").map_or(true, |v| v != "0"),
             dev,
         })
     }
@@ -405,6 +417,15 @@ impl CudaModel {
         if !on {
             self.graph = None;
         }
+    }
+
+    /// Whether decode steps use the mat-vec epilogues (the q8 of the GLU
+    /// output, the residual norm after `wo` and `down`) instead of separate
+    /// launches (the default, unless `INFER_CUDA_FUSE=0`). The results
+    /// agree to rounding: the fused norm sums in another order.
+    pub fn set_fused(&mut self, on: bool) {
+        self.fuse = on;
+        self.graph = None;
     }
 
     /// Per-kernel times of the steps run between `on = true` and
@@ -455,6 +476,9 @@ impl CudaModel {
             gate: d.zeros(cap * m.n_ff)?,
             up: d.zeros(cap * m.n_ff)?,
             act: d.zeros(cap * m.n_ff)?,
+            aq_ff: d.zeros(m.n_ff.max(1))?,
+            ad_ff: d.zeros(m.n_ff.div_ceil(32) * 2 + 2)?,
+            counters: d.zeros(m.n_ff.div_ceil(32) + 1)?,
             part_o: d.zeros(cap * m.heads * n_split * m.hd)?,
             part_ml: d.zeros(cap * m.heads * n_split * 2)?,
             logits: d.zeros(self.n_vocab)?,
@@ -595,7 +619,12 @@ impl CudaModel {
             mode: MvMode::Store,
             cap: 0.0,
             repacked_stride: w.repacked_stride,
+            epilogue: MvEpilogue::None,
         };
+        // Decode epilogues (see MvEpilogue): one counter past the GLU ones.
+        let fuse = self.fuse && n == 1;
+        let counters = d.ptr(&b.counters);
+        let norm_counter = counters + (self.max.n_ff.div_ceil(32) * 4) as u64;
 
         // Prefill GEMM: dequantize one matrix, then one tensor-core GEMM.
         let gemm = b.gemm.as_ref().filter(|_| n >= GEMM_MIN_TOKENS).map(|g| (g.prec, d.ptr(&g.w), d.ptr(&g.x)));
@@ -698,15 +727,24 @@ impl CudaModel {
                     softcap: l.softcap.unwrap_or(0.0),
                 },
             )?;
+            let ffn_norm_args = norm_args(o, l.post_attn_norm.as_ref(), &l.ffn_norm);
             if gemm.is_some() {
                 mm(&l.wo, operand(p(&b.attn), l.wo.cols)?, o)?;
             } else {
-                ops::matvec(d, &mv(&l.wo, p(&b.attn), aq, ad, o))?;
+                let mut call = mv(&l.wo, p(&b.attn), aq, ad, o);
+                if fuse {
+                    call.epilogue = MvEpilogue::Norm { args: ffn_norm_args, counter: norm_counter };
+                }
+                ops::matvec(d, &call)?;
             }
-            ops::residual_norm(d, &norm_args(o, l.post_attn_norm.as_ref(), &l.ffn_norm), n)?;
+            if !fuse {
+                ops::residual_norm(d, &ffn_norm_args, n)?;
+            }
 
             let n_ff = l.up.rows;
             let act = p(&b.act);
+            // The q8 of `act` when the gate/up epilogue makes it.
+            let mut act_q8 = None;
             match &l.gate {
                 Some(g) if l.gated && gemm.is_some() => {
                     let xo = operand(h, e)?;
@@ -722,6 +760,11 @@ impl CudaModel {
                     let mut call = mv(g, h, aq, ad, act);
                     call.w[1] = d.ptr(&l.up.buf);
                     call.mode = if l.gelu { MvMode::GluGelu } else { MvMode::GluSilu };
+                    if fuse && n_ff % 32 == 0 && ops::wants_q8(l.down.ty)? {
+                        let (q, ds) = (d.ptr(&b.aq_ff), p(&b.ad_ff));
+                        call.epilogue = MvEpilogue::Quantize { q, ds, counters };
+                        act_q8 = Some((q, ds));
+                    }
                     ops::matvec(d, &call)?;
                 }
                 Some(g) if l.gated => {
@@ -734,16 +777,29 @@ impl CudaModel {
                     ops::act_inplace(d, act, n * n_ff, l.gelu)?;
                 }
             }
+            let next = self.layers.get(li + 1).map_or(&self.output_norm, |nl| &nl.attn_norm);
+            let next_norm_args = norm_args(o, l.post_ffn_norm.as_ref(), next);
             if gemm.is_some() {
                 mm(&l.down, operand(act, n_ff)?, o)?;
             } else {
-                if ops::wants_q8(l.down.ty)? {
-                    ops::quantize_q8(d, act, aq, ad, n * n_ff / 32)?;
+                let (dq, dd) = match act_q8 {
+                    Some(q8) => q8,
+                    None => {
+                        if ops::wants_q8(l.down.ty)? {
+                            ops::quantize_q8(d, act, aq, ad, n * n_ff / 32)?;
+                        }
+                        (aq, ad)
+                    }
+                };
+                let mut call = mv(&l.down, act, dq, dd, o);
+                if fuse {
+                    call.epilogue = MvEpilogue::Norm { args: next_norm_args, counter: norm_counter };
                 }
-                ops::matvec(d, &mv(&l.down, act, aq, ad, o))?;
+                ops::matvec(d, &call)?;
             }
-            let next = self.layers.get(li + 1).map_or(&self.output_norm, |nl| &nl.attn_norm);
-            ops::residual_norm(d, &norm_args(o, l.post_ffn_norm.as_ref(), next), n)?;
+            if !fuse {
+                ops::residual_norm(d, &next_norm_args, n)?;
+            }
         }
         // Vocabulary projection of the last token.
         let last = n - 1;

@@ -60,6 +60,24 @@ pub(crate) struct Matvec {
     /// Rows are in the repacked layout with this stride in bytes (0: GGUF
     /// rows of `ty.row_bytes(cols)`).
     pub repacked_stride: usize,
+    /// Decode work after the rows (one token; see [`MvEpilogue`]).
+    pub epilogue: MvEpilogue,
+}
+
+/// Work a single-token mat-vec does after its rows (see matvec.cu), each in
+/// place of a separate launch.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) enum MvEpilogue {
+    /// None.
+    #[default]
+    None,
+    /// GLU modes: quantize the output to q8 (`q`: `rows[0]` int8 quants,
+    /// `ds`: `rows[0] / 32` (d, d·sum) pairs) as its chunks complete;
+    /// `counters`: `rows[0] / 32` zeroed ints.
+    Quantize { q: DevPtr, ds: DevPtr, counters: DevPtr },
+    /// Run `residual_norm` with these arguments on token 0 once every row
+    /// is stored; `counter`: one zeroed int.
+    Norm { args: NormArgs, counter: DevPtr },
 }
 
 impl Matvec {
@@ -78,6 +96,7 @@ impl Matvec {
             mode: MvMode::Store,
             cap: 0.0,
             repacked_stride: 0,
+            epilogue: MvEpilogue::None,
         }
     }
 }
@@ -102,7 +121,33 @@ pub(crate) fn matvec(dev: &Device, m: &Matvec) -> Result<()> {
     if k.quantized && m.cols % 32 != 0 {
         return Err(Error::RowNotBlockMultiple { ty: m.ty, cols: m.cols, block_size: 32 });
     }
+    let (mut oq, mut ods, mut counters, mut norm) = (0, 0, 0, NormArgs::default());
+    match m.epilogue {
+        MvEpilogue::None => {}
+        MvEpilogue::Quantize { q, ds, counters: c } => {
+            if !glu || m.n_tok != 1 || m.rows[0] % 32 != 0 || c == 0 {
+                return Err(Error::Device(format!(
+                    "mat-vec q8 epilogue needs a GLU mode, one token and rows a multiple of 32 (rows {}, tokens {})",
+                    m.rows[0], m.n_tok
+                )));
+            }
+            (oq, ods, counters) = (q, ds, c);
+        }
+        MvEpilogue::Norm { args, counter } => {
+            if m.n_tok != 1 || counter == 0 || args.x == 0 || (args.q != 0 && args.n % 32 != 0) {
+                return Err(Error::Device(format!(
+                    "mat-vec norm epilogue needs one token, a counter and a row of 32-value chunks (n {})",
+                    args.n
+                )));
+            }
+            (norm, counters) = (args, counter);
+        }
+    }
     let args = MatvecArgs {
+        oq,
+        ods,
+        counters,
+        norm,
         w: m.w,
         y: m.y,
         aq: m.aq,

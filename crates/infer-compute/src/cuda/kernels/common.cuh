@@ -18,6 +18,32 @@ typedef unsigned long long u64;
 #define NEG_INF (__int_as_float(0xff800000))
 
 // ---------------------------------------------------------------------------
+// Programmatic dependent launch (sm_90+; see `Device::launch`). Every kernel
+// begins with PDL_PROLOGUE, before any memory access:
+//   pdl_wait():    blocks until the grid launched before this one on the
+//                  stream has completed and its memory is visible (returns
+//                  at once for a plain launch);
+//   pdl_trigger(): lets the next grid be scheduled now; its blocks then
+//                  wait in their own pdl_wait(), so this changes only when
+//                  they are launched, never what they see.
+
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+#define PDL_PROLOGUE \
+    pdl_wait();      \
+    pdl_trigger()
+
+// ---------------------------------------------------------------------------
 // Floating-point conversions (PTX cvt; round to nearest even).
 
 __device__ __forceinline__ float f16_to_f32(u16 h) {
@@ -152,27 +178,6 @@ __device__ __forceinline__ void quantize_chunk_warp(float v, i8* q, float2* ds) 
 // Kernel argument structs, passed by value. Field order: 8-byte fields
 // first, so that the Rust #[repr(C)] mirrors have no padding.
 
-// Mat-vec / batched mat-vec. See matvec.cu.
-struct MatvecArgs {
-    const u8* w[3];      // weight matrices of one type and width, row-major
-    float* y[3];         // outputs: y[s][t * rows[s] + r]
-    const i8* aq;        // q8 activation quants, [n_tok][cols]
-    const float2* ad;    // q8 activation scales, [n_tok][cols / 32]
-    const float* ax;     // f32 activation, [n_tok][cols] (float weights)
-    int rows[3];         // rows of each segment (0 when unused)
-    int row_bytes;       // bytes per weight row
-    int cols;            // values per row
-    int n_tok;           // tokens (activation rows)
-    int mode;            // MV_STORE, MV_GLU_GELU, MV_GLU_SILU, MV_SOFTCAP
-    float cap;           // soft-cap c for MV_SOFTCAP
-};
-static_assert(sizeof(MatvecArgs) == 104, "MatvecArgs layout");
-
-#define MV_STORE 0
-#define MV_GLU_GELU 1
-#define MV_GLU_SILU 2
-#define MV_SOFTCAP 3
-
 // Residual add + normalization (+ q8 quantization). See norm.cu.
 struct NormArgs {
     float* x;            // residual [n_tok][n], updated in place when `add` is set
@@ -189,6 +194,31 @@ struct NormArgs {
     float add_eps;
 };
 static_assert(sizeof(NormArgs) == 80, "NormArgs layout");
+
+// Mat-vec / batched mat-vec. See matvec.cu.
+struct MatvecArgs {
+    const u8* w[3];      // weight matrices of one type and width, row-major
+    float* y[3];         // outputs: y[s][t * rows[s] + r]
+    const i8* aq;        // q8 activation quants, [n_tok][cols]
+    const float2* ad;    // q8 activation scales, [n_tok][cols / 32]
+    const float* ax;     // f32 activation, [n_tok][cols] (float weights)
+    i8* oq;              // decode GLU: q8 of y[0], each chunk quantized when its 32 rows are done; or null
+    float2* ods;
+    int* counters;       // arrival counters, zero between launches: [rows / 32] with oq, [1] with norm
+    NormArgs norm;       // norm.x set (decode): the last block to finish runs residual_norm on token 0
+    int rows[3];         // rows of each segment (0 when unused)
+    int row_bytes;       // bytes per weight row
+    int cols;            // values per row
+    int n_tok;           // tokens (activation rows)
+    int mode;            // MV_STORE, MV_GLU_GELU, MV_GLU_SILU, MV_SOFTCAP
+    float cap;           // soft-cap c for MV_SOFTCAP
+};
+static_assert(sizeof(MatvecArgs) == 208, "MatvecArgs layout");
+
+#define MV_STORE 0
+#define MV_GLU_GELU 1
+#define MV_GLU_SILU 2
+#define MV_SOFTCAP 3
 
 // q/k bias, per-head norm, RoPE and KV-cache append. See rope.cu.
 struct QkvArgs {

@@ -8,6 +8,18 @@
 // l, l + 32, ... , decodes each once and dots it with the q8 activation of
 // up to NT tokens (integer dp4a inside a chunk, f32 across chunks), then the
 // warp reduces. Grid: x = ceil(rows / MV_WARPS), y = ceil(n_tok / NT).
+//
+// Decode epilogues (one token), which save a launch each:
+// - oq set (GLU): the q8 activation of the next product is made here. Each
+//   row's writer fences and counts its row in counters[r / 32]; the warp
+//   that completes a chunk's 32 rows quantizes it and resets the counter.
+// - norm.x set: after its rows, each block counts itself in counters[0];
+//   the last block to arrive runs residual_norm (norm.cu) on the output it
+//   and the other blocks wrote, then resets the counter. Its reads of the
+//   addend go through L2 (__ldcg), after the writers' fences.
+// A block that arrives has finished reading its inputs, so the last block
+// may overwrite the input activation (the norm's q8 output is the same
+// buffer as the input q8 of the next layer's products).
 
 #define MV_WARPS 4
 
@@ -58,16 +70,41 @@ __device__ __forceinline__ void mv_store(const MatvecArgs& a, int seg, int r, in
                 float* y = seg == 0 ? a.y[0] : seg == 1 ? a.y[1] : a.y[2];
                 const int rows = seg == 0 ? a.rows[0] : seg == 1 ? a.rows[1] : a.rows[2];
                 y[(size_t)(t0 + t) * rows + r] = out;
+                if (a.oq || a.norm.x) __threadfence();
             }
+        }
+    }
+    if (a.oq) {
+        // One token (the host checks): row r of y[0] is complete.
+        int done = 0;
+        if (lane == 0) done = atomicAdd(a.counters + r / 32, 1) == 31;
+        done = __shfl_sync(FULL_MASK, done, 0);
+        if (done) {
+            __threadfence();
+            const int c = r / 32;
+            quantize_chunk_warp(__ldcg(a.y[0] + c * 32 + lane), a.oq + c * 32, a.ods + c);
+            if (lane == 0) a.counters[c] = 0;
         }
     }
 }
 
+// The norm epilogue (see the top of this file); every thread of the block
+// calls it, after its warp's rows.
+__device__ __forceinline__ void mv_norm_epilogue(const MatvecArgs& a) {
+    if (!a.norm.x) return;
+    __shared__ int last;
+    __shared__ float red[32];
+    __syncthreads();  // every warp's rows are stored and fenced
+    if (threadIdx.x == 0) last = atomicAdd(a.counters, 1) == (int)(gridDim.x * gridDim.y) - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    residual_norm_stream(a.norm, 0, red);
+    if (threadIdx.x == 0) a.counters[0] = 0;
+}
+
 template <class T, int NT>
-__device__ __forceinline__ void matvec_q(const MatvecArgs& a) {
-    const bool glu = a.mode == MV_GLU_GELU || a.mode == MV_GLU_SILU;
-    int seg, r;
-    if (!mv_row(a, glu, seg, r)) return;
+__device__ __forceinline__ void matvec_q_row(const MatvecArgs& a, bool glu, int seg, int r) {
     const int lane = threadIdx.x % WARP;
     const int t0 = blockIdx.y * NT;
     const int nt = min(NT, a.n_tok - t0);
@@ -97,16 +134,21 @@ __device__ __forceinline__ void matvec_q(const MatvecArgs& a) {
     mv_store<NT>(a, seg, r, t0, nt, acc, acc2, glu);
 }
 
+template <class T, int NT>
+__device__ __forceinline__ void matvec_q(const MatvecArgs& a) {
+    const bool glu = a.mode == MV_GLU_GELU || a.mode == MV_GLU_SILU;
+    int seg, r;
+    if (mv_row(a, glu, seg, r)) matvec_q_row<T, NT>(a, glu, seg, r);
+    mv_norm_epilogue(a);
+}
+
 // Float weights (F32, F16, BF16) against the f32 activation.
 struct FF32 { static __device__ __forceinline__ float at(const u8* row, int k) { return ((const float*)row)[k]; } };
 struct FF16 { static __device__ __forceinline__ float at(const u8* row, int k) { return f16_to_f32(((const u16*)row)[k]); } };
 struct FBF16 { static __device__ __forceinline__ float at(const u8* row, int k) { return bf16_to_f32(((const u16*)row)[k]); } };
 
 template <class F, int NT>
-__device__ __forceinline__ void matvec_f(const MatvecArgs& a) {
-    const bool glu = a.mode == MV_GLU_GELU || a.mode == MV_GLU_SILU;
-    int seg, r;
-    if (!mv_row(a, glu, seg, r)) return;
+__device__ __forceinline__ void matvec_f_row(const MatvecArgs& a, bool glu, int seg, int r) {
     const int lane = threadIdx.x % WARP;
     const int t0 = blockIdx.y * NT;
     const int nt = min(NT, a.n_tok - t0);
@@ -131,11 +173,21 @@ __device__ __forceinline__ void matvec_f(const MatvecArgs& a) {
     mv_store<NT>(a, seg, r, t0, nt, acc, acc2, glu);
 }
 
+template <class F, int NT>
+__device__ __forceinline__ void matvec_f(const MatvecArgs& a) {
+    const bool glu = a.mode == MV_GLU_GELU || a.mode == MV_GLU_SILU;
+    int seg, r;
+    if (mv_row(a, glu, seg, r)) matvec_f_row<F, NT>(a, glu, seg, r);
+    mv_norm_epilogue(a);
+}
+
 #define MV_KERNELS(name, T)                                                                        \
     extern "C" __global__ void __launch_bounds__(MV_WARPS * WARP) mv_##name##_t1(const MatvecArgs a) { \
+        PDL_PROLOGUE;                                                                              \
         matvec_q<T, 1>(a);                                                                         \
     }                                                                                              \
     extern "C" __global__ void __launch_bounds__(MV_WARPS * WARP) mv_##name##_t8(const MatvecArgs a) { \
+        PDL_PROLOGUE;                                                                              \
         matvec_q<T, 8>(a);                                                                         \
     }
 
@@ -157,9 +209,11 @@ MV_KERNELS(q6_kr, TQ6_KR)
 
 #define MVF_KERNELS(name, F)                                                                       \
     extern "C" __global__ void __launch_bounds__(MV_WARPS * WARP) mv_##name##_t1(const MatvecArgs a) { \
+        PDL_PROLOGUE;                                                                              \
         matvec_f<F, 1>(a);                                                                         \
     }                                                                                              \
     extern "C" __global__ void __launch_bounds__(MV_WARPS * WARP) mv_##name##_t8(const MatvecArgs a) { \
+        PDL_PROLOGUE;                                                                              \
         matvec_f<F, 8>(a);                                                                         \
     }
 
