@@ -713,21 +713,16 @@ fn fused_epilogues_match_separate_launches() {
         };
         m.set_fused(true);
         let fused = run(&mut m);
-        // Same inputs again: a race in the arrival counters would show as
+        // Same inputs again: a race on the arrival counters would show as
         // a difference between two runs.
         let fused2 = run(&mut m);
         m.set_fused(false);
         let separate = run(&mut m);
         for (p, ((a, b), c)) in fused.iter().zip(&fused2).zip(&separate).enumerate() {
-            assert_eq!(a, b, "seed {seed} pos {p}: two fused runs differ");
             assert!(a.iter().all(|v| v.is_finite()), "seed {seed} pos {p}: non-finite logit");
-            let cos = cosine(a, c);
-            let max_diff = a.iter().zip(c).map(|(x, y)| (x - y).abs()).fold(0.0f32, f32::max);
-            let scale = c.iter().map(|v| v.abs()).fold(0.0f32, f32::max);
-            assert!(
-                cos > 0.9999 && max_diff <= 0.02 * scale.max(1.0),
-                "seed {seed} pos {p}: fused vs separate launches: cosine {cos}, max |diff| {max_diff} (max |logit| {scale})"
-            );
+            assert_eq!(a, b, "seed {seed} pos {p}: two fused runs differ");
+            // The epilogue quantizes the same values with the same code.
+            assert_eq!(a, c, "seed {seed} pos {p}: fused and separate launches differ");
         }
     }
 }

@@ -66,7 +66,7 @@ pub(crate) const MV_TOKENS: usize = 8;
 /// Warps (output rows) per mat-vec block (`MV_WARPS` in matvec.cu).
 pub(crate) const MV_WARPS: u32 = 4;
 /// Positions per attention split (`ATTN_SPLIT` in common.cuh).
-pub(crate) const ATTN_SPLIT: usize = 128;
+pub(crate) const ATTN_SPLIT: usize = 64;
 /// Query heads per attention block (`ATTN_MAX_G`).
 pub(crate) const ATTN_MAX_G: usize = 8;
 /// Largest head dimension of the q/k/v kernel (`QKV_MAX_HD` in rope.cu).
@@ -152,7 +152,6 @@ pub(crate) struct MatvecArgs {
     pub oq: DevPtr,
     pub ods: DevPtr,
     pub counters: DevPtr,
-    pub norm: NormArgs,
     pub rows: [i32; 3],
     pub row_bytes: i32,
     pub cols: i32,
@@ -160,7 +159,7 @@ pub(crate) struct MatvecArgs {
     pub mode: i32,
     pub cap: f32,
 }
-const _: () = assert!(std::mem::size_of::<MatvecArgs>() == 208);
+const _: () = assert!(std::mem::size_of::<MatvecArgs>() == 128);
 
 /// Mirror of `QkvArgs`.
 #[repr(C)]

@@ -206,8 +206,8 @@ struct Buffers {
     /// (separate from `aq`, which that product reads).
     aq_ff: CudaSlice<i8>,
     ad_ff: CudaSlice<f32>,
-    /// Arrival counters of the decode epilogues (zero between launches):
-    /// `n_ff / 32` for the q8 epilogue, then one for the norm epilogue.
+    /// Arrival counters of the q8 epilogue (`n_ff / 32`, zero between
+    /// launches).
     counters: CudaSlice<i32>,
     part_o: CudaSlice<f32>,
     part_ml: CudaSlice<f32>,
@@ -272,9 +272,9 @@ pub struct CudaModel {
     use_graph: bool,
     logits: PinnedBuf<f32>,
     weight_bytes: usize,
-    /// Decode steps use the mat-vec epilogues (q8 of the GLU output, the
-    /// residual norm after `wo` and `down`) instead of separate launches;
-    /// `INFER_CUDA_FUSE=0` turns them off.
+    /// Decode steps quantize the GLU output in the gate/up product's
+    /// epilogue instead of a separate launch; `INFER_CUDA_FUSE=0` turns it
+    /// off.
     fuse: bool,
 }
 
@@ -419,10 +419,9 @@ impl CudaModel {
         }
     }
 
-    /// Whether decode steps use the mat-vec epilogues (the q8 of the GLU
-    /// output, the residual norm after `wo` and `down`) instead of separate
-    /// launches (the default, unless `INFER_CUDA_FUSE=0`). The results
-    /// agree to rounding: the fused norm sums in another order.
+    /// Whether decode steps quantize the GLU output in the gate/up
+    /// product's epilogue instead of a separate launch (the default, unless
+    /// `INFER_CUDA_FUSE=0`). The q8 values are the same either way.
     pub fn set_fused(&mut self, on: bool) {
         self.fuse = on;
         self.graph = None;
@@ -478,7 +477,7 @@ impl CudaModel {
             act: d.zeros(cap * m.n_ff)?,
             aq_ff: d.zeros(m.n_ff.max(1))?,
             ad_ff: d.zeros(m.n_ff.div_ceil(32) * 2 + 2)?,
-            counters: d.zeros(m.n_ff.div_ceil(32) + 1)?,
+            counters: d.zeros(m.n_ff.div_ceil(32).max(1))?,
             part_o: d.zeros(cap * m.heads * n_split * m.hd)?,
             part_ml: d.zeros(cap * m.heads * n_split * 2)?,
             logits: d.zeros(self.n_vocab)?,
@@ -621,10 +620,9 @@ impl CudaModel {
             repacked_stride: w.repacked_stride,
             epilogue: MvEpilogue::None,
         };
-        // Decode epilogues (see MvEpilogue): one counter past the GLU ones.
+        // The decode epilogue of the gate/up product (see MvEpilogue).
         let fuse = self.fuse && n == 1;
         let counters = d.ptr(&b.counters);
-        let norm_counter = counters + (self.max.n_ff.div_ceil(32) * 4) as u64;
 
         // Prefill GEMM: dequantize one matrix, then one tensor-core GEMM.
         let gemm = b.gemm.as_ref().filter(|_| n >= GEMM_MIN_TOKENS).map(|g| (g.prec, d.ptr(&g.w), d.ptr(&g.x)));
@@ -727,19 +725,12 @@ impl CudaModel {
                     softcap: l.softcap.unwrap_or(0.0),
                 },
             )?;
-            let ffn_norm_args = norm_args(o, l.post_attn_norm.as_ref(), &l.ffn_norm);
             if gemm.is_some() {
                 mm(&l.wo, operand(p(&b.attn), l.wo.cols)?, o)?;
             } else {
-                let mut call = mv(&l.wo, p(&b.attn), aq, ad, o);
-                if fuse {
-                    call.epilogue = MvEpilogue::Norm { args: ffn_norm_args, counter: norm_counter };
-                }
-                ops::matvec(d, &call)?;
+                ops::matvec(d, &mv(&l.wo, p(&b.attn), aq, ad, o))?;
             }
-            if !fuse {
-                ops::residual_norm(d, &ffn_norm_args, n)?;
-            }
+            ops::residual_norm(d, &norm_args(o, l.post_attn_norm.as_ref(), &l.ffn_norm), n)?;
 
             let n_ff = l.up.rows;
             let act = p(&b.act);
@@ -777,8 +768,6 @@ impl CudaModel {
                     ops::act_inplace(d, act, n * n_ff, l.gelu)?;
                 }
             }
-            let next = self.layers.get(li + 1).map_or(&self.output_norm, |nl| &nl.attn_norm);
-            let next_norm_args = norm_args(o, l.post_ffn_norm.as_ref(), next);
             if gemm.is_some() {
                 mm(&l.down, operand(act, n_ff)?, o)?;
             } else {
@@ -791,15 +780,10 @@ impl CudaModel {
                         (aq, ad)
                     }
                 };
-                let mut call = mv(&l.down, act, dq, dd, o);
-                if fuse {
-                    call.epilogue = MvEpilogue::Norm { args: next_norm_args, counter: norm_counter };
-                }
-                ops::matvec(d, &call)?;
+                ops::matvec(d, &mv(&l.down, act, dq, dd, o))?;
             }
-            if !fuse {
-                ops::residual_norm(d, &next_norm_args, n)?;
-            }
+            let next = self.layers.get(li + 1).map_or(&self.output_norm, |nl| &nl.attn_norm);
+            ops::residual_norm(d, &norm_args(o, l.post_ffn_norm.as_ref(), next), n)?;
         }
         // Vocabulary projection of the last token.
         let last = n - 1;

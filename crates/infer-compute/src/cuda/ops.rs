@@ -75,9 +75,6 @@ pub(crate) enum MvEpilogue {
     /// `ds`: `rows[0] / 32` (d, d·sum) pairs) as its chunks complete;
     /// `counters`: `rows[0] / 32` zeroed ints.
     Quantize { q: DevPtr, ds: DevPtr, counters: DevPtr },
-    /// Run `residual_norm` with these arguments on token 0 once every row
-    /// is stored; `counter`: one zeroed int.
-    Norm { args: NormArgs, counter: DevPtr },
 }
 
 impl Matvec {
@@ -121,7 +118,7 @@ pub(crate) fn matvec(dev: &Device, m: &Matvec) -> Result<()> {
     if k.quantized && m.cols % 32 != 0 {
         return Err(Error::RowNotBlockMultiple { ty: m.ty, cols: m.cols, block_size: 32 });
     }
-    let (mut oq, mut ods, mut counters, mut norm) = (0, 0, 0, NormArgs::default());
+    let (mut oq, mut ods, mut counters) = (0, 0, 0);
     match m.epilogue {
         MvEpilogue::None => {}
         MvEpilogue::Quantize { q, ds, counters: c } => {
@@ -133,21 +130,11 @@ pub(crate) fn matvec(dev: &Device, m: &Matvec) -> Result<()> {
             }
             (oq, ods, counters) = (q, ds, c);
         }
-        MvEpilogue::Norm { args, counter } => {
-            if m.n_tok != 1 || counter == 0 || args.x == 0 || (args.q != 0 && args.n % 32 != 0) {
-                return Err(Error::Device(format!(
-                    "mat-vec norm epilogue needs one token, a counter and a row of 32-value chunks (n {})",
-                    args.n
-                )));
-            }
-            (norm, counters) = (args, counter);
-        }
     }
     let args = MatvecArgs {
         oq,
         ods,
         counters,
-        norm,
         w: m.w,
         y: m.y,
         aq: m.aq,
@@ -173,7 +160,9 @@ pub(crate) fn residual_norm(dev: &Device, args: &NormArgs, n_tok: usize) -> Resu
     if args.q != 0 && args.n % 32 != 0 {
         return Err(Error::Device(format!("q8 output of a norm needs a multiple of 32 values, not {}", args.n)));
     }
-    dev.launch(names::RESIDUAL_NORM, (to_u32(n_tok, "tokens")?, 1, 1), 256, 0, args)
+    // 1024 threads (NORM_THREADS in norm.cu): rows up to 4096 values are
+    // held in registers, every load issued before the first use.
+    dev.launch(names::RESIDUAL_NORM, (to_u32(n_tok, "tokens")?, 1, 1), 1024, 0, args)
 }
 
 /// Launches the q/k/v post-processing (bias, q/k norm, RoPE, KV append).

@@ -204,8 +204,7 @@ struct MatvecArgs {
     const float* ax;     // f32 activation, [n_tok][cols] (float weights)
     i8* oq;              // decode GLU: q8 of y[0], each chunk quantized when its 32 rows are done; or null
     float2* ods;
-    int* counters;       // arrival counters, zero between launches: [rows / 32] with oq, [1] with norm
-    NormArgs norm;       // norm.x set (decode): the last block to finish runs residual_norm on token 0
+    int* counters;       // with oq: [rows / 32] arrival counters, zero between launches
     int rows[3];         // rows of each segment (0 when unused)
     int row_bytes;       // bytes per weight row
     int cols;            // values per row
@@ -213,7 +212,7 @@ struct MatvecArgs {
     int mode;            // MV_STORE, MV_GLU_GELU, MV_GLU_SILU, MV_SOFTCAP
     float cap;           // soft-cap c for MV_SOFTCAP
 };
-static_assert(sizeof(MatvecArgs) == 208, "MatvecArgs layout");
+static_assert(sizeof(MatvecArgs) == 128, "MatvecArgs layout");
 
 #define MV_STORE 0
 #define MV_GLU_GELU 1
@@ -262,7 +261,7 @@ struct AttnArgs {
 static_assert(sizeof(AttnArgs) == 104, "AttnArgs layout");
 
 // Positions per attention split (one block's share of the cache).
-#define ATTN_SPLIT 128
+#define ATTN_SPLIT 64
 // Query heads per attention block (heads of one kv group beyond this are
 // spread over more blocks).
 #define ATTN_MAX_G 8

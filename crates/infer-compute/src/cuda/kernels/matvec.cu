@@ -9,17 +9,11 @@
 // up to NT tokens (integer dp4a inside a chunk, f32 across chunks), then the
 // warp reduces. Grid: x = ceil(rows / MV_WARPS), y = ceil(n_tok / NT).
 //
-// Decode epilogues (one token), which save a launch each:
-// - oq set (GLU): the q8 activation of the next product is made here. Each
-//   row's writer fences and counts its row in counters[r / 32]; the warp
-//   that completes a chunk's 32 rows quantizes it and resets the counter.
-// - norm.x set: after its rows, each block counts itself in counters[0];
-//   the last block to arrive runs residual_norm (norm.cu) on the output it
-//   and the other blocks wrote, then resets the counter. Its reads of the
-//   addend go through L2 (__ldcg), after the writers' fences.
-// A block that arrives has finished reading its inputs, so the last block
-// may overwrite the input activation (the norm's q8 output is the same
-// buffer as the input q8 of the next layer's products).
+// Decode epilogue (one token, GLU modes), which saves the launch of
+// quantize_q8: with oq set, the q8 activation of the next product is made
+// here. Each row's writer fences and counts its row in counters[r / 32];
+// the warp that completes a chunk's 32 rows reads them through L2 (__ldcg),
+// quantizes them and resets the counter for the next launch.
 
 #define MV_WARPS 4
 
@@ -70,7 +64,7 @@ __device__ __forceinline__ void mv_store(const MatvecArgs& a, int seg, int r, in
                 float* y = seg == 0 ? a.y[0] : seg == 1 ? a.y[1] : a.y[2];
                 const int rows = seg == 0 ? a.rows[0] : seg == 1 ? a.rows[1] : a.rows[2];
                 y[(size_t)(t0 + t) * rows + r] = out;
-                if (a.oq || a.norm.x) __threadfence();
+                if (a.oq) __threadfence();
             }
         }
     }
@@ -88,20 +82,6 @@ __device__ __forceinline__ void mv_store(const MatvecArgs& a, int seg, int r, in
     }
 }
 
-// The norm epilogue (see the top of this file); every thread of the block
-// calls it, after its warp's rows.
-__device__ __forceinline__ void mv_norm_epilogue(const MatvecArgs& a) {
-    if (!a.norm.x) return;
-    __shared__ int last;
-    __shared__ float red[32];
-    __syncthreads();  // every warp's rows are stored and fenced
-    if (threadIdx.x == 0) last = atomicAdd(a.counters, 1) == (int)(gridDim.x * gridDim.y) - 1;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    residual_norm_stream(a.norm, 0, red);
-    if (threadIdx.x == 0) a.counters[0] = 0;
-}
 
 template <class T, int NT>
 __device__ __forceinline__ void matvec_q_row(const MatvecArgs& a, bool glu, int seg, int r) {
@@ -139,7 +119,6 @@ __device__ __forceinline__ void matvec_q(const MatvecArgs& a) {
     const bool glu = a.mode == MV_GLU_GELU || a.mode == MV_GLU_SILU;
     int seg, r;
     if (mv_row(a, glu, seg, r)) matvec_q_row<T, NT>(a, glu, seg, r);
-    mv_norm_epilogue(a);
 }
 
 // Float weights (F32, F16, BF16) against the f32 activation.
@@ -178,7 +157,6 @@ __device__ __forceinline__ void matvec_f(const MatvecArgs& a) {
     const bool glu = a.mode == MV_GLU_GELU || a.mode == MV_GLU_SILU;
     int seg, r;
     if (mv_row(a, glu, seg, r)) matvec_f_row<F, NT>(a, glu, seg, r);
-    mv_norm_epilogue(a);
 }
 
 #define MV_KERNELS(name, T)                                                                        \

@@ -9,7 +9,7 @@
 // This covers Gemma's sandwich norms (post-norm of the block output, add,
 // pre-norm of the next block) and the plain pre-norm of Llama-style models.
 
-#define NORM_THREADS 256
+#define NORM_THREADS 1024
 
 // One warp per 32-value chunk; x, q, ds are [n_chunks * 32], [n_chunks * 32], [n_chunks].
 extern "C" __global__ void __launch_bounds__(256) quantize_q8(const float* x, i8* q, float2* ds, int n_chunks) {
@@ -33,11 +33,9 @@ __device__ __forceinline__ void residual_norm_quantize(const NormArgs& a, int t)
     }
 }
 
-// Row t of residual_norm, streaming from memory (any row length), with
-// the block's threads; also run by the last block of a mat-vec whose
-// output is the addend (matvec.cu), so the addend is read through L2
-// (__ldcg: other blocks wrote it during the same launch). The per-thread
-// order of every sum is that of the register path of residual_norm.
+// Row t of residual_norm, streaming from memory (rows longer than the
+// register path holds). The per-thread order of every sum is that of the
+// register path.
 __device__ __forceinline__ void residual_norm_stream(const NormArgs& a, int t, float* red) {
     const int n = a.n, tid = threadIdx.x, nt = blockDim.x;
     float* x = a.x + (size_t)t * n;
@@ -84,7 +82,7 @@ __device__ __forceinline__ void residual_norm_stream(const NormArgs& a, int t, f
 }
 
 // Values per thread kept in registers (rows up to NORM_THREADS * NORM_REG).
-#define NORM_REG 16
+#define NORM_REG 4
 
 extern "C" __global__ void __launch_bounds__(NORM_THREADS) residual_norm(const NormArgs a) {
     PDL_PROLOGUE;
