@@ -11,8 +11,8 @@ use crate::GgmlType;
 pub(crate) const SOURCES: [(&str, &str); 7] = [
     ("common.cuh", include_str!("kernels/common.cuh")),
     ("quant.cuh", include_str!("kernels/quant.cuh")),
-    ("norm.cu", include_str!("kernels/norm.cu")),
     ("matvec.cu", include_str!("kernels/matvec.cu")),
+    ("norm.cu", include_str!("kernels/norm.cu")),
     ("rope.cu", include_str!("kernels/rope.cu")),
     ("attention.cu", include_str!("kernels/attention.cu")),
     ("elementwise.cu", include_str!("kernels/elementwise.cu")),
@@ -121,6 +121,24 @@ pub(crate) enum MvMode {
 /// A device address as kernels take it (0 = null).
 pub(crate) type DevPtr = u64;
 
+/// Mirror of `MatvecArgs`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct MatvecArgs {
+    pub w: [DevPtr; 3],
+    pub y: [DevPtr; 3],
+    pub aq: DevPtr,
+    pub ad: DevPtr,
+    pub ax: DevPtr,
+    pub rows: [i32; 3],
+    pub row_bytes: i32,
+    pub cols: i32,
+    pub n_tok: i32,
+    pub mode: i32,
+    pub cap: f32,
+}
+const _: () = assert!(std::mem::size_of::<MatvecArgs>() == 104);
+
 /// Mirror of `NormArgs`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
@@ -139,27 +157,6 @@ pub(crate) struct NormArgs {
     pub add_eps: f32,
 }
 const _: () = assert!(std::mem::size_of::<NormArgs>() == 80);
-
-/// Mirror of `MatvecArgs`.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
-pub(crate) struct MatvecArgs {
-    pub w: [DevPtr; 3],
-    pub y: [DevPtr; 3],
-    pub aq: DevPtr,
-    pub ad: DevPtr,
-    pub ax: DevPtr,
-    pub oq: DevPtr,
-    pub ods: DevPtr,
-    pub counters: DevPtr,
-    pub rows: [i32; 3],
-    pub row_bytes: i32,
-    pub cols: i32,
-    pub n_tok: i32,
-    pub mode: i32,
-    pub cap: f32,
-}
-const _: () = assert!(std::mem::size_of::<MatvecArgs>() == 128);
 
 /// Mirror of `QkvArgs`.
 #[repr(C)]

@@ -41,7 +41,7 @@ use cudarc::driver::{CudaGraph, CudaSlice};
 
 use super::device::{dev_err, Device, PinnedBuf};
 use super::kernels::{AttnArgs, DevPtr, MvMode, NormArgs, QkvArgs};
-use super::ops::{self, GemmPrecision, Matvec, MvEpilogue};
+use super::ops::{self, GemmPrecision, Matvec};
 use crate::backend::{DeviceModel, KvCache, QuantWeight};
 use crate::error::{shape_err, Error, Result};
 use crate::pipeline::{Activation, FfnType, ModelSpec, Norm, NormType, RopeType};
@@ -202,13 +202,6 @@ struct Buffers {
     gate: CudaSlice<f32>,
     up: CudaSlice<f32>,
     act: CudaSlice<f32>,
-    /// The q8 of `act` made by the gate/up product's epilogue in decode
-    /// (separate from `aq`, which that product reads).
-    aq_ff: CudaSlice<i8>,
-    ad_ff: CudaSlice<f32>,
-    /// Arrival counters of the q8 epilogue (`n_ff / 32`, zero between
-    /// launches).
-    counters: CudaSlice<i32>,
     part_o: CudaSlice<f32>,
     part_ml: CudaSlice<f32>,
     logits: CudaSlice<f32>,
@@ -272,10 +265,6 @@ pub struct CudaModel {
     use_graph: bool,
     logits: PinnedBuf<f32>,
     weight_bytes: usize,
-    /// Decode steps quantize the GLU output in the gate/up product's
-    /// epilogue instead of a separate launch; `INFER_CUDA_FUSE=0` turns it
-    /// off.
-    fuse: bool,
 }
 
 /// The KV cache of a [`CudaModel`]: per layer, K and V as f16
@@ -405,7 +394,6 @@ impl CudaModel {
             use_graph: true,
             logits: d.pinned(spec.n_vocab)?,
             weight_bytes,
-            fuse: std::env::var("INFER_CUDA_FUSE").map_or(true, |v| v != "0"),
             dev,
         })
     }
@@ -417,14 +405,6 @@ impl CudaModel {
         if !on {
             self.graph = None;
         }
-    }
-
-    /// Whether decode steps quantize the GLU output in the gate/up
-    /// product's epilogue instead of a separate launch (the default, unless
-    /// `INFER_CUDA_FUSE=0`). The q8 values are the same either way.
-    pub fn set_fused(&mut self, on: bool) {
-        self.fuse = on;
-        self.graph = None;
     }
 
     /// Per-kernel times of the steps run between `on = true` and
@@ -475,9 +455,6 @@ impl CudaModel {
             gate: d.zeros(cap * m.n_ff)?,
             up: d.zeros(cap * m.n_ff)?,
             act: d.zeros(cap * m.n_ff)?,
-            aq_ff: d.zeros(m.n_ff.max(1))?,
-            ad_ff: d.zeros(m.n_ff.div_ceil(32) * 2 + 2)?,
-            counters: d.zeros(m.n_ff.div_ceil(32).max(1))?,
             part_o: d.zeros(cap * m.heads * n_split * m.hd)?,
             part_ml: d.zeros(cap * m.heads * n_split * 2)?,
             logits: d.zeros(self.n_vocab)?,
@@ -618,11 +595,7 @@ impl CudaModel {
             mode: MvMode::Store,
             cap: 0.0,
             repacked_stride: w.repacked_stride,
-            epilogue: MvEpilogue::None,
         };
-        // The decode epilogue of the gate/up product (see MvEpilogue).
-        let fuse = self.fuse && n == 1;
-        let counters = d.ptr(&b.counters);
 
         // Prefill GEMM: dequantize one matrix, then one tensor-core GEMM.
         let gemm = b.gemm.as_ref().filter(|_| n >= GEMM_MIN_TOKENS).map(|g| (g.prec, d.ptr(&g.w), d.ptr(&g.x)));
@@ -734,8 +707,6 @@ impl CudaModel {
 
             let n_ff = l.up.rows;
             let act = p(&b.act);
-            // The q8 of `act` when the gate/up epilogue makes it.
-            let mut act_q8 = None;
             match &l.gate {
                 Some(g) if l.gated && gemm.is_some() => {
                     let xo = operand(h, e)?;
@@ -751,11 +722,6 @@ impl CudaModel {
                     let mut call = mv(g, h, aq, ad, act);
                     call.w[1] = d.ptr(&l.up.buf);
                     call.mode = if l.gelu { MvMode::GluGelu } else { MvMode::GluSilu };
-                    if fuse && n_ff % 32 == 0 && ops::wants_q8(l.down.ty)? {
-                        let (q, ds) = (d.ptr(&b.aq_ff), p(&b.ad_ff));
-                        call.epilogue = MvEpilogue::Quantize { q, ds, counters };
-                        act_q8 = Some((q, ds));
-                    }
                     ops::matvec(d, &call)?;
                 }
                 Some(g) if l.gated => {
@@ -771,16 +737,10 @@ impl CudaModel {
             if gemm.is_some() {
                 mm(&l.down, operand(act, n_ff)?, o)?;
             } else {
-                let (dq, dd) = match act_q8 {
-                    Some(q8) => q8,
-                    None => {
-                        if ops::wants_q8(l.down.ty)? {
-                            ops::quantize_q8(d, act, aq, ad, n * n_ff / 32)?;
-                        }
-                        (aq, ad)
-                    }
-                };
-                ops::matvec(d, &mv(&l.down, act, dq, dd, o))?;
+                if ops::wants_q8(l.down.ty)? {
+                    ops::quantize_q8(d, act, aq, ad, n * n_ff / 32)?;
+                }
+                ops::matvec(d, &mv(&l.down, act, aq, ad, o))?;
             }
             let next = self.layers.get(li + 1).map_or(&self.output_norm, |nl| &nl.attn_norm);
             ops::residual_norm(d, &norm_args(o, l.post_ffn_norm.as_ref(), next), n)?;

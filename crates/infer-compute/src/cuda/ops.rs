@@ -60,21 +60,6 @@ pub(crate) struct Matvec {
     /// Rows are in the repacked layout with this stride in bytes (0: GGUF
     /// rows of `ty.row_bytes(cols)`).
     pub repacked_stride: usize,
-    /// Decode work after the rows (one token; see [`MvEpilogue`]).
-    pub epilogue: MvEpilogue,
-}
-
-/// Work a single-token mat-vec does after its rows (see matvec.cu), each in
-/// place of a separate launch.
-#[derive(Clone, Copy, Debug, Default)]
-pub(crate) enum MvEpilogue {
-    /// None.
-    #[default]
-    None,
-    /// GLU modes: quantize the output to q8 (`q`: `rows[0]` int8 quants,
-    /// `ds`: `rows[0] / 32` (d, d·sum) pairs) as its chunks complete;
-    /// `counters`: `rows[0] / 32` zeroed ints.
-    Quantize { q: DevPtr, ds: DevPtr, counters: DevPtr },
 }
 
 impl Matvec {
@@ -93,7 +78,6 @@ impl Matvec {
             mode: MvMode::Store,
             cap: 0.0,
             repacked_stride: 0,
-            epilogue: MvEpilogue::None,
         }
     }
 }
@@ -118,23 +102,7 @@ pub(crate) fn matvec(dev: &Device, m: &Matvec) -> Result<()> {
     if k.quantized && m.cols % 32 != 0 {
         return Err(Error::RowNotBlockMultiple { ty: m.ty, cols: m.cols, block_size: 32 });
     }
-    let (mut oq, mut ods, mut counters) = (0, 0, 0);
-    match m.epilogue {
-        MvEpilogue::None => {}
-        MvEpilogue::Quantize { q, ds, counters: c } => {
-            if !glu || m.n_tok != 1 || m.rows[0] % 32 != 0 || c == 0 {
-                return Err(Error::Device(format!(
-                    "mat-vec q8 epilogue needs a GLU mode, one token and rows a multiple of 32 (rows {}, tokens {})",
-                    m.rows[0], m.n_tok
-                )));
-            }
-            (oq, ods, counters) = (q, ds, c);
-        }
-    }
     let args = MatvecArgs {
-        oq,
-        ods,
-        counters,
         w: m.w,
         y: m.y,
         aq: m.aq,

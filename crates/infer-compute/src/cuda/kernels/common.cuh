@@ -178,6 +178,27 @@ __device__ __forceinline__ void quantize_chunk_warp(float v, i8* q, float2* ds) 
 // Kernel argument structs, passed by value. Field order: 8-byte fields
 // first, so that the Rust #[repr(C)] mirrors have no padding.
 
+// Mat-vec / batched mat-vec. See matvec.cu.
+struct MatvecArgs {
+    const u8* w[3];      // weight matrices of one type and width, row-major
+    float* y[3];         // outputs: y[s][t * rows[s] + r]
+    const i8* aq;        // q8 activation quants, [n_tok][cols]
+    const float2* ad;    // q8 activation scales, [n_tok][cols / 32]
+    const float* ax;     // f32 activation, [n_tok][cols] (float weights)
+    int rows[3];         // rows of each segment (0 when unused)
+    int row_bytes;       // bytes per weight row
+    int cols;            // values per row
+    int n_tok;           // tokens (activation rows)
+    int mode;            // MV_STORE, MV_GLU_GELU, MV_GLU_SILU, MV_SOFTCAP
+    float cap;           // soft-cap c for MV_SOFTCAP
+};
+static_assert(sizeof(MatvecArgs) == 104, "MatvecArgs layout");
+
+#define MV_STORE 0
+#define MV_GLU_GELU 1
+#define MV_GLU_SILU 2
+#define MV_SOFTCAP 3
+
 // Residual add + normalization (+ q8 quantization). See norm.cu.
 struct NormArgs {
     float* x;            // residual [n_tok][n], updated in place when `add` is set
@@ -194,30 +215,6 @@ struct NormArgs {
     float add_eps;
 };
 static_assert(sizeof(NormArgs) == 80, "NormArgs layout");
-
-// Mat-vec / batched mat-vec. See matvec.cu.
-struct MatvecArgs {
-    const u8* w[3];      // weight matrices of one type and width, row-major
-    float* y[3];         // outputs: y[s][t * rows[s] + r]
-    const i8* aq;        // q8 activation quants, [n_tok][cols]
-    const float2* ad;    // q8 activation scales, [n_tok][cols / 32]
-    const float* ax;     // f32 activation, [n_tok][cols] (float weights)
-    i8* oq;              // decode GLU: q8 of y[0], each chunk quantized when its 32 rows are done; or null
-    float2* ods;
-    int* counters;       // with oq: [rows / 32] arrival counters, zero between launches
-    int rows[3];         // rows of each segment (0 when unused)
-    int row_bytes;       // bytes per weight row
-    int cols;            // values per row
-    int n_tok;           // tokens (activation rows)
-    int mode;            // MV_STORE, MV_GLU_GELU, MV_GLU_SILU, MV_SOFTCAP
-    float cap;           // soft-cap c for MV_SOFTCAP
-};
-static_assert(sizeof(MatvecArgs) == 128, "MatvecArgs layout");
-
-#define MV_STORE 0
-#define MV_GLU_GELU 1
-#define MV_GLU_SILU 2
-#define MV_SOFTCAP 3
 
 // q/k bias, per-head norm, RoPE and KV-cache append. See rope.cu.
 struct QkvArgs {

@@ -8,12 +8,6 @@
 // l, l + 32, ... , decodes each once and dots it with the q8 activation of
 // up to NT tokens (integer dp4a inside a chunk, f32 across chunks), then the
 // warp reduces. Grid: x = ceil(rows / MV_WARPS), y = ceil(n_tok / NT).
-//
-// Decode epilogue (one token, GLU modes), which saves the launch of
-// quantize_q8: with oq set, the q8 activation of the next product is made
-// here. Each row's writer fences and counts its row in counters[r / 32];
-// the warp that completes a chunk's 32 rows reads them through L2 (__ldcg),
-// quantizes them and resets the counter for the next launch.
 
 #define MV_WARPS 4
 
@@ -64,27 +58,16 @@ __device__ __forceinline__ void mv_store(const MatvecArgs& a, int seg, int r, in
                 float* y = seg == 0 ? a.y[0] : seg == 1 ? a.y[1] : a.y[2];
                 const int rows = seg == 0 ? a.rows[0] : seg == 1 ? a.rows[1] : a.rows[2];
                 y[(size_t)(t0 + t) * rows + r] = out;
-                if (a.oq) __threadfence();
             }
-        }
-    }
-    if (a.oq) {
-        // One token (the host checks): row r of y[0] is complete.
-        int done = 0;
-        if (lane == 0) done = atomicAdd(a.counters + r / 32, 1) == 31;
-        done = __shfl_sync(FULL_MASK, done, 0);
-        if (done) {
-            __threadfence();
-            const int c = r / 32;
-            quantize_chunk_warp(__ldcg(a.y[0] + c * 32 + lane), a.oq + c * 32, a.ods + c);
-            if (lane == 0) a.counters[c] = 0;
         }
     }
 }
 
-
 template <class T, int NT>
-__device__ __forceinline__ void matvec_q_row(const MatvecArgs& a, bool glu, int seg, int r) {
+__device__ __forceinline__ void matvec_q(const MatvecArgs& a) {
+    const bool glu = a.mode == MV_GLU_GELU || a.mode == MV_GLU_SILU;
+    int seg, r;
+    if (!mv_row(a, glu, seg, r)) return;
     const int lane = threadIdx.x % WARP;
     const int t0 = blockIdx.y * NT;
     const int nt = min(NT, a.n_tok - t0);
@@ -114,20 +97,16 @@ __device__ __forceinline__ void matvec_q_row(const MatvecArgs& a, bool glu, int 
     mv_store<NT>(a, seg, r, t0, nt, acc, acc2, glu);
 }
 
-template <class T, int NT>
-__device__ __forceinline__ void matvec_q(const MatvecArgs& a) {
-    const bool glu = a.mode == MV_GLU_GELU || a.mode == MV_GLU_SILU;
-    int seg, r;
-    if (mv_row(a, glu, seg, r)) matvec_q_row<T, NT>(a, glu, seg, r);
-}
-
 // Float weights (F32, F16, BF16) against the f32 activation.
 struct FF32 { static __device__ __forceinline__ float at(const u8* row, int k) { return ((const float*)row)[k]; } };
 struct FF16 { static __device__ __forceinline__ float at(const u8* row, int k) { return f16_to_f32(((const u16*)row)[k]); } };
 struct FBF16 { static __device__ __forceinline__ float at(const u8* row, int k) { return bf16_to_f32(((const u16*)row)[k]); } };
 
 template <class F, int NT>
-__device__ __forceinline__ void matvec_f_row(const MatvecArgs& a, bool glu, int seg, int r) {
+__device__ __forceinline__ void matvec_f(const MatvecArgs& a) {
+    const bool glu = a.mode == MV_GLU_GELU || a.mode == MV_GLU_SILU;
+    int seg, r;
+    if (!mv_row(a, glu, seg, r)) return;
     const int lane = threadIdx.x % WARP;
     const int t0 = blockIdx.y * NT;
     const int nt = min(NT, a.n_tok - t0);
@@ -150,13 +129,6 @@ __device__ __forceinline__ void matvec_f_row(const MatvecArgs& a, bool glu, int 
         }
     }
     mv_store<NT>(a, seg, r, t0, nt, acc, acc2, glu);
-}
-
-template <class F, int NT>
-__device__ __forceinline__ void matvec_f(const MatvecArgs& a) {
-    const bool glu = a.mode == MV_GLU_GELU || a.mode == MV_GLU_SILU;
-    int seg, r;
-    if (mv_row(a, glu, seg, r)) matvec_f_row<F, NT>(a, glu, seg, r);
 }
 
 #define MV_KERNELS(name, T)                                                                        \

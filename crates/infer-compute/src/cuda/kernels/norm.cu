@@ -20,67 +20,6 @@ extern "C" __global__ void __launch_bounds__(256) quantize_q8(const float* x, i8
     quantize_chunk_warp(x[(size_t)gc * 32 + lane], q + (size_t)gc * 32, ds + gc);
 }
 
-// Quantizes row t of a residual_norm output to q8 (when a.q is set).
-__device__ __forceinline__ void residual_norm_quantize(const NormArgs& a, int t) {
-    if (!a.q) return;
-    __syncthreads();  // out written by other threads of this block
-    const int n = a.n, lane = threadIdx.x % WARP, warp = threadIdx.x / WARP, n_warps = blockDim.x / WARP;
-    const float* out = a.out + (size_t)t * n;
-    const int n_chunks = n / 32;
-    for (int c = warp; c < n_chunks; c += n_warps) {
-        const size_t gc = (size_t)t * n_chunks + c;
-        quantize_chunk_warp(out[c * 32 + lane], a.q + gc * 32, a.ds + gc);
-    }
-}
-
-// Row t of residual_norm, streaming from memory (rows longer than the
-// register path holds). The per-thread order of every sum is that of the
-// register path.
-__device__ __forceinline__ void residual_norm_stream(const NormArgs& a, int t, float* red) {
-    const int n = a.n, tid = threadIdx.x, nt = blockDim.x;
-    float* x = a.x + (size_t)t * n;
-    float* out = a.out + (size_t)t * n;
-    if (a.add) {
-        const float* ad = a.add + (size_t)t * n;
-        float sa = 1.0f;
-        if (a.add_w) {
-            float ss = 0.0f;
-            for (int i = tid; i < n; i += nt) {
-                const float v = __ldcg(ad + i);
-                ss += v * v;
-            }
-            ss = block_sum(ss, red);
-            sa = 1.0f / sqrtf(ss / (float)n + a.add_eps);
-        }
-        for (int i = tid; i < n; i += nt) {
-            float v = __ldcg(ad + i);
-            if (a.add_w) v = (v * sa) * a.add_w[i];
-            x[i] += v;
-        }
-    }
-    if (a.kind == 0) {
-        float ss = 0.0f;
-        for (int i = tid; i < n; i += nt) ss += x[i] * x[i];
-        ss = block_sum(ss, red);
-        const float s = 1.0f / sqrtf(ss / (float)n + a.eps);
-        for (int i = tid; i < n; i += nt) out[i] = (x[i] * s) * a.w[i];
-    } else {
-        float sum = 0.0f;
-        for (int i = tid; i < n; i += nt) sum += x[i];
-        const float mean = block_sum(sum, red) / (float)n;
-        float sv = 0.0f;
-        for (int i = tid; i < n; i += nt) sv += (x[i] - mean) * (x[i] - mean);
-        const float var = block_sum(sv, red) / (float)n;
-        const float s = 1.0f / sqrtf(var + a.eps);
-        for (int i = tid; i < n; i += nt) {
-            float v = ((x[i] - mean) * s) * a.w[i];
-            if (a.b) v += a.b[i];
-            out[i] = v;
-        }
-    }
-    residual_norm_quantize(a, t);
-}
-
 // Values per thread kept in registers (rows up to NORM_THREADS * NORM_REG).
 #define NORM_REG 4
 
@@ -159,8 +98,50 @@ extern "C" __global__ void __launch_bounds__(NORM_THREADS) residual_norm(const N
             }
         }
     } else {
-        residual_norm_stream(a, t, red);
-        return;
+        // Long rows: the same arithmetic, streaming from memory.
+        if (a.add) {
+            const float* ad = a.add + (size_t)t * n;
+            float sa = 1.0f;
+            if (a.add_w) {
+                float ss = 0.0f;
+                for (int i = tid; i < n; i += nt) ss += ad[i] * ad[i];
+                ss = block_sum(ss, red);
+                sa = 1.0f / sqrtf(ss / (float)n + a.add_eps);
+            }
+            for (int i = tid; i < n; i += nt) {
+                float v = ad[i];
+                if (a.add_w) v = (v * sa) * a.add_w[i];
+                x[i] += v;
+            }
+        }
+        if (a.kind == 0) {
+            float ss = 0.0f;
+            for (int i = tid; i < n; i += nt) ss += x[i] * x[i];
+            ss = block_sum(ss, red);
+            const float s = 1.0f / sqrtf(ss / (float)n + a.eps);
+            for (int i = tid; i < n; i += nt) out[i] = (x[i] * s) * a.w[i];
+        } else {
+            float sum = 0.0f;
+            for (int i = tid; i < n; i += nt) sum += x[i];
+            const float mean = block_sum(sum, red) / (float)n;
+            float sv = 0.0f;
+            for (int i = tid; i < n; i += nt) sv += (x[i] - mean) * (x[i] - mean);
+            const float var = block_sum(sv, red) / (float)n;
+            const float s = 1.0f / sqrtf(var + a.eps);
+            for (int i = tid; i < n; i += nt) {
+                float v = ((x[i] - mean) * s) * a.w[i];
+                if (a.b) v += a.b[i];
+                out[i] = v;
+            }
+        }
     }
-    residual_norm_quantize(a, t);
+    if (a.q) {
+        __syncthreads();  // out written by other threads of this block
+        const int lane = tid % WARP, warp = tid / WARP, n_warps = nt / WARP;
+        const int n_chunks = n / 32;
+        for (int c = warp; c < n_chunks; c += n_warps) {
+            const size_t gc = (size_t)t * n_chunks + c;
+            quantize_chunk_warp(out[c * 32 + lane], a.q + gc * 32, a.ds + gc);
+        }
+    }
 }
