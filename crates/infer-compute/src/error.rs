@@ -31,6 +31,27 @@ pub enum Error {
     /// A position at or past the KV cache's capacity.
     #[error("context overflow: position {pos} with {n_tokens} token(s) exceeds the context length {n_ctx}")]
     ContextOverflow { pos: usize, n_tokens: usize, n_ctx: usize },
+    /// A KV cache made by another model or backend.
+    #[error("the KV cache was created by another model or backend")]
+    ForeignKvCache,
+    /// A step that starts past the positions the KV cache holds.
+    #[error("position {pos} leaves a gap: the KV cache holds {len} position(s)")]
+    PositionGap { pos: usize, len: usize },
+    /// A token id outside the vocabulary.
+    #[error("token id {token} is outside the vocabulary of {n_vocab}")]
+    TokenOutOfRange { token: u32, n_vocab: usize },
+    /// A step with no tokens.
+    #[error("a step needs at least one token")]
+    EmptyBatch,
+    /// A KV cache of zero positions.
+    #[error("a KV cache needs at least one position")]
+    EmptyKvCache,
+    /// One sequence of a batched step failed.
+    #[error("sequence {index} of the batch: {source}")]
+    InBatch { index: usize, source: Box<Error> },
+    /// An operation this backend does not implement.
+    #[error("{op} is not implemented by this backend")]
+    NotImplemented { op: &'static str },
     /// A model description that cannot run (inconsistent head counts, ...).
     #[error("invalid model: {0}")]
     InvalidModel(String),
@@ -43,6 +64,10 @@ pub enum Error {
     /// Linear algebra: input is not symmetric within tolerance.
     #[error("matrix is not symmetric: |a[{i},{j}] - a[{j},{i}]| = {diff} exceeds tolerance")]
     NotSymmetric { i: usize, j: usize, diff: f64 },
+    /// An allocation the allocator refused (a model, cache or buffer
+    /// larger than the memory available): what it was for and its size.
+    #[error("out of memory: {what} needs {bytes} bytes ({:.1} MiB)", *bytes as f64 / (1u64 << 20) as f64)]
+    OutOfMemory { what: String, bytes: u64 },
     /// NaN or infinity in an input that must be finite.
     #[error("non-finite value in {0}")]
     NonFinite(&'static str),
