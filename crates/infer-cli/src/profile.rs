@@ -67,7 +67,7 @@ pub fn print_profile(p: &Profile, device: &str, tg_ms: Option<f64>) {
     );
     println!("| {:-<28} | {:-<18} | {:->21}: | {:->8}: | {:->10}: | {:->6}: | {:->7}: |", "", "", "", "", "", "", "");
     let mut ops = p.ops.clone();
-    ops.sort_by(|a, b| b.time.cmp(&a.time));
+    ops.sort_by_key(|o| std::cmp::Reverse(o.time));
     for o in &ops {
         let per_step = o.time.as_nanos() as f64 / n;
         let gbps =

@@ -4,7 +4,8 @@ use std::io::{IsTerminal, Write};
 use std::time::Instant;
 
 use clap::Args;
-use infer_model::generate::{chat_prompt, generate_with_progress, StopReason};
+use infer_model::chat::{ChatTemplate, Message};
+use infer_model::generate::{generate_with_progress, StopReason};
 use infer_model::sampling::{Sampler, SamplerConfig};
 use infer_model::tokenizer::Tokenizer;
 
@@ -74,8 +75,11 @@ pub fn run(a: RunArgs) -> CliResult {
     // step and the statistics are still printed (a second one exits).
     crate::interrupt::graceful();
 
-    let text = if a.chat { chat_prompt(&spec.arch, &prompt)? } else { prompt.clone() };
-    let ids = tokenizer.encode(&text, true);
+    let ids = if a.chat {
+        ChatTemplate::from_gguf(&gguf, &tokenizer)?.encode(&tokenizer, &[Message::user(prompt.as_str())], true)?
+    } else {
+        tokenizer.encode(&prompt, true)
+    };
     if ids.len() >= n_ctx {
         return Err(format!(
             "the prompt has {} tokens; a context of {n_ctx} positions leaves no room to generate (raise --ctx-size or shorten the prompt)",

@@ -81,7 +81,7 @@ mod bench {
     /// A type for a matrix of `cols` columns: k-quant when the width allows,
     /// else the 32-block fallback, as Q4_K_M files do.
     fn pick(cols: usize, k: GgmlType, fallback: GgmlType) -> GgmlType {
-        if cols % 256 == 0 {
+        if cols.is_multiple_of(256) {
             k
         } else {
             fallback

@@ -105,7 +105,7 @@ impl QuantWeight {
             ));
         }
         let align = crate::with_block_type!(self.ty, B => std::mem::align_of::<B>());
-        if self.data.as_bytes().as_ptr() as usize % align != 0 {
+        if !(self.data.as_bytes().as_ptr() as usize).is_multiple_of(align) {
             return Err(shape_err("QuantWeight", format!("{} bytes must be aligned to {align}", self.ty)));
         }
         Ok(())

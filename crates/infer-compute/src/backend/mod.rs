@@ -14,7 +14,7 @@
 //!
 //! This module imports only the layers below it ([`crate::weight`],
 //! [`crate::pipeline`], [`crate::error`]); backends implement it, and
-//! [`crate::device`] picks one.
+//! `device.rs` picks one.
 
 mod kv;
 mod profile;

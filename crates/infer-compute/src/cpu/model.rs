@@ -343,7 +343,7 @@ impl CpuModel {
         let out = &self.output;
         let shape = format!("{}x{}", out.rows, out.cols);
         let bytes = out.data.as_bytes().len() as u64;
-        timed_with(prof, "output", &out.ty.name().to_string(), &shape, bytes, || {
+        timed_with(prof, "output", out.ty.name(), &shape, bytes, || {
             matvec::matvec(k, out, h, &mut self.logits, &mut b.qbuf)
         })?;
         if let Some(c) = self.final_logit_softcap {

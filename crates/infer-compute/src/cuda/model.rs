@@ -550,7 +550,7 @@ impl CudaModel {
         let (aq, ad) = (d.ptr(&b.aq), d.ptr(&b.ad));
         let pos = d.ptr(&b.params);
         let tokens = pos + 4;
-        let with_q8 = |n_vals: usize| n_vals % 32 == 0;
+        let with_q8 = |n_vals: usize| n_vals.is_multiple_of(32);
         let norm_args = |add: DevPtr, add_norm: Option<&DevNorm>, norm: &DevNorm| NormArgs {
             x,
             add,

@@ -226,7 +226,7 @@ macro_rules! with_weight_type {
 /// [`Error::Misaligned`] when the address is not aligned for `B`.
 pub fn blocks<B: BlockFormat>(bytes: &[u8]) -> Result<&[B]> {
     let size = std::mem::size_of::<B>();
-    if bytes.len() % size != 0 {
+    if !bytes.len().is_multiple_of(size) {
         return Err(shape_err(
             "blocks",
             format!("{} bytes is not a whole number of {}-byte {} blocks", bytes.len(), size, B::TYPE),
@@ -238,7 +238,7 @@ pub fn blocks<B: BlockFormat>(bytes: &[u8]) -> Result<&[B]> {
 /// Mutable variant of [`blocks`].
 pub fn blocks_mut<B: BlockFormat>(bytes: &mut [u8]) -> Result<&mut [B]> {
     let size = std::mem::size_of::<B>();
-    if bytes.len() % size != 0 {
+    if !bytes.len().is_multiple_of(size) {
         return Err(shape_err(
             "blocks_mut",
             format!("{} bytes is not a whole number of {}-byte {} blocks", bytes.len(), size, B::TYPE),
@@ -302,7 +302,7 @@ pub fn vec_dot(ty: GgmlType, w: &[u8], x: &[f32]) -> Result<f32> {
 /// Row length not a multiple of the activation block size.
 pub fn quantize_activation<W: VecDot>(x: &[f32]) -> Result<Vec<W::Act>> {
     let bs = <W::Act as BlockFormat>::BLOCK_SIZE;
-    if x.len() % bs != 0 {
+    if !x.len().is_multiple_of(bs) {
         return Err(Error::RowNotBlockMultiple { ty: <W::Act as BlockFormat>::TYPE, cols: x.len(), block_size: bs });
     }
     let mut out = vec![<W::Act as bytemuck::Zeroable>::zeroed(); x.len() / bs];
