@@ -143,31 +143,14 @@ fn mean_std(v: &[f64]) -> (f64, f64) {
     (mean, var.sqrt())
 }
 
-/// Index of the largest logit (the first on ties); an error for NaN logits.
-/// Lane-wise maxima first (so that the scan vectorizes), then the first
-/// index holding the maximum.
+/// Index of the largest logit (the first on ties, [`infer_model::sampling::argmax`]);
+/// an error for NaN logits, which a benchmark must not time as if they were
+/// tokens.
 pub fn argmax(logits: &[f32]) -> Result<u32, String> {
-    const L: usize = 16;
-    let mut lanes = [f32::NEG_INFINITY; L];
-    let mut nan = false;
-    let chunks = logits.chunks_exact(L);
-    let tail = chunks.remainder();
-    for c in chunks {
-        for i in 0..L {
-            nan |= c[i].is_nan();
-            lanes[i] = lanes[i].max(c[i]);
-        }
-    }
-    for &z in tail {
-        nan |= z.is_nan();
-        lanes[0] = lanes[0].max(z);
-    }
-    if nan {
-        let i = logits.iter().position(|z| z.is_nan()).unwrap_or(0);
+    if let Some(i) = logits.iter().position(|z| z.is_nan()) {
         return Err(format!("the model produced a NaN logit (index {i})"));
     }
-    let max = lanes.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    Ok(logits.iter().position(|&z| z == max).unwrap_or(0) as u32)
+    infer_model::sampling::argmax(logits).ok_or_else(|| "the model produced no logits".to_string())
 }
 
 /// Weight bytes one decode step reads: every layer matrix and the output

@@ -233,18 +233,25 @@ fn nucleus_reached(probs: &[f32], top_p: f32) -> Option<usize> {
 }
 
 /// The index of the largest value, the lowest index among equal ones. NaN
-/// values are skipped; `None` when there is no other value.
+/// values are skipped; `None` when there is no other value. Lane-wise
+/// maxima first (so that the scan over a vocabulary vectorizes), then the
+/// first index holding the maximum.
 pub fn argmax(logits: &[f32]) -> Option<u32> {
-    let mut best: Option<(u32, f32)> = None;
-    for (i, &x) in logits.iter().enumerate() {
-        if x.is_nan() {
-            continue;
-        }
-        if !matches!(best, Some((_, b)) if x <= b) {
-            best = Some((i as u32, x));
+    const L: usize = 16;
+    let mut lanes = [f32::NEG_INFINITY; L];
+    let chunks = logits.chunks_exact(L);
+    let tail = chunks.remainder();
+    for c in chunks {
+        for i in 0..L {
+            // `f32::max` returns the other operand when one is NaN.
+            lanes[i] = lanes[i].max(c[i]);
         }
     }
-    best.map(|(i, _)| i)
+    for &z in tail {
+        lanes[0] = lanes[0].max(z);
+    }
+    let max = lanes.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    logits.iter().position(|&z| z == max).map(|i| i as u32)
 }
 
 /// A candidate token; ordered so that "greater" means "more likely":

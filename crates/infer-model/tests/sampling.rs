@@ -38,6 +38,12 @@ fn greedy_picks_argmax_lowest_id_on_ties() {
     assert_eq!(s.sample(&[f32::NEG_INFINITY, -1e30]).unwrap(), 1);
     assert_eq!(argmax(&[2.0, f32::NAN, 3.0, 3.0]), Some(2));
     assert_eq!(argmax(&[]), None);
+    assert_eq!(argmax(&[f32::NAN; 40]), None);
+    let mut wide = vec![0.5f32; 37];
+    wide[3] = f32::NAN;
+    wide[20] = 2.0;
+    wide[36] = 2.0;
+    assert_eq!(argmax(&wide), Some(20), "first of ties past the vector lanes, NaN skipped");
     for seed in 0..20 {
         let l = random_logits(1000, seed);
         let want = argmax(&l).unwrap();
