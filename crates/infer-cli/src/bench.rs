@@ -405,10 +405,9 @@ pub fn bench(a: BenchArgs) -> CliResult {
     if let Some(p) = profile {
         let tg_ms = results.iter().find(|r| r.n_gen > 0).map(|r| 1e3 / r.avg_ts);
         writeln!(out)?;
-        out.flush()?;
-        drop(out);
-        crate::profile::print_profile(&p, &backend.device_info(), tg_ms);
+        crate::profile::print_profile(&mut out, &p, &backend.device_info(), tg_ms)?;
     }
+    out.flush()?;
     Ok(())
 }
 
