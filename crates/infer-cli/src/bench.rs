@@ -44,16 +44,16 @@ pub struct BenchArgs {
     #[arg(long, conflicts_with = "model", value_name = "SIZE")]
     synth: Option<String>,
     /// File type of the synthetic model (q4_k_m, q8_0, q4_0).
-    #[arg(long, default_value = "q4_k_m", requires = "synth")]
+    #[arg(long, value_name = "TYPE", default_value = "q4_k_m", requires = "synth")]
     synth_quant: String,
     /// Prompt tokens of the prefill test (0: no prefill test).
-    #[arg(short = 'p', long = "n-prompt", default_value_t = 512)]
+    #[arg(short = 'p', long = "n-prompt", value_name = "N", default_value_t = 512)]
     n_prompt: usize,
     /// Generated tokens of the decode test (0: no decode test).
-    #[arg(short = 'n', long = "n-gen", default_value_t = 128)]
+    #[arg(short = 'n', long = "n-gen", value_name = "N", default_value_t = 128)]
     n_gen: usize,
     /// Repetitions of each test.
-    #[arg(short = 'r', long = "repetitions", default_value_t = 5)]
+    #[arg(short = 'r', long = "repetitions", value_name = "N", default_value_t = 5)]
     reps: usize,
     /// Print a JSON array of results instead of tables.
     #[arg(long)]
@@ -65,12 +65,12 @@ pub struct BenchArgs {
     /// by the benchmark's thread count.
     #[arg(long)]
     measure_bandwidth: bool,
-    /// Also time each op of a decode step (a replay of the CPU pipeline, op
+    /// Also time each op of a decode step (the model's own decode path, op
     /// by op, over the decode test's positions).
     #[arg(long)]
     profile: bool,
     /// Seed of the prompt's random token ids.
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, value_name = "N", default_value_t = 0)]
     seed: u64,
 }
 
@@ -406,10 +406,9 @@ pub fn bench(a: BenchArgs) -> CliResult {
     if let Some(p) = profile {
         let tg_ms = results.iter().find(|r| r.n_gen > 0).map(|r| 1e3 / r.avg_ts);
         writeln!(out)?;
-        out.flush()?;
-        drop(out);
-        crate::profile::print_profile(&p, &backend.device_info(), tg_ms);
+        crate::profile::print_profile(&mut out, &p, &backend.device_info(), tg_ms)?;
     }
+    out.flush()?;
     Ok(())
 }
 

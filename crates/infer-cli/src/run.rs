@@ -6,7 +6,7 @@ use std::time::Instant;
 use clap::Args;
 use infer_model::chat::{ChatTemplate, Message};
 use infer_model::generate::{generate_with_progress, StopReason};
-use infer_model::sampling::{Sampler, SamplerConfig};
+use infer_model::sampling::Sampler;
 use infer_model::tokenizer::Tokenizer;
 
 use crate::common::{fit_context, with_spinner, CliResult, ModelArgs};
@@ -65,10 +65,10 @@ pub fn run(a: RunArgs) -> CliResult {
     let spec = infer_model::model::load_spec(&gguf)?;
     let tokenizer = Tokenizer::from_gguf(&gguf)?;
     let n_ctx = fit_context(a.ctx_size, spec.n_ctx_train, "--ctx-size");
-    // Validated as given, also when greedy decoding ignores them.
-    let given = a.sampling.config(n_ctx)?;
-    let cfg =
-        if given.temperature == 0.0 { SamplerConfig { seed: given.seed, ..SamplerConfig::greedy() } } else { given };
+    // Validated as given, also when greedy decoding ignores them; at
+    // temperature 0 the penalties still apply (as in llama.cpp), and the
+    // filters cannot change the most likely token.
+    let cfg = a.sampling.config(n_ctx)?;
     let mut model = with_spinner("loading model", || backend.prepare(&spec))?;
     let load_time = t0.elapsed();
     // From here on, Ctrl-C stops the prefill or the generation at the next

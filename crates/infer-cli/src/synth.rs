@@ -28,18 +28,19 @@ pub struct SynthArgs {
     quant: String,
     /// Seed of the random weights (the file is a function of the shape, the
     /// file type and the seed).
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, value_name = "N", default_value_t = 0)]
     seed: u64,
-    /// Generator threads (default: all cores; the output does not depend on it).
-    #[arg(short, long)]
+    /// Generator threads (default: all cores; the output does not depend on
+    /// it; at most 4 × the cores).
+    #[arg(short, long, value_name = "N")]
     threads: Option<usize>,
     /// GGUF file to copy the tokenizer from (Gemma 3 sizes with the real
     /// 262144-token vocabulary; default: the default model, fetched if needed).
-    #[arg(long)]
+    #[arg(long, value_name = "FILE")]
     tokenizer_from: Option<PathBuf>,
     /// Output file: a new file or a regular file to replace (never a
     /// device, FIFO, link or a file of the model cache).
-    #[arg(short, long)]
+    #[arg(short, long, value_name = "FILE")]
     output: PathBuf,
 }
 

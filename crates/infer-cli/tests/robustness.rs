@@ -217,3 +217,30 @@ fn ctrl_c_stops_a_long_prefill_cleanly() {
     assert!(err.contains("prefill:") && err.contains("stop: interrupted"), "{err}");
     assert!(err.trim_end().ends_with("interrupted"), "{err}");
 }
+
+#[test]
+fn long_prompts_show_prefill_progress_on_a_terminal() {
+    // script(1) gives the command a terminal; the progress is drawn on it.
+    if !Command::new("script").arg("--version").output().is_ok_and(|o| o.status.success()) {
+        eprintln!("skipped: script(1) is not installed, so no terminal can be given to infer");
+        return;
+    }
+    let model = default_model();
+    let dir = tmpdir();
+    let prompt = dir.path().join("long.txt");
+    std::fs::write(&prompt, "The quick brown fox jumps over the lazy dog. ".repeat(150)).unwrap();
+    let cmd = format!(
+        "'{}' run --model '{model}' -n 1 --temp 0 -c 4096 -f '{}'",
+        env!("CARGO_BIN_EXE_infer"),
+        prompt.display()
+    );
+    let o = Command::new("script").args(["-qec", &cmd, "/dev/null"]).stdin(Stdio::null()).output().expect("script");
+    let all = stdout(&o);
+    assert!(o.status.success(), "{all}");
+    assert!(all.contains("prefill 512/") && all.contains("prefill 1024/"), "no progress: {all}");
+    // Short prompts draw none.
+    let cmd = format!("'{}' run --model '{model}' -n 1 --temp 0 -p hello", env!("CARGO_BIN_EXE_infer"));
+    let o = Command::new("script").args(["-qec", &cmd, "/dev/null"]).stdin(Stdio::null()).output().expect("script");
+    assert!(o.status.success() && !stdout(&o).contains("prefill 0/"), "{}", stdout(&o));
+    assert!(!stdout(&o).contains("\rprefill "), "{}", stdout(&o));
+}

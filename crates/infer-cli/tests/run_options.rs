@@ -213,3 +213,17 @@ fn backend_cuda_without_a_gpu_is_the_same_error_in_every_build() {
     let o = infer(&["info", "--model", m.to_str().unwrap(), "--backend", "auto"]);
     assert!(o.status.success() && stdout(&o).contains("backend:      CPU"), "{}", stderr(&o));
 }
+
+#[test]
+fn greedy_still_applies_the_penalties() {
+    // llama.cpp's penalties come before the greedy choice: a strong
+    // repetition penalty changes a greedy continuation.
+    let dir = tmpdir();
+    let m = synth_tiny(dir.path(), "llama");
+    let plain = run_tiny(&m, &["-n", "16", "--temp", "0", "hello"]);
+    let penalized =
+        run_tiny(&m, &["-n", "16", "--temp", "0", "--repeat-penalty", "50", "--frequency-penalty", "5", "-v", "hello"]);
+    assert!(plain.status.success() && penalized.status.success(), "{}", stderr(&penalized));
+    assert!(stderr(&penalized).contains("sampler chain: penalties -> greedy"), "{}", stderr(&penalized));
+    assert_ne!(stdout(&plain), stdout(&penalized));
+}
