@@ -3,6 +3,7 @@
 mod bench;
 mod common;
 mod info;
+mod models;
 mod profile;
 mod run;
 mod synth;
@@ -27,6 +28,8 @@ enum Command {
     Info(info::InfoArgs),
     /// Measure prefill and decode tokens per second (llama-bench's tests and table).
     Bench(bench::BenchArgs),
+    /// List the models known by name: size, family, quantization, and whether each is cached.
+    Models(models::ModelsArgs),
     /// Write a GGUF with random weights and a real model's shapes, metadata and tensor types.
     Synth(synth::SynthArgs),
 }
@@ -46,6 +49,7 @@ fn main() -> ExitCode {
         Command::Info(a) => info::info(a),
         Command::Bench(a) => bench::bench(a),
         Command::Synth(a) => synth::synth(a),
+        Command::Models(a) => models::models(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

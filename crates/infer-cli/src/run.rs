@@ -40,8 +40,11 @@ pub struct RunArgs {
 }
 
 pub fn run(a: RunArgs) -> CliResult {
+    // A first use fetches the model: its download time is reported on its
+    // own line, not counted as load time.
+    let path = a.model.resolve_model()?;
     let t0 = Instant::now();
-    let gguf = a.model.open()?;
+    let gguf = infer_model::gguf::GgufFile::open(&path)?;
     let backend = a.model.backend()?;
     let spec = infer_model::model::load_spec(&gguf)?;
     let tokenizer = Tokenizer::from_gguf(&gguf)?;
