@@ -9,22 +9,6 @@ use crate::sampling::Sampler;
 use crate::tokenizer::Tokenizer;
 use crate::{Error, Result};
 
-/// Wraps a single user message in the architecture's chat template (the
-/// model card's turn format; GGUFs without `tokenizer.chat_template` get
-/// the same).
-///
-/// # Errors
-/// [`Error::UnsupportedArch`] for architectures without a known template.
-pub fn chat_prompt(arch: &str, user: &str) -> Result<String> {
-    match arch {
-        "gemma3" | "gemma2" | "gemma" => Ok(format!("<start_of_turn>user\n{user}<end_of_turn>\n<start_of_turn>model\n")),
-        "llama" => Ok(format!(
-            "<|start_header_id|>user<|end_header_id|>\n\n{user}<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"
-        )),
-        other => Err(Error::UnsupportedArch(format!("{other} (no chat template known)"))),
-    }
-}
-
 /// Timings and counts of one generation.
 #[derive(Clone, Debug, Default)]
 pub struct GenerationStats {

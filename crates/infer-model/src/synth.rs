@@ -246,7 +246,7 @@ impl SynthShape {
         if let Some((name, _)) = dims.iter().find(|(_, v)| *v == 0) {
             return bad(format!("{name} must be positive"));
         }
-        if self.n_head % self.n_head_kv != 0 {
+        if !self.n_head.is_multiple_of(self.n_head_kv) {
             return bad(format!("n_head {} is not a multiple of n_head_kv {}", self.n_head, self.n_head_kv));
         }
         for (name, v) in
@@ -256,7 +256,7 @@ impl SynthShape {
                 return bad(format!("{name} = {v} is not a multiple of 32"));
             }
         }
-        if self.head_dim % 2 != 0 {
+        if !self.head_dim.is_multiple_of(2) {
             return bad(format!("head_dim {} must be even (RoPE)", self.head_dim));
         }
         if u32::try_from(self.n_vocab).is_err() || u32::try_from(self.n_ctx_train).is_err() {
@@ -410,7 +410,7 @@ pub fn use_more_bits(i_layer: usize, n_layers: usize) -> bool {
 /// Q5_K → Q5_1, Q6_K → Q8_0, Q2_K/Q3_K → Q4_0), or by F16 when even that
 /// does not divide it.
 pub fn fallback_type(ty: GgmlType, cols: usize) -> GgmlType {
-    if cols % ty.block_size() == 0 {
+    if cols.is_multiple_of(ty.block_size()) {
         return ty;
     }
     let t = match ty {
@@ -420,7 +420,7 @@ pub fn fallback_type(ty: GgmlType, cols: usize) -> GgmlType {
         GgmlType::Q2_K | GgmlType::Q3_K => GgmlType::Q4_0,
         other => other,
     };
-    if cols % t.block_size() == 0 {
+    if cols.is_multiple_of(t.block_size()) {
         t
     } else {
         GgmlType::F16
@@ -454,7 +454,7 @@ pub fn tensor_type(
     let base = quant.base_type();
     let ty = match role {
         TensorRole::Output | TensorRole::TokenEmbd if role == TensorRole::Output || tied => {
-            if cols % base.block_size() != 0 {
+            if !cols.is_multiple_of(base.block_size()) {
                 GgmlType::Q8_0
             } else if base != GgmlType::Q8_0 {
                 GgmlType::Q6_K

@@ -8,8 +8,8 @@
 pub mod gemma3;
 pub mod llama;
 
-use infer_compute::backend::QuantWeight;
 use infer_compute::pipeline::{ModelSpec, Norm, NormType};
+use infer_compute::QuantWeight;
 
 use crate::gguf::GgufFile;
 use crate::{Error, Result};
@@ -17,7 +17,9 @@ use crate::{Error, Result};
 /// Architectures this crate can load (`general.architecture` values).
 pub const SUPPORTED_ARCHS: &[&str] = &["gemma3", "llama"];
 
-/// Builds the pipeline description of the model in `gguf`.
+/// Builds the pipeline description of the model in `gguf`. The shapes are
+/// checked once, by [`infer_compute::ComputeBackend::prepare`]; call
+/// [`ModelSpec::validate`] to check them without preparing.
 ///
 /// # Errors
 /// [`Error::UnsupportedArch`] for other architectures; missing required
@@ -25,13 +27,11 @@ pub const SUPPORTED_ARCHS: &[&str] = &["gemma3", "llama"];
 /// shapes that disagree with the metadata.
 pub fn load_spec(gguf: &GgufFile) -> Result<ModelSpec> {
     let arch = gguf.get_str("general.architecture")?;
-    let spec = match arch {
-        "gemma3" => gemma3::load(gguf)?,
-        "llama" => llama::load(gguf)?,
-        other => return Err(Error::UnsupportedArch(other.to_string())),
-    };
-    spec.validate()?;
-    Ok(spec)
+    match arch {
+        "gemma3" => gemma3::load(gguf),
+        "llama" => llama::load(gguf),
+        other => Err(Error::UnsupportedArch(other.to_string())),
+    }
 }
 
 /// `key` as u32, or `default` when absent.
