@@ -12,7 +12,10 @@ use crate::{Error, Result};
 /// Timings and counts of one generation.
 #[derive(Clone, Debug, Default)]
 pub struct GenerationStats {
+    /// Prompt tokens prefilled (those the cache did not hold already).
     pub prompt_tokens: usize,
+    /// Prompt tokens reused from the cache ([`generate_cached`]).
+    pub reused_tokens: usize,
     pub prefill_time: Duration,
     pub generated_tokens: usize,
     pub decode_time: Duration,
@@ -26,7 +29,8 @@ pub enum StopReason {
     /// The requested number of tokens was produced.
     #[default]
     MaxTokens,
-    /// An end-of-generation token (EOS, `<end_of_turn>`) was sampled.
+    /// An end-of-generation token (EOS, EOT, `<|im_end|>`, `<end_of_turn>`)
+    /// was sampled.
     EndOfGeneration,
     /// The KV cache is full.
     ContextFull,
@@ -46,9 +50,58 @@ impl GenerationStats {
     }
 }
 
+/// A KV cache together with the tokens it holds (positions `0..len`), so
+/// that a conversation can be continued turn after turn prefilling only
+/// what is new.
+pub struct CachedContext {
+    kv: Box<dyn KvCache>,
+    tokens: Vec<u32>,
+}
+
+impl CachedContext {
+    /// An empty context of `n_ctx` positions for `model`.
+    ///
+    /// # Errors
+    /// The model's cache allocation errors (e.g. out of memory).
+    pub fn new(model: &dyn DeviceModel, n_ctx: usize) -> Result<CachedContext> {
+        Ok(CachedContext { kv: model.new_kv_cache(n_ctx)?, tokens: Vec::new() })
+    }
+
+    /// The tokens in the cache, in position order.
+    pub fn tokens(&self) -> &[u32] {
+        &self.tokens
+    }
+
+    /// Capacity in positions.
+    pub fn n_ctx(&self) -> usize {
+        self.kv.n_ctx()
+    }
+
+    /// Forgets everything (the next turn prefills from position 0).
+    pub fn reset(&mut self) {
+        self.kv.truncate(0);
+        self.tokens.clear();
+    }
+
+    /// Keeps the longest prefix of the cache that `ids` starts with, always
+    /// leaving at least the last token of `ids` to be fed (its logits are
+    /// needed); returns the number of positions kept.
+    fn keep_prefix_of(&mut self, ids: &[u32]) -> usize {
+        let common = self.tokens.iter().zip(ids).take_while(|(a, b)| a == b).count();
+        let keep = common.min(ids.len().saturating_sub(1));
+        self.kv.truncate(keep);
+        self.tokens.truncate(keep);
+        keep
+    }
+}
+
 /// Generates up to `max_tokens` tokens after `prompt_ids` with a fresh KV
 /// cache of `n_ctx` positions, calling `on_text` with each piece of text as
 /// soon as it forms whole characters; `on_text` returns `false` to stop.
+/// Generation ends at the tokenizer's end-of-generation tokens (EOS, EOT and
+/// the turn-end markers llama.cpp lists, such as `<|im_end|>` and
+/// `<end_of_turn>`; see `Tokenizer::is_eog`), which are not passed to
+/// `on_text`.
 ///
 /// # Errors
 /// [`Error::Compute`] with [`infer_compute::Error::ContextOverflow`] when the
@@ -60,7 +113,7 @@ pub fn generate(
     max_tokens: usize,
     n_ctx: usize,
     sampler: &mut Sampler,
-    mut on_text: impl FnMut(&str) -> bool,
+    on_text: impl FnMut(&str) -> bool,
 ) -> Result<GenerationStats> {
     if prompt_ids.is_empty() {
         return Err(Error::Tokenizer("the prompt is empty".into()));
@@ -68,20 +121,53 @@ pub fn generate(
     if prompt_ids.len() > n_ctx {
         return Err(infer_compute::Error::ContextOverflow { pos: 0, n_tokens: prompt_ids.len(), n_ctx }.into());
     }
-    let mut kv: Box<dyn KvCache> = model.new_kv_cache(n_ctx)?;
-    let mut stats = GenerationStats { prompt_tokens: prompt_ids.len(), ..Default::default() };
-    for &t in prompt_ids {
+    let mut ctx = CachedContext::new(model, n_ctx)?;
+    generate_cached(model, &mut ctx, tokenizer, prompt_ids, max_tokens, sampler, on_text)
+}
+
+/// As [`generate`], continuing `ctx`: `ids` is the whole token sequence
+/// (e.g. the conversation rendered with its chat template); the part the
+/// cache already holds is reused and only the rest is prefilled
+/// ([`GenerationStats::reused_tokens`] and `prompt_tokens` say how much of
+/// each). A cache that diverges from `ids` is cut back to the common prefix.
+/// Afterwards `ctx` holds `ids` and the generated tokens that were fed back
+/// (all but the last sampled one).
+///
+/// # Errors
+/// As [`generate`]; the context is left consistent (what it holds is what
+/// its token list says).
+pub fn generate_cached(
+    model: &mut dyn DeviceModel,
+    ctx: &mut CachedContext,
+    tokenizer: &Tokenizer,
+    ids: &[u32],
+    max_tokens: usize,
+    sampler: &mut Sampler,
+    mut on_text: impl FnMut(&str) -> bool,
+) -> Result<GenerationStats> {
+    if ids.is_empty() {
+        return Err(Error::Tokenizer("the prompt is empty".into()));
+    }
+    let n_ctx = ctx.n_ctx();
+    if ids.len() > n_ctx {
+        return Err(infer_compute::Error::ContextOverflow { pos: 0, n_tokens: ids.len(), n_ctx }.into());
+    }
+    let reused = ctx.keep_prefix_of(ids);
+    let new = &ids[reused..];
+    let mut stats = GenerationStats { prompt_tokens: new.len(), reused_tokens: reused, ..Default::default() };
+    for &t in new {
         sampler.accept(t);
     }
     let t0 = Instant::now();
-    let logits = model.prefill(kv.as_mut(), prompt_ids, 0)?;
+    let logits = model.prefill(ctx.kv.as_mut(), new, reused)?;
+    ctx.tokens.extend_from_slice(new);
     stats.prefill_time = t0.elapsed();
     if max_tokens == 0 {
         return Ok(stats);
     }
     let mut next = sampler.sample(logits)?;
     let mut decoder = tokenizer.decoder(true);
-    let mut pos = prompt_ids.len();
+    let mut pos = ids.len();
     let t1 = Instant::now();
     loop {
         if tokenizer.is_eog(next) {
@@ -102,7 +188,9 @@ pub fn generate(
             stats.stop = StopReason::ContextFull;
             break;
         }
-        next = sampler.sample(model.decode_token(kv.as_mut(), next, pos)?)?;
+        let logits = model.decode_token(ctx.kv.as_mut(), next, pos)?;
+        ctx.tokens.push(next);
+        next = sampler.sample(logits)?;
         pos += 1;
     }
     stats.decode_time = t1.elapsed();
