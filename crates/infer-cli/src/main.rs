@@ -1,6 +1,7 @@
 //! `infer`: generate text with a GGUF model, inspect it, and benchmark it.
 
 mod bench;
+mod chat;
 mod common;
 mod info;
 mod models;
@@ -28,6 +29,8 @@ enum Command {
     Info(info::InfoArgs),
     /// Measure prefill and decode tokens per second (llama-bench's tests and table).
     Bench(bench::BenchArgs),
+    /// Chat with a model: multi-turn, the KV cache kept between turns, replies streamed.
+    Chat(chat::ChatArgs),
     /// List the models known by name: size, family, quantization, and whether each is cached.
     Models(models::ModelsArgs),
     /// Write a GGUF with random weights and a real model's shapes, metadata and tensor types.
@@ -50,6 +53,7 @@ fn main() -> ExitCode {
         Command::Bench(a) => bench::bench(a),
         Command::Synth(a) => synth::synth(a),
         Command::Models(a) => models::models(a),
+        Command::Chat(a) => chat::chat(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
