@@ -10,11 +10,11 @@
 //!
 //! Commands: `/reset` forgets the conversation (the system prompt stays),
 //! `/exit` or end of input leaves. Ctrl-C stops the current reply and keeps
-//! the session (a SIGINT handler sets a flag that the streaming callback
-//! reads); at the prompt it is ignored.
+//! the session (the process's signal handler, `interrupt`, only sets a flag
+//! that the streaming callback reads, cleared before each reply); a second
+//! Ctrl-C before the flag is cleared ends the process.
 
 use std::io::{BufRead, Write};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use clap::Args;
@@ -52,25 +52,6 @@ pub struct ChatArgs {
     ctx_size: usize,
 }
 
-/// Set by the SIGINT handler, cleared before each reply.
-static INTERRUPTED: AtomicBool = AtomicBool::new(false);
-
-#[cfg(unix)]
-extern "C" fn on_sigint(_: libc::c_int) {
-    // Only an atomic store: async-signal-safe.
-    INTERRUPTED.store(true, Ordering::SeqCst);
-}
-
-/// Makes Ctrl-C set [`INTERRUPTED`] instead of ending the process.
-fn install_sigint_handler() {
-    #[cfg(unix)]
-    // SAFETY: the handler only stores to an atomic, which is
-    // async-signal-safe; `signal` is called with a valid function pointer.
-    unsafe {
-        libc::signal(libc::SIGINT, on_sigint as extern "C" fn(libc::c_int) as libc::sighandler_t);
-    }
-}
-
 pub fn chat(a: ChatArgs) -> CliResult {
     if a.ctx_size == 0 {
         return Err("--ctx-size must be at least 1".into());
@@ -97,7 +78,7 @@ pub fn chat(a: ChatArgs) -> CliResult {
         backend.device_info(),
         t0.elapsed().as_secs_f64()
     );
-    install_sigint_handler();
+    crate::interrupt::graceful();
 
     let system: Vec<Message> = a.system.iter().map(|s| Message::system(s.as_str())).collect();
     let mut messages = system.clone();
@@ -138,7 +119,7 @@ pub fn chat(a: ChatArgs) -> CliResult {
             );
             continue;
         }
-        INTERRUPTED.store(false, Ordering::SeqCst);
+        crate::interrupt::clear();
         let mut reply = String::new();
         let mut write_error: Option<std::io::Error> = None;
         let max_tokens = a.n_predict.min(n_ctx - ids.len());
@@ -148,7 +129,7 @@ pub fn chat(a: ChatArgs) -> CliResult {
                 write_error = Some(e);
                 return false;
             }
-            !INTERRUPTED.load(Ordering::SeqCst)
+            !crate::interrupt::requested()
         })?;
         if let Some(e) = write_error {
             return Err(format!("writing the output: {e}").into());

@@ -3,6 +3,7 @@
 //! decode path, each op timed as it runs). Timing serializes the work, so the
 //! profiled steps are a little slower than the tg test's.
 
+use std::io::Write;
 use std::time::Duration;
 
 use infer_compute::backend::OpTiming;
@@ -54,25 +55,34 @@ pub fn profile_decode(model: &mut dyn DeviceModel, token: u32, steps: usize) -> 
     Ok(out)
 }
 
-/// Prints the profile as a table, slowest op first, with the tg test's time
+/// Writes the profile as a table, slowest op first, with the tg test's time
 /// per token (`tg_ms`) for comparison.
-pub fn print_profile(p: &Profile, device: &str, tg_ms: Option<f64>) {
+///
+/// # Errors
+/// A failed write.
+pub fn print_profile(out: &mut impl Write, p: &Profile, device: &str, tg_ms: Option<f64>) -> std::io::Result<()> {
     let step = p.step_ns();
     let n = p.steps.max(1) as f64;
-    println!("decode profile: {} step(s) from position 0 on {device}, each op timed as it runs", p.steps);
-    println!();
-    println!(
+    writeln!(out, "decode profile: {} step(s) from position 0 on {device}, each op timed as it runs", p.steps)?;
+    writeln!(out)?;
+    writeln!(
+        out,
         "| {:<28} | {:<18} | {:>22} | {:>9} | {:>11} | {:>7} | {:>8} |",
         "op", "type", "shape", "calls/tok", "µs/token", "% step", "GB/s"
-    );
-    println!("| {:-<28} | {:-<18} | {:->21}: | {:->8}: | {:->10}: | {:->6}: | {:->7}: |", "", "", "", "", "", "", "");
+    )?;
+    writeln!(
+        out,
+        "| {:-<28} | {:-<18} | {:->21}: | {:->8}: | {:->10}: | {:->6}: | {:->7}: |",
+        "", "", "", "", "", "", ""
+    )?;
     let mut ops = p.ops.clone();
     ops.sort_by_key(|o| std::cmp::Reverse(o.time));
     for o in &ops {
         let per_step = o.time.as_nanos() as f64 / n;
         let gbps =
             if o.bytes > 0 && per_step > 0.0 { format!("{:.1}", o.bytes as f64 / n / per_step) } else { "-".into() };
-        println!(
+        writeln!(
+            out,
             "| {:<28} | {:<18} | {:>22} | {:>9} | {:>11.1} | {:>7.1} | {:>8} |",
             o.op,
             o.ty,
@@ -81,11 +91,12 @@ pub fn print_profile(p: &Profile, device: &str, tg_ms: Option<f64>) {
             per_step / 1e3,
             100.0 * per_step / step.max(1.0),
             gbps
-        );
+        )?;
     }
-    println!();
+    writeln!(out)?;
     let matvec: u128 = p.ops.iter().filter(|o| o.bytes > 0).map(|o| o.time.as_nanos()).sum();
-    println!(
+    writeln!(
+        out,
         "profiled: {:.3} ms/token (products {:.1} %, wall {:.3} ms/token){}",
         step / 1e6,
         100.0 * matvec as f64 / n / step.max(1.0),
@@ -94,5 +105,6 @@ pub fn print_profile(p: &Profile, device: &str, tg_ms: Option<f64>) {
             Some(ms) => format!("; decode_token in the tg test: {ms:.3} ms/token"),
             None => String::new(),
         }
-    );
+    )?;
+    Ok(())
 }

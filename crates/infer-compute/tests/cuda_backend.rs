@@ -5,9 +5,10 @@
 //! prefill logits: cosine ≥ 0.999 and the same top-1 token; graph replay
 //! equal to direct launches; errors instead of panics).
 //!
-//! Without a GPU every test prints why and passes, unless
+//! Without a GPU every test is reported as ignored, with the reason (the
+//! harness is libtest-mimic's, which can decide at run time), unless
 //! `INFER_REQUIRE_CUDA=1`, which turns a missing device into a failure.
-#![cfg(feature = "cuda")]
+//! Built only with the `cuda` feature.
 
 use std::sync::Arc;
 
@@ -214,7 +215,6 @@ fn check_bound(what: &str, got: &[f32], exact: &[f32], bound: &[f64]) {
     assert!(bad.is_empty(), "{what}: outside the activation-quantization bound:\n{}", bad.join("\n"));
 }
 
-#[test]
 fn matvec_every_type_matches_cpu_on_awkward_shapes() {
     let cuda = cuda_or_skip!();
     let mut rng = StdRng::seed_from_u64(1);
@@ -254,7 +254,6 @@ fn matvec_every_type_matches_cpu_on_awkward_shapes() {
     println!("cuda matvec vs CPU scalar reference (all shapes of a type together):\n{}", report.join("\n"));
 }
 
-#[test]
 fn matmul_quant_batches_match_cpu() {
     let cuda = cuda_or_skip!();
     let mut rng = StdRng::seed_from_u64(2);
@@ -279,7 +278,6 @@ fn matmul_quant_batches_match_cpu() {
     }
 }
 
-#[test]
 fn activation_only_types_are_unsupported_not_panics() {
     let cuda = cuda_or_skip!();
     for ty in [GgmlType::Q8_K, GgmlType::Q8_1] {
@@ -298,7 +296,6 @@ fn activation_only_types_are_unsupported_not_panics() {
     assert!(matches!(cuda.matvec(&w, &[0.0; 32], &mut y), Err(Error::Shape { .. })));
 }
 
-#[test]
 fn dequantize_matches_cpu() {
     let cuda = cuda_or_skip!();
     let mut rng = StdRng::seed_from_u64(4);
@@ -311,7 +308,6 @@ fn dequantize_matches_cpu() {
     }
 }
 
-#[test]
 fn cublas_matmul_matches_cpu() {
     let cuda = cuda_or_skip!();
     let cpu = CpuBackend::new();
@@ -337,7 +333,6 @@ fn cublas_matmul_matches_cpu() {
 // ---------------------------------------------------------------------------
 // Pipeline ops.
 
-#[test]
 fn norms_match_cpu() {
     let cuda = cuda_or_skip!();
     let mut rng = StdRng::seed_from_u64(6);
@@ -376,7 +371,6 @@ fn norms_match_cpu() {
     }
 }
 
-#[test]
 fn rope_matches_cpu() {
     let cuda = cuda_or_skip!();
     let mut rng = StdRng::seed_from_u64(7);
@@ -414,7 +408,6 @@ fn rope_matches_cpu() {
     }
 }
 
-#[test]
 fn attention_matches_cpu() {
     let cuda = cuda_or_skip!();
     let mut rng = StdRng::seed_from_u64(8);
@@ -448,7 +441,6 @@ fn attention_matches_cpu() {
     }
 }
 
-#[test]
 fn glu_matches_cpu() {
     let cuda = cuda_or_skip!();
     let mut rng = StdRng::seed_from_u64(9);
@@ -598,7 +590,6 @@ fn cpu_exact() -> CpuBackend {
     CpuBackend::with_options(threads, Kernels::detect(), Precision::Exact).unwrap()
 }
 
-#[test]
 fn decode_matches_cpu_for_small_models() {
     let cuda = cuda_or_skip!();
     let cpu = CpuBackend::new();
@@ -627,7 +618,6 @@ fn decode_matches_cpu_for_small_models() {
     }
 }
 
-#[test]
 fn prefill_matches_cpu_and_chunks() {
     let cuda = cuda_or_skip!();
     let cpu = CpuBackend::new();
@@ -666,7 +656,6 @@ fn prefill_matches_cpu_and_chunks() {
     }
 }
 
-#[test]
 fn graph_replay_equals_direct_launches() {
     let cuda = cuda_or_skip!();
     let spec = random_model(30, Arch::Gemma3);
@@ -688,7 +677,6 @@ fn graph_replay_equals_direct_launches() {
     }
 }
 
-#[test]
 fn errors_instead_of_panics() {
     let cuda = cuda_or_skip!();
     let spec = random_model(40, Arch::Gemma3);
@@ -714,11 +702,49 @@ fn errors_instead_of_panics() {
     let _ = Arc::new(());
 }
 
-#[test]
 fn device_info_names_the_device() {
     let cuda = cuda_or_skip!();
     let info = cuda.device_info();
     println!("{info}");
     assert!(info.contains("compute capability"));
     assert_eq!(cuda.name(), "cuda");
+}
+
+/// The tests above, run when this machine has a CUDA device; otherwise
+/// each is ignored with the reason, or fails under `INFER_REQUIRE_CUDA=1`.
+fn main() {
+    let args = libtest_mimic::Arguments::from_args();
+    let tests: [(&str, fn()); 14] = [
+        ("matvec_every_type_matches_cpu_on_awkward_shapes", matvec_every_type_matches_cpu_on_awkward_shapes),
+        ("matmul_quant_batches_match_cpu", matmul_quant_batches_match_cpu),
+        ("activation_only_types_are_unsupported_not_panics", activation_only_types_are_unsupported_not_panics),
+        ("dequantize_matches_cpu", dequantize_matches_cpu),
+        ("cublas_matmul_matches_cpu", cublas_matmul_matches_cpu),
+        ("norms_match_cpu", norms_match_cpu),
+        ("rope_matches_cpu", rope_matches_cpu),
+        ("attention_matches_cpu", attention_matches_cpu),
+        ("glu_matches_cpu", glu_matches_cpu),
+        ("decode_matches_cpu_for_small_models", decode_matches_cpu_for_small_models),
+        ("prefill_matches_cpu_and_chunks", prefill_matches_cpu_and_chunks),
+        ("graph_replay_equals_direct_launches", graph_replay_equals_direct_launches),
+        ("errors_instead_of_panics", errors_instead_of_panics),
+        ("device_info_names_the_device", device_info_names_the_device),
+    ];
+    let unavailable = CudaBackend::new(0).err().map(|e| format!("no CUDA device here ({e})"));
+    let required = std::env::var("INFER_REQUIRE_CUDA").as_deref() == Ok("1");
+    let trials = tests
+        .into_iter()
+        .map(|(name, f)| {
+            let why = unavailable.clone();
+            libtest_mimic::Trial::ignorable_test(name, move || match why {
+                None => {
+                    f();
+                    Ok(libtest_mimic::Completion::Completed)
+                }
+                Some(why) if required => Err(format!("INFER_REQUIRE_CUDA=1: {why}").into()),
+                Some(why) => Ok(libtest_mimic::Completion::ignored_with(why)),
+            })
+        })
+        .collect();
+    libtest_mimic::run(&args, trials).exit();
 }

@@ -29,8 +29,7 @@ pub enum StopReason {
     /// The requested number of tokens was produced.
     #[default]
     MaxTokens,
-    /// An end-of-generation token (EOS, EOT, `<|im_end|>`, `<end_of_turn>`)
-    /// was sampled.
+    /// An end-of-generation token (EOS, `<end_of_turn>`) was sampled.
     EndOfGeneration,
     /// The KV cache is full.
     ContextFull,
@@ -48,6 +47,28 @@ impl GenerationStats {
     pub fn decode_tps(&self) -> f64 {
         self.generated_tokens.saturating_sub(1) as f64 / self.decode_time.as_secs_f64().max(1e-9)
     }
+}
+
+/// Generates up to `max_tokens` tokens after `prompt_ids` with a fresh KV
+/// cache of `n_ctx` positions, calling `on_text` with each piece of text as
+/// soon as it forms whole characters; `on_text` returns `false` to stop.
+/// `max_tokens = usize::MAX` generates until an end-of-generation token or
+/// a full context.
+///
+/// # Errors
+/// [`Error::Compute`] with [`infer_compute::Error::ContextOverflow`] when the
+/// prompt does not fit in `n_ctx`; an empty prompt; model and sampling errors.
+pub fn generate(
+    model: &mut dyn DeviceModel,
+    tokenizer: &Tokenizer,
+    prompt_ids: &[u32],
+    max_tokens: usize,
+    n_ctx: usize,
+    sampler: &mut Sampler,
+    on_text: impl FnMut(&str) -> bool,
+) -> Result<GenerationStats> {
+    let all = prompt_ids.len().max(1);
+    generate_with_progress(model, tokenizer, prompt_ids, max_tokens, n_ctx, sampler, all, |_, _| true, on_text)
 }
 
 /// A KV cache together with the tokens it holds (positions `0..len`), so
@@ -95,36 +116,6 @@ impl CachedContext {
     }
 }
 
-/// Generates up to `max_tokens` tokens after `prompt_ids` with a fresh KV
-/// cache of `n_ctx` positions, calling `on_text` with each piece of text as
-/// soon as it forms whole characters; `on_text` returns `false` to stop.
-/// Generation ends at the tokenizer's end-of-generation tokens (EOS, EOT and
-/// the turn-end markers llama.cpp lists, such as `<|im_end|>` and
-/// `<end_of_turn>`; see `Tokenizer::is_eog`), which are not passed to
-/// `on_text`.
-///
-/// # Errors
-/// [`Error::Compute`] with [`infer_compute::Error::ContextOverflow`] when the
-/// prompt does not fit in `n_ctx`; an empty prompt; model and sampling errors.
-pub fn generate(
-    model: &mut dyn DeviceModel,
-    tokenizer: &Tokenizer,
-    prompt_ids: &[u32],
-    max_tokens: usize,
-    n_ctx: usize,
-    sampler: &mut Sampler,
-    on_text: impl FnMut(&str) -> bool,
-) -> Result<GenerationStats> {
-    if prompt_ids.is_empty() {
-        return Err(Error::Tokenizer("the prompt is empty".into()));
-    }
-    if prompt_ids.len() > n_ctx {
-        return Err(infer_compute::Error::ContextOverflow { pos: 0, n_tokens: prompt_ids.len(), n_ctx }.into());
-    }
-    let mut ctx = CachedContext::new(model, n_ctx)?;
-    generate_cached(model, &mut ctx, tokenizer, prompt_ids, max_tokens, sampler, on_text)
-}
-
 /// As [`generate`], continuing `ctx`: `ids` is the whole token sequence
 /// (e.g. the conversation rendered with its chat template); the part the
 /// cache already holds is reused and only the rest is prefilled
@@ -143,10 +134,75 @@ pub fn generate_cached(
     ids: &[u32],
     max_tokens: usize,
     sampler: &mut Sampler,
+    on_text: impl FnMut(&str) -> bool,
+) -> Result<GenerationStats> {
+    let all = ids.len().max(1);
+    generate_cached_with_progress(model, ctx, tokenizer, ids, max_tokens, sampler, all, |_, _| true, on_text)
+}
+
+/// [`generate`] with the prompt prefilled in passes of at most
+/// `prefill_chunk` tokens (each continuing the KV cache at its position),
+/// calling `on_prefill(done, total)` after each pass; `on_prefill` returns
+/// `false` to stop before the next pass (then nothing is generated and the
+/// stop reason is [`StopReason::Stopped`]; `prompt_tokens` counts the
+/// tokens prefilled).
+///
+/// # Errors
+/// As [`generate`]; a `prefill_chunk` of 0.
+#[allow(clippy::too_many_arguments)]
+pub fn generate_with_progress(
+    model: &mut dyn DeviceModel,
+    tokenizer: &Tokenizer,
+    prompt_ids: &[u32],
+    max_tokens: usize,
+    n_ctx: usize,
+    sampler: &mut Sampler,
+    prefill_chunk: usize,
+    on_prefill: impl FnMut(usize, usize) -> bool,
+    on_text: impl FnMut(&str) -> bool,
+) -> Result<GenerationStats> {
+    if prompt_ids.is_empty() {
+        return Err(Error::Tokenizer("the prompt is empty".into()));
+    }
+    if prompt_ids.len() > n_ctx {
+        return Err(infer_compute::Error::ContextOverflow { pos: 0, n_tokens: prompt_ids.len(), n_ctx }.into());
+    }
+    let mut ctx = CachedContext::new(model, n_ctx)?;
+    generate_cached_with_progress(
+        model,
+        &mut ctx,
+        tokenizer,
+        prompt_ids,
+        max_tokens,
+        sampler,
+        prefill_chunk,
+        on_prefill,
+        on_text,
+    )
+}
+
+/// [`generate_cached`] with the new tokens prefilled in passes, as
+/// [`generate_with_progress`].
+///
+/// # Errors
+/// As [`generate_with_progress`].
+#[allow(clippy::too_many_arguments)]
+pub fn generate_cached_with_progress(
+    model: &mut dyn DeviceModel,
+    ctx: &mut CachedContext,
+    tokenizer: &Tokenizer,
+    ids: &[u32],
+    max_tokens: usize,
+    sampler: &mut Sampler,
+    prefill_chunk: usize,
+    mut on_prefill: impl FnMut(usize, usize) -> bool,
     mut on_text: impl FnMut(&str) -> bool,
 ) -> Result<GenerationStats> {
     if ids.is_empty() {
         return Err(Error::Tokenizer("the prompt is empty".into()));
+    }
+    if prefill_chunk == 0 {
+        return Err(Error::Tokenizer("the prefill pass size is 0".into()));
     }
     let n_ctx = ctx.n_ctx();
     if ids.len() > n_ctx {
@@ -154,13 +210,23 @@ pub fn generate_cached(
     }
     let reused = ctx.keep_prefix_of(ids);
     let new = &ids[reused..];
-    let mut stats = GenerationStats { prompt_tokens: new.len(), reused_tokens: reused, ..Default::default() };
+    let mut stats = GenerationStats { prompt_tokens: 0, reused_tokens: reused, ..Default::default() };
     for &t in new {
         sampler.accept(t);
     }
     let t0 = Instant::now();
-    let logits = model.prefill(ctx.kv.as_mut(), new, reused)?;
-    ctx.tokens.extend_from_slice(new);
+    let n_passes = new.len().div_ceil(prefill_chunk);
+    let mut logits: &[f32] = &[];
+    for (i, pass) in new.chunks(prefill_chunk).enumerate() {
+        logits = model.prefill(ctx.kv.as_mut(), pass, reused + stats.prompt_tokens)?;
+        ctx.tokens.extend_from_slice(pass);
+        stats.prompt_tokens += pass.len();
+        if !on_prefill(stats.prompt_tokens, new.len()) && i + 1 < n_passes {
+            stats.prefill_time = t0.elapsed();
+            stats.stop = StopReason::Stopped;
+            return Ok(stats);
+        }
+    }
     stats.prefill_time = t0.elapsed();
     if max_tokens == 0 {
         return Ok(stats);

@@ -63,7 +63,8 @@ fn missing_optional_keys_take_documented_defaults() {
     let g = edited(|w| {
         w.remove_metadata("gemma3.attention.head_count_kv").unwrap();
     });
-    let err = load_spec(&g).unwrap_err().to_string();
+    // (`ModelSpec::validate` is what `prepare` runs.)
+    let err = load_spec(&g).and_then(|s| s.validate().map_err(Into::into)).unwrap_err().to_string();
     assert!(err.contains("blk.0.attn_k") && err.contains("1024x640"), "{err}");
 }
 

@@ -394,7 +394,20 @@ fn check_round_trips(name: &str, t: &Tokenizer, seed: u64, n: usize) {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     for i in 0..n {
         let len = rng.gen_range(0..40);
-        let text: String = random_text(&mut rng, len).chars().filter(|&c| representable(c)).collect();
+        let mut text: String = random_text(&mut rng, len).chars().filter(|&c| representable(c)).collect();
+        // Now and then a control token of the model's chat format, parsed
+        // as its token and decoded back to its text.
+        if rng.gen_range(0..4) == 0 {
+            let specials: Vec<&str> = ["<|im_start|>", "<|im_end|>", "<start_of_turn>", "<end_of_turn>", "<bos>"]
+                .into_iter()
+                .filter(|s| t.token_id(s).is_some())
+                .collect();
+            if !specials.is_empty() {
+                let mut at = rng.gen_range(0..=text.chars().count());
+                at = text.char_indices().nth(at).map_or(text.len(), |(i, _)| i);
+                text.insert_str(at, specials[rng.gen_range(0..specials.len())]);
+            }
+        }
         let ids = t.encode(&text, false);
         let back = t.decode(&ids);
         assert_eq!(back, text, "{name} case {i}: {ids:?}");

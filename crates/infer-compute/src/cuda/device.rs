@@ -11,7 +11,7 @@ use cudarc::cublas::CudaBlas;
 use cudarc::driver::sys::CUdevice_attribute;
 use cudarc::driver::{
     result, CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchArgs, LaunchConfig,
-    PushKernelArg, ValidAsZeroBits,
+    ValidAsZeroBits,
 };
 use cudarc::nvrtc::{CompileOptions, Ptx};
 
@@ -73,6 +73,22 @@ pub(crate) struct Device {
     pub info: DeviceInfo,
     /// When set, every launch is timed (synchronously) and summed per kernel.
     profile: Mutex<Option<HashMap<&'static str, (f64, usize)>>>,
+    /// Whether [`Device::launch`] asks for programmatic dependent launch
+    /// (see [`pdl_enabled`]).
+    pdl: bool,
+}
+
+/// Programmatic dependent launch (compute capability 9.0 and later): a
+/// kernel launched with the programmatic-stream-serialization attribute may
+/// be scheduled while the kernel before it on the stream is still running,
+/// so its launch latency overlaps the predecessor's tail. Every kernel of
+/// the module starts with `pdl_wait()` (`griddepcontrol.wait`, common.cuh),
+/// which blocks until the predecessor grid has completed and its memory is
+/// visible, before any memory access: the order of memory effects is that
+/// of a plain launch. Captured graphs keep the attribute as programmatic
+/// edges. `INFER_CUDA_PDL=0` turns it off (plain launches).
+fn pdl_enabled(cc: (i32, i32)) -> bool {
+    cc.0 >= 9 && std::env::var("INFER_CUDA_PDL").map_or(true, |v| v != "0")
 }
 
 /// Page-locked host memory of `len` values of `T` (not write-combined, so
@@ -171,7 +187,8 @@ impl Device {
             let f = module.load_function(name).map_err(|e| Error::Device(format!("kernel {name}: {e}")))?;
             funcs.insert(name, f);
         }
-        Ok(Device { ctx, stream, blas, funcs, info, profile: Mutex::new(None) })
+        let pdl = pdl_enabled(info.compute_capability);
+        Ok(Device { ctx, stream, blas, funcs, info, profile: Mutex::new(None), pdl })
     }
 
     /// `(kernel, registers per thread, local memory bytes per thread)` of
@@ -198,7 +215,9 @@ impl Device {
         p
     }
 
-    /// Launches kernel `k` with one by-value argument struct.
+    /// Launches kernel `k` with one by-value argument struct, as a
+    /// programmatic dependent launch where the device supports it (see
+    /// [`pdl_enabled`]; the kernel must begin with `pdl_wait()`).
     pub fn launch<A: DeviceRepr>(
         &self,
         k: KernelName,
@@ -207,15 +226,42 @@ impl Device {
         smem: u32,
         args: &A,
     ) -> Result<()> {
-        let cfg = LaunchConfig { grid_dim: grid, block_dim: (block, 1, 1), shared_mem_bytes: smem };
-        // SAFETY: `A` mirrors the kernel's parameter struct (layout asserted
-        // in kernels.rs and common.cuh); every pointer in it was taken from
-        // a live allocation of this device sized by the caller for the grid.
-        unsafe {
-            self.launch_with(k, cfg, |b| {
-                b.arg(args);
-            })
-        }
+        use cudarc::driver::sys;
+        let f = self.func(k)?.cu_function();
+        let stream = self.stream.cu_stream();
+        self.timed(k.0, || {
+            self.ctx.bind_to_thread().map_err(dev_err("binding the context"))?;
+            // SAFETY: a union of plain integers and structs of integers, for
+            // which all-zero bytes are a valid value.
+            let mut value: sys::CUlaunchAttributeValue = unsafe { std::mem::zeroed() };
+            value.programmaticStreamSerializationAllowed = 1;
+            let mut attr = sys::CUlaunchAttribute {
+                id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+                pad: [0; 4],
+                value,
+            };
+            let cfg = sys::CUlaunchConfig {
+                gridDimX: grid.0,
+                gridDimY: grid.1,
+                gridDimZ: grid.2,
+                blockDimX: block,
+                blockDimY: 1,
+                blockDimZ: 1,
+                sharedMemBytes: smem,
+                hStream: stream,
+                attrs: &mut attr,
+                numAttrs: u32::from(self.pdl),
+            };
+            let mut params = [args as *const A as *mut std::ffi::c_void];
+            // SAFETY: `A` mirrors the kernel's parameter struct (layout
+            // asserted in kernels.rs and common.cuh); every pointer in it was
+            // taken from a live allocation of this device sized by the caller
+            // for the grid; `cfg`, `attr` and `params` outlive the call, which
+            // copies the parameters before it returns.
+            unsafe { sys::cuLaunchKernelEx(&cfg, f, params.as_mut_ptr(), std::ptr::null_mut()) }
+                .result()
+                .map_err(|e| Error::Device(format!("launching {}: {e}", k.0)))
+        })
     }
 
     /// Launches kernel `k`, `push` adding its arguments. Every launch of the

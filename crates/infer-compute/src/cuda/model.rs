@@ -35,6 +35,7 @@
 use std::any::Any;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::Instant;
 
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaGraph, CudaSlice};
@@ -42,7 +43,7 @@ use cudarc::driver::{CudaGraph, CudaSlice};
 use super::device::{dev_err, Device, PinnedBuf};
 use super::kernels::{AttnArgs, DevPtr, MvMode, NormArgs, QkvArgs};
 use super::ops::{self, GemmPrecision, Matvec};
-use crate::backend::{checked_cache, DeviceModel, KvCache, KvState, ModelId};
+use crate::backend::{checked_cache, DeviceModel, KvCache, KvState, ModelId, StepProfile};
 use crate::error::{Error, Result};
 use crate::pipeline::{Activation, FfnType, ModelSpec, Norm, NormType, RopeType};
 use crate::weight::QuantWeight;
@@ -481,17 +482,8 @@ impl CudaModel {
         let mut pos = pos0;
         for chunk in tokens.chunks(prefill_chunk(&self.max, n_split)) {
             self.ensure_buffers(chunk.len(), n_split)?;
-            let p =
-                i32::try_from(pos).map_err(|_| Error::Device(format!("position {pos} exceeds the kernels' range")))?;
-            {
-                // The previous chunk was synchronized: no copy reads these.
-                let b = self.bufs.as_mut().ok_or_else(|| Error::Device("buffers missing".into()))?;
-                let params = b.params_host.as_mut_slice();
-                params[0] = p;
-                for (dst, &t) in params[1..].iter_mut().zip(chunk) {
-                    *dst = t as i32;
-                }
-            }
+            // The previous chunk was synchronized: no copy reads these.
+            self.set_params(pos, chunk)?;
             if chunk.len() == 1 && self.use_graph {
                 self.step_graph(cache)?;
             } else {
@@ -504,12 +496,25 @@ impl CudaModel {
         Ok(())
     }
 
+    /// Writes the first position and the token ids of a step into the
+    /// pinned parameter buffer.
+    fn set_params(&mut self, pos: usize, tokens: &[u32]) -> Result<()> {
+        let p = i32::try_from(pos).map_err(|_| Error::Device(format!("position {pos} exceeds the kernels' range")))?;
+        let b = self.bufs.as_mut().ok_or_else(|| Error::Device("buffers missing".into()))?;
+        let params = b.params_host.as_mut_slice();
+        params[0] = p;
+        for (dst, &t) in params[1..].iter_mut().zip(tokens) {
+            *dst = t as i32;
+        }
+        Ok(())
+    }
+
     /// The whole step on the stream: parameters in, forward pass, logits
     /// out (what the graph captures).
     fn enqueue_io(&mut self, cache: &CudaKvCache, n: usize) -> Result<()> {
         let b = self.bufs.as_ref().ok_or_else(|| Error::Device("buffers missing".into()))?;
         self.dev.enqueue_write(&b.params_host, self.dev.ptr(&b.params), n + 1)?;
-        self.enqueue(cache, n)?;
+        self.enqueue(cache, n, &mut |_, _| Ok(()))?;
         let b = self.bufs.as_ref().ok_or_else(|| Error::Device("buffers missing".into()))?;
         let src = self.dev.ptr(&b.logits);
         self.dev.enqueue_read(src, &mut self.logits)
@@ -540,8 +545,10 @@ impl CudaModel {
     }
 
     /// Enqueues the forward pass of `n` tokens (ids and first position
-    /// already in the device buffers) on the stream.
-    fn enqueue(&self, cache: &CudaKvCache, n: usize) -> Result<()> {
+    /// already in the device buffers) on the stream, calling `mark` after
+    /// each group of launches with its name and the weights it read
+    /// (`profile_step` synchronizes and times there; otherwise a no-op).
+    fn enqueue(&self, cache: &CudaKvCache, n: usize, mark: &mut Mark<'_>) -> Result<()> {
         let d = &*self.dev;
         let b = self.bufs.as_ref().ok_or_else(|| Error::Device("buffers missing".into()))?;
         let e = self.n_embd;
@@ -604,6 +611,7 @@ impl CudaModel {
         if let Some(l0) = self.layers.first() {
             ops::residual_norm(d, &norm_args(0, None, &l0.attn_norm), n)?;
         }
+        mark("token_embd, attn_norm", &[])?;
         for (li, l) in self.layers.iter().enumerate() {
             // q, k, v: one launch per run of equal types.
             let targets = [(&l.wq, p(&b.q)), (&l.wk, p(&b.k)), (&l.wv, p(&b.v))];
@@ -631,6 +639,7 @@ impl CudaModel {
                 ops::matvec(d, &call)?;
                 i = j;
             }
+            mark("matvec attn_qkv", &[&l.wq, &l.wk, &l.wv])?;
             let opt = |s: &Option<CudaSlice<f32>>| s.as_ref().map_or(0, |s| d.ptr(s));
             ops::qkv_post(
                 d,
@@ -658,6 +667,7 @@ impl CudaModel {
                     kn_eps: l.k_norm.as_ref().map_or(0.0, |nn| nn.eps),
                 },
             )?;
+            mark("qkv bias, q/k norm, rope, kv append", &[])?;
             let wo_q8 = ops::wants_q8(l.wo.ty)?;
             ops::attention(
                 d,
@@ -681,12 +691,15 @@ impl CudaModel {
                     softcap: l.softcap.unwrap_or(0.0),
                 },
             )?;
+            mark("attention", &[])?;
             if gemm.is_some() {
                 mm(&l.wo, operand(p(&b.attn), l.wo.cols)?, o)?;
             } else {
                 ops::matvec(d, &mv(&l.wo, p(&b.attn), aq, ad, o))?;
             }
+            mark("matvec attn_output", &[&l.wo])?;
             ops::residual_norm(d, &norm_args(o, l.post_attn_norm.as_ref(), &l.ffn_norm), n)?;
+            mark("residual add, ffn_norm", &[])?;
 
             let n_ff = l.up.rows;
             let act = p(&b.act);
@@ -717,6 +730,10 @@ impl CudaModel {
                     ops::act_inplace(d, act, n * n_ff, l.gelu)?;
                 }
             }
+            match &l.gate {
+                Some(g) => mark("matvec ffn_gate_up, activation", &[g, &l.up])?,
+                None => mark("matvec ffn_up, activation", &[&l.up])?,
+            }
             if gemm.is_some() {
                 mm(&l.down, operand(act, n_ff)?, o)?;
             } else {
@@ -725,8 +742,10 @@ impl CudaModel {
                 }
                 ops::matvec(d, &mv(&l.down, act, aq, ad, o))?;
             }
+            mark("matvec ffn_down", &[&l.down])?;
             let next = self.layers.get(li + 1).map_or(&self.output_norm, |nl| &nl.attn_norm);
             ops::residual_norm(d, &norm_args(o, l.post_ffn_norm.as_ref(), next), n)?;
+            mark("residual add, next norm", &[])?;
         }
         // Vocabulary projection of the last token.
         let last = n - 1;
@@ -742,7 +761,8 @@ impl CudaModel {
             call.mode = MvMode::Softcap;
             call.cap = c;
         }
-        ops::matvec(d, &call)
+        ops::matvec(d, &call)?;
+        mark("matvec output", &[&self.output])
     }
 }
 
@@ -764,7 +784,48 @@ impl DeviceModel for CudaModel {
         self.forward(kv, tokens, pos)?;
         Ok(self.logits.as_slice())
     }
+
+    /// The step's kernels launched directly (not the captured graph), the
+    /// stream synchronized after each group of launches so that each group
+    /// is timed alone: slower than a graph replay, and PDL overlap between
+    /// groups is lost, but the same kernels, arguments and results.
+    fn profile_step(&mut self, kv: &mut dyn KvCache, token: u32, pos: usize) -> Result<StepProfile> {
+        let cache = checked_cache::<CudaKvCache>(kv, self.id, self.n_vocab, &[token], pos)?;
+        let t0 = Instant::now();
+        self.ensure_buffers(1, ops::attn_splits(cache.state.n_ctx()))?;
+        self.set_params(pos, &[token])?;
+        let b = self.bufs.as_ref().ok_or_else(|| Error::Device("buffers missing".into()))?;
+        self.dev.enqueue_write(&b.params_host, self.dev.ptr(&b.params), 2)?;
+        self.dev.sync()?;
+        let mut prof = StepProfile::default();
+        let mut last = Instant::now();
+        let dev = self.dev.clone();
+        let mut mark = |op: &str, ws: &[&DevWeight]| -> Result<()> {
+            dev.sync()?;
+            let now = Instant::now();
+            let mut tys: Vec<&str> = ws.iter().map(|w| w.ty.name()).collect();
+            tys.dedup();
+            let shape = ws.iter().map(|w| format!("{}x{}", w.rows, w.cols)).collect::<Vec<_>>().join(",");
+            let bytes = ws.iter().map(|w| w.buf.len() as u64).sum();
+            prof.record(op, &tys.join(","), &shape, now - last, bytes);
+            last = now;
+            Ok(())
+        };
+        self.enqueue(cache, 1, &mut mark)?;
+        let b = self.bufs.as_ref().ok_or_else(|| Error::Device("buffers missing".into()))?;
+        let src = self.dev.ptr(&b.logits);
+        self.dev.enqueue_read(src, &mut self.logits)?;
+        self.dev.sync()?;
+        prof.record("logits to host", "", "", last.elapsed(), 0);
+        cache.state.advance(pos, 1);
+        prof.total = t0.elapsed();
+        Ok(prof)
+    }
 }
+
+/// The per-group callback of [`CudaModel::enqueue`]: a group's name and the
+/// weights it read.
+type Mark<'a> = dyn FnMut(&str, &[&DevWeight]) -> Result<()> + 'a;
 
 impl CudaModel {
     /// Creates an empty f16 KV cache for `n_ctx` positions.

@@ -128,7 +128,9 @@ pub(crate) fn residual_norm(dev: &Device, args: &NormArgs, n_tok: usize) -> Resu
     if args.q != 0 && args.n % 32 != 0 {
         return Err(Error::Device(format!("q8 output of a norm needs a multiple of 32 values, not {}", args.n)));
     }
-    dev.launch(names::RESIDUAL_NORM, (to_u32(n_tok, "tokens")?, 1, 1), 256, 0, args)
+    // 1024 threads (NORM_THREADS in norm.cu): rows up to 4096 values are
+    // held in registers, every load issued before the first use.
+    dev.launch(names::RESIDUAL_NORM, (to_u32(n_tok, "tokens")?, 1, 1), 1024, 0, args)
 }
 
 /// Launches the q/k/v post-processing (bias, q/k norm, RoPE, KV append).

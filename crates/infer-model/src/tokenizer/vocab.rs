@@ -2,7 +2,7 @@
 //! text-to-id table, the special ids (BOS, EOS, end of turn ...) and the
 //! end-of-generation set, what each token decodes to, and the first step of
 //! every encoding: cutting special and user-defined tokens out of the text
-//! ([`Vocab::partition`], llama.cpp's `tokenizer_st_partition`).
+//! (`Vocab::partition`, llama.cpp's `tokenizer_st_partition`).
 
 use crate::{Error, Result};
 

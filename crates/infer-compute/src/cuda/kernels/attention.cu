@@ -16,6 +16,7 @@
 #define ATTN_THREADS 256
 
 extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_split(const AttnArgs a) {
+    PDL_PROLOGUE;
     extern __shared__ float smem[];
     const int G = a.n_head / a.n_kv;
     const int n_gc = (G + ATTN_MAX_G - 1) / ATTN_MAX_G;
@@ -135,6 +136,7 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_split(const Attn
 
 // Grid: x = head, y = token.
 extern "C" __global__ void __launch_bounds__(COMBINE_THREADS) attn_combine(const AttnArgs a) {
+    PDL_PROLOGUE;
     const int h = blockIdx.x, t = blockIdx.y, tid = threadIdx.x;
     const int hd = a.hd, q_dim = a.n_head * hd;
     const size_t base = ((size_t)t * a.n_head + h) * a.n_split;

@@ -18,6 +18,32 @@ typedef unsigned long long u64;
 #define NEG_INF (__int_as_float(0xff800000))
 
 // ---------------------------------------------------------------------------
+// Programmatic dependent launch (sm_90+; see `Device::launch`). Every kernel
+// begins with PDL_PROLOGUE, before any memory access:
+//   pdl_wait():    blocks until the grid launched before this one on the
+//                  stream has completed and its memory is visible (returns
+//                  at once for a plain launch);
+//   pdl_trigger(): lets the next grid be scheduled now; its blocks then
+//                  wait in their own pdl_wait(), so this changes only when
+//                  they are launched, never what they see.
+
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+#define PDL_PROLOGUE \
+    pdl_wait();      \
+    pdl_trigger()
+
+// ---------------------------------------------------------------------------
 // Floating-point conversions (PTX cvt; round to nearest even).
 
 __device__ __forceinline__ float f16_to_f32(u16 h) {
@@ -232,7 +258,7 @@ struct AttnArgs {
 static_assert(sizeof(AttnArgs) == 104, "AttnArgs layout");
 
 // Positions per attention split (one block's share of the cache).
-#define ATTN_SPLIT 128
+#define ATTN_SPLIT 64
 // Query heads per attention block (heads of one kv group beyond this are
 // spread over more blocks).
 #define ATTN_MAX_G 8

@@ -16,6 +16,7 @@ __device__ __forceinline__ float float_value(int ty, const u8* row, int k) {
 // x[t][k] = scale * dequant(table[tokens[t]])[k], k < n. Grid: x = token.
 extern "C" __global__ void __launch_bounds__(EW_THREADS) embed_rows(const u8* table, int ty, int row_bytes, int n,
                                                                       const int* tokens, float scale, float* x) {
+    PDL_PROLOGUE;
     const int t = blockIdx.x, tid = threadIdx.x;
     const u8* row = table + (size_t)tokens[t] * row_bytes;
     float* xr = x + (size_t)t * n;
@@ -33,6 +34,7 @@ extern "C" __global__ void __launch_bounds__(EW_THREADS) embed_rows(const u8* ta
 
 // out[i] = act(gate[i]) * up[i]; act 0 = GELU (tanh), 1 = SiLU.
 extern "C" __global__ void glu(const float* gate, const float* up, float* out, int n, int act) {
+    PDL_PROLOGUE;
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     const float g = gate[i];
@@ -41,6 +43,7 @@ extern "C" __global__ void glu(const float* gate, const float* up, float* out, i
 
 // x[i] = act(x[i]) (plain FFN).
 extern "C" __global__ void act_inplace(float* x, int n, int act) {
+    PDL_PROLOGUE;
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     x[i] = act == 0 ? act_gelu_tanh(x[i]) : act_silu(x[i]);
@@ -65,6 +68,7 @@ __device__ __forceinline__ bool load_chunk_repacked(int ty, const u8* row, int c
 #define DQ_THREADS 64
 extern "C" __global__ void __launch_bounds__(DQ_THREADS) dequant_matrix(const u8* w, int ty, int stride, int n,
                                                                           int repacked, int out_bf16, void* out) {
+    PDL_PROLOGUE;
     __shared__ float sm[DQ_THREADS * 33];  // chunk i at sm[33 i ..]: no bank conflicts
     const int r = blockIdx.x, tid = threadIdx.x;
     const u8* row = w + (size_t)r * stride;
@@ -100,6 +104,7 @@ extern "C" __global__ void __launch_bounds__(DQ_THREADS) dequant_matrix(const u8
 
 // out[i] = bf16(x[i]), i < n: activations for the bf16 prefill GEMM.
 extern "C" __global__ void __launch_bounds__(256) to_bf16(const float* x, u16* out, int n) {
+    PDL_PROLOGUE;
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) out[i] = f32_to_bf16(x[i]);
 }

@@ -133,9 +133,11 @@ __device__ __forceinline__ void matvec_f(const MatvecArgs& a) {
 
 #define MV_KERNELS(name, T)                                                                        \
     extern "C" __global__ void __launch_bounds__(MV_WARPS * WARP) mv_##name##_t1(const MatvecArgs a) { \
+        PDL_PROLOGUE;                                                                              \
         matvec_q<T, 1>(a);                                                                         \
     }                                                                                              \
     extern "C" __global__ void __launch_bounds__(MV_WARPS * WARP) mv_##name##_t8(const MatvecArgs a) { \
+        PDL_PROLOGUE;                                                                              \
         matvec_q<T, 8>(a);                                                                         \
     }
 
@@ -157,9 +159,11 @@ MV_KERNELS(q6_kr, TQ6_KR)
 
 #define MVF_KERNELS(name, F)                                                                       \
     extern "C" __global__ void __launch_bounds__(MV_WARPS * WARP) mv_##name##_t1(const MatvecArgs a) { \
+        PDL_PROLOGUE;                                                                              \
         matvec_f<F, 1>(a);                                                                         \
     }                                                                                              \
     extern "C" __global__ void __launch_bounds__(MV_WARPS * WARP) mv_##name##_t8(const MatvecArgs a) { \
+        PDL_PROLOGUE;                                                                              \
         matvec_f<F, 8>(a);                                                                         \
     }
 

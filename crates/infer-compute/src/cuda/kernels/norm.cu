@@ -9,10 +9,11 @@
 // This covers Gemma's sandwich norms (post-norm of the block output, add,
 // pre-norm of the next block) and the plain pre-norm of Llama-style models.
 
-#define NORM_THREADS 256
+#define NORM_THREADS 1024
 
 // One warp per 32-value chunk; x, q, ds are [n_chunks * 32], [n_chunks * 32], [n_chunks].
 extern "C" __global__ void __launch_bounds__(256) quantize_q8(const float* x, i8* q, float2* ds, int n_chunks) {
+    PDL_PROLOGUE;
     const int gc = blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP;
     if (gc >= n_chunks) return;
     const int lane = threadIdx.x % WARP;
@@ -20,9 +21,10 @@ extern "C" __global__ void __launch_bounds__(256) quantize_q8(const float* x, i8
 }
 
 // Values per thread kept in registers (rows up to NORM_THREADS * NORM_REG).
-#define NORM_REG 16
+#define NORM_REG 4
 
 extern "C" __global__ void __launch_bounds__(NORM_THREADS) residual_norm(const NormArgs a) {
+    PDL_PROLOGUE;
     __shared__ float red[32];
     const int t = blockIdx.x, n = a.n, tid = threadIdx.x, nt = blockDim.x;
     float* x = a.x + (size_t)t * n;

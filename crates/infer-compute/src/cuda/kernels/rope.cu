@@ -14,6 +14,7 @@
 #define QKV_MAX_HD 1024
 
 extern "C" __global__ void __launch_bounds__(QKV_THREADS) qkv_post(const QkvArgs a) {
+    PDL_PROLOGUE;
     __shared__ float sx[QKV_MAX_HD];
     __shared__ float red[32];
     const int head = blockIdx.x, t = blockIdx.y, tid = threadIdx.x, nt = blockDim.x;
