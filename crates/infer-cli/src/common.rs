@@ -13,8 +13,9 @@ use infer_model::gguf::GgufFile;
 /// Where the model comes from and what runs it.
 #[derive(Args, Clone, Debug)]
 pub struct ModelArgs {
-    /// GGUF model file (default: Gemma 3 270M Q4_K_M, fetched and cached on first use).
-    #[arg(short, long, value_name = "FILE")]
+    /// Model: a GGUF file, or a known name (`infer models` lists them), fetched, verified and cached on first
+    /// use [default: gemma3-270m, or $INFER_MODEL]
+    #[arg(short, long, value_name = "NAME|FILE")]
     pub model: Option<PathBuf>,
     /// Compute backend.
     #[arg(long, value_enum, default_value_t = BackendKind::Auto)]
@@ -127,18 +128,16 @@ pub fn fit_context(requested: usize, n_ctx_train: usize, what: &str) -> usize {
 pub type CliResult<T = ()> = Result<T, Box<dyn std::error::Error>>;
 
 impl ModelArgs {
-    /// The model path, fetching the default model when none was given.
+    /// The model path: `--model` as a file (an existing path wins) or a known
+    /// name (fetched and verified on first use), else `$INFER_MODEL`, else the
+    /// default model.
     pub fn resolve_model(&self) -> CliResult<PathBuf> {
         match &self.model {
-            Some(p) => {
-                if !p.exists() {
-                    return Err(format!("model file {} does not exist", p.display()).into());
-                }
-                if !p.is_file() {
-                    return Err(format!("{} is not a file", p.display()).into());
-                }
-                Ok(p.clone())
-            }
+            Some(p) => match p.to_str() {
+                Some(s) => Ok(infer_model::fetch::resolve_model(s)?),
+                None if p.is_file() => Ok(p.clone()),
+                None => Err(format!("model file {} does not exist", p.display()).into()),
+            },
             None => Ok(infer_model::fetch::default_model_path()?),
         }
     }

@@ -45,6 +45,12 @@ pub fn graceful() {
     GRACEFUL.store(true, Ordering::SeqCst);
 }
 
+/// Forgets a stop request, so that the next signal is again a first one
+/// (`infer chat`: Ctrl-C stops one reply, the session goes on).
+pub fn clear() {
+    REQUESTED.store(false, Ordering::SeqCst);
+}
+
 /// Whether a signal asked to stop.
 pub fn requested() -> bool {
     REQUESTED.load(Ordering::SeqCst)

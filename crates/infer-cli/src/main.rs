@@ -1,9 +1,11 @@
 //! `infer`: generate text with a GGUF model, inspect it, and benchmark it.
 
 mod bench;
+mod chat;
 mod common;
 mod info;
 mod interrupt;
+mod models;
 mod output;
 mod profile;
 mod prompt;
@@ -31,6 +33,10 @@ enum Command {
     Info(info::InfoArgs),
     /// Measure prefill and decode tokens per second (llama-bench's tests and table).
     Bench(bench::BenchArgs),
+    /// Chat with a model: multi-turn, the KV cache kept between turns, replies streamed.
+    Chat(chat::ChatArgs),
+    /// List the models known by name: size, family, quantization, and whether each is cached.
+    Models(models::ModelsArgs),
     /// Write a GGUF with random weights and a real model's shapes, metadata and tensor types.
     Synth(synth::SynthArgs),
 }
@@ -51,6 +57,8 @@ fn main() -> ExitCode {
         Command::Info(a) => info::info(a),
         Command::Bench(a) => bench::bench(a),
         Command::Synth(a) => synth::synth(a),
+        Command::Models(a) => models::models(a),
+        Command::Chat(a) => chat::chat(a),
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -58,8 +58,10 @@ pub fn run(a: RunArgs) -> CliResult {
         n => return Err(format!("-n {n}: give a number of tokens, or -1 for no limit").into()),
     };
     let prompt = a.prompt.text()?;
-    let t0 = Instant::now();
+    // A first use fetches the model: its download time is reported on its
+    // own line, not counted as load time.
     let path = a.model.resolve_model()?;
+    let t0 = Instant::now();
     let gguf = infer_model::gguf::GgufFile::open(&path)?;
     let backend = a.model.backend()?;
     let spec = infer_model::model::load_spec(&gguf)?;

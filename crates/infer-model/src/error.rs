@@ -37,9 +37,9 @@ pub enum Error {
     /// An error from the compute layer.
     #[error(transparent)]
     Compute(#[from] infer_compute::Error),
-    /// Locating or fetching the default model failed (`$INFER_MODEL` not a
-    /// file, or the fetch or its verification failed).
-    #[error("default model: {0}")]
+    /// Locating or fetching a model failed (`$INFER_MODEL` or `--model` not
+    /// a file nor a known name, or the fetch or its verification failed).
+    #[error("model: {0}")]
     Download(String),
     /// A sampling setting or logits that cannot be sampled.
     #[error(transparent)]

@@ -12,7 +12,10 @@ use crate::{Error, Result};
 /// Timings and counts of one generation.
 #[derive(Clone, Debug, Default)]
 pub struct GenerationStats {
+    /// Prompt tokens prefilled (those the cache did not hold already).
     pub prompt_tokens: usize,
+    /// Prompt tokens reused from the cache ([`generate_cached`]).
+    pub reused_tokens: usize,
     pub prefill_time: Duration,
     pub generated_tokens: usize,
     pub decode_time: Duration,
@@ -68,6 +71,75 @@ pub fn generate(
     generate_with_progress(model, tokenizer, prompt_ids, max_tokens, n_ctx, sampler, all, |_, _| true, on_text)
 }
 
+/// A KV cache together with the tokens it holds (positions `0..len`), so
+/// that a conversation can be continued turn after turn prefilling only
+/// what is new.
+pub struct CachedContext {
+    kv: Box<dyn KvCache>,
+    tokens: Vec<u32>,
+}
+
+impl CachedContext {
+    /// An empty context of `n_ctx` positions for `model`.
+    ///
+    /// # Errors
+    /// The model's cache allocation errors (e.g. out of memory).
+    pub fn new(model: &dyn DeviceModel, n_ctx: usize) -> Result<CachedContext> {
+        Ok(CachedContext { kv: model.new_kv_cache(n_ctx)?, tokens: Vec::new() })
+    }
+
+    /// The tokens in the cache, in position order.
+    pub fn tokens(&self) -> &[u32] {
+        &self.tokens
+    }
+
+    /// Capacity in positions.
+    pub fn n_ctx(&self) -> usize {
+        self.kv.n_ctx()
+    }
+
+    /// Forgets everything (the next turn prefills from position 0).
+    pub fn reset(&mut self) {
+        self.kv.truncate(0);
+        self.tokens.clear();
+    }
+
+    /// Keeps the longest prefix of the cache that `ids` starts with, always
+    /// leaving at least the last token of `ids` to be fed (its logits are
+    /// needed); returns the number of positions kept.
+    fn keep_prefix_of(&mut self, ids: &[u32]) -> usize {
+        let common = self.tokens.iter().zip(ids).take_while(|(a, b)| a == b).count();
+        let keep = common.min(ids.len().saturating_sub(1));
+        self.kv.truncate(keep);
+        self.tokens.truncate(keep);
+        keep
+    }
+}
+
+/// As [`generate`], continuing `ctx`: `ids` is the whole token sequence
+/// (e.g. the conversation rendered with its chat template); the part the
+/// cache already holds is reused and only the rest is prefilled
+/// ([`GenerationStats::reused_tokens`] and `prompt_tokens` say how much of
+/// each). A cache that diverges from `ids` is cut back to the common prefix.
+/// Afterwards `ctx` holds `ids` and the generated tokens that were fed back
+/// (all but the last sampled one).
+///
+/// # Errors
+/// As [`generate`]; the context is left consistent (what it holds is what
+/// its token list says).
+pub fn generate_cached(
+    model: &mut dyn DeviceModel,
+    ctx: &mut CachedContext,
+    tokenizer: &Tokenizer,
+    ids: &[u32],
+    max_tokens: usize,
+    sampler: &mut Sampler,
+    on_text: impl FnMut(&str) -> bool,
+) -> Result<GenerationStats> {
+    let all = ids.len().max(1);
+    generate_cached_with_progress(model, ctx, tokenizer, ids, max_tokens, sampler, all, |_, _| true, on_text)
+}
+
 /// [`generate`] with the prompt prefilled in passes of at most
 /// `prefill_chunk` tokens (each continuing the KV cache at its position),
 /// calling `on_prefill(done, total)` after each pass; `on_prefill` returns
@@ -86,30 +158,70 @@ pub fn generate_with_progress(
     n_ctx: usize,
     sampler: &mut Sampler,
     prefill_chunk: usize,
+    on_prefill: impl FnMut(usize, usize) -> bool,
+    on_text: impl FnMut(&str) -> bool,
+) -> Result<GenerationStats> {
+    if prompt_ids.is_empty() {
+        return Err(Error::Tokenizer("the prompt is empty".into()));
+    }
+    if prompt_ids.len() > n_ctx {
+        return Err(infer_compute::Error::ContextOverflow { pos: 0, n_tokens: prompt_ids.len(), n_ctx }.into());
+    }
+    let mut ctx = CachedContext::new(model, n_ctx)?;
+    generate_cached_with_progress(
+        model,
+        &mut ctx,
+        tokenizer,
+        prompt_ids,
+        max_tokens,
+        sampler,
+        prefill_chunk,
+        on_prefill,
+        on_text,
+    )
+}
+
+/// [`generate_cached`] with the new tokens prefilled in passes, as
+/// [`generate_with_progress`].
+///
+/// # Errors
+/// As [`generate_with_progress`].
+#[allow(clippy::too_many_arguments)]
+pub fn generate_cached_with_progress(
+    model: &mut dyn DeviceModel,
+    ctx: &mut CachedContext,
+    tokenizer: &Tokenizer,
+    ids: &[u32],
+    max_tokens: usize,
+    sampler: &mut Sampler,
+    prefill_chunk: usize,
     mut on_prefill: impl FnMut(usize, usize) -> bool,
     mut on_text: impl FnMut(&str) -> bool,
 ) -> Result<GenerationStats> {
-    if prompt_ids.is_empty() {
+    if ids.is_empty() {
         return Err(Error::Tokenizer("the prompt is empty".into()));
     }
     if prefill_chunk == 0 {
         return Err(Error::Tokenizer("the prefill pass size is 0".into()));
     }
-    if prompt_ids.len() > n_ctx {
-        return Err(infer_compute::Error::ContextOverflow { pos: 0, n_tokens: prompt_ids.len(), n_ctx }.into());
+    let n_ctx = ctx.n_ctx();
+    if ids.len() > n_ctx {
+        return Err(infer_compute::Error::ContextOverflow { pos: 0, n_tokens: ids.len(), n_ctx }.into());
     }
-    let mut kv: Box<dyn KvCache> = model.new_kv_cache(n_ctx)?;
-    let mut stats = GenerationStats { prompt_tokens: 0, ..Default::default() };
-    for &t in prompt_ids {
+    let reused = ctx.keep_prefix_of(ids);
+    let new = &ids[reused..];
+    let mut stats = GenerationStats { prompt_tokens: 0, reused_tokens: reused, ..Default::default() };
+    for &t in new {
         sampler.accept(t);
     }
     let t0 = Instant::now();
-    let n_passes = prompt_ids.len().div_ceil(prefill_chunk);
+    let n_passes = new.len().div_ceil(prefill_chunk);
     let mut logits: &[f32] = &[];
-    for (i, pass) in prompt_ids.chunks(prefill_chunk).enumerate() {
-        logits = model.prefill(kv.as_mut(), pass, stats.prompt_tokens)?;
+    for (i, pass) in new.chunks(prefill_chunk).enumerate() {
+        logits = model.prefill(ctx.kv.as_mut(), pass, reused + stats.prompt_tokens)?;
+        ctx.tokens.extend_from_slice(pass);
         stats.prompt_tokens += pass.len();
-        if !on_prefill(stats.prompt_tokens, prompt_ids.len()) && i + 1 < n_passes {
+        if !on_prefill(stats.prompt_tokens, new.len()) && i + 1 < n_passes {
             stats.prefill_time = t0.elapsed();
             stats.stop = StopReason::Stopped;
             return Ok(stats);
@@ -121,7 +233,7 @@ pub fn generate_with_progress(
     }
     let mut next = sampler.sample(logits)?;
     let mut decoder = tokenizer.decoder(true);
-    let mut pos = prompt_ids.len();
+    let mut pos = ids.len();
     let t1 = Instant::now();
     loop {
         if tokenizer.is_eog(next) {
@@ -142,7 +254,9 @@ pub fn generate_with_progress(
             stats.stop = StopReason::ContextFull;
             break;
         }
-        next = sampler.sample(model.decode_token(kv.as_mut(), next, pos)?)?;
+        let logits = model.decode_token(ctx.kv.as_mut(), next, pos)?;
+        ctx.tokens.push(next);
+        next = sampler.sample(logits)?;
         pos += 1;
     }
     stats.decode_time = t1.elapsed();

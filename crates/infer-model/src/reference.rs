@@ -106,6 +106,11 @@ pub struct Agreement {
     /// Cosine similarity of all logits at the last prompt position (when the
     /// reference has them).
     pub last_cosine: Option<f64>,
+    /// The same cosine after subtracting each vector's mean: softmax ignores
+    /// a constant shift of the logits, so this one measures only what changes
+    /// the distribution (a model whose logits have a mean near zero makes the
+    /// plain cosine sensitive to a harmless common shift).
+    pub last_cosine_centered: Option<f64>,
 }
 
 impl Agreement {
@@ -132,7 +137,7 @@ impl Agreement {
     /// One line of figures.
     pub fn summary(&self) -> String {
         format!(
-            "positions {} top1 {}/{} ({:.1}%) overlap min {} mean {:.2} max|d| {:.3} median mean|d| {:.3} last cosine {}",
+            "positions {} top1 {}/{} ({:.1}%) overlap min {} mean {:.2} max|d| {:.3} median mean|d| {:.3} last cosine {} (centered {})",
             self.positions,
             self.top1_agree,
             self.decisive,
@@ -141,7 +146,8 @@ impl Agreement {
             self.mean_overlap,
             self.max_abs_diff,
             self.median_mean_abs_diff(),
-            self.last_cosine.map_or("n/a".into(), |c| format!("{c:.6}"))
+            self.last_cosine.map_or("n/a".into(), |c| format!("{c:.6}")),
+            self.last_cosine_centered.map_or("n/a".into(), |c| format!("{c:.6}"))
         )
     }
 }
@@ -158,6 +164,14 @@ fn top_k_ids(logits: &[f32], k: usize) -> Vec<u32> {
     idx.select_nth_unstable_by(k - 1, |&a, &b| logits[b as usize].total_cmp(&logits[a as usize]));
     idx.truncate(k);
     idx
+}
+
+fn centered_cosine(a: &[f32], b: &[f32]) -> f64 {
+    let mean = |v: &[f32]| v.iter().map(|&x| x as f64).sum::<f64>() / v.len().max(1) as f64;
+    let (ma, mb) = (mean(a), mean(b));
+    let ca: Vec<f32> = a.iter().map(|&x| (x as f64 - ma) as f32).collect();
+    let cb: Vec<f32> = b.iter().map(|&x| (x as f64 - mb) as f32).collect();
+    cosine(&ca, &cb)
 }
 
 fn cosine(a: &[f32], b: &[f32]) -> f64 {
@@ -212,6 +226,7 @@ pub fn teacher_force(model: &mut dyn DeviceModel, case: &ReferenceCase) -> Resul
         if pos + 1 == case.prompt_ids.len() {
             if let Some(full) = &case.last_logits {
                 agg.last_cosine = Some(cosine(logits, full));
+                agg.last_cosine_centered = Some(centered_cosine(logits, full));
             }
         }
         score(&mut agg, logits, reference);

@@ -1,0 +1,103 @@
+//! `infer chat` over stdin on the real SmolLM2 135M Instruct (fetched and
+//! cached by name on first use): replies stop at `<|im_end|>`, and a second
+//! turn prefills only its new tokens.
+
+use std::io::Write;
+use std::process::{Command, Stdio};
+
+/// Runs `infer chat` greedily with `input` on stdin; returns (stdout, stderr).
+fn chat(input: &str) -> (String, String) {
+    infer_model::fetch::ensure_model("smollm2-135m").unwrap_or_else(|e| panic!("smollm2-135m: {e}"));
+    let mut child = Command::new(env!("CARGO_BIN_EXE_infer"))
+        .args(["chat", "--model", "smollm2-135m", "--temp", "0", "-n", "64"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run infer chat");
+    child.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
+    let o = child.wait_with_output().unwrap();
+    let (out, err) = (String::from_utf8_lossy(&o.stdout).into_owned(), String::from_utf8_lossy(&o.stderr).into_owned());
+    println!("stdout:\n{out}\nstderr:\n{err}");
+    assert!(o.status.success(), "{err}");
+    (out, err)
+}
+
+/// (prefilled, reused, stop) of each turn's stats line.
+fn turns(err: &str) -> Vec<(usize, usize, String)> {
+    err.lines()
+        .filter_map(|l| l.strip_prefix("[prefill "))
+        .map(|l| {
+            let n = |s: &str| s.split_whitespace().next().unwrap().parse::<usize>().unwrap();
+            let prefilled = n(l);
+            let reused = n(&l[l.find('(').unwrap() + 1..]);
+            let stop = l.rsplit("; ").next().unwrap().trim_end_matches(']').to_string();
+            (prefilled, reused, stop)
+        })
+        .collect()
+}
+
+#[test]
+fn two_turns_stop_at_im_end_and_reuse_the_cache() {
+    let q = "What is the capital of France? Answer in one word.";
+    let (out, err) = chat(&format!("{q}\nAnd of Germany?\n/reset\n{q}\n/exit\n"));
+    let t = turns(&err);
+    assert_eq!(t.len(), 3, "{err}");
+    for (_, _, stop) in &t {
+        assert_eq!(stop, "end of turn", "{err}");
+    }
+    assert!(out.contains("Paris") && out.contains("Berlin"), "{out}");
+    assert!(!out.contains("<|im_end|>") && !out.contains("<|im_start|>"), "{out}");
+    // Turn 1 prefills everything; turn 2 reuses at least turn 1's prompt and
+    // prefills only the new turn (far fewer tokens); after /reset nothing
+    // is reused.
+    let (p1, r1, _) = t[0];
+    let (p2, r2, _) = t[1];
+    assert_eq!(r1, 0);
+    assert!(r2 > p1, "turn 2 reused {r2} tokens, turn 1 had {p1}");
+    assert!(p2 < 25 && p2 < r2, "turn 2 prefilled {p2} tokens");
+    assert_eq!(t[2], t[0]);
+    assert_eq!(out.matches("Paris").count(), 2, "{out}");
+    assert!(err.contains("tokens/s"), "{err}");
+}
+
+/// Ctrl-C (SIGINT) stops the reply being written; the session goes on.
+#[cfg(unix)]
+#[test]
+fn ctrl_c_stops_the_reply_not_the_session() {
+    use std::io::Read;
+    infer_model::fetch::ensure_model("smollm2-135m").unwrap_or_else(|e| panic!("smollm2-135m: {e}"));
+    let mut child = Command::new(env!("CARGO_BIN_EXE_infer"))
+        .args(["chat", "--model", "smollm2-135m", "--temp", "0", "-n", "2000"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run infer chat");
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(b"Write a very long story about a dragon.\n").unwrap();
+    let mut stdout = child.stdout.take().unwrap();
+    // Wait until the reply is streaming, then interrupt it.
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 64];
+    while seen.len() < 40 {
+        let n = stdout.read(&mut buf).unwrap();
+        assert!(n > 0, "infer chat ended early: {}", String::from_utf8_lossy(&seen));
+        seen.extend_from_slice(&buf[..n]);
+    }
+    // SAFETY: sends a signal to the child this test started.
+    assert_eq!(unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGINT) }, 0);
+    stdin.write_all(b"What is the capital of France? Answer in one word.\n/exit\n").unwrap();
+    drop(stdin);
+    let mut rest = String::new();
+    stdout.read_to_string(&mut rest).unwrap();
+    let o = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    println!("stdout:\n{}{rest}\nstderr:\n{err}", String::from_utf8_lossy(&seen));
+    assert!(o.status.success(), "{err}");
+    let t = turns(&err);
+    assert_eq!(t.len(), 2, "{err}");
+    assert_eq!(t[0].2, "interrupted");
+    assert_eq!(t[1].2, "end of turn");
+    assert!(rest.contains("Paris"), "{rest}");
+}

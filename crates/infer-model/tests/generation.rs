@@ -1,0 +1,114 @@
+//! The generation loop on the real SmolLM2 135M Instruct (fetched and cached
+//! by name on first use): it stops at `<|im_end|>`, and a continued
+//! conversation prefills only its new tokens.
+
+use infer_compute::cpu::{CpuBackend, Kernels, Precision};
+use infer_compute::{ComputeBackend, DeviceModel};
+use infer_model::chat::{ChatTemplate, Message};
+use infer_model::generate::{generate, generate_cached, CachedContext, StopReason};
+use infer_model::gguf::GgufFile;
+use infer_model::sampling::Sampler;
+use infer_model::tokenizer::Tokenizer;
+
+struct Smol {
+    model: Box<dyn DeviceModel>,
+    tokenizer: Tokenizer,
+    template: ChatTemplate,
+}
+
+fn smollm2() -> Smol {
+    let path = infer_model::fetch::ensure_model("smollm2-135m").unwrap_or_else(|e| panic!("smollm2-135m: {e}"));
+    let gguf = GgufFile::open(&path).expect("open");
+    let spec = infer_model::model::load_spec(&gguf).expect("spec");
+    let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let cpu = CpuBackend::with_options(threads, Kernels::detect(), Precision::Quantized).expect("CPU backend");
+    let tokenizer = Tokenizer::from_gguf(&gguf).expect("tokenizer");
+    let template = ChatTemplate::from_gguf(&gguf, &tokenizer).expect("chat template");
+    Smol { model: cpu.prepare(&spec).expect("prepare"), tokenizer, template }
+}
+
+const QUESTION: &str = "What is the capital of France? Answer in one word.";
+
+#[test]
+fn generation_stops_at_im_end() {
+    let mut s = smollm2();
+    let im_end = s.tokenizer.token_id("<|im_end|>").expect("<|im_end|> in the vocabulary");
+    assert!(s.tokenizer.is_eog(im_end), "<|im_end|> is not an end-of-generation token");
+    let ids = s.template.encode(&s.tokenizer, &[Message::user(QUESTION)], true).unwrap();
+    let mut text = String::new();
+    let mut sampler = Sampler::greedy();
+    let stats = generate(s.model.as_mut(), &s.tokenizer, &ids, 64, 256, &mut sampler, |t| {
+        text.push_str(t);
+        true
+    })
+    .unwrap();
+    println!("reply ({} tokens, stop {:?}): {text:?}", stats.generated_tokens, stats.stop);
+    assert_eq!(stats.stop, StopReason::EndOfGeneration, "{text:?}");
+    assert!(stats.generated_tokens < 64);
+    assert!(text.contains("Paris"), "{text:?}");
+    assert!(!text.contains("<|im_end|>") && !text.contains("<|im_start|>"), "{text:?}");
+}
+
+#[test]
+fn a_continued_conversation_prefills_only_the_new_turn() {
+    let mut s = smollm2();
+    let mut ctx = CachedContext::new(s.model.as_ref(), 512).unwrap();
+    let mut messages = vec![Message::user(QUESTION)];
+    let turn1 = s.template.encode(&s.tokenizer, &messages, true).unwrap();
+    let mut reply = String::new();
+    let mut sampler = Sampler::greedy();
+    let st1 = generate_cached(s.model.as_mut(), &mut ctx, &s.tokenizer, &turn1, 64, &mut sampler, |t| {
+        reply.push_str(t);
+        true
+    })
+    .unwrap();
+    assert_eq!((st1.reused_tokens, st1.prompt_tokens), (0, turn1.len()));
+    assert_eq!(st1.stop, StopReason::EndOfGeneration);
+    // The cache holds the prompt and every generated token but the final
+    // `<|im_end|>` (sampled, never fed).
+    assert_eq!(ctx.tokens().len(), turn1.len() + st1.generated_tokens);
+    assert_eq!(&ctx.tokens()[..turn1.len()], &turn1[..]);
+
+    messages.push(Message::assistant(reply.trim()));
+    messages.push(Message::user("And of Germany?"));
+    let turn2 = s.template.encode(&s.tokenizer, &messages, true).unwrap();
+    let common = ctx.tokens().iter().zip(&turn2).take_while(|(a, b)| a == b).count();
+    let mut reply2 = String::new();
+    let st2 = generate_cached(s.model.as_mut(), &mut ctx, &s.tokenizer, &turn2, 64, &mut Sampler::greedy(), |t| {
+        reply2.push_str(t);
+        true
+    })
+    .unwrap();
+    println!(
+        "turn 1: {} prompt tokens, reply {reply:?}; turn 2: {} reused, {} prefilled of {}, reply {reply2:?}",
+        st1.prompt_tokens,
+        st2.reused_tokens,
+        st2.prompt_tokens,
+        turn2.len()
+    );
+    assert_eq!(st2.reused_tokens, common);
+    assert!(common > turn1.len(), "the first turn's prompt and reply were not reused ({common} tokens)");
+    assert_eq!(st2.prompt_tokens, turn2.len() - common);
+    assert_eq!(st2.stop, StopReason::EndOfGeneration);
+
+    // The same conversation from an empty cache gives the same reply.
+    let mut fresh = String::new();
+    generate(s.model.as_mut(), &s.tokenizer, &turn2, 64, 512, &mut Sampler::greedy(), |t| {
+        fresh.push_str(t);
+        true
+    })
+    .unwrap();
+    assert_eq!(reply2, fresh);
+
+    // After a reset nothing is reused.
+    ctx.reset();
+    let st3 =
+        generate_cached(s.model.as_mut(), &mut ctx, &s.tokenizer, &turn2, 1, &mut Sampler::greedy(), |_| true).unwrap();
+    assert_eq!((st3.reused_tokens, st3.prompt_tokens), (0, turn2.len()));
+    // A sequence the cache already holds entirely still feeds its last
+    // token (its logits are needed).
+    let held: Vec<u32> = ctx.tokens().to_vec();
+    let st4 =
+        generate_cached(s.model.as_mut(), &mut ctx, &s.tokenizer, &held, 1, &mut Sampler::greedy(), |_| true).unwrap();
+    assert_eq!((st4.reused_tokens, st4.prompt_tokens), (held.len() - 1, 1));
+}
