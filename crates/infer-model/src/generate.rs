@@ -9,20 +9,16 @@ use crate::sampling::Sampler;
 use crate::tokenizer::Tokenizer;
 use crate::{Error, Result};
 
-/// Wraps a single user message in the architecture's chat template (the
-/// model card's turn format; GGUFs without `tokenizer.chat_template` get
-/// the same).
+/// Wraps a single user message in the architecture's chat turn format
+/// (the registry's [`crate::model::ChatFormat`]; GGUFs without
+/// `tokenizer.chat_template` get the same).
 ///
 /// # Errors
-/// [`Error::UnsupportedArch`] for architectures without a known template.
+/// [`Error::UnsupportedArch`] for architectures not in the registry.
 pub fn chat_prompt(arch: &str, user: &str) -> Result<String> {
-    match arch {
-        "gemma3" | "gemma2" | "gemma" => Ok(format!("<start_of_turn>user\n{user}<end_of_turn>\n<start_of_turn>model\n")),
-        "llama" => Ok(format!(
-            "<|start_header_id|>user<|end_header_id|>\n\n{user}<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"
-        )),
-        other => Err(Error::UnsupportedArch(format!("{other} (no chat template known)"))),
-    }
+    let a = crate::model::Arch::from_gguf_name(arch)
+        .ok_or_else(|| Error::UnsupportedArch(format!("{arch} (no chat template known)")))?;
+    Ok(a.info().chat.single_turn(user))
 }
 
 /// Timings and counts of one generation.

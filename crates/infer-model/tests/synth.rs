@@ -21,7 +21,8 @@ fn tmp(name: &str) -> PathBuf {
 
 fn write(arch: SynthArch, size: &str, quant: SynthQuant, seed: u64, threads: usize, name: &str) -> PathBuf {
     let path = tmp(name);
-    let opts = SynthOptions { shape: SynthShape::preset(arch, size).unwrap(), quant, seed, threads };
+    let opts =
+        SynthOptions { shape: SynthShape::preset(arch, size).unwrap(), quant, seed, threads, dequantized: false };
     synth::write_synthetic(&path, &opts, SynthVocab::Generated, Arc::new(|_| {})).unwrap();
     path
 }

@@ -402,6 +402,30 @@ impl GgufFile {
     }
 }
 
+impl GgufFile {
+    /// Rows `row0 .. row0 + n_rows` of tensor `t` as a weight sharing the
+    /// file's bytes (no copy): the rows of a 2-D tensor are contiguous, so a
+    /// fused projection (Phi-3's `attn_qkv`, gate‖up `ffn_up`) splits into
+    /// its parts by row ranges.
+    ///
+    /// # Errors
+    /// [`Error::Gguf`] when the rows lie outside the tensor or the tensor
+    /// outside this file.
+    pub fn tensor_rows(&self, t: &TensorInfo, row0: usize, n_rows: usize) -> Result<QuantWeight> {
+        let bad = || Error::Gguf(format!("rows {row0}+{n_rows} of tensor `{}` do not lie inside it", t.name));
+        let (start, _) = self.data_range(t).ok_or_else(bad)?;
+        let cols = usize::try_from(t.cols()).map_err(|_| bad())?;
+        let rows = usize::try_from(t.rows()).map_err(|_| bad())?;
+        if row0.checked_add(n_rows).is_none_or(|end| end > rows) {
+            return Err(bad());
+        }
+        let row_bytes = t.ty.row_bytes(cols)?;
+        let owner: Arc<dyn AsRef<[u8]> + Send + Sync> = self.storage.clone();
+        let data = WeightBytes::range(owner, start + row0 * row_bytes, n_rows * row_bytes).map_err(|_| bad())?;
+        Ok(QuantWeight::new(t.ty, n_rows, cols, data)?)
+    }
+}
+
 impl std::fmt::Debug for GgufFile {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("GgufFile")
