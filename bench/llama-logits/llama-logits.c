@@ -49,16 +49,32 @@ static void top_k(const float *logits, int n_vocab, int k, int *ids) {
     }
 }
 
+/* Length of the valid UTF-8 sequence at s[0..n), or 0 if it is not one. */
+static size_t utf8_len(const unsigned char *s, size_t n) {
+    size_t len = s[0] < 0x80 ? 1 : (s[0] >> 5) == 0x6 ? 2 : (s[0] >> 4) == 0xe ? 3 : (s[0] >> 3) == 0x1e ? 4 : 0;
+    if (len == 0 || len > n) return 0;
+    for (size_t i = 1; i < len; i++)
+        if ((s[i] & 0xc0) != 0x80) return 0;
+    return len;
+}
+
+/* A JSON string; bytes that are not valid UTF-8 (a byte token's piece)
+ * are written as U+FFFD, so the file stays valid JSON. */
 static void write_json_string(FILE *f, const char *s, size_t n) {
+    const unsigned char *u = (const unsigned char *) s;
     fputc('"', f);
-    for (size_t i = 0; i < n; i++) {
-        unsigned char c = (unsigned char) s[i];
+    for (size_t i = 0; i < n;) {
+        unsigned char c = u[i];
+        size_t len = utf8_len(u + i, n - i);
+        if (len == 0) { fputs("\ufffd", f); i++; continue; }
+        if (len > 1) { fwrite(u + i, 1, len, f); i += len; continue; }
         if (c == '"' || c == '\\') fprintf(f, "\\%c", c);
         else if (c == '\n') fputs("\\n", f);
         else if (c == '\t') fputs("\\t", f);
         else if (c == '\r') fputs("\\r", f);
         else if (c < 0x20) fprintf(f, "\\u%04x", c);
         else fputc(c, f);
+        i++;
     }
     fputc('"', f);
 }
