@@ -57,7 +57,14 @@ fn rewrite(
 
 fn with_key(g: &GgufFile, key: &str, v: impl Into<Value>) -> GgufFile {
     let v = v.into();
-    rewrite(g, |w| drop(w.set_metadata(key, v).unwrap()), |_| true, None)
+    rewrite(
+        g,
+        |w| {
+            w.set_metadata(key, v).unwrap();
+        },
+        |_| true,
+        None,
+    )
 }
 
 fn hp_err(g: &GgufFile) -> (String, String, String) {

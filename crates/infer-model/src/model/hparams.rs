@@ -140,7 +140,7 @@ impl HParams {
         let n_layer = count(g, &k("block_count"), MAX_LAYERS)?;
         let n_head = count(g, &k("attention.head_count"), MAX_HEADS)?;
         let n_head_kv = count_or(g, &k("attention.head_count_kv"), n_head, MAX_HEADS)?;
-        if n_head % n_head_kv != 0 {
+        if !n_head.is_multiple_of(n_head_kv) {
             return Err(bad(
                 &format!("{} / {}", k("attention.head_count"), k("attention.head_count_kv")),
                 format!("{n_head} / {n_head_kv}"),
@@ -149,7 +149,9 @@ impl HParams {
         }
         let head_dim = match g.get(&k("attention.key_length")) {
             Some(_) => count(g, &k("attention.key_length"), MAX_HEAD_DIM)?,
-            None if n_embd % n_head == 0 => check_count(&k("attention.key_length"), n_embd / n_head, MAX_HEAD_DIM)?,
+            None if n_embd.is_multiple_of(n_head) => {
+                check_count(&k("attention.key_length"), n_embd / n_head, MAX_HEAD_DIM)?
+            }
             None => {
                 return Err(bad(
                     &k("attention.head_count"),
@@ -177,7 +179,7 @@ impl HParams {
             ));
         }
         let n_rot = count_or(g, &k("rope.dimension_count"), head_dim, MAX_HEAD_DIM)?;
-        if n_rot > head_dim || n_rot % 2 != 0 {
+        if n_rot > head_dim || !n_rot.is_multiple_of(2) {
             return Err(bad(
                 &k("rope.dimension_count"),
                 n_rot,

@@ -146,7 +146,7 @@ fn ffn_width(g: &GgufFile, up_name: &str, hp: &HParams, parts: usize) -> Result<
     let rows = usize::try_from(t.rows()).unwrap_or(usize::MAX);
     let n_ff = rows / parts;
     match hp.n_ff {
-        Some(v) if v != n_ff || rows % parts != 0 => Err(Error::CountMismatch {
+        Some(v) if v != n_ff || !rows.is_multiple_of(parts) => Err(Error::CountMismatch {
             key: hp.key("feed_forward_length"),
             value: v as u64,
             detail: format!("`{up_name}` has {rows} rows ({parts} × n_ff expected)"),

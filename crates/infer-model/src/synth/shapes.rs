@@ -212,17 +212,17 @@ impl SynthShape {
         if let Some((name, _)) = dims.iter().find(|(_, v)| *v == 0) {
             return bad(format!("{name} must be positive"));
         }
-        if self.n_head % self.n_head_kv != 0 {
+        if !self.n_head.is_multiple_of(self.n_head_kv) {
             return bad(format!("n_head {} is not a multiple of n_head_kv {}", self.n_head, self.n_head_kv));
         }
         for (name, v) in
             [("n_embd", self.n_embd), ("n_ff", self.n_ff), ("n_head·head_dim", self.n_head * self.head_dim)]
         {
-            if v % 32 != 0 {
+            if !v.is_multiple_of(32) {
                 return bad(format!("{name} = {v} is not a multiple of 32"));
             }
         }
-        if self.n_rot == 0 || self.n_rot > self.head_dim || self.n_rot % 2 != 0 {
+        if self.n_rot == 0 || self.n_rot > self.head_dim || !self.n_rot.is_multiple_of(2) {
             return bad(format!("n_rot {} must be even and in 2..=head_dim {} (RoPE)", self.n_rot, self.head_dim));
         }
         if matches!(self.arch, SynthArch::Qwen2 | SynthArch::Phi3) && self.n_head * self.head_dim != self.n_embd {

@@ -156,7 +156,7 @@ pub fn use_more_bits(i_layer: usize, n_layers: usize) -> bool {
 /// Q5_K → Q5_1, Q6_K → Q8_0, Q2_K/Q3_K → Q4_0), or by F16 when even that
 /// does not divide it.
 pub fn fallback_type(ty: GgmlType, cols: usize) -> GgmlType {
-    if cols % ty.block_size() == 0 {
+    if cols.is_multiple_of(ty.block_size()) {
         return ty;
     }
     let t = match ty {
@@ -166,7 +166,7 @@ pub fn fallback_type(ty: GgmlType, cols: usize) -> GgmlType {
         GgmlType::Q2_K | GgmlType::Q3_K => GgmlType::Q4_0,
         other => other,
     };
-    if cols % t.block_size() == 0 {
+    if cols.is_multiple_of(t.block_size()) {
         t
     } else {
         GgmlType::F16
@@ -201,7 +201,7 @@ pub fn tensor_type(
     let base = quant.base_type();
     let ty = match role {
         TensorRole::Output | TensorRole::TokenEmbd if role == TensorRole::Output || tied => {
-            if cols % base.block_size() != 0 {
+            if !cols.is_multiple_of(base.block_size()) {
                 GgmlType::Q8_0
             } else if base != GgmlType::Q8_0 {
                 GgmlType::Q6_K
