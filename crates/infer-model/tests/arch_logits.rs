@@ -120,3 +120,41 @@ fn quantized_path_matches_llama_cpp_logits_on_every_architecture() {
             && a.last_cosine.is_none_or(|c| c >= 0.997)
     });
 }
+
+/// The batched prefill path (a different code path from one-token decode:
+/// batched projections, biases and norms over many rows, masked attention
+/// of many queries) against llama.cpp's full last-position logits.
+#[test]
+fn prefill_matches_llama_cpp_last_logits_on_every_architecture() {
+    let dirs = synth_dirs();
+    assert!(!dirs.is_empty(), "no testdata/synth-* directories in {}", testdata().display());
+    let mut failures = vec![];
+    for (arch, dir) in dirs {
+        let g = regenerate(arch, &dir, "prefill");
+        let spec = infer_model::model::load_spec(&g).unwrap_or_else(|e| panic!("{arch}: {e}"));
+        for (precision, sub, max_d, min_cos) in
+            [(Precision::Exact, "logits-f32", 0.1f32, 0.99999f64), (Precision::Quantized, "logits", 2.5, 0.997)]
+        {
+            let mut model = backend(precision).prepare(&spec).expect("prepare");
+            for case in ReferenceCase::load_dir(&dir.join(sub)).expect("reference cases") {
+                let reference = case.last_logits.as_ref().expect("pNN.last_logits.f32");
+                let mut kv = model.new_kv_cache(case.prompt_ids.len()).expect("kv");
+                let ours = model.prefill(kv.as_mut(), &case.prompt_ids, 0).expect("prefill").to_vec();
+                assert_eq!(ours.len(), reference.len(), "{arch}: vocabulary");
+                let d = ours.iter().zip(reference).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+                let (mut ab, mut aa, mut bb) = (0f64, 0f64, 0f64);
+                for (&x, &y) in ours.iter().zip(reference) {
+                    ab += x as f64 * y as f64;
+                    aa += x as f64 * x as f64;
+                    bb += y as f64 * y as f64;
+                }
+                let cos = ab / (aa.sqrt() * bb.sqrt());
+                println!("{arch:7} prefill {sub:10} {}: max|d| {d:.4} cosine {cos:.6}", case.name);
+                if !(d <= max_d && cos >= min_cos) {
+                    failures.push(format!("{arch} {sub} {}: max|d| {d} cosine {cos}", case.name));
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "prefill out of bounds:\n{}", failures.join("\n"));
+}

@@ -318,3 +318,16 @@ fn registry_is_the_one_list() {
     }
     assert!(matches!(infer_model::generate::chat_prompt("rwkv7", "hi"), Err(Error::UnsupportedArch(_))));
 }
+
+/// Mistral 7B GGUFs are `llama` files; llama.cpp's `llama` graph applies no
+/// sliding window, so a window key is validated and then not applied.
+#[test]
+fn llama_files_run_without_a_window_as_llama_cpp_runs_them() {
+    let g = with_key(&tiny(Arch::Llama), "llama.attention.sliding_window", 4u32);
+    let spec = load_spec(&g).unwrap();
+    assert!(spec.layers.iter().all(|l| l.sliding_window.is_none()));
+    let (k, _, _) = hp_err(&with_key(&tiny(Arch::Llama), "llama.attention.sliding_window", 0u32));
+    assert_eq!(k, "llama.attention.sliding_window");
+    let shape = SynthShape::preset(Arch::Llama, "mistral-7b").unwrap();
+    assert_eq!((shape.n_vocab, shape.n_head_kv, shape.head_dim), (32_768, 8, 128));
+}
