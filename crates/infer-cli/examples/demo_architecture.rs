@@ -17,8 +17,8 @@
 
 use std::path::PathBuf;
 
-use infer_compute::backend::QuantWeight;
 use infer_compute::pipeline::{Activation, FfnType, LayerSpec, ModelSpec, Norm, NormType, RopeType};
+use infer_compute::QuantWeight;
 use infer_model::gguf::GgufFile;
 
 type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;

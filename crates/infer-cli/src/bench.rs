@@ -371,9 +371,7 @@ pub fn bench(a: BenchArgs) -> CliResult {
 
     let profile = if a.profile {
         let steps = if a.n_gen > 0 { a.n_gen } else { 128 }.min(spec.n_ctx_train);
-        Some(with_spinner("profiling a replay of decode", || {
-            crate::profile::profile_decode(&spec, threads, bos, steps)
-        })?)
+        Some(with_spinner("profiling decode", || crate::profile::profile_decode(model.as_mut(), bos, steps))?)
     } else {
         None
     };
@@ -386,7 +384,7 @@ pub fn bench(a: BenchArgs) -> CliResult {
     if let Some(p) = profile {
         let tg_ms = results.iter().find(|r| r.n_gen > 0).map(|r| 1e3 / r.avg_ts);
         println!();
-        crate::profile::print_profile(&p, tg_ms);
+        crate::profile::print_profile(&p, &backend.device_info(), tg_ms);
     }
     Ok(())
 }

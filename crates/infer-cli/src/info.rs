@@ -39,7 +39,7 @@ pub fn info(a: InfoArgs) -> CliResult {
     for (ty, (n, bytes)) in &counts {
         println!("  {ty:>7}: {n:4} tensors, {:8.2} MiB", *bytes as f64 / (1 << 20) as f64);
     }
-    match infer_model::model::load_spec(&gguf) {
+    match infer_model::model::load_spec(&gguf).and_then(|s| s.validate().map(|()| s).map_err(Into::into)) {
         Ok(spec) => {
             let l = &spec.layers[0];
             println!(

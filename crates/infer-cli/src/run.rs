@@ -4,7 +4,8 @@ use std::io::Write;
 use std::time::Instant;
 
 use clap::Args;
-use infer_model::generate::{chat_prompt, generate};
+use infer_model::chat::{ChatTemplate, Message};
+use infer_model::generate::generate;
 use infer_model::sampling::{Sampler, SamplerConfig};
 use infer_model::tokenizer::Tokenizer;
 
@@ -51,8 +52,11 @@ pub fn run(a: RunArgs) -> CliResult {
     if a.ctx_size == 0 {
         return Err("--ctx-size must be at least 1".into());
     }
-    let text = if a.chat { chat_prompt(&spec.arch, &a.prompt)? } else { a.prompt.clone() };
-    let ids = tokenizer.encode(&text, true);
+    let ids = if a.chat {
+        ChatTemplate::from_gguf(&gguf, &tokenizer)?.encode(&tokenizer, &[Message::user(a.prompt.as_str())], true)?
+    } else {
+        tokenizer.encode(&a.prompt, true)
+    };
     let n_ctx = a.ctx_size.min(spec.n_ctx_train);
     if ids.len() >= n_ctx {
         return Err(format!(

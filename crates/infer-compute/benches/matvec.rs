@@ -16,11 +16,11 @@
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use infer_compute::backend::{QuantWeight, WeightBytes};
 use infer_compute::cpu::kernels::{quantize_activation, AlignedBytes};
 use infer_compute::cpu::packed::{self, PackedActs, PackedWeight};
 use infer_compute::cpu::{simd, CpuBackend, Kernels, Precision, SimdLevel};
 use infer_compute::{quant, ComputeBackend, GgmlType};
+use infer_compute::{QuantWeight, WeightBytes};
 
 /// Weight types benchmarked (the default model's types first).
 const TYPES: [GgmlType; 6] =

@@ -26,9 +26,9 @@ mod bench {
     use std::time::Instant;
 
     use half::f16;
-    use infer_compute::backend::{DeviceModel, QuantWeight, WeightBytes};
     use infer_compute::cuda::CudaBackend;
     use infer_compute::pipeline::{Activation, FfnType, LayerSpec, ModelSpec, Norm, NormType, RopeSpec, RopeType};
+    use infer_compute::{DeviceModel, QuantWeight, WeightBytes};
     use infer_compute::{GgmlType, Result};
     use rand::rngs::StdRng;
     use rand::{Rng, RngCore, SeedableRng};
@@ -60,23 +60,12 @@ mod bench {
         Shape { name: "gemma3-1b", n_embd: 1152, n_layer: 26, n_head: 4, n_kv: 1, hd: 256, n_ff: 6912, vocab: 262_144 },
     ];
 
-    fn f16_fields(ty: GgmlType) -> &'static [usize] {
-        match ty {
-            GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 | GgmlType::IQ4_NL => &[0],
-            GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4_K | GgmlType::Q5_K => &[0, 2],
-            GgmlType::Q2_K => &[80, 82],
-            GgmlType::Q3_K => &[108],
-            GgmlType::Q6_K => &[208],
-            _ => &[],
-        }
-    }
-
     fn weight(rng: &mut StdRng, ty: GgmlType, rows: usize, cols: usize) -> Result<QuantWeight> {
         let mut b = vec![0u8; ty.row_bytes(cols)? * rows];
         rng.fill_bytes(&mut b);
         let s = if ty.block_size() == 256 { 0.004 / 16.0 } else { 0.004 };
         for blk in b.chunks_exact_mut(ty.type_size()) {
-            for &off in f16_fields(ty) {
+            for &off in infer_compute::quant::f16_scale_offsets(ty) {
                 blk[off..off + 2].copy_from_slice(&f16::from_f32(rng.gen_range(0.25 * s..s)).to_le_bytes());
             }
         }
@@ -92,7 +81,7 @@ mod bench {
     /// A type for a matrix of `cols` columns: k-quant when the width allows,
     /// else the 32-block fallback, as Q4_K_M files do.
     fn pick(cols: usize, k: GgmlType, fallback: GgmlType) -> GgmlType {
-        if cols % 256 == 0 {
+        if cols.is_multiple_of(256) {
             k
         } else {
             fallback

@@ -31,6 +31,30 @@ pub enum Error {
     /// A position at or past the KV cache's capacity.
     #[error("context overflow: position {pos} with {n_tokens} token(s) exceeds the context length {n_ctx}")]
     ContextOverflow { pos: usize, n_tokens: usize, n_ctx: usize },
+    /// A KV cache made by another model or backend.
+    #[error("the KV cache was created by another model or backend")]
+    ForeignKvCache,
+    /// A step that starts past the positions the KV cache holds.
+    #[error("position {pos} leaves a gap: the KV cache holds {len} position(s)")]
+    PositionGap { pos: usize, len: usize },
+    /// A token id outside the vocabulary.
+    #[error("token id {token} is outside the vocabulary of {n_vocab}")]
+    TokenOutOfRange { token: u32, n_vocab: usize },
+    /// A step with no tokens.
+    #[error("a step needs at least one token")]
+    EmptyBatch,
+    /// A KV cache of zero positions.
+    #[error("a KV cache needs at least one position")]
+    EmptyKvCache,
+    /// One sequence of a batched step failed.
+    #[error("sequence {index} of the batch: {source}")]
+    InBatch { index: usize, source: Box<Error> },
+    /// Memory that could not be allocated.
+    #[error("out of memory: {what} needs {bytes} bytes")]
+    OutOfMemory { what: &'static str, bytes: usize },
+    /// An operation this backend does not implement.
+    #[error("{op} is not implemented by this backend")]
+    NotImplemented { op: &'static str },
     /// A model description that cannot run (inconsistent head counts, ...).
     #[error("invalid model: {0}")]
     InvalidModel(String),

@@ -154,7 +154,7 @@ impl GgmlType {
     /// block size; [`Error::Overflow`] when the size does not fit `usize`.
     pub fn row_bytes(self, cols: usize) -> Result<usize> {
         let bs = self.block_size();
-        if cols % bs != 0 {
+        if !cols.is_multiple_of(bs) {
             return Err(Error::RowNotBlockMultiple { ty: self, cols, block_size: bs });
         }
         (cols / bs).checked_mul(self.type_size()).ok_or(Error::Overflow("row size"))

@@ -5,17 +5,28 @@
 //! device, a CPU backend with run-time-selected SIMD kernels ([`cpu`]), a
 //! CUDA backend (feature `cuda`), the decode pipeline description
 //! ([`pipeline`]) and f64 linear algebra for weight editing ([`linalg`]).
+//!
+//! Layers, each importing only those above it in this list:
+//! [`ggml_type`], [`error`] → [`quant`] (block formats) → [`weight`]
+//! (weight tensors) → [`pipeline`] (model description) → [`backend`] (the
+//! contract) → [`cpu`], `cuda` (the backends) → [`device`] (choosing one).
+//! [`linalg`] and [`conformance`] stand beside them.
 
 pub mod backend;
+pub mod conformance;
 pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+pub mod device;
 pub mod error;
 pub mod ggml_type;
 pub mod linalg;
 pub mod pipeline;
 pub mod quant;
+pub mod weight;
 
-pub use backend::{default_backend, ComputeBackend, DeviceModel, KvCache, QuantWeight};
+pub use backend::{ComputeBackend, DeviceModel, KvCache, SeqStep, StepProfile};
+pub use device::{backend_by_name, default_backend};
 pub use error::{Error, Result};
 pub use ggml_type::GgmlType;
+pub use weight::{QuantWeight, WeightBytes};

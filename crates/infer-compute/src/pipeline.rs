@@ -6,8 +6,8 @@
 //! Weights are [`QuantWeight`]s sharing the caller's bytes (the memory map
 //! on the CPU); norm weights are 1-row F32 tensors.
 
-use crate::backend::QuantWeight;
 use crate::error::{Error, Result};
+use crate::weight::QuantWeight;
 
 /// Normalization.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

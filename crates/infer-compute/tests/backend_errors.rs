@@ -1,8 +1,8 @@
 //! Bad input to the CPU backend is an error, never a panic or a silent
 //! wrong answer.
 
-use infer_compute::backend::QuantWeight;
 use infer_compute::cpu::CpuBackend;
+use infer_compute::QuantWeight;
 use infer_compute::{quant, ComputeBackend, GgmlType};
 use ndarray::Array2;
 

@@ -12,10 +12,10 @@
 use std::sync::Arc;
 
 use half::{bf16, f16};
-use infer_compute::backend::{ComputeBackend, DeviceModel, QuantWeight, WeightBytes};
 use infer_compute::cpu::{ops, CpuBackend, Kernels, Precision};
 use infer_compute::cuda::CudaBackend;
 use infer_compute::pipeline::{Activation, FfnType, LayerSpec, ModelSpec, Norm, NormType, RopeSpec, RopeType};
+use infer_compute::{ComputeBackend, DeviceModel, QuantWeight, WeightBytes};
 use infer_compute::{Error, GgmlType};
 use ndarray::Array2;
 use rand::rngs::StdRng;
@@ -54,18 +54,6 @@ fn rand_vec(rng: &mut StdRng, n: usize, amp: f32) -> Vec<f32> {
     (0..n).map(|_| rng.gen_range(-amp..amp)).collect()
 }
 
-/// Byte offsets of the f16 scale fields in one block of `ty`.
-fn f16_fields(ty: GgmlType) -> &'static [usize] {
-    match ty {
-        GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 | GgmlType::IQ4_NL => &[0],
-        GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4_K | GgmlType::Q5_K => &[0, 2],
-        GgmlType::Q2_K => &[80, 82],
-        GgmlType::Q3_K => &[108],
-        GgmlType::Q6_K => &[208],
-        _ => &[],
-    }
-}
-
 /// A random `rows × cols` weight of type `ty`: random quant bits with
 /// finite scales of magnitude about `scale` (k-quants: `scale / 16`, since
 /// their sub-scales multiply it), or random floats for F32/F16/BF16.
@@ -82,7 +70,7 @@ fn rand_weight(rng: &mut StdRng, ty: GgmlType, rows: usize, cols: usize, scale: 
             let ts = ty.type_size();
             let s = if ty.block_size() == 256 { scale / 16.0 } else { scale };
             for blk in b.chunks_exact_mut(ts) {
-                for &off in f16_fields(ty) {
+                for &off in infer_compute::quant::f16_scale_offsets(ty) {
                     let v = f16::from_f32(rng.gen_range(0.25 * s..s));
                     blk[off..off + 2].copy_from_slice(&v.to_le_bytes());
                 }
@@ -719,7 +707,7 @@ fn errors_instead_of_panics() {
     let cpu = CpuBackend::new();
     let cm = cpu.prepare(&spec).unwrap();
     let mut ckv = cm.new_kv_cache(4).unwrap();
-    assert!(matches!(m.decode_token(ckv.as_mut(), 1, 0), Err(Error::InvalidModel(_))));
+    assert!(matches!(m.decode_token(ckv.as_mut(), 1, 0), Err(Error::ForeignKvCache)));
     // Still usable afterwards.
     let mut kv = m.new_kv_cache(4).unwrap();
     assert!(m.decode_token(kv.as_mut(), 1, 0).is_ok());

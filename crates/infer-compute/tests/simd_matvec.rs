@@ -14,10 +14,10 @@
 //!
 //! Levels this processor lacks are listed as skipped, with the reason.
 
-use infer_compute::backend::{QuantWeight, WeightBytes};
 use infer_compute::cpu::kernels::{AlignedBytes, Kernels, SimdLevel};
 use infer_compute::cpu::matvec::matvec;
 use infer_compute::{quant, GgmlType};
+use infer_compute::{QuantWeight, WeightBytes};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use rand_distr::{Distribution, Normal};
@@ -289,15 +289,7 @@ fn random_bytes_every_code() {
 /// moderate size (random bytes would give infinities and NaNs).
 fn set_sane_scales(ty: GgmlType, w: &mut [u8], rng: &mut StdRng) {
     let ts = ty.type_size();
-    // Offsets of the f16 fields in each block.
-    let offsets: &[usize] = match ty {
-        GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 | GgmlType::IQ4_NL => &[0],
-        GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4_K | GgmlType::Q5_K => &[0, 2],
-        GgmlType::Q2_K => &[80, 82],
-        GgmlType::Q3_K => &[108],
-        GgmlType::Q6_K => &[208],
-        _ => &[],
-    };
+    let offsets = infer_compute::quant::f16_scale_offsets(ty);
     for b in w.chunks_exact_mut(ts) {
         for &o in offsets {
             let v = half::f16::from_f32(rng.gen_range(-0.05f32..0.05));

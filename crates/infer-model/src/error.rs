@@ -50,6 +50,10 @@ pub enum Error {
     /// A tokenizer that cannot be built or used.
     #[error("tokenizer: {0}")]
     Tokenizer(String),
+    /// A chat template that does not parse or fails to render (including
+    /// the template's own `raise_exception`).
+    #[error("chat template: {0}")]
+    ChatTemplate(String),
     /// An error from the compute layer.
     #[error(transparent)]
     Compute(#[from] infer_compute::Error),

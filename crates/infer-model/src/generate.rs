@@ -9,18 +9,6 @@ use crate::sampling::Sampler;
 use crate::tokenizer::Tokenizer;
 use crate::{Error, Result};
 
-/// Wraps a single user message in the architecture's chat turn format
-/// (the registry's [`crate::model::ChatFormat`]; GGUFs without
-/// `tokenizer.chat_template` get the same).
-///
-/// # Errors
-/// [`Error::UnsupportedArch`] for architectures not in the registry.
-pub fn chat_prompt(arch: &str, user: &str) -> Result<String> {
-    let a = crate::model::Arch::from_gguf_name(arch)
-        .ok_or_else(|| Error::UnsupportedArch(format!("{arch} (no chat template known)")))?;
-    Ok(a.info().chat.single_turn(user))
-}
-
 /// Timings and counts of one generation.
 #[derive(Clone, Debug, Default)]
 pub struct GenerationStats {

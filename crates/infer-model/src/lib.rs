@@ -1,9 +1,10 @@
 //! # infer-model
 //!
 //! GGUF files ([`gguf`]), model architectures mapped onto the
-//! [`infer_compute::pipeline`] description, the tokenizer, sampling and the
-//! generation loop.
+//! [`infer_compute::pipeline`] description, the tokenizers, chat templates,
+//! sampling and the generation loop.
 
+pub mod chat;
 pub mod error;
 pub mod fetch;
 pub mod generate;

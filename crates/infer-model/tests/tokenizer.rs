@@ -1,14 +1,18 @@
-//! Tokenizer tests: a tiny hand-made vocabulary for the algorithm and the
-//! error paths, and the default model (Gemma 3 270M) against llama.cpp's
-//! token ids in the test data.
+//! Tokenizer tests: a tiny hand-made SentencePiece vocabulary for the
+//! algorithm and the error paths, the default model (Gemma 3 270M), and
+//! every model's reference cases in the test data against llama.cpp's token
+//! ids.
 
-use std::path::{Path, PathBuf};
+mod tokenizer_util;
+
+use std::path::PathBuf;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use infer_model::gguf::{GgufFile, GgufWriter};
 use infer_model::tokenizer::{SpmVocab, TokenType, Tokenizer};
 use infer_model::Error;
+use tokenizer_util::{check_case, testdata};
 
 // ---------------------------------------------------------------------------
 // A tiny vocabulary.
@@ -226,9 +230,9 @@ fn from_gguf_metadata_and_errors() {
     assert_eq!(pieces(&t, &t.encode("abcb", false)), ["abc", "b"]);
 
     let mut e = base();
-    e[0].1 = "gpt2".into();
+    e[0].1 = "rwkv".into();
     match Tokenizer::from_gguf(&gguf_with(e)) {
-        Err(Error::Tokenizer(m)) => assert!(m.contains("gpt2"), "{m}"),
+        Err(Error::Tokenizer(m)) => assert!(m.contains("rwkv"), "{m}"),
         other => panic!("{other:?}"),
     }
     let mut e = base();
@@ -268,64 +272,6 @@ fn gemma() -> &'static Tokenizer {
     })
 }
 
-fn testdata() -> PathBuf {
-    match std::env::var_os("INFER_TESTDATA") {
-        Some(p) => p.into(),
-        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata"),
-    }
-}
-
-/// Files in `dir` named `<prefix>NN.json`, sorted.
-fn numbered_json(dir: &Path, prefix: &str) -> Vec<PathBuf> {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return Vec::new();
-    };
-    let mut files: Vec<PathBuf> = entries
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| {
-            let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
-            name.strip_prefix(prefix)
-                .and_then(|r| r.strip_suffix(".json"))
-                .is_some_and(|num| !num.is_empty() && num.bytes().all(|b| b.is_ascii_digit()))
-        })
-        .collect();
-    files.sort();
-    files
-}
-
-fn read_json(path: &Path) -> serde_json::Value {
-    let s = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    serde_json::from_str(&s).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
-}
-
-fn ids_of(v: &serde_json::Value, path: &Path) -> Vec<u32> {
-    v.as_array()
-        .unwrap_or_else(|| panic!("{}: ids are not an array", path.display()))
-        .iter()
-        .map(|x| x.as_u64().and_then(|x| u32::try_from(x).ok()).expect("token id"))
-        .collect()
-}
-
-/// Checks one reference case: exact ids, and the text back from the ids
-/// without BOS.
-fn check_case(tok: &Tokenizer, path: &Path, text: &str, want: &[u32]) -> Result<(), String> {
-    let got = tok.encode(text, true);
-    if got != want {
-        return Err(format!(
-            "{}: {text:?}\n  want {want:?}\n   got {got:?}\n  want pieces {:?}\n   got pieces {:?}",
-            path.display(),
-            want.iter().map(|&i| tok.piece(i)).collect::<Vec<_>>(),
-            got.iter().map(|&i| tok.piece(i)).collect::<Vec<_>>(),
-        ));
-    }
-    let body = got.strip_prefix(&[tok.bos_id().unwrap()][..]).unwrap_or(&got);
-    let back = tok.decode(body);
-    if back != text {
-        return Err(format!("{}: round trip {text:?} -> {back:?}", path.display()));
-    }
-    Ok(())
-}
-
 #[test]
 fn gemma_metadata() {
     let t = gemma();
@@ -342,50 +288,37 @@ fn gemma_metadata() {
     assert_eq!(t.token_bytes(1902), Some(&b" world"[..]));
 }
 
+/// Every reference case of every model in the test data (`tokNN.json` and
+/// the prompts of `logits*/pNN.json`), exactly. A model whose file is
+/// absent is reported and skipped; the default model is always checked.
 #[test]
-fn gemma_golden_tokenizer_cases() {
-    let tok = gemma();
-    let dir = testdata().join("gemma3-270m/tokenizer");
-    let files = numbered_json(&dir, "tok");
-    assert!(!files.is_empty(), "no tokNN.json in {}", dir.display());
+fn golden_cases_every_model() {
+    let dirs = tokenizer_util::model_dirs();
+    assert!(dirs.iter().any(|d| d.ends_with("gemma3-270m")), "no gemma3-270m test data in {}", testdata().display());
     let mut failures = Vec::new();
-    for path in &files {
-        let v = read_json(path);
-        let text = v["text"].as_str().expect("text");
-        if let Err(e) = check_case(tok, path, text, &ids_of(&v["ids"], path)) {
-            failures.push(e);
-        }
-    }
-    println!("tokenizer cases: {} of {} passed", files.len() - failures.len(), files.len());
-    assert!(failures.is_empty(), "{}", failures.join("\n"));
-}
-
-#[test]
-fn gemma_golden_prompts() {
-    let tok = gemma();
-    let root = testdata().join("gemma3-270m");
-    let mut dirs: Vec<PathBuf> = std::fs::read_dir(&root)
-        .map(|it| {
-            it.filter_map(|e| e.ok().map(|e| e.path()))
-                .filter(|p| {
-                    p.is_dir() && p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("logits"))
-                })
-                .collect()
-        })
-        .unwrap_or_default();
-    dirs.sort();
-    let (mut total, mut failures) = (0, Vec::new());
+    let (mut models, mut total) = (0, 0);
     for dir in &dirs {
-        for path in numbered_json(dir, "p") {
-            let v = read_json(&path);
-            let text = v["prompt"].as_str().expect("prompt");
-            total += 1;
-            if let Err(e) = check_case(tok, &path, text, &ids_of(&v["prompt_ids"], &path)) {
+        let tok = match tokenizer_util::tokenizer_for(dir) {
+            Ok(t) => t,
+            Err(e) if !dir.ends_with("gemma3-270m") && tokenizer_util::model_file(dir).is_err() => {
+                eprintln!("SKIP tokenizer cases of {}: {e}", dir.display());
+                continue;
+            }
+            Err(e) => panic!("{e}"),
+        };
+        let cases = tokenizer_util::cases(dir);
+        assert!(!cases.is_empty(), "no tokNN.json in {}/tokenizer", dir.display());
+        let before = failures.len();
+        for (path, text, ids) in &cases {
+            if let Err(e) = check_case(&tok, path, text, ids) {
                 failures.push(e);
             }
         }
+        println!("{}: {} of {} cases exact", dir.display(), cases.len() - (failures.len() - before), cases.len());
+        models += 1;
+        total += cases.len();
     }
-    println!("prompt cases: {} of {total} passed ({} directories)", total - failures.len(), dirs.len());
+    println!("tokenizer cases: {} of {total} passed ({models} models)", total - failures.len());
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 

@@ -9,8 +9,8 @@
 use rayon::prelude::*;
 
 use super::kernels::{AlignedBytes, Kernels};
-use crate::backend::QuantWeight;
 use crate::error::{shape_err, Result};
+use crate::weight::QuantWeight;
 
 /// Rows per parallel task: big enough to keep a core busy for a few µs.
 fn rows_per_task(rows: usize, row_bytes: usize) -> usize {

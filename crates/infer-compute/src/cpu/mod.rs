@@ -6,19 +6,24 @@
 pub mod gemm;
 pub mod kernels;
 pub mod matvec;
-pub mod model;
+pub(crate) mod model;
 pub mod ops;
+// Public for this crate's benchmarks and tests of the SIMD kernels only;
+// not part of the API (the prepared model uses them through `weight`).
+#[doc(hidden)]
 pub mod packed;
+#[doc(hidden)]
 pub mod simd;
-pub mod weight;
+pub(crate) mod weight;
 
 use std::sync::Arc;
 
 use ndarray::{Array2, ArrayView2};
 
-use crate::backend::{ComputeBackend, DeviceModel, QuantWeight};
+use crate::backend::{ComputeBackend, DeviceModel};
 use crate::error::{Error, Result};
 use crate::pipeline::ModelSpec;
+use crate::weight::QuantWeight;
 pub use kernels::{Kernels, SimdLevel};
 
 /// How the CPU backend computes the quantized products of a prepared model.

@@ -9,20 +9,19 @@
 //! calls, so decoding allocates nothing once warm.
 
 use std::any::Any;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::Instant;
 
 use super::kernels::{AlignedBytes, Kernels};
 use super::matvec;
 use super::ops;
 use super::weight::{products, CpuWeight, ProductScratch};
 use super::Precision;
-use crate::backend::{DeviceModel, KvCache, QuantWeight};
+use crate::backend::{checked_cache, DeviceModel, KvCache, KvState, ModelId, StepProfile};
 use crate::error::{Error, Result};
 use crate::pipeline::{Activation, FfnType, LayerSpec, ModelSpec, Norm, NormType};
+use crate::weight::QuantWeight;
 use crate::GgmlType;
-
-static NEXT_MODEL_ID: AtomicUsize = AtomicUsize::new(1);
 
 /// A norm with its weights dequantized to f32 once (`weight`, `bias`: the
 /// normalized dimension's length).
@@ -113,7 +112,7 @@ fn fit(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
 
 /// A model prepared for the CPU.
 pub struct CpuModel {
-    id: usize,
+    id: ModelId,
     n_embd: usize,
     n_vocab: usize,
     token_embd: QuantWeight,
@@ -172,7 +171,7 @@ impl CpuModel {
             });
         }
         Ok(CpuModel {
-            id: NEXT_MODEL_ID.fetch_add(1, Ordering::Relaxed),
+            id: ModelId::next(),
             n_embd: spec.n_embd,
             n_vocab: spec.n_vocab,
             token_embd: spec.token_embd.clone(),
@@ -188,137 +187,208 @@ impl CpuModel {
         })
     }
 
-    /// Runs `tokens` at positions `pos0..`, leaves the last position's
-    /// logits in `self.logits`.
-    fn forward(&mut self, kv: &mut dyn KvCache, tokens: &[u32], pos0: usize) -> Result<()> {
-        let n = tokens.len();
-        if n == 0 {
-            return Err(crate::error::shape_err("prefill", "no tokens"));
-        }
-        let cache = match kv.as_any_mut().downcast_mut::<CpuKvCache>() {
-            Some(c) if c.model_id == self.id => c,
-            _ => return Err(Error::InvalidModel("KV cache was created by another model or backend".into())),
-        };
-        if pos0 > cache.len {
-            return Err(Error::InvalidModel(format!(
-                "position {pos0} leaves a gap: the KV cache holds {} position(s)",
-                cache.len
-            )));
-        }
-        if pos0 + n > cache.n_ctx {
-            return Err(Error::ContextOverflow { pos: pos0, n_tokens: n, n_ctx: cache.n_ctx });
-        }
-        if let Some(&t) = tokens.iter().find(|&&t| t as usize >= self.n_vocab) {
-            return Err(crate::error::shape_err(
-                "decode",
-                format!("token id {t} is outside the vocabulary of {}", self.n_vocab),
-            ));
-        }
+    /// Checks the step, runs `tokens` at positions `pos0..` (timing each
+    /// op into `prof` when given), leaves the last position's logits in
+    /// `self.logits`.
+    fn forward(
+        &mut self,
+        kv: &mut dyn KvCache,
+        tokens: &[u32],
+        pos0: usize,
+        prof: Option<&mut StepProfile>,
+    ) -> Result<()> {
+        let cache = checked_cache::<CpuKvCache>(kv, self.id, self.n_vocab, tokens, pos0)?;
         let pool = self.pool.clone();
-        pool.install(|| self.forward_inner(cache, tokens, pos0))?;
-        cache.len = pos0 + n;
+        pool.install(|| self.forward_inner(cache, tokens, pos0, prof))?;
+        cache.state.advance(pos0, tokens.len());
         Ok(())
     }
 
-    fn forward_inner(&mut self, cache: &mut CpuKvCache, tokens: &[u32], pos0: usize) -> Result<()> {
+    fn forward_inner(
+        &mut self,
+        cache: &mut CpuKvCache,
+        tokens: &[u32],
+        pos0: usize,
+        mut prof: Option<&mut StepProfile>,
+    ) -> Result<()> {
         let n = tokens.len();
         let e = self.n_embd;
+        let n_ctx = cache.state.n_ctx();
         let k = &self.kernels;
         let b = &mut self.buf;
+        let prof = &mut prof;
         let x = fit(&mut b.x, n * e);
-        for (t, &tok) in tokens.iter().enumerate() {
-            let row = &mut x[t * e..(t + 1) * e];
-            crate::quant::dequantize_row(self.token_embd.ty, self.token_embd.row(tok as usize), row)?;
-            if self.embd_scale != 1.0 {
-                ops::scale(row, self.embd_scale);
+        timed(prof, "token_embd", "", || -> Result<()> {
+            for (t, &tok) in tokens.iter().enumerate() {
+                let row = &mut x[t * e..(t + 1) * e];
+                crate::quant::dequantize_row(self.token_embd.ty, self.token_embd.row(tok as usize), row)?;
+                if self.embd_scale != 1.0 {
+                    ops::scale(row, self.embd_scale);
+                }
             }
-        }
+            Ok(())
+        })?;
         for (li, layer) in self.layers.iter().enumerate() {
             let l = &layer.spec;
             let (qd, kvd) = (l.n_head * l.head_dim, l.n_head_kv * l.head_dim);
             let h = fit(&mut b.h, n * e);
-            layer.attn_norm.apply(x, h);
+            timed(prof, "attn_norm", "", || layer.attn_norm.apply(x, h));
             let q = fit(&mut b.q, n * qd);
             let kk = fit(&mut b.k, n * kvd);
             let v = fit(&mut b.v, n * kvd);
-            products(k, &mut [(&layer.wq, &mut *q), (&layer.wk, &mut *kk), (&layer.wv, &mut *v)], h, n, &mut b.prod)?;
-            for (bias, out, d) in [(&layer.bq, &mut *q, qd), (&layer.bk, &mut *kk, kvd), (&layer.bv, &mut *v, kvd)] {
-                if let Some(bias) = bias {
-                    out.chunks_exact_mut(d).for_each(|r| ops::add(r, bias));
+            let qkv = [&layer.wq, &layer.wk, &layer.wv];
+            timed_products(prof, "attn_qkv", &qkv, || {
+                products(k, &mut [(&layer.wq, &mut *q), (&layer.wk, &mut *kk), (&layer.wv, &mut *v)], h, n, &mut b.prod)
+            })?;
+            if layer.bq.is_some() || layer.bk.is_some() || layer.bv.is_some() {
+                timed(prof, "attn_qkv bias", "", || {
+                    for (bias, out, d) in
+                        [(&layer.bq, &mut *q, qd), (&layer.bk, &mut *kk, kvd), (&layer.bv, &mut *v, kvd)]
+                    {
+                        if let Some(bias) = bias {
+                            out.chunks_exact_mut(d).for_each(|r| ops::add(r, bias));
+                        }
+                    }
+                });
+            }
+            if layer.q_norm.is_some() || layer.k_norm.is_some() {
+                timed(prof, "attn_q_norm, attn_k_norm", "", || {
+                    if let Some(nq) = &layer.q_norm {
+                        nq.apply_inplace(q, &mut b.tmp);
+                    }
+                    if let Some(nk) = &layer.k_norm {
+                        nk.apply_inplace(kk, &mut b.tmp);
+                    }
+                });
+            }
+            timed(prof, "rope, kv append", "", || {
+                for t in 0..n {
+                    ops::rope(&mut q[t * qd..(t + 1) * qd], l.n_head, l.head_dim, pos0 + t, &l.rope);
+                    ops::rope(&mut kk[t * kvd..(t + 1) * kvd], l.n_head_kv, l.head_dim, pos0 + t, &l.rope);
+                    ops::kv_append(
+                        &mut cache.k[li],
+                        &mut cache.v[li],
+                        &kk[t * kvd..(t + 1) * kvd],
+                        &v[t * kvd..(t + 1) * kvd],
+                        pos0 + t,
+                        kvd,
+                    );
                 }
-            }
-            if let Some(nq) = &layer.q_norm {
-                nq.apply_inplace(q, &mut b.tmp);
-            }
-            if let Some(nk) = &layer.k_norm {
-                nk.apply_inplace(kk, &mut b.tmp);
-            }
-            for t in 0..n {
-                ops::rope(&mut q[t * qd..(t + 1) * qd], l.n_head, l.head_dim, pos0 + t, &l.rope);
-                ops::rope(&mut kk[t * kvd..(t + 1) * kvd], l.n_head_kv, l.head_dim, pos0 + t, &l.rope);
-                ops::kv_append(
-                    &mut cache.k[li],
-                    &mut cache.v[li],
-                    &kk[t * kvd..(t + 1) * kvd],
-                    &v[t * kvd..(t + 1) * kvd],
-                    pos0 + t,
-                    kvd,
-                );
-            }
+            });
             let p = ops::AttnParams::from_layer(l);
             let attn = fit(&mut b.attn, n * qd);
-            if n == 1 {
-                let scores = fit(&mut b.scores, l.n_head * cache.n_ctx);
-                ops::attention_decode(q, &cache.k[li], &cache.v[li], pos0, &p, scores, attn);
-            } else {
-                ops::attention_prefill(q, &cache.k[li], &cache.v[li], pos0, n, &p, attn);
-            }
+            let scores = &mut b.scores;
+            timed(prof, "attention", "", || {
+                if n == 1 {
+                    let scores = fit(scores, l.n_head * n_ctx);
+                    ops::attention_decode(q, &cache.k[li], &cache.v[li], pos0, &p, scores, attn);
+                } else {
+                    ops::attention_prefill(q, &cache.k[li], &cache.v[li], pos0, n, &p, attn);
+                }
+            });
             let o = fit(&mut b.o, n * e);
-            products(k, &mut [(&layer.wo, o)], attn, n, &mut b.prod)?;
+            timed_products(prof, "attn_output", &[&layer.wo], || {
+                products(k, &mut [(&layer.wo, o)], attn, n, &mut b.prod)
+            })?;
             if let Some(pn) = &layer.post_attn_norm {
-                pn.apply_inplace(o, &mut b.tmp);
+                timed(prof, "post_attention_norm", "", || pn.apply_inplace(o, &mut b.tmp));
             }
-            ops::add(x, o);
+            timed(prof, "residual add", "", || ops::add(x, o));
 
             let h = fit(&mut b.h, n * e);
-            layer.ffn_norm.apply(x, h);
+            timed(prof, "ffn_norm", "", || layer.ffn_norm.apply(x, h));
             let n_ff = layer.ffn_up.rows();
             let up = fit(&mut b.up, n * n_ff);
             let act = fit(&mut b.act, n * n_ff);
+            let act_name = match l.activation {
+                Activation::GeluTanh => "gelu_tanh",
+                Activation::Silu => "silu",
+            };
             match (l.ffn, &layer.ffn_gate) {
                 (FfnType::Gated, Some(wg)) => {
                     let gate = fit(&mut b.gate, n * n_ff);
-                    products(k, &mut [(wg, &mut *gate), (&layer.ffn_up, &mut *up)], h, n, &mut b.prod)?;
-                    match l.activation {
+                    timed_products(prof, "ffn_gate_up", &[wg, &layer.ffn_up], || {
+                        products(k, &mut [(wg, &mut *gate), (&layer.ffn_up, &mut *up)], h, n, &mut b.prod)
+                    })?;
+                    timed(prof, act_name, "gated", || match l.activation {
                         Activation::GeluTanh => ops::geglu(gate, up, act),
                         Activation::Silu => ops::swiglu(gate, up, act),
-                    }
+                    });
                 }
                 _ => {
-                    products(k, &mut [(&layer.ffn_up, &mut *up)], h, n, &mut b.prod)?;
-                    act.copy_from_slice(up);
-                    match l.activation {
-                        Activation::GeluTanh => ops::gelu_tanh(act),
-                        Activation::Silu => ops::silu(act),
-                    }
+                    timed_products(prof, "ffn_up", &[&layer.ffn_up], || {
+                        products(k, &mut [(&layer.ffn_up, &mut *up)], h, n, &mut b.prod)
+                    })?;
+                    timed(prof, act_name, "", || {
+                        act.copy_from_slice(up);
+                        match l.activation {
+                            Activation::GeluTanh => ops::gelu_tanh(act),
+                            Activation::Silu => ops::silu(act),
+                        }
+                    });
                 }
             }
             let o = fit(&mut b.o, n * e);
-            products(k, &mut [(&layer.ffn_down, o)], act, n, &mut b.prod)?;
+            timed_products(prof, "ffn_down", &[&layer.ffn_down], || {
+                products(k, &mut [(&layer.ffn_down, o)], act, n, &mut b.prod)
+            })?;
             if let Some(pn) = &layer.post_ffn_norm {
-                pn.apply_inplace(o, &mut b.tmp);
+                timed(prof, "post_ffw_norm", "", || pn.apply_inplace(o, &mut b.tmp));
             }
-            ops::add(x, o);
+            timed(prof, "residual add", "", || ops::add(x, o));
         }
         let last = &x[(n - 1) * e..n * e];
         let h = fit(&mut b.h, e);
-        self.output_norm.apply(last, h);
-        matvec::matvec(k, &self.output, h, &mut self.logits, &mut b.qbuf)?;
+        timed(prof, "output_norm", "", || self.output_norm.apply(last, h));
+        let out = &self.output;
+        let shape = format!("{}x{}", out.rows, out.cols);
+        let bytes = out.data.as_bytes().len() as u64;
+        timed_with(prof, "output", out.ty.name(), &shape, bytes, || {
+            matvec::matvec(k, out, h, &mut self.logits, &mut b.qbuf)
+        })?;
         if let Some(c) = self.final_logit_softcap {
-            self.logits.iter_mut().for_each(|z| *z = c * (*z / c).tanh());
+            timed(prof, "final_logit_softcap", "", || self.logits.iter_mut().for_each(|z| *z = c * (*z / c).tanh()));
         }
         Ok(())
     }
+}
+
+/// Runs `f`; when profiling, adds its time to `prof` under `op`.
+fn timed<R>(prof: &mut Option<&mut StepProfile>, op: &str, ty: &str, f: impl FnOnce() -> R) -> R {
+    timed_with(prof, op, ty, "", 0, f)
+}
+
+/// [`timed`] with a shape and the bytes read.
+fn timed_with<R>(
+    prof: &mut Option<&mut StepProfile>,
+    op: &str,
+    ty: &str,
+    shape: &str,
+    bytes: u64,
+    f: impl FnOnce() -> R,
+) -> R {
+    match prof {
+        None => f(),
+        Some(p) => {
+            let t0 = Instant::now();
+            let r = f();
+            p.record(op, ty, shape, t0.elapsed(), bytes);
+            r
+        }
+    }
+}
+
+/// [`timed`] for the products of `ws` sharing one input (named by their
+/// types, shapes and bytes).
+fn timed_products<R>(prof: &mut Option<&mut StepProfile>, op: &str, ws: &[&CpuWeight], f: impl FnOnce() -> R) -> R {
+    if prof.is_none() {
+        return f();
+    }
+    let mut tys: Vec<String> = ws.iter().map(|w| w.label()).collect();
+    tys.dedup();
+    let shape = ws.iter().map(|w| format!("{}x{}", w.rows(), w.cols())).collect::<Vec<_>>().join(",");
+    let bytes = ws.iter().map(|w| w.bytes() as u64).sum();
+    timed_with(prof, &format!("matvec {op}"), &tys.join(","), &shape, bytes, f)
 }
 
 impl DeviceModel for CpuModel {
@@ -327,28 +397,34 @@ impl DeviceModel for CpuModel {
     }
 
     fn new_kv_cache(&self, n_ctx: usize) -> Result<Box<dyn KvCache>> {
-        if n_ctx == 0 {
-            return Err(Error::InvalidModel("a KV cache needs at least one position".into()));
-        }
-        let mut k = Vec::with_capacity(self.layers.len());
-        let mut v = Vec::with_capacity(self.layers.len());
+        let state = KvState::new(self.id, n_ctx)?;
+        let mut k = Vec::new();
+        let mut v = Vec::new();
         for l in &self.layers {
             let kvd = l.spec.n_head_kv * l.spec.head_dim;
             let len = n_ctx.checked_mul(kvd).ok_or(Error::Overflow("KV cache size"))?;
             k.push(zeroed(len)?);
             v.push(zeroed(len)?);
         }
-        Ok(Box::new(CpuKvCache { model_id: self.id, n_ctx, len: 0, k, v }))
+        Ok(Box::new(CpuKvCache { state, k, v }))
     }
 
     fn decode_token(&mut self, kv: &mut dyn KvCache, token: u32, pos: usize) -> Result<&[f32]> {
-        self.forward(kv, &[token], pos)?;
+        self.forward(kv, &[token], pos, None)?;
         Ok(&self.logits)
     }
 
     fn prefill(&mut self, kv: &mut dyn KvCache, tokens: &[u32], pos: usize) -> Result<&[f32]> {
-        self.forward(kv, tokens, pos)?;
+        self.forward(kv, tokens, pos, None)?;
         Ok(&self.logits)
+    }
+
+    fn profile_step(&mut self, kv: &mut dyn KvCache, token: u32, pos: usize) -> Result<StepProfile> {
+        let mut prof = StepProfile::default();
+        let t0 = Instant::now();
+        self.forward(kv, &[token], pos, Some(&mut prof))?;
+        prof.total = t0.elapsed();
+        Ok(prof)
     }
 }
 
@@ -363,7 +439,7 @@ fn zeroed(len: usize) -> Result<Vec<f32>> {
     // SAFETY: the layout has a non-zero size.
     let p = unsafe { std::alloc::alloc_zeroed(layout) } as *mut f32;
     if p.is_null() {
-        return Err(Error::InvalidModel(format!("cannot allocate a KV cache of {} bytes per layer", layout.size())));
+        return Err(Error::OutOfMemory { what: "a KV cache layer", bytes: layout.size() });
     }
     // SAFETY: `p` was allocated by the global allocator with the layout of
     // `len` f32s (so capacity `len`), and all-zero bytes are the valid
@@ -374,17 +450,17 @@ fn zeroed(len: usize) -> Result<Vec<f32>> {
 /// The CPU's KV cache: per layer, K and V as `[n_ctx, n_head_kv, head_dim]`
 /// f32.
 pub struct CpuKvCache {
-    model_id: usize,
-    n_ctx: usize,
-    /// Positions filled so far.
-    len: usize,
+    state: KvState,
     k: Vec<Vec<f32>>,
     v: Vec<Vec<f32>>,
 }
 
 impl KvCache for CpuKvCache {
-    fn n_ctx(&self) -> usize {
-        self.n_ctx
+    fn state(&self) -> &KvState {
+        &self.state
+    }
+    fn state_mut(&mut self) -> &mut KvState {
+        &mut self.state
     }
     fn as_any_mut(&mut self) -> &mut dyn Any {
         self

@@ -37,9 +37,9 @@
 use rayon::prelude::*;
 
 use super::kernels::{AlignedBytes, Kernels, SimdLevel};
-use crate::backend::QuantWeight;
 use crate::error::{shape_err, Error, Result};
 use crate::quant::{self, BlockIQ4NL, BlockQ4K, BlockQ4_0, BlockQ5_0, BlockQ6K, BlockQ8K, BlockQ8_0, QK, QK_K};
+use crate::weight::QuantWeight;
 use crate::GgmlType;
 
 /// Rows per interleaved group: the 16 i32 lanes of a 512-bit vector.
@@ -283,7 +283,7 @@ fn code(ty: GgmlType, rec: &[u8], j: usize, sub: usize, i: usize) -> i32 {
         }
         GgmlType::Q4_K => {
             let byte = lane(256 + 64 * 8 * (sub / 2), i);
-            (if sub % 2 == 0 { byte & 15 } else { byte >> 4 }) as i32
+            (if sub.is_multiple_of(2) { byte & 15 } else { byte >> 4 }) as i32
         }
         GgmlType::Q6_K => {
             let c = 16 * sub + i;
@@ -489,6 +489,9 @@ pub fn matmul(k: &Kernels, w: &PackedWeight, a: &PackedActs, y: &mut [f32]) -> R
     let out = OutPtr(y.as_mut_ptr());
     let level = k.level();
     (0..groups.div_ceil(per_task)).into_par_iter().for_each(|task| {
+        // Moves the whole `OutPtr` (Send) into the closure; without it the
+        // closure would capture only its raw-pointer field, which is not.
+        #[allow(clippy::redundant_locals)]
         let out = out;
         let (g0, g1) = (task * per_task, ((task + 1) * per_task).min(groups));
         for g in stream_order(g0, g1, if n == 1 { STREAMS } else { 1 }) {

@@ -9,8 +9,8 @@
 use super::kernels::{AlignedBytes, Kernels};
 use super::matvec;
 use super::packed::{self, PackedActs, PackedWeight};
-use crate::backend::QuantWeight;
 use crate::error::{shape_err, Error, Result};
+use crate::weight::QuantWeight;
 use crate::GgmlType;
 
 /// A prepared weight matrix: `rows × cols`, `y = W·x`.
@@ -57,6 +57,22 @@ impl CpuWeight {
         match self {
             CpuWeight::Rows(w) => w.ty,
             CpuWeight::Packed(w) => w.ty(),
+        }
+    }
+
+    /// Bytes a product reads from the weights.
+    pub fn bytes(&self) -> usize {
+        match self {
+            CpuWeight::Rows(w) => w.data.as_bytes().len(),
+            CpuWeight::Packed(w) => w.bytes(),
+        }
+    }
+
+    /// The type and layout, as profiles print them (`Q4_K packed`).
+    pub fn label(&self) -> String {
+        match self {
+            CpuWeight::Rows(w) => w.ty.name().to_string(),
+            CpuWeight::Packed(w) => format!("{} packed", w.ty().name()),
         }
     }
 }

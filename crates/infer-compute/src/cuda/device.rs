@@ -34,9 +34,12 @@ pub struct DeviceInfo {
     pub multiprocessors: i32,
 }
 
+/// Compiled PTX by compute capability.
+type PtxCache = Mutex<HashMap<(i32, i32), Arc<String>>>;
+
 /// PTX per compute capability, compiled once per process.
 fn ptx_for(cc: (i32, i32)) -> Result<Arc<String>> {
-    static CACHE: OnceLock<Mutex<HashMap<(i32, i32), Arc<String>>>> = OnceLock::new();
+    static CACHE: OnceLock<PtxCache> = OnceLock::new();
     let cache = CACHE.get_or_init(|| Mutex::new(HashMap::new()));
     let mut map = cache.lock().map_err(|_| Error::Device("PTX cache lock poisoned".into()))?;
     if let Some(p) = map.get(&cc) {

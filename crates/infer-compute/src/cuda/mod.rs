@@ -39,9 +39,10 @@ use kernels::{AttnArgs, NormArgs, QkvArgs};
 pub use model::{CudaKvCache, CudaModel, PREFILL_CHUNK};
 use ops::Matvec;
 
-use crate::backend::{ComputeBackend, DeviceModel, QuantWeight};
+use crate::backend::{ComputeBackend, DeviceModel};
 use crate::error::{shape_err, Error, Result};
 use crate::pipeline::{ModelSpec, RopeSpec, RopeType};
+use crate::weight::QuantWeight;
 
 /// A CUDA device behind the [`ComputeBackend`] trait.
 pub struct CudaBackend {
@@ -125,7 +126,11 @@ impl CudaBackend {
         eps: f32,
     ) -> Result<(Vec<f32>, Vec<f32>)> {
         let n = weight.len();
-        if n == 0 || x.len() % n != 0 || add.is_some_and(|a| a.len() != x.len()) || bias.is_some_and(|b| b.len() != n) {
+        if n == 0
+            || !x.len().is_multiple_of(n)
+            || add.is_some_and(|a| a.len() != x.len())
+            || bias.is_some_and(|b| b.len() != n)
+        {
             return Err(shape_err("cuda residual_norm", format!("x {} values, rows of {n}", x.len())));
         }
         if add_norm.is_some_and(|(w, _)| w.len() != n) || (add_norm.is_some() && add.is_none()) {
@@ -172,7 +177,7 @@ impl CudaBackend {
         head_norm: Option<(&[f32], f32)>,
     ) -> Result<Vec<f32>> {
         let row = n_head * head_dim;
-        if row == 0 || x.len() % row != 0 || spec.n_rot > head_dim || spec.n_rot % 2 != 0 {
+        if row == 0 || !x.len().is_multiple_of(row) || spec.n_rot > head_dim || !spec.n_rot.is_multiple_of(2) {
             return Err(shape_err(
                 "cuda rope",
                 format!("{} values, {n_head} heads of {head_dim}, n_rot {}", x.len(), spec.n_rot),

@@ -42,9 +42,10 @@ use cudarc::driver::{CudaGraph, CudaSlice};
 use super::device::{dev_err, Device, PinnedBuf};
 use super::kernels::{AttnArgs, DevPtr, MvMode, NormArgs, QkvArgs};
 use super::ops::{self, GemmPrecision, Matvec};
-use crate::backend::{DeviceModel, KvCache, QuantWeight};
-use crate::error::{shape_err, Error, Result};
+use crate::backend::{checked_cache, DeviceModel, KvCache, KvState, ModelId};
+use crate::error::{Error, Result};
 use crate::pipeline::{Activation, FfnType, ModelSpec, Norm, NormType, RopeType};
+use crate::weight::QuantWeight;
 use crate::GgmlType;
 
 static NEXT_ID: AtomicUsize = AtomicUsize::new(1);
@@ -248,7 +249,7 @@ struct Maxima {
 
 /// A model prepared on a CUDA device.
 pub struct CudaModel {
-    id: usize,
+    id: ModelId,
     dev: Arc<Device>,
     n_embd: usize,
     n_vocab: usize,
@@ -270,18 +271,19 @@ pub struct CudaModel {
 /// The KV cache of a [`CudaModel`]: per layer, K and V as f16
 /// `[n_ctx, n_head_kv, head_dim]` in device memory.
 pub struct CudaKvCache {
+    /// Identity of this cache (a captured graph is bound to its buffers).
     id: usize,
-    model_id: usize,
-    n_ctx: usize,
-    /// Positions filled so far.
-    len: usize,
+    state: KvState,
     k: Vec<CudaSlice<u16>>,
     v: Vec<CudaSlice<u16>>,
 }
 
 impl KvCache for CudaKvCache {
-    fn n_ctx(&self) -> usize {
-        self.n_ctx
+    fn state(&self) -> &KvState {
+        &self.state
+    }
+    fn state_mut(&mut self) -> &mut KvState {
+        &mut self.state
     }
     fn as_any_mut(&mut self) -> &mut dyn Any {
         self
@@ -378,7 +380,7 @@ impl CudaModel {
         let output_norm = DevNorm::new(d, &spec.output_norm)?;
         d.sync()?;
         Ok(CudaModel {
-            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            id: ModelId::next(),
             n_embd: e,
             n_vocab: spec.n_vocab,
             token_embd,
@@ -474,27 +476,8 @@ impl CudaModel {
     /// Checks the request, then runs `tokens` from `pos0` chunk by chunk
     /// and reads the last token's logits.
     fn forward(&mut self, kv: &mut dyn KvCache, tokens: &[u32], pos0: usize) -> Result<()> {
-        let n = tokens.len();
-        if n == 0 {
-            return Err(shape_err("prefill", "no tokens"));
-        }
-        let cache = match kv.as_any_mut().downcast_mut::<CudaKvCache>() {
-            Some(c) if c.model_id == self.id => c,
-            _ => return Err(Error::InvalidModel("KV cache was created by another model or backend".into())),
-        };
-        if pos0 > cache.len {
-            return Err(Error::InvalidModel(format!(
-                "position {pos0} leaves a gap: the KV cache holds {} position(s)",
-                cache.len
-            )));
-        }
-        if pos0.checked_add(n).map_or(true, |end| end > cache.n_ctx) {
-            return Err(Error::ContextOverflow { pos: pos0, n_tokens: n, n_ctx: cache.n_ctx });
-        }
-        if let Some(&t) = tokens.iter().find(|&&t| t as usize >= self.n_vocab) {
-            return Err(shape_err("decode", format!("token id {t} is outside the vocabulary of {}", self.n_vocab)));
-        }
-        let n_split = ops::attn_splits(cache.n_ctx);
+        let cache = checked_cache::<CudaKvCache>(kv, self.id, self.n_vocab, tokens, pos0)?;
+        let n_split = ops::attn_splits(cache.state.n_ctx());
         let mut pos = pos0;
         for chunk in tokens.chunks(prefill_chunk(&self.max, n_split)) {
             self.ensure_buffers(chunk.len(), n_split)?;
@@ -515,8 +498,8 @@ impl CudaModel {
                 self.enqueue_io(cache, chunk.len())?;
             }
             self.dev.sync()?;
+            cache.state.advance(pos0, pos + chunk.len() - pos0);
             pos += chunk.len();
-            cache.len = cache.len.max(pos);
         }
         Ok(())
     }
@@ -567,7 +550,7 @@ impl CudaModel {
         let (aq, ad) = (d.ptr(&b.aq), d.ptr(&b.ad));
         let pos = d.ptr(&b.params);
         let tokens = pos + 4;
-        let with_q8 = |n_vals: usize| n_vals % 32 == 0;
+        let with_q8 = |n_vals: usize| n_vals.is_multiple_of(32);
         let norm_args = |add: DevPtr, add_norm: Option<&DevNorm>, norm: &DevNorm| NormArgs {
             x,
             add,
@@ -790,9 +773,7 @@ impl CudaModel {
     /// `n_ctx == 0`, sizes past the kernels' 32-bit positions, device
     /// allocation failures.
     pub fn new_cuda_kv_cache(&self, n_ctx: usize) -> Result<CudaKvCache> {
-        if n_ctx == 0 {
-            return Err(Error::InvalidModel("a KV cache needs at least one position".into()));
-        }
+        let state = KvState::new(self.id, n_ctx)?;
         if n_ctx > i32::MAX as usize / 2 {
             return Err(Error::InvalidModel(format!("a KV cache of {n_ctx} positions exceeds the kernels' range")));
         }
@@ -804,6 +785,6 @@ impl CudaModel {
             v.push(self.dev.zeros::<u16>(len)?);
         }
         self.dev.sync()?;
-        Ok(CudaKvCache { id: NEXT_ID.fetch_add(1, Ordering::Relaxed), model_id: self.id, n_ctx, len: 0, k, v })
+        Ok(CudaKvCache { id: NEXT_ID.fetch_add(1, Ordering::Relaxed), state, k, v })
     }
 }

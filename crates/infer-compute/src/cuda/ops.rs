@@ -99,7 +99,7 @@ pub(crate) fn matvec(dev: &Device, m: &Matvec) -> Result<()> {
     if total == 0 || m.n_tok == 0 {
         return Ok(());
     }
-    if k.quantized && m.cols % 32 != 0 {
+    if k.quantized && !m.cols.is_multiple_of(32) {
         return Err(Error::RowNotBlockMultiple { ty: m.ty, cols: m.cols, block_size: 32 });
     }
     let args = MatvecArgs {
@@ -152,7 +152,7 @@ pub(crate) fn attn_splits(n_ctx: usize) -> usize {
 
 /// Checks the attention kernels' shape assumptions.
 pub(crate) fn check_attn_shape(n_head: usize, n_kv: usize, hd: usize) -> Result<()> {
-    if hd % 8 != 0 || hd > kernels::QKV_MAX_HD || n_kv == 0 || n_head % n_kv != 0 {
+    if !hd.is_multiple_of(8) || hd > kernels::QKV_MAX_HD || n_kv == 0 || !n_head.is_multiple_of(n_kv) {
         return Err(Error::InvalidModel(format!(
             "the CUDA attention needs head_dim a multiple of 8 and at most {} and n_head a multiple of n_head_kv (head_dim {hd}, heads {n_head}/{n_kv})",
             kernels::QKV_MAX_HD
@@ -196,6 +196,7 @@ pub(crate) fn attention(dev: &Device, args: &AttnArgs) -> Result<()> {
 
 /// Dequantizes rows `tokens[t]` of `table` (`ty`, `n` values per row) into
 /// `x[t]`, times `scale`.
+#[allow(clippy::too_many_arguments)] // the kernel's parameters, one by one
 pub(crate) fn embed_rows(
     dev: &Device,
     table: DevPtr,

@@ -23,7 +23,7 @@ pub struct BlockIQ4NL {
     pub d: f16,
     pub qs: [u8; 16],
 }
-const _: () = assert!(std::mem::size_of::<BlockIQ4NL>() == 18);
+const _: () = assert!(std::mem::size_of::<BlockIQ4NL>() == GgmlType::IQ4_NL.type_size());
 
 /// The 16 reconstruction levels of IQ4_NL (and IQ4_XS), ascending
 /// (ggml `kvalues_iq4nl`).

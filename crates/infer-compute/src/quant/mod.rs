@@ -226,7 +226,7 @@ macro_rules! with_weight_type {
 /// [`Error::Misaligned`] when the address is not aligned for `B`.
 pub fn blocks<B: BlockFormat>(bytes: &[u8]) -> Result<&[B]> {
     let size = std::mem::size_of::<B>();
-    if bytes.len() % size != 0 {
+    if !bytes.len().is_multiple_of(size) {
         return Err(shape_err(
             "blocks",
             format!("{} bytes is not a whole number of {}-byte {} blocks", bytes.len(), size, B::TYPE),
@@ -238,7 +238,7 @@ pub fn blocks<B: BlockFormat>(bytes: &[u8]) -> Result<&[B]> {
 /// Mutable variant of [`blocks`].
 pub fn blocks_mut<B: BlockFormat>(bytes: &mut [u8]) -> Result<&mut [B]> {
     let size = std::mem::size_of::<B>();
-    if bytes.len() % size != 0 {
+    if !bytes.len().is_multiple_of(size) {
         return Err(shape_err(
             "blocks_mut",
             format!("{} bytes is not a whole number of {}-byte {} blocks", bytes.len(), size, B::TYPE),
@@ -302,10 +302,43 @@ pub fn vec_dot(ty: GgmlType, w: &[u8], x: &[f32]) -> Result<f32> {
 /// Row length not a multiple of the activation block size.
 pub fn quantize_activation<W: VecDot>(x: &[f32]) -> Result<Vec<W::Act>> {
     let bs = <W::Act as BlockFormat>::BLOCK_SIZE;
-    if x.len() % bs != 0 {
+    if !x.len().is_multiple_of(bs) {
         return Err(Error::RowNotBlockMultiple { ty: <W::Act as BlockFormat>::TYPE, cols: x.len(), block_size: bs });
     }
     let mut out = vec![<W::Act as bytemuck::Zeroable>::zeroed(); x.len() / bs];
     W::Act::quantize_row_ref(x, &mut out);
     Ok(out)
+}
+
+/// Byte offsets of the f16 scale fields (`d`, `m`, `dmin`) inside one block
+/// of `ty`, taken from the block structs; empty for the float types and for
+/// the activation types. Tests that fill blocks with random bytes overwrite
+/// these with finite values (random bits would give infinities and NaNs).
+pub fn f16_scale_offsets(ty: GgmlType) -> &'static [usize] {
+    use core::mem::offset_of;
+    const Q4_0: [usize; 1] = [offset_of!(BlockQ4_0, d)];
+    const Q5_0: [usize; 1] = [offset_of!(BlockQ5_0, d)];
+    const Q8_0: [usize; 1] = [offset_of!(BlockQ8_0, d)];
+    const IQ4_NL: [usize; 1] = [offset_of!(BlockIQ4NL, d)];
+    const Q4_1: [usize; 2] = [offset_of!(BlockQ4_1, d), offset_of!(BlockQ4_1, m)];
+    const Q5_1: [usize; 2] = [offset_of!(BlockQ5_1, d), offset_of!(BlockQ5_1, m)];
+    const Q2_K: [usize; 2] = [offset_of!(BlockQ2K, d), offset_of!(BlockQ2K, dmin)];
+    const Q3_K: [usize; 1] = [offset_of!(BlockQ3K, d)];
+    const Q4_K: [usize; 2] = [offset_of!(BlockQ4K, d), offset_of!(BlockQ4K, dmin)];
+    const Q5_K: [usize; 2] = [offset_of!(BlockQ5K, d), offset_of!(BlockQ5K, dmin)];
+    const Q6_K: [usize; 1] = [offset_of!(BlockQ6K, d)];
+    match ty {
+        GgmlType::Q4_0 => &Q4_0,
+        GgmlType::Q5_0 => &Q5_0,
+        GgmlType::Q8_0 => &Q8_0,
+        GgmlType::IQ4_NL => &IQ4_NL,
+        GgmlType::Q4_1 => &Q4_1,
+        GgmlType::Q5_1 => &Q5_1,
+        GgmlType::Q2_K => &Q2_K,
+        GgmlType::Q3_K => &Q3_K,
+        GgmlType::Q4_K => &Q4_K,
+        GgmlType::Q5_K => &Q5_K,
+        GgmlType::Q6_K => &Q6_K,
+        GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 | GgmlType::Q8_1 | GgmlType::Q8_K => &[],
+    }
 }

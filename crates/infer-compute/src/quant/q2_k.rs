@@ -29,7 +29,7 @@ pub struct BlockQ2K {
     /// Super-block scale of the 4-bit group mins.
     pub dmin: f16,
 }
-const _: () = assert!(std::mem::size_of::<BlockQ2K>() == 84);
+const _: () = assert!(std::mem::size_of::<BlockQ2K>() == GgmlType::Q2_K.type_size());
 
 /// Decodes the 2-bit quant `i` (0..256) of a block.
 #[inline]

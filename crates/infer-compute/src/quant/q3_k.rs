@@ -32,7 +32,7 @@ pub struct BlockQ3K {
     /// Super-block scale.
     pub d: f16,
 }
-const _: () = assert!(std::mem::size_of::<BlockQ3K>() == 110);
+const _: () = assert!(std::mem::size_of::<BlockQ3K>() == GgmlType::Q3_K.type_size());
 
 /// The signed scale (`s_g - 32`, in `-32..=31`) of group `g` (0..16).
 #[inline]

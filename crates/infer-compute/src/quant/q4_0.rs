@@ -21,7 +21,7 @@ pub struct BlockQ4_0 {
     pub d: f16,
     pub qs: [u8; 16],
 }
-const _: () = assert!(std::mem::size_of::<BlockQ4_0>() == 18);
+const _: () = assert!(std::mem::size_of::<BlockQ4_0>() == GgmlType::Q4_0.type_size());
 
 impl BlockFormat for BlockQ4_0 {
     const TYPE: GgmlType = GgmlType::Q4_0;

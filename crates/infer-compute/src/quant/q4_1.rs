@@ -22,7 +22,7 @@ pub struct BlockQ4_1 {
     pub m: f16,
     pub qs: [u8; 16],
 }
-const _: () = assert!(std::mem::size_of::<BlockQ4_1>() == 20);
+const _: () = assert!(std::mem::size_of::<BlockQ4_1>() == GgmlType::Q4_1.type_size());
 
 /// The block's minimum and maximum as ggml scans them (`v < min`, `v > max`
 /// from `±FLT_MAX`).

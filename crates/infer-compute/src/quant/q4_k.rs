@@ -30,7 +30,7 @@ pub struct BlockQ4K {
     /// Low 4 bits of each quant, two per byte.
     pub qs: [u8; 128],
 }
-const _: () = assert!(std::mem::size_of::<BlockQ4K>() == 144);
+const _: () = assert!(std::mem::size_of::<BlockQ4K>() == GgmlType::Q4_K.type_size());
 
 /// All 256 quants of a block, in `0..=15`.
 fn quants(b: &BlockQ4K) -> [i8; QK_K] {

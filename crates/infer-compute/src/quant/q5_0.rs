@@ -23,7 +23,7 @@ pub struct BlockQ5_0 {
     pub qh: [u8; 4],
     pub qs: [u8; 16],
 }
-const _: () = assert!(std::mem::size_of::<BlockQ5_0>() == 22);
+const _: () = assert!(std::mem::size_of::<BlockQ5_0>() == GgmlType::Q5_0.type_size());
 
 /// The 5-bit codes (0..32) of a Q5_0/Q5_1 block, in value order.
 #[inline]

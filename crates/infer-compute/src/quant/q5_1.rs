@@ -25,7 +25,7 @@ pub struct BlockQ5_1 {
     pub qh: [u8; 4],
     pub qs: [u8; 16],
 }
-const _: () = assert!(std::mem::size_of::<BlockQ5_1>() == 24);
+const _: () = assert!(std::mem::size_of::<BlockQ5_1>() == GgmlType::Q5_1.type_size());
 
 impl BlockFormat for BlockQ5_1 {
     const TYPE: GgmlType = GgmlType::Q5_1;

@@ -33,7 +33,7 @@ pub struct BlockQ5K {
     /// Low 4 bits of each quant, two per byte.
     pub qs: [u8; 128],
 }
-const _: () = assert!(std::mem::size_of::<BlockQ5K>() == 176);
+const _: () = assert!(std::mem::size_of::<BlockQ5K>() == GgmlType::Q5_K.type_size());
 
 /// All 256 quants of a block, in `0..=31`.
 fn quants(b: &BlockQ5K) -> [i8; QK_K] {

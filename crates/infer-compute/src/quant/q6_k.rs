@@ -31,7 +31,7 @@ pub struct BlockQ6K {
     /// Super-block scale.
     pub d: f16,
 }
-const _: () = assert!(std::mem::size_of::<BlockQ6K>() == 210);
+const _: () = assert!(std::mem::size_of::<BlockQ6K>() == GgmlType::Q6_K.type_size());
 
 /// All 256 quants of a block, in `-32..=31`.
 pub(crate) fn quants(b: &BlockQ6K) -> [i8; QK_K] {

@@ -21,7 +21,7 @@ pub struct BlockQ8_0 {
     pub d: f16,
     pub qs: [i8; 32],
 }
-const _: () = assert!(std::mem::size_of::<BlockQ8_0>() == 34);
+const _: () = assert!(std::mem::size_of::<BlockQ8_0>() == GgmlType::Q8_0.type_size());
 
 /// Quantizes one block of 32 values to `d = amax / 127` and codes
 /// `round(x · (1/d))` (half away from zero, C `roundf`), with `1/d` from the

@@ -24,7 +24,7 @@ pub struct BlockQ8_1 {
     pub s: f16,
     pub qs: [i8; 32],
 }
-const _: () = assert!(std::mem::size_of::<BlockQ8_1>() == 36);
+const _: () = assert!(std::mem::size_of::<BlockQ8_1>() == GgmlType::Q8_1.type_size());
 
 impl BlockFormat for BlockQ8_1 {
     const TYPE: GgmlType = GgmlType::Q8_1;

@@ -23,7 +23,7 @@ pub struct BlockQ8K {
     /// Sums of each group of 16 `qs`.
     pub bsums: [i16; 16],
 }
-const _: () = assert!(std::mem::size_of::<BlockQ8K>() == 292);
+const _: () = assert!(std::mem::size_of::<BlockQ8K>() == GgmlType::Q8_K.type_size());
 
 impl BlockFormat for BlockQ8K {
     const TYPE: GgmlType = GgmlType::Q8_K;

@@ -21,8 +21,8 @@ use std::fs::File;
 use std::path::Path;
 use std::sync::Arc;
 
-use infer_compute::backend::{QuantWeight, WeightBytes};
 use infer_compute::GgmlType;
+use infer_compute::{QuantWeight, WeightBytes};
 
 use crate::error::{Error, Result};
 

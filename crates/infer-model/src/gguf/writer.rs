@@ -7,8 +7,8 @@ use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
-use infer_compute::backend::WeightBytes;
 use infer_compute::GgmlType;
+use infer_compute::WeightBytes;
 
 use super::reader::tensor_bytes;
 use super::value::{tag, Value};

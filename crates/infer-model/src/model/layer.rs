@@ -12,8 +12,8 @@
 //! - projections the pipeline has no term for (`attn_output.bias`, FFN
 //!   biases) make the file an error instead of being ignored.
 
-use infer_compute::backend::QuantWeight;
 use infer_compute::pipeline::{Activation, FfnType, LayerSpec, Norm, RopeSpec};
+use infer_compute::QuantWeight;
 
 use super::hparams::HParams;
 use super::tensors::{matrix, opt_rms_norm, opt_shaped, refuse, rms_norm, shaped};

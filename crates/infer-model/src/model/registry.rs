@@ -1,6 +1,6 @@
 //! The architecture registry: one entry per supported
 //! `general.architecture` value, read by loading ([`super::load_spec`]),
-//! generation ([`crate::generate::chat_prompt`]) and `infer synth`
+//! chat templates ([`crate::chat::ChatTemplate::from_gguf`]) and `infer synth`
 //! ([`crate::synth`]). Adding an architecture is one file in `model/`, one
 //! [`Arch`] variant and one [`ArchInfo`] here, and its shapes in
 //! `synth/shapes.rs`.
@@ -35,32 +35,18 @@ pub enum Arch {
     Phi3,
 }
 
-/// The turn format of an architecture's chat models (the model card's
-/// template; used when a GGUF carries no `tokenizer.chat_template`).
+/// The default chat template family of an architecture: what
+/// [`crate::chat::ChatTemplate::from_gguf`] renders when a GGUF carries no
+/// `tokenizer.chat_template`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ChatFormat {
-    /// `<start_of_turn>user … <end_of_turn>` (Gemma 2/3).
+    /// Gemma's turns (`<start_of_turn>user … <end_of_turn>`, the model's
+    /// role called `model`).
     Gemma,
-    /// `<|start_header_id|>user<|end_header_id|> … <|eot_id|>` (Llama 3).
-    Llama3,
-    /// `<|im_start|>user … <|im_end|>` (Qwen, SmolLM).
+    /// ChatML (`<|im_start|>role … <|im_end|>`): Qwen's own format, and the
+    /// default of the others (real Llama 3 and Phi-3 GGUFs carry their
+    /// template).
     ChatMl,
-    /// `<|user|> … <|end|>` (Phi-3).
-    Phi3,
-}
-
-impl ChatFormat {
-    /// A single user message followed by the start of the model's turn.
-    pub fn single_turn(self, user: &str) -> String {
-        match self {
-            ChatFormat::Gemma => format!("<start_of_turn>user\n{user}<end_of_turn>\n<start_of_turn>model\n"),
-            ChatFormat::Llama3 => format!(
-                "<|start_header_id|>user<|end_header_id|>\n\n{user}<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"
-            ),
-            ChatFormat::ChatMl => format!("<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n"),
-            ChatFormat::Phi3 => format!("<|user|>\n{user}<|end|>\n<|assistant|>\n"),
-        }
-    }
 }
 
 /// What the crate knows about one architecture.
@@ -71,7 +57,7 @@ pub struct ArchInfo {
     /// Builds the pipeline description (hyper-parameters validated, tensors
     /// checked against them).
     pub load: fn(&GgufFile) -> Result<ModelSpec>,
-    /// The chat turn format of its instruction-tuned models.
+    /// Its default chat template family.
     pub chat: ChatFormat,
     /// The sizes `infer synth` writes (`synth::SynthShape::preset`).
     pub synth_sizes: &'static [&'static str],
@@ -98,7 +84,7 @@ impl Arch {
         static LLAMA: ArchInfo = ArchInfo {
             name: "llama",
             load: super::llama::load,
-            chat: ChatFormat::Llama3,
+            chat: ChatFormat::ChatMl,
             synth_sizes: &["1b", "8b", "mistral-7b", "tiny"],
         };
         static QWEN2: ArchInfo = ArchInfo {
@@ -113,8 +99,12 @@ impl Arch {
             chat: ChatFormat::ChatMl,
             synth_sizes: &["0.6b", "tiny"],
         };
-        static PHI3: ArchInfo =
-            ArchInfo { name: "phi3", load: super::phi3::load, chat: ChatFormat::Phi3, synth_sizes: &["mini", "tiny"] };
+        static PHI3: ArchInfo = ArchInfo {
+            name: "phi3",
+            load: super::phi3::load,
+            chat: ChatFormat::ChatMl,
+            synth_sizes: &["mini", "tiny"],
+        };
         match self {
             Arch::Gemma3 => &GEMMA3,
             Arch::Gemma2 => &GEMMA2,

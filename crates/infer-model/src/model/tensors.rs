@@ -2,8 +2,8 @@
 //! checked against the shape its hyper-parameters give before it is used,
 //! and a mismatch names both the tensor and the metadata keys.
 
-use infer_compute::backend::QuantWeight;
 use infer_compute::pipeline::{Norm, NormType};
+use infer_compute::QuantWeight;
 
 use crate::gguf::GgufFile;
 use crate::{Error, Result};

@@ -13,7 +13,7 @@
 //! - Soft-capping (Gemma 2): `c · tanh(x / c)`.
 
 /// `√(2/π)`, ggml's `SQRT_2_OVER_PI`.
-const SQRT_2_OVER_PI: f32 = 0.797_884_560_802_865_4;
+const SQRT_2_OVER_PI: f32 = 0.797_884_6;
 /// ggml's `GELU_COEF_A`.
 const GELU_COEF_A: f32 = 0.044715;
 

@@ -90,9 +90,9 @@ impl AttnParams {
 
     fn debug_check(&self) {
         debug_assert!(self.n_head > 0 && self.n_head_kv > 0 && self.head_dim > 0);
-        debug_assert!(self.n_head % self.n_head_kv == 0, "n_head must be a multiple of n_head_kv");
+        debug_assert!(self.n_head.is_multiple_of(self.n_head_kv), "n_head must be a multiple of n_head_kv");
         debug_assert!(self.window != Some(0), "window of 0");
-        debug_assert!(self.softcap.map_or(true, |c| c > 0.0), "softcap must be positive");
+        debug_assert!(self.softcap.is_none_or(|c| c > 0.0), "softcap must be positive");
     }
 }
 
@@ -378,7 +378,7 @@ mod tests {
         let mut out = vec![0.0f64; p.q_dim()];
         for h in 0..p.n_head {
             let g = h / group;
-            let visible = |j: usize| p.window.map_or(true, |w| pos - j < w);
+            let visible = |j: usize| p.window.is_none_or(|w| pos - j < w);
             let mut l = vec![f64::NEG_INFINITY; pos + 1];
             for j in (0..=pos).filter(|&j| visible(j)) {
                 let d: f64 = (0..hd).map(|d| q[h * hd + d] as f64 * kc[j * kvd + g * hd + d] as f64).sum();

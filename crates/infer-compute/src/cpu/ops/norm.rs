@@ -83,7 +83,7 @@ pub fn rms_norm_inplace(x: &mut [f32], weight: &[f32], eps: f32) {
 /// Contract (debug-asserted): `head_dim > 0`, `x.len() % head_dim == 0`,
 /// `weight.len() == head_dim`.
 pub fn rms_norm_heads(x: &mut [f32], head_dim: usize, weight: &[f32], eps: f32) {
-    debug_assert!(head_dim > 0 && x.len() % head_dim == 0);
+    debug_assert!(head_dim > 0 && x.len().is_multiple_of(head_dim));
     debug_assert_eq!(weight.len(), head_dim);
     for h in x.chunks_exact_mut(head_dim) {
         rms_norm_inplace(h, weight, eps);
@@ -104,7 +104,7 @@ pub fn layer_norm(x: &[f32], weight: &[f32], bias: Option<&[f32]>, eps: f32, out
     debug_assert!(n > 0);
     debug_assert_eq!(weight.len(), n);
     debug_assert_eq!(out.len(), n);
-    debug_assert!(bias.map_or(true, |b| b.len() == n));
+    debug_assert!(bias.is_none_or(|b| b.len() == n));
     let mean = (sum_f64(x, |v| v) / n as f64) as f32;
     let var = (sum_f64(x, |v| (v - mean) * (v - mean)) / n as f64) as f32;
     let s = 1.0f32 / (var + eps).sqrt();

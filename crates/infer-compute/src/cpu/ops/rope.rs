@@ -51,7 +51,7 @@ fn rotate_pair_all_heads(x: &mut [f32], head_dim: usize, kind: RopeType, n_rot: 
 
 fn debug_check(x: &[f32], n_head: usize, head_dim: usize, spec: &RopeSpec) {
     debug_assert_eq!(x.len(), n_head * head_dim, "x must be [n_head, head_dim]");
-    debug_assert!(spec.n_rot <= head_dim && spec.n_rot % 2 == 0, "n_rot must be even and <= head_dim");
+    debug_assert!(spec.n_rot <= head_dim && spec.n_rot.is_multiple_of(2), "n_rot must be even and <= head_dim");
     let _ = (x, n_head, head_dim, spec);
 }
 
@@ -120,7 +120,7 @@ impl RopeCache {
     ///
     /// Contract (debug-asserted): `spec.n_rot` even.
     pub fn new(spec: &RopeSpec, n_pos: usize) -> Self {
-        debug_assert!(spec.n_rot % 2 == 0);
+        debug_assert!(spec.n_rot.is_multiple_of(2));
         let half = spec.n_rot / 2;
         let mut cos = Vec::with_capacity(n_pos * half);
         let mut sin = Vec::with_capacity(n_pos * half);

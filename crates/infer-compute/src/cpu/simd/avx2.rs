@@ -242,7 +242,7 @@ macro_rules! q8_0_row {
             _mm_storeu_ps(scales.as_mut_ptr(), scale_products4(wb0, $wsize, ab0, L::Q8_0));
             for (j, acc) in acc.iter_mut().enumerate() {
                 let $wb = wb0.add(j * $wsize);
-                let $aq = ab0.add(j * L::Q8_0 + 2);
+                let $aq = ab0.add(j * L::Q8_0 + L::Q8_0_QS);
                 let sum: __m256i = $body;
                 *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), broadcast_load_f32(&scales[j]), *acc);
             }
@@ -251,7 +251,7 @@ macro_rules! q8_0_row {
         while i < nb {
             let $wb = wp.add(i * $wsize);
             let ab = ap.add(i * L::Q8_0);
-            let $aq = ab.add(2);
+            let $aq = ab.add(L::Q8_0_QS);
             let sum: __m256i = $body;
             let d = _mm256_set1_ps(f16_mul(read_u16($wb), read_u16(ab)));
             acc[0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), d, acc[0]);
@@ -281,10 +281,10 @@ macro_rules! q8_1_row {
             let (wb0, ab0) = (wp.add(i * $wsize), ap.add(i * L::Q8_1));
             prefetch_ahead::<128>(wb0);
             _mm_storeu_ps(scales.as_mut_ptr(), scale_products4(wb0, $wsize, ab0, L::Q8_1));
-            acc_m = _mm_add_ps(acc_m, scale_products4(wb0.add(2), $wsize, ab0.add(2), L::Q8_1));
+            acc_m = _mm_add_ps(acc_m, scale_products4(wb0.add(L::Q4_1_M), $wsize, ab0.add(L::Q8_1_S), L::Q8_1));
             for (j, acc) in acc.iter_mut().enumerate() {
                 let $wb = wb0.add(j * $wsize);
-                let $aq = ab0.add(j * L::Q8_1 + 4);
+                let $aq = ab0.add(j * L::Q8_1 + L::Q8_1_QS);
                 let sum: __m256i = $body;
                 *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), broadcast_load_f32(&scales[j]), *acc);
             }
@@ -294,11 +294,11 @@ macro_rules! q8_1_row {
         while i < nb {
             let $wb = wp.add(i * $wsize);
             let ab = ap.add(i * L::Q8_1);
-            let $aq = ab.add(4);
+            let $aq = ab.add(L::Q8_1_QS);
             let sum: __m256i = $body;
             let d = _mm256_set1_ps(f16_mul(read_u16($wb), read_u16(ab)));
             acc[0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), d, acc[0]);
-            tail_m += f16_mul(read_u16($wb.add(2)), read_u16(ab.add(2)));
+            tail_m += f16_mul(read_u16($wb.add(L::Q4_1_M)), read_u16(ab.add(L::Q8_1_S)));
             i += 1;
         }
         let m = _mm_add_ps(acc_m, _mm_movehl_ps(acc_m, acc_m));
@@ -317,7 +317,7 @@ macro_rules! q8_1_row {
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn q8_0_dot(w: &[u8], a: &[u8]) -> f32 {
     q8_0_row!(w, a, L::Q8_0, |wb, aq| {
-        let x = _mm256_loadu_si256(wb.add(2).cast());
+        let x = _mm256_loadu_si256(wb.add(L::Q8_0_QS).cast());
         let y = _mm256_loadu_si256(aq.cast());
         madd_i8_i8(x, y)
     })
@@ -331,7 +331,7 @@ pub(super) unsafe fn q8_0_dot(w: &[u8], a: &[u8]) -> f32 {
 pub(super) unsafe fn q4_0_dot(w: &[u8], a: &[u8]) -> f32 {
     let eight = _mm256_set1_epi8(8);
     q8_0_row!(w, a, L::Q4_0, |wb, aq| {
-        let q = nibbles32(wb.add(2));
+        let q = nibbles32(wb.add(L::Q4_0_QS));
         let y = _mm256_loadu_si256(aq.cast());
         let p = _mm256_sub_epi16(_mm256_maddubs_epi16(q, y), _mm256_maddubs_epi16(eight, y));
         _mm256_madd_epi16(p, _mm256_set1_epi16(1))
@@ -346,8 +346,8 @@ pub(super) unsafe fn q4_0_dot(w: &[u8], a: &[u8]) -> f32 {
 pub(super) unsafe fn q5_0_dot(w: &[u8], a: &[u8]) -> f32 {
     let sixteen = _mm256_set1_epi8(16);
     q8_0_row!(w, a, L::Q5_0, |wb, aq| {
-        let hi = _mm256_and_si256(bits_to_bytes(read_u32(wb.add(2))), sixteen);
-        let q = _mm256_or_si256(nibbles32(wb.add(6)), hi);
+        let hi = _mm256_and_si256(bits_to_bytes(read_u32(wb.add(L::Q5_0_QH))), sixteen);
+        let q = _mm256_or_si256(nibbles32(wb.add(L::Q5_0_QS)), hi);
         let y = _mm256_loadu_si256(aq.cast());
         let p = _mm256_sub_epi16(_mm256_maddubs_epi16(q, y), _mm256_maddubs_epi16(sixteen, y));
         _mm256_madd_epi16(p, _mm256_set1_epi16(1))
@@ -363,7 +363,7 @@ pub(super) unsafe fn q5_0_dot(w: &[u8], a: &[u8]) -> f32 {
 pub(super) unsafe fn iq4_nl_dot(w: &[u8], a: &[u8]) -> f32 {
     let table = _mm256_broadcastsi128_si256(_mm_loadu_si128(KVALUES_IQ4NL.as_ptr().cast()));
     q8_0_row!(w, a, L::IQ4_NL, |wb, aq| {
-        let x = _mm256_shuffle_epi8(table, nibbles32(wb.add(2)));
+        let x = _mm256_shuffle_epi8(table, nibbles32(wb.add(L::IQ4_NL_QS)));
         let y = _mm256_loadu_si256(aq.cast());
         madd_i8_i8(x, y)
     })
@@ -376,7 +376,7 @@ pub(super) unsafe fn iq4_nl_dot(w: &[u8], a: &[u8]) -> f32 {
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn q4_1_dot(w: &[u8], a: &[u8]) -> f32 {
     q8_1_row!(w, a, L::Q4_1, |wb, aq| {
-        let q = nibbles32(wb.add(4));
+        let q = nibbles32(wb.add(L::Q4_1_QS));
         madd_u8_i8(q, _mm256_loadu_si256(aq.cast()))
     })
 }
@@ -389,8 +389,8 @@ pub(super) unsafe fn q4_1_dot(w: &[u8], a: &[u8]) -> f32 {
 pub(super) unsafe fn q5_1_dot(w: &[u8], a: &[u8]) -> f32 {
     let sixteen = _mm256_set1_epi8(16);
     q8_1_row!(w, a, L::Q5_1, |wb, aq| {
-        let hi = _mm256_and_si256(bits_to_bytes(read_u32(wb.add(4))), sixteen);
-        let q = _mm256_or_si256(nibbles32(wb.add(8)), hi);
+        let hi = _mm256_and_si256(bits_to_bytes(read_u32(wb.add(L::Q5_1_QH))), sixteen);
+        let q = _mm256_or_si256(nibbles32(wb.add(L::Q5_1_QS)), hi);
         madd_u8_i8(q, _mm256_loadu_si256(aq.cast()))
     })
 }

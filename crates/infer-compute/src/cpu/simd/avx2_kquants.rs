@@ -68,7 +68,7 @@ pub(super) unsafe fn k4_prepare(wb: *const u8, pairs: &mut Pairs) -> __m256i {
     // `qs`, unused), lanes [u0 & 3f, u2 & 0f | (u0 >> 6 & 3) << 4,
     // u1 & 3f, u2 >> 4 & 0f | (u1 >> 6 & 3) << 4] are the scales 0..4,
     // scales 4..8, mins 0..4 and mins 4..8.
-    let u = _mm_loadu_si128(wb.add(4).cast());
+    let u = _mm_loadu_si128(wb.add(L::Q4_K_SCALES).cast());
     let low = _mm_srlv_epi32(_mm_shuffle_epi32::<0b10_01_10_00>(u), _mm_setr_epi32(0, 0, 0, 4));
     let low = _mm_and_si128(low, _mm_setr_epi32(0x3f3f_3f3f, 0x0f0f_0f0f, 0x3f3f_3f3f, 0x0f0f_0f0f));
     let top = _mm_srli_epi32::<6>(_mm_shuffle_epi32::<0b01_00_00_00>(u));
@@ -118,7 +118,7 @@ macro_rules! k4_row {
         let (w, a): (&[u8], &[u8]) = ($w, $a);
         let nb = (w.len() / $wsize).min(a.len() / L::Q8_K);
         let (wp, ap) = (w.as_ptr(), a.as_ptr());
-        let qs_at = if $qh { 48 } else { 16 };
+        let qs_at = if $qh { L::Q5_K_QS } else { L::Q4_K_QS };
         let low4 = _mm256_set1_epi8(0x0f);
         let bit4 = _mm256_set1_epi8(0x10);
         let mut pairs = Pairs([0u32; 16]);
@@ -136,7 +136,7 @@ macro_rules! k4_row {
             let mins = k4_prepare(wb, &mut pairs);
             let pm = _mm256_madd_epi16(mins, _mm256_loadu_si256(ab.add(L::Q8_K_BSUMS).cast()));
             acc_m = _mm256_fmadd_ps(_mm256_cvtepi32_ps(pm), _mm256_broadcastss_ps(_mm_movehdup_ps(dd)), acc_m);
-            let mut qh = if $qh { _mm256_loadu_si256(wb.add(16).cast()) } else { _mm256_setzero_si256() };
+            let mut qh = if $qh { _mm256_loadu_si256(wb.add(L::Q5_K_QH).cast()) } else { _mm256_setzero_si256() };
             let mut sum = [_mm256_setzero_si256(); 2];
             for j in 0..4 {
                 let q = _mm256_loadu_si256(wb.add(qs_at + 32 * j).cast());
@@ -202,8 +202,8 @@ pub(super) unsafe fn q6_k_dot(w: &[u8], a: &[u8]) -> f32 {
         let wb = wp.add(i * L::Q6_K);
         prefetch_ahead::<256>(wb);
         let ab = ap.add(i * L::Q8_K);
-        let d = f16_to_f32_scalar(read_u16(wb.add(208))) * read_f32(ab);
-        let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(wb.add(192).cast()));
+        let d = f16_to_f32_scalar(read_u16(wb.add(L::Q6_K_D))) * read_f32(ab);
+        let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(wb.add(L::Q6_K_SCALES).cast()));
         let offset = _mm256_madd_epi16(sc16, bsums(ab));
         let mut sumi = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32::<5>(offset));
         for n in 0..2 {
@@ -214,7 +214,7 @@ pub(super) unsafe fn q6_k_dot(w: &[u8], a: &[u8]) -> f32 {
             };
             let ql0 = _mm256_loadu_si256(wb.add(64 * n).cast());
             let ql1 = _mm256_loadu_si256(wb.add(64 * n + 32).cast());
-            let qh = _mm256_loadu_si256(wb.add(128 + 32 * n).cast());
+            let qh = _mm256_loadu_si256(wb.add(L::Q6_K_QH + 32 * n).cast());
             let u = [
                 _mm256_or_si256(_mm256_and_si256(ql0, low4), _mm256_and_si256(_mm256_slli_epi16::<4>(qh), bits45)),
                 _mm256_or_si256(_mm256_and_si256(ql1, low4), _mm256_and_si256(_mm256_slli_epi16::<2>(qh), bits45)),
@@ -257,7 +257,7 @@ pub(super) unsafe fn q2_k_dot(w: &[u8], a: &[u8]) -> f32 {
         prefetch_ahead::<128>(wb);
         let ab = ap.add(i * L::Q8_K);
         let da = read_f32(ab);
-        let dd = _mm_cvtph_ps(_mm_cvtsi32_si128(read_u32(wb.add(80)) as i32));
+        let dd = _mm_cvtph_ps(_mm_cvtsi32_si128(read_u32(wb.add(L::Q2_K_D)) as i32));
         let dd = _mm_mul_ps(dd, _mm_set1_ps(da)); // [d, dmin, ..]
         let packed = _mm_loadu_si128(wb.cast());
         let mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16::<4>(packed), low4));
@@ -271,7 +271,7 @@ pub(super) unsafe fn q2_k_dot(w: &[u8], a: &[u8]) -> f32 {
             } else {
                 _mm256_permute2x128_si256::<0x11>(sc16, sc16)
             };
-            let mut q = _mm256_loadu_si256(wb.add(16 + 32 * n).cast());
+            let mut q = _mm256_loadu_si256(wb.add(L::Q2_K_QS + 32 * n).cast());
             for j in 0..4 {
                 let u = _mm256_and_si256(q, low2);
                 q = _mm256_srli_epi16::<2>(q);
@@ -304,8 +304,8 @@ pub(super) unsafe fn q3_k_dot(w: &[u8], a: &[u8]) -> f32 {
         let wb = wp.add(i * L::Q3_K);
         prefetch_ahead::<128>(wb);
         let ab = ap.add(i * L::Q8_K);
-        let d = f16_to_f32_scalar(read_u16(wb.add(108))) * read_f32(ab);
-        let scales = q3k_scales(wb.add(96).cast::<[u8; 12]>().read_unaligned());
+        let d = f16_to_f32_scalar(read_u16(wb.add(L::Q3_K_D))) * read_f32(ab);
+        let scales = q3k_scales(wb.add(L::Q3_K_SCALES).cast::<[u8; 12]>().read_unaligned());
         let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(scales.as_ptr().cast()));
         let offset = _mm256_madd_epi16(sc16, bsums(ab));
         let mut sumi = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32::<2>(offset));
@@ -316,7 +316,7 @@ pub(super) unsafe fn q3_k_dot(w: &[u8], a: &[u8]) -> f32 {
             } else {
                 _mm256_permute2x128_si256::<0x11>(sc16, sc16)
             };
-            let mut q = _mm256_loadu_si256(wb.add(32 + 32 * n).cast());
+            let mut q = _mm256_loadu_si256(wb.add(L::Q3_K_QS + 32 * n).cast());
             for j in 0..4 {
                 let bit = _mm256_set1_epi8((1u8 << (4 * n + j)) as i8);
                 let h = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hmask, bit), bit), four);

@@ -118,15 +118,26 @@ struct View {
 }
 
 impl View {
+    /// Aux word `i` of block `b` of token `t`.
+    ///
+    /// # Safety
+    /// `t`, `b` and `i` lie inside the call this view describes (`t < n`, `b < nb`, `i < aux_per`).
     #[inline(always)]
     unsafe fn aux(&self, t: usize, b: usize, i: usize) -> i32 {
         *self.aux.add((t * self.nb + b) * self.aux_per + i)
     }
+    /// The activation scale of block `b` of token `t`.
+    ///
+    /// # Safety
+    /// `t < n` and `b < nb` of the call this view describes.
     #[inline(always)]
     unsafe fn d(&self, t: usize, b: usize) -> f32 {
         *self.d.add(t * self.nb + b)
     }
     /// This half's 32 bytes of the 64-byte plane at `p`.
+    ///
+    /// # Safety
+    /// AVX2 must be available; `p..p + 64` must be readable.
     #[inline(always)]
     unsafe fn plane(&self, p: *const u8) -> __m256i {
         _mm256_load_si256(p.add(32 * self.half) as *const __m256i)
@@ -134,6 +145,9 @@ impl View {
 }
 
 /// Four activation codes at byte `at` of token `t`, in every lane.
+///
+/// # Safety
+/// AVX2 must be available; bytes `at..at + 4` of token `t` must lie in the view's activation codes.
 #[inline]
 #[target_feature(enable = "avx2")]
 unsafe fn act4(v: &View, t: usize, at: usize) -> __m256i {
@@ -141,6 +155,9 @@ unsafe fn act4(v: &View, t: usize, at: usize) -> __m256i {
 }
 
 /// 8 f16 scales of this half at `p` (the group's 16), as f32.
+///
+/// # Safety
+/// AVX2 and F16C must be available; `p..p + 32` (the group's 16 scales) must be readable.
 #[inline]
 #[target_feature(enable = "avx2,f16c")]
 unsafe fn scales8(v: &View, p: *const u8) -> __m256 {
@@ -148,6 +165,9 @@ unsafe fn scales8(v: &View, p: *const u8) -> __m256 {
 }
 
 /// `acc + Σ_4 w·a` per i32 lane for unsigned `w` below 64 (exact).
+///
+/// # Safety
+/// AVX2 must be available (register arithmetic only, no memory access).
 #[inline]
 #[target_feature(enable = "avx2")]
 unsafe fn dot_u(acc: __m256i, w: __m256i, a: __m256i) -> __m256i {
@@ -156,6 +176,9 @@ unsafe fn dot_u(acc: __m256i, w: __m256i, a: __m256i) -> __m256i {
 
 /// `acc + Σ_4 q·a` per i32 lane for signed `q` (exact through `|q|` and
 /// `sign(a, q)`).
+///
+/// # Safety
+/// AVX2 must be available (register arithmetic only, no memory access).
 #[inline]
 #[target_feature(enable = "avx2")]
 unsafe fn dot_s(acc: __m256i, q: __m256i, a: __m256i) -> __m256i {
@@ -163,6 +186,9 @@ unsafe fn dot_s(acc: __m256i, q: __m256i, a: __m256i) -> __m256i {
 }
 
 /// Stores `acc[t]` (this half's lanes) for every token of the pass.
+///
+/// # Safety
+/// AVX2 must be available; outputs `..lanes` of tokens `..T` (at `y + t·ld_y`) must be writable.
 #[inline]
 #[target_feature(enable = "avx2")]
 unsafe fn store<const T: usize>(v: &View, acc: &[__m256; T]) {
@@ -175,6 +201,10 @@ unsafe fn store<const T: usize>(v: &View, acc: &[__m256; T]) {
 
 /// Signed codes (Q8_0, IQ4_NL) or unsigned codes (Q4_0, Q5_0) of values
 /// `4m..4m + 4` of a 32-wide code record, this half's 8 lanes.
+///
+/// # Safety
+/// AVX2 must be available; `r` must point to a whole, 64-byte aligned code record of format `F`
+/// (`packed::layout`); `m < 8`.
 #[inline]
 #[target_feature(enable = "avx2")]
 unsafe fn codes32<const F: u8>(v: &View, r: *const u8, m: usize) -> __m256i {
@@ -209,6 +239,10 @@ unsafe fn codes32<const F: u8>(v: &View, r: *const u8, m: usize) -> __m256i {
     }
 }
 
+/// The products of one half-group of a 32-wide format `F` with `T` tokens.
+///
+/// # Safety
+/// As [`tile`]: the view describes buffers of a live `tile` call with a group of format `F` and `T` tokens.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn q32<const F: u8, const T: usize>(v: View) {
     let signed = F == F_Q8_0 || F == F_IQ4_NL;
@@ -237,6 +271,10 @@ unsafe fn q32<const F: u8, const T: usize>(v: View) {
     store::<T>(&v, &acc);
 }
 
+/// The products of one Q4_K half-group with `T` tokens.
+///
+/// # Safety
+/// As [`tile`]: the view describes buffers of a live `tile` call with a Q4_K group and `T` tokens.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn q4k<const T: usize>(v: View) {
     let lo4 = _mm256_set1_epi8(0x0f);
@@ -282,6 +320,10 @@ unsafe fn q4k<const T: usize>(v: View) {
 }
 
 /// The u8 codes (`0..64`) of Q6_K group `gi`, this half's 8 lanes.
+///
+/// # Safety
+/// AVX2 must be available; `r` must point to a whole Q6_K code record (`packed::layout`); `gi` must name one
+/// of its 64-value groups.
 #[inline]
 #[target_feature(enable = "avx2")]
 unsafe fn codes_q6k(v: &View, r: *const u8, gi: usize) -> __m256i {
@@ -298,6 +340,10 @@ unsafe fn codes_q6k(v: &View, r: *const u8, gi: usize) -> __m256i {
     _mm256_or_si256(nib, _mm256_and_si256(h, _mm256_set1_epi8(0x30)))
 }
 
+/// The products of one Q6_K half-group with `T` tokens.
+///
+/// # Safety
+/// As [`tile`]: the view describes buffers of a live `tile` call with a Q6_K group and `T` tokens.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn q6k<const T: usize>(v: View) {
     let mut acc = [_mm256_setzero_ps(); T];

@@ -105,7 +105,9 @@ unsafe fn dot_u8_offset(u: __m256i, c: __m256i, y: __m256i) -> __m256i {
 /// The CPU must support the AVX-512 VNNI level's features.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 unsafe fn q8_0_dot(w: &[u8], a: &[u8]) -> f32 {
-    q8_0_row!(w, a, L::Q8_0, |wb, aq| { dot_i8(_mm256_loadu_si256(wb.add(2).cast()), _mm256_loadu_si256(aq.cast())) })
+    q8_0_row!(w, a, L::Q8_0, |wb, aq| {
+        dot_i8(_mm256_loadu_si256(wb.add(L::Q8_0_QS).cast()), _mm256_loadu_si256(aq.cast()))
+    })
 }
 
 /// Q4_0 × Q8_0: `Σ q·a − 8·Σ a`.
@@ -115,7 +117,9 @@ unsafe fn q8_0_dot(w: &[u8], a: &[u8]) -> f32 {
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 unsafe fn q4_0_dot(w: &[u8], a: &[u8]) -> f32 {
     let eight = _mm256_set1_epi8(8);
-    q8_0_row!(w, a, L::Q4_0, |wb, aq| { dot_u8_offset(nibbles32(wb.add(2)), eight, _mm256_loadu_si256(aq.cast())) })
+    q8_0_row!(w, a, L::Q4_0, |wb, aq| {
+        dot_u8_offset(nibbles32(wb.add(L::Q4_0_QS)), eight, _mm256_loadu_si256(aq.cast()))
+    })
 }
 
 /// Q5_0 × Q8_0: the fifth bits (`qh`, one per value) are a byte mask that
@@ -127,8 +131,8 @@ unsafe fn q4_0_dot(w: &[u8], a: &[u8]) -> f32 {
 unsafe fn q5_0_dot(w: &[u8], a: &[u8]) -> f32 {
     let sixteen = _mm256_set1_epi8(16);
     q8_0_row!(w, a, L::Q5_0, |wb, aq| {
-        let q = nibbles32(wb.add(6));
-        let q = _mm256_mask_add_epi8(q, read_u32(wb.add(2)), q, sixteen);
+        let q = nibbles32(wb.add(L::Q5_0_QS));
+        let q = _mm256_mask_add_epi8(q, read_u32(wb.add(L::Q5_0_QH)), q, sixteen);
         dot_u8_offset(q, sixteen, _mm256_loadu_si256(aq.cast()))
     })
 }
@@ -141,7 +145,7 @@ unsafe fn q5_0_dot(w: &[u8], a: &[u8]) -> f32 {
 unsafe fn iq4_nl_dot(w: &[u8], a: &[u8]) -> f32 {
     let table = _mm256_broadcastsi128_si256(_mm_loadu_si128(KVALUES_IQ4NL.as_ptr().cast()));
     q8_0_row!(w, a, L::IQ4_NL, |wb, aq| {
-        let x = _mm256_shuffle_epi8(table, nibbles32(wb.add(2)));
+        let x = _mm256_shuffle_epi8(table, nibbles32(wb.add(L::IQ4_NL_QS)));
         dot_i8(x, _mm256_loadu_si256(aq.cast()))
     })
 }
@@ -229,15 +233,15 @@ unsafe fn q6_k_dot(w: &[u8], a: &[u8]) -> f32 {
         prefetch_ahead::<256>(wb);
         let ab = ap.add(i * L::Q8_K);
         let aq = ab.add(L::Q8_K_QS);
-        let d = f16_to_f32(read_u16(wb.add(208))) * read_f32(ab);
-        let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(wb.add(192).cast()));
+        let d = f16_to_f32(read_u16(wb.add(L::Q6_K_D))) * read_f32(ab);
+        let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(wb.add(L::Q6_K_SCALES).cast()));
         let offset = _mm256_madd_epi16(sc16, _mm256_loadu_si256(ab.add(L::Q8_K_BSUMS).cast()));
         let sc = _mm512_castsi256_si512(sc16);
         let mut s0 = _mm512_setzero_si512();
         let mut s1 = _mm512_setzero_si512();
         for n in 0..2 {
             let ql = _mm512_loadu_si512(wb.add(64 * n).cast());
-            let qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(wb.add(128 + 32 * n).cast()));
+            let qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(wb.add(L::Q6_K_QH + 32 * n).cast()));
             let u_lo =
                 _mm512_or_si512(_mm512_and_si512(ql, low4), _mm512_and_si512(_mm512_sllv_epi64(qh, shl_lo), bits45));
             let u_hi = _mm512_or_si512(

@@ -94,11 +94,17 @@ struct View {
 
 impl View {
     /// Aux word `i` of block `b` of token `t`.
+    ///
+    /// # Safety
+    /// `t`, `b` and `i` lie inside the call this view describes (`t < n`, `b < nb`, `i < aux_per`).
     #[inline(always)]
     unsafe fn aux(&self, t: usize, b: usize, i: usize) -> i32 {
         *self.aux.add((t * self.nb + b) * self.aux_per + i)
     }
     /// The activation scale of block `b` of token `t`.
+    ///
+    /// # Safety
+    /// `t < n` and `b < nb` of the call this view describes.
     #[inline(always)]
     unsafe fn d(&self, t: usize, b: usize) -> f32 {
         *self.d.add(t * self.nb + b)
@@ -112,6 +118,10 @@ impl View {
 /// has a single stream of demand misses in flight. Prefill reuses cached
 /// weights and skips it. Prefetching past the end of the weights is
 /// harmless (a hint, never a fault).
+///
+/// # Safety
+/// None beyond x86-64 itself (SSE): a prefetch is a hint that never faults, and its address is formed with
+/// wrapping arithmetic.
 #[inline(always)]
 unsafe fn prefetch<const T: usize>(r: *const u8, bytes: usize) {
     if T == 1 {
@@ -124,6 +134,9 @@ unsafe fn prefetch<const T: usize>(r: *const u8, bytes: usize) {
 }
 
 /// Four activation codes at byte `at` of token `t`, in every lane.
+///
+/// # Safety
+/// AVX-512 F must be available; bytes `at..at + 4` of token `t` must lie in the view's activation codes.
 #[inline]
 #[target_feature(enable = "avx512f")]
 unsafe fn act4(v: &View, t: usize, at: usize) -> __m512i {
@@ -131,6 +144,9 @@ unsafe fn act4(v: &View, t: usize, at: usize) -> __m512i {
 }
 
 /// 16 f16 scales at `p`, as f32.
+///
+/// # Safety
+/// AVX-512 F must be available; `p..p + 32` must be readable.
 #[inline]
 #[target_feature(enable = "avx512f")]
 unsafe fn scales16(p: *const u8) -> __m512 {
@@ -138,6 +154,10 @@ unsafe fn scales16(p: *const u8) -> __m512 {
 }
 
 /// The u8 codes of values `4m..4m + 4` of a 32-wide code record, 16 lanes.
+///
+/// # Safety
+/// AVX-512 F/BW must be available; `r` must point to a whole, 64-byte aligned code record of format `F`
+/// (`packed::layout`); `m < 8`.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw")]
 unsafe fn codes32<const F: u8>(r: *const u8, m: usize) -> __m512i {
@@ -162,6 +182,10 @@ unsafe fn codes32<const F: u8>(r: *const u8, m: usize) -> __m512i {
     }
 }
 
+/// The products of one group of a 32-wide format `F` with `T` tokens.
+///
+/// # Safety
+/// As [`tile`]: the view describes buffers of a live [`tile`] call with a group of format `F` and `T` tokens.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma")]
 unsafe fn q32<const F: u8, const T: usize>(v: View) {
     let mut acc = [_mm512_setzero_ps(); T];
@@ -193,6 +217,10 @@ unsafe fn q32<const F: u8, const T: usize>(v: View) {
     }
 }
 
+/// The products of one Q4_K group with `T` tokens.
+///
+/// # Safety
+/// As [`tile`]: the view describes buffers of a live [`tile`] call with a Q4_K group and `T` tokens.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma")]
 unsafe fn q4k<const T: usize>(v: View) {
     let lo4 = _mm512_set1_epi8(0x0f);
@@ -241,6 +269,10 @@ unsafe fn q4k<const T: usize>(v: View) {
 }
 
 /// The u8 codes (`0..64`) of Q6_K group `gi` (codes `4gi..4gi + 4`), 16 lanes.
+///
+/// # Safety
+/// AVX-512 F/BW must be available; `r` must point to a whole Q6_K code record (`packed::layout`); `gi` must
+/// name one of its 64-value groups.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw")]
 unsafe fn codes_q6k(r: *const u8, gi: usize) -> __m512i {
@@ -260,6 +292,10 @@ unsafe fn codes_q6k(r: *const u8, gi: usize) -> __m512i {
     _mm512_ternarylogic_epi32::<0xF8>(nib, h, _mm512_set1_epi8(0x30))
 }
 
+/// The products of one Q6_K group with `T` tokens.
+///
+/// # Safety
+/// As [`tile`]: the view describes buffers of a live [`tile`] call with a Q6_K group and `T` tokens.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma")]
 unsafe fn q6k<const T: usize>(v: View) {
     let mut acc = [_mm512_setzero_ps(); T];

@@ -129,43 +129,92 @@ pub fn quantize_activation_row(k: &Kernels, act: GgmlType, x: &[f32], out: &mut 
     }
 }
 
-/// Byte layout of the blocks, shared by the kernels of every level
-/// (`quant/<type>.rs` holds the structs; the sizes are asserted there).
+/// Byte layout of the blocks, shared by the kernels of every level: record
+/// sizes and field offsets taken from the structs of `quant/<type>.rs`
+/// (`size_of`, `offset_of!`), so a kernel's pointer arithmetic cannot drift
+/// from the format's one definition.
 #[allow(dead_code)]
 pub(crate) mod layout {
-    /// Q8_0: `d: f16`, `qs: [i8; 32]`.
-    pub const Q8_0: usize = 34;
-    /// Q8_1: `d: f16`, `s: f16` (`d · Σ qs`), `qs: [i8; 32]`.
-    pub const Q8_1: usize = 36;
-    /// Q4_0: `d: f16`, `qs: [u8; 16]`.
-    pub const Q4_0: usize = 18;
-    /// Q4_1: `d: f16`, `m: f16`, `qs: [u8; 16]`.
-    pub const Q4_1: usize = 20;
-    /// Q5_0: `d: f16`, `qh: [u8; 4]`, `qs: [u8; 16]`.
-    pub const Q5_0: usize = 22;
-    /// Q5_1: `d: f16`, `m: f16`, `qh: [u8; 4]`, `qs: [u8; 16]`.
-    pub const Q5_1: usize = 24;
-    /// IQ4_NL: `d: f16`, `qs: [u8; 16]`.
-    pub const IQ4_NL: usize = 18;
-    /// Q8_K: `d: f32`, `qs: [i8; 256]` at 4, `bsums: [i16; 16]` at 260.
-    pub const Q8_K: usize = 292;
-    /// Offset of Q8_K's `qs`.
-    pub const Q8_K_QS: usize = 4;
-    /// Offset of Q8_K's `bsums`.
-    pub const Q8_K_BSUMS: usize = 260;
-    /// Q2_K: `scales: [u8; 16]`, `qs: [u8; 64]` at 16, `d` at 80, `dmin` at 82.
-    pub const Q2_K: usize = 84;
-    /// Q3_K: `hmask: [u8; 32]`, `qs: [u8; 64]` at 32, `scales: [u8; 12]` at
-    /// 96, `d` at 108.
-    pub const Q3_K: usize = 110;
-    /// Q4_K: `d`, `dmin`, `scales: [u8; 12]` at 4, `qs: [u8; 128]` at 16.
-    pub const Q4_K: usize = 144;
-    /// Q5_K: `d`, `dmin`, `scales` at 4, `qh: [u8; 32]` at 16, `qs: [u8; 128]`
-    /// at 48.
-    pub const Q5_K: usize = 176;
-    /// Q6_K: `ql: [u8; 128]`, `qh: [u8; 64]` at 128, `scales: [i8; 16]` at
-    /// 192, `d` at 208.
-    pub const Q6_K: usize = 210;
+    use core::mem::{offset_of, size_of};
+
+    use crate::quant::*;
+
+    /// Q8_0 record, and the offset of its `qs` (after `d: f16`).
+    pub const Q8_0: usize = size_of::<BlockQ8_0>();
+    pub const Q8_0_QS: usize = offset_of!(BlockQ8_0, qs);
+    /// Q8_1 record: `d`, `s` (`d · Σ qs`), `qs`.
+    pub const Q8_1: usize = size_of::<BlockQ8_1>();
+    pub const Q8_1_S: usize = offset_of!(BlockQ8_1, s);
+    pub const Q8_1_QS: usize = offset_of!(BlockQ8_1, qs);
+    /// Q4_0 record: `d`, `qs`.
+    pub const Q4_0: usize = size_of::<BlockQ4_0>();
+    pub const Q4_0_QS: usize = offset_of!(BlockQ4_0, qs);
+    /// Q4_1 record: `d`, `m`, `qs`.
+    pub const Q4_1: usize = size_of::<BlockQ4_1>();
+    pub const Q4_1_M: usize = offset_of!(BlockQ4_1, m);
+    pub const Q4_1_QS: usize = offset_of!(BlockQ4_1, qs);
+    /// Q5_0 record: `d`, `qh`, `qs`.
+    pub const Q5_0: usize = size_of::<BlockQ5_0>();
+    pub const Q5_0_QH: usize = offset_of!(BlockQ5_0, qh);
+    pub const Q5_0_QS: usize = offset_of!(BlockQ5_0, qs);
+    /// Q5_1 record: `d`, `m`, `qh`, `qs`.
+    pub const Q5_1: usize = size_of::<BlockQ5_1>();
+    pub const Q5_1_M: usize = offset_of!(BlockQ5_1, m);
+    pub const Q5_1_QH: usize = offset_of!(BlockQ5_1, qh);
+    pub const Q5_1_QS: usize = offset_of!(BlockQ5_1, qs);
+    /// IQ4_NL record: `d`, `qs`.
+    pub const IQ4_NL: usize = size_of::<BlockIQ4NL>();
+    pub const IQ4_NL_QS: usize = offset_of!(BlockIQ4NL, qs);
+    /// Q8_K record: `d: f32`, `qs`, `bsums`.
+    pub const Q8_K: usize = size_of::<BlockQ8K>();
+    pub const Q8_K_QS: usize = offset_of!(BlockQ8K, qs);
+    pub const Q8_K_BSUMS: usize = offset_of!(BlockQ8K, bsums);
+    /// Q2_K record: `scales`, `qs`, `d`, `dmin`.
+    pub const Q2_K: usize = size_of::<BlockQ2K>();
+    pub const Q2_K_QS: usize = offset_of!(BlockQ2K, qs);
+    pub const Q2_K_D: usize = offset_of!(BlockQ2K, d);
+    pub const Q2_K_DMIN: usize = offset_of!(BlockQ2K, dmin);
+    /// Q3_K record: `hmask`, `qs`, `scales`, `d`.
+    pub const Q3_K: usize = size_of::<BlockQ3K>();
+    pub const Q3_K_QS: usize = offset_of!(BlockQ3K, qs);
+    pub const Q3_K_SCALES: usize = offset_of!(BlockQ3K, scales);
+    pub const Q3_K_D: usize = offset_of!(BlockQ3K, d);
+    /// Q4_K record: `d`, `dmin`, `scales`, `qs`.
+    pub const Q4_K: usize = size_of::<BlockQ4K>();
+    pub const Q4_K_DMIN: usize = offset_of!(BlockQ4K, dmin);
+    pub const Q4_K_SCALES: usize = offset_of!(BlockQ4K, scales);
+    pub const Q4_K_QS: usize = offset_of!(BlockQ4K, qs);
+    /// Q5_K record: `d`, `dmin`, `scales`, `qh`, `qs`.
+    pub const Q5_K: usize = size_of::<BlockQ5K>();
+    pub const Q5_K_DMIN: usize = offset_of!(BlockQ5K, dmin);
+    pub const Q5_K_SCALES: usize = offset_of!(BlockQ5K, scales);
+    pub const Q5_K_QH: usize = offset_of!(BlockQ5K, qh);
+    pub const Q5_K_QS: usize = offset_of!(BlockQ5K, qs);
+    /// Q6_K record: `ql`, `qh`, `scales`, `d`.
+    pub const Q6_K: usize = size_of::<BlockQ6K>();
+    pub const Q6_K_QH: usize = offset_of!(BlockQ6K, qh);
+    pub const Q6_K_SCALES: usize = offset_of!(BlockQ6K, scales);
+    pub const Q6_K_D: usize = offset_of!(BlockQ6K, d);
+
+    // Fields the kernels read at a block's start, and the `m` that the shared
+    // Q4_1/Q5_1 loop reads at one offset for both.
+    const _: () = assert!(
+        offset_of!(BlockQ8_0, d) == 0
+            && offset_of!(BlockQ8_1, d) == 0
+            && offset_of!(BlockQ4_0, d) == 0
+            && offset_of!(BlockQ4_1, d) == 0
+            && offset_of!(BlockQ5_0, d) == 0
+            && offset_of!(BlockQ5_1, d) == 0
+            && offset_of!(BlockIQ4NL, d) == 0
+            && offset_of!(BlockQ8K, d) == 0
+            && offset_of!(BlockQ2K, scales) == 0
+            && offset_of!(BlockQ3K, hmask) == 0
+            && offset_of!(BlockQ4K, d) == 0
+            && offset_of!(BlockQ5K, d) == 0
+            && offset_of!(BlockQ6K, ql) == 0
+            && Q4_1_M == offset_of!(BlockQ5_1, m)
+            && Q5_K_QS == Q5_K_QH + 32
+    );
 }
 
 /// Reads a little-endian `u16` at `p` (any alignment).

@@ -128,7 +128,7 @@ macro_rules! q8_0_row {
             // inside both slices.
             let $wb = wp.add(i * $wsize);
             let ab = ap.add(i * L::Q8_0);
-            let $aq = ab.add(2);
+            let $aq = ab.add(L::Q8_0_QS);
             let sum: int32x4_t = $body;
             let d = f16_to_f32(read_u16($wb)) * f16_to_f32(read_u16(ab));
             acc[i & 1] = vfmaq_f32(acc[i & 1], vcvtq_f32_s32(sum), vdupq_n_f32(d));
@@ -144,7 +144,7 @@ macro_rules! q8_0_row {
 #[target_feature(enable = "neon,dotprod")]
 unsafe fn q8_0_dot(w: &[u8], a: &[u8]) -> f32 {
     q8_0_row!(w, a, L::Q8_0, |wb, aq| {
-        let (w0, w1) = load32(wb.add(2));
+        let (w0, w1) = load32(wb.add(L::Q8_0_QS));
         let (a0, a1) = load32(aq);
         sdot(sdot(vdupq_n_s32(0), w0, a0), w1, a1)
     })
@@ -170,7 +170,7 @@ unsafe fn nibbles(p: *const u8) -> (uint8x16_t, uint8x16_t) {
 unsafe fn q4_0_dot(w: &[u8], a: &[u8]) -> f32 {
     let eight = vdupq_n_s8(8);
     q8_0_row!(w, a, L::Q4_0, |wb, aq| {
-        let (lo, hi) = nibbles(wb.add(2));
+        let (lo, hi) = nibbles(wb.add(L::Q4_0_QS));
         let (a0, a1) = load32(aq);
         let x0 = vsubq_s8(vreinterpretq_s8_u8(lo), eight);
         let x1 = vsubq_s8(vreinterpretq_s8_u8(hi), eight);
@@ -198,8 +198,8 @@ unsafe fn bits_to_0x10(bits: u16) -> uint8x16_t {
 unsafe fn q5_0_dot(w: &[u8], a: &[u8]) -> f32 {
     let sixteen = vdupq_n_s8(16);
     q8_0_row!(w, a, L::Q5_0, |wb, aq| {
-        let qh = read_u32(wb.add(2));
-        let (lo, hi) = nibbles(wb.add(6));
+        let qh = read_u32(wb.add(L::Q5_0_QH));
+        let (lo, hi) = nibbles(wb.add(L::Q5_0_QS));
         let lo = vorrq_u8(lo, bits_to_0x10(qh as u16));
         let hi = vorrq_u8(hi, bits_to_0x10((qh >> 16) as u16));
         let (a0, a1) = load32(aq);
@@ -224,11 +224,11 @@ macro_rules! q8_1_row {
             // inside both slices.
             let $wb = wp.add(i * $wsize);
             let ab = ap.add(i * L::Q8_1);
-            let $aq = ab.add(4);
+            let $aq = ab.add(L::Q8_1_QS);
             let sum: int32x4_t = $body;
             let d = f16_to_f32(read_u16($wb)) * f16_to_f32(read_u16(ab));
             acc = vfmaq_f32(acc, vcvtq_f32_s32(sum), vdupq_n_f32(d));
-            mins += f16_to_f32(read_u16($wb.add(2))) * f16_to_f32(read_u16(ab.add(2)));
+            mins += f16_to_f32(read_u16($wb.add(L::Q4_1_M))) * f16_to_f32(read_u16(ab.add(L::Q8_1_S)));
         }
         vaddvq_f32(acc) + mins
     }};
@@ -241,7 +241,7 @@ macro_rules! q8_1_row {
 #[target_feature(enable = "neon,dotprod")]
 unsafe fn q4_1_dot(w: &[u8], a: &[u8]) -> f32 {
     q8_1_row!(w, a, L::Q4_1, |wb, aq| {
-        let (lo, hi) = nibbles(wb.add(4));
+        let (lo, hi) = nibbles(wb.add(L::Q4_1_QS));
         let (a0, a1) = load32(aq);
         sdot(sdot(vdupq_n_s32(0), vreinterpretq_s8_u8(lo), a0), vreinterpretq_s8_u8(hi), a1)
     })
@@ -254,8 +254,8 @@ unsafe fn q4_1_dot(w: &[u8], a: &[u8]) -> f32 {
 #[target_feature(enable = "neon,dotprod")]
 unsafe fn q5_1_dot(w: &[u8], a: &[u8]) -> f32 {
     q8_1_row!(w, a, L::Q5_1, |wb, aq| {
-        let qh = read_u32(wb.add(4));
-        let (lo, hi) = nibbles(wb.add(8));
+        let qh = read_u32(wb.add(L::Q5_1_QH));
+        let (lo, hi) = nibbles(wb.add(L::Q5_1_QS));
         let lo = vorrq_u8(lo, bits_to_0x10(qh as u16));
         let hi = vorrq_u8(hi, bits_to_0x10((qh >> 16) as u16));
         let (a0, a1) = load32(aq);
@@ -271,7 +271,7 @@ unsafe fn q5_1_dot(w: &[u8], a: &[u8]) -> f32 {
 unsafe fn iq4_nl_dot(w: &[u8], a: &[u8]) -> f32 {
     let table = vld1q_s8(KVALUES_IQ4NL.as_ptr());
     q8_0_row!(w, a, L::IQ4_NL, |wb, aq| {
-        let (lo, hi) = nibbles(wb.add(2));
+        let (lo, hi) = nibbles(wb.add(L::IQ4_NL_QS));
         let (a0, a1) = load32(aq);
         sdot(sdot(vdupq_n_s32(0), vqtbl1q_s8(table, lo), a0), vqtbl1q_s8(table, hi), a1)
     })
@@ -312,8 +312,8 @@ unsafe fn q2_k_dot(w: &[u8], a: &[u8]) -> f32 {
         let ab = ap.add(i * L::Q8_K);
         let aq = ab.add(L::Q8_K_QS);
         let da = read_f32(ab);
-        let d = f16_to_f32(read_u16(wb.add(80))) * da;
-        let dmin = f16_to_f32(read_u16(wb.add(82))) * da;
+        let d = f16_to_f32(read_u16(wb.add(L::Q2_K_D))) * da;
+        let dmin = f16_to_f32(read_u16(wb.add(L::Q2_K_DMIN))) * da;
         let packed = vld1q_u8(wb);
         let m = vshrq_n_u8::<4>(packed);
         let mins =
@@ -322,7 +322,7 @@ unsafe fn q2_k_dot(w: &[u8], a: &[u8]) -> f32 {
         let sc = wb; // low nibbles of scales[g]
         let mut sumi = 0i32;
         for n in 0..2 {
-            let q = wb.add(16 + 32 * n);
+            let q = wb.add(L::Q2_K_QS + 32 * n);
             let (q0, q1) = (vld1q_u8(q), vld1q_u8(q.add(16)));
             for j in 0..4 {
                 let shift = vdupq_n_s8(-2 * j as i8);
@@ -358,12 +358,12 @@ unsafe fn q3_k_dot(w: &[u8], a: &[u8]) -> f32 {
         let wb = wp.add(i * L::Q3_K);
         let ab = ap.add(i * L::Q8_K);
         let aq = ab.add(L::Q8_K_QS);
-        let d = f16_to_f32(read_u16(wb.add(108))) * read_f32(ab);
-        let scales = q3k_scales(wb.add(96).cast::<[u8; 12]>().read_unaligned());
+        let d = f16_to_f32(read_u16(wb.add(L::Q3_K_D))) * read_f32(ab);
+        let scales = q3k_scales(wb.add(L::Q3_K_SCALES).cast::<[u8; 12]>().read_unaligned());
         let (h0, h1) = (vld1q_u8(wb), vld1q_u8(wb.add(16)));
         let mut sumi = 0i32;
         for n in 0..2 {
-            let q = wb.add(32 + 32 * n);
+            let q = wb.add(L::Q3_K_QS + 32 * n);
             let (q0, q1) = (vld1q_u8(q), vld1q_u8(q.add(16)));
             for j in 0..4 {
                 let shift = vdupq_n_s8(-2 * j as i8);
@@ -402,8 +402,8 @@ unsafe fn q4_k_dot(w: &[u8], a: &[u8]) -> f32 {
         let aq = ab.add(L::Q8_K_QS);
         let da = read_f32(ab);
         let d = f16_to_f32(read_u16(wb)) * da;
-        let dmin = f16_to_f32(read_u16(wb.add(2))) * da;
-        let sm = k4_scales_mins(wb.add(4).cast::<[u8; 12]>().read_unaligned()).to_le_bytes();
+        let dmin = f16_to_f32(read_u16(wb.add(L::Q4_K_DMIN))) * da;
+        let sm = k4_scales_mins(wb.add(L::Q4_K_SCALES).cast::<[u8; 12]>().read_unaligned()).to_le_bytes();
         // Mins against the pairwise group sums.
         let bs = ab.add(L::Q8_K_BSUMS).cast::<i16>();
         let pairs = vpaddq_s16(vld1q_s16(bs), vld1q_s16(bs.add(8)));
@@ -411,7 +411,7 @@ unsafe fn q4_k_dot(w: &[u8], a: &[u8]) -> f32 {
         let pm = vaddq_s32(vmull_s16(vget_low_s16(pairs), vget_low_s16(mins)), vmull_high_s16(pairs, mins));
         let mut sumi = 0i32;
         for j in 0..4 {
-            let q = wb.add(16 + 32 * j);
+            let q = wb.add(L::Q4_K_QS + 32 * j);
             let (q0, q1) = (vld1q_u8(q), vld1q_u8(q.add(16)));
             let (a0, a1) = load32(aq.add(64 * j));
             let (a2, a3) = load32(aq.add(64 * j + 32));
@@ -448,16 +448,16 @@ unsafe fn q5_k_dot(w: &[u8], a: &[u8]) -> f32 {
         let aq = ab.add(L::Q8_K_QS);
         let da = read_f32(ab);
         let d = f16_to_f32(read_u16(wb)) * da;
-        let dmin = f16_to_f32(read_u16(wb.add(2))) * da;
-        let sm = k4_scales_mins(wb.add(4).cast::<[u8; 12]>().read_unaligned()).to_le_bytes();
+        let dmin = f16_to_f32(read_u16(wb.add(L::Q5_K_DMIN))) * da;
+        let sm = k4_scales_mins(wb.add(L::Q5_K_SCALES).cast::<[u8; 12]>().read_unaligned()).to_le_bytes();
         let bs = ab.add(L::Q8_K_BSUMS).cast::<i16>();
         let pairs = vpaddq_s16(vld1q_s16(bs), vld1q_s16(bs.add(8)));
         let mins = vreinterpretq_s16_u16(vmovl_u8(vld1_u8(sm.as_ptr().add(8))));
         let pm = vaddq_s32(vmull_s16(vget_low_s16(pairs), vget_low_s16(mins)), vmull_high_s16(pairs, mins));
-        let (qh0, qh1) = (vld1q_u8(wb.add(16)), vld1q_u8(wb.add(32)));
+        let (qh0, qh1) = (vld1q_u8(wb.add(L::Q5_K_QH)), vld1q_u8(wb.add(L::Q5_K_QH + 16)));
         let mut sumi = 0i32;
         for j in 0..4 {
-            let q = wb.add(48 + 32 * j);
+            let q = wb.add(L::Q5_K_QS + 32 * j);
             let (q0, q1) = (vld1q_u8(q), vld1q_u8(q.add(16)));
             let (b_lo, b_hi) = (vdupq_n_u8(1 << (2 * j)), vdupq_n_u8(2 << (2 * j)));
             let (a0, a1) = load32(aq.add(64 * j));
@@ -496,12 +496,12 @@ unsafe fn q6_k_dot(w: &[u8], a: &[u8]) -> f32 {
         let wb = wp.add(i * L::Q6_K);
         let ab = ap.add(i * L::Q8_K);
         let aq = ab.add(L::Q8_K_QS);
-        let d = f16_to_f32(read_u16(wb.add(208))) * read_f32(ab);
-        let sc = wb.add(192).cast::<i8>();
+        let d = f16_to_f32(read_u16(wb.add(L::Q6_K_D))) * read_f32(ab);
+        let sc = wb.add(L::Q6_K_SCALES).cast::<i8>();
         let mut sumi = 0i32;
         for n in 0..2 {
             let ql = wb.add(64 * n);
-            let qh = wb.add(128 + 32 * n);
+            let qh = wb.add(L::Q6_K_QH + 32 * n);
             for h in 0..2 {
                 // 16 of the 32 positions `l` of this half.
                 let l0 = ql.add(16 * h);

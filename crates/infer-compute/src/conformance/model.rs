@@ -1,0 +1,339 @@
+//! Prepared models: decode, prefill (whole and in chunks), batched decode,
+//! cache truncation and profiling of small random models of three
+//! architecture shapes, against the CPU backend computing exactly (f32
+//! weights and activations), and the errors of bad steps.
+
+use super::compare::check_logits;
+use super::ops::{quantize, random_weight};
+use super::rng::Rng;
+use super::{Case, Outcome};
+use crate::backend::{ComputeBackend, DeviceModel, SeqStep};
+use crate::cpu::{CpuBackend, Kernels, Precision};
+use crate::pipeline::{Activation, FfnType, LayerSpec, ModelSpec, Norm, NormType, RopeSpec, RopeType};
+use crate::weight::QuantWeight;
+use crate::{Error, GgmlType};
+
+/// The architecture shapes the suite builds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Arch {
+    /// Gemma 3: sliding and global layers, q/k norms, sandwich norms, GQA,
+    /// GELU-tanh gated FFN, NeoX RoPE, scaled embeddings, tied output.
+    Gemma3,
+    /// Gemma 2-like: Gemma 3 plus attention and final logit soft-caps.
+    Gemma2Caps,
+    /// Llama/Qwen2-like: pre-norms only, q/k/v biases, adjacent-pair RoPE
+    /// over part of each head, SiLU, untied output.
+    LlamaBias,
+}
+
+const ARCHES: [(Arch, &str); 3] =
+    [(Arch::Gemma3, "gemma3"), (Arch::Gemma2Caps, "gemma2_caps"), (Arch::LlamaBias, "llama_bias")];
+
+fn f32_row(v: &[f32]) -> QuantWeight {
+    quantize(GgmlType::F32, v.len(), &[v.to_vec()])
+}
+
+fn norm(rng: &mut Rng, n: usize) -> Norm {
+    let w: Vec<f32> = (0..n).map(|_| 1.0 + 0.1 * rng.normal()).collect();
+    Norm { kind: NormType::RmsNorm, eps: 1e-6, weight: f32_row(&w), bias: None }
+}
+
+/// A 3-layer random model of `arch` (n_embd 256, 4 heads over 2 KV heads of
+/// 64, n_ff 512, 384 tokens) with a different mix of weight types per layer.
+pub fn random_model(seed: u64, arch: Arch) -> ModelSpec {
+    let mut rng = Rng::new(seed);
+    let (e, nh, nkv, hd, n_ff, vocab) = (256usize, 4usize, 2usize, 64usize, 512usize, 384usize);
+    let gemma = arch != Arch::LlamaBias;
+    use GgmlType as T;
+    // Per layer: wq, wk, wv, wo, gate, up, down.
+    let types = [
+        [T::Q4_K, T::Q4_K, T::Q6_K, T::Q5_0, T::Q4_K, T::Q4_K, T::Q6_K],
+        [T::Q8_0, T::Q8_0, T::Q8_0, T::Q4_1, T::Q5_0, T::Q8_0, T::Q4_0],
+        [T::F16, T::F16, T::F16, T::Q5_K, T::Q3_K, T::IQ4_NL, T::Q2_K],
+    ];
+    let mut layers = Vec::new();
+    for (i, t) in types.iter().enumerate() {
+        let global = i == 2;
+        let rope = RopeSpec {
+            kind: if gemma { RopeType::NeoX } else { RopeType::Normal },
+            base: if global { 1_000_000.0 } else { 10_000.0 },
+            n_rot: if gemma { hd } else { hd / 2 },
+            freq_scale: if global { 0.5 } else { 1.0 },
+        };
+        let bias = |rng: &mut Rng, n: usize| (!gemma).then(|| f32_row(&rng.normals(n, 0.5)));
+        layers.push(LayerSpec {
+            n_head: nh,
+            n_head_kv: nkv,
+            head_dim: hd,
+            rope,
+            sliding_window: (gemma && !global).then_some(5),
+            attn_softcap: (arch == Arch::Gemma2Caps).then_some(20.0),
+            attn_scale: 1.0 / (hd as f32).sqrt(),
+            attn_norm: norm(&mut rng, e),
+            wq: random_weight(&mut rng, t[0], nh * hd, e),
+            wk: random_weight(&mut rng, t[1], nkv * hd, e),
+            wv: random_weight(&mut rng, t[2], nkv * hd, e),
+            wo: random_weight(&mut rng, t[3], e, nh * hd),
+            bq: bias(&mut rng, nh * hd),
+            bk: bias(&mut rng, nkv * hd),
+            bv: bias(&mut rng, nkv * hd),
+            q_norm: gemma.then(|| norm(&mut rng, hd)),
+            k_norm: gemma.then(|| norm(&mut rng, hd)),
+            post_attn_norm: gemma.then(|| norm(&mut rng, e)),
+            ffn_norm: norm(&mut rng, e),
+            ffn: FfnType::Gated,
+            activation: if gemma { Activation::GeluTanh } else { Activation::Silu },
+            ffn_gate: Some(random_weight(&mut rng, t[4], n_ff, e)),
+            ffn_up: random_weight(&mut rng, t[5], n_ff, e),
+            ffn_down: random_weight(&mut rng, t[6], e, n_ff),
+            post_ffn_norm: gemma.then(|| norm(&mut rng, e)),
+        });
+    }
+    let rows: Vec<Vec<f32>> = (0..vocab).map(|_| rng.normals(e, 1.0)).collect();
+    let token_embd = quantize(GgmlType::Q8_0, e, &rows);
+    let output = if gemma { token_embd.clone() } else { random_weight(&mut rng, GgmlType::Q6_K, vocab, e) };
+    ModelSpec {
+        arch: format!("{arch:?}"),
+        n_embd: e,
+        n_vocab: vocab,
+        n_ctx_train: 4096,
+        token_embd,
+        embd_scale: if gemma { (e as f32).sqrt() } else { 1.0 },
+        layers,
+        output_norm: norm(&mut rng, e),
+        output,
+        final_logit_softcap: (arch == Arch::Gemma2Caps).then_some(30.0),
+    }
+}
+
+fn tokens(seed: u64, n: usize, vocab: usize) -> Vec<u32> {
+    let mut rng = Rng::new(seed);
+    (0..n).map(|_| rng.below(vocab as u64) as u32).collect()
+}
+
+/// The reference: the CPU backend with f32 weights and activations.
+fn reference() -> CpuBackend {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    CpuBackend::with_options(threads, Kernels::detect(), Precision::Exact).expect("CPU backend")
+}
+
+/// Prepares `spec` on `b`, or says why the backend cannot run it.
+fn prepare(b: &dyn ComputeBackend, spec: &ModelSpec) -> Result<Result<Box<dyn DeviceModel>, Outcome>, String> {
+    match b.prepare(spec) {
+        Ok(m) => Ok(Ok(m)),
+        Err(e @ (Error::InvalidModel(_) | Error::Unsupported { .. } | Error::NotImplemented { .. })) => {
+            Ok(Err(Outcome::Skip(format!("{}: {e}", spec.arch))))
+        }
+        Err(e) => Err(format!("prepare: {e}")),
+    }
+}
+
+fn err<E: std::fmt::Display>(what: &str) -> impl FnOnce(E) -> String + '_ {
+    move |e| format!("{what}: {e}")
+}
+
+/// Token by token from position 0, every step against the reference.
+fn decode_case(b: &dyn ComputeBackend, arch: Arch) -> Result<Outcome, String> {
+    let spec = random_model(11, arch);
+    let mut m = match prepare(b, &spec)? {
+        Ok(m) => m,
+        Err(skip) => return Ok(skip),
+    };
+    let mut r = reference().prepare(&spec).map_err(err("reference"))?;
+    let toks = tokens(5, 12, spec.n_vocab);
+    let (mut kv, mut rkv) = (m.new_kv_cache(16).map_err(err("kv"))?, r.new_kv_cache(16).map_err(err("kv"))?);
+    for (pos, &t) in toks.iter().enumerate() {
+        let got = m.decode_token(kv.as_mut(), t, pos).map_err(err("decode_token"))?.to_vec();
+        let want = r.decode_token(rkv.as_mut(), t, pos).map_err(err("reference"))?;
+        check_logits(&format!("pos {pos}"), &got, want)?;
+    }
+    if kv.len() != toks.len() {
+        return Err(format!("the cache holds {} positions after {} steps", kv.len(), toks.len()));
+    }
+    Ok(Outcome::Pass(String::new()))
+}
+
+/// One prefill, then the same tokens in two chunks, then a decode after it.
+fn prefill_case(b: &dyn ComputeBackend, arch: Arch) -> Result<Outcome, String> {
+    let spec = random_model(12, arch);
+    let mut m = match prepare(b, &spec)? {
+        Ok(m) => m,
+        Err(skip) => return Ok(skip),
+    };
+    let mut r = reference().prepare(&spec).map_err(err("reference"))?;
+    let toks = tokens(6, 14, spec.n_vocab);
+    let mut rkv = r.new_kv_cache(32).map_err(err("kv"))?;
+    let want = r.prefill(rkv.as_mut(), &toks[..13], 0).map_err(err("reference"))?.to_vec();
+    let want_next = r.decode_token(rkv.as_mut(), toks[13], 13).map_err(err("reference"))?.to_vec();
+
+    let mut kv = m.new_kv_cache(32).map_err(err("kv"))?;
+    let got = m.prefill(kv.as_mut(), &toks[..13], 0).map_err(err("prefill"))?.to_vec();
+    check_logits("prefill of 13", &got, &want)?;
+    let got = m.decode_token(kv.as_mut(), toks[13], 13).map_err(err("decode after prefill"))?.to_vec();
+    check_logits("decode after prefill", &got, &want_next)?;
+
+    let mut kv = m.new_kv_cache(32).map_err(err("kv"))?;
+    m.prefill(kv.as_mut(), &toks[..5], 0).map_err(err("prefill chunk 1"))?;
+    let got = m.prefill(kv.as_mut(), &toks[5..13], 5).map_err(err("prefill chunk 2"))?.to_vec();
+    check_logits("prefill in chunks of 5 and 8", &got, &want)?;
+    Ok(Outcome::Pass(String::new()))
+}
+
+/// Two sequences decoded together equal each decoded alone.
+fn batch_case(b: &dyn ComputeBackend) -> Result<Outcome, String> {
+    let spec = random_model(13, Arch::LlamaBias);
+    let mut m = match prepare(b, &spec)? {
+        Ok(m) => m,
+        Err(skip) => return Ok(skip),
+    };
+    let n = spec.n_vocab;
+    let seqs = [tokens(7, 4, n), tokens(8, 4, n)];
+    let mut alone = Vec::new();
+    for s in &seqs {
+        let mut kv = m.new_kv_cache(8).map_err(err("kv"))?;
+        let mut out = Vec::new();
+        for (pos, &t) in s.iter().enumerate() {
+            out.push(m.decode_token(kv.as_mut(), t, pos).map_err(err("decode_token"))?.to_vec());
+        }
+        alone.push(out);
+    }
+    let (mut kv0, mut kv1) = (m.new_kv_cache(8).map_err(err("kv"))?, m.new_kv_cache(8).map_err(err("kv"))?);
+    let mut logits = vec![0f32; 2 * n];
+    for pos in 0..4 {
+        let mut steps = [
+            SeqStep { kv: kv0.as_mut(), token: seqs[0][pos], pos },
+            SeqStep { kv: kv1.as_mut(), token: seqs[1][pos], pos },
+        ];
+        m.decode_batch(&mut steps, &mut logits).map_err(err("decode_batch"))?;
+        for (i, row) in logits.chunks_exact(n).enumerate() {
+            check_logits(&format!("sequence {i} pos {pos}"), row, &alone[i][pos])?;
+        }
+    }
+    let mut bad = [SeqStep { kv: kv0.as_mut(), token: 0, pos: 4 }];
+    if !matches!(m.decode_batch(&mut bad, &mut logits), Err(Error::Shape { .. })) {
+        return Err("decode_batch with logits for 2 of 1 sequences: want Error::Shape".into());
+    }
+    let mut gap = [SeqStep { kv: kv0.as_mut(), token: 0, pos: 4 }, SeqStep { kv: kv1.as_mut(), token: 0, pos: 6 }];
+    match m.decode_batch(&mut gap, &mut logits) {
+        Err(Error::InBatch { index: 1, source }) if matches!(*source, Error::PositionGap { .. }) => {}
+        other => return Err(format!("a gap in sequence 1: {other:?}, want InBatch {{ index: 1, PositionGap }}")),
+    }
+    Ok(Outcome::Pass(String::new()))
+}
+
+/// Truncating the cache and stepping again equals never having gone past.
+fn truncate_case(b: &dyn ComputeBackend) -> Result<Outcome, String> {
+    let spec = random_model(14, Arch::Gemma3);
+    let mut m = match prepare(b, &spec)? {
+        Ok(m) => m,
+        Err(skip) => return Ok(skip),
+    };
+    let toks = tokens(9, 8, spec.n_vocab);
+    let mut kv = m.new_kv_cache(16).map_err(err("kv"))?;
+    m.prefill(kv.as_mut(), &toks[..4], 0).map_err(err("prefill"))?;
+    let want = m.decode_token(kv.as_mut(), 3, 4).map_err(err("decode"))?.to_vec();
+    let mut kv2 = m.new_kv_cache(16).map_err(err("kv"))?;
+    m.prefill(kv2.as_mut(), &toks, 0).map_err(err("prefill"))?;
+    kv2.truncate(4);
+    if kv2.len() != 4 {
+        return Err(format!("truncate(4) left {} positions", kv2.len()));
+    }
+    let got = m.decode_token(kv2.as_mut(), 3, 4).map_err(err("decode after truncate"))?.to_vec();
+    check_logits("decode after truncate", &got, &want)?;
+    if m.decode_token(kv2.as_mut(), 3, 7).is_ok() {
+        return Err("a step past the truncated length was accepted".into());
+    }
+    Ok(Outcome::Pass(String::new()))
+}
+
+/// A profiled step times named ops and advances the cache like a decode.
+fn profile_case(b: &dyn ComputeBackend) -> Result<Outcome, String> {
+    let spec = random_model(15, Arch::Gemma3);
+    let mut m = match prepare(b, &spec)? {
+        Ok(m) => m,
+        Err(skip) => return Ok(skip),
+    };
+    let mut kv = m.new_kv_cache(8).map_err(err("kv"))?;
+    let p = match m.profile_step(kv.as_mut(), 1, 0) {
+        Ok(p) => p,
+        Err(e @ Error::NotImplemented { .. }) => return Ok(Outcome::Skip(e.to_string())),
+        Err(e) => return Err(format!("profile_step: {e}")),
+    };
+    if p.ops.is_empty() || p.ops.iter().any(|o| o.op.is_empty() || o.calls == 0) {
+        return Err(format!("profile without named ops: {:?}", p.ops));
+    }
+    if p.ops.iter().filter(|o| o.bytes > 0).count() == 0 {
+        return Err("no op of the profile reports the weight bytes it read".into());
+    }
+    if kv.len() != 1 {
+        return Err(format!("after a profiled step the cache holds {} positions", kv.len()));
+    }
+    let got = m.decode_token(kv.as_mut(), 2, 1).map_err(err("decode after profile"))?.to_vec();
+    let mut kv2 = m.new_kv_cache(8).map_err(err("kv"))?;
+    m.decode_token(kv2.as_mut(), 1, 0).map_err(err("decode"))?;
+    let want = m.decode_token(kv2.as_mut(), 2, 1).map_err(err("decode"))?;
+    check_logits("decode after a profiled step", &got, want)?;
+    Ok(Outcome::Pass(format!("{} ops", p.ops.len())))
+}
+
+/// Bad steps are typed errors that leave the model usable.
+fn errors_case(b: &dyn ComputeBackend) -> Result<Outcome, String> {
+    let spec = random_model(16, Arch::LlamaBias);
+    let mut m = match prepare(b, &spec)? {
+        Ok(m) => m,
+        Err(skip) => return Ok(skip),
+    };
+    let n_vocab = spec.n_vocab as u32;
+    let mut kv = m.new_kv_cache(4).map_err(err("kv"))?;
+    let check = |what: &str, r: crate::Result<&[f32]>, ok: fn(&Error) -> bool| match r {
+        Err(e) if ok(&e) => Ok(()),
+        Err(e) => Err(format!("{what}: unexpected error {e}")),
+        Ok(_) => Err(format!("{what}: accepted")),
+    };
+    check("token past the vocabulary", m.decode_token(kv.as_mut(), n_vocab, 0), |e| {
+        matches!(e, Error::TokenOutOfRange { .. })
+    })?;
+    check("a gap", m.decode_token(kv.as_mut(), 1, 2), |e| matches!(e, Error::PositionGap { .. }))?;
+    check("empty prefill", m.prefill(kv.as_mut(), &[], 0), |e| matches!(e, Error::EmptyBatch))?;
+    check("prefill past n_ctx", m.prefill(kv.as_mut(), &[1; 5], 0), |e| matches!(e, Error::ContextOverflow { .. }))?;
+    check("position past n_ctx", m.decode_token(kv.as_mut(), 1, usize::MAX), |e| {
+        matches!(e, Error::PositionGap { .. } | Error::ContextOverflow { .. })
+    })?;
+    let other = reference().prepare(&spec).map_err(err("reference"))?;
+    let mut foreign = other.new_kv_cache(4).map_err(err("kv"))?;
+    check("another model's cache", m.decode_token(foreign.as_mut(), 1, 0), |e| matches!(e, Error::ForeignKvCache))?;
+    if !matches!(m.new_kv_cache(0), Err(Error::EmptyKvCache)) {
+        return Err("new_kv_cache(0): want Error::EmptyKvCache".into());
+    }
+    if !kv.is_empty() {
+        return Err(format!("failed steps filled {} positions", kv.len()));
+    }
+    for pos in 0..4 {
+        m.decode_token(kv.as_mut(), 1, pos).map_err(err("decode after errors"))?;
+    }
+    check("a fifth position in a cache of 4", m.decode_token(kv.as_mut(), 1, 4), |e| {
+        matches!(e, Error::ContextOverflow { .. })
+    })?;
+    let mut bad = spec.clone();
+    bad.layers[1].wk = bad.layers[1].wq.clone();
+    match b.prepare(&bad) {
+        Err(Error::InvalidModel(_)) => {}
+        Err(e) => return Err(format!("inconsistent spec: {e}, want Error::InvalidModel")),
+        Ok(_) => return Err("a spec whose attn_k has attn_q's shape was prepared".into()),
+    }
+    Ok(Outcome::Pass(String::new()))
+}
+
+/// The model cases.
+pub fn cases() -> Vec<Case> {
+    let mut v = Vec::new();
+    for (arch, name) in ARCHES {
+        v.push(Case::new(&format!("model::{name}::decode"), move |b| decode_case(b, arch)));
+        v.push(Case::new(&format!("model::{name}::prefill"), move |b| prefill_case(b, arch)));
+    }
+    v.push(Case::new("model::decode_batch", batch_case));
+    v.push(Case::new("model::truncate", truncate_case));
+    v.push(Case::new("model::profile_step", profile_case));
+    v.push(Case::new("model::errors", errors_case));
+    v
+}

@@ -1,0 +1,82 @@
+//! The conformance suite ([`infer_compute::conformance`]) on every backend
+//! this machine has: the CPU backend at each SIMD level the processor
+//! supports, and CUDA when built with `--features cuda`.
+//!
+//! A backend this machine lacks (no GPU, no driver) has its cases reported
+//! as ignored with the reason, never as passed; with `INFER_REQUIRE_CUDA=1`
+//! they fail instead. A case that meets a feature the backend reports as
+//! unsupported is ignored at run time with the backend's reason.
+//!
+//! Adding a backend: one entry in `backends()`.
+
+use std::sync::Arc;
+
+use infer_compute::conformance::{cases, Outcome};
+use infer_compute::cpu::{CpuBackend, Kernels, Precision, SimdLevel};
+use infer_compute::ComputeBackend;
+use libtest_mimic::{Arguments, Completion, Failed, Trial};
+
+/// A backend to test, or why this machine cannot run it (and whether that
+/// is a failure).
+type Candidate = (String, Result<Arc<dyn ComputeBackend>, (String, bool)>);
+
+fn backends() -> Vec<Candidate> {
+    let mut v: Vec<Candidate> = Vec::new();
+    for level in SimdLevel::all_available() {
+        let b = CpuBackend::with_options(2, Kernels::for_level(level), Precision::Quantized)
+            .map(|b| Arc::new(b) as Arc<dyn ComputeBackend>)
+            .map_err(|e| (e.to_string(), true));
+        v.push((format!("cpu_{}", level.name()), b));
+    }
+    v.push(("cuda".into(), cuda()));
+    v
+}
+
+#[cfg(feature = "cuda")]
+fn cuda() -> Result<Arc<dyn ComputeBackend>, (String, bool)> {
+    let required = std::env::var("INFER_REQUIRE_CUDA").is_ok_and(|v| v == "1");
+    infer_compute::cuda::CudaBackend::new(0)
+        .map(|b| Arc::new(b) as Arc<dyn ComputeBackend>)
+        .map_err(|e| (format!("no CUDA device here ({e})"), required))
+}
+
+#[cfg(not(feature = "cuda"))]
+fn cuda() -> Result<Arc<dyn ComputeBackend>, (String, bool)> {
+    let required = std::env::var("INFER_REQUIRE_CUDA").is_ok_and(|v| v == "1");
+    Err(("built without the `cuda` feature".into(), required))
+}
+
+fn main() {
+    let args = Arguments::from_args();
+    let mut trials = Vec::new();
+    for (name, backend) in backends() {
+        match backend {
+            Ok(b) => {
+                for case in cases() {
+                    let b = b.clone();
+                    trials.push(Trial::ignorable_test(format!("{name}::{}", case.name), move || {
+                        match case.run(b.as_ref()) {
+                            Ok(Outcome::Pass(_)) => Ok(Completion::Completed),
+                            Ok(Outcome::Skip(why)) => Ok(Completion::ignored_with(why)),
+                            Err(msg) => Err(Failed::from(msg)),
+                        }
+                    }));
+                }
+            }
+            Err((why, required)) => {
+                eprintln!("conformance: {name}: {why}{}", if required { " (required: failing)" } else { "" });
+                for case in cases() {
+                    let why = why.clone();
+                    trials.push(Trial::ignorable_test(format!("{name}::{}", case.name), move || {
+                        if required {
+                            Err(Failed::from(why))
+                        } else {
+                            Ok(Completion::ignored_with(why))
+                        }
+                    }));
+                }
+            }
+        }
+    }
+    libtest_mimic::run(&args, trials).exit();
+}

@@ -1,0 +1,429 @@
+//! The vocabulary shared by every tokenizer model: token texts and types, the
+//! text-to-id table, the special ids (BOS, EOS, end of turn ...) and the
+//! end-of-generation set, what each token decodes to, and the first step of
+//! every encoding: cutting special and user-defined tokens out of the text
+//! ([`Vocab::partition`], llama.cpp's `tokenizer_st_partition`).
+
+use crate::{Error, Result};
+
+/// What kind of vocabulary entry a token is (GGUF's
+/// `tokenizer.ggml.token_type` values).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum TokenType {
+    /// 0, or any value outside 0..=6. Never produced by merging on its own
+    /// and decoded as nothing.
+    Undefined,
+    /// 1: ordinary text.
+    Normal,
+    /// 2: the unknown token (`<unk>`).
+    Unknown,
+    /// 3: a control token (`<bos>`, `<start_of_turn>`, `<|im_start|>`).
+    Control,
+    /// 4: a token matched verbatim before merging (`"\n"`, `"  "`, `<b>`).
+    UserDefined,
+    /// 5: an unused slot; decoded as nothing.
+    Unused,
+    /// 6: a byte-fallback token `<0xXX>`.
+    Byte,
+}
+
+impl TokenType {
+    /// The type for a GGUF `token_type` value; unknown values map to
+    /// [`TokenType::Undefined`].
+    pub fn from_gguf(value: i32) -> TokenType {
+        match value {
+            1 => TokenType::Normal,
+            2 => TokenType::Unknown,
+            3 => TokenType::Control,
+            4 => TokenType::UserDefined,
+            5 => TokenType::Unused,
+            6 => TokenType::Byte,
+            _ => TokenType::Undefined,
+        }
+    }
+
+    /// Whether tokens of this type are cut out of the text before merging.
+    pub(crate) fn is_pretokenized(self) -> bool {
+        matches!(self, TokenType::Control | TokenType::UserDefined | TokenType::Unknown)
+    }
+
+    /// Whether tokens of this type are "special": only cut out of the text
+    /// when special tokens are parsed, and left out of decoded text on
+    /// request.
+    pub(crate) fn is_special(self) -> bool {
+        matches!(self, TokenType::Control | TokenType::Unknown)
+    }
+}
+
+/// Texts of tokens that end a turn or the generation in some model
+/// families (the list llama.cpp's `llama_vocab::load` checks); the tokens
+/// found among them join EOS and EOT in [`Vocab::is_eog`].
+pub(crate) const EOG_TEXTS: &[&str] = &[
+    "<end_of_turn>",
+    "<|eot_id|>",
+    "<|im_end|>",
+    "<|end|>",
+    "<|endoftext|>",
+    "<|eom_id|>",
+    "<|end_of_text|>",
+    "<|return|>",
+    "<|call|>",
+    "<EOT>",
+    "_<EOT>",
+    "<end_of_utterance>",
+    "<\u{ff5c}end\u{2581}of\u{2581}sentence\u{ff5c}>",
+];
+
+/// Special token ids as read from the file (`None`: absent) and the
+/// tokenizer model's defaults for absent ones.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct SpecialIds {
+    pub bos: Option<u32>,
+    pub eos: Option<u32>,
+    pub unk: Option<u32>,
+    pub pad: Option<u32>,
+    pub eot: Option<u32>,
+}
+
+/// Token texts, types and special ids, with the lookups every tokenizer
+/// model needs.
+#[derive(Clone)]
+pub(crate) struct Vocab {
+    /// Every token's text, concatenated; token `i` is
+    /// `text[offsets[i]..offsets[i + 1]]`.
+    text: String,
+    offsets: Vec<u32>,
+    types: Vec<TokenType>,
+    /// Every token's decoded bytes, concatenated, indexed by
+    /// `rendered_offsets` like `text`.
+    rendered: Vec<u8>,
+    rendered_offsets: Vec<u32>,
+    lookup: PieceTable,
+    specials: SpecialTrie,
+    pub bos: Option<u32>,
+    pub eos: Option<u32>,
+    pub unk: Option<u32>,
+    pub pad: Option<u32>,
+    pub eot: Option<u32>,
+    /// End-of-generation tokens, ascending.
+    pub eog: Vec<u32>,
+}
+
+fn tok_err(m: String) -> Error {
+    Error::Tokenizer(m)
+}
+
+impl Vocab {
+    /// Builds the vocabulary.
+    ///
+    /// An empty token text is replaced by `[EMPTY_<id>]` (as llama.cpp
+    /// does), so that it can never match. A special id from the file outside
+    /// the vocabulary is ignored in favour of the default; a default outside
+    /// the vocabulary means "no such token". Without an EOT id the first
+    /// token of [`EOG_TEXTS`] present is taken. Tokens recognised by their
+    /// text as ends of generation become control tokens whatever their type
+    /// says (as llama.cpp does), so that they are parsed and decoded like
+    /// one.
+    ///
+    /// `render(id, type, text, out)` appends what token `id` decodes to.
+    ///
+    /// # Errors
+    /// [`Error::Tokenizer`] when the vocabulary is empty or has `u32::MAX`
+    /// entries or more, when `token_types` has a length other than the
+    /// number of tokens, when two tokens have the same text, when the texts
+    /// exceed 4 GiB, and any error of `render`.
+    pub fn new(
+        tokens: &[String],
+        token_types: Option<&[i32]>,
+        given: SpecialIds,
+        defaults: SpecialIds,
+        mut render: impl FnMut(u32, TokenType, &str, &mut Vec<u8>) -> Result<()>,
+    ) -> Result<Vocab> {
+        let n = tokens.len();
+        if n == 0 {
+            return Err(tok_err("the vocabulary is empty".into()));
+        }
+        if u32::try_from(n).is_err() || n == u32::MAX as usize {
+            return Err(tok_err(format!("vocabulary of {n} tokens is too large")));
+        }
+        if let Some(t) = token_types {
+            if t.len() != n {
+                return Err(tok_err(format!("{} token types for {n} tokens", t.len())));
+            }
+        }
+        let too_long = || tok_err("the vocabulary's texts exceed 4 GiB".into());
+
+        let mut text = String::new();
+        let mut offsets = Vec::with_capacity(n + 1);
+        offsets.push(0u32);
+        for (i, t) in tokens.iter().enumerate() {
+            if t.is_empty() {
+                text.push_str(&format!("[EMPTY_{i}]"));
+            } else {
+                text.push_str(t);
+            }
+            offsets.push(u32::try_from(text.len()).map_err(|_| too_long())?);
+        }
+        let mut types: Vec<TokenType> = match token_types {
+            Some(t) => t.iter().map(|&v| TokenType::from_gguf(v)).collect(),
+            None => vec![TokenType::Normal; n],
+        };
+
+        let piece = |i: usize| &text[offsets[i] as usize..offsets[i + 1] as usize];
+        let lookup = PieceTable::build(n, piece)
+            .map_err(|(a, b)| tok_err(format!("tokens {a} and {b} have the same text {:?}", piece(b as usize))))?;
+        let find = |s: &str| lookup.get(s, piece);
+
+        let pick = |given: Option<u32>, default: Option<u32>| {
+            given.filter(|&id| (id as usize) < n).or(default.filter(|&id| (id as usize) < n))
+        };
+        let bos = pick(given.bos, defaults.bos);
+        let eos = pick(given.eos, defaults.eos);
+        let unk = pick(given.unk, defaults.unk);
+        let pad = pick(given.pad, defaults.pad);
+        let eot = pick(given.eot, defaults.eot).or_else(|| EOG_TEXTS.iter().find_map(|t| find(t)));
+        let by_text: Vec<u32> = EOG_TEXTS.iter().filter_map(|t| find(t)).collect();
+        for &id in &by_text {
+            types[id as usize] = TokenType::Control;
+        }
+        let mut eog = by_text;
+        eog.extend(eos);
+        eog.extend(eot);
+        eog.sort_unstable();
+        eog.dedup();
+
+        let mut rendered = Vec::with_capacity(text.len());
+        let mut rendered_offsets = Vec::with_capacity(n + 1);
+        rendered_offsets.push(0u32);
+        for (i, &ty) in types.iter().enumerate() {
+            render(i as u32, ty, piece(i), &mut rendered)?;
+            rendered_offsets.push(u32::try_from(rendered.len()).map_err(|_| too_long())?);
+        }
+
+        let mut specials = SpecialTrie::default();
+        for (i, ty) in types.iter().enumerate() {
+            if ty.is_pretokenized() {
+                specials.insert(piece(i).as_bytes(), i as u32);
+            }
+        }
+        Ok(Vocab { text, offsets, types, rendered, rendered_offsets, lookup, specials, bos, eos, unk, pad, eot, eog })
+    }
+
+    /// Number of tokens.
+    pub fn len(&self) -> usize {
+        self.types.len()
+    }
+
+    /// The id of the token whose text is exactly `piece`.
+    pub fn id(&self, piece: &str) -> Option<u32> {
+        self.lookup.get(piece, |i| self.piece_at(i))
+    }
+
+    /// The text of token `i` (`i < len()`).
+    pub fn piece_at(&self, i: usize) -> &str {
+        &self.text[self.offsets[i] as usize..self.offsets[i + 1] as usize]
+    }
+
+    /// The type of token `id`, `None` outside the vocabulary.
+    pub fn token_type(&self, id: u32) -> Option<TokenType> {
+        self.types.get(id as usize).copied()
+    }
+
+    /// What token `id` decodes to; `None` outside the vocabulary.
+    pub fn bytes(&self, id: u32) -> Option<&[u8]> {
+        let i = id as usize;
+        if i >= self.len() {
+            return None;
+        }
+        Some(&self.rendered[self.rendered_offsets[i] as usize..self.rendered_offsets[i + 1] as usize])
+    }
+
+    /// Whether `id` ends generation.
+    pub fn is_eog(&self, id: u32) -> bool {
+        self.eog.binary_search(&id).is_ok()
+    }
+
+    /// Splits `text` into runs of plain text and pre-tokenized tokens
+    /// (control, user-defined and unknown tokens; control and unknown ones
+    /// only when `parse_special` is set).
+    ///
+    /// Tokens are taken longest first (lowest id among equal lengths); each
+    /// splits every remaining run of text at its non-overlapping
+    /// occurrences, leftmost first. Only the tokens that occur in `text` at
+    /// all (found in one pass over a trie) are searched for, so the cost is
+    /// the text length times the number of distinct tokens present.
+    pub fn partition<'t>(&self, text: &'t str, parse_special: bool) -> Vec<Fragment<'t>> {
+        if text.is_empty() {
+            return Vec::new();
+        }
+        let bytes = text.as_bytes();
+        let mut present: Vec<u32> = Vec::new();
+        for start in 0..bytes.len() {
+            self.specials.matches(&bytes[start..], |_, id| {
+                if parse_special || !self.types[id as usize].is_special() {
+                    present.push(id);
+                }
+            });
+            // Keep the list short when the same tokens occur many times.
+            if present.len() > 4096 {
+                present.sort_unstable();
+                present.dedup();
+            }
+        }
+        let mut frags = vec![Fragment::Text(text)];
+        if present.is_empty() {
+            return frags;
+        }
+        present.sort_unstable();
+        present.dedup();
+        present.sort_by(|&a, &b| {
+            let len = |id: u32| self.offsets[id as usize + 1] - self.offsets[id as usize];
+            len(b).cmp(&len(a)).then(a.cmp(&b))
+        });
+        let mut next = Vec::new();
+        for id in present {
+            let needle = self.piece_at(id as usize);
+            next.clear();
+            for frag in frags.drain(..) {
+                let Fragment::Text(run) = frag else {
+                    next.push(frag);
+                    continue;
+                };
+                // Matches of a whole UTF-8 string start and end on character
+                // boundaries, so every slice below is valid.
+                let mut pos = 0;
+                for (at, m) in run.match_indices(needle) {
+                    if at > pos {
+                        next.push(Fragment::Text(&run[pos..at]));
+                    }
+                    next.push(Fragment::Token(id));
+                    pos = at + m.len();
+                }
+                if pos < run.len() {
+                    next.push(Fragment::Text(&run[pos..]));
+                }
+            }
+            std::mem::swap(&mut frags, &mut next);
+        }
+        frags
+    }
+}
+
+/// A piece of the input after special tokens have been cut out.
+pub(crate) enum Fragment<'t> {
+    Text(&'t str),
+    Token(u32),
+}
+
+/// Open-addressing hash table from token text to id, storing only ids (the
+/// texts live in the vocabulary's `text`).
+#[derive(Clone)]
+struct PieceTable {
+    slots: Vec<u32>,
+    mask: usize,
+}
+
+const EMPTY_SLOT: u32 = u32::MAX;
+
+fn hash_bytes(b: &[u8]) -> u64 {
+    // FNV-1a, then a final mix so that the low bits used for the slot
+    // index depend on every byte.
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &x in b {
+        h ^= x as u64;
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    h ^ (h >> 33)
+}
+
+impl PieceTable {
+    /// Builds the table for `n` texts; a duplicate text gives the ids of
+    /// the two tokens sharing it.
+    fn build<'a>(n: usize, piece: impl Fn(usize) -> &'a str) -> std::result::Result<Self, (u32, u32)> {
+        let cap = (2 * n).next_power_of_two().max(16);
+        let mut t = PieceTable { slots: vec![EMPTY_SLOT; cap], mask: cap - 1 };
+        for i in 0..n {
+            let key = piece(i);
+            let mut s = hash_bytes(key.as_bytes()) as usize & t.mask;
+            loop {
+                let cur = t.slots[s];
+                if cur == EMPTY_SLOT {
+                    t.slots[s] = i as u32;
+                    break;
+                }
+                if piece(cur as usize) == key {
+                    return Err((cur, i as u32));
+                }
+                s = (s + 1) & t.mask;
+            }
+        }
+        Ok(t)
+    }
+
+    fn get<'a>(&self, key: &str, piece: impl Fn(usize) -> &'a str) -> Option<u32> {
+        let mut s = hash_bytes(key.as_bytes()) as usize & self.mask;
+        loop {
+            let cur = self.slots[s];
+            if cur == EMPTY_SLOT {
+                return None;
+            }
+            if piece(cur as usize) == key {
+                return Some(cur);
+            }
+            s = (s + 1) & self.mask;
+        }
+    }
+}
+
+/// A byte trie over the texts of pre-tokenized tokens.
+#[derive(Clone, Debug)]
+struct SpecialTrie {
+    nodes: Vec<TrieNode>,
+}
+
+#[derive(Clone, Debug, Default)]
+struct TrieNode {
+    /// (byte, child node index), sorted by byte.
+    children: Vec<(u8, u32)>,
+    token: Option<u32>,
+}
+
+impl Default for SpecialTrie {
+    fn default() -> Self {
+        SpecialTrie { nodes: vec![TrieNode::default()] }
+    }
+}
+
+impl SpecialTrie {
+    fn insert(&mut self, key: &[u8], id: u32) {
+        let mut node = 0usize;
+        for &b in key {
+            node = match self.nodes[node].children.binary_search_by_key(&b, |c| c.0) {
+                Ok(k) => self.nodes[node].children[k].1 as usize,
+                Err(k) => {
+                    let child = self.nodes.len();
+                    self.nodes.push(TrieNode::default());
+                    self.nodes[node].children.insert(k, (b, child as u32));
+                    child
+                }
+            };
+        }
+        self.nodes[node].token = Some(id);
+    }
+
+    /// Calls `f(length, id)` for every token that is a prefix of `s`.
+    fn matches(&self, s: &[u8], mut f: impl FnMut(usize, u32)) {
+        let mut node = 0usize;
+        for (i, &b) in s.iter().enumerate() {
+            match self.nodes[node].children.binary_search_by_key(&b, |c| c.0) {
+                Ok(k) => node = self.nodes[node].children[k].1 as usize,
+                Err(_) => return,
+            }
+            if let Some(id) = self.nodes[node].token {
+                f(i + 1, id);
+            }
+        }
+    }
+}
