@@ -11,9 +11,13 @@
 //! timed region; results are mean ± sample standard deviation over the
 //! repetitions, as llama-bench reports them. Decode rows also give the
 //! weight bytes read per token (every layer matrix and the output matrix;
-//! the embedding table is only looked up) and, with a bandwidth figure,
-//! the fraction of it reached.
+//! the embedding table is only looked up; 4 bytes per weight with
+//! `--precision exact`, whose weights are f32) and, with a bandwidth
+//! figure, the fraction of it reached. Rows name what ran: the backend,
+//! its kernels (SIMD level) and precision, and a synthetic model as
+//! synthetic.
 
+use std::io::Write;
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -25,7 +29,8 @@ use infer_model::synth::{file_type_name, SynthArch};
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
-use crate::common::{with_spinner, CliResult, ModelArgs};
+use crate::common::{fit_context, thread_count, with_spinner, CliResult, ModelArgs, PrecisionArg};
+use crate::output::Out;
 use crate::synth::{human_bytes, human_params};
 
 #[derive(Args)]
@@ -80,8 +85,16 @@ pub struct TestResult {
     pub size_bytes: u64,
     /// Parameters (values in all tensors).
     pub params: u64,
-    /// Backend name (`CPU`).
+    /// Backend name (`CPU`, `CUDA`).
     pub backend: String,
+    /// The kernels that ran: the CPU's SIMD level (`avx512-vnni`, `avx2`,
+    /// `scalar`...) or `cuda`.
+    pub kernels: String,
+    /// `quantized` (8-bit activations, integer dots) or `exact` (f32 weights
+    /// and activations).
+    pub precision: String,
+    /// Whether the model is a synthetic one (random weights, `infer synth`).
+    pub synthetic: bool,
     /// The backend's description of its device and kernels.
     pub device: String,
     /// Threads the backend ran with.
@@ -130,44 +143,42 @@ fn mean_std(v: &[f64]) -> (f64, f64) {
     (mean, var.sqrt())
 }
 
-/// Index of the largest logit (the first on ties); an error for NaN logits.
-/// Lane-wise maxima first (so that the scan vectorizes), then the first
-/// index holding the maximum.
+/// Index of the largest logit (the first on ties, [`infer_model::sampling::argmax`]);
+/// an error for NaN logits, which a benchmark must not time as if they were
+/// tokens.
 pub fn argmax(logits: &[f32]) -> Result<u32, String> {
-    const L: usize = 16;
-    let mut lanes = [f32::NEG_INFINITY; L];
-    let mut nan = false;
-    let chunks = logits.chunks_exact(L);
-    let tail = chunks.remainder();
-    for c in chunks {
-        for i in 0..L {
-            nan |= c[i].is_nan();
-            lanes[i] = lanes[i].max(c[i]);
-        }
-    }
-    for &z in tail {
-        nan |= z.is_nan();
-        lanes[0] = lanes[0].max(z);
-    }
-    if nan {
-        let i = logits.iter().position(|z| z.is_nan()).unwrap_or(0);
+    if let Some(i) = logits.iter().position(|z| z.is_nan()) {
         return Err(format!("the model produced a NaN logit (index {i})"));
     }
-    let max = lanes.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    Ok(logits.iter().position(|&z| z == max).unwrap_or(0) as u32)
+    infer_model::sampling::argmax(logits).ok_or_else(|| "the model produced no logits".to_string())
 }
 
 /// Weight bytes one decode step reads: every layer matrix and the output
 /// matrix (the embedding table is only looked up; norm weights, a few KB,
-/// and the KV cache, which grows with the position, are not counted).
-pub fn decode_bytes_per_token(spec: &ModelSpec) -> u64 {
-    let mut b = spec.output.data.as_bytes().len() as u64;
+/// and the KV cache, which grows with the position, are not counted). With
+/// `f32_weights` (`--precision exact`, weights dequantized at load) each
+/// weight is 4 bytes; otherwise the GGUF's bytes.
+pub fn decode_bytes_per_token(spec: &ModelSpec, f32_weights: bool) -> u64 {
+    let size = |w: &infer_compute::QuantWeight| {
+        if f32_weights {
+            (w.rows as u64) * (w.cols as u64) * 4
+        } else {
+            w.data.as_bytes().len() as u64
+        }
+    };
+    let mut b = size(&spec.output);
     for l in &spec.layers {
         for w in [&l.wq, &l.wk, &l.wv, &l.wo, &l.ffn_up, &l.ffn_down].into_iter().chain(l.ffn_gate.as_ref()) {
-            b += w.data.as_bytes().len() as u64;
+            b += size(w);
         }
     }
     b
+}
+
+/// Whether `gguf` was written by `infer synth` (its `general.name` says
+/// "synthetic, random weights").
+pub fn is_synthetic(gguf: &GgufFile) -> bool {
+    gguf.get_str("general.name").is_ok_and(|n| n.contains("synthetic"))
 }
 
 /// llama-bench's model description: architecture, size label, file type.
@@ -182,7 +193,8 @@ pub fn model_description(gguf: &GgufFile, params: u64) -> String {
         Ok(t) => file_type_name(t).map_or_else(|| format!("file type {t}"), str::to_string),
         Err(_) => "?".to_string(),
     };
-    format!("{arch} {size} {ftype}")
+    let synthetic = if is_synthetic(gguf) { " (synthetic)" } else { "" };
+    format!("{arch} {size} {ftype}{synthetic}")
 }
 
 /// The path of a synthetic model for `--synth SIZE`, generating it into
@@ -282,10 +294,7 @@ pub fn bench(a: BenchArgs) -> CliResult {
             return Err(format!("--bandwidth must be a positive number of GB/s, got {bw}").into());
         }
     }
-    if a.model.threads == Some(0) {
-        return Err("--threads must be at least 1".into());
-    }
-    let threads = a.model.threads.unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
+    let threads = thread_count(a.model.threads)?;
     let path = match &a.synth {
         Some(size) => synth_model(size, &a.synth_quant, threads)?,
         None => a.model.resolve_model()?,
@@ -293,11 +302,12 @@ pub fn bench(a: BenchArgs) -> CliResult {
     // The reader's errors name the file already.
     let gguf = GgufFile::open(&path).map_err(|e| e.to_string())?;
     let spec = infer_model::model::load_spec(&gguf).map_err(|e| format!("{}: {e}", path.display()))?;
-    let max_ctx = a.n_prompt.max(a.n_gen);
-    if max_ctx > spec.n_ctx_train {
-        return Err(format!("{max_ctx} positions exceed the model's context length {}", spec.n_ctx_train).into());
-    }
-    let margs = ModelArgs { model: Some(path.clone()), ..a.model.clone() };
+    // The rule of `run -c`: more positions than the training context are
+    // clamped to it, with a warning.
+    let n_prompt = if a.n_prompt > 0 { fit_context(a.n_prompt, spec.n_ctx_train, "-p") } else { 0 };
+    let n_gen = if a.n_gen > 0 { fit_context(a.n_gen, spec.n_ctx_train, "-n") } else { 0 };
+    let threads_given = a.model.threads.map(|_| threads);
+    let margs = ModelArgs { model: Some(path.clone()), threads: threads_given, ..a.model.clone() };
     let backend = margs.backend()?;
     let mut model = with_spinner("loading model", || backend.prepare(&spec))?;
 
@@ -305,7 +315,13 @@ pub fn bench(a: BenchArgs) -> CliResult {
     let params: u64 = gguf.tensors().iter().map(|t| t.n_elements()).sum();
     let desc = model_description(&gguf, params);
     let bos = gguf.get_u32("tokenizer.ggml.bos_token_id").unwrap_or(0).min(spec.n_vocab as u32 - 1);
-    let bytes_per_token = decode_bytes_per_token(&spec);
+    let exact = a.model.precision == PrecisionArg::Exact;
+    let bytes_per_token = decode_bytes_per_token(&spec, exact);
+    let kernels = if backend.name() == "cpu" {
+        infer_compute::cpu::Kernels::detect().level().name().to_string()
+    } else {
+        backend.name().to_string()
+    };
     let bandwidth = if a.measure_bandwidth {
         Some(with_spinner("measuring memory bandwidth", || measure_bandwidth(threads)))
     } else {
@@ -317,6 +333,9 @@ pub fn bench(a: BenchArgs) -> CliResult {
         size_bytes,
         params,
         backend: backend.name().to_uppercase(),
+        kernels,
+        precision: a.model.precision.name().to_string(),
+        synthetic: is_synthetic(&gguf),
         device: backend.device_info(),
         threads,
         test: String::new(),
@@ -345,23 +364,23 @@ pub fn bench(a: BenchArgs) -> CliResult {
     };
 
     let mut results = Vec::new();
-    if a.n_prompt > 0 {
+    if n_prompt > 0 {
         let mut rng = rand::rngs::StdRng::seed_from_u64(a.seed);
-        let tokens: Vec<u32> = (0..a.n_prompt).map(|_| rng.gen_range(0..spec.n_vocab as u32)).collect();
-        let samples = with_spinner(&format!("pp{}", a.n_prompt), || -> CliResult<Vec<u64>> {
+        let tokens: Vec<u32> = (0..n_prompt).map(|_| rng.gen_range(0..spec.n_vocab as u32)).collect();
+        let samples = with_spinner(&format!("pp{}", n_prompt), || -> CliResult<Vec<u64>> {
             time_prefill(model.as_mut(), &tokens)?; // warm-up
             (0..a.reps).map(|_| time_prefill(model.as_mut(), &tokens)).collect()
         })?;
-        let r = TestResult { test: format!("pp{}", a.n_prompt), n_prompt: a.n_prompt, ..base.clone() };
-        results.push(finish(r, a.n_prompt, samples));
+        let r = TestResult { test: format!("pp{}", n_prompt), n_prompt, ..base.clone() };
+        results.push(finish(r, n_prompt, samples));
     }
-    if a.n_gen > 0 {
-        let samples = with_spinner(&format!("tg{}", a.n_gen), || -> CliResult<Vec<u64>> {
+    if n_gen > 0 {
+        let samples = with_spinner(&format!("tg{}", n_gen), || -> CliResult<Vec<u64>> {
             time_decode(model.as_mut(), bos, 1)?; // warm-up
-            (0..a.reps).map(|_| time_decode(model.as_mut(), bos, a.n_gen)).collect()
+            (0..a.reps).map(|_| time_decode(model.as_mut(), bos, n_gen)).collect()
         })?;
-        let r = TestResult { test: format!("tg{}", a.n_gen), n_gen: a.n_gen, ..base.clone() };
-        let mut r = finish(r, a.n_gen, samples);
+        let r = TestResult { test: format!("tg{}", n_gen), n_gen, ..base.clone() };
+        let mut r = finish(r, n_gen, samples);
         let eff = bytes_per_token as f64 * r.avg_ts / 1e9;
         r.bytes_per_token = Some(bytes_per_token);
         r.effective_gbps = Some(eff);
@@ -370,76 +389,98 @@ pub fn bench(a: BenchArgs) -> CliResult {
     }
 
     let profile = if a.profile {
-        let steps = if a.n_gen > 0 { a.n_gen } else { 128 }.min(spec.n_ctx_train);
+        let steps = if n_gen > 0 { n_gen } else { 128 }.min(spec.n_ctx_train);
         Some(with_spinner("profiling decode", || crate::profile::profile_decode(model.as_mut(), bos, steps))?)
     } else {
         None
     };
 
+    let mut out = Out::new();
     if a.json {
-        println!("{}", serde_json::to_string_pretty(&results)?);
+        writeln!(out, "{}", serde_json::to_string_pretty(&results)?)?;
+        out.flush()?;
         return Ok(());
     }
-    print_tables(&results);
+    print_tables(&mut out, &results)?;
     if let Some(p) = profile {
         let tg_ms = results.iter().find(|r| r.n_gen > 0).map(|r| 1e3 / r.avg_ts);
-        println!();
+        writeln!(out)?;
+        out.flush()?;
+        drop(out);
         crate::profile::print_profile(&p, &backend.device_info(), tg_ms);
     }
     Ok(())
 }
 
-/// The llama-bench table, then the decode memory-traffic table.
-fn print_tables(results: &[TestResult]) {
-    println!(
-        "| {:<30} | {:>10} | {:>10} | {:<10} | {:>7} | {:>15} | {:>20} |",
-        "model", "size", "params", "backend", "threads", "test", "t/s"
-    );
-    println!("| {:-<30} | {:->9}: | {:->9}: | {:-<10} | {:->6}: | {:->14}: | {:->19}: |", "", "", "", "", "", "", "");
+/// The llama-bench table (with the kernels and precision that ran), then
+/// the decode memory-traffic table.
+fn print_tables(out: &mut Out, results: &[TestResult]) -> std::io::Result<()> {
+    writeln!(
+        out,
+        "| {:<42} | {:>10} | {:>10} | {:<7} | {:<11} | {:<9} | {:>7} | {:>15} | {:>20} |",
+        "model", "size", "params", "backend", "kernels", "precision", "threads", "test", "t/s"
+    )?;
+    writeln!(
+        out,
+        "| {:-<42} | {:->9}: | {:->9}: | {:-<7} | {:-<11} | {:-<9} | {:->6}: | {:->14}: | {:->19}: |",
+        "", "", "", "", "", "", "", "", ""
+    )?;
     for r in results {
-        println!(
-            "| {:<30} | {:>10} | {:>10} | {:<10} | {:>7} | {:>15} | {:>20} |",
+        writeln!(
+            out,
+            "| {:<42} | {:>10} | {:>10} | {:<7} | {:<11} | {:<9} | {:>7} | {:>15} | {:>20} |",
             r.model,
             human_bytes(r.size_bytes),
             human_params(r.params),
             r.backend,
+            r.kernels,
+            r.precision,
             r.threads,
             r.test,
             format!("{:.2} ± {:.2}", r.avg_ts, r.stddev_ts)
-        );
+        )?;
     }
     let decode: Vec<&TestResult> = results.iter().filter(|r| r.bytes_per_token.is_some()).collect();
     if decode.is_empty() {
-        return;
+        return out.flush();
     }
-    println!();
-    println!(
+    writeln!(out)?;
+    writeln!(
+        out,
         "| {:>15} | {:>16} | {:>14} | {:>14} | {:>12} |",
         "test", "weight B/token", "eff. GB/s", "bandwidth GB/s", "% of BW"
-    );
-    println!("| {:->14}: | {:->15}: | {:->13}: | {:->13}: | {:->11}: |", "", "", "", "", "");
-    for r in decode {
+    )?;
+    writeln!(out, "| {:->14}: | {:->15}: | {:->13}: | {:->13}: | {:->11}: |", "", "", "", "", "")?;
+    for r in &decode {
         let bw = r.bandwidth_gbps.map_or_else(|| "-".to_string(), |b| format!("{b:.1}"));
         let frac = r.roofline_fraction.map_or_else(|| "-".to_string(), |f| format!("{:.1} %", f * 100.0));
-        println!(
+        writeln!(
+            out,
             "| {:>15} | {:>16} | {:>14.2} | {:>14} | {:>12} |",
             r.test,
             human_bytes(r.bytes_per_token.unwrap_or(0)),
             r.effective_gbps.unwrap_or(0.0),
             bw,
             frac
-        );
+        )?;
     }
-    println!();
-    println!(
-        "weight B/token: every layer matrix and the output matrix, read once per decoded token (the KV cache is not counted); \
-         eff. GB/s = weight B/token × t/s; bandwidth: {}",
+    writeln!(out)?;
+    let weights = if decode.iter().any(|r| r.precision == "exact") {
+        "f32 weights (--precision exact: 4 bytes per weight)"
+    } else {
+        "the GGUF's quantized bytes"
+    };
+    writeln!(
+        out,
+        "weight B/token: every layer matrix and the output matrix, read once per decoded token, as {weights} \
+         (the KV cache is not counted); eff. GB/s = weight B/token × t/s; bandwidth: {}",
         if results.iter().any(|r| r.bandwidth_gbps.is_some()) {
             "as given (--bandwidth) or measured (--measure-bandwidth: best 1 GiB read with the same threads)"
         } else {
             "none given (--bandwidth GBPS or --measure-bandwidth)"
         }
-    );
+    )?;
+    out.flush()
 }
 
 #[cfg(test)]

@@ -1,4 +1,5 @@
-//! Options shared by the subcommands: model path, backend, threads.
+//! Options shared by the subcommands: model path, backend, threads, and
+//! the one rule for contexts longer than the model's training context.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -13,16 +14,18 @@ use infer_model::gguf::GgufFile;
 #[derive(Args, Clone, Debug)]
 pub struct ModelArgs {
     /// GGUF model file (default: Gemma 3 270M Q4_K_M, fetched and cached on first use).
-    #[arg(short, long)]
+    #[arg(short, long, value_name = "FILE")]
     pub model: Option<PathBuf>,
     /// Compute backend.
     #[arg(long, value_enum, default_value_t = BackendKind::Auto)]
     pub backend: BackendKind,
-    /// CPU threads (default: all cores).
-    #[arg(short, long)]
+    /// CPU threads (default: all cores; at most 4 × the cores, larger values
+    /// are capped with a warning).
+    #[arg(short, long, value_name = "N")]
     pub threads: Option<usize>,
-    /// CPU arithmetic: `quantized` (as ggml, fast) or `exact` (weights
-    /// dequantized to f32, f32 activations).
+    /// CPU arithmetic: `quantized` (as ggml: 8-bit activations, integer dot
+    /// products with the GGUF blocks) or `exact` (weights dequantized to f32
+    /// once, f32 activations).
     #[arg(long, value_enum, default_value_t = PrecisionArg::Quantized)]
     pub precision: PrecisionArg,
 }
@@ -41,8 +44,79 @@ pub enum BackendKind {
 /// CPU arithmetic.
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PrecisionArg {
+    /// As ggml: 8-bit activations, integer dot products with the GGUF blocks.
     Quantized,
+    /// Weights dequantized to f32 once, f32 activations.
     Exact,
+}
+
+impl PrecisionArg {
+    /// `quantized` or `exact`.
+    pub fn name(self) -> &'static str {
+        match self {
+            PrecisionArg::Quantized => "quantized",
+            PrecisionArg::Exact => "exact",
+        }
+    }
+}
+
+/// Most threads per core that `--threads` may ask for: more only adds
+/// scheduling overhead (1000 threads on 2 cores made decode 100× slower).
+pub const MAX_THREADS_PER_CORE: usize = 4;
+
+/// The cores of this machine (1 when unknown).
+pub fn cores() -> usize {
+    std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
+}
+
+/// The thread count for `--threads`: all cores by default; 0 is an error;
+/// more than the cores warns, more than [`MAX_THREADS_PER_CORE`] × the
+/// cores is capped with a warning.
+///
+/// # Errors
+/// `--threads 0`.
+pub fn thread_count(requested: Option<usize>) -> CliResult<usize> {
+    let cores = cores();
+    let Some(threads) = requested else { return Ok(cores) };
+    if threads == 0 {
+        return Err("--threads must be at least 1".into());
+    }
+    let max = MAX_THREADS_PER_CORE * cores;
+    // Subcommands may ask twice (bench, then its backend): warn once.
+    static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    let first = !WARNED.swap(true, std::sync::atomic::Ordering::Relaxed);
+    if threads > max {
+        if first {
+            eprintln!(
+                "warning: --threads {threads} is capped at {max} ({MAX_THREADS_PER_CORE} × the {cores} core(s) of this machine)"
+            );
+        }
+        return Ok(max);
+    }
+    if threads > cores && first {
+        eprintln!(
+            "warning: --threads {threads} is more than the {cores} core(s) of this machine; expect it to be slower"
+        );
+    }
+    Ok(threads)
+}
+
+/// The one rule for context lengths, used by `run` (`-c`) and `bench`
+/// (`-p`/`-n`): `requested` positions, 0 meaning the training context;
+/// more than the model's training context `n_ctx_train` is clamped to it
+/// with a warning naming both (`what` names the option).
+pub fn fit_context(requested: usize, n_ctx_train: usize, what: &str) -> usize {
+    if requested == 0 {
+        return n_ctx_train;
+    }
+    if requested > n_ctx_train {
+        eprintln!(
+            "warning: {what} {requested} is more than the model's training context of {n_ctx_train} positions; \
+             using {n_ctx_train}"
+        );
+        return n_ctx_train;
+    }
+    requested
 }
 
 pub type CliResult<T = ()> = Result<T, Box<dyn std::error::Error>>;
@@ -77,24 +151,17 @@ impl ModelArgs {
             PrecisionArg::Quantized => Precision::Quantized,
             PrecisionArg::Exact => Precision::Exact,
         };
+        let threads = thread_count(self.threads)?;
         match self.backend {
             BackendKind::Auto if self.threads.is_none() && precision == Precision::Quantized => {
                 warn_simd_env();
                 return Ok(infer_compute::default_backend());
             }
+            BackendKind::Cuda if precision == Precision::Exact => {
+                return Err("--precision exact runs on the CPU only (use --backend cpu)".into());
+            }
             BackendKind::Cuda => return cuda_backend(),
             _ => {}
-        }
-        let threads =
-            self.threads.unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
-        if threads == 0 {
-            return Err("--threads must be at least 1".into());
-        }
-        let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
-        if threads > cores {
-            eprintln!(
-                "warning: --threads {threads} is more than the {cores} core(s) of this machine; expect it to be slower"
-            );
         }
         warn_simd_env();
         Ok(Box::new(CpuBackend::with_options(threads, Kernels::detect(), precision)?))
@@ -116,14 +183,49 @@ fn warn_simd_env() {
     }
 }
 
+/// The error of `--backend cuda` on a machine without an NVIDIA driver,
+/// the same in builds with and without the `cuda` feature.
+const NO_CUDA_DRIVER: &str =
+    "--backend cuda: no NVIDIA driver on this machine (libcuda.so could not be loaded); use --backend cpu or auto";
+
+/// Whether the NVIDIA driver library can be loaded.
+#[cfg(unix)]
+fn nvidia_driver_present() -> bool {
+    ["libcuda.so.1", "libcuda.so"].iter().any(|name| {
+        let Ok(c) = std::ffi::CString::new(*name) else { return false };
+        // SAFETY: `c` is a valid C string; a library that loads is closed
+        // again at once (loading libcuda runs no user-visible code).
+        unsafe {
+            let h = libc::dlopen(c.as_ptr(), libc::RTLD_LAZY | libc::RTLD_LOCAL);
+            if h.is_null() {
+                false
+            } else {
+                libc::dlclose(h);
+                true
+            }
+        }
+    })
+}
+
+#[cfg(not(unix))]
+fn nvidia_driver_present() -> bool {
+    cfg!(feature = "cuda")
+}
+
 #[cfg(feature = "cuda")]
 fn cuda_backend() -> CliResult<Box<dyn ComputeBackend>> {
-    Ok(Box::new(infer_compute::cuda::CudaBackend::new(0)?))
+    if !nvidia_driver_present() {
+        return Err(NO_CUDA_DRIVER.into());
+    }
+    Ok(Box::new(infer_compute::cuda::CudaBackend::new(0).map_err(|e| format!("--backend cuda: {e}"))?))
 }
 
 #[cfg(not(feature = "cuda"))]
 fn cuda_backend() -> CliResult<Box<dyn ComputeBackend>> {
-    Err("this build has no CUDA support (rebuild with `--features cuda`)".into())
+    if !nvidia_driver_present() {
+        return Err(NO_CUDA_DRIVER.into());
+    }
+    Err("--backend cuda: this build has no CUDA support (rebuild with `--features cuda`)".into())
 }
 
 /// A spinner on stderr while `f` runs (hidden when stderr is not a terminal).

@@ -1,10 +1,12 @@
 //! `infer info`: what a model file holds and what would run it.
 
 use std::collections::BTreeMap;
+use std::io::Write;
 
 use clap::Args;
 
 use crate::common::{CliResult, ModelArgs};
+use crate::output::Out;
 
 #[derive(Args)]
 pub struct InfoArgs {
@@ -14,35 +16,42 @@ pub struct InfoArgs {
 
 pub fn info(a: InfoArgs) -> CliResult {
     let gguf = a.model.open()?;
+    let path = a.model.resolve_model()?;
     let backend = a.model.backend()?;
     let arch = gguf.get_str("general.architecture").unwrap_or("?");
-    println!(
+    let mut out = Out::new();
+    writeln!(out, "path:         {}", path.display())?;
+    writeln!(
+        out,
         "file:         GGUF v{}, {} metadata keys, {} tensors",
         gguf.version(),
         gguf.metadata().len(),
         gguf.tensors().len()
-    );
+    )?;
     if let Ok(name) = gguf.get_str("general.name") {
-        println!("name:         {name}");
+        writeln!(out, "name:         {name}")?;
     }
-    println!("architecture: {arch}");
+    writeln!(out, "architecture: {arch}")?;
     let mut counts: BTreeMap<String, (usize, u64)> = BTreeMap::new();
     let mut params = 0u64;
     for t in gguf.tensors() {
-        let e = counts.entry(t.ty.name().to_string()).or_default();
+        // ggml's type names in upper case, as llama.cpp's tools and the
+        // README print them (Q4_K, Q6_K, F32).
+        let e = counts.entry(t.ty.name().to_uppercase()).or_default();
         e.0 += 1;
         e.1 += t.n_bytes as u64;
         params += t.n_elements();
     }
-    println!("parameters:   {:.1} M", params as f64 / 1e6);
-    println!("tensor types:");
+    writeln!(out, "parameters:   {:.1} M", params as f64 / 1e6)?;
+    writeln!(out, "tensor types:")?;
     for (ty, (n, bytes)) in &counts {
-        println!("  {ty:>7}: {n:4} tensors, {:8.2} MiB", *bytes as f64 / (1 << 20) as f64);
+        writeln!(out, "  {ty:>7}: {n:4} tensors, {:8.2} MiB", *bytes as f64 / (1 << 20) as f64)?;
     }
     match infer_model::model::load_spec(&gguf).and_then(|s| s.validate().map(|()| s).map_err(Into::into)) {
         Ok(spec) => {
             let l = &spec.layers[0];
-            println!(
+            writeln!(
+                out,
                 "shapes:       n_embd {}, n_layer {}, n_head {}, n_head_kv {}, head_dim {}, n_ff {}, n_vocab {}, n_ctx_train {}",
                 spec.n_embd,
                 spec.layers.len(),
@@ -52,7 +61,7 @@ pub fn info(a: InfoArgs) -> CliResult {
                 l.ffn_up.rows,
                 spec.n_vocab,
                 spec.n_ctx_train
-            );
+            )?;
             let windows: Vec<String> = spec
                 .layers
                 .iter()
@@ -61,10 +70,11 @@ pub fn info(a: InfoArgs) -> CliResult {
                     None => format!("global(rope {})", l.rope.base),
                 })
                 .collect();
-            println!("attention:    {}", windows.join(", "));
+            writeln!(out, "attention:    {}", windows.join(", "))?;
         }
-        Err(e) => println!("pipeline:     not runnable here: {e}"),
+        Err(e) => writeln!(out, "pipeline:     not runnable here: {e}")?,
     }
-    println!("backend:      {}", backend.device_info());
+    writeln!(out, "backend:      {}", backend.device_info())?;
+    out.flush()?;
     Ok(())
 }

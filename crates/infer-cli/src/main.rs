@@ -3,8 +3,12 @@
 mod bench;
 mod common;
 mod info;
+mod interrupt;
+mod output;
 mod profile;
+mod prompt;
 mod run;
+mod sampling;
 mod synth;
 
 use std::process::ExitCode;
@@ -41,17 +45,35 @@ fn main() -> ExitCode {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
     let cli = Cli::parse();
-    let result = match cli.command {
+    interrupt::install();
+    let result = output::check_open().map_err(Into::into).and_then(|()| match cli.command {
         Command::Run(a) => run::run(a),
         Command::Info(a) => info::info(a),
         Command::Bench(a) => bench::bench(a),
         Command::Synth(a) => synth::synth(a),
-    };
+    });
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        Err(e) if e.is::<Interrupted>() => {
+            eprintln!("interrupted");
+            ExitCode::from(interrupt::EXIT_INTERRUPTED)
+        }
         Err(e) => {
             eprintln!("error: {e}");
             ExitCode::FAILURE
         }
     }
 }
+
+/// A command stopped early by Ctrl-C (or SIGTERM) after a clean stop; the
+/// process exits with status 130.
+#[derive(Debug)]
+pub struct Interrupted;
+
+impl std::fmt::Display for Interrupted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("interrupted")
+    }
+}
+
+impl std::error::Error for Interrupted {}

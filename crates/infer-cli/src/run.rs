@@ -1,63 +1,85 @@
 //! `infer run`: generate text.
 
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 use std::time::Instant;
 
 use clap::Args;
 use infer_model::chat::{ChatTemplate, Message};
-use infer_model::generate::generate;
+use infer_model::generate::{generate_with_progress, StopReason};
 use infer_model::sampling::{Sampler, SamplerConfig};
 use infer_model::tokenizer::Tokenizer;
 
-use crate::common::{with_spinner, CliResult, ModelArgs};
+use crate::common::{fit_context, with_spinner, CliResult, ModelArgs};
+use crate::output::Out;
+use crate::prompt::PromptArgs;
+use crate::sampling::SamplingArgs;
+
+/// Prompt tokens per prefill pass: progress is shown and Ctrl-C is honoured
+/// between passes.
+const PREFILL_CHUNK: usize = 512;
 
 #[derive(Args)]
 pub struct RunArgs {
     #[command(flatten)]
     model: ModelArgs,
-    /// Tokens to generate.
-    #[arg(short = 'n', long, default_value_t = 64)]
-    n_predict: usize,
-    /// Sampling temperature; 0 is greedy (deterministic).
-    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
-    temp: f32,
-    /// Keep the k most likely tokens (0: off).
-    #[arg(long, default_value_t = 40)]
-    top_k: usize,
-    /// Nucleus sampling threshold (1: off).
-    #[arg(long, default_value_t = 0.95, allow_negative_numbers = true)]
-    top_p: f32,
-    /// Random seed.
-    #[arg(long, default_value_t = 0)]
-    seed: u64,
-    /// Context length (KV cache positions).
-    #[arg(short = 'c', long, default_value_t = 4096)]
+    /// Tokens to generate (-1: until the end of generation or a full context).
+    #[arg(short = 'n', long, value_name = "N", default_value_t = 64, allow_negative_numbers = true)]
+    n_predict: i64,
+    #[command(flatten)]
+    sampling: SamplingArgs,
+    /// Context length in positions (KV cache); 0 or more than the model's
+    /// training context: the training context (with a warning when larger).
+    #[arg(short = 'c', long, value_name = "N", default_value_t = 4096)]
     ctx_size: usize,
     /// Wrap the prompt in the model's chat template.
     #[arg(long)]
     chat: bool,
-    /// The prompt.
-    prompt: String,
+    /// Print the effective settings (sampler chain, context, model) before
+    /// generating.
+    #[arg(short = 'v', long)]
+    verbose: bool,
+    #[command(flatten)]
+    prompt: PromptArgs,
+}
+
+/// "1 token", "2 tokens".
+pub fn tokens(n: usize) -> String {
+    if n == 1 {
+        "1 token".to_string()
+    } else {
+        format!("{n} tokens")
+    }
 }
 
 pub fn run(a: RunArgs) -> CliResult {
+    let max_tokens = match a.n_predict {
+        -1 => usize::MAX,
+        n if n >= 0 => n as usize,
+        n => return Err(format!("-n {n}: give a number of tokens, or -1 for no limit").into()),
+    };
+    let prompt = a.prompt.text()?;
     let t0 = Instant::now();
-    let gguf = a.model.open()?;
+    let path = a.model.resolve_model()?;
+    let gguf = infer_model::gguf::GgufFile::open(&path)?;
     let backend = a.model.backend()?;
     let spec = infer_model::model::load_spec(&gguf)?;
     let tokenizer = Tokenizer::from_gguf(&gguf)?;
+    let n_ctx = fit_context(a.ctx_size, spec.n_ctx_train, "--ctx-size");
+    // Validated as given, also when greedy decoding ignores them.
+    let given = a.sampling.config(n_ctx)?;
+    let cfg =
+        if given.temperature == 0.0 { SamplerConfig { seed: given.seed, ..SamplerConfig::greedy() } } else { given };
     let mut model = with_spinner("loading model", || backend.prepare(&spec))?;
     let load_time = t0.elapsed();
+    // From here on, Ctrl-C stops the prefill or the generation at the next
+    // step and the statistics are still printed (a second one exits).
+    crate::interrupt::graceful();
 
-    if a.ctx_size == 0 {
-        return Err("--ctx-size must be at least 1".into());
-    }
     let ids = if a.chat {
-        ChatTemplate::from_gguf(&gguf, &tokenizer)?.encode(&tokenizer, &[Message::user(a.prompt.as_str())], true)?
+        ChatTemplate::from_gguf(&gguf, &tokenizer)?.encode(&tokenizer, &[Message::user(prompt.as_str())], true)?
     } else {
-        tokenizer.encode(&a.prompt, true)
+        tokenizer.encode(&prompt, true)
     };
-    let n_ctx = a.ctx_size.min(spec.n_ctx_train);
     if ids.len() >= n_ctx {
         return Err(format!(
             "the prompt has {} tokens; a context of {n_ctx} positions leaves no room to generate (raise --ctx-size or shorten the prompt)",
@@ -65,51 +87,101 @@ pub fn run(a: RunArgs) -> CliResult {
         )
         .into());
     }
-    // Validated as given, also when greedy decoding ignores them.
-    let given =
-        SamplerConfig { temperature: a.temp, top_k: a.top_k, top_p: a.top_p, seed: a.seed, ..SamplerConfig::default() };
-    given.validate()?;
-    let cfg = if a.temp == 0.0 { SamplerConfig::greedy() } else { given };
-    let mut sampler = Sampler::new(cfg)?;
+    if a.verbose {
+        eprintln!("model:    {}", path.display());
+        eprintln!("backend:  {}", backend.device_info());
+        eprintln!("context:  {n_ctx} positions (training context {})", spec.n_ctx_train);
+        eprintln!(
+            "predict:  {}",
+            if max_tokens == usize::MAX {
+                "until end of generation or a full context".into()
+            } else {
+                tokens(max_tokens)
+            }
+        );
+        eprintln!("prompt:   {}", tokens(ids.len()));
+        eprintln!("sampler chain: {}", cfg.chain());
+        eprintln!("sampler params: {cfg}");
+    }
+    let mut sampler = Sampler::new(cfg.clone())?;
 
-    let mut out = std::io::stdout().lock();
+    let mut out = Out::new();
     if !a.chat {
-        write!(out, "{}", a.prompt)?;
+        write!(out, "{prompt}")?;
     }
     out.flush()?;
-    // Stop generating at the first failed write (e.g. a closed pipe).
-    let mut write_error: Option<std::io::Error> = None;
-    let stats = generate(model.as_mut(), &tokenizer, &ids, a.n_predict, n_ctx, &mut sampler, |s| {
-        match out.write_all(s.as_bytes()).and_then(|_| out.flush()) {
-            Ok(()) => true,
-            Err(e) => {
-                write_error = Some(e);
-                false
+    let show_progress = ids.len() > PREFILL_CHUNK && std::io::stderr().is_terminal();
+    let on_prefill = |done: usize, total: usize| {
+        if show_progress {
+            eprint!("\r\x1b[2Kprefill {done}/{total} tokens");
+            if done == total {
+                eprint!("\r\x1b[2K");
             }
         }
-    })?;
+        !crate::interrupt::requested()
+    };
+    // Stop generating at the first failed write (e.g. a closed pipe) or at
+    // Ctrl-C.
+    let mut write_error: Option<std::io::Error> = None;
+    let stats = generate_with_progress(
+        model.as_mut(),
+        &tokenizer,
+        &ids,
+        max_tokens,
+        n_ctx,
+        &mut sampler,
+        PREFILL_CHUNK,
+        on_prefill,
+        |s| {
+            if crate::interrupt::requested() {
+                return false;
+            }
+            match out.write_all(s.as_bytes()).and_then(|_| out.flush()) {
+                Ok(()) => true,
+                Err(e) => {
+                    write_error = Some(e);
+                    false
+                }
+            }
+        },
+    )?;
+    if show_progress {
+        eprint!("\r\x1b[2K");
+    }
     if let Some(e) = write_error {
-        return Err(format!("writing the output: {e}").into());
+        return Err(e.into());
     }
     writeln!(out)?;
+    out.flush()?;
+    let interrupted = crate::interrupt::requested() && stats.stop == StopReason::Stopped;
     eprintln!();
     eprintln!("backend:  {}", backend.device_info());
     eprintln!("load:     {:.2} s", load_time.as_secs_f64());
     eprintln!(
-        "prefill:  {} tokens in {:.3} s ({:.1} tokens/s)",
-        stats.prompt_tokens,
+        "prefill:  {} in {:.3} s ({:.1} tokens/s)",
+        tokens(stats.prompt_tokens),
         stats.prefill_time.as_secs_f64(),
         stats.prefill_tps()
     );
     // The first generated token comes from the prefill's logits, so the
     // decode rate counts the tokens after it.
+    let stop = match stats.stop {
+        _ if interrupted => "interrupted",
+        StopReason::MaxTokens => "max tokens",
+        StopReason::EndOfGeneration => "end of generation",
+        StopReason::ContextFull => "context full",
+        StopReason::Stopped => "stopped",
+    };
     eprintln!(
-        "decode:   {} tokens ({} decoded after the first) in {:.3} s ({:.1} tokens/s), stop: {:?}",
-        stats.generated_tokens,
+        "decode:   {} ({} after the first) in {:.3} s ({:.1} tokens/s), stop: {stop}",
+        tokens(stats.generated_tokens),
         stats.generated_tokens.saturating_sub(1),
         stats.decode_time.as_secs_f64(),
         stats.decode_tps(),
-        stats.stop
     );
+    eprintln!("sampling: seed {}, {}", cfg.seed, cfg.chain());
+    if interrupted {
+        return Err(crate::Interrupted.into());
+    }
     Ok(())
 }

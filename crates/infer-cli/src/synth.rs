@@ -1,6 +1,7 @@
 //! `infer synth`: write a GGUF with random weights and a real model's
 //! shapes, metadata and tensor types (see [`infer_model::synth`]).
 
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
@@ -10,7 +11,8 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use infer_model::gguf::GgufFile;
 use infer_model::synth::{self, SynthArch, SynthOptions, SynthQuant, SynthShape, SynthSummary, SynthVocab};
 
-use crate::common::CliResult;
+use crate::common::{thread_count, CliResult};
+use crate::output::Out;
 
 #[derive(Args)]
 pub struct SynthArgs {
@@ -41,7 +43,8 @@ pub struct SynthArgs {
     /// the quantized file, for reference logits).
     #[arg(long)]
     dequantized: bool,
-    /// Output file.
+    /// Output file: a new file or a regular file to replace (never a
+    /// device, FIFO, link or a file of the model cache).
     #[arg(short, long)]
     output: PathBuf,
 }
@@ -140,38 +143,123 @@ pub fn generate_with(
     Ok(result.map_err(|e| format!("{}: {e}", path.display()))?)
 }
 
-pub fn synth(a: SynthArgs) -> CliResult {
-    let (shape, quant) = parse_spec(&a.arch, &a.size, &a.quant)?;
-    let threads = match a.threads {
-        Some(0) => return Err("--threads must be at least 1".into()),
-        Some(t) => t,
-        None => std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+/// The temporary file the GGUF writer fills before renaming it over
+/// `path`: `.NAME.partial-PID` beside it (`GgufWriter::write_to_path`).
+fn partial_path(path: &Path, pid: u32) -> Option<PathBuf> {
+    let name = path.file_name()?.to_string_lossy();
+    Some(path.with_file_name(format!(".{name}.partial-{pid}")))
+}
+
+/// Whether process `pid` exists (on other systems than Unix: assumed).
+#[cfg(unix)]
+fn process_alive(pid: u32) -> bool {
+    let Ok(pid) = libc::pid_t::try_from(pid) else { return false };
+    // SAFETY: signal 0 only checks that the process exists.
+    let r = unsafe { libc::kill(pid, 0) };
+    r == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+}
+
+#[cfg(not(unix))]
+fn process_alive(_pid: u32) -> bool {
+    true
+}
+
+/// Removes the partial files of earlier runs for `path` whose process is
+/// gone (killed before it could clean up), saying so on stderr.
+fn remove_stale_partials(path: &Path) {
+    let Some(name) = path.file_name().map(|n| n.to_string_lossy().into_owned()) else { return };
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
     };
-    if a.output.is_dir() || a.output.as_os_str().to_string_lossy().ends_with('/') {
-        return Err(format!("cannot write {}: it is a directory; give a file name", a.output.display()).into());
+    let Ok(entries) = std::fs::read_dir(&dir) else { return };
+    let prefix = format!(".{name}.partial-");
+    for e in entries.flatten() {
+        let file_name = e.file_name().to_string_lossy().into_owned();
+        let Some(pid) = file_name.strip_prefix(&prefix).and_then(|p| p.parse::<u32>().ok()) else { continue };
+        if pid != std::process::id() && !process_alive(pid) && e.file_type().is_ok_and(|t| t.is_file()) {
+            match std::fs::remove_file(e.path()) {
+                Ok(()) => eprintln!("removed {}, left by an interrupted run", e.path().display()),
+                Err(err) => eprintln!("warning: cannot remove {}: {err}", e.path().display()),
+            }
+        }
     }
-    if let Some(dir) = a.output.parent().filter(|d| !d.as_os_str().is_empty()) {
+}
+
+/// Refuses outputs that must not be replaced: a directory, anything that
+/// exists and is not a regular file (a device such as `/dev/null`, a FIFO,
+/// a socket, a symbolic link: the rename would replace it), and a file of
+/// the model cache.
+fn check_output(path: &Path) -> CliResult {
+    if path.is_dir() || path.as_os_str().to_string_lossy().ends_with('/') {
+        return Err(format!("cannot write {}: it is a directory; give a file name", path.display()).into());
+    }
+    if let Ok(m) = std::fs::symlink_metadata(path) {
+        let t = m.file_type();
+        if t.is_symlink() {
+            return Err(format!("refusing to replace {}: it is a symbolic link", path.display()).into());
+        }
+        if !t.is_file() {
+            return Err(format!(
+                "refusing to replace {}: it exists and is not a regular file (a device, FIFO or socket)",
+                path.display()
+            )
+            .into());
+        }
+        let cache = infer_model::fetch::cache_dir();
+        if let (Ok(p), Ok(c)) = (path.canonicalize(), cache.canonicalize()) {
+            if p.starts_with(&c) {
+                return Err(format!(
+                    "refusing to overwrite {}: it is in the model cache ({}); choose another file",
+                    path.display(),
+                    c.display()
+                )
+                .into());
+            }
+        }
+    }
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         if !dir.is_dir() {
             return Err(format!("output directory {} does not exist", dir.display()).into());
         }
         if std::fs::metadata(dir).map(|m| m.permissions().readonly()).unwrap_or(false) {
-            return Err(format!("cannot write {}: {} is read-only", a.output.display(), dir.display()).into());
+            return Err(format!("cannot write {}: {} is read-only", path.display(), dir.display()).into());
         }
+    }
+    Ok(())
+}
+
+pub fn synth(a: SynthArgs) -> CliResult {
+    let (shape, quant) = parse_spec(&a.arch, &a.size, &a.quant)?;
+    let threads = thread_count(a.threads)?;
+    check_output(&a.output)?;
+    remove_stale_partials(&a.output);
+    // Ctrl-C or SIGTERM while writing removes the temporary file.
+    let partial = partial_path(&a.output, std::process::id());
+    if let Some(p) = &partial {
+        crate::interrupt::remove_on_signal(p);
     }
     let name = shape.model_name.clone();
     let t0 = Instant::now();
-    let s = generate_with(&a.output, shape, quant, a.seed, threads, a.tokenizer_from.as_deref(), a.dequantized)?;
-    println!(
+    let s = generate_with(&a.output, shape, quant, a.seed, threads, a.tokenizer_from.as_deref(), a.dequantized);
+    if let Some(p) = &partial {
+        crate::interrupt::keep(p);
+    }
+    let s = s?;
+    let mut out = Out::new();
+    writeln!(
+        out,
         "wrote {} ({} file, {} of tensors)",
         a.output.display(),
         human_bytes(s.file_bytes),
         human_bytes(s.tensor_bytes)
-    );
-    println!("model:   {name}, random weights, {} type mix, seed {}", quant.name().to_uppercase(), a.seed);
-    println!("params:  {} in {} tensors", human_params(s.n_params), s.n_tensors);
+    )?;
+    writeln!(out, "model:   {name}, random weights, {} type mix, seed {}", quant.name().to_uppercase(), a.seed)?;
+    writeln!(out, "params:  {} in {} tensors", human_params(s.n_params), s.n_tensors)?;
     for (ty, n, b) in &s.types {
-        println!("  {:>7}: {n:4} tensors, {:>11}", ty.name(), human_bytes(*b));
+        writeln!(out, "  {:>7}: {n:4} tensors, {:>11}", ty.name().to_uppercase(), human_bytes(*b))?;
     }
-    println!("time:    {:.1} s with {threads} thread(s)", t0.elapsed().as_secs_f64());
+    writeln!(out, "time:    {:.1} s with {threads} thread(s)", t0.elapsed().as_secs_f64())?;
+    out.flush()?;
     Ok(())
 }

@@ -1,49 +1,15 @@
 //! `infer synth` and `infer bench` end to end on tiny synthetic models, and
 //! their one-line errors.
 
-use std::path::PathBuf;
-use std::process::{Command, Output};
+mod common;
 
-fn infer(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_infer")).args(args).output().expect("run infer")
-}
-
-fn tmp(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("infer-cli-test-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir.join(name)
-}
-
-fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-/// A failed run with one `error:` line on stderr containing `needle`.
-#[track_caller]
-fn assert_error(o: &Output, needle: &str) {
-    let err = stderr(o);
-    assert!(!o.status.success(), "expected failure, got success; stderr: {err}");
-    let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
-    assert_eq!(lines.len(), 1, "one line expected: {err}");
-    assert!(lines[0].starts_with("error:") && lines[0].contains(needle), "{err}");
-}
-
-fn synth_tiny(arch: &str) -> PathBuf {
-    let path = tmp(&format!("{arch}-tiny.gguf"));
-    let o = infer(&["synth", "--arch", arch, "--size", "tiny", "--seed", "3", "-t", "2", "-o", path.to_str().unwrap()]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    assert!(stdout(&o).contains("random weights"), "{}", stdout(&o));
-    path
-}
+use common::{assert_one_line_error as assert_error, infer, stderr, stdout, synth_tiny, tmpdir};
 
 #[test]
 fn synth_then_bench_json() {
+    let dir = tmpdir();
     for arch in ["gemma3", "llama"] {
-        let path = synth_tiny(arch);
+        let path = synth_tiny(dir.path(), arch);
         let o = infer(&[
             "bench",
             "-m",
@@ -84,7 +50,10 @@ fn synth_then_bench_json() {
             assert_eq!(r["samples_ts"].as_array().unwrap().len(), 2);
             assert!(r["avg_ts"].as_f64().unwrap() > 0.0);
             assert_eq!(r["bandwidth_gbps"], 10.0);
-            assert!(r["model"].as_str().unwrap().starts_with(&format!("{arch} tiny Q4_K - Medium")), "{r}");
+            assert_eq!(r["model"].as_str().unwrap(), format!("{arch} tiny Q4_K - Medium (synthetic)"), "{r}");
+            assert_eq!(r["synthetic"], true, "{r}");
+            assert_eq!(r["precision"], "quantized", "{r}");
+            assert!(!r["kernels"].as_str().unwrap().is_empty(), "{r}");
         }
         let (pp, tg) = (&rows[0], &rows[1]);
         assert_eq!((pp["n_prompt"].as_u64(), pp["n_gen"].as_u64()), (Some(16), Some(0)));
@@ -101,20 +70,102 @@ fn synth_then_bench_json() {
 
 #[test]
 fn bench_table_and_profile() {
-    let path = synth_tiny("gemma3");
+    let dir = tmpdir();
+    let path = synth_tiny(dir.path(), "gemma3");
     let o = infer(&["bench", "-m", path.to_str().unwrap(), "-t", "2", "-p", "8", "-n", "4", "-r", "1", "--profile"]);
     assert!(o.status.success(), "{}", stderr(&o));
     let out = stdout(&o);
     assert!(out.contains("| model") && out.contains("| t/s") || out.contains("t/s |"), "{out}");
     assert!(out.contains("pp8") && out.contains("tg4"), "{out}");
-    assert!(out.contains("replay") && out.contains("matvec ffn_down") && out.contains("attention"), "{out}");
+    assert!(out.contains("decode profile") && out.contains("matvec ffn_down") && out.contains("attention"), "{out}");
     assert!(out.contains("% step"), "{out}");
+    // The table names the kernels (SIMD level) and the precision that ran.
+    assert!(out.contains("| kernels") && out.contains("| precision"), "{out}");
+    assert!(out.contains("| quantized"), "{out}");
+    assert!(out.contains("(synthetic)"), "{out}");
+    assert!(out.contains("the GGUF's quantized bytes"), "{out}");
+}
+
+#[test]
+fn bench_exact_counts_f32_weight_bytes() {
+    // --precision exact reads f32 weights: 4 bytes per weight, far more than
+    // the Q4_K file's bytes.
+    let dir = tmpdir();
+    let path = synth_tiny(dir.path(), "llama");
+    let bench = |precision: &str| {
+        let o = infer(&[
+            "bench",
+            "-m",
+            path.to_str().unwrap(),
+            "-t",
+            "1",
+            "-p",
+            "0",
+            "-n",
+            "4",
+            "-r",
+            "1",
+            "--json",
+            "--precision",
+            precision,
+        ]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let v: serde_json::Value = serde_json::from_str(&stdout(&o)).expect("JSON");
+        v[0].clone()
+    };
+    let (q, e) = (bench("quantized"), bench("exact"));
+    assert_eq!(e["precision"], "exact");
+    let (bq, be) = (q["bytes_per_token"].as_u64().unwrap(), e["bytes_per_token"].as_u64().unwrap());
+    // Q4_K is 4.5 bits per weight (Q6_K 6.56): f32 is 5 to 7 times larger.
+    assert!(be > 4 * bq && be < 8 * bq, "exact {be} B vs quantized {bq} B");
+    assert_eq!(be % 4, 0);
+    let o = infer(&[
+        "bench",
+        "-m",
+        path.to_str().unwrap(),
+        "-t",
+        "1",
+        "-p",
+        "0",
+        "-n",
+        "2",
+        "-r",
+        "1",
+        "--precision",
+        "exact",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("| exact") && stdout(&o).contains("f32 weights"), "{}", stdout(&o));
+}
+
+#[test]
+fn bench_clamps_positions_to_the_training_context() {
+    // The tiny models' training context is small: -p beyond it is clamped
+    // with a warning naming it, as `run -c` is.
+    let dir = tmpdir();
+    let path = synth_tiny(dir.path(), "llama");
+    let info = infer(&["info", "-m", path.to_str().unwrap()]);
+    let out = stdout(&info);
+    let n_ctx_train: usize = out
+        .split("n_ctx_train ")
+        .nth(1)
+        .and_then(|s| s.split(|c: char| !c.is_ascii_digit()).next())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no n_ctx_train in {out}"));
+    let p = (n_ctx_train + 1).to_string();
+    let o = infer(&["bench", "-m", path.to_str().unwrap(), "-t", "1", "-p", &p, "-n", "0", "-r", "1", "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let warn = format!("training context of {n_ctx_train} positions");
+    assert!(stderr(&o).contains(&warn) && stderr(&o).contains("warning: -p"), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).expect("JSON");
+    assert_eq!(v[0]["test"], format!("pp{n_ctx_train}"));
 }
 
 #[test]
 fn run_generates_from_a_synthetic_model() {
-    let path = synth_tiny("llama");
-    let o = infer(&["run", "--model", path.to_str().unwrap(), "-n", "8", "hello"]);
+    let dir = tmpdir();
+    let path = synth_tiny(dir.path(), "llama");
+    let o = infer(&["run", "--model", path.to_str().unwrap(), "-n", "8", "--temp", "0", "hello"]);
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(stdout(&o).starts_with("hello"));
     assert!(stderr(&o).contains("decode:   8 tokens"), "{}", stderr(&o));
@@ -122,7 +173,8 @@ fn run_generates_from_a_synthetic_model() {
 
 #[test]
 fn bad_input_gives_one_line_errors() {
-    let out = tmp("never-written.gguf");
+    let dir = tmpdir();
+    let out = dir.path().join("never-written.gguf");
     let out = out.to_str().unwrap();
     assert_error(
         &infer(&["synth", "--arch", "mamba", "--size", "1b", "-o", out]),
@@ -138,7 +190,7 @@ fn bad_input_gives_one_line_errors() {
     assert_error(&infer(&["bench", "--bandwidth=-3", "-n", "1"]), "--bandwidth");
     assert_error(&infer(&["bench", "-t", "0"]), "threads");
     assert_error(&infer(&["bench", "--synth", "gemma3-3b"]), "270m, 1b, 4b, 12b");
-    let bad = tmp("not-a-model.gguf");
+    let bad = dir.path().join("not-a-model.gguf");
     std::fs::write(&bad, b"GGUF but not really").unwrap();
     assert_error(&infer(&["bench", "-m", bad.to_str().unwrap()]), "not-a-model.gguf");
 }

@@ -1,48 +1,23 @@
 //! The `infer` binary as a user runs it: generation on the default model,
 //! `info`, and one clear error line with a non-zero exit for bad input.
 
-use std::path::PathBuf;
-use std::process::{Command, Output};
+mod common;
 
-fn infer(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_infer")).args(args).output().expect("run infer")
-}
+use std::process::Command;
 
-fn default_model() -> String {
-    infer_model::fetch::default_model_path().expect("default model").display().to_string()
-}
-
-fn tmp(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("infer-cli-test-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir.join(name)
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-/// The error output is one line starting with `error:`.
-fn assert_one_line_error(o: &Output, needle: &str) {
-    let err = stderr(o);
-    assert!(!o.status.success(), "expected failure, got success; stderr: {err}");
-    let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
-    assert_eq!(lines.len(), 1, "expected one error line, got: {err}");
-    assert!(lines[0].starts_with("error:"), "{err}");
-    assert!(lines[0].contains(needle), "error line {:?} does not mention {needle:?}", lines[0]);
-}
+use common::{assert_one_line_error, default_model, infer, stderr, tmpdir};
 
 #[test]
 fn run_generates_greedy_text_and_reports_speeds() {
     let model = default_model();
-    let o = infer(&["run", "--model", &model, "-n", "8", "The capital of France is"]);
+    let o = infer(&["run", "--model", &model, "-n", "8", "--temp", "0", "The capital of France is"]);
     let out = String::from_utf8_lossy(&o.stdout);
     let err = stderr(&o);
     assert!(o.status.success(), "stderr: {err}");
     // llama.cpp's greedy continuation of this prompt on this model starts
     // with " the capital of" (testdata/gemma3-270m/logits/p00.json).
     assert!(out.starts_with("The capital of France is the capital of"), "stdout: {out}");
-    for key in ["load:", "prefill:", "decode:", "tokens/s"] {
+    for key in ["load:", "prefill:", "decode:", "tokens/s", "sampling: seed ", "greedy"] {
         assert!(err.contains(key), "stderr lacks {key}: {err}");
     }
 }
@@ -58,15 +33,19 @@ fn info_describes_the_default_model() {
         "33 metadata keys",
         "236 tensors",
         "gemma3",
-        "q4_K",
-        "q6_K",
-        "q5_0",
-        "q8_0",
+        "Q4_K",
+        "Q6_K",
+        "Q5_0",
+        "Q8_0",
+        "F32",
         "n_embd 640",
         "kernels:",
     ] {
         assert!(out.contains(key), "info lacks {key}: {out}");
     }
+    // The file it loaded, and ggml's type names as the README prints them.
+    assert!(out.starts_with(&format!("path:         {model}\n")), "{out}");
+    assert!(!out.contains("q4_K"), "{out}");
 }
 
 #[test]
@@ -77,7 +56,8 @@ fn missing_model_file_is_one_clear_error() {
 
 #[test]
 fn a_file_that_is_not_gguf_is_one_clear_error() {
-    let p = tmp("not-a-model.gguf");
+    let dir = tmpdir();
+    let p = dir.path().join("not-a-model.gguf");
     std::fs::write(&p, b"this is plainly not a GGUF file, just some text").unwrap();
     let o = infer(&["info", "--model", p.to_str().unwrap()]);
     assert_one_line_error(&o, "magic");
@@ -87,7 +67,8 @@ fn a_file_that_is_not_gguf_is_one_clear_error() {
 fn unsupported_architecture_is_one_clear_error() {
     let mut w = infer_model::gguf::GgufWriter::new();
     w.add_metadata("general.architecture", "mamba").unwrap();
-    let p = tmp("mamba.gguf");
+    let dir = tmpdir();
+    let p = dir.path().join("mamba.gguf");
     w.write_to_path(&p).unwrap();
     let o = infer(&["run", "--model", p.to_str().unwrap(), "hi"]);
     assert_one_line_error(&o, "mamba");

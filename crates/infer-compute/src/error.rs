@@ -49,9 +49,6 @@ pub enum Error {
     /// One sequence of a batched step failed.
     #[error("sequence {index} of the batch: {source}")]
     InBatch { index: usize, source: Box<Error> },
-    /// Memory that could not be allocated.
-    #[error("out of memory: {what} needs {bytes} bytes")]
-    OutOfMemory { what: &'static str, bytes: usize },
     /// An operation this backend does not implement.
     #[error("{op} is not implemented by this backend")]
     NotImplemented { op: &'static str },
@@ -67,6 +64,10 @@ pub enum Error {
     /// Linear algebra: input is not symmetric within tolerance.
     #[error("matrix is not symmetric: |a[{i},{j}] - a[{j},{i}]| = {diff} exceeds tolerance")]
     NotSymmetric { i: usize, j: usize, diff: f64 },
+    /// An allocation the allocator refused (a model, cache or buffer
+    /// larger than the memory available): what it was for and its size.
+    #[error("out of memory: {what} needs {bytes} bytes ({:.1} MiB)", *bytes as f64 / (1u64 << 20) as f64)]
+    OutOfMemory { what: String, bytes: u64 },
     /// NaN or infinity in an input that must be finite.
     #[error("non-finite value in {0}")]
     NonFinite(&'static str),

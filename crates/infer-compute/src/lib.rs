@@ -21,6 +21,7 @@ pub mod device;
 pub mod error;
 pub mod ggml_type;
 pub mod linalg;
+mod memory;
 pub mod pipeline;
 pub mod quant;
 pub mod weight;

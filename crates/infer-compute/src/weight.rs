@@ -51,6 +51,22 @@ impl From<Vec<u8>> for WeightBytes {
     }
 }
 
+/// f32 values viewed as their bytes (4-byte aligned, as F32 weights need).
+struct F32Bytes(Vec<f32>);
+
+impl AsRef<[u8]> for F32Bytes {
+    fn as_ref(&self) -> &[u8] {
+        bytemuck::cast_slice(&self.0)
+    }
+}
+
+impl From<Vec<f32>> for WeightBytes {
+    /// The bytes of f32 values, without copying them.
+    fn from(v: Vec<f32>) -> Self {
+        Self::new(Arc::new(F32Bytes(v)))
+    }
+}
+
 impl std::fmt::Debug for WeightBytes {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "WeightBytes({} bytes)", self.len)
@@ -129,7 +145,9 @@ impl QuantWeight {
     /// Types without a dequantizer.
     pub fn to_f32(&self) -> Result<Vec<f32>> {
         self.check()?;
-        let mut out = vec![0f32; self.rows * self.cols];
+        let n = self.rows.checked_mul(self.cols).ok_or(crate::Error::Overflow("f32 weight size"))?;
+        let mut out =
+            crate::memory::zeroed::<f32>(n, &format!("a {}x{} f32 copy of {} weights", self.rows, self.cols, self.ty))?;
         if self.cols > 0 {
             for (i, chunk) in out.chunks_mut(self.cols).enumerate() {
                 crate::quant::dequantize_row(self.ty, self.row(i), chunk)?;

@@ -49,6 +49,8 @@ impl GenerationStats {
 /// Generates up to `max_tokens` tokens after `prompt_ids` with a fresh KV
 /// cache of `n_ctx` positions, calling `on_text` with each piece of text as
 /// soon as it forms whole characters; `on_text` returns `false` to stop.
+/// `max_tokens = usize::MAX` generates until an end-of-generation token or
+/// a full context.
 ///
 /// # Errors
 /// [`Error::Compute`] with [`infer_compute::Error::ContextOverflow`] when the
@@ -60,21 +62,59 @@ pub fn generate(
     max_tokens: usize,
     n_ctx: usize,
     sampler: &mut Sampler,
+    on_text: impl FnMut(&str) -> bool,
+) -> Result<GenerationStats> {
+    let all = prompt_ids.len().max(1);
+    generate_with_progress(model, tokenizer, prompt_ids, max_tokens, n_ctx, sampler, all, |_, _| true, on_text)
+}
+
+/// [`generate`] with the prompt prefilled in passes of at most
+/// `prefill_chunk` tokens (each continuing the KV cache at its position),
+/// calling `on_prefill(done, total)` after each pass; `on_prefill` returns
+/// `false` to stop before the next pass (then nothing is generated and the
+/// stop reason is [`StopReason::Stopped`]; `prompt_tokens` counts the
+/// tokens prefilled).
+///
+/// # Errors
+/// As [`generate`]; a `prefill_chunk` of 0.
+#[allow(clippy::too_many_arguments)]
+pub fn generate_with_progress(
+    model: &mut dyn DeviceModel,
+    tokenizer: &Tokenizer,
+    prompt_ids: &[u32],
+    max_tokens: usize,
+    n_ctx: usize,
+    sampler: &mut Sampler,
+    prefill_chunk: usize,
+    mut on_prefill: impl FnMut(usize, usize) -> bool,
     mut on_text: impl FnMut(&str) -> bool,
 ) -> Result<GenerationStats> {
     if prompt_ids.is_empty() {
         return Err(Error::Tokenizer("the prompt is empty".into()));
     }
+    if prefill_chunk == 0 {
+        return Err(Error::Tokenizer("the prefill pass size is 0".into()));
+    }
     if prompt_ids.len() > n_ctx {
         return Err(infer_compute::Error::ContextOverflow { pos: 0, n_tokens: prompt_ids.len(), n_ctx }.into());
     }
     let mut kv: Box<dyn KvCache> = model.new_kv_cache(n_ctx)?;
-    let mut stats = GenerationStats { prompt_tokens: prompt_ids.len(), ..Default::default() };
+    let mut stats = GenerationStats { prompt_tokens: 0, ..Default::default() };
     for &t in prompt_ids {
         sampler.accept(t);
     }
     let t0 = Instant::now();
-    let logits = model.prefill(kv.as_mut(), prompt_ids, 0)?;
+    let n_passes = prompt_ids.len().div_ceil(prefill_chunk);
+    let mut logits: &[f32] = &[];
+    for (i, pass) in prompt_ids.chunks(prefill_chunk).enumerate() {
+        logits = model.prefill(kv.as_mut(), pass, stats.prompt_tokens)?;
+        stats.prompt_tokens += pass.len();
+        if !on_prefill(stats.prompt_tokens, prompt_ids.len()) && i + 1 < n_passes {
+            stats.prefill_time = t0.elapsed();
+            stats.stop = StopReason::Stopped;
+            return Ok(stats);
+        }
+    }
     stats.prefill_time = t0.elapsed();
     if max_tokens == 0 {
         return Ok(stats);

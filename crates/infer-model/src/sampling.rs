@@ -1,25 +1,34 @@
-//! Choosing the next token from a row of logits.
+//! Choosing the next token from a row of logits: llama.cpp's default
+//! sampler chain (`common_sampler` in llama.cpp's `common/sampling.cpp`,
+//! each stage as in `src/llama-sampler.cpp`), with its defaults and in its
+//! order.
 //!
 //! A [`Sampler`] applies, in this order:
 //!
-//! 1. **repetition penalty** to the tokens of its recent-history window
-//!    (llama.cpp's rule: a positive logit is divided by the penalty, a
-//!    negative one multiplied by it);
+//! 1. **penalties** to the tokens of the last `repeat_last_n` tokens
+//!    (prompt and generated): a positive logit is divided by
+//!    `repetition_penalty`, a negative or zero one multiplied by it (the
+//!    CTRL paper's rule, with llama.cpp's fix for negative logits); then
+//!    `count · frequency_penalty + presence_penalty` is subtracted, `count`
+//!    being the token's occurrences in the window (OpenAI's definitions);
 //! 2. **greedy** choice when the temperature is 0 or `top_k` is 1: the
-//!    largest logit, the lowest id among equal ones;
-//! 3. **temperature**: probabilities ∝ exp(logit / T); the filters below
-//!    act on this distribution (as in Hugging Face transformers; llama.cpp
-//!    applies its temperature after filtering);
-//! 4. **min-p**: drop tokens whose probability is below `min_p` times the
-//!    largest;
-//! 5. **top-k**: keep the `k` most likely tokens (ties broken towards lower
+//!    largest penalized logit, the lowest id among equal ones;
+//! 3. **top-k**: keep the `k` most likely tokens (ties broken towards lower
 //!    ids), found by partial selection, never a sort of the vocabulary;
-//! 6. **top-p** (nucleus): keep the smallest set of most likely tokens whose
-//!    probabilities sum to at least `top_p`, renormalised among the tokens
-//!    kept so far;
-//! 7. a draw from what is left with a seeded ChaCha8 generator: the same
-//!    seed, settings and logits give the same tokens on every platform and
-//!    rand version.
+//! 4. **top-p** (nucleus): the softmax of the remaining logits at
+//!    temperature one, in `f32`, then the smallest most-likely-first prefix
+//!    whose `f32` running sum is `>=` `top_p` (as an `f32`): llama.cpp's
+//!    comparison, see [`nucleus_len`];
+//! 5. **min-p**: keep the tokens whose logit is at least the largest plus
+//!    `ln(min_p)` (in `f32`), i.e. probability ≥ `min_p` × the largest;
+//! 6. **temperature**: logits divided by `T`;
+//! 7. **dist**: a draw from the softmax of what is left, with a seeded
+//!    ChaCha8 generator: the same seed, settings and logits give the same
+//!    tokens on every platform and rand version (not llama.cpp's tokens:
+//!    its generator is `std::mt19937`).
+//!
+//! As in llama.cpp, the filters act on the temperature-1 distribution and
+//! the temperature only reshapes what they kept.
 //!
 //! Without top-k, top-p buckets the row by log-probability in one pass and
 //! sorts only the buckets that hold the nucleus; sampling with neither
@@ -58,7 +67,8 @@ pub enum SamplingError {
     AllMasked,
 }
 
-/// Sampling settings. The neutral value of each filter turns it off.
+/// Sampling settings, named and defaulted as llama.cpp's (`common_params_sampling`).
+/// The neutral value of each stage turns it off.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SamplerConfig {
     /// Softmax temperature, finite and ≥ 0; 0 means greedy.
@@ -73,15 +83,24 @@ pub struct SamplerConfig {
     pub min_p: f32,
     /// Repetition penalty, finite and > 0; 1 turns it off.
     pub repetition_penalty: f32,
-    /// How many of the most recent tokens the penalty applies to.
+    /// How many of the most recent tokens the penalties apply to; 0 turns
+    /// the penalties off.
     pub repeat_last_n: usize,
+    /// Subtracted once from the logit of every token in the window
+    /// (finite; 0 turns it off, negative values favour repeats).
+    pub presence_penalty: f32,
+    /// Subtracted from a token's logit once per occurrence in the window
+    /// (finite; 0 turns it off).
+    pub frequency_penalty: f32,
     /// Seed of the random generator.
     pub seed: u64,
 }
 
 impl Default for SamplerConfig {
     /// llama.cpp's defaults: temperature 0.8, top-k 40, top-p 0.95,
-    /// min-p 0.05, no repetition penalty (window 64), seed 0.
+    /// min-p 0.05, no penalties (repetition 1.0 over a window of 64,
+    /// presence 0, frequency 0), seed 0 (llama.cpp draws a random seed;
+    /// callers that want one pass it).
     fn default() -> Self {
         SamplerConfig {
             temperature: 0.8,
@@ -90,6 +109,8 @@ impl Default for SamplerConfig {
             min_p: 0.05,
             repetition_penalty: 1.0,
             repeat_last_n: 64,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
             seed: 0,
         }
     }
@@ -104,6 +125,39 @@ impl SamplerConfig {
     /// Plain sampling from the softmax at `temperature`, no filters.
     pub fn with_temperature(temperature: f32, seed: u64) -> Self {
         SamplerConfig { temperature, top_k: 0, top_p: 1.0, min_p: 0.0, seed, ..Self::default() }
+    }
+
+    /// Whether the penalties stage changes anything (llama.cpp's
+    /// `is_disabled` negated).
+    pub fn penalties_active(&self) -> bool {
+        self.repeat_last_n > 0
+            && (self.repetition_penalty != 1.0 || self.presence_penalty != 0.0 || self.frequency_penalty != 0.0)
+    }
+
+    /// The stages that act with these settings, in order, as
+    /// `penalties -> top-k -> top-p -> min-p -> temperature -> dist`
+    /// (`greedy` when the temperature is 0).
+    pub fn chain(&self) -> String {
+        let mut s = Vec::new();
+        if self.penalties_active() {
+            s.push("penalties");
+        }
+        if self.temperature == 0.0 || self.top_k == 1 {
+            s.push("greedy");
+            return s.join(" -> ");
+        }
+        if self.top_k > 0 {
+            s.push("top-k");
+        }
+        if self.top_p < 1.0 {
+            s.push("top-p");
+        }
+        if self.min_p > 0.0 {
+            s.push("min-p");
+        }
+        s.push("temperature");
+        s.push("dist");
+        s.join(" -> ")
     }
 
     /// Checks every setting's range.
@@ -124,23 +178,80 @@ impl SamplerConfig {
         if !(self.repetition_penalty.is_finite() && self.repetition_penalty > 0.0) {
             return bad(format!("repetition_penalty {} (must be finite and > 0)", self.repetition_penalty));
         }
+        if !self.presence_penalty.is_finite() {
+            return bad(format!("presence_penalty {} (must be finite)", self.presence_penalty));
+        }
+        if !self.frequency_penalty.is_finite() {
+            return bad(format!("frequency_penalty {} (must be finite)", self.frequency_penalty));
+        }
         Ok(())
     }
 }
 
-/// The index of the largest value, the lowest index among equal ones. NaN
-/// values are skipped; `None` when there is no other value.
-pub fn argmax(logits: &[f32]) -> Option<u32> {
-    let mut best: Option<(u32, f32)> = None;
-    for (i, &x) in logits.iter().enumerate() {
-        if x.is_nan() {
-            continue;
-        }
-        if !matches!(best, Some((_, b)) if x <= b) {
-            best = Some((i as u32, x));
+impl std::fmt::Display for SamplerConfig {
+    /// One line of every setting, with llama.cpp's names.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "repeat_last_n = {}, repeat_penalty = {:.3}, frequency_penalty = {:.3}, presence_penalty = {:.3}, \
+             top_k = {}, top_p = {:.3}, min_p = {:.3}, temp = {:.3}, seed = {}",
+            self.repeat_last_n,
+            self.repetition_penalty,
+            self.frequency_penalty,
+            self.presence_penalty,
+            self.top_k,
+            self.top_p,
+            self.min_p,
+            self.temperature,
+            self.seed
+        )
+    }
+}
+
+/// How many of `probs` (sorted, most likely first) the nucleus keeps:
+/// the shortest prefix whose running `f32` sum is `>= top_p`, or all of
+/// them when the sum never gets there. This is llama.cpp's comparison
+/// (`llama_sampler_top_p_apply`): both sides are `f32`, so a `top_p` of
+/// 0.8 (the `f32` 0.800000011920929) is reached by probabilities 0.5 and
+/// 0.3 (`0.5f32 + 0.3f32` rounds to that same `f32`). At least one token is
+/// kept.
+pub fn nucleus_len(probs: &[f32], top_p: f32) -> usize {
+    nucleus_reached(probs, top_p).unwrap_or(probs.len())
+}
+
+/// Like [`nucleus_len`], but `None` when the running sum never reaches
+/// `top_p`.
+fn nucleus_reached(probs: &[f32], top_p: f32) -> Option<usize> {
+    let mut cum = 0f32;
+    for (i, &p) in probs.iter().enumerate() {
+        cum += p;
+        if cum >= top_p {
+            return Some(i + 1);
         }
     }
-    best.map(|(i, _)| i)
+    None
+}
+
+/// The index of the largest value, the lowest index among equal ones. NaN
+/// values are skipped; `None` when there is no other value. Lane-wise
+/// maxima first (so that the scan over a vocabulary vectorizes), then the
+/// first index holding the maximum.
+pub fn argmax(logits: &[f32]) -> Option<u32> {
+    const L: usize = 16;
+    let mut lanes = [f32::NEG_INFINITY; L];
+    let chunks = logits.chunks_exact(L);
+    let tail = chunks.remainder();
+    for c in chunks {
+        for i in 0..L {
+            // `f32::max` returns the other operand when one is NaN.
+            lanes[i] = lanes[i].max(c[i]);
+        }
+    }
+    for &z in tail {
+        lanes[0] = lanes[0].max(z);
+    }
+    let max = lanes.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    logits.iter().position(|&z| z == max).map(|i| i as u32)
 }
 
 /// A candidate token; ordered so that "greater" means "more likely":
@@ -174,16 +285,19 @@ pub struct Sampler {
     cfg: SamplerConfig,
     rng: ChaCha8Rng,
     history: VecDeque<u32>,
-    /// Scratch: the logits with the repetition penalty applied.
+    /// Scratch: the logits with the penalties applied.
     penalized: Vec<f32>,
-    /// Scratch: distinct ids of the history.
+    /// Scratch: the ids of the history, sorted.
     recent: Vec<u32>,
     /// Scratch: the heap for partial selection.
     heap: BinaryHeap<std::cmp::Reverse<Cand>>,
     /// Scratch: candidates, most likely first.
     cands: Vec<Cand>,
-    /// Scratch: unnormalised probabilities of the whole row.
+    /// Scratch: `exp(logit - max)` of the whole row, or the candidates'
+    /// probabilities.
     weights: Vec<f32>,
+    /// Scratch: the probabilities of `cands` (top-p over the whole row).
+    probs: Vec<f32>,
 }
 
 impl Sampler {
@@ -202,6 +316,7 @@ impl Sampler {
             heap: BinaryHeap::new(),
             cands: Vec::new(),
             weights: Vec::new(),
+            probs: Vec::new(),
         })
     }
 
@@ -216,6 +331,7 @@ impl Sampler {
             heap: BinaryHeap::new(),
             cands: Vec::new(),
             weights: Vec::new(),
+            probs: Vec::new(),
         }
     }
 
@@ -230,13 +346,13 @@ impl Sampler {
         self.rng = ChaCha8Rng::seed_from_u64(seed);
     }
 
-    /// Forgets the token history (the repetition-penalty window).
+    /// Forgets the token history (the penalties' window).
     pub fn reset_history(&mut self) {
         self.history.clear();
     }
 
     /// Records a token that was not drawn by [`Sampler::sample`] (prompt
-    /// tokens, forced tokens) in the repetition-penalty window.
+    /// tokens, forced tokens) in the penalties' window.
     pub fn accept(&mut self, id: u32) {
         if self.cfg.repeat_last_n == 0 {
             return;
@@ -247,7 +363,7 @@ impl Sampler {
         self.history.push_back(id);
     }
 
-    /// The tokens in the repetition-penalty window, oldest first.
+    /// The tokens in the penalties' window, oldest first.
     pub fn history(&self) -> impl Iterator<Item = u32> + '_ {
         self.history.iter().copied()
     }
@@ -274,18 +390,19 @@ impl Sampler {
             }
         }
         let mut penalized = std::mem::take(&mut self.penalized);
-        let use_penalty = self.cfg.repetition_penalty != 1.0 && !self.history.is_empty();
+        let use_penalty = self.cfg.penalties_active() && !self.history.is_empty();
         if use_penalty {
             penalized.clear();
             penalized.extend_from_slice(logits);
             self.recent.clear();
             self.recent.extend(self.history.iter().copied());
             self.recent.sort_unstable();
-            self.recent.dedup();
-            let p = self.cfg.repetition_penalty;
-            for &id in &self.recent {
-                if let Some(x) = penalized.get_mut(id as usize) {
-                    *x = if *x > 0.0 { *x / p } else { *x * p };
+            let (rep, freq, pres) =
+                (self.cfg.repetition_penalty, self.cfg.frequency_penalty, self.cfg.presence_penalty);
+            for run in self.recent.chunk_by(|a, b| a == b) {
+                if let Some(x) = penalized.get_mut(run[0] as usize) {
+                    let v = if *x <= 0.0 { *x * rep } else { *x / rep };
+                    *x = v - (run.len() as f32 * freq + pres);
                 }
             }
         }
@@ -297,72 +414,104 @@ impl Sampler {
         Ok(id)
     }
 
-    /// Draws from `l` (no NaN, not empty), whose greedy choice is `best`.
+    /// Runs top-k, top-p, min-p, temperature and the draw on `l` (no NaN,
+    /// not empty), whose greedy choice is `best`.
     fn choose(&mut self, l: &[f32], best: u32) -> Result<u32, SamplingError> {
         let max = l[best as usize];
         if max == f32::NEG_INFINITY {
             return Err(SamplingError::AllMasked);
         }
         let t = self.cfg.temperature;
-        let inv_t = 1.0 / t as f64;
-        if t == 0.0 || self.cfg.top_k == 1 || max == f32::INFINITY || !inv_t.is_finite() {
+        if t == 0.0 || self.cfg.top_k == 1 || max == f32::INFINITY {
             return Ok(best);
         }
-        let max = max as f64;
-        // exp in f32 (faster than f64, and ample for probabilities); the
-        // sums are kept in f64.
-        let weight = |x: f32| (((x as f64 - max) * inv_t) as f32).exp() as f64;
-        // min-p as a threshold on the logit.
-        let floor =
-            if self.cfg.min_p > 0.0 { max + t as f64 * (self.cfg.min_p as f64).ln() } else { f64::NEG_INFINITY };
-        let keep = |x: f32| x != f32::NEG_INFINITY && x as f64 >= floor;
-        let top_p = self.cfg.top_p as f64;
-        let n = l.len();
-
-        if self.cfg.top_k > 0 && self.cfg.top_k < n {
-            self.select_top(l, self.cfg.top_k, &keep);
-            return Ok(self.draw_sorted(&weight, None, top_p));
+        // `sorted`: the candidates are in `cands`, most likely first;
+        // otherwise they are the whole row.
+        let mut sorted = false;
+        if self.cfg.top_k > 0 && self.cfg.top_k < l.len() {
+            self.select_top(l, self.cfg.top_k);
+            sorted = true;
         }
-        if top_p >= 1.0 {
-            // Straight from the (min-p filtered) softmax: one pass for the
-            // weights, one to find the draw.
-            let mut w = std::mem::take(&mut self.weights);
-            w.clear();
-            w.extend(l.iter().map(|&x| if keep(x) { weight(x) as f32 } else { 0.0 }));
-            let total: f64 = w.iter().map(|&v| v as f64).sum();
-            let u = self.rng.gen::<f64>() * total;
-            let mut acc = 0.0;
-            let mut chosen = None;
-            for (i, &v) in w.iter().enumerate() {
-                acc += v as f64;
-                if acc > u {
-                    chosen = Some(i as u32);
-                    break;
-                }
+        if self.cfg.top_p < 1.0 {
+            if sorted {
+                self.top_p_sorted();
+            } else {
+                self.top_p_row(l, max);
+                sorted = true;
             }
-            // Rounding left `u` at the very end: the last token with a
-            // nonzero weight.
-            let id = chosen.or_else(|| w.iter().rposition(|&v| v > 0.0).map(|i| i as u32)).unwrap_or(best);
-            self.weights = w;
-            return Ok(id);
         }
-        // Nucleus over the whole vocabulary. Tokens are bucketed by
-        // log-probability (1/16 nat per bucket, from the most likely
-        // down); the first buckets that hold `top_p` of the mass contain
-        // the whole nucleus, and only their tokens are sorted.
+        let mut floor = f32::NEG_INFINITY;
+        if self.cfg.min_p > 0.0 {
+            let ln_p = self.cfg.min_p.ln();
+            if sorted {
+                let floor = self.cands[0].logit + ln_p;
+                let keep = 1 + self.cands[1..].iter().take_while(|c| c.logit >= floor).count();
+                self.cands.truncate(keep);
+            } else {
+                floor = max + ln_p;
+            }
+        }
+        if sorted {
+            return Ok(self.draw_sorted(t));
+        }
+        // The whole row (min-p filtered): one pass for the weights, one to
+        // find the draw.
+        let mut w = std::mem::take(&mut self.weights);
+        w.clear();
+        w.extend(l.iter().map(|&x| if x != f32::NEG_INFINITY && x >= floor { ((x - max) / t).exp() } else { 0.0 }));
+        let total: f64 = w.iter().map(|&v| v as f64).sum();
+        let u = self.rng.gen::<f64>() * total;
+        let mut acc = 0.0;
+        let mut chosen = None;
+        for (i, &v) in w.iter().enumerate() {
+            acc += v as f64;
+            if v > 0.0 && acc >= u {
+                chosen = Some(i as u32);
+                break;
+            }
+        }
+        // Rounding left `u` past the end: the last token with a nonzero
+        // weight.
+        let id = chosen.or_else(|| w.iter().rposition(|&v| v > 0.0).map(|i| i as u32)).unwrap_or(best);
+        self.weights = w;
+        Ok(id)
+    }
+
+    /// Top-p on `cands` (sorted): their softmax in `f32`, then the nucleus.
+    fn top_p_sorted(&mut self) {
+        let m = self.cands[0].logit;
+        self.weights.clear();
+        self.weights.extend(self.cands.iter().map(|c| (c.logit - m).exp()));
+        let sum: f32 = self.weights.iter().sum();
+        for p in &mut self.weights {
+            *p /= sum;
+        }
+        let keep = nucleus_len(&self.weights, self.cfg.top_p);
+        self.cands.truncate(keep);
+    }
+
+    /// Top-p over the whole row `l` (largest logit `max`), leaving the
+    /// nucleus in `cands`, sorted. The probabilities are llama.cpp's: the
+    /// `f32` weights `exp(l - max)` over their `f32` sum in id order. Tokens
+    /// are bucketed by logit (1/16 nat per bucket, from the largest down);
+    /// only the first buckets that hold the nucleus, plus a margin for the
+    /// `f32` sums, are sorted, and the whole row when the margin was short.
+    fn top_p_row(&mut self, l: &[f32], max: f32) {
         const BUCKETS: usize = 1024;
-        const PER_NAT: f64 = 16.0;
+        const PER_NAT: f32 = 16.0;
         let bucket = |x: f32| {
-            let d = (max - x as f64) * inv_t * PER_NAT;
-            if d < (BUCKETS - 1) as f64 {
+            let d = (max - x) * PER_NAT;
+            if d < (BUCKETS - 1) as f32 {
                 d as usize
             } else {
                 BUCKETS - 1
             }
         };
+        let top_p = self.cfg.top_p;
         let mut w = std::mem::take(&mut self.weights);
         w.clear();
-        w.extend(l.iter().map(|&x| if keep(x) { weight(x) as f32 } else { 0.0 }));
+        w.extend(l.iter().map(|&x| (x - max).exp()));
+        let total32: f32 = w.iter().sum();
         let mut mass = [0f64; BUCKETS];
         let mut total = 0f64;
         for (&x, &v) in l.iter().zip(&w) {
@@ -371,30 +520,47 @@ impl Sampler {
                 total += v as f64;
             }
         }
+        let target = (top_p as f64 + 1e-3).min(1.0) * total;
         let mut last = BUCKETS - 1;
         let mut cum = 0.0;
         for (b, &m) in mass.iter().enumerate() {
             cum += m;
-            if cum >= top_p * total {
+            if cum >= target {
                 last = b;
                 break;
             }
         }
-        self.cands.clear();
-        for (i, (&x, &v)) in l.iter().zip(&w).enumerate() {
-            if v > 0.0 && bucket(x) <= last {
-                self.cands.push(Cand { logit: x, id: i as u32 });
+        let mut probs = std::mem::take(&mut self.probs);
+        loop {
+            self.cands.clear();
+            for (i, (&x, &v)) in l.iter().zip(&w).enumerate() {
+                if v > 0.0 && bucket(x) <= last {
+                    self.cands.push(Cand { logit: x, id: i as u32 });
+                }
+            }
+            self.cands.sort_unstable_by(|a, b| b.cmp(a));
+            probs.clear();
+            probs.extend(self.cands.iter().map(|c| w[c.id as usize] / total32));
+            match nucleus_reached(&probs, top_p) {
+                Some(keep) => {
+                    self.cands.truncate(keep);
+                    break;
+                }
+                None if last < BUCKETS - 1 => last = BUCKETS - 1,
+                // The f32 sum never reaches top_p: llama.cpp keeps every
+                // token (those of probability 0 cannot be drawn).
+                None => break,
             }
         }
         self.weights = w;
-        self.cands.sort_unstable_by(|a, b| b.cmp(a));
-        Ok(self.draw_sorted(&weight, Some(total), top_p))
+        self.probs = probs;
     }
 
-    /// Fills `cands` with the `k` most likely tokens that pass `keep`, most
-    /// likely first.
-    fn select_top(&mut self, l: &[f32], k: usize, keep: &impl Fn(f32) -> bool) {
+    /// Fills `cands` with the `k` most likely tokens that are not `-inf`,
+    /// most likely first.
+    fn select_top(&mut self, l: &[f32], k: usize) {
         use std::cmp::Reverse;
+        let keep = |x: f32| x != f32::NEG_INFINITY;
         if k.saturating_mul(4) >= l.len() {
             // Most of the row: select and sort directly.
             self.cands.clear();
@@ -435,30 +601,22 @@ impl Sampler {
         self.cands.sort_unstable_by(|a, b| b.cmp(a));
     }
 
-    /// Applies top-p to `cands` (sorted, most likely first) and draws one.
-    /// `total` is the probability mass top-p is relative to: that of
-    /// `cands` when `None`.
-    fn draw_sorted(&mut self, weight: &impl Fn(f32) -> f64, total: Option<f64>, top_p: f64) -> u32 {
-        let total = total.unwrap_or_else(|| self.cands.iter().map(|c| weight(c.logit)).sum());
-        let mut kept = 0;
-        let mut mass = 0.0;
-        for c in &self.cands {
-            if kept > 0 && mass >= top_p * total {
-                break;
-            }
-            mass += weight(c.logit);
-            kept += 1;
-        }
-        let u = self.rng.gen::<f64>() * mass;
+    /// Temperature `t` and the draw from `cands` (sorted, not empty).
+    fn draw_sorted(&mut self, t: f32) -> u32 {
+        let m = self.cands[0].logit;
+        let weight = |c: &Cand| ((c.logit - m) / t).exp();
+        let total: f64 = self.cands.iter().map(|c| weight(c) as f64).sum();
+        let u = self.rng.gen::<f64>() * total;
         let mut acc = 0.0;
-        for c in &self.cands[..kept] {
-            acc += weight(c.logit);
-            if acc > u {
+        for c in &self.cands {
+            let v = weight(c);
+            acc += v as f64;
+            if v > 0.0 && acc >= u {
                 return c.id;
             }
         }
-        // Rounding left `u` at the very end: the least likely kept token
-        // with a nonzero weight (the first one always has weight 1).
-        self.cands[..kept].iter().rev().find(|c| weight(c.logit) > 0.0).map_or(self.cands[0].id, |c| c.id)
+        // Rounding left `u` past the end: the least likely candidate with a
+        // nonzero weight (the first one always has weight 1).
+        self.cands.iter().rev().find(|c| weight(c) > 0.0).map_or(self.cands[0].id, |c| c.id)
     }
 }

@@ -220,9 +220,10 @@ fn counts_are_checked_against_the_tensors() {
         }
     }
     // Vocabulary: one token more in the tokenizer than embedding rows.
-    let mut tokens = g.get_array("tokenizer.ggml.tokens").unwrap().to_vec();
-    tokens.push(Value::String("<extra>".into()));
-    match load_spec(&with_key(&g, "tokenizer.ggml.tokens", Value::Array(tokens))) {
+    let mut tokens: Vec<String> =
+        g.get_str_array("tokenizer.ggml.tokens").unwrap().into_iter().map(str::to_string).collect();
+    tokens.push("<extra>".into());
+    match load_spec(&with_key(&g, "tokenizer.ggml.tokens", Value::from(tokens))) {
         Err(Error::CountMismatch { key, value, detail }) => {
             assert_eq!((key.as_str(), value), ("tokenizer.ggml.tokens", 1025));
             assert!(detail.contains("token_embd.weight") && detail.contains("1024"), "{detail}");

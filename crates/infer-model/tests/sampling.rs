@@ -3,7 +3,7 @@
 
 use std::time::Instant;
 
-use infer_model::sampling::{argmax, Sampler, SamplerConfig, SamplingError};
+use infer_model::sampling::{argmax, nucleus_len, Sampler, SamplerConfig, SamplingError};
 use rand::{Rng, SeedableRng};
 
 fn cfg(temperature: f32, top_k: usize, top_p: f32, min_p: f32, seed: u64) -> SamplerConfig {
@@ -38,6 +38,12 @@ fn greedy_picks_argmax_lowest_id_on_ties() {
     assert_eq!(s.sample(&[f32::NEG_INFINITY, -1e30]).unwrap(), 1);
     assert_eq!(argmax(&[2.0, f32::NAN, 3.0, 3.0]), Some(2));
     assert_eq!(argmax(&[]), None);
+    assert_eq!(argmax(&[f32::NAN; 40]), None);
+    let mut wide = vec![0.5f32; 37];
+    wide[3] = f32::NAN;
+    wide[20] = 2.0;
+    wide[36] = 2.0;
+    assert_eq!(argmax(&wide), Some(20), "first of ties past the vector lanes, NaN skipped");
     for seed in 0..20 {
         let l = random_logits(1000, seed);
         let want = argmax(&l).unwrap();
@@ -170,33 +176,179 @@ fn top_k_and_min_p_restrict_support() {
     assert_eq!((h[1], h[3]), (0, 0), "{h:?}");
 }
 
+/// The nucleus as llama.cpp computes it, written out plainly: the `f32`
+/// softmax of the row (`exp(l - max)` over their `f32` sum in id order), a
+/// full sort, the `f32` running sum compared with `top_p` as an `f32`.
+fn reference_nucleus(l: &[f32], top_p: f32) -> Vec<bool> {
+    let max = l.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let w: Vec<f32> = l.iter().map(|&x| (x - max).exp()).collect();
+    let total: f32 = w.iter().sum();
+    let mut order: Vec<u32> = (0..l.len() as u32).collect();
+    order.sort_by(|&a, &b| l[b as usize].total_cmp(&l[a as usize]).then(a.cmp(&b)));
+    let mut nucleus = vec![false; l.len()];
+    let mut cum = 0f32;
+    for &i in &order {
+        nucleus[i as usize] = true;
+        cum += w[i as usize] / total;
+        if cum >= top_p {
+            break;
+        }
+    }
+    nucleus
+}
+
 #[test]
 fn large_vocabulary_nucleus_matches_a_full_sort() {
     // A flat distribution over 262144 tokens, so that the nucleus is far
     // wider than the first partial selection.
     let l = random_logits(262_144, 11).iter().map(|x| x * 0.3).collect::<Vec<_>>();
-    let top_p = 0.5;
-    let mut order: Vec<u32> = (0..l.len() as u32).collect();
-    order.sort_by(|&a, &b| l[b as usize].total_cmp(&l[a as usize]).then(a.cmp(&b)));
-    let max = l[order[0] as usize] as f64;
-    let w: Vec<f64> = l.iter().map(|&x| (x as f64 - max).exp()).collect();
-    let total: f64 = w.iter().sum();
-    let mut nucleus = vec![false; l.len()];
-    let mut mass = 0.0;
-    let mut size = 0;
-    for &i in &order {
-        if mass >= top_p * total {
-            break;
+    for top_p in [0.5f32, 0.95] {
+        let nucleus = reference_nucleus(&l, top_p);
+        let size = nucleus.iter().filter(|&&b| b).count();
+        assert!(size > 1000, "nucleus of {size}");
+        let mut s = Sampler::new(cfg(1.0, 0, top_p, 0.0, 12)).unwrap();
+        for _ in 0..100 {
+            let id = s.sample(&l).unwrap() as usize;
+            assert!(nucleus[id], "token {id} outside the nucleus of {size} (top_p {top_p})");
         }
-        mass += w[i as usize];
-        nucleus[i as usize] = true;
-        size += 1;
     }
-    assert!(size > 1000, "nucleus of {size}");
-    let mut s = Sampler::new(cfg(1.0, 0, top_p as f32, 0.0, 12)).unwrap();
-    for _ in 0..100 {
-        let id = s.sample(&l).unwrap() as usize;
-        assert!(nucleus[id], "token {id} outside the nucleus of {size}");
+}
+
+#[test]
+fn top_p_boundary_is_llama_cpp_comparison() {
+    // Exactly representable sums.
+    assert_eq!(nucleus_len(&[0.5, 0.25, 0.125, 0.125], 0.75), 2);
+    assert_eq!(nucleus_len(&[0.5, 0.25, 0.125, 0.125], 0.5), 1);
+    assert_eq!(nucleus_len(&[0.5, 0.25, 0.125, 0.125], 0.625), 2);
+    assert_eq!(nucleus_len(&[0.5, 0.25, 0.125, 0.125], 0.875), 3);
+    // 0.5f32 + 0.3f32 rounds to 0.8f32 exactly: the nucleus of issue 14.
+    assert_eq!(nucleus_len(&[0.5, 0.3, 0.1, 0.1], 0.8), 2);
+    // Five times 0.2f32: the f32 running sum 0.4 + 0.2 rounds up to
+    // 0.6f32, so three tokens reach 0.6 (their exact sum, 0.6000000089,
+    // is below 0.6f32 = 0.6000000238: a comparison in f64 keeps four).
+    let fifth = [0.2f32; 5];
+    assert_eq!([0.2f32, 0.4, 0.6, 0.8].map(|p| nucleus_len(&fifth, p)), [1, 2, 3, 4]);
+    let tenth = [0.1f32; 10];
+    assert_eq!(
+        [0.1f32, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9].map(|p| nucleus_len(&tenth, p)),
+        [1, 2, 3, 4, 5, 6, 7, 8, 9]
+    );
+    // A sum that never reaches top_p keeps everything.
+    assert_eq!(nucleus_len(&[0.3, 0.3, 0.3], 0.95), 3);
+
+    // The same boundaries through the sampler: n equal logits have the
+    // f32 probability 1/n each; ties go to the lower ids, so the draws are
+    // exactly ids 0..nucleus_len.
+    for (n, top_ps) in [(4usize, vec![0.25f32, 0.5, 0.75]), (5, vec![0.2, 0.4, 0.6, 0.8]), (10, vec![0.3, 0.6, 0.9])] {
+        let probs = vec![1.0 / n as f32; n];
+        for top_p in top_ps {
+            let want = nucleus_len(&probs, top_p);
+            for top_k in [0, n - 1] {
+                let mut s = Sampler::new(cfg(1.0, top_k, top_p, 0.0, 21)).unwrap();
+                let h = histogram(&mut s, &vec![0.0; n], 4000);
+                let drawn = h.iter().take_while(|&&c| c > 0).count();
+                let want = want.min(if top_k > 0 { top_k } else { n });
+                assert_eq!(drawn, want, "n {n}, top_p {top_p}, top_k {top_k}: {h:?}");
+                assert!(h[drawn..].iter().all(|&c| c == 0), "n {n}, top_p {top_p}: {h:?}");
+            }
+        }
+    }
+    // Issue 14's case, [0.3, 0.1, 0.1, 0.5] as the f32 logits ln(p), at
+    // temperature 1 and top_p 0.8: the f32 softmax gives 0.5 and 0.3 a sum
+    // just below 0.8f32, so llama.cpp's top-p keeps a third token, one of
+    // the 0.1s (checked with llama.cpp's own `llama_sampler_top_p`, which
+    // keeps 3 of these 4 logits); the other 0.1 is never drawn.
+    let l = logits_of(&[0.3, 0.1, 0.1, 0.5]);
+    let mut s = Sampler::new(cfg(1.0, 0, 0.8, 0.0, 22)).unwrap();
+    let h = histogram(&mut s, &l, 20_000);
+    assert_eq!(h[2], 0, "{h:?}");
+    assert!((h[1] as f64 / 20_000.0 - 0.1 / 0.9).abs() < 0.01, "{h:?}");
+    // With top_p 0.79 the two most likely tokens are enough.
+    let mut s = Sampler::new(cfg(1.0, 0, 0.79, 0.0, 23)).unwrap();
+    let h = histogram(&mut s, &l, 20_000);
+    assert_eq!((h[1], h[2]), (0, 0), "{h:?}");
+}
+
+#[test]
+fn filters_act_before_the_temperature() {
+    // llama.cpp's order: top-p and min-p see the temperature-1
+    // distribution; a high temperature then flattens what they kept.
+    let probs = [0.5, 0.3, 0.15, 0.05];
+    let l = logits_of(&probs);
+    let n = 20_000;
+    let mut s = Sampler::new(cfg(5.0, 0, 0.8, 0.0, 31)).unwrap();
+    let h = histogram(&mut s, &l, n);
+    assert_eq!((h[2], h[3]), (0, 0), "top-p at T=1 keeps two tokens: {h:?}");
+    let want = 0.5f64.powf(0.2) / (0.5f64.powf(0.2) + 0.3f64.powf(0.2));
+    assert!((h[0] as f64 / n as f64 - want).abs() < 0.015, "{h:?} vs {want}");
+    let mut s = Sampler::new(cfg(10.0, 0, 1.0, 0.2, 32)).unwrap();
+    let h = histogram(&mut s, &l, n);
+    assert_eq!(h[3], 0, "min-p 0.2 at T=1 drops 0.05: {h:?}");
+    assert!(h[2] > 0, "{h:?}");
+    let mut s = Sampler::new(cfg(10.0, 3, 0.95, 0.2, 33)).unwrap();
+    let h = histogram(&mut s, &l, n);
+    assert_eq!(h[3], 0, "{h:?}");
+}
+
+#[test]
+fn presence_and_frequency_penalties() {
+    let greedy = |presence_penalty, frequency_penalty, repetition_penalty| SamplerConfig {
+        presence_penalty,
+        frequency_penalty,
+        repetition_penalty,
+        ..SamplerConfig::greedy()
+    };
+    // Presence: subtracted once per token present in the window.
+    let mut s = Sampler::new(greedy(0.6, 0.0, 1.0)).unwrap();
+    for _ in 0..3 {
+        s.accept(0);
+    }
+    assert_eq!(s.sample(&[2.0, 1.5]).unwrap(), 1, "2.0 - 0.6 < 1.5");
+    let mut s = Sampler::new(greedy(0.4, 0.0, 1.0)).unwrap();
+    s.accept(0);
+    s.accept(0);
+    assert_eq!(s.sample(&[2.0, 1.5]).unwrap(), 0, "2.0 - 0.4 > 1.5");
+    // Frequency: once per occurrence.
+    let mut s = Sampler::new(greedy(0.0, 0.2, 1.0)).unwrap();
+    s.accept(0);
+    s.accept(0);
+    assert_eq!(s.sample(&[2.0, 1.5]).unwrap(), 0, "2.0 - 2 x 0.2 > 1.5");
+    let mut s = Sampler::new(greedy(0.0, 0.2, 1.0)).unwrap();
+    for _ in 0..3 {
+        s.accept(0);
+    }
+    assert_eq!(s.sample(&[2.0, 1.5]).unwrap(), 1, "2.0 - 3 x 0.2 < 1.5");
+    // Repetition first, then frequency and presence: 3.0 / 2 - 0.1 - 0.3.
+    let mut s = Sampler::new(greedy(0.3, 0.1, 2.0)).unwrap();
+    s.accept(0);
+    assert_eq!(s.sample(&[3.0, 1.05]).unwrap(), 0, "1.1 > 1.05");
+    let mut s = Sampler::new(greedy(0.3, 0.1, 2.0)).unwrap();
+    s.accept(0);
+    assert_eq!(s.sample(&[3.0, 1.15]).unwrap(), 1, "1.1 < 1.15");
+    // A window of 0 turns the penalties off.
+    let mut s = Sampler::new(SamplerConfig { repeat_last_n: 0, ..greedy(5.0, 5.0, 5.0) }).unwrap();
+    s.accept(0);
+    assert_eq!(s.sample(&[2.0, 1.5]).unwrap(), 0);
+}
+
+#[test]
+fn chain_and_settings_are_described() {
+    let d = SamplerConfig::default();
+    assert_eq!(d.chain(), "top-k -> top-p -> min-p -> temperature -> dist");
+    assert_eq!(SamplerConfig { repetition_penalty: 1.1, ..d.clone() }.chain().split(" -> ").next(), Some("penalties"));
+    assert_eq!(SamplerConfig { presence_penalty: 0.5, temperature: 0.0, ..d.clone() }.chain(), "penalties -> greedy");
+    assert_eq!(SamplerConfig::with_temperature(1.0, 0).chain(), "temperature -> dist");
+    let line = SamplerConfig { seed: 1234, ..d }.to_string();
+    for key in [
+        "repeat_last_n = 64",
+        "repeat_penalty = 1.000",
+        "top_k = 40",
+        "top_p = 0.950",
+        "min_p = 0.050",
+        "temp = 0.800",
+        "seed = 1234",
+    ] {
+        assert!(line.contains(key), "{line} lacks {key}");
     }
 }
 
@@ -255,6 +407,8 @@ fn invalid_settings_are_rejected() {
         SamplerConfig { min_p: f32::NAN, ..base() },
         SamplerConfig { repetition_penalty: 0.0, ..base() },
         SamplerConfig { repetition_penalty: f32::NAN, ..base() },
+        SamplerConfig { presence_penalty: f32::NAN, ..base() },
+        SamplerConfig { frequency_penalty: f32::INFINITY, ..base() },
     ];
     for c in bad {
         assert!(matches!(Sampler::new(c.clone()), Err(SamplingError::InvalidConfig(_))), "{c:?}");

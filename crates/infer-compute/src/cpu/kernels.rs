@@ -146,7 +146,7 @@ impl Kernels {
     /// As [`quantize_activation`].
     pub fn quantize_activation(&self, ty: GgmlType, x: &[f32], out: &mut AlignedBytes) -> crate::Result<()> {
         let act = ty.vec_dot_type().ok_or(crate::Error::Unsupported { op: "matvec", ty })?;
-        out.resize(act.row_bytes(x.len())?);
+        out.try_resize(act.row_bytes(x.len())?)?;
         if super::simd::quantize_activation_row(self, act, x, out.as_bytes_mut()) {
             return Ok(());
         }
@@ -170,9 +170,23 @@ pub struct AlignedBytes {
 
 impl AlignedBytes {
     /// Sets the length to `n` bytes (contents unspecified but initialized).
+    ///
+    /// # Panics
+    /// When the allocator cannot provide `n` bytes; see
+    /// [`AlignedBytes::try_resize`].
     pub fn resize(&mut self, n: usize) {
         self.words.resize(n.div_ceil(8), 0);
         self.len = n;
+    }
+
+    /// [`AlignedBytes::resize`] that reports a failed allocation.
+    ///
+    /// # Errors
+    /// [`crate::Error::OutOfMemory`]; the buffer is then unchanged.
+    pub fn try_resize(&mut self, n: usize) -> crate::Result<()> {
+        crate::memory::resize(&mut self.words, n.div_ceil(8), 0, "quantized activations")?;
+        self.len = n;
+        Ok(())
     }
     /// The bytes.
     pub fn as_bytes(&self) -> &[u8] {
@@ -193,7 +207,7 @@ impl AlignedBytes {
 /// activation block size.
 pub fn quantize_activation(ty: GgmlType, x: &[f32], out: &mut AlignedBytes) -> crate::Result<()> {
     let act = ty.vec_dot_type().ok_or(crate::Error::Unsupported { op: "matvec", ty })?;
-    out.resize(act.row_bytes(x.len())?);
+    out.try_resize(act.row_bytes(x.len())?)?;
     crate::with_block_type!(act, A => {
         A::quantize_row_ref(x, quant::blocks_mut::<A>(out.as_bytes_mut())?);
     });

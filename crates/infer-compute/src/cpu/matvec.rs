@@ -10,6 +10,7 @@ use rayon::prelude::*;
 
 use super::kernels::{AlignedBytes, Kernels};
 use crate::error::{shape_err, Result};
+use crate::quant::overflow;
 use crate::weight::QuantWeight;
 
 /// Rows per parallel task: big enough to keep a core busy for a few µs.
@@ -65,8 +66,30 @@ pub fn matvec(k: &Kernels, w: &QuantWeight, x: &[f32], y: &mut [f32], scratch: &
         return Err(shape_err("matvec", format!("W is {}x{}, x has {}, y has {}", w.rows, w.cols, x.len(), y.len())));
     }
     k.quantize_activation(w.ty, x, scratch)?;
-    matvec_quantized(k, w, scratch.as_bytes(), y);
-    Ok(())
+    matvec_checked(k, w, x, scratch, y)
+}
+
+/// [`matvec_quantized`] of `act` (quantized from `x`) with the exact
+/// fallback for activation blocks whose f16 scale overflowed
+/// ([`crate::quant::overflow`]): the product runs on a copy of `act` with
+/// those blocks zeroed, and their f32 products are added to every output.
+/// `act` itself is left as it is, so it can serve further weights.
+///
+/// # Errors
+/// `act` not the quantized form of `x` for `w`.
+pub fn matvec_checked(k: &Kernels, w: &QuantWeight, x: &[f32], act: &AlignedBytes, y: &mut [f32]) -> Result<()> {
+    let act_ty = w.ty.vec_dot_type().ok_or(crate::Error::Unsupported { op: "matvec", ty: w.ty })?;
+    let over = overflow::overflowed_blocks(act_ty, act.as_bytes(), x)?;
+    if over.is_empty() {
+        matvec_quantized(k, w, act.as_bytes(), y);
+        return Ok(());
+    }
+    let mut fixed = AlignedBytes::default();
+    fixed.try_resize(act.as_bytes().len())?;
+    fixed.as_bytes_mut().copy_from_slice(act.as_bytes());
+    overflow::zero_blocks(act_ty, fixed.as_bytes_mut(), &over)?;
+    matvec_quantized(k, w, fixed.as_bytes(), y);
+    overflow::add_block_products(w.ty, w.data.as_bytes(), w.row_bytes(), &over, x, y)
 }
 
 /// `Y = X·Wᵀ` for prefill: `x` is `n_tokens × w.cols` (row-major), `y` is
@@ -99,11 +122,20 @@ pub fn matmul_quant(
     let act_ty = w.ty.vec_dot_type().ok_or(crate::Error::Unsupported { op: "matmul_quant", ty: w.ty })?;
     let arb = act_ty.row_bytes(w.cols)?;
     // Quantize every token's activation once, into one aligned buffer.
-    scratch.resize(arb * n_tokens);
+    scratch.try_resize(arb.checked_mul(n_tokens).ok_or(crate::Error::Overflow("activation size"))?)?;
+    // Activation blocks whose f16 scale overflowed, per token: zeroed here,
+    // their exact products added at the end (`crate::quant::overflow`).
+    let mut over: Vec<(usize, Vec<usize>)> = Vec::new();
     {
         let mut one = AlignedBytes::default();
         for t in 0..n_tokens {
-            k.quantize_activation(w.ty, &x[t * w.cols..(t + 1) * w.cols], &mut one)?;
+            let xt = &x[t * w.cols..(t + 1) * w.cols];
+            k.quantize_activation(w.ty, xt, &mut one)?;
+            let blocks = overflow::overflowed_blocks(act_ty, one.as_bytes(), xt)?;
+            overflow::zero_blocks(act_ty, one.as_bytes_mut(), &blocks)?;
+            if !blocks.is_empty() {
+                over.push((t, blocks));
+            }
             scratch.as_bytes_mut()[t * arb..(t + 1) * arb].copy_from_slice(one.as_bytes());
         }
     }
@@ -136,6 +168,10 @@ pub fn matmul_quant(
                 y[t * w.rows + r0 + i] = out[i * n_tokens + t];
             }
         }
+    }
+    for (t, blocks) in &over {
+        let (xt, yt) = (&x[t * w.cols..(t + 1) * w.cols], &mut y[t * w.rows..(t + 1) * w.rows]);
+        overflow::add_block_products(w.ty, data, rb, blocks, xt, yt)?;
     }
     Ok(())
 }

@@ -105,9 +105,10 @@ struct Buffers {
     prod: ProductScratch,
 }
 
-fn fit(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
-    v.resize(n, 0.0);
-    &mut v[..n]
+/// `v` resized to `n` values (a scratch buffer of the forward pass).
+fn fit(v: &mut Vec<f32>, n: usize) -> Result<&mut [f32]> {
+    crate::memory::resize(v, n, 0.0, "a scratch buffer")?;
+    Ok(&mut v[..n])
 }
 
 /// A model prepared for the CPU.
@@ -131,8 +132,7 @@ fn to_f32_weight(w: &QuantWeight) -> Result<QuantWeight> {
     if w.ty == GgmlType::F32 {
         return Ok(w.clone());
     }
-    let v = w.to_f32()?;
-    QuantWeight::new(GgmlType::F32, w.rows, w.cols, bytemuck::cast_slice::<f32, u8>(&v).to_vec().into())
+    QuantWeight::new(GgmlType::F32, w.rows, w.cols, w.to_f32()?.into())
 }
 
 impl CpuModel {
@@ -183,7 +183,7 @@ impl CpuModel {
             kernels,
             pool,
             buf: Buffers::default(),
-            logits: vec![0.0; spec.n_vocab],
+            logits: crate::memory::zeroed(spec.n_vocab, "the logits")?,
         })
     }
 
@@ -217,7 +217,7 @@ impl CpuModel {
         let k = &self.kernels;
         let b = &mut self.buf;
         let prof = &mut prof;
-        let x = fit(&mut b.x, n * e);
+        let x = fit(&mut b.x, n * e)?;
         timed(prof, "token_embd", "", || -> Result<()> {
             for (t, &tok) in tokens.iter().enumerate() {
                 let row = &mut x[t * e..(t + 1) * e];
@@ -231,11 +231,11 @@ impl CpuModel {
         for (li, layer) in self.layers.iter().enumerate() {
             let l = &layer.spec;
             let (qd, kvd) = (l.n_head * l.head_dim, l.n_head_kv * l.head_dim);
-            let h = fit(&mut b.h, n * e);
+            let h = fit(&mut b.h, n * e)?;
             timed(prof, "attn_norm", "", || layer.attn_norm.apply(x, h));
-            let q = fit(&mut b.q, n * qd);
-            let kk = fit(&mut b.k, n * kvd);
-            let v = fit(&mut b.v, n * kvd);
+            let q = fit(&mut b.q, n * qd)?;
+            let kk = fit(&mut b.k, n * kvd)?;
+            let v = fit(&mut b.v, n * kvd)?;
             let qkv = [&layer.wq, &layer.wk, &layer.wv];
             timed_products(prof, "attn_qkv", &qkv, || {
                 products(k, &mut [(&layer.wq, &mut *q), (&layer.wk, &mut *kk), (&layer.wv, &mut *v)], h, n, &mut b.prod)
@@ -276,17 +276,16 @@ impl CpuModel {
                 }
             });
             let p = ops::AttnParams::from_layer(l);
-            let attn = fit(&mut b.attn, n * qd);
-            let scores = &mut b.scores;
+            let attn = fit(&mut b.attn, n * qd)?;
+            let scores = fit(&mut b.scores, if n == 1 { l.n_head * n_ctx } else { 0 })?;
             timed(prof, "attention", "", || {
                 if n == 1 {
-                    let scores = fit(scores, l.n_head * n_ctx);
                     ops::attention_decode(q, &cache.k[li], &cache.v[li], pos0, &p, scores, attn);
                 } else {
                     ops::attention_prefill(q, &cache.k[li], &cache.v[li], pos0, n, &p, attn);
                 }
             });
-            let o = fit(&mut b.o, n * e);
+            let o = fit(&mut b.o, n * e)?;
             timed_products(prof, "attn_output", &[&layer.wo], || {
                 products(k, &mut [(&layer.wo, o)], attn, n, &mut b.prod)
             })?;
@@ -295,18 +294,18 @@ impl CpuModel {
             }
             timed(prof, "residual add", "", || ops::add(x, o));
 
-            let h = fit(&mut b.h, n * e);
+            let h = fit(&mut b.h, n * e)?;
             timed(prof, "ffn_norm", "", || layer.ffn_norm.apply(x, h));
             let n_ff = layer.ffn_up.rows();
-            let up = fit(&mut b.up, n * n_ff);
-            let act = fit(&mut b.act, n * n_ff);
+            let up = fit(&mut b.up, n * n_ff)?;
+            let act = fit(&mut b.act, n * n_ff)?;
             let act_name = match l.activation {
                 Activation::GeluTanh => "gelu_tanh",
                 Activation::Silu => "silu",
             };
             match (l.ffn, &layer.ffn_gate) {
                 (FfnType::Gated, Some(wg)) => {
-                    let gate = fit(&mut b.gate, n * n_ff);
+                    let gate = fit(&mut b.gate, n * n_ff)?;
                     timed_products(prof, "ffn_gate_up", &[wg, &layer.ffn_up], || {
                         products(k, &mut [(wg, &mut *gate), (&layer.ffn_up, &mut *up)], h, n, &mut b.prod)
                     })?;
@@ -328,7 +327,7 @@ impl CpuModel {
                     });
                 }
             }
-            let o = fit(&mut b.o, n * e);
+            let o = fit(&mut b.o, n * e)?;
             timed_products(prof, "ffn_down", &[&layer.ffn_down], || {
                 products(k, &mut [(&layer.ffn_down, o)], act, n, &mut b.prod)
             })?;
@@ -338,7 +337,7 @@ impl CpuModel {
             timed(prof, "residual add", "", || ops::add(x, o));
         }
         let last = &x[(n - 1) * e..n * e];
-        let h = fit(&mut b.h, e);
+        let h = fit(&mut b.h, e)?;
         timed(prof, "output_norm", "", || self.output_norm.apply(last, h));
         let out = &self.output;
         let shape = format!("{}x{}", out.rows, out.cols);
@@ -403,8 +402,8 @@ impl DeviceModel for CpuModel {
         for l in &self.layers {
             let kvd = l.spec.n_head_kv * l.spec.head_dim;
             let len = n_ctx.checked_mul(kvd).ok_or(Error::Overflow("KV cache size"))?;
-            k.push(zeroed(len)?);
-            v.push(zeroed(len)?);
+            k.push(crate::memory::zeroed(len, "a KV cache layer (K)")?);
+            v.push(crate::memory::zeroed(len, "a KV cache layer (V)")?);
         }
         Ok(Box::new(CpuKvCache { state, k, v }))
     }
@@ -426,25 +425,6 @@ impl DeviceModel for CpuModel {
         prof.total = t0.elapsed();
         Ok(prof)
     }
-}
-
-/// `len` zeros, or an error when the allocator refuses (a context far
-/// beyond the machine's memory must not abort the process). Zeroed pages
-/// come from the allocator lazily, as with `vec![0.0; len]`.
-fn zeroed(len: usize) -> Result<Vec<f32>> {
-    if len == 0 {
-        return Ok(Vec::new());
-    }
-    let layout = std::alloc::Layout::array::<f32>(len).map_err(|_| Error::Overflow("KV cache size"))?;
-    // SAFETY: the layout has a non-zero size.
-    let p = unsafe { std::alloc::alloc_zeroed(layout) } as *mut f32;
-    if p.is_null() {
-        return Err(Error::OutOfMemory { what: "a KV cache layer", bytes: layout.size() });
-    }
-    // SAFETY: `p` was allocated by the global allocator with the layout of
-    // `len` f32s (so capacity `len`), and all-zero bytes are the valid
-    // value 0.0 for every element.
-    Ok(unsafe { Vec::from_raw_parts(p, len, len) })
 }
 
 /// The CPU's KV cache: per layer, K and V as `[n_ctx, n_head_kv, head_dim]`

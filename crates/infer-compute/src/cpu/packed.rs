@@ -146,7 +146,8 @@ impl PackedWeight {
     /// Repacks `w`.
     ///
     /// # Errors
-    /// A type without a packed layout; inconsistent weight bytes.
+    /// A type without a packed layout; inconsistent weight bytes;
+    /// [`Error::OutOfMemory`] when the packed copy cannot be allocated.
     pub fn new(w: &QuantWeight) -> Result<Self> {
         w.check()?;
         let (scale, code) = layout(w.ty).ok_or(Error::Unsupported { op: "packed weight", ty: w.ty })?;
@@ -154,7 +155,9 @@ impl PackedWeight {
         let groups = w.rows.div_ceil(GROUP);
         let mut p = PackedWeight { ty: w.ty, rows: w.rows, cols: w.cols, nb, scale, code, data: Vec::new() };
         let gb = p.group_bytes();
-        p.data = vec![Line([0; 64]); groups * gb / 64];
+        let what = || format!("a packed copy of {}x{} {} weights", w.rows, w.cols, w.ty);
+        let n_lines = groups.checked_mul(gb).ok_or_else(|| Error::OutOfMemory { what: what(), bytes: u64::MAX })? / 64;
+        p.data = crate::memory::zeroed(n_lines, &what())?;
         let codes_at = p.codes_at();
         let bytes: &mut [u8] = bytemuck::cast_slice_mut(&mut p.data);
         for r in 0..groups * GROUP {
@@ -415,7 +418,19 @@ impl PackedActs {
         // A block with a NaN input gets a NaN scale, so that its products are
         // NaN on every level (the quantizers turn NaN into arbitrary codes,
         // such as -128, on which the kernels need not agree).
-        let scale = |d: f32, xb: &[f32]| if xb.iter().any(|v| v.is_nan()) { f32::NAN } else { d };
+        // A Q8_0 block whose scale overflowed f16 (finite inputs above
+        // about 8.3e6, `crate::quant::overflow`) keeps its scale in f32,
+        // `amax / 127` as the quantizer computed it before rounding: the
+        // codes were made with that scale, and this buffer holds f32 scales.
+        let scale = |d: f32, xb: &[f32]| {
+            if xb.iter().any(|v| v.is_nan()) {
+                f32::NAN
+            } else if d.is_infinite() && xb.iter().all(|v| v.is_finite()) {
+                xb.iter().fold(0f32, |m, v| m.max(v.abs())) / 127.0
+            } else {
+                d
+            }
+        };
         for row in x.chunks_exact(cols.max(1)).take(n_tokens) {
             k.quantize_activation(ty, row, scratch)?;
             if kind == GgmlType::Q8_0 {

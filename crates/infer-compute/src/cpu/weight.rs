@@ -140,7 +140,7 @@ pub fn products(
                     k.quantize_activation(q.ty, x, &mut s.rows)?;
                     rows_for = act;
                 }
-                matvec::matvec_quantized(k, q, s.rows.as_bytes(), y);
+                matvec::matvec_checked(k, q, x, &s.rows, y)?;
             }
             CpuWeight::Rows(q) => matvec::matmul_quant(k, q, x, n_tokens, y, &mut s.rows)?,
         }

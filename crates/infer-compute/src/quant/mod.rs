@@ -13,6 +13,7 @@
 pub mod float;
 pub mod iq4_nl;
 pub mod k_common;
+pub mod overflow;
 pub mod q2_k;
 pub mod q3_k;
 pub mod q4_0;

@@ -6,12 +6,18 @@
 //! and implemented in `ggml/src/gguf.cpp`; versions 2 and 3 are supported
 //! (they share one layout; version 1 used 32-bit counts and is rejected).
 //!
-//! [`GgufFile::open`] memory-maps a file and validates the whole header up
-//! front (every length, offset, size and count is checked before use);
-//! tensor data is then handed out without copying, as slices
+//! [`GgufFile::open`] memory-maps a file ([`GgufFile::read`] reads it into
+//! memory instead) and validates the whole header up front (every length,
+//! offset, size and count is checked before use, and nothing is reserved
+//! for a count before the bytes it describes are known to exist); tensor
+//! data is then handed out without copying, as slices
 //! ([`GgufFile::tensor_data`]) or as [`QuantWeight`]s sharing the mapping
-//! ([`GgufFile::weight`]). [`GgufWriter`] builds files (version 3).
+//! ([`GgufFile::weight`]). The one exception: a tensor whose data is not
+//! aligned for its block type (possible when `general.alignment` is smaller
+//! than ggml's default) is copied once, at open, to an aligned buffer.
+//! [`GgufWriter`] builds files (version 3).
 
+mod array;
 mod reader;
 mod value;
 mod writer;
@@ -26,6 +32,7 @@ use infer_compute::{QuantWeight, WeightBytes};
 
 use crate::error::{Error, Result};
 
+pub use array::{Array, StringArray};
 pub use value::Value;
 pub use writer::GgufWriter;
 
@@ -78,12 +85,32 @@ impl TensorInfo {
 enum Storage {
     Mapped(memmap2::Mmap),
     Owned(Vec<u8>),
-    /// A copy of a buffer whose address was not 16-byte aligned, kept in
-    /// 16-byte words so that block structs can be viewed in place.
+    /// A copy of a buffer whose address was not 16-byte aligned (or a
+    /// file read into memory), kept in 16-byte words so that block structs
+    /// can be viewed in place.
     Aligned {
         words: Vec<u128>,
         len: usize,
     },
+}
+
+impl Storage {
+    /// A zeroed 16-byte aligned buffer of `len` bytes, or an error saying
+    /// how much memory was needed.
+    fn try_aligned(len: usize, what: impl FnOnce() -> String) -> Result<Self> {
+        let mut words = Vec::new();
+        words.try_reserve_exact(len.div_ceil(BUFFER_ALIGN)).map_err(|_| out_of_memory(what(), len as u64))?;
+        words.resize(len.div_ceil(BUFFER_ALIGN), 0);
+        Ok(Storage::Aligned { words, len })
+    }
+
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        match self {
+            Storage::Mapped(_) => &mut [],
+            Storage::Owned(v) => v,
+            Storage::Aligned { words, len } => &mut bytemuck::cast_slice_mut(words)[..*len],
+        }
+    }
 }
 
 impl AsRef<[u8]> for Storage {
@@ -112,6 +139,9 @@ pub struct GgufFile {
     key_index: HashMap<String, usize>,
     tensors: Vec<TensorInfo>,
     tensor_index: HashMap<String, usize>,
+    /// Aligned copies of the tensors whose bytes in `storage` are not
+    /// aligned for their block type, by tensor index.
+    copies: HashMap<usize, Arc<Storage>>,
 }
 
 impl GgufFile {
@@ -138,10 +168,32 @@ impl GgufFile {
             // while it is open (documented above).
             Storage::Mapped(unsafe { memmap2::Mmap::map(&file) }.map_err(io_err)?)
         };
-        Self::from_storage(storage).map_err(|e| match e {
-            Error::Gguf(msg) => Error::Gguf(format!("{}: {msg}", path.display())),
-            other => other,
-        })
+        Self::from_storage(storage).map_err(|e| with_path(e, path))
+    }
+
+    /// Reads the whole file at `path` into memory and parses it: the
+    /// alternative to [`GgufFile::open`] for files on network or removable
+    /// storage, where a memory-mapped file that shrinks or disappears while
+    /// in use kills the process with `SIGBUS`. Costs the file's size in
+    /// memory.
+    ///
+    /// # Errors
+    /// [`Error::Io`] when the file cannot be read; [`infer_compute::Error::OutOfMemory`] (as [`Error::Compute`])
+    /// when its size cannot be allocated; [`Error::Gguf`] (prefixed with
+    /// the path) as for [`GgufFile::open`].
+    pub fn read(path: impl AsRef<Path>) -> Result<Self> {
+        use std::io::Read;
+        let path = path.as_ref();
+        let io_err = |source| Error::Io { path: path.to_path_buf(), source };
+        let mut file = File::open(path).map_err(io_err)?;
+        let len = file.metadata().map_err(io_err)?.len();
+        let len =
+            usize::try_from(len).map_err(|_| out_of_memory(format!("reading {} into memory", path.display()), len))?;
+        let mut storage = Storage::try_aligned(len, || format!("reading {} into memory", path.display()))?;
+        file.read_exact(storage.bytes_mut()).map_err(io_err)?;
+        // A file that grew since its size was taken: the extra bytes are
+        // not read, and the parse sees the file as it was.
+        Self::from_storage(storage).map_err(|e| with_path(e, path))
     }
 
     /// Parses a file held in memory. The buffer is kept (not copied, unless
@@ -149,21 +201,21 @@ impl GgufFile {
     ///
     /// # Errors
     /// [`Error::Gguf`] when `bytes` is not a valid GGUF file of version 2
-    /// or 3.
+    /// or 3; [`infer_compute::Error::OutOfMemory`] (as [`Error::Compute`]) when an aligned copy cannot be made.
     pub fn from_bytes(bytes: Vec<u8>) -> Result<Self> {
         let storage = if bytes.as_ptr() as usize & (BUFFER_ALIGN - 1) == 0 {
             Storage::Owned(bytes)
         } else {
-            let len = bytes.len();
-            let mut words = vec![0u128; len.div_ceil(BUFFER_ALIGN)];
-            bytemuck::cast_slice_mut::<u128, u8>(&mut words)[..len].copy_from_slice(&bytes);
-            Storage::Aligned { words, len }
+            let mut s = Storage::try_aligned(bytes.len(), || "an aligned copy of a GGUF buffer".into())?;
+            s.bytes_mut().copy_from_slice(&bytes);
+            s
         };
         Self::from_storage(storage)
     }
 
     fn from_storage(storage: Storage) -> Result<Self> {
         let p = reader::parse(storage.as_ref())?;
+        let copies = aligned_copies(storage.as_ref(), p.data_offset, &p.tensors)?;
         Ok(Self {
             storage: Arc::new(storage),
             version: p.version,
@@ -173,6 +225,7 @@ impl GgufFile {
             key_index: p.key_index,
             tensors: p.tensors,
             tensor_index: p.tensor_index,
+            copies,
         })
     }
 
@@ -293,33 +346,17 @@ impl GgufFile {
     ///
     /// # Errors
     /// [`Error::MissingKey`]; [`Error::KeyType`] for non-arrays.
-    pub fn get_array(&self, key: &str) -> Result<&[Value]> {
+    pub fn get_array(&self, key: &str) -> Result<&Array> {
         self.typed(key, "array", Value::as_array)
     }
 
-    fn typed_array<'a, T>(
-        &'a self,
-        key: &str,
-        expected: &'static str,
-        conv: impl Fn(&'a Value) -> Option<T>,
-    ) -> Result<Vec<T>> {
-        let v = self.require(key)?;
-        let mismatch = || Error::KeyType { key: key.to_owned(), expected, found: v.type_description() };
-        let items = v.as_array().ok_or_else(mismatch)?;
-        let mut out = Vec::with_capacity(items.len());
-        for item in items {
-            out.push(conv(item).ok_or_else(mismatch)?);
-        }
-        Ok(out)
-    }
-
-    /// An array of strings.
+    /// An array of strings, borrowed from the file's metadata.
     ///
     /// # Errors
     /// [`Error::MissingKey`]; [`Error::KeyType`] for anything but an array
     /// of strings.
     pub fn get_str_array(&self, key: &str) -> Result<Vec<&str>> {
-        self.typed_array(key, "array of string", Value::as_str)
+        self.typed(key, "array of string", |v| v.as_array()?.as_strings().map(|s| s.iter().collect()))
     }
 
     /// An array of floats as `f32` (`f64` elements are rounded).
@@ -328,7 +365,7 @@ impl GgufFile {
     /// [`Error::MissingKey`]; [`Error::KeyType`] for anything but an array
     /// of floats.
     pub fn get_f32_array(&self, key: &str) -> Result<Vec<f32>> {
-        self.typed_array(key, "array of f32", Value::as_f32)
+        self.typed(key, "array of f32", |v| v.as_array()?.to_f32_vec())
     }
 
     /// An array of integers as `i32`; elements of any integer type are
@@ -338,7 +375,7 @@ impl GgufFile {
     /// [`Error::MissingKey`]; [`Error::KeyType`] for anything but an array
     /// of integers in range.
     pub fn get_i32_array(&self, key: &str) -> Result<Vec<i32>> {
-        self.typed_array(key, "array of i32", Value::as_i32)
+        self.typed(key, "array of i32", |v| int_array(v))
     }
 
     /// An array of integers as `u32` (elements of any integer type that fit
@@ -347,7 +384,7 @@ impl GgufFile {
     /// # Errors
     /// As [`GgufFile::get_i32_array`].
     pub fn get_u32_array(&self, key: &str) -> Result<Vec<u32>> {
-        self.typed_array(key, "array of u32", Value::as_u32)
+        self.typed(key, "array of u32", |v| int_array(v))
     }
 
     /// Every tensor description, in file order.
@@ -361,10 +398,22 @@ impl GgufFile {
     }
 
     /// A tensor's bytes (validated to lie inside the file when it was
-    /// opened). An info that does not belong to this file and points past
-    /// its end gives an empty slice.
+    /// opened), aligned for its block type. An info that does not belong to
+    /// this file and points past its end gives an empty slice.
     pub fn tensor_data(&self, t: &TensorInfo) -> &[u8] {
+        if let Some(copy) = self.copy_of(t) {
+            return (**copy).as_ref();
+        }
         self.data_range(t).and_then(|(start, len)| self.bytes().get(start..start + len)).unwrap_or(&[])
+    }
+
+    /// The aligned copy of `t`'s data, when it has one.
+    fn copy_of(&self, t: &TensorInfo) -> Option<&Arc<Storage>> {
+        if self.copies.is_empty() {
+            return None;
+        }
+        let &i = self.tensor_index.get(&t.name)?;
+        (self.tensors[i] == *t).then(|| self.copies.get(&i)).flatten()
     }
 
     fn data_range(&self, t: &TensorInfo) -> Option<(usize, usize)> {
@@ -396,8 +445,13 @@ impl GgufFile {
         let (start, len) = self.data_range(t).ok_or_else(bad)?;
         let cols = usize::try_from(t.cols()).map_err(|_| bad())?;
         let rows = usize::try_from(t.rows()).map_err(|_| bad())?;
-        let owner: Arc<dyn AsRef<[u8]> + Send + Sync> = self.storage.clone();
-        let data = WeightBytes::range(owner, start, len).map_err(|_| bad())?;
+        let data = match self.copy_of(t) {
+            Some(copy) => WeightBytes::new(copy.clone()),
+            None => {
+                let owner: Arc<dyn AsRef<[u8]> + Send + Sync> = self.storage.clone();
+                WeightBytes::range(owner, start, len).map_err(|_| bad())?
+            }
+        };
         Ok(QuantWeight::new(t.ty, rows, cols, data)?)
     }
 }
@@ -420,10 +474,57 @@ impl GgufFile {
             return Err(bad());
         }
         let row_bytes = t.ty.row_bytes(cols)?;
-        let owner: Arc<dyn AsRef<[u8]> + Send + Sync> = self.storage.clone();
+        let (owner, start): (Arc<dyn AsRef<[u8]> + Send + Sync>, usize) = match self.copy_of(t) {
+            Some(copy) => (copy.clone(), 0),
+            None => (self.storage.clone(), start),
+        };
         let data = WeightBytes::range(owner, start + row0 * row_bytes, n_rows * row_bytes).map_err(|_| bad())?;
         Ok(QuantWeight::new(t.ty, n_rows, cols, data)?)
     }
+}
+
+/// The elements of an integer array converted losslessly to `T`; `None`
+/// for other arrays or when an element does not fit.
+fn int_array<T: TryFrom<i128>>(v: &Value) -> Option<Vec<T>> {
+    v.as_array()?.to_i128_vec()?.into_iter().map(|x| T::try_from(x).ok()).collect()
+}
+
+/// An allocation the allocator refused.
+fn out_of_memory(what: String, bytes: u64) -> Error {
+    Error::Compute(infer_compute::Error::OutOfMemory { what, bytes })
+}
+
+/// Prefixes a format error with the file's path.
+fn with_path(e: Error, path: &Path) -> Error {
+    match e {
+        Error::Gguf(msg) => Error::Gguf(format!("{}: {msg}", path.display())),
+        other => other,
+    }
+}
+
+/// Aligned copies of the tensors of `bytes` whose data is not aligned for
+/// their block type (ggml's block structs need 2 or 4 bytes; a file with
+/// `general.alignment` = 1 may place a tensor at any offset).
+fn aligned_copies(bytes: &[u8], data_offset: usize, tensors: &[TensorInfo]) -> Result<HashMap<usize, Arc<Storage>>> {
+    let mut copies = HashMap::new();
+    for (i, t) in tensors.iter().enumerate() {
+        let align = infer_compute::with_block_type!(t.ty, B => std::mem::align_of::<B>());
+        // Validated by the parse: the range lies inside `bytes`.
+        let Some(data) = usize::try_from(t.offset)
+            .ok()
+            .and_then(|o| data_offset.checked_add(o))
+            .and_then(|start| bytes.get(start..start.checked_add(t.n_bytes)?))
+        else {
+            continue;
+        };
+        if data.as_ptr() as usize % align == 0 {
+            continue;
+        }
+        let mut copy = Storage::try_aligned(data.len(), || format!("an aligned copy of tensor `{}`", t.name))?;
+        copy.bytes_mut().copy_from_slice(data);
+        copies.insert(i, Arc::new(copy));
+    }
+    Ok(copies)
 }
 
 impl std::fmt::Debug for GgufFile {

@@ -21,6 +21,7 @@ use std::collections::HashMap;
 
 use infer_compute::GgmlType;
 
+use super::array::{Array, StringArray};
 use super::value::{min_encoded_size, tag, tag_name, Value};
 use super::{TensorInfo, ALIGNMENT_KEY, DEFAULT_ALIGNMENT, MAGIC, MAX_DIMS};
 use crate::error::{Error, Result};
@@ -111,6 +112,11 @@ impl<'a> Cursor<'a> {
 
     /// A GGUF string: u64 length, then that many UTF-8 bytes.
     fn string(&mut self) -> Result<String, String> {
+        self.str().map(str::to_owned)
+    }
+
+    /// [`Cursor::string`], borrowed from the input.
+    fn str(&mut self) -> Result<&'a str, String> {
         let len_pos = self.pos;
         let len = self.u64("string length").map_err(|s| s.message())?;
         if len > self.left() as u64 {
@@ -122,7 +128,7 @@ impl<'a> Cursor<'a> {
         let start = self.pos;
         let bytes = self.take(len, "string").map_err(|s| s.message())?;
         match std::str::from_utf8(bytes) {
-            Ok(s) => Ok(s.to_owned()),
+            Ok(s) => Ok(s),
             Err(e) => Err(format!(
                 "string at offset {start} is not valid UTF-8 (invalid byte at offset {})",
                 start + e.valid_up_to()
@@ -150,44 +156,105 @@ impl<'a> Cursor<'a> {
                 b => return Err(format!("bool value {b} at offset {pos} is neither 0 nor 1")),
             },
             tag::STRING => Value::String(self.string()?),
-            tag::ARRAY => {
-                if depth >= MAX_ARRAY_DEPTH {
-                    return Err(format!("arrays nested deeper than {MAX_ARRAY_DEPTH} levels at offset {pos}"));
-                }
-                let elem = self.u32("array element type").map_err(|s| s.message())?;
-                let (Some(elem_name), Some(min_size)) = (tag_name(elem), min_encoded_size(elem)) else {
-                    return Err(format!("unknown array element type {elem} at offset {pos}"));
-                };
-                let count_pos = self.pos;
-                let count = self.u64("array length").map_err(|s| s.message())?;
-                let left = self.left();
-                match count.checked_mul(min_size) {
-                    Some(need) if need <= left as u64 => {}
-                    _ => {
-                        return Err(format!(
-                            "array of {count} {elem_name} element(s) at offset {count_pos} needs at least \
-                             {} bytes, only {left} left",
-                            count as u128 * min_size as u128
-                        ))
-                    }
-                }
-                // Bounded by the remaining bytes (checked above).
-                let mut items = Vec::with_capacity(count as usize);
-                for i in 0..count {
-                    let item = self.value(elem, depth + 1).map_err(|e| {
-                        match e.strip_prefix("element ") {
-                            // Nested arrays: one path, `element [2][0]: ...`.
-                            Some(inner) => format!("element [{i}]{inner}"),
-                            None => format!("element [{i}]: {e}"),
-                        }
-                    })?;
-                    items.push(item);
-                }
-                Value::Array(items)
-            }
+            tag::ARRAY => Value::Array(self.array_value(depth)?),
             other => return Err(format!("unknown value type {other} at offset {pos}")),
         };
         Ok(value)
+    }
+
+    /// An array (after its type tag): element type, count, elements.
+    fn array_value(&mut self, depth: usize) -> Result<Array, String> {
+        let pos = self.pos;
+        if depth >= MAX_ARRAY_DEPTH {
+            return Err(format!("arrays nested deeper than {MAX_ARRAY_DEPTH} levels at offset {pos}"));
+        }
+        let elem = self.u32("array element type").map_err(|s| s.message())?;
+        let (Some(elem_name), Some(min_size)) = (tag_name(elem), min_encoded_size(elem)) else {
+            return Err(format!("unknown array element type {elem} at offset {pos}"));
+        };
+        let count_pos = self.pos;
+        let count = self.u64("array length").map_err(|s| s.message())?;
+        let left = self.left();
+        match count.checked_mul(min_size) {
+            Some(need) if need <= left as u64 => {}
+            _ => {
+                return Err(format!(
+                    "array of {count} {elem_name} element(s) at offset {count_pos} needs at least {} bytes, only \
+                     {left} left",
+                    count as u128 * min_size as u128
+                ))
+            }
+        }
+        // From here on `count` elements are known to fit in the bytes left,
+        // so every reservation below is bounded by the file's size.
+        let n = count as usize;
+        let no_memory = |e: std::collections::TryReserveError| {
+            format!("array of {count} {elem_name} element(s) at offset {count_pos}: out of memory ({e})")
+        };
+        Ok(match elem {
+            tag::U8 => Array::U8(self.numbers(n, "u8 array", u8::from_le_bytes).map_err(no_memory)?),
+            tag::I8 => Array::I8(self.numbers(n, "i8 array", i8::from_le_bytes).map_err(no_memory)?),
+            tag::U16 => Array::U16(self.numbers(n, "u16 array", u16::from_le_bytes).map_err(no_memory)?),
+            tag::I16 => Array::I16(self.numbers(n, "i16 array", i16::from_le_bytes).map_err(no_memory)?),
+            tag::U32 => Array::U32(self.numbers(n, "u32 array", u32::from_le_bytes).map_err(no_memory)?),
+            tag::I32 => Array::I32(self.numbers(n, "i32 array", i32::from_le_bytes).map_err(no_memory)?),
+            tag::F32 => Array::F32(self.numbers(n, "f32 array", f32::from_le_bytes).map_err(no_memory)?),
+            tag::U64 => Array::U64(self.numbers(n, "u64 array", u64::from_le_bytes).map_err(no_memory)?),
+            tag::I64 => Array::I64(self.numbers(n, "i64 array", i64::from_le_bytes).map_err(no_memory)?),
+            tag::F64 => Array::F64(self.numbers(n, "f64 array", f64::from_le_bytes).map_err(no_memory)?),
+            tag::BOOL => {
+                let start = self.pos;
+                let bytes = self.numbers(n, "bool array", |[b]: [u8; 1]| b).map_err(no_memory)?;
+                if let Some(i) = bytes.iter().position(|&b| b > 1) {
+                    return Err(format!(
+                        "element [{i}]: bool value {} at offset {} is neither 0 nor 1",
+                        bytes[i],
+                        start + i
+                    ));
+                }
+                Array::Bool(bytes.into_iter().map(|b| b == 1).collect())
+            }
+            tag::STRING => {
+                let mut strings = StringArray::try_with_capacity(n, 0).map_err(no_memory)?;
+                for i in 0..n {
+                    let s = self.str().map_err(|e| format!("element [{i}]: {e}"))?;
+                    strings.try_push(s).map_err(no_memory)?;
+                }
+                Array::String(Box::new(strings))
+            }
+            _ => {
+                let mut items = Vec::new();
+                items.try_reserve_exact(n).map_err(no_memory)?;
+                for i in 0..n {
+                    let item = self.array_value(depth + 1).map_err(|e| match e.strip_prefix("element ") {
+                        // Nested arrays: one path, `element [2][0]: ...`.
+                        Some(inner) => format!("element [{i}]{inner}"),
+                        None => format!("element [{i}]: {e}"),
+                    })?;
+                    items.push(item);
+                }
+                Array::Array(items)
+            }
+        })
+    }
+
+    /// `n` fixed-size little-endian numbers. The caller has checked that
+    /// their bytes are present.
+    fn numbers<T, const N: usize>(
+        &mut self,
+        n: usize,
+        item: &'static str,
+        conv: fn([u8; N]) -> T,
+    ) -> Result<Vec<T>, std::collections::TryReserveError> {
+        let bytes = self.take((n * N) as u64, item).unwrap_or_default();
+        let mut out = Vec::new();
+        out.try_reserve_exact(n)?;
+        out.extend(bytes.chunks_exact(N).map(|c| {
+            let mut a = [0u8; N];
+            a.copy_from_slice(c);
+            conv(a)
+        }));
+        Ok(out)
     }
 }
 

@@ -3,14 +3,16 @@
 //! GGUF stores each metadata value with a 32-bit type tag (`gguf_type` in
 //! ggml's `gguf.h`): 0 u8, 1 i8, 2 u16, 3 i16, 4 u32, 5 i32, 6 f32, 7 bool,
 //! 8 string, 9 array, 10 u64, 11 i64, 12 f64. Arrays carry one element type
-//! and a count; their elements may themselves be arrays.
+//! and a count; their elements may themselves be arrays ([`Array`]).
+
+use super::array::Array;
 
 /// A GGUF metadata value.
 ///
 /// Arrays are homogeneous in the file format: every element has the same
-/// type (nested arrays may differ in length and element type). The writer
-/// rejects arrays that mix element types. An empty array does not remember
-/// its element type; it is written back as an empty array of `u8`.
+/// type (nested arrays may differ in length and element type). [`Array`]
+/// holds one typed vector, so a mixed array cannot be built and an empty
+/// array keeps its element type.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Value {
     /// Type 0.
@@ -32,7 +34,7 @@ pub enum Value {
     /// Type 8: a UTF-8 string (u64 byte length, then the bytes).
     String(String),
     /// Type 9: u32 element type, u64 count, then the elements.
-    Array(Vec<Value>),
+    Array(Array),
     /// Type 10.
     U64(u64),
     /// Type 11.
@@ -122,24 +124,23 @@ impl Value {
     /// (`"array of string"`); for nested arrays only the outer element
     /// type is named (`"array of array"`).
     pub fn type_description(&self) -> &'static str {
-        match self {
-            Value::Array(items) => match items.first() {
-                None => "empty array",
-                Some(Value::U8(_)) => "array of u8",
-                Some(Value::I8(_)) => "array of i8",
-                Some(Value::U16(_)) => "array of u16",
-                Some(Value::I16(_)) => "array of i16",
-                Some(Value::U32(_)) => "array of u32",
-                Some(Value::I32(_)) => "array of i32",
-                Some(Value::F32(_)) => "array of f32",
-                Some(Value::Bool(_)) => "array of bool",
-                Some(Value::String(_)) => "array of string",
-                Some(Value::Array(_)) => "array of array",
-                Some(Value::U64(_)) => "array of u64",
-                Some(Value::I64(_)) => "array of i64",
-                Some(Value::F64(_)) => "array of f64",
-            },
-            other => other.type_name(),
+        let Value::Array(a) = self else {
+            return self.type_name();
+        };
+        match a.elem_type_id() {
+            tag::U8 => "array of u8",
+            tag::I8 => "array of i8",
+            tag::U16 => "array of u16",
+            tag::I16 => "array of i16",
+            tag::U32 => "array of u32",
+            tag::I32 => "array of i32",
+            tag::F32 => "array of f32",
+            tag::BOOL => "array of bool",
+            tag::STRING => "array of string",
+            tag::ARRAY => "array of array",
+            tag::U64 => "array of u64",
+            tag::I64 => "array of i64",
+            _ => "array of f64",
         }
     }
 
@@ -215,7 +216,7 @@ impl Value {
     }
 
     /// The elements of an `Array`.
-    pub fn as_array(&self) -> Option<&[Value]> {
+    pub fn as_array(&self) -> Option<&Array> {
         match self {
             Value::Array(v) => Some(v),
             _ => None,
@@ -240,20 +241,7 @@ impl std::fmt::Display for Value {
             Value::U64(v) => write!(f, "{v}"),
             Value::I64(v) => write!(f, "{v}"),
             Value::F64(v) => write!(f, "{v}"),
-            Value::Array(items) => {
-                const SHOWN: usize = 6;
-                f.write_str("[")?;
-                for (i, item) in items.iter().take(SHOWN).enumerate() {
-                    if i > 0 {
-                        f.write_str(", ")?;
-                    }
-                    write!(f, "{item}")?;
-                }
-                if items.len() > SHOWN {
-                    write!(f, ", ... ({} items)", items.len())?;
-                }
-                f.write_str("]")
-            }
+            Value::Array(a) => write!(f, "{a}"),
         }
     }
 }
@@ -279,14 +267,26 @@ impl From<&str> for Value {
     }
 }
 
-impl<T: Into<Value>> From<Vec<T>> for Value {
-    fn from(v: Vec<T>) -> Self {
-        Value::Array(v.into_iter().map(Into::into).collect())
+impl From<Array> for Value {
+    fn from(v: Array) -> Self {
+        Value::Array(v)
     }
 }
 
-impl<T: Into<Value> + Clone> From<&[T]> for Value {
+impl<T> From<Vec<T>> for Value
+where
+    Array: From<Vec<T>>,
+{
+    fn from(v: Vec<T>) -> Self {
+        Value::Array(v.into())
+    }
+}
+
+impl<T: Clone> From<&[T]> for Value
+where
+    Array: From<Vec<T>>,
+{
     fn from(v: &[T]) -> Self {
-        Value::Array(v.iter().cloned().map(Into::into).collect())
+        Value::Array(v.to_vec().into())
     }
 }

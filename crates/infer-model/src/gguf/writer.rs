@@ -10,8 +10,9 @@ use std::path::{Path, PathBuf};
 use infer_compute::GgmlType;
 use infer_compute::WeightBytes;
 
+use super::array::Array;
 use super::reader::tensor_bytes;
-use super::value::{tag, Value};
+use super::value::Value;
 use super::{GgufFile, ALIGNMENT_KEY, DEFAULT_ALIGNMENT, MAGIC, MAX_DIMS};
 use crate::error::{Error, Result};
 
@@ -42,8 +43,8 @@ struct PendingTensor {
 /// A GGUF file under construction.
 ///
 /// Metadata and tensors are written in the order they were added. Each
-/// addition is validated at once (duplicate keys or names, mixed-type
-/// arrays, shapes, data sizes), so writing can only fail on I/O or in a fill
+/// addition is validated at once (duplicate keys or names, shapes, data
+/// sizes), so writing can only fail on I/O or in a fill
 /// function. The data alignment is `general.alignment` when that key is set
 /// (a `u32` power of two, as ggml requires), 32 otherwise.
 ///
@@ -95,8 +96,7 @@ impl GgufWriter {
     /// Appends a metadata entry.
     ///
     /// # Errors
-    /// [`Error::Gguf`] when the key already exists, when an array mixes
-    /// element types, or for a `general.alignment` that is not a `u32`
+    /// [`Error::Gguf`] when the key already exists, or for a `general.alignment` that is not a `u32`
     /// power of two.
     pub fn add_metadata(&mut self, key: impl Into<String>, value: impl Into<Value>) -> Result<&mut Self> {
         let key = key.into();
@@ -329,7 +329,6 @@ impl GgufWriter {
 
 /// Checks a metadata value before it is accepted.
 fn check_value(key: &str, value: &Value) -> Result<()> {
-    check_homogeneous(value).map_err(|e| Error::Gguf(format!("metadata `{key}`: {e}")))?;
     if key == ALIGNMENT_KEY {
         match value {
             Value::U32(a) if a.is_power_of_two() => {}
@@ -339,26 +338,6 @@ fn check_value(key: &str, value: &Value) -> Result<()> {
                     "`{ALIGNMENT_KEY}` must be a u32 (as ggml reads it), got {}",
                     other.type_name()
                 )))
-            }
-        }
-    }
-    Ok(())
-}
-
-/// Arrays must hold one element type (nested arrays are checked in turn).
-fn check_homogeneous(value: &Value) -> std::result::Result<(), String> {
-    if let Value::Array(items) = value {
-        if let Some(first) = items.first() {
-            let t = first.type_id();
-            if let Some((i, other)) = items.iter().enumerate().find(|(_, v)| v.type_id() != t) {
-                return Err(format!(
-                    "array mixes element types: element 0 is {}, element {i} is {}",
-                    first.type_name(),
-                    other.type_name()
-                ));
-            }
-            for (i, item) in items.iter().enumerate() {
-                check_homogeneous(item).map_err(|e| format!("element {i}: {e}"))?;
             }
         }
     }
@@ -430,12 +409,34 @@ fn put_value<W: Write>(out: &mut Counting<'_, W>, value: &Value) -> std::io::Res
         Value::U64(v) => out.put(&v.to_le_bytes()),
         Value::I64(v) => out.put(&v.to_le_bytes()),
         Value::F64(v) => out.put(&v.to_le_bytes()),
-        Value::Array(items) => {
-            // An empty array keeps no element type; write it as u8.
-            let elem = items.first().map_or(tag::U8, Value::type_id);
-            out.put(&elem.to_le_bytes())?;
-            out.put(&(items.len() as u64).to_le_bytes())?;
-            items.iter().try_for_each(|v| put_value(out, v))
-        }
+        Value::Array(a) => put_array(out, a),
+    }
+}
+
+/// An array: element type (kept for empty arrays too), count, elements.
+fn put_array<W: Write>(out: &mut Counting<'_, W>, a: &Array) -> std::io::Result<()> {
+    fn each<W: Write, T: Copy, const N: usize>(
+        out: &mut Counting<'_, W>,
+        v: &[T],
+        bytes: fn(T) -> [u8; N],
+    ) -> std::io::Result<()> {
+        v.iter().try_for_each(|&x| out.put(&bytes(x)))
+    }
+    out.put(&a.elem_type_id().to_le_bytes())?;
+    out.put(&(a.len() as u64).to_le_bytes())?;
+    match a {
+        Array::U8(v) => out.put(v),
+        Array::I8(v) => each(out, v, i8::to_le_bytes),
+        Array::U16(v) => each(out, v, u16::to_le_bytes),
+        Array::I16(v) => each(out, v, i16::to_le_bytes),
+        Array::U32(v) => each(out, v, u32::to_le_bytes),
+        Array::I32(v) => each(out, v, i32::to_le_bytes),
+        Array::F32(v) => each(out, v, f32::to_le_bytes),
+        Array::Bool(v) => each(out, v, |b| [u8::from(b)]),
+        Array::String(v) => v.iter().try_for_each(|s| put_string(out, s)),
+        Array::Array(v) => v.iter().try_for_each(|x| put_array(out, x)),
+        Array::U64(v) => each(out, v, u64::to_le_bytes),
+        Array::I64(v) => each(out, v, i64::to_le_bytes),
+        Array::F64(v) => each(out, v, f64::to_le_bytes),
     }
 }

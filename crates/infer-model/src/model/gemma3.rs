@@ -48,11 +48,10 @@ pub(crate) fn swa_layers(g: &GgufFile, hp: &HParams, default_period: usize) -> R
                     detail: format!("one entry per layer expected, and block_count is {}", hp.n_layer),
                 });
             }
-            return a
-                .iter()
-                .map(|v| match v {
-                    Value::Bool(b) => Ok(*b),
-                    other => Err(bad(&key, format!("{other:?}"), "entries must be bools")),
+            return (0..a.len())
+                .map(|i| match a.get(i) {
+                    Some(Value::Bool(b)) => Ok(b),
+                    _ => Err(bad(&key, format!("array of {}", a.elem_type_name()), "entries must be bools")),
                 })
                 .collect();
         }

@@ -85,9 +85,9 @@ pub fn generated_vocab(n_vocab: usize) -> Result<Vec<(String, Value)>> {
     Ok(vec![
         (p("model"), Value::from("llama")),
         (p("pre"), Value::from("default")),
-        (p("tokens"), Value::Array(tokens.into_iter().map(Value::String).collect())),
-        (p("scores"), Value::Array(scores.into_iter().map(Value::F32).collect())),
-        (p("token_type"), Value::Array(types.into_iter().map(Value::I32).collect())),
+        (p("tokens"), Value::from(tokens)),
+        (p("scores"), Value::from(scores)),
+        (p("token_type"), Value::from(types)),
         (p("bos_token_id"), Value::U32(1)),
         (p("eos_token_id"), Value::U32(2)),
         (p("unknown_token_id"), Value::U32(0)),

@@ -1,0 +1,219 @@
+//! The CLI against hostile conditions: absurd thread counts, a full or
+//! closed standard output, `synth -o` pointed at what it must not replace,
+//! and Ctrl-C / SIGTERM in the middle of work.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{assert_one_line_error, default_model, infer, stderr, stdout, synth_tiny, tmpdir};
+
+#[test]
+fn threads_are_capped_with_a_warning() {
+    let dir = tmpdir();
+    let m = synth_tiny(dir.path(), "llama");
+    let t0 = Instant::now();
+    let o = infer(&["run", "--model", m.to_str().unwrap(), "-t", "100000", "-n", "4", "--temp", "0", "hi"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stderr(&o).contains("warning: --threads 100000 is capped at "), "{}", stderr(&o));
+    let o = infer(&["bench", "-m", m.to_str().unwrap(), "-t", "100000", "-p", "0", "-n", "2", "-r", "1", "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).expect("JSON");
+    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1) as u64;
+    assert_eq!(v[0]["threads"].as_u64(), Some(4 * cores));
+    assert_eq!(stderr(&o).matches("capped").count(), 1, "one warning: {}", stderr(&o));
+    assert!(t0.elapsed() < Duration::from_secs(60), "{:?}", t0.elapsed());
+}
+
+/// Runs `infer args` with standard output on `/dev/full`.
+fn to_dev_full(args: &[&str]) -> Option<Output> {
+    let full = std::fs::OpenOptions::new().write(true).open("/dev/full").ok()?;
+    Some(
+        Command::new(env!("CARGO_BIN_EXE_infer"))
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(full)
+            .stderr(Stdio::piped())
+            .output()
+            .expect("run infer"),
+    )
+}
+
+#[test]
+fn a_full_stdout_is_an_error_not_a_panic() {
+    let dir = tmpdir();
+    let m = synth_tiny(dir.path(), "llama");
+    let ms = m.to_str().unwrap();
+    let out = dir.path().join("x.gguf");
+    let cases: [&[&str]; 5] = [
+        &["info", "-m", ms],
+        &["run", "-m", ms, "-n", "2", "hi"],
+        &["bench", "-m", ms, "-p", "4", "-n", "2", "-r", "1"],
+        &["bench", "-m", ms, "-p", "4", "-n", "0", "-r", "1", "--json"],
+        &["synth", "--arch", "llama", "--size", "tiny", "-o", out.to_str().unwrap()],
+    ];
+    for args in cases {
+        let Some(o) = to_dev_full(args) else {
+            eprintln!("skipped: no /dev/full on this system");
+            return;
+        };
+        assert!(!stderr(&o).contains("panicked"), "{args:?}: {}", stderr(&o));
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {}", stderr(&o));
+        assert!(stderr(&o).contains("error: cannot write to standard output"), "{args:?}: {}", stderr(&o));
+    }
+}
+
+#[test]
+fn a_closed_stdout_is_an_error() {
+    let dir = tmpdir();
+    let m = synth_tiny(dir.path(), "llama");
+    for cmd in ["run -n 2 hi", "info"] {
+        let o = Command::new("sh")
+            .arg("-c")
+            .arg(format!("exec \"$0\" {cmd} -m \"$1\" >&-"))
+            .arg(env!("CARGO_BIN_EXE_infer"))
+            .arg(&m)
+            .output()
+            .expect("sh");
+        assert_one_line_error(&o, "standard output is closed");
+        // `> /dev/null` is a choice, not an error.
+        let o = Command::new("sh")
+            .arg("-c")
+            .arg(format!("exec \"$0\" {cmd} -m \"$1\" >/dev/null"))
+            .arg(env!("CARGO_BIN_EXE_infer"))
+            .arg(&m)
+            .output()
+            .expect("sh");
+        assert!(o.status.success(), "{}", stderr(&o));
+    }
+}
+
+fn synth_to(out: &Path) -> Output {
+    infer(&["synth", "--arch", "llama", "--size", "tiny", "-t", "1", "-o", out.to_str().unwrap()])
+}
+
+#[test]
+fn synth_refuses_what_it_must_not_replace() {
+    let dir = tmpdir();
+    // A FIFO (mkfifo(1) is POSIX).
+    let fifo = dir.path().join("fifo.gguf");
+    if Command::new("mkfifo").arg(&fifo).status().is_ok_and(|s| s.success()) {
+        assert_one_line_error(&synth_to(&fifo), "not a regular file");
+        use std::os::unix::fs::FileTypeExt;
+        assert!(std::fs::symlink_metadata(&fifo).unwrap().file_type().is_fifo());
+    } else {
+        eprintln!("skipped the FIFO case: mkfifo failed");
+    }
+    // A symbolic link (here to a device: the rename would replace the link).
+    let link = dir.path().join("null.gguf");
+    std::os::unix::fs::symlink("/dev/null", &link).unwrap();
+    assert_one_line_error(&synth_to(&link), "symbolic link");
+    assert!(std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink());
+    // A file of the model cache.
+    let cache = dir.path().join("cache");
+    std::fs::create_dir(&cache).unwrap();
+    let cached = cache.join("model.gguf");
+    std::fs::write(&cached, b"a cached model").unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_infer"))
+        .args(["synth", "--arch", "llama", "--size", "tiny", "-o", cached.to_str().unwrap()])
+        .env("INFER_CACHE_DIR", &cache)
+        .output()
+        .expect("run infer");
+    assert_one_line_error(&o, "model cache");
+    assert_eq!(std::fs::read(&cached).unwrap(), b"a cached model");
+    // A regular file elsewhere is replaced.
+    let plain = dir.path().join("plain.gguf");
+    std::fs::write(&plain, b"old").unwrap();
+    let o = synth_to(&plain);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(std::fs::metadata(&plain).unwrap().len() > 1000);
+}
+
+#[test]
+fn synth_removes_stale_partial_files() {
+    let dir = tmpdir();
+    let out = dir.path().join("m.gguf");
+    // A process id above any pid_max: its process is gone.
+    let stale = dir.path().join(".m.gguf.partial-2147483000");
+    std::fs::write(&stale, b"left by a killed run").unwrap();
+    let other = dir.path().join(".other.gguf.partial-2147483000");
+    std::fs::write(&other, b"another file's").unwrap();
+    let o = synth_to(&out);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(!stale.exists(), "stale partial file kept");
+    assert!(stderr(&o).contains("interrupted run"), "{}", stderr(&o));
+    assert!(other.exists(), "a partial file of another output was removed");
+}
+
+/// Sends `signal` (a name for kill(1)) to `pid`.
+fn kill(signal: &str, pid: u32) {
+    let ok = Command::new("kill").args([&format!("-{signal}"), &pid.to_string()]).status().is_ok_and(|s| s.success());
+    assert!(ok, "kill -{signal} {pid}");
+}
+
+#[test]
+fn signals_during_synth_remove_the_partial_file() {
+    // A 270M-shaped model takes seconds to write: time to interrupt it.
+    let model = default_model();
+    for signal in ["INT", "TERM"] {
+        let dir = tmpdir();
+        let out = dir.path().join("big.gguf");
+        let child = Command::new(env!("CARGO_BIN_EXE_infer"))
+            .args(["synth", "--size", "270m", "-t", "1", "--tokenizer-from", &model, "-o", out.to_str().unwrap()])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run infer");
+        let partial = dir.path().join(format!(".big.gguf.partial-{}", child.id()));
+        let t0 = Instant::now();
+        while !partial.exists() && t0.elapsed() < Duration::from_secs(60) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert!(partial.exists(), "no partial file appeared");
+        kill(signal, child.id());
+        let o = child.wait_with_output().expect("wait");
+        assert_eq!(o.status.code(), Some(130), "SIG{signal}: {}", stderr(&o));
+        assert!(!partial.exists(), "SIG{signal} left {}", partial.display());
+        assert!(!out.exists());
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "SIG{signal} left files");
+    }
+}
+
+#[test]
+fn ctrl_c_stops_a_long_prefill_cleanly() {
+    // About 6000 prompt tokens: seconds of prefill in passes of 512.
+    let model = default_model();
+    let dir = tmpdir();
+    let prompt = dir.path().join("long.txt");
+    std::fs::write(&prompt, "The quick brown fox jumps over the lazy dog. ".repeat(600)).unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_infer"))
+        .args(["run", "--model", &model, "-c", "8192", "-n", "-1", "-v", "-f", prompt.to_str().unwrap()])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run infer");
+    // Wait until the model is loaded (--verbose prints the settings then).
+    let mut err_pipe = std::io::BufReader::new(child.stderr.take().expect("stderr"));
+    let mut err = String::new();
+    while !err.contains("sampler params") {
+        let mut line = String::new();
+        if std::io::BufRead::read_line(&mut err_pipe, &mut line).expect("read stderr") == 0 {
+            panic!("infer ended early: {err}");
+        }
+        err.push_str(&line);
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let t0 = Instant::now();
+    kill("INT", child.id());
+    std::io::Read::read_to_string(&mut err_pipe, &mut err).expect("read stderr");
+    let o = child.wait_with_output().expect("wait");
+    assert!(!err.contains("panicked"), "{err}");
+    assert_eq!(o.status.code(), Some(130), "{err}");
+    // Stopped at the end of the running pass, with the statistics printed.
+    assert!(t0.elapsed() < Duration::from_secs(20), "took {:?} to stop", t0.elapsed());
+    assert!(err.contains("prefill:") && err.contains("stop: interrupted"), "{err}");
+    assert!(err.trim_end().ends_with("interrupted"), "{err}");
+}

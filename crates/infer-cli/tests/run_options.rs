@@ -1,0 +1,215 @@
+//! `infer run` as llama.cpp's and Ollama's users call it: prompts from
+//! words, `-p`, `-f` and standard input; llama.cpp's sampling flags and
+//! defaults with a random, printed seed; `-n -1`; the context rule; the
+//! same `--backend cuda` error in every build.
+
+mod common;
+
+use std::path::Path;
+
+use common::{assert_one_line_error, infer, infer_stdin, stderr, stdout, synth_tiny, tmpdir};
+
+/// The value after `key` on the stats lines (`sampling: seed 123, ...`).
+fn stat_after<'a>(err: &'a str, key: &str) -> &'a str {
+    let rest = err.split(key).nth(1).unwrap_or_else(|| panic!("no {key:?} in {err}"));
+    rest.split([',', ' ', '\n']).next().unwrap_or("")
+}
+
+fn run_tiny(model: &Path, args: &[&str]) -> std::process::Output {
+    let mut all = vec!["run", "--model", model.to_str().unwrap(), "-t", "1"];
+    all.extend_from_slice(args);
+    infer(&all)
+}
+
+#[test]
+fn seed_is_random_by_default_printed_and_reproducible() {
+    let dir = tmpdir();
+    let m = synth_tiny(dir.path(), "llama");
+    let a = run_tiny(&m, &["-n", "24", "hello"]);
+    let b = run_tiny(&m, &["-n", "24", "hello"]);
+    assert!(a.status.success() && b.status.success(), "{}", stderr(&a));
+    let (ea, eb) = (stderr(&a), stderr(&b));
+    let (sa, sb) = (stat_after(&ea, "sampling: seed "), stat_after(&eb, "sampling: seed "));
+    assert!(sa.parse::<u64>().is_ok() && sb.parse::<u64>().is_ok(), "{sa} {sb}");
+    assert_ne!(sa, sb, "two runs without --seed drew the same seed");
+    // The printed seed reproduces the run; --seed N is reproducible.
+    let again = run_tiny(&m, &["-n", "24", "--seed", sa, "hello"]);
+    assert_eq!(stdout(&again), stdout(&a));
+    let c = run_tiny(&m, &["-n", "24", "--seed", "42", "hello"]);
+    let d = run_tiny(&m, &["-n", "24", "--seed", "42", "hello"]);
+    assert_eq!(stdout(&c), stdout(&d));
+    assert_eq!(stat_after(&stderr(&c), "sampling: seed "), "42");
+    // -1 is llama.cpp's "random".
+    let e = run_tiny(&m, &["-n", "2", "--seed", "-1", "hello"]);
+    assert!(e.status.success(), "{}", stderr(&e));
+    assert_one_line_error(&run_tiny(&m, &["--seed", "-5", "hello"]), "--seed");
+}
+
+#[test]
+fn sampling_flags_have_llama_cpp_defaults_and_verbose_shows_them() {
+    let dir = tmpdir();
+    let m = synth_tiny(dir.path(), "llama");
+    let o = run_tiny(&m, &["-n", "2", "--verbose", "hello"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let err = stderr(&o);
+    for key in [
+        "sampler chain: top-k -> top-p -> min-p -> temperature -> dist",
+        "repeat_last_n = 64",
+        "repeat_penalty = 1.000",
+        "frequency_penalty = 0.000",
+        "presence_penalty = 0.000",
+        "top_k = 40",
+        "top_p = 0.950",
+        "min_p = 0.050",
+        "temp = 0.800",
+        "context:",
+        "model:",
+    ] {
+        assert!(err.contains(key), "--verbose lacks {key}: {err}");
+    }
+    let o = run_tiny(
+        &m,
+        &[
+            "-n",
+            "2",
+            "-v",
+            "--temp",
+            "1.5",
+            "--top-k",
+            "7",
+            "--top-p",
+            "0.5",
+            "--min-p",
+            "0.1",
+            "--repeat-penalty",
+            "1.1",
+            "--repeat-last-n",
+            "-1",
+            "--presence-penalty",
+            "0.25",
+            "--frequency-penalty",
+            "0.5",
+            "-c",
+            "100",
+            "hello",
+        ],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let err = stderr(&o);
+    for key in [
+        "sampler chain: penalties -> top-k -> top-p -> min-p -> temperature -> dist",
+        "repeat_last_n = 100",
+        "repeat_penalty = 1.100",
+        "frequency_penalty = 0.500",
+        "presence_penalty = 0.250",
+        "top_k = 7",
+        "top_p = 0.500",
+        "min_p = 0.100",
+        "temp = 1.500",
+    ] {
+        assert!(err.contains(key), "--verbose lacks {key}: {err}");
+    }
+    assert_one_line_error(&run_tiny(&m, &["--min-p", "2", "hi"]), "min_p");
+    assert_one_line_error(&run_tiny(&m, &["--top-p", "0", "--temp", "0", "hi"]), "top_p");
+    assert_one_line_error(&run_tiny(&m, &["--repeat-penalty", "0", "hi"]), "repetition_penalty");
+    assert_one_line_error(&run_tiny(&m, &["--presence-penalty", "inf", "hi"]), "presence_penalty");
+    assert_one_line_error(&run_tiny(&m, &["--repeat-last-n", "-2", "hi"]), "--repeat-last-n");
+}
+
+#[test]
+fn prompts_from_words_flag_file_and_stdin_agree() {
+    let dir = tmpdir();
+    let m = synth_tiny(dir.path(), "llama");
+    let ms = m.to_str().unwrap();
+    let greedy = ["run", "--model", ms, "-t", "1", "-n", "6", "--temp", "0"];
+    let with = |extra: &[&str]| -> Vec<String> { greedy.iter().chain(extra).map(|s| s.to_string()).collect() };
+    let words = infer(&with(&["Once", "upon", "a", "time"]));
+    assert!(words.status.success(), "{}", stderr(&words));
+    assert!(stdout(&words).starts_with("Once upon a time"), "{}", stdout(&words));
+    let quoted = infer(&with(&["Once upon a time"]));
+    let flag = infer(&with(&["-p", "Once upon a time"]));
+    let long_flag = infer(&with(&["--prompt", "Once upon a time"]));
+    let file = dir.path().join("prompt.txt");
+    std::fs::write(&file, "Once upon a time\n").unwrap();
+    let from_file = infer(&with(&["-f", file.to_str().unwrap()]));
+    let dash = infer_stdin(&with(&["-"]), b"Once upon a time\n");
+    let file_dash = infer_stdin(&with(&["-f", "-"]), b"Once upon a time");
+    let piped = infer_stdin(&with(&[]), b"Once upon a time\n");
+    for (name, o) in [
+        ("quoted", &quoted),
+        ("-p", &flag),
+        ("--prompt", &long_flag),
+        ("-f", &from_file),
+        ("-", &dash),
+        ("-f -", &file_dash),
+        ("stdin", &piped),
+    ] {
+        assert!(o.status.success(), "{name}: {}", stderr(o));
+        assert_eq!(stdout(o), stdout(&words), "{name}");
+    }
+    // Flags after the words are still flags.
+    let after = infer(&["run", "--model", ms, "Once", "upon", "-n", "6", "a", "time", "--temp", "0", "-t", "1"]);
+    assert_eq!(stdout(&after), stdout(&words), "{}", stderr(&after));
+    assert_one_line_error(&infer(&with(&["-f", "/nonexistent/prompt.txt"])), "prompt file");
+    let o = infer(&with(&["-p", "a", "b"]));
+    assert!(!o.status.success() && stderr(&o).contains("cannot be used with"), "{}", stderr(&o));
+}
+
+#[test]
+fn n_minus_one_runs_to_the_end_and_one_token_is_singular() {
+    let dir = tmpdir();
+    let m = synth_tiny(dir.path(), "llama");
+    let o = run_tiny(&m, &["-n", "-1", "-c", "24", "--temp", "0", "hello"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(err.contains("stop: context full") || err.contains("stop: end of generation"), "{err}");
+    assert_one_line_error(&run_tiny(&m, &["-n", "-2", "hello"]), "-n -2");
+    // "1 token", never "1 tokens".
+    let o = run_tiny(&m, &["-n", "1", "-p", "", "--temp", "0"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(err.contains("prefill:  1 token in"), "{err}");
+    assert!(err.contains("decode:   1 token (0 after the first)"), "{err}");
+    assert!(!err.contains("1 tokens"), "{err}");
+}
+
+#[test]
+fn context_beyond_training_is_clamped_with_a_warning() {
+    let dir = tmpdir();
+    let m = synth_tiny(dir.path(), "llama");
+    let o = run_tiny(&m, &["-n", "2", "-c", "100000000", "-v", "hello"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(err.contains("warning: --ctx-size 100000000 is more than the model's training context of "), "{err}");
+    let n_ctx_train = stat_after(&err, "training context of ");
+    assert!(err.contains(&format!("context:  {n_ctx_train} positions")), "{err}");
+}
+
+#[test]
+fn backend_cuda_without_a_gpu_is_the_same_error_in_every_build() {
+    // The message of the plain build and of `--features cuda` on a machine
+    // without the NVIDIA driver.
+    let driver = ["/usr/lib/x86_64-linux-gnu/libcuda.so.1", "/usr/lib64/libcuda.so.1", "/usr/lib/libcuda.so.1"]
+        .iter()
+        .any(|p| Path::new(p).exists())
+        || Path::new("/dev/nvidiactl").exists();
+    if driver {
+        eprintln!("skipped: this machine has an NVIDIA driver; the no-GPU error cannot be checked here");
+        return;
+    }
+    let dir = tmpdir();
+    let m = synth_tiny(dir.path(), "llama");
+    let want =
+        "--backend cuda: no NVIDIA driver on this machine (libcuda.so could not be loaded); use --backend cpu or auto";
+    for cmd in ["run", "info"] {
+        let o = infer(
+            &[cmd, "--model", m.to_str().unwrap(), "--backend", "cuda", "hello"][..if cmd == "run" { 6 } else { 5 }],
+        );
+        assert_one_line_error(&o, want);
+    }
+    let o = infer(&["bench", "--model", m.to_str().unwrap(), "--backend", "cuda", "-p", "0", "-n", "1", "-r", "1"]);
+    assert_one_line_error(&o, want);
+    // auto falls back to the CPU in both builds.
+    let o = infer(&["info", "--model", m.to_str().unwrap(), "--backend", "auto"]);
+    assert!(o.status.success() && stdout(&o).contains("backend:      CPU"), "{}", stderr(&o));
+}
