@@ -16,11 +16,12 @@ use crate::output::Out;
 
 #[derive(Args)]
 pub struct SynthArgs {
-    /// Architecture: gemma3 or llama.
+    /// Architecture: gemma3, gemma2, llama, qwen2, qwen3 or phi3.
     #[arg(long, default_value = "gemma3")]
     arch: String,
-    /// Model size: gemma3 270m, 1b, 4b, 12b; llama 1b (Llama 3.2 1B), 8b
-    /// (Llama 3 8B); `tiny` (either architecture, a few MB, for tests).
+    /// Model size: gemma3 270m, 1b, 4b, 12b; gemma2 2b; llama 1b (Llama 3.2
+    /// 1B), 8b (Llama 3 8B), mistral-7b; qwen2 0.5b; qwen3 0.6b; phi3 mini;
+    /// `tiny` (every architecture, a few MB, for tests).
     #[arg(long)]
     size: String,
     /// File type whose tensor type mix is copied: q4_k_m, q8_0 or q4_0.
@@ -38,6 +39,11 @@ pub struct SynthArgs {
     /// 262144-token vocabulary; default: the default model, fetched if needed).
     #[arg(long, value_name = "FILE")]
     tokenizer_from: Option<PathBuf>,
+    /// Store the same weights as F32: every matrix rounded through the type
+    /// the file type gives it, then dequantized (the exact forward pass of
+    /// the quantized file, for reference logits).
+    #[arg(long)]
+    dequantized: bool,
     /// Output file: a new file or a regular file to replace (never a
     /// device, FIFO, link or a file of the model cache).
     #[arg(short, long, value_name = "FILE")]
@@ -90,6 +96,20 @@ pub fn generate(
     threads: usize,
     tokenizer_from: Option<&Path>,
 ) -> CliResult<SynthSummary> {
+    generate_with(path, shape, quant, seed, threads, tokenizer_from, false)
+}
+
+/// [`generate`], optionally writing the weights dequantized to F32
+/// ([`SynthOptions::dequantized`]).
+pub fn generate_with(
+    path: &Path,
+    shape: SynthShape,
+    quant: SynthQuant,
+    seed: u64,
+    threads: usize,
+    tokenizer_from: Option<&Path>,
+    dequantized: bool,
+) -> CliResult<SynthSummary> {
     let copy_vocab = shape.arch == SynthArch::Gemma3 && shape.n_vocab == 262_144;
     let source = if copy_vocab {
         let p = match tokenizer_from {
@@ -104,7 +124,10 @@ pub fn generate(
         Some(f) => SynthVocab::CopyFrom(f),
         None => SynthVocab::Generated,
     };
-    let plan = synth::plan_tensors(&shape, quant)?;
+    let mut plan = synth::plan_tensors(&shape, quant)?;
+    if dequantized {
+        plan = synth::dequantized_plan(plan);
+    }
     let total = synth::summarize(&plan)?.tensor_bytes;
     let pb = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
     pb.set_style(
@@ -115,7 +138,7 @@ pub fn generate(
     pb.set_message(format!("synth {} {}", shape.model_name, quant.name()));
     let pb2 = pb.clone();
     let progress: Arc<dyn Fn(u64) + Send + Sync> = Arc::new(move |done| pb2.set_position(done));
-    let opts = SynthOptions { shape, quant, seed, threads };
+    let opts = SynthOptions { shape, quant, seed, threads, dequantized };
     let result = synth::write_synthetic(path, &opts, vocab, progress);
     pb.finish_and_clear();
     Ok(result.map_err(|e| format!("{}: {e}", path.display()))?)
@@ -219,7 +242,7 @@ pub fn synth(a: SynthArgs) -> CliResult {
     }
     let name = shape.model_name.clone();
     let t0 = Instant::now();
-    let s = generate(&a.output, shape, quant, a.seed, threads, a.tokenizer_from.as_deref());
+    let s = generate_with(&a.output, shape, quant, a.seed, threads, a.tokenizer_from.as_deref(), a.dequantized);
     if let Some(p) = &partial {
         crate::interrupt::keep(p);
     }

@@ -11,7 +11,7 @@
 //! `raise_exception(message)` and `strftime_now(format)` are provided.
 //!
 //! A file without a template gets a default chosen by architecture
-//! ([`TemplateSource`]): Gemma's turn format for `gemma*` (the format of
+//! (the registry's [`crate::model::ChatFormat`], [`TemplateSource`]): Gemma's turn format for `gemma*` (the format of
 //! Gemma's model card: `<start_of_turn>user\n…<end_of_turn>\n`, the
 //! assistant's role called `model`, a system message put in front of the
 //! first user turn), ChatML (`<|im_start|>role\n…<|im_end|>\n`) otherwise.
@@ -243,7 +243,12 @@ impl ChatTemplate {
             Ok(text) => ChatTemplate::build(text.to_owned(), TemplateSource::Gguf, bos, eos),
             Err(Error::MissingKey(_)) => {
                 let arch = file.get_str("general.architecture").unwrap_or("");
-                let (text, source) = if arch.starts_with("gemma") {
+                // The registry's family; an architecture outside it by name.
+                let gemma = match crate::model::Arch::from_gguf_name(arch) {
+                    Some(a) => a.info().chat == crate::model::ChatFormat::Gemma,
+                    None => arch.starts_with("gemma"),
+                };
+                let (text, source) = if gemma {
                     (GEMMA_TEMPLATE, TemplateSource::DefaultGemma)
                 } else {
                     (CHATML_TEMPLATE, TemplateSource::DefaultChatMl)

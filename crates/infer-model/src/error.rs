@@ -27,6 +27,26 @@ pub enum Error {
     /// The file's architecture is not supported.
     #[error("unsupported architecture `{0}`")]
     UnsupportedArch(String),
+    /// A hyper-parameter from metadata outside its valid range (zero, too
+    /// large, not finite), or two that contradict each other (`n_head` not a
+    /// multiple of `n_head_kv`); `key` names the metadata key (or keys).
+    #[error("metadata `{key}` = {value}: {reason}")]
+    HyperParameter { key: String, value: String, reason: String },
+    /// A count from metadata that disagrees with the tensors it describes
+    /// (`block_count` with the `blk.N` tensors, the vocabulary with
+    /// `token_embd`).
+    #[error("metadata `{key}` = {value} disagrees with the tensors: {detail}")]
+    CountMismatch { key: String, value: u64, detail: String },
+    /// A tensor whose shape is not the one the hyper-parameters give;
+    /// `because` names the metadata keys the expected shape comes from.
+    /// Shapes are in ggml order (values per row first).
+    #[error("tensor `{tensor}` has shape {found:?}, expected {expected:?} (from {because})")]
+    TensorShape { tensor: String, found: Vec<u64>, expected: Vec<u64>, because: String },
+    /// A feature of a supported architecture that this crate does not run
+    /// (mixture of experts, YaRN RoPE, biases of other projections); the
+    /// model is refused rather than run wrongly.
+    #[error("{arch}: {feature} is not supported")]
+    UnsupportedFeature { arch: String, feature: String },
     /// A tokenizer that cannot be built or used.
     #[error("tokenizer: {0}")]
     Tokenizer(String),

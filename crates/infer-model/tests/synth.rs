@@ -21,7 +21,8 @@ fn tmp(name: &str) -> PathBuf {
 
 fn write(arch: SynthArch, size: &str, quant: SynthQuant, seed: u64, threads: usize, name: &str) -> PathBuf {
     let path = tmp(name);
-    let opts = SynthOptions { shape: SynthShape::preset(arch, size).unwrap(), quant, seed, threads };
+    let opts =
+        SynthOptions { shape: SynthShape::preset(arch, size).unwrap(), quant, seed, threads, dequantized: false };
     synth::write_synthetic(&path, &opts, SynthVocab::Generated, Arc::new(|_| {})).unwrap();
     path
 }
@@ -51,6 +52,12 @@ fn preset_parameter_counts_match_the_real_models() {
         (SynthArch::Gemma3, "12b", 11_765_788_416),
         (SynthArch::Llama, "1b", 1_235_814_400),
         (SynthArch::Llama, "8b", 8_030_261_248),
+        // Published parameter counts of the other architectures' models.
+        (SynthArch::Gemma2, "2b", 2_614_341_888),
+        (SynthArch::Llama, "mistral-7b", 7_248_023_552),
+        (SynthArch::Qwen2, "0.5b", 494_032_768),
+        (SynthArch::Qwen3, "0.6b", 596_049_920),
+        (SynthArch::Phi3, "mini", 3_821_079_552),
     ];
     for (arch, size, want) in cases {
         let shape = SynthShape::preset(arch, size).unwrap();

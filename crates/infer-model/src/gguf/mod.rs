@@ -456,6 +456,33 @@ impl GgufFile {
     }
 }
 
+impl GgufFile {
+    /// Rows `row0 .. row0 + n_rows` of tensor `t` as a weight sharing the
+    /// file's bytes (no copy): the rows of a 2-D tensor are contiguous, so a
+    /// fused projection (Phi-3's `attn_qkv`, gate‖up `ffn_up`) splits into
+    /// its parts by row ranges.
+    ///
+    /// # Errors
+    /// [`Error::Gguf`] when the rows lie outside the tensor or the tensor
+    /// outside this file.
+    pub fn tensor_rows(&self, t: &TensorInfo, row0: usize, n_rows: usize) -> Result<QuantWeight> {
+        let bad = || Error::Gguf(format!("rows {row0}+{n_rows} of tensor `{}` do not lie inside it", t.name));
+        let (start, _) = self.data_range(t).ok_or_else(bad)?;
+        let cols = usize::try_from(t.cols()).map_err(|_| bad())?;
+        let rows = usize::try_from(t.rows()).map_err(|_| bad())?;
+        if row0.checked_add(n_rows).is_none_or(|end| end > rows) {
+            return Err(bad());
+        }
+        let row_bytes = t.ty.row_bytes(cols)?;
+        let (owner, start): (Arc<dyn AsRef<[u8]> + Send + Sync>, usize) = match self.copy_of(t) {
+            Some(copy) => (copy.clone(), 0),
+            None => (self.storage.clone(), start),
+        };
+        let data = WeightBytes::range(owner, start + row0 * row_bytes, n_rows * row_bytes).map_err(|_| bad())?;
+        Ok(QuantWeight::new(t.ty, n_rows, cols, data)?)
+    }
+}
+
 /// The elements of an integer array converted losslessly to `T`; `None`
 /// for other arrays or when an element does not fit.
 fn int_array<T: TryFrom<i128>>(v: &Value) -> Option<Vec<T>> {

@@ -15,10 +15,11 @@
 //! GGUF norm weights already include Gemma's `1 + w` offset (the converter
 //! adds it), so they are used as plain RMSNorm weights.
 
-use infer_compute::pipeline::{Activation, FfnType, LayerSpec, ModelSpec, RopeSpec, RopeType};
+use infer_compute::pipeline::{Activation, ModelSpec, RopeSpec, RopeType};
 
-use super::{f32_or, opt_rms_norm, opt_tensor, rms_norm, tensor, u32_or};
-use crate::gguf::GgufFile;
+use super::hparams::{bad, check_counts, positive_f32, Defaults, HParams};
+use super::layer::{block, embeddings_and_output, BlockOptions};
+use crate::gguf::{GgufFile, Value};
 use crate::Result;
 
 /// Layers per sliding-window period: layer `i` is global when
@@ -26,6 +27,38 @@ use crate::Result;
 pub const SWA_PATTERN: usize = 6;
 /// RoPE base of the sliding-window layers.
 pub const ROPE_BASE_LOCAL: f32 = 10_000.0;
+
+/// Which layers use the sliding window, as llama.cpp's `load_swa_pattern`
+/// decides: `arch.attention.sliding_window_pattern` is either a period `p`
+/// (layer `i` slides when `i % p < p - 1`; 0: every layer) or one bool per
+/// layer; absent, the architecture's `default_period`.
+///
+/// # Errors
+/// A per-layer array whose length is not the layer count; a value of
+/// another type.
+pub(crate) fn swa_layers(g: &GgufFile, hp: &HParams, default_period: usize) -> Result<Vec<bool>> {
+    let key = hp.key("attention.sliding_window_pattern");
+    let period = match g.get(&key) {
+        None => default_period,
+        Some(Value::Array(a)) => {
+            if a.len() != hp.n_layer {
+                return Err(crate::Error::CountMismatch {
+                    key,
+                    value: a.len() as u64,
+                    detail: format!("one entry per layer expected, and block_count is {}", hp.n_layer),
+                });
+            }
+            return (0..a.len())
+                .map(|i| match a.get(i) {
+                    Some(Value::Bool(b)) => Ok(b),
+                    _ => Err(bad(&key, format!("array of {}", a.elem_type_name()), "entries must be bools")),
+                })
+                .collect();
+        }
+        Some(_) => g.get_u32(&key)? as usize,
+    };
+    Ok((0..hp.n_layer).map(|i| period == 0 || i % period < period - 1).collect())
+}
 
 /// Loads a Gemma 3 model's pipeline description.
 ///
@@ -35,80 +68,56 @@ pub const ROPE_BASE_LOCAL: f32 = 10_000.0;
 /// card's configuration): `attention.head_count_kv` = head_count,
 /// `attention.key_length` = n_embd / n_head, `layer_norm_rms_epsilon` =
 /// 1e-6, `rope.freq_base` = 1 000 000, `rope.freq_base_swa` = 10 000,
-/// `rope.scaling.factor` = 1 (none).
+/// `rope.scaling.factor` = 1 (none), `attention.sliding_window_pattern` = 6.
 ///
 /// # Errors
 /// [`crate::Error::MissingKey`] naming a missing required key;
-/// [`crate::Error::MissingTensor`] naming a missing tensor.
+/// [`crate::Error::HyperParameter`] for a value out of range;
+/// [`crate::Error::MissingTensor`] / [`crate::Error::TensorShape`] naming a
+/// tensor.
 pub fn load(g: &GgufFile) -> Result<ModelSpec> {
-    let a = "gemma3";
-    let n_embd = g.get_u32(&format!("{a}.embedding_length"))? as usize;
-    let n_layer = g.get_u32(&format!("{a}.block_count"))? as usize;
-    let n_head = g.get_u32(&format!("{a}.attention.head_count"))? as usize;
-    let n_head_kv = u32_or(g, &format!("{a}.attention.head_count_kv"), n_head as u32)? as usize;
-    let head_dim = u32_or(g, &format!("{a}.attention.key_length"), (n_embd / n_head.max(1)) as u32)? as usize;
-    let eps = f32_or(g, &format!("{a}.attention.layer_norm_rms_epsilon"), 1e-6)?;
-    let n_ctx_train = g.get_u32(&format!("{a}.context_length"))? as usize;
-    let window = g.get_u32(&format!("{a}.attention.sliding_window"))? as usize;
-    let rope_global = f32_or(g, &format!("{a}.rope.freq_base"), 1_000_000.0)?;
-    let rope_local = f32_or(g, &format!("{a}.rope.freq_base_swa"), ROPE_BASE_LOCAL)?;
-    let scaling = f32_or(g, &format!("{a}.rope.scaling.factor"), 1.0)?;
-    let freq_scale_global = if scaling > 0.0 { 1.0 / scaling } else { 1.0 };
-    let attn_scale = if n_layer == 62 {
+    let d = Defaults { eps: Some(1e-6), rope_base: 1_000_000.0, window_required: true, ..Defaults::common() };
+    let hp = HParams::read(g, "gemma3", d)?;
+    check_counts(g, &hp)?;
+    let rope_local = positive_f32(g, &hp.key("rope.freq_base_swa"), Some(ROPE_BASE_LOCAL))?;
+    let attn_scale = if hp.n_layer == 62 {
         // 27B: query_pre_attn_scalar = n_embd / n_head.
-        1.0 / ((n_embd / n_head) as f32).sqrt()
+        1.0 / ((hp.n_embd / hp.n_head) as f32).sqrt()
     } else {
-        1.0 / (head_dim as f32).sqrt()
+        1.0 / (hp.head_dim as f32).sqrt()
     };
-
-    let token_embd = tensor(g, "token_embd.weight")?;
-    let output = opt_tensor(g, "output.weight")?.unwrap_or_else(|| token_embd.clone());
-    let mut layers = Vec::with_capacity(n_layer);
-    for i in 0..n_layer {
-        let t = |s: &str| format!("blk.{i}.{s}.weight");
-        let global = i % SWA_PATTERN == SWA_PATTERN - 1;
-        layers.push(LayerSpec {
-            n_head,
-            n_head_kv,
-            head_dim,
-            rope: RopeSpec {
-                kind: RopeType::NeoX,
-                base: if global { rope_global } else { rope_local },
-                n_rot: head_dim,
-                freq_scale: if global { freq_scale_global } else { 1.0 },
-            },
-            sliding_window: if global { None } else { Some(window) },
-            attn_softcap: None,
-            attn_scale,
-            attn_norm: rms_norm(g, &t("attn_norm"), eps)?,
-            wq: tensor(g, &t("attn_q"))?,
-            wk: tensor(g, &t("attn_k"))?,
-            wv: tensor(g, &t("attn_v"))?,
-            wo: tensor(g, &t("attn_output"))?,
-            bq: None,
-            bk: None,
-            bv: None,
-            q_norm: opt_rms_norm(g, &t("attn_q_norm"), eps)?,
-            k_norm: opt_rms_norm(g, &t("attn_k_norm"), eps)?,
-            post_attn_norm: opt_rms_norm(g, &t("post_attention_norm"), eps)?,
-            ffn_norm: rms_norm(g, &t("ffn_norm"), eps)?,
-            ffn: FfnType::Gated,
-            activation: Activation::GeluTanh,
-            ffn_gate: Some(tensor(g, &t("ffn_gate"))?),
-            ffn_up: tensor(g, &t("ffn_up"))?,
-            ffn_down: tensor(g, &t("ffn_down"))?,
-            post_ffn_norm: opt_rms_norm(g, &t("post_ffw_norm"), eps)?,
-        });
-    }
+    let swa = swa_layers(g, &hp, SWA_PATTERN)?;
+    let (token_embd, output_norm, output) = embeddings_and_output(g, &hp)?;
+    let layers = (0..hp.n_layer)
+        .map(|i| {
+            let local = swa[i];
+            let o = BlockOptions {
+                rope: RopeSpec {
+                    kind: RopeType::NeoX,
+                    base: if local { rope_local } else { hp.rope_base },
+                    n_rot: hp.n_rot,
+                    freq_scale: if local { 1.0 } else { hp.rope_freq_scale },
+                },
+                sliding_window: if local { hp.sliding_window } else { None },
+                attn_scale,
+                attn_softcap: None,
+                qk_norm: Some(false),
+                sandwich: Some(false),
+                activation: Activation::GeluTanh,
+                fused_gate_up: false,
+            };
+            block(g, i, &hp, &o)
+        })
+        .collect::<Result<Vec<_>>>()?;
     Ok(ModelSpec {
-        arch: a.into(),
-        n_embd,
+        arch: "gemma3".into(),
+        n_embd: hp.n_embd,
         n_vocab: token_embd.rows,
-        n_ctx_train,
-        embd_scale: (n_embd as f32).sqrt(),
+        n_ctx_train: hp.n_ctx_train,
+        embd_scale: (hp.n_embd as f32).sqrt(),
         token_embd,
         layers,
-        output_norm: rms_norm(g, "output_norm.weight", eps)?,
+        output_norm,
         output,
         final_logit_softcap: None,
     })
