@@ -11,8 +11,9 @@
 #               llama-completion or llama-simple, whichever the tree has) and
 #               test-backend-ops (skipped with a warning if it fails to build).
 #               -DGGML_NATIVE=OFF with explicit AVX2/FMA/F16C/AVX-512/VNNI
-#               flags; AMX stays off (it faults on the development machines'
-#               CPUs although /proc/cpuinfo lists it). -j 2 by default.
+#               flags, each on only where /proc/cpuinfo lists it; AMX
+#               stays off (it faults on some CPUs that list it). -j 2 by
+#               default.
 #   --cuda      CUDA build for an H100/H200 (sm_90): target llama-bench only,
 #               -j 16 by default.
 #   --src DIR   use the llama.cpp tree in DIR (for instance a --trim copy
@@ -187,25 +188,30 @@ common_args=(
 
 if [[ "$variant" == cpu ]]; then
     : "${jobs:=2}"
-    # x86-64 with AVX-512: the SIMD levels are given explicitly instead of
-    # GGML_NATIVE because -march=native enables AMX, whose instructions fault
-    # on these machines (the kernel does not grant the AMX tile state).
+    # The SIMD levels are given explicitly (each one this CPU's flags list)
+    # instead of GGML_NATIVE, because -march=native enables AMX, whose
+    # instructions fault on some machines (the kernel does not grant the AMX
+    # tile state). A machine without AVX-512 gets an AVX2 build, as infer's
+    # own run-time dispatch does.
+    cpu_flags=""
+    [[ -r /proc/cpuinfo ]] && cpu_flags=" $(grep -m1 '^flags' /proc/cpuinfo | cut -d: -f2) "
+    has() { [[ -z "$cpu_flags" || "$cpu_flags" == *" $1 "* ]]; }
+    on_if() { if has "$2"; then echo "-D$1=ON"; else echo "-D$1=OFF"; fi; }
+    avx512=OFF
+    has avx512f && has avx512bw && has avx512vl && has avx512dq && has avx512cd && avx512=ON
     variant_args=(
         -DLLAMA_BUILD_TESTS=ON
         -DGGML_OPENMP=ON
-        -DGGML_SSE42=ON -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_BMI2=ON
-        -DGGML_FMA=ON -DGGML_F16C=ON
-        -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON
+        -DGGML_SSE42=ON -DGGML_AVX=ON
+        "$(on_if GGML_AVX2 avx2)" "$(on_if GGML_BMI2 bmi2)"
+        "$(on_if GGML_FMA fma)" "$(on_if GGML_F16C f16c)"
+        -DGGML_AVX512="$avx512"
+        "$(if [[ $avx512 == ON ]]; then on_if GGML_AVX512_VBMI avx512vbmi; else echo -DGGML_AVX512_VBMI=OFF; fi)"
+        "$(if [[ $avx512 == ON ]]; then on_if GGML_AVX512_VNNI avx512_vnni; else echo -DGGML_AVX512_VNNI=OFF; fi)"
         -DGGML_AVX512_BF16=OFF -DGGML_AVX_VNNI=OFF
         -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF
     )
-    if [[ -r /proc/cpuinfo ]]; then
-        cpu_flags="$(grep -m1 '^flags' /proc/cpuinfo)"
-        for f in avx2 fma f16c bmi2 avx512f avx512bw avx512vl avx512dq avx512cd avx512vbmi avx512_vnni; do
-            [[ " $cpu_flags " == *" $f "* ]] \
-                || log "warning: this CPU lacks '$f'; the binaries may die with SIGILL (override with LLAMA_CPP_CMAKE_ARGS)"
-        done
-    fi
+    log "SIMD: AVX-512 $avx512 (from /proc/cpuinfo; override with LLAMA_CPP_CMAKE_ARGS)"
     cli_candidates=(llama-cli llama-completion llama-simple)
     optional_targets=(test-backend-ops)
 else
