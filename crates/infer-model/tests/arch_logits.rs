@@ -60,12 +60,11 @@ fn recipe(dir: &Path) -> (u64, String, SynthQuant) {
 fn regenerate(arch: Arch, dir: &Path, tag: &str) -> GgufFile {
     let (seed, size, quant) = recipe(dir);
     let shape = SynthShape::preset(arch, &size).expect("preset");
-    let path = std::env::temp_dir().join(format!("infer-arch-logits-{}-{arch}-{tag}.gguf", std::process::id()));
+    let tmp = tempfile::Builder::new().prefix("infer-arch-logits-").tempdir().expect("temporary directory");
+    let path = tmp.path().join(format!("{arch}-{tag}.gguf"));
     let opts = SynthOptions { shape, quant, seed, threads: 2, dequantized: false };
     synth::write_synthetic(&path, &opts, SynthVocab::Generated, Arc::new(|_| {})).expect("write");
-    let g = GgufFile::from_bytes(std::fs::read(&path).expect("read back")).expect("open");
-    let _ = std::fs::remove_file(&path);
-    g
+    GgufFile::from_bytes(std::fs::read(&path).expect("read back")).expect("open")
 }
 
 fn backend(precision: Precision) -> CpuBackend {

@@ -3,7 +3,6 @@
 //! tensors, each missing or misshapen tensor is a typed error naming the
 //! key or tensor (never a panic, an abort or a silently wrong model).
 
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use infer_compute::GgmlType;
@@ -14,15 +13,12 @@ use infer_model::Error;
 
 /// The tiny Q8_0 model of `arch` (small and quick to write).
 fn tiny(arch: Arch) -> GgufFile {
-    static N: AtomicUsize = AtomicUsize::new(0);
-    let n = N.fetch_add(1, Ordering::Relaxed);
-    let path = std::env::temp_dir().join(format!("infer-arch-validation-{}-{n}-{arch}.gguf", std::process::id()));
+    let dir = tempfile::Builder::new().prefix("infer-arch-validation-").tempdir().unwrap();
+    let path = dir.path().join(format!("{arch}.gguf"));
     let shape = SynthShape::preset(arch, "tiny").unwrap();
     let opts = SynthOptions { shape, quant: SynthQuant::Q8_0, seed: 7, threads: 1, dequantized: false };
     synth::write_synthetic(&path, &opts, SynthVocab::Generated, Arc::new(|_| {})).unwrap();
-    let g = GgufFile::from_bytes(std::fs::read(&path).unwrap()).unwrap();
-    let _ = std::fs::remove_file(&path);
-    g
+    GgufFile::from_bytes(std::fs::read(&path).unwrap()).unwrap()
 }
 
 /// `g` rewritten with `edit` applied to its metadata and the tensors that

@@ -3,7 +3,7 @@
 //! the same values (`PIP_INDEX_URL` points at a closed port, so that every
 //! fetch here fails fast, as without network).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use infer_model::fetch::verify::{is_vouched, sidecar_path};
 use infer_model::fetch::{
@@ -14,22 +14,9 @@ use infer_model::Error;
 
 const NO_NETWORK_INDEX: &str = "http://127.0.0.1:9/simple";
 
-/// A fresh directory for one test, removed when dropped.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> TempDir {
-        let dir = std::env::temp_dir().join(format!("infer-model-fetch-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        TempDir(dir)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
+/// A fresh directory for one test, removed with its files when dropped.
+fn tmpdir(tag: &str) -> tempfile::TempDir {
+    tempfile::Builder::new().prefix(&format!("infer-model-fetch-{tag}-")).tempdir().unwrap()
 }
 
 fn no_network() {
@@ -108,8 +95,8 @@ fn script_defaults_are_the_default_model() {
 #[test]
 fn cache_verifies_content_not_size() {
     no_network();
-    let tmp = TempDir::new("verify");
-    let dir = &tmp.0;
+    let tmp = tmpdir("verify");
+    let dir = tmp.path();
     let content = b"GGUF a small stand-in for a model file".to_vec();
     let model = fake_model(&content, dir);
     let path = dir.join(model.file);
@@ -163,8 +150,8 @@ fn cache_verifies_content_not_size() {
 #[test]
 fn environment_and_names() {
     no_network();
-    let tmp = TempDir::new("env");
-    let dir = &tmp.0;
+    let tmp = tmpdir("env");
+    let dir = tmp.path();
 
     // A missing INFER_MODEL file is an error, not a panic or a download.
     std::env::set_var(MODEL_ENV, dir.join("does-not-exist.gguf"));
@@ -215,14 +202,14 @@ fn environment_and_names() {
 #[test]
 #[ignore = "downloads 93 MB"]
 fn fetch_into_an_empty_directory() {
-    let tmp = TempDir::new("clean");
+    let tmp = tmpdir("clean");
     let model = find_model("smollm2-135m").unwrap();
-    let path = ensure_in(&tmp.0, model).unwrap();
-    assert_eq!(path, tmp.0.join(model.file));
+    let path = ensure_in(tmp.path(), model).unwrap();
+    assert_eq!(path, tmp.path().join(model.file));
     assert_eq!(sha256_file(&path).unwrap(), model.sha256);
     // Nothing but the model and its sidecar is left behind.
-    assert_eq!(std::fs::read_dir(&tmp.0).unwrap().count(), 2);
+    assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 2);
     assert!(is_vouched(&path, model));
     // A second call finds the verified copy.
-    assert_eq!(ensure_in(&tmp.0, model).unwrap(), path);
+    assert_eq!(ensure_in(tmp.path(), model).unwrap(), path);
 }

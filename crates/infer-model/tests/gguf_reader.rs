@@ -150,8 +150,8 @@ fn version_2_is_read() {
 
 #[test]
 fn open_memory_maps_a_file() {
-    let dir = std::env::temp_dir().join(format!("infer-model-gguf-test-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let tmp = tempfile::Builder::new().prefix("infer-model-gguf-test-").tempdir().unwrap();
+    let dir = tmp.path();
     let path = dir.join("sample.gguf");
     sample_writer().write_to_path(&path).unwrap();
     let f = GgufFile::open(&path).unwrap();
@@ -170,7 +170,7 @@ fn open_memory_maps_a_file() {
     std::fs::write(&path, b"").unwrap();
     assert!(matches!(GgufFile::open(&path), Err(Error::Gguf(_))));
     assert!(matches!(GgufFile::open(dir.join("missing.gguf")), Err(Error::Io { .. })));
-    std::fs::remove_dir_all(&dir).unwrap();
+    tmp.close().unwrap();
 }
 
 #[test]
@@ -345,21 +345,21 @@ fn alignment_one_gives_aligned_copies_of_misaligned_tensors() {
     // The copies are what a rewrite writes back.
     assert_eq!(GgufWriter::from_gguf(&f).unwrap().to_bytes().unwrap(), bytes);
     // Through a file too, mapped and read.
-    let dir = std::env::temp_dir().join(format!("infer-model-gguf-align1-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let tmp = tempfile::Builder::new().prefix("infer-model-gguf-align1-").tempdir().unwrap();
+    let dir = tmp.path();
     let path = dir.join("a1.gguf");
     std::fs::write(&path, &bytes).unwrap();
     for f in [GgufFile::open(&path).unwrap(), GgufFile::read(&path).unwrap()] {
         assert_eq!(f.weight("f32").unwrap().data.as_bytes(), &pattern(16, 2)[..]);
         assert_eq!(f.weight("q4k").unwrap().data.as_bytes(), &pattern(144, 4)[..]);
     }
-    std::fs::remove_dir_all(&dir).unwrap();
+    tmp.close().unwrap();
 }
 
 #[test]
 fn read_into_memory_matches_the_mapping() {
-    let dir = std::env::temp_dir().join(format!("infer-model-gguf-read-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let tmp = tempfile::Builder::new().prefix("infer-model-gguf-read-").tempdir().unwrap();
+    let dir = tmp.path();
     let path = dir.join("sample.gguf");
     sample_writer().write_to_path(&path).unwrap();
     let mapped = GgufFile::open(&path).unwrap();
@@ -378,8 +378,8 @@ fn read_into_memory_matches_the_mapping() {
         other => panic!("{other:?}"),
     }
     assert!(matches!(GgufFile::read(dir.join("missing.gguf")), Err(Error::Io { .. })));
-    assert!(matches!(GgufFile::read(&dir), Err(Error::Io { .. })), "a directory");
-    std::fs::remove_dir_all(&dir).unwrap();
+    assert!(matches!(GgufFile::read(dir), Err(Error::Io { .. })), "a directory");
+    tmp.close().unwrap();
 }
 
 #[test]

@@ -21,17 +21,17 @@ fn writer_output_is_stable_through_a_read() {
 
 #[test]
 fn write_to_path_leaves_no_partial_file() {
-    let dir = std::env::temp_dir().join(format!("infer-model-gguf-write-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let tmp = tempfile::Builder::new().prefix("infer-model-gguf-write-").tempdir().unwrap();
+    let dir = tmp.path();
     let path = dir.join("out.gguf");
     let mut w = sample_writer();
     w.add_tensor_with("bad", &[4], GgmlType::F32, |_| Err(Error::Gguf("fill failed".into()))).unwrap();
     assert!(w.write_to_path(&path).is_err());
-    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0, "partial file left behind");
+    assert_eq!(std::fs::read_dir(dir).unwrap().count(), 0, "partial file left behind");
     sample_writer().write_to_path(&path).unwrap();
     assert_eq!(std::fs::read(&path).unwrap(), sample_bytes());
-    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1);
-    std::fs::remove_dir_all(&dir).unwrap();
+    assert_eq!(std::fs::read_dir(dir).unwrap().count(), 1);
+    tmp.close().unwrap();
 }
 
 #[test]

@@ -13,14 +13,22 @@ use infer_model::synth::{
 };
 use infer_model::tokenizer::Tokenizer;
 
-fn tmp(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("infer-synth-test-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir.join(name)
+/// A temporary directory, removed with its files when dropped.
+fn tmpdir() -> tempfile::TempDir {
+    tempfile::Builder::new().prefix("infer-synth-test-").tempdir().unwrap()
 }
 
-fn write(arch: SynthArch, size: &str, quant: SynthQuant, seed: u64, threads: usize, name: &str) -> PathBuf {
-    let path = tmp(name);
+/// Writes a synthetic model as `dir/name` and returns its path.
+fn write(
+    dir: &tempfile::TempDir,
+    arch: SynthArch,
+    size: &str,
+    quant: SynthQuant,
+    seed: u64,
+    threads: usize,
+    name: &str,
+) -> PathBuf {
+    let path = dir.path().join(name);
     let opts =
         SynthOptions { shape: SynthShape::preset(arch, size).unwrap(), quant, seed, threads, dequantized: false };
     synth::write_synthetic(&path, &opts, SynthVocab::Generated, Arc::new(|_| {})).unwrap();
@@ -157,9 +165,10 @@ fn gemma3_270m_plan_reproduces_the_default_model() {
 
 #[test]
 fn writing_is_deterministic_and_independent_of_threads() {
-    let a = write(SynthArch::Llama, "tiny", SynthQuant::Q4KM, 7, 1, "det-a.gguf");
-    let b = write(SynthArch::Llama, "tiny", SynthQuant::Q4KM, 7, 3, "det-b.gguf");
-    let c = write(SynthArch::Llama, "tiny", SynthQuant::Q4KM, 8, 2, "det-c.gguf");
+    let dir = tmpdir();
+    let a = write(&dir, SynthArch::Llama, "tiny", SynthQuant::Q4KM, 7, 1, "det-a.gguf");
+    let b = write(&dir, SynthArch::Llama, "tiny", SynthQuant::Q4KM, 7, 3, "det-b.gguf");
+    let c = write(&dir, SynthArch::Llama, "tiny", SynthQuant::Q4KM, 8, 2, "det-c.gguf");
     let (a, b, c) = (std::fs::read(a).unwrap(), std::fs::read(b).unwrap(), std::fs::read(c).unwrap());
     assert_eq!(a, b);
     assert_eq!(a.len(), c.len());
@@ -168,13 +177,14 @@ fn writing_is_deterministic_and_independent_of_threads() {
 
 #[test]
 fn tiny_models_load_tokenize_and_decode() {
+    let dir = tmpdir();
     for (arch, quant) in [
         (SynthArch::Gemma3, SynthQuant::Q4KM),
         (SynthArch::Llama, SynthQuant::Q4KM),
         (SynthArch::Gemma3, SynthQuant::Q8_0),
         (SynthArch::Llama, SynthQuant::Q4_0),
     ] {
-        let path = write(arch, "tiny", quant, 0, 2, &format!("run-{arch}-{}.gguf", quant.name()));
+        let path = write(&dir, arch, "tiny", quant, 0, 2, &format!("run-{arch}-{}.gguf", quant.name()));
         let g = GgufFile::open(&path).unwrap();
         let shape = SynthShape::preset(arch, "tiny").unwrap();
         assert_eq!(g.get_str("general.architecture").unwrap(), arch.name());

@@ -7,9 +7,8 @@
 //! a failure into a message that says how to proceed.
 
 use std::io::Read;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -48,13 +47,11 @@ fn tree_size(dir: &Path) -> u64 {
         .sum()
 }
 
-/// A fresh work directory in the system's temporary directory.
-fn work_dir() -> Result<PathBuf> {
-    static SEQ: AtomicU64 = AtomicU64::new(0);
-    let n = SEQ.fetch_add(1, Ordering::Relaxed);
-    let dir = std::env::temp_dir().join(format!("infer-fetch-{}-{n}", std::process::id()));
-    std::fs::create_dir_all(&dir).map_err(|source| Error::Io { path: dir.clone(), source })?;
-    Ok(dir)
+/// A fresh work directory in the system's temporary directory, removed with
+/// everything in it when dropped (on success, on error and on unwinding).
+fn work_dir() -> Result<tempfile::TempDir> {
+    let tmp = std::env::temp_dir();
+    tempfile::Builder::new().prefix("infer-fetch-").tempdir_in(&tmp).map_err(|source| Error::Io { path: tmp, source })
 }
 
 /// The message for a fetch that failed: what happened, what fetching needs,
@@ -86,9 +83,7 @@ fn failure_message(model: &KnownModel, dir: &Path, what: &str) -> String {
 /// message includes the script's last lines and how to proceed.
 pub fn run_fetch_script(model: &KnownModel, dir: &Path) -> Result<DownloadStats> {
     let work = work_dir()?;
-    let result = run_in(model, dir, &work);
-    let _ = std::fs::remove_dir_all(&work);
-    result
+    run_in(model, dir, work.path())
 }
 
 fn run_in(model: &KnownModel, dir: &Path, work: &Path) -> Result<DownloadStats> {
