@@ -58,7 +58,7 @@ pub fn chat(a: ChatArgs) -> CliResult {
     }
     let path = a.model.resolve_model()?;
     let t0 = Instant::now();
-    let gguf = infer_model::gguf::GgufFile::open(&path)?;
+    let gguf = a.model.open_at(&path)?;
     let backend = a.model.backend()?;
     let spec = infer_model::model::load_spec(&gguf)?;
     let tokenizer = Tokenizer::from_gguf(&gguf)?;

@@ -1,7 +1,7 @@
 //! Options shared by the subcommands: model path, backend, threads, and
 //! the one rule for contexts longer than the model's training context.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use clap::{Args, ValueEnum};
@@ -145,9 +145,14 @@ impl ModelArgs {
     /// Opens the model file: memory-mapped, or read into memory with
     /// `--no-mmap`.
     pub fn open(&self) -> CliResult<GgufFile> {
-        let path = self.resolve_model()?;
+        self.open_at(&self.resolve_model()?)
+    }
+
+    /// Opens the model file at `path` (resolved by [`Self::resolve_model`]):
+    /// memory-mapped, or read into memory with `--no-mmap`.
+    pub fn open_at(&self, path: &Path) -> CliResult<GgufFile> {
         // The reader's errors already name the file.
-        Ok(if self.no_mmap { GgufFile::read(&path)? } else { GgufFile::open(&path)? })
+        Ok(if self.no_mmap { GgufFile::read(path)? } else { GgufFile::open(path)? })
     }
 
     /// The backend to run on.

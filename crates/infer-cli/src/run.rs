@@ -62,7 +62,7 @@ pub fn run(a: RunArgs) -> CliResult {
     // own line, not counted as load time.
     let path = a.model.resolve_model()?;
     let t0 = Instant::now();
-    let gguf = infer_model::gguf::GgufFile::open(&path)?;
+    let gguf = a.model.open_at(&path)?;
     let backend = a.model.backend()?;
     let spec = infer_model::model::load_spec(&gguf)?;
     let tokenizer = Tokenizer::from_gguf(&gguf)?;

@@ -8,8 +8,7 @@
 
 #![cfg(unix)]
 
-use std::path::PathBuf;
-use std::process::{Command, Output};
+use std::process::{Command, Output, Stdio};
 
 use infer_model::gguf::GgufWriter;
 
@@ -33,10 +32,9 @@ fn default_model() -> String {
     infer_model::fetch::default_model_path().expect("default model").display().to_string()
 }
 
-fn tmp(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("infer-cli-memlimit-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir.join(name)
+/// A temporary directory, removed with its files when dropped.
+fn tmpdir() -> tempfile::TempDir {
+    tempfile::Builder::new().prefix("infer-cli-memlimit-").tempdir().expect("temporary directory")
 }
 
 /// Exit code 1 (not a signal: an abort is SIGABRT) and one error line
@@ -65,11 +63,28 @@ fn exact_precision_that_does_not_fit_is_a_clean_error() {
 }
 
 #[test]
+fn a_quantized_model_or_kv_cache_that_does_not_fit_is_a_clean_error() {
+    // The quantized 270M model under 450 MB aborted in the allocator: its
+    // packed weights are now fallible allocations, and the error says what
+    // did not fit and how much it needed.
+    let model = default_model();
+    let o = infer_limited(450_000, &["run", "--model", &model, "-n", "2", "--threads", "2", "--temp", "0", "Hi"]);
+    assert_clean_error(&o, &["out of memory", "needs", "bytes"]);
+    // Weights that fit and a KV cache that does not (32 768 positions).
+    let o = infer_limited(
+        800_000,
+        &["run", "--model", &model, "-c", "32768", "-n", "2", "--threads", "2", "--temp", "0", "Hi"],
+    );
+    assert_clean_error(&o, &["out of memory: a KV cache layer", "bytes"]);
+}
+
+#[test]
 fn a_50m_element_metadata_array_fits_in_its_size() {
     // 50 M u8 elements: a 50 MB file. Held one enum per element it cost
     // 1.6 GB and aborted under this limit; now it is read into 50 MB and
     // `info` lists it.
-    let path = tmp("big-array.gguf");
+    let tmp = tmpdir();
+    let path = tmp.path().join("big-array.gguf");
     let mut w = GgufWriter::new();
     w.add_metadata("big.array", vec![1u8; 50_000_000]).unwrap();
     w.write_to_path(&path).unwrap();
@@ -83,7 +98,68 @@ fn a_50m_element_metadata_array_fits_in_its_size() {
         assert!(o.status.success(), "{extra:?}: status {:?}, stderr: {err}", o.status);
         assert!(out.contains("1 metadata keys"), "{extra:?}: {out}");
     }
-    std::fs::remove_file(&path).unwrap();
+    // Measured: the array costs about its size over the same command on a
+    // one-element array (mapped or read, the file's bytes plus the parsed
+    // array), not 32 bytes per element.
+    #[cfg(target_os = "linux")]
+    {
+        let small = tmp.path().join("small-array.gguf");
+        let mut w = GgufWriter::new();
+        w.add_metadata("big.array", vec![1u8; 1]).unwrap();
+        w.write_to_path(&small).unwrap();
+        let file_bytes = std::fs::metadata(&path).unwrap().len();
+        for extra in [&[][..], &["--no-mmap"][..]] {
+            let rss = |p: &std::path::Path| {
+                let mut args = vec!["info", "--model", p.to_str().unwrap()];
+                args.extend_from_slice(extra);
+                let (ok, out, rss) = peak_rss(&args);
+                assert!(ok && out.contains("1 metadata keys"), "{extra:?}: {out}");
+                rss
+            };
+            let (base, big) = (rss(&small), rss(&path));
+            let extra_bytes = big.saturating_sub(base);
+            eprintln!(
+                "{extra:?}: peak RSS {:.1} MB for a {:.1} MB array file, {:.1} MB for a 1-element one: {:.2}x the file",
+                big as f64 / 1e6,
+                file_bytes as f64 / 1e6,
+                base as f64 / 1e6,
+                extra_bytes as f64 / file_bytes as f64
+            );
+            assert!(extra_bytes <= 2 * file_bytes, "{extra:?}: {extra_bytes} bytes more for a {file_bytes}-byte file");
+        }
+    }
+    tmp.close().unwrap();
+}
+
+/// Runs `infer args` to the end; returns whether it succeeded, its stdout
+/// and its peak resident set in bytes (`ru_maxrss` of this child alone).
+#[cfg(target_os = "linux")]
+// The child is reaped by `wait4` (which gives its resource usage), not by
+// `Child::wait`.
+#[allow(clippy::zombie_processes)]
+fn peak_rss(args: &[&str]) -> (bool, String, u64) {
+    use std::io::Read;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_infer"))
+        .args(args)
+        .env("RAYON_NUM_THREADS", "2")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("run infer");
+    let mut out = String::new();
+    child.stdout.take().expect("stdout").read_to_string(&mut out).expect("read stdout");
+    let pid = child.id() as libc::pid_t;
+    let mut status = 0;
+    // SAFETY: `rusage` is plain data, for which all zeroes is a valid value.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: waits for (and reaps) the child started above, with valid
+    // pointers; `child` is not waited on again (dropping it does not wait).
+    let waited = unsafe { libc::wait4(pid, &mut status, 0, &mut ru) };
+    assert_eq!(waited, pid, "wait4: {}", std::io::Error::last_os_error());
+    let ok = libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0;
+    // Linux gives ru_maxrss in KiB.
+    (ok, out, ru.ru_maxrss as u64 * 1024)
 }
 
 #[test]
@@ -99,12 +175,70 @@ fn no_mmap_reads_the_model_into_memory() {
     };
     assert_eq!(run(&["--no-mmap"]), run(&[]), "the same text, mapped or read");
     // A file that is not a model fails the same way.
-    let bad = tmp("not-a-model.gguf");
+    let tmp = tmpdir();
+    let bad = tmp.path().join("not-a-model.gguf");
     std::fs::write(&bad, b"GGUF\x03\0\0\0").unwrap();
     let o = Command::new(env!("CARGO_BIN_EXE_infer"))
         .args(["info", "--no-mmap", "--model", &bad.display().to_string()])
         .output()
         .unwrap();
     assert_clean_error(&o, &["not-a-model.gguf", "truncated"]);
-    std::fs::remove_file(&bad).unwrap();
+    tmp.close().unwrap();
+}
+
+/// `--no-mmap` reaches every command that loads a model (`run` and `chat`
+/// opened the file mapped whatever the flag said): while `infer chat` waits
+/// for its next turn the model file is not mapped, and truncating it then
+/// does not end the process (a mapped file that shrinks ends it with
+/// SIGBUS). Without the flag the file is mapped.
+#[cfg(target_os = "linux")]
+#[test]
+fn no_mmap_holds_no_mapping_of_the_model_file() {
+    use std::io::{BufRead, Write};
+    let tmp = tmpdir();
+    let model = tmp.path().join("tiny.gguf");
+    let o = Command::new(env!("CARGO_BIN_EXE_infer"))
+        .args(["synth", "--arch", "gemma3", "--size", "tiny", "-t", "2", "-o", model.to_str().unwrap()])
+        .output()
+        .expect("run infer synth");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let model = model.canonicalize().unwrap();
+    for no_mmap in [false, true] {
+        let mut args = vec!["chat", "--model", model.to_str().unwrap(), "--temp", "0", "-n", "4"];
+        if no_mmap {
+            args.push("--no-mmap");
+        }
+        let mut child = Command::new(env!("CARGO_BIN_EXE_infer"))
+            .args(&args)
+            .env("RAYON_NUM_THREADS", "2")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run infer chat");
+        let mut stdin = child.stdin.take().unwrap();
+        stdin.write_all(b"hello\n").unwrap();
+        // The first turn's statistics line: the model is loaded and the
+        // process waits for the next line.
+        let mut err_pipe = std::io::BufReader::new(child.stderr.take().unwrap());
+        let mut err = String::new();
+        while !err.contains("[prefill ") {
+            let mut line = String::new();
+            if err_pipe.read_line(&mut line).expect("read stderr") == 0 {
+                panic!("infer chat ended early: {err}");
+            }
+            err.push_str(&line);
+        }
+        let maps = std::fs::read_to_string(format!("/proc/{}/maps", child.id())).expect("maps");
+        assert_eq!(maps.contains(model.to_str().unwrap()), !no_mmap, "--no-mmap {no_mmap}:\n{maps}");
+        if no_mmap {
+            std::fs::File::options().write(true).open(&model).unwrap().set_len(0).unwrap();
+        }
+        stdin.write_all(b"again\n/exit\n").unwrap();
+        drop(stdin);
+        std::io::Read::read_to_string(&mut err_pipe, &mut err).expect("read stderr");
+        let o = child.wait_with_output().expect("wait");
+        assert!(o.status.success(), "--no-mmap {no_mmap}: status {:?}, stderr: {err}", o.status);
+        assert_eq!(err.matches("[prefill ").count(), 2, "{err}");
+    }
 }
