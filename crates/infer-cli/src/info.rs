@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 use std::io::Write;
 
 use clap::Args;
+use infer_model::Error;
 
 use crate::common::{CliResult, ModelArgs};
 use crate::output::Out;
@@ -72,9 +73,27 @@ pub fn info(a: InfoArgs) -> CliResult {
                 .collect();
             writeln!(out, "attention:    {}", windows.join(", "))?;
         }
-        Err(e) => writeln!(out, "pipeline:     not runnable here: {e}")?,
+        // A GGUF file that is not a model this build runs (no architecture,
+        // another architecture, a feature it refuses) is still described.
+        Err(e) if not_supported(&e) => writeln!(out, "pipeline:     not runnable here: {e}")?,
+        // A model of a supported architecture whose metadata or tensors are
+        // wrong is described as far as the file goes, then is an error.
+        Err(e) => {
+            out.flush()?;
+            return Err(e.into());
+        }
     }
     writeln!(out, "backend:      {}", backend.device_info())?;
     out.flush()?;
     Ok(())
+}
+
+/// Whether `e` says that the file is not a model this build runs, rather
+/// than a model whose metadata or tensors are wrong.
+fn not_supported(e: &Error) -> bool {
+    match e {
+        Error::UnsupportedArch(_) | Error::UnsupportedFeature { .. } => true,
+        Error::MissingKey(k) => k == "general.architecture",
+        _ => false,
+    }
 }

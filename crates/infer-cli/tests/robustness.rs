@@ -1,14 +1,16 @@
 //! The CLI against hostile conditions: absurd thread counts, a full or
 //! closed standard output, `synth -o` pointed at what it must not replace,
-//! and Ctrl-C / SIGTERM in the middle of work.
+//! Ctrl-C / SIGTERM in the middle of work, and model files whose metadata
+//! is zero, absurd or inconsistent with their tensors.
 
 mod common;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{assert_one_line_error, default_model, infer, stderr, stdout, synth_tiny, tmpdir};
+use infer_model::gguf::{GgufFile, GgufWriter, Value};
 
 #[test]
 fn threads_are_capped_with_a_warning() {
@@ -243,4 +245,115 @@ fn long_prompts_show_prefill_progress_on_a_terminal() {
     let o = Command::new("script").args(["-qec", &cmd, "/dev/null"]).stdin(Stdio::null()).output().expect("script");
     assert!(o.status.success() && !stdout(&o).contains("prefill 0/"), "{}", stdout(&o));
     assert!(!stdout(&o).contains("\rprefill "), "{}", stdout(&o));
+}
+
+/// `model` rewritten with `edit` applied to its metadata, as `dir/name`.
+fn edited(dir: &Path, model: &GgufFile, name: &str, edit: impl FnOnce(&mut GgufWriter)) -> PathBuf {
+    let mut w = GgufWriter::from_gguf(model).expect("rewrite");
+    edit(&mut w);
+    let path = dir.join(name);
+    w.write_to_path(&path).expect("write");
+    path
+}
+
+/// Exit code 1 (not a panic's 101, not a signal from an allocation abort)
+/// and one `error:` line on stderr that contains every fragment.
+#[track_caller]
+fn assert_clean_failure(o: &Output, what: &str, fragments: &[&str]) {
+    let err = stderr(o);
+    assert_eq!(o.status.code(), Some(1), "{what}: status {:?}, stderr: {err}", o.status);
+    assert!(!err.contains("panicked") && !err.contains("memory allocation of"), "{what}: {err}");
+    for f in fragments {
+        assert_one_line_error(o, f);
+    }
+    eprintln!("{what}: {}", err.trim_end());
+}
+
+/// Issue 14 items 1, 2 and 7 end to end: a tiny Gemma 3 model with a zero
+/// head count, an absurd layer count, or counts that disagree with its
+/// tensors is one clear error naming the key in `info`, `run` and `bench`
+/// (it was a division by zero, or an allocation abort before any tensor
+/// was looked up).
+#[test]
+fn malformed_hyper_parameters_and_counts_are_one_clear_error_in_every_command() {
+    let dir = tmpdir();
+    let model = GgufFile::open(synth_tiny(dir.path(), "gemma3")).expect("open");
+    let n_layer = model.get_u32("gemma3.block_count").expect("block_count");
+    let mut tokens: Vec<String> =
+        model.get_str_array("tokenizer.ggml.tokens").expect("tokens").into_iter().map(str::to_string).collect();
+    let n_vocab = tokens.len();
+    tokens.push("<extra>".into());
+    let set = |key: &'static str, v: u32| {
+        move |w: &mut GgufWriter| {
+            w.set_metadata(key, v).unwrap();
+        }
+    };
+    let cases: Vec<(&str, PathBuf, Vec<String>)> = vec![
+        (
+            "head_count 0",
+            edited(dir.path(), &model, "heads0.gguf", |w| {
+                w.set_metadata("gemma3.block_count", 62u32).unwrap();
+                w.set_metadata("gemma3.attention.head_count", 0u32).unwrap();
+            }),
+            vec!["metadata `gemma3.attention.head_count` = 0".into()],
+        ),
+        (
+            "block_count 2^32-1",
+            edited(dir.path(), &model, "blocks-max.gguf", set("gemma3.block_count", u32::MAX)),
+            vec!["metadata `gemma3.block_count` = 4294967295".into()],
+        ),
+        (
+            "block_count 2^26",
+            edited(dir.path(), &model, "blocks-2-26.gguf", set("gemma3.block_count", 1 << 26)),
+            vec!["metadata `gemma3.block_count` = 67108864".into()],
+        ),
+        (
+            "block_count below the blk.N tensors",
+            edited(dir.path(), &model, "blocks-less.gguf", set("gemma3.block_count", n_layer - 1)),
+            vec![
+                format!("metadata `gemma3.block_count` = {} disagrees with the tensors", n_layer - 1),
+                format!("{n_layer} layers"),
+            ],
+        ),
+        (
+            "block_count above the blk.N tensors",
+            edited(dir.path(), &model, "blocks-more.gguf", set("gemma3.block_count", n_layer + 1)),
+            vec![format!("metadata `gemma3.block_count` = {} disagrees with the tensors", n_layer + 1)],
+        ),
+        (
+            "vocabulary larger than token_embd",
+            edited(dir.path(), &model, "vocab.gguf", |w| {
+                w.set_metadata("tokenizer.ggml.tokens", Value::from(tokens)).unwrap();
+            }),
+            vec![
+                format!("metadata `tokenizer.ggml.tokens` = {} disagrees with the tensors", n_vocab + 1),
+                "token_embd.weight".into(),
+            ],
+        ),
+    ];
+    for (what, path, fragments) in &cases {
+        let m = path.to_str().unwrap();
+        let fragments: Vec<&str> = fragments.iter().map(String::as_str).collect();
+        // `info` still describes the file on stdout, then fails.
+        let o = infer(&["info", "--model", m]);
+        assert_clean_failure(&o, &format!("info, {what}"), &fragments);
+        assert!(stdout(&o).contains("architecture: gemma3"), "info, {what}: {}", stdout(&o));
+        assert!(!stdout(&o).contains("shapes:"), "info, {what}: {}", stdout(&o));
+        let o = infer(&["run", "--model", m, "-n", "1", "hi"]);
+        assert_clean_failure(&o, &format!("run, {what}"), &fragments);
+        let o = infer(&["bench", "--model", m, "-p", "4", "-n", "1", "-r", "1"]);
+        assert_clean_failure(&o, &format!("bench, {what}"), &fragments);
+    }
+    // The unedited file is described and runs.
+    let m = dir.path().join("gemma3-tiny.gguf");
+    let o = infer(&["info", "--model", m.to_str().unwrap()]);
+    assert!(o.status.success() && stdout(&o).contains("shapes:"), "{}", stderr(&o));
+    // A GGUF file that is no model this build runs is described, not an error.
+    let mut w = GgufWriter::new();
+    w.add_metadata("general.architecture", "mamba").unwrap();
+    let mamba = dir.path().join("mamba.gguf");
+    w.write_to_path(&mamba).unwrap();
+    let o = infer(&["info", "--model", mamba.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("not runnable here: unsupported architecture `mamba`"), "{}", stdout(&o));
 }
