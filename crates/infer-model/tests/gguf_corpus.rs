@@ -1,12 +1,20 @@
 //! The malformed-file corpus: every kind of bad GGUF file the reader
 //! rejects, generated here from a small valid file (no binaries are
-//! committed), plus 16 truncation points of that file. Each must give an
-//! [`Error::Gguf`] whose message names the problem; the test prints how
-//! many kinds and files it checked.
+//! committed), plus 16 truncation points of that file; and every kind of
+//! model file that the reader accepts but the loader refuses (hyper-
+//! parameters zero, out of range or contradicting each other, counts that
+//! disagree with the tensors, missing or misshapen tensors), generated from
+//! the tiny synthetic models. Each must give an error whose message names
+//! the problem; the test prints how many kinds and files it checked.
 
 mod gguf_support;
 
+use std::sync::Arc;
+
+use infer_compute::GgmlType;
 use infer_model::gguf::{Array, GgufFile, GgufWriter, Value};
+use infer_model::model::{load_spec, Arch};
+use infer_model::synth::{self, SynthOptions, SynthQuant, SynthShape, SynthVocab};
 use infer_model::Error;
 
 use gguf_support::*;
@@ -270,6 +278,265 @@ fn truncations() -> Vec<(usize, Vec<u8>)> {
     (0..16).map(|i| i * (n - 1) / 15).map(|cut| (cut, full[..cut].to_vec())).collect()
 }
 
+/// The tiny Q8_0 synthetic model of `arch`, read into memory.
+fn tiny(arch: Arch) -> GgufFile {
+    let dir = tempfile::Builder::new().prefix("infer-gguf-corpus-").tempdir().unwrap();
+    let path = dir.path().join(format!("{arch}.gguf"));
+    let shape = SynthShape::preset(arch, "tiny").unwrap();
+    let opts = SynthOptions { shape, quant: SynthQuant::Q8_0, seed: 11, threads: 1, dequantized: false };
+    synth::write_synthetic(&path, &opts, SynthVocab::Generated, Arc::new(|_| {})).unwrap();
+    GgufFile::from_bytes(std::fs::read(&path).unwrap()).unwrap()
+}
+
+/// The bytes of `g` with `edit` applied to its metadata, without the tensor
+/// named `without`, and with the tensor named in `replace` replaced.
+fn rebuilt(
+    g: &GgufFile,
+    edit: impl FnOnce(&mut GgufWriter),
+    without: Option<&str>,
+    replace: Option<(&str, &[u64], GgmlType, Vec<u8>)>,
+) -> Vec<u8> {
+    let mut w = GgufWriter::new();
+    for (k, v) in g.metadata() {
+        w.add_metadata(k.clone(), v.clone()).unwrap();
+    }
+    edit(&mut w);
+    for t in g.tensors() {
+        match &replace {
+            _ if without == Some(t.name.as_str()) => {}
+            Some((name, dims, ty, bytes)) if *name == t.name => {
+                w.add_tensor(t.name.clone(), dims, *ty, bytes.clone()).unwrap();
+            }
+            _ => {
+                w.add_tensor(t.name.clone(), &t.dims, t.ty, g.tensor_data(t).to_vec()).unwrap();
+            }
+        }
+    }
+    w.to_bytes().unwrap()
+}
+
+/// The bytes of `g` with metadata `key` set to `v`.
+fn with(g: &GgufFile, key: &str, v: impl Into<Value>) -> Vec<u8> {
+    let v = v.into();
+    rebuilt(
+        g,
+        |w| {
+            w.set_metadata(key, v).unwrap();
+        },
+        None,
+        None,
+    )
+}
+
+/// Model files the reader accepts and the loader must refuse: every kind
+/// of issue 14 items 1, 2 and 7 and the loader's other checks.
+#[allow(clippy::vec_init_then_push)]
+fn model_corpus() -> Vec<Bad> {
+    let g = tiny(Arch::Gemma3);
+    let gl = tiny(Arch::Llama);
+    let gq = tiny(Arch::Qwen2);
+    let n_layer = g.get_u32("gemma3.block_count").unwrap();
+    let mut c = Vec::new();
+
+    // Hyper-parameters zero or out of range (item 1; a zero head count
+    // divided by zero).
+    c.push(bad(
+        "hyper-parameter zero: head_count (62 layers)",
+        rebuilt(
+            &g,
+            |w| {
+                w.set_metadata("gemma3.block_count", 62u32).unwrap();
+                w.set_metadata("gemma3.attention.head_count", 0u32).unwrap();
+            },
+            None,
+            None,
+        ),
+        &["metadata `gemma3.attention.head_count` = 0"],
+    ));
+    for (kind, key) in [
+        ("hyper-parameter zero: embedding_length", "gemma3.embedding_length"),
+        ("hyper-parameter zero: head_count_kv", "gemma3.attention.head_count_kv"),
+        ("hyper-parameter zero: key_length", "gemma3.attention.key_length"),
+        ("hyper-parameter zero: context_length", "gemma3.context_length"),
+        ("hyper-parameter zero: sliding_window", "gemma3.attention.sliding_window"),
+        ("hyper-parameter zero: feed_forward_length", "gemma3.feed_forward_length"),
+    ] {
+        c.push(Bad { kind, bytes: with(&g, key, 0u32), fragments: vec![leak(format!("metadata `{key}` = 0"))] });
+    }
+    c.push(bad(
+        "hyper-parameter out of range: head_count",
+        with(&g, "gemma3.attention.head_count", 100_000u32),
+        &["metadata `gemma3.attention.head_count` = 100000"],
+    ));
+    c.push(bad(
+        "hyper-parameter out of range: key_length",
+        with(&g, "gemma3.attention.key_length", 1u32 << 20),
+        &["metadata `gemma3.attention.key_length` = 1048576"],
+    ));
+    // Item 2: a layer count that allocated before any tensor was looked up.
+    c.push(bad(
+        "hyper-parameter out of range: block_count 2^32-1",
+        with(&g, "gemma3.block_count", u32::MAX),
+        &["metadata `gemma3.block_count` = 4294967295"],
+    ));
+    c.push(bad(
+        "hyper-parameter out of range: block_count 2^26",
+        with(&g, "gemma3.block_count", 1u32 << 26),
+        &["metadata `gemma3.block_count` = 67108864"],
+    ));
+    c.push(bad(
+        "hyper-parameter not finite: rms epsilon NaN",
+        with(&g, "gemma3.attention.layer_norm_rms_epsilon", f32::NAN),
+        &["metadata `gemma3.attention.layer_norm_rms_epsilon` = NaN"],
+    ));
+    c.push(bad(
+        "hyper-parameter out of range: rms epsilon negative",
+        with(&g, "gemma3.attention.layer_norm_rms_epsilon", -1e-6f32),
+        &["metadata `gemma3.attention.layer_norm_rms_epsilon`"],
+    ));
+    c.push(bad(
+        "hyper-parameter zero: rope freq_base",
+        with(&g, "gemma3.rope.freq_base", 0f32),
+        &["metadata `gemma3.rope.freq_base` = 0"],
+    ));
+    c.push(bad(
+        "hyper-parameter not finite: rope freq_base",
+        with(&g, "gemma3.rope.freq_base", f32::INFINITY),
+        &["metadata `gemma3.rope.freq_base` = inf"],
+    ));
+    c.push(bad(
+        "hyper-parameter out of range: rope scaling factor",
+        with(&g, "gemma3.rope.scaling.factor", -8f32),
+        &["metadata `gemma3.rope.scaling.factor` = -8"],
+    ));
+    c.push(bad(
+        "hyper-parameter of the wrong type",
+        with(&g, "gemma3.block_count", "6"),
+        &["gemma3.block_count", "string"],
+    ));
+    c.push(bad(
+        "required hyper-parameter missing",
+        rebuilt(
+            &g,
+            |w| {
+                w.remove_metadata("gemma3.embedding_length");
+            },
+            None,
+            None,
+        ),
+        &["missing metadata key `gemma3.embedding_length`"],
+    ));
+
+    // Hyper-parameters that contradict each other.
+    c.push(bad(
+        "head_count not a multiple of head_count_kv",
+        with(&gl, "llama.attention.head_count_kv", 3u32),
+        &["llama.attention.head_count", "head_count_kv", "4 / 3"],
+    ));
+    c.push(bad(
+        "rope dimension_count odd",
+        with(&gl, "llama.rope.dimension_count", 63u32),
+        &["metadata `llama.rope.dimension_count` = 63"],
+    ));
+    c.push(bad(
+        "rope dimension_count above head_dim",
+        with(&gl, "llama.rope.dimension_count", 128u32),
+        &["metadata `llama.rope.dimension_count` = 128"],
+    ));
+    c.push(bad(
+        "embedding_length not a multiple of head_count",
+        rebuilt(
+            &gl,
+            |w| {
+                w.remove_metadata("llama.attention.key_length");
+                w.set_metadata("llama.attention.head_count", 3u32).unwrap();
+                w.set_metadata("llama.attention.head_count_kv", 3u32).unwrap();
+            },
+            None,
+            None,
+        ),
+        &["metadata `llama.attention.head_count` = 3"],
+    ));
+    c.push(bad(
+        "head_count x key_length not embedding_length (qwen2)",
+        rebuilt(
+            &gq,
+            |w| {
+                w.set_metadata("qwen2.attention.key_length", 32u32).unwrap();
+                w.set_metadata("qwen2.attention.value_length", 32u32).unwrap();
+            },
+            None,
+            None,
+        ),
+        &["qwen2.attention.head_count", "embedding_length"],
+    ));
+
+    // Counts against the tensors (item 7).
+    c.push(Bad {
+        kind: "block_count below the blk.N tensors",
+        bytes: with(&g, "gemma3.block_count", n_layer - 1),
+        fragments: vec![
+            leak(format!("metadata `gemma3.block_count` = {} disagrees with the tensors", n_layer - 1)),
+            leak(format!("{n_layer} layers")),
+        ],
+    });
+    c.push(Bad {
+        kind: "block_count above the blk.N tensors",
+        bytes: with(&g, "gemma3.block_count", n_layer + 1),
+        fragments: vec![leak(format!("metadata `gemma3.block_count` = {} disagrees with the tensors", n_layer + 1))],
+    });
+    let mut tokens: Vec<String> =
+        g.get_str_array("tokenizer.ggml.tokens").unwrap().into_iter().map(str::to_string).collect();
+    let n_vocab = tokens.len();
+    tokens.push("<extra>".into());
+    c.push(Bad {
+        kind: "vocabulary larger than token_embd",
+        bytes: with(&g, "tokenizer.ggml.tokens", Value::from(tokens)),
+        fragments: vec![
+            leak(format!("metadata `tokenizer.ggml.tokens` = {} disagrees with the tensors", n_vocab + 1)),
+            "token_embd.weight",
+        ],
+    });
+    c.push(bad(
+        "vocab_size against token_embd",
+        with(&gl, "llama.vocab_size", 1000u32),
+        &["metadata `llama.vocab_size` = 1000 disagrees with the tensors"],
+    ));
+    c.push(bad(
+        "feed_forward_length against ffn_up",
+        with(&gl, "llama.feed_forward_length", 1024u32),
+        &["metadata `llama.feed_forward_length` = 1024 disagrees", "blk.0.ffn_up.weight"],
+    ));
+    c.push(bad(
+        "head_count against attn_q",
+        with(&gl, "llama.attention.head_count", 8u32),
+        &["tensor `blk.0.attn_q.weight` has shape [256, 256], expected [256, 512]", "llama.attention.head_count"],
+    ));
+    c.push(bad(
+        "expert_count (experts are refused, not ignored)",
+        with(&gl, "llama.expert_count", 8u32),
+        &["llama", "experts", "not supported"],
+    ));
+
+    // Tensors.
+    c.push(bad(
+        "missing tensor",
+        rebuilt(&g, |_| {}, Some("blk.1.attn_q.weight"), None),
+        &["missing tensor `blk.1.attn_q.weight`"],
+    ));
+    c.push(bad(
+        "norm of the wrong length",
+        rebuilt(&g, |_| {}, None, Some(("blk.0.ffn_norm.weight", &[128], GgmlType::F32, vec![0u8; 512]))),
+        &["tensor `blk.0.ffn_norm.weight` has shape [128]"],
+    ));
+    c
+}
+
+/// A message fragment built at run time, for [`Bad`]'s static fragments.
+fn leak(s: String) -> &'static str {
+    Box::leak(s.into_boxed_str())
+}
+
 #[test]
 fn every_malformed_kind_is_rejected_with_a_message_naming_it() {
     let corpus = corpus();
@@ -278,7 +545,7 @@ fn every_malformed_kind_is_rejected_with_a_message_naming_it() {
         match GgufFile::from_bytes(case.bytes.clone()) {
             Ok(_) => failures.push(format!("{}: accepted", case.kind)),
             Err(Error::Gguf(msg)) => {
-                println!("{:<48} {msg}", case.kind);
+                println!("{:<52} {msg}", case.kind);
                 let missing: Vec<_> = case.fragments.iter().filter(|f| !msg.contains(*f)).collect();
                 if !missing.is_empty() {
                     failures.push(format!("{}: message {msg:?} lacks {missing:?}", case.kind));
@@ -292,7 +559,7 @@ fn every_malformed_kind_is_rejected_with_a_message_naming_it() {
         match GgufFile::from_bytes(bytes.clone()) {
             Ok(_) => failures.push(format!("cut at {cut}: accepted")),
             Err(Error::Gguf(msg)) => {
-                println!("{:<48} {msg}", format!("truncated at byte {cut}"));
+                println!("{:<52} {msg}", format!("truncated at byte {cut}"));
                 if !msg.contains("truncated") && !msg.contains("past the end") {
                     failures.push(format!("cut at {cut}: {msg:?} does not say truncated"));
                 }
@@ -300,14 +567,33 @@ fn every_malformed_kind_is_rejected_with_a_message_naming_it() {
             Err(other) => failures.push(format!("cut at {cut}: {other:?}")),
         }
     }
+    // Model files: read, then refused by the loader.
+    let models = model_corpus();
+    for case in &models {
+        match GgufFile::from_bytes(case.bytes.clone()).map(|g| load_spec(&g)) {
+            Err(e) => failures.push(format!("{}: the reader refused it: {e}", case.kind)),
+            Ok(Ok(_)) => failures.push(format!("{}: loaded", case.kind)),
+            Ok(Err(e)) => {
+                let msg = e.to_string();
+                println!("{:<52} {msg}", case.kind);
+                let missing: Vec<_> = case.fragments.iter().filter(|f| !msg.contains(*f)).collect();
+                if !missing.is_empty() {
+                    failures.push(format!("{}: message {msg:?} lacks {missing:?}", case.kind));
+                }
+            }
+        }
+    }
     println!(
-        "malformed-file corpus: {} kinds, {} truncation points, {} files",
+        "malformed-file corpus: {} kinds ({} refused by the reader, {} by the loader), {} truncation points, {} files",
+        corpus.len() + models.len(),
         corpus.len(),
+        models.len(),
         cuts.len(),
-        corpus.len() + cuts.len()
+        corpus.len() + models.len() + cuts.len()
     );
     assert!(failures.is_empty(), "{} failure(s):\n{}", failures.len(), failures.join("\n"));
-    assert!(corpus.len() >= 40, "the corpus lost kinds: {}", corpus.len());
+    assert!(corpus.len() >= 40, "the corpus lost reader kinds: {}", corpus.len());
+    assert!(models.len() >= 30, "the corpus lost loader kinds: {}", models.len());
 }
 
 #[test]
