@@ -84,7 +84,8 @@ pub fn chat(a: ChatArgs) -> CliResult {
     let mut messages = system.clone();
     let stdin = std::io::stdin();
     let mut input = stdin.lock();
-    let mut out = std::io::stdout();
+    // Checked writes: a failed one is an error naming standard output.
+    let mut out = crate::output::Out::new();
     loop {
         write!(out, "> ")?;
         out.flush()?;

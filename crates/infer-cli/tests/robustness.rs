@@ -49,8 +49,10 @@ fn a_full_stdout_is_an_error_not_a_panic() {
     let m = synth_tiny(dir.path(), "llama");
     let ms = m.to_str().unwrap();
     let out = dir.path().join("x.gguf");
-    let cases: [&[&str]; 5] = [
+    let cases: [&[&str]; 7] = [
         &["info", "-m", ms],
+        &["models"],
+        &["chat", "-m", ms, "-n", "2"],
         &["run", "-m", ms, "-n", "2", "hi"],
         &["bench", "-m", ms, "-p", "4", "-n", "2", "-r", "1"],
         &["bench", "-m", ms, "-p", "4", "-n", "0", "-r", "1", "--json"],
