@@ -110,6 +110,18 @@ fn synth_refuses_what_it_must_not_replace() {
     } else {
         eprintln!("skipped the FIFO case: mkfifo failed");
     }
+    // A device node: a copy of /dev/null's (character device 1, 3) in the
+    // temporary directory; mknod needs privileges, so this is skipped
+    // without them.
+    let node = dir.path().join("null-device.gguf");
+    let made = Command::new("mknod").arg(&node).args(["c", "1", "3"]).stderr(Stdio::null()).status();
+    if made.is_ok_and(|s| s.success()) {
+        assert_one_line_error(&synth_to(&node), "not a regular file");
+        use std::os::unix::fs::FileTypeExt;
+        assert!(std::fs::symlink_metadata(&node).unwrap().file_type().is_char_device());
+    } else {
+        eprintln!("skipped the device-node case: mknod is not permitted here");
+    }
     // A symbolic link (here to a device: the rename would replace the link).
     let link = dir.path().join("null.gguf");
     std::os::unix::fs::symlink("/dev/null", &link).unwrap();
