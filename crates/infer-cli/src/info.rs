@@ -71,7 +71,17 @@ pub fn info(a: InfoArgs) -> CliResult {
                     None => format!("global(rope {})", l.rope.base),
                 })
                 .collect();
-            writeln!(out, "attention:    {}", windows.join(", "))?;
+            // Runs of equal layers as `N × kind`: 30 identical layers are one entry.
+            let mut runs: Vec<(usize, &str)> = vec![];
+            for w in &windows {
+                match runs.last_mut() {
+                    Some((n, last)) if *last == w.as_str() => *n += 1,
+                    _ => runs.push((1, w)),
+                }
+            }
+            let runs: Vec<String> =
+                runs.iter().map(|&(n, w)| if n == 1 { w.to_string() } else { format!("{n} × {w}") }).collect();
+            writeln!(out, "attention:    {} (layers in order)", runs.join(", "))?;
         }
         // A GGUF file that is not a model this build runs (no architecture,
         // another architecture, a feature it refuses) is still described.

@@ -40,6 +40,8 @@ fn info_describes_the_default_model() {
         "F32",
         "n_embd 640",
         "kernels:",
+        // 18 layers, 5 local per global, as runs.
+        "attention:    5 × local(512, rope 10000), global(rope 1000000), 5 × local",
     ] {
         assert!(out.contains(key), "info lacks {key}: {out}");
     }

@@ -12,60 +12,13 @@
 //!   95% of decisive positions, top-20 overlap ≥ 14 (mean ≥ 18), max |Δ| ≤
 //!   2.5, median mean-|Δ| ≤ 0.3, cosine ≥ 0.997.
 
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
+mod synth_refs;
 
 use infer_compute::cpu::{CpuBackend, Kernels, Precision};
 use infer_compute::ComputeBackend;
-use infer_model::gguf::GgufFile;
 use infer_model::model::Arch;
 use infer_model::reference::{teacher_force, ReferenceCase};
-use infer_model::synth::{self, SynthOptions, SynthQuant, SynthShape, SynthVocab};
-
-fn testdata() -> PathBuf {
-    std::env::var_os("INFER_TESTDATA")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../testdata")))
-}
-
-/// Every `synth-<arch>` directory present, with its architecture.
-fn synth_dirs() -> Vec<(Arch, PathBuf)> {
-    let root = testdata();
-    let mut out: Vec<(Arch, PathBuf)> = std::fs::read_dir(&root)
-        .unwrap_or_else(|e| panic!("{}: {e}", root.display()))
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter_map(|p| {
-            let name = p.file_name()?.to_str()?.strip_prefix("synth-")?.to_string();
-            let arch = Arch::from_gguf_name(&name).unwrap_or_else(|| panic!("{}: unknown architecture", p.display()));
-            Some((arch, p))
-        })
-        .collect();
-    out.sort_by_key(|(a, _)| a.name());
-    out
-}
-
-/// `key value` lines of `synth.txt`.
-fn recipe(dir: &Path) -> (u64, String, SynthQuant) {
-    let text = std::fs::read_to_string(dir.join("synth.txt")).expect("synth.txt");
-    let get = |k: &str| {
-        text.lines()
-            .find_map(|l| l.strip_prefix(k).map(|v| v.trim().to_string()))
-            .unwrap_or_else(|| panic!("{}: no `{k}` in synth.txt", dir.display()))
-    };
-    let quant = SynthQuant::parse(&get("quant")).expect("quant");
-    (get("seed").parse().expect("seed"), get("size"), quant)
-}
-
-/// Writes the synthetic model of `dir` and opens it.
-fn regenerate(arch: Arch, dir: &Path, tag: &str) -> GgufFile {
-    let (seed, size, quant) = recipe(dir);
-    let shape = SynthShape::preset(arch, &size).expect("preset");
-    let tmp = tempfile::Builder::new().prefix("infer-arch-logits-").tempdir().expect("temporary directory");
-    let path = tmp.path().join(format!("{arch}-{tag}.gguf"));
-    let opts = SynthOptions { shape, quant, seed, threads: 2, dequantized: false };
-    synth::write_synthetic(&path, &opts, SynthVocab::Generated, Arc::new(|_| {})).expect("write");
-    GgufFile::from_bytes(std::fs::read(&path).expect("read back")).expect("open")
-}
+use synth_refs::{max_diff_and_cosine, regenerate, synth_dirs, testdata, within_quantized_bounds};
 
 fn backend(precision: Precision) -> CpuBackend {
     let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
@@ -78,7 +31,7 @@ fn run(precision: Precision, sub: &str, ok: impl Fn(&infer_model::reference::Agr
     let mut failures = vec![];
     let mut checked = vec![];
     for (arch, dir) in dirs {
-        let g = regenerate(arch, &dir, sub);
+        let g = regenerate(arch, &dir);
         let spec = infer_model::model::load_spec(&g).unwrap_or_else(|e| panic!("{arch}: {e}"));
         let mut model = backend(precision).prepare(&spec).expect("prepare");
         let cases = ReferenceCase::load_dir(&dir.join(sub)).expect("reference cases");
@@ -110,14 +63,7 @@ fn exact_mode_matches_llama_cpp_f32_logits_on_every_architecture() {
 
 #[test]
 fn quantized_path_matches_llama_cpp_logits_on_every_architecture() {
-    run(Precision::Quantized, "logits", |a| {
-        a.top1_rate() >= 0.95
-            && a.min_overlap >= 14
-            && a.mean_overlap >= 18.0
-            && a.max_abs_diff <= 2.5
-            && a.median_mean_abs_diff() <= 0.3
-            && a.last_cosine.is_none_or(|c| c >= 0.997)
-    });
+    run(Precision::Quantized, "logits", within_quantized_bounds);
 }
 
 /// The batched prefill path (a different code path from one-token decode:
@@ -129,7 +75,7 @@ fn prefill_matches_llama_cpp_last_logits_on_every_architecture() {
     assert!(!dirs.is_empty(), "no testdata/synth-* directories in {}", testdata().display());
     let mut failures = vec![];
     for (arch, dir) in dirs {
-        let g = regenerate(arch, &dir, "prefill");
+        let g = regenerate(arch, &dir);
         let spec = infer_model::model::load_spec(&g).unwrap_or_else(|e| panic!("{arch}: {e}"));
         for (precision, sub, max_d, min_cos) in
             [(Precision::Exact, "logits-f32", 0.1f32, 0.99999f64), (Precision::Quantized, "logits", 2.5, 0.997)]
@@ -140,14 +86,7 @@ fn prefill_matches_llama_cpp_last_logits_on_every_architecture() {
                 let mut kv = model.new_kv_cache(case.prompt_ids.len()).expect("kv");
                 let ours = model.prefill(kv.as_mut(), &case.prompt_ids, 0).expect("prefill").to_vec();
                 assert_eq!(ours.len(), reference.len(), "{arch}: vocabulary");
-                let d = ours.iter().zip(reference).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
-                let (mut ab, mut aa, mut bb) = (0f64, 0f64, 0f64);
-                for (&x, &y) in ours.iter().zip(reference) {
-                    ab += x as f64 * y as f64;
-                    aa += x as f64 * x as f64;
-                    bb += y as f64 * y as f64;
-                }
-                let cos = ab / (aa.sqrt() * bb.sqrt());
+                let (d, cos) = max_diff_and_cosine(&ours, reference);
                 println!("{arch:7} prefill {sub:10} {}: max|d| {d:.4} cosine {cos:.6}", case.name);
                 if !(d <= max_d && cos >= min_cos) {
                     failures.push(format!("{arch} {sub} {}: max|d| {d} cosine {cos}", case.name));

@@ -29,7 +29,7 @@ use std::path::PathBuf;
 use infer_compute::cpu::{CpuBackend, Kernels, Precision};
 use infer_compute::{ComputeBackend, DeviceModel};
 use infer_model::gguf::GgufFile;
-use infer_model::reference::{teacher_force, ReferenceCase};
+use infer_model::reference::{teacher_force, ReferenceCase, DECISIVE_MARGIN};
 
 fn testdata() -> PathBuf {
     std::env::var_os("INFER_TESTDATA")
@@ -143,6 +143,47 @@ fn quantized_path_matches_llama_cpp_logits() {
     }
     assert!(checked > 0, "no quantized reference cases");
     assert!(failures.is_empty(), "quantized path out of bounds:\n{}", failures.join("\n"));
+}
+
+/// Greedy generation on the quantized path reproduces llama.cpp's greedy
+/// tokens (`greedy` in `logits/pNN.json`) up to the first near-tie: the
+/// tokens agree until they first differ, and where they differ the
+/// reference's top two logits are within [`DECISIVE_MARGIN`] (a tie either
+/// engine may break either way).
+#[test]
+fn greedy_generation_matches_llama_cpp_up_to_the_first_near_tie() {
+    let mut compared = 0;
+    for name in models() {
+        let mut model = prepare(&name, Precision::Quantized);
+        for case in cases(&name, "logits") {
+            let n = case.prompt_ids.len() + case.greedy.len();
+            let mut kv = model.new_kv_cache(n).unwrap();
+            let mut logits = model.prefill(kv.as_mut(), &case.prompt_ids, 0).unwrap().to_vec();
+            let mut reference_top = case.prompt_top.last().expect("prompt_top");
+            let mut equal = 0;
+            for (j, step) in case.greedy.iter().enumerate() {
+                let ours = infer_model::sampling::argmax(&logits).expect("finite logits");
+                if ours != step.id {
+                    let margin = reference_top.logits[0] - reference_top.logits[1];
+                    assert!(
+                        margin <= DECISIVE_MARGIN,
+                        "{name} {}: greedy step {j} gives {ours}, llama.cpp {} ({:?}) with margin {margin}",
+                        case.name,
+                        step.id,
+                        step.piece
+                    );
+                    break;
+                }
+                equal += 1;
+                logits = model.decode_token(kv.as_mut(), step.id, case.prompt_ids.len() + j).unwrap().to_vec();
+                reference_top = &step.next_top;
+            }
+            let end = if equal == case.greedy.len() { "all" } else { "then a near-tie" };
+            println!("{name} {}: {equal} of {} greedy tokens equal ({end})", case.name, case.greedy.len());
+            compared += equal;
+        }
+    }
+    assert!(compared > 0, "no greedy tokens compared");
 }
 
 #[test]
