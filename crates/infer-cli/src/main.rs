@@ -50,7 +50,10 @@ fn main() -> ExitCode {
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => return parse_error(e),
+    };
     interrupt::install();
     let result = output::check_open().map_err(Into::into).and_then(|()| match cli.command {
         Command::Run(a) => run::run(a),
@@ -70,6 +73,29 @@ fn main() -> ExitCode {
             eprintln!("error: {e}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// Prints what clap has to say (help, version, or a usage error) and gives
+/// the exit status. Unlike `clap::Error::exit`, a failed write of the help
+/// text (`infer --help > /dev/full`) is reported and exits 1.
+fn parse_error(e: clap::Error) -> ExitCode {
+    use std::io::Write;
+    let is_output = !e.use_stderr();
+    let text = e.render().ansi().to_string();
+    let written = if is_output {
+        let mut out = std::io::stdout().lock();
+        out.write_all(text.as_bytes()).and_then(|()| out.flush())
+    } else {
+        let mut err = std::io::stderr().lock();
+        err.write_all(text.as_bytes()).and_then(|()| err.flush())
+    };
+    match written {
+        Err(w) if w.kind() != std::io::ErrorKind::BrokenPipe => {
+            eprintln!("error: writing the {}: {w}", if is_output { "help" } else { "usage error" });
+            ExitCode::FAILURE
+        }
+        _ => ExitCode::from(e.exit_code() as u8),
     }
 }
 
