@@ -3,8 +3,10 @@
 //! - `ppP`: one prefill of P random valid token ids from position 0, as
 //!   prompt tokens per second;
 //! - `tgN`: N decode steps after an empty context (the first token is BOS,
-//!   each next one the argmax of the logits), as generated tokens per
-//!   second.
+//!   each next one the argmax of the logits, by the backend's
+//!   `decode_greedy`: on the CUDA backend the argmax runs on the device and
+//!   only the token comes back), as generated tokens per second; a NaN
+//!   logit fails the test.
 //!
 //! Each test is warmed up once (a prefill of P tokens; one decode step) and
 //! then repeated `-r` times with a fresh KV cache, created outside the
@@ -277,7 +279,7 @@ fn time_decode(model: &mut dyn DeviceModel, bos: u32, n: usize) -> CliResult<u64
     let mut token = bos;
     let t0 = Instant::now();
     for pos in 0..n {
-        token = argmax(model.decode_token(kv.as_mut(), token, pos)?)?;
+        token = model.decode_greedy(kv.as_mut(), token, pos)?;
     }
     Ok(t0.elapsed().as_nanos() as u64)
 }

@@ -677,6 +677,25 @@ fn graph_replay_equals_direct_launches() {
     }
 }
 
+/// The device argmax of `decode_greedy` picks the host argmax of the same
+/// step's logits, through the graph and through direct launches.
+fn greedy_decode_equals_host_argmax() {
+    let cuda = cuda_or_skip!();
+    let spec = random_model(32, Arch::Gemma3);
+    let mut m = cuda.prepare_cuda(&spec).unwrap();
+    for graph in [true, false] {
+        m.set_use_graph(graph);
+        let (mut kv, mut kv2) = (m.new_kv_cache(24).unwrap(), m.new_kv_cache(24).unwrap());
+        let mut token = 1u32;
+        for p in 0..24 {
+            let want = infer_compute::greedy_token(m.decode_token(kv.as_mut(), token, p).unwrap()).unwrap();
+            let got = m.decode_greedy(kv2.as_mut(), token, p).unwrap();
+            assert_eq!(got, want, "graph {graph}, pos {p}");
+            token = got;
+        }
+    }
+}
+
 fn errors_instead_of_panics() {
     let cuda = cuda_or_skip!();
     let spec = random_model(40, Arch::Gemma3);
@@ -714,7 +733,7 @@ fn device_info_names_the_device() {
 /// each is ignored with the reason, or fails under `INFER_REQUIRE_CUDA=1`.
 fn main() {
     let args = libtest_mimic::Arguments::from_args();
-    let tests: [(&str, fn()); 14] = [
+    let tests: [(&str, fn()); 15] = [
         ("matvec_every_type_matches_cpu_on_awkward_shapes", matvec_every_type_matches_cpu_on_awkward_shapes),
         ("matmul_quant_batches_match_cpu", matmul_quant_batches_match_cpu),
         ("activation_only_types_are_unsupported_not_panics", activation_only_types_are_unsupported_not_panics),
@@ -727,6 +746,7 @@ fn main() {
         ("decode_matches_cpu_for_small_models", decode_matches_cpu_for_small_models),
         ("prefill_matches_cpu_and_chunks", prefill_matches_cpu_and_chunks),
         ("graph_replay_equals_direct_launches", graph_replay_equals_direct_launches),
+        ("greedy_decode_equals_host_argmax", greedy_decode_equals_host_argmax),
         ("errors_instead_of_panics", errors_instead_of_panics),
         ("device_info_names_the_device", device_info_names_the_device),
     ];

@@ -116,6 +116,21 @@ pub trait DeviceModel: Send {
     /// As [`DeviceModel::decode_token`]; [`Error::EmptyBatch`] for no tokens.
     fn prefill(&mut self, kv: &mut dyn KvCache, tokens: &[u32], pos: usize) -> Result<&[f32]>;
 
+    /// Runs one token like [`DeviceModel::decode_token`] (same checks, same
+    /// effect on the cache) and returns the greedy next token: the index of
+    /// the largest logit, the lowest among equal ones.
+    ///
+    /// The provided method takes the argmax of [`DeviceModel::decode_token`]'s
+    /// logits on the host; a backend can find it where the logits are and
+    /// skip copying them.
+    ///
+    /// # Errors
+    /// As [`DeviceModel::decode_token`]; [`Error::NonFinite`] when a logit
+    /// is NaN.
+    fn decode_greedy(&mut self, kv: &mut dyn KvCache, token: u32, pos: usize) -> Result<u32> {
+        greedy_token(self.decode_token(kv, token, pos)?)
+    }
+
     /// Runs one decode step of several independent sequences (continuous
     /// batching) and writes their logits to `logits`, `steps.len() ×
     /// n_vocab` values, row `i` for `steps[i]`.
@@ -156,6 +171,33 @@ pub trait DeviceModel: Send {
         let _ = (kv, token, pos);
         Err(Error::NotImplemented { op: "profile_step" })
     }
+}
+
+/// The index of the largest of `logits`, the lowest among equal ones;
+/// [`Error::NonFinite`] when one is NaN (or there are none). Lane-wise
+/// maxima and a NaN flag in one pass (so that it vectorizes), then the
+/// first index holding the maximum.
+pub fn greedy_token(logits: &[f32]) -> Result<u32> {
+    const L: usize = 16;
+    let mut lanes = [f32::NEG_INFINITY; L];
+    let mut nan = false;
+    let chunks = logits.chunks_exact(L);
+    let tail = chunks.remainder();
+    for c in chunks {
+        for i in 0..L {
+            lanes[i] = lanes[i].max(c[i]);
+            nan |= c[i].is_nan();
+        }
+    }
+    for &z in tail {
+        lanes[0] = lanes[0].max(z);
+        nan |= z.is_nan();
+    }
+    if nan {
+        return Err(Error::NonFinite("the logits"));
+    }
+    let max = lanes.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    logits.iter().position(|&z| z == max).map(|i| i as u32).ok_or(Error::NonFinite("the logits"))
 }
 
 /// A KV cache owned by a backend: opaque to callers except for its

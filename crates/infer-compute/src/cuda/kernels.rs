@@ -35,9 +35,10 @@ pub(crate) mod names {
     pub const ACT_INPLACE: KernelName = KernelName("act_inplace");
     pub const DEQUANT_MATRIX: KernelName = KernelName("dequant_matrix");
     pub const TO_BF16: KernelName = KernelName("to_bf16");
+    pub const ARGMAX_LOGITS: KernelName = KernelName("argmax_logits");
 
     /// Every non-mat-vec kernel (loaded when the backend starts).
-    pub const ALL: [KernelName; 10] = [
+    pub const ALL: [KernelName; 11] = [
         QUANTIZE_Q8,
         RESIDUAL_NORM,
         QKV_POST,
@@ -48,6 +49,7 @@ pub(crate) mod names {
         ACT_INPLACE,
         DEQUANT_MATRIX,
         TO_BF16,
+        ARGMAX_LOGITS,
     ];
 }
 

@@ -207,6 +207,11 @@ struct Buffers {
     part_o: CudaSlice<f32>,
     part_ml: CudaSlice<f32>,
     logits: CudaSlice<f32>,
+    /// The device argmax: per-block keys, the blocks' finish counter, the
+    /// result (see [`ops::argmax`]).
+    argmax_part: CudaSlice<u64>,
+    argmax_count: CudaSlice<u32>,
+    argmax_key: CudaSlice<u64>,
     /// The prefill GEMMs' scratch (`None` when the buffers serve fewer
     /// than [`GEMM_MIN_TOKENS`] tokens or the path is off).
     gemm: Option<GemmScratch>,
@@ -263,9 +268,13 @@ pub struct CudaModel {
     max: Maxima,
     bufs: Option<Buffers>,
     generation: usize,
-    graph: Option<SendCaptured>,
+    /// The captured single-token steps: `[logits out, greedy token out]`.
+    graphs: [Option<SendCaptured>; 2],
     use_graph: bool,
     logits: PinnedBuf<f32>,
+    /// The greedy token's key (see [`ops::argmax`]) read back by
+    /// [`DeviceModel::decode_greedy`].
+    token_key: PinnedBuf<u64>,
     weight_bytes: usize,
 }
 
@@ -393,9 +402,10 @@ impl CudaModel {
             max,
             bufs: None,
             generation: 0,
-            graph: None,
+            graphs: [None, None],
             use_graph: true,
             logits: d.pinned(spec.n_vocab)?,
+            token_key: d.pinned(1)?,
             weight_bytes,
             dev,
         })
@@ -406,7 +416,7 @@ impl CudaModel {
     pub fn set_use_graph(&mut self, on: bool) {
         self.use_graph = on;
         if !on {
-            self.graph = None;
+            self.graphs = [None, None];
         }
     }
 
@@ -438,7 +448,7 @@ impl CudaModel {
         let d = &*self.dev;
         let (e, m) = (self.n_embd, self.max);
         self.generation += 1;
-        self.graph = None;
+        self.graphs = [None, None];
         self.bufs = None;
         self.bufs = Some(Buffers {
             cap,
@@ -461,6 +471,9 @@ impl CudaModel {
             part_o: d.zeros(cap * m.heads * n_split * m.hd)?,
             part_ml: d.zeros(cap * m.heads * n_split * 2)?,
             logits: d.zeros(self.n_vocab)?,
+            argmax_part: d.zeros(ops::ARGMAX_BLOCKS)?,
+            argmax_count: d.zeros(1)?,
+            argmax_key: d.zeros(1)?,
             gemm: match prefill_gemm().filter(|_| cap >= GEMM_MIN_TOKENS) {
                 Some(prec) => Some(GemmScratch {
                     prec,
@@ -475,8 +488,9 @@ impl CudaModel {
     }
 
     /// Checks the request, then runs `tokens` from `pos0` chunk by chunk
-    /// and reads the last token's logits.
-    fn forward(&mut self, kv: &mut dyn KvCache, tokens: &[u32], pos0: usize) -> Result<()> {
+    /// and reads the last token's logits (`greedy`: its greedy token's key
+    /// instead).
+    fn forward(&mut self, kv: &mut dyn KvCache, tokens: &[u32], pos0: usize, greedy: bool) -> Result<()> {
         let cache = checked_cache::<CudaKvCache>(kv, self.id, self.n_vocab, tokens, pos0)?;
         let n_split = ops::attn_splits(cache.state.n_ctx());
         let mut pos = pos0;
@@ -485,9 +499,9 @@ impl CudaModel {
             // The previous chunk was synchronized: no copy reads these.
             self.set_params(pos, chunk)?;
             if chunk.len() == 1 && self.use_graph {
-                self.step_graph(cache)?;
+                self.step_graph(cache, greedy)?;
             } else {
-                self.enqueue_io(cache, chunk.len())?;
+                self.enqueue_io(cache, chunk.len(), greedy)?;
             }
             self.dev.sync()?;
             cache.state.advance(pos0, pos + chunk.len() - pos0);
@@ -510,35 +524,44 @@ impl CudaModel {
     }
 
     /// The whole step on the stream: parameters in, forward pass, logits
+    /// out, or with `greedy` the argmax on the device and its 8-byte key
     /// out (what the graph captures).
-    fn enqueue_io(&mut self, cache: &CudaKvCache, n: usize) -> Result<()> {
+    fn enqueue_io(&mut self, cache: &CudaKvCache, n: usize, greedy: bool) -> Result<()> {
         let b = self.bufs.as_ref().ok_or_else(|| Error::Device("buffers missing".into()))?;
         self.dev.enqueue_write(&b.params_host, self.dev.ptr(&b.params), n + 1)?;
         self.enqueue(cache, n, &mut |_, _| Ok(()))?;
         let b = self.bufs.as_ref().ok_or_else(|| Error::Device("buffers missing".into()))?;
-        let src = self.dev.ptr(&b.logits);
-        self.dev.enqueue_read(src, &mut self.logits)
+        let d = &*self.dev;
+        if greedy {
+            let key = d.ptr(&b.argmax_key);
+            ops::argmax(d, d.ptr(&b.logits), self.n_vocab, d.ptr(&b.argmax_part), d.ptr(&b.argmax_count), key)?;
+            d.enqueue_read(key, &mut self.token_key)
+        } else {
+            d.enqueue_read(d.ptr(&b.logits), &mut self.logits)
+        }
     }
 
     /// Replays (capturing first if needed) the single-token step.
-    fn step_graph(&mut self, cache: &CudaKvCache) -> Result<()> {
+    fn step_graph(&mut self, cache: &CudaKvCache, greedy: bool) -> Result<()> {
         let generation = self.bufs.as_ref().map_or(0, |b| b.generation);
-        let fresh = matches!(&self.graph, Some(SendCaptured(c)) if c.kv_id == cache.id && c.generation == generation);
+        let slot = usize::from(greedy);
+        let fresh =
+            matches!(&self.graphs[slot], Some(SendCaptured(c)) if c.kv_id == cache.id && c.generation == generation);
         if !fresh {
-            self.graph = None;
+            self.graphs[slot] = None;
             let stream = self.dev.stream.clone();
             stream
                 .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
                 .map_err(dev_err("begin graph capture"))?;
-            let queued = self.enqueue_io(cache, 1);
+            let queued = self.enqueue_io(cache, 1, greedy);
             let ended = stream.end_capture(CUgraphInstantiate_flags(0));
             queued?;
             let graph = ended
                 .map_err(dev_err("end graph capture"))?
                 .ok_or_else(|| Error::Device("graph capture produced no graph".into()))?;
-            self.graph = Some(SendCaptured(Captured { graph, kv_id: cache.id, generation }));
+            self.graphs[slot] = Some(SendCaptured(Captured { graph, kv_id: cache.id, generation }));
         }
-        match &self.graph {
+        match &self.graphs[slot] {
             Some(SendCaptured(c)) => c.graph.launch().map_err(dev_err("graph launch")),
             None => Err(Error::Device("no captured graph".into())),
         }
@@ -776,12 +799,19 @@ impl DeviceModel for CudaModel {
     }
 
     fn decode_token(&mut self, kv: &mut dyn KvCache, token: u32, pos: usize) -> Result<&[f32]> {
-        self.forward(kv, &[token], pos)?;
+        self.forward(kv, &[token], pos, false)?;
         Ok(self.logits.as_slice())
     }
 
+    /// The argmax runs on the device, after the vocabulary product, and
+    /// only its 8-byte key comes back (the logits stay on the device).
+    fn decode_greedy(&mut self, kv: &mut dyn KvCache, token: u32, pos: usize) -> Result<u32> {
+        self.forward(kv, &[token], pos, true)?;
+        ops::argmax_token(self.token_key.as_slice()[0])
+    }
+
     fn prefill(&mut self, kv: &mut dyn KvCache, tokens: &[u32], pos: usize) -> Result<&[f32]> {
-        self.forward(kv, tokens, pos)?;
+        self.forward(kv, tokens, pos, false)?;
         Ok(self.logits.as_slice())
     }
 

@@ -225,6 +225,36 @@ pub(crate) fn embed_rows(
     }
 }
 
+/// Blocks of the device argmax (each reduces a grid stride of the logits).
+pub(crate) const ARGMAX_BLOCKS: usize = 128;
+
+/// Writes the greedy token's key of the `n` logits at `x` to `out` (one
+/// u64: the order-preserving bits of the largest logit, any NaN counting as
+/// the largest, in the high half; the complement of its lowest index in the
+/// low half; see [`argmax_token`]). `part` holds [`ARGMAX_BLOCKS`] u64,
+/// `count` one u32 that must be 0 (the kernel leaves it 0).
+pub(crate) fn argmax(dev: &Device, x: DevPtr, n: usize, part: DevPtr, count: DevPtr, out: DevPtr) -> Result<()> {
+    let ni = to_i32(n, "logits")?;
+    let blocks = n.div_ceil(256).clamp(1, ARGMAX_BLOCKS);
+    let cfg = LaunchConfig { grid_dim: (to_u32(blocks, "grid")?, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+    // SAFETY: x holds n floats, part ARGMAX_BLOCKS u64 (blocks ≤ that),
+    // count one u32, out one u64.
+    unsafe {
+        dev.launch_with(names::ARGMAX_LOGITS, cfg, |b| {
+            b.arg(&x).arg(&ni).arg(&part).arg(&count).arg(&out);
+        })
+    }
+}
+
+/// The token of a key written by [`argmax`]; an error when the largest
+/// logit was NaN.
+pub(crate) fn argmax_token(key: u64) -> Result<u32> {
+    if (key >> 32) as u32 == u32::MAX {
+        return Err(Error::NonFinite("the logits"));
+    }
+    Ok(!(key as u32))
+}
+
 /// `out[i] = act(gate[i]) · up[i]` for `n` values (`gelu`: GELU-tanh, else SiLU).
 pub(crate) fn glu(dev: &Device, gate: DevPtr, up: DevPtr, out: DevPtr, n: usize, gelu: bool) -> Result<()> {
     if n == 0 {

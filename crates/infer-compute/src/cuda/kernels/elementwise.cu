@@ -108,3 +108,74 @@ extern "C" __global__ void __launch_bounds__(256) to_bf16(const float* x, u16* o
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) out[i] = f32_to_bf16(x[i]);
 }
+
+// Greedy token of a decode step on the device, so that the host reads
+// 8 bytes instead of the logits. A logit's key orders by value, then by
+// lower index (the host argmax's first-on-ties):
+//   key = ord(value) << 32 | ~index
+// where ord maps f32 to u32 monotonically (-0 taken as +0) and any NaN to
+// the largest ord, so that a NaN logit always wins and the caller sees it.
+// Each block reduces a grid stride of the logits to one key in part[]; the
+// last block to finish (ticket on count) reduces those, writes *out, and
+// re-arms count for the next replay of the graph.
+
+#define ARGMAX_THREADS 256
+
+__device__ __forceinline__ u64 argmax_key(float v, int i) {
+    u32 b = __float_as_uint(v == 0.0f ? 0.0f : v);
+    b = (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+    if (v != v) b = 0xFFFFFFFFu;
+    return ((u64)b << 32) | (u64)(~(u32)i);
+}
+
+__device__ __forceinline__ u64 warp_max_u64(u64 k) {
+#pragma unroll
+    for (int o = WARP / 2; o > 0; o /= 2) {
+        const u64 other = __shfl_xor_sync(0xFFFFFFFFu, k, o);
+        k = other > k ? other : k;
+    }
+    return k;
+}
+
+// Block-wide maximum (every thread gets it).
+__device__ __forceinline__ u64 block_max_u64(u64 k, u64* red) {
+    const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
+    k = warp_max_u64(k);
+    if (lane == 0) red[warp] = k;
+    __syncthreads();
+    k = lane < (int)(blockDim.x / WARP) ? red[lane] : 0;
+    k = warp_max_u64(k);
+    __syncthreads();
+    return k;
+}
+
+extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS) argmax_logits(const float* x, int n, u64* part,
+                                                                             u32* count, u64* out) {
+    PDL_PROLOGUE;
+    __shared__ u64 red[ARGMAX_THREADS / WARP];
+    __shared__ bool last;
+    u64 k = 0;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+        const u64 c = argmax_key(x[i], i);
+        k = c > k ? c : k;
+    }
+    k = block_max_u64(k, red);
+    if (threadIdx.x == 0) {
+        part[blockIdx.x] = k;
+        __threadfence();
+        last = atomicAdd(count, 1u) == gridDim.x - 1;
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    u64 m = 0;
+    for (int b = threadIdx.x; b < (int)gridDim.x; b += blockDim.x) {
+        const u64 c = __ldcg(part + b);
+        m = c > m ? c : m;
+    }
+    m = block_max_u64(m, red);
+    if (threadIdx.x == 0) {
+        *out = m;
+        *count = 0;
+    }
+}
