@@ -254,9 +254,20 @@ pub fn generate_cached_with_progress(
             stats.stop = StopReason::ContextFull;
             break;
         }
-        let logits = model.decode_token(ctx.kv.as_mut(), next, pos)?;
-        ctx.tokens.push(next);
-        next = sampler.sample(logits)?;
+        // `ctx.tokens` follows the KV cache: a token is recorded once its
+        // step has run, even if the draw after it fails.
+        next = if sampler.is_argmax() {
+            // Greedy: the argmax is taken where the logits are (on a GPU,
+            // a few bytes come back instead of the vocabulary's logits).
+            let id = model.decode_greedy(ctx.kv.as_mut(), next, pos)?;
+            ctx.tokens.push(next);
+            sampler.accept(id);
+            id
+        } else {
+            let logits = model.decode_token(ctx.kv.as_mut(), next, pos)?;
+            ctx.tokens.push(next);
+            sampler.sample(logits)?
+        };
         pos += 1;
     }
     stats.decode_time = t1.elapsed();

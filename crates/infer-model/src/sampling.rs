@@ -351,6 +351,15 @@ impl Sampler {
         self.history.clear();
     }
 
+    /// Whether [`Sampler::sample`] always returns the largest logit's index
+    /// with these settings (temperature 0 or top-k 1, no penalties): a
+    /// caller may then take the argmax where the logits are, on the device
+    /// (`DeviceModel::decode_greedy`), and record it with
+    /// [`Sampler::accept`].
+    pub fn is_argmax(&self) -> bool {
+        !self.cfg.penalties_active() && (self.cfg.temperature == 0.0 || self.cfg.top_k == 1)
+    }
+
     /// Records a token that was not drawn by [`Sampler::sample`] (prompt
     /// tokens, forced tokens) in the penalties' window.
     pub fn accept(&mut self, id: u32) {

@@ -29,6 +29,35 @@ fn random_logits(n: usize, seed: u64) -> Vec<f32> {
     (0..n).map(|_| r.gen_range(-8.0f32..8.0)).collect()
 }
 
+/// `is_argmax` holds exactly when `sample` is the argmax whatever the
+/// logits (so generation may take it on the device), and never with a
+/// penalty, which changes the logits first.
+#[test]
+fn is_argmax_only_when_sampling_is_the_argmax() {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    let cases = [
+        (SamplerConfig { temperature: 0.0, ..SamplerConfig::default() }, true),
+        (SamplerConfig { top_k: 1, ..SamplerConfig::default() }, true),
+        (SamplerConfig::default(), false),
+        (SamplerConfig { temperature: 0.0, repetition_penalty: 1.3, ..SamplerConfig::default() }, false),
+        (SamplerConfig { temperature: 0.0, presence_penalty: 0.5, ..SamplerConfig::default() }, false),
+        (
+            SamplerConfig { temperature: 0.0, repetition_penalty: 1.3, repeat_last_n: 0, ..SamplerConfig::default() },
+            true,
+        ),
+    ];
+    for (c, expected) in cases {
+        let mut s = Sampler::new(c.clone()).unwrap();
+        assert_eq!(s.is_argmax(), expected, "{c:?}");
+        if expected {
+            for _ in 0..50 {
+                let logits: Vec<f32> = (0..97).map(|_| rng.gen_range(-5.0..5.0)).collect();
+                assert_eq!(Some(s.sample(&logits).unwrap()), argmax(&logits), "{c:?}");
+            }
+        }
+    }
+}
+
 #[test]
 fn greedy_picks_argmax_lowest_id_on_ties() {
     let mut s = Sampler::greedy();
