@@ -246,6 +246,33 @@ fn truncate_case(b: &dyn ComputeBackend) -> Result<Outcome, String> {
     Ok(Outcome::Pass(String::new()))
 }
 
+/// `decode_greedy` returns the first largest logit of the step
+/// `decode_token` runs (same backend, same cache history), and advances the
+/// cache the same way.
+fn greedy_case(b: &dyn ComputeBackend) -> Result<Outcome, String> {
+    let spec = random_model(16, Arch::LlamaBias);
+    let mut m = match prepare(b, &spec)? {
+        Ok(m) => m,
+        Err(skip) => return Ok(skip),
+    };
+    let mut kv = m.new_kv_cache(8).map_err(err("kv"))?;
+    let mut kv_greedy = m.new_kv_cache(8).map_err(err("kv"))?;
+    let mut token = 1u32;
+    for pos in 0..8 {
+        let logits = m.decode_token(kv.as_mut(), token, pos).map_err(err("decode_token"))?;
+        let want = logits.iter().enumerate().fold(0, |best, (i, &x)| if x > logits[best] { i } else { best }) as u32;
+        let got = m.decode_greedy(kv_greedy.as_mut(), token, pos).map_err(err("decode_greedy"))?;
+        if got != want {
+            return Err(format!("position {pos}: decode_greedy gave {got}, the argmax of decode_token is {want}"));
+        }
+        token = got;
+    }
+    if kv_greedy.len() != 8 {
+        return Err(format!("8 greedy steps left a cache of {} positions", kv_greedy.len()));
+    }
+    Ok(Outcome::Pass(String::new()))
+}
+
 /// A profiled step times named ops and advances the cache like a decode.
 fn profile_case(b: &dyn ComputeBackend) -> Result<Outcome, String> {
     let spec = random_model(15, Arch::Gemma3);
@@ -334,6 +361,7 @@ pub fn cases() -> Vec<Case> {
     v.push(Case::new("model::decode_batch", batch_case));
     v.push(Case::new("model::truncate", truncate_case));
     v.push(Case::new("model::profile_step", profile_case));
+    v.push(Case::new("model::decode_greedy", greedy_case));
     v.push(Case::new("model::errors", errors_case));
     v
 }
