@@ -238,15 +238,9 @@ fn defaults_by_architecture() {
     assert!(matches!(ChatTemplate::from_gguf(&g, &tok), Err(Error::ChatTemplate(_))));
 }
 
-/// SmolLM2's file, when it is in the cache.
+/// SmolLM2's file (fetched and verified when absent).
 fn smollm2_file() -> Option<PathBuf> {
-    let p = infer_model::fetch::cache_dir().join("SmolLM2-135M-Instruct.Q4_1.gguf");
-    if p.is_file() {
-        Some(p)
-    } else {
-        eprintln!("SKIP SmolLM2 chat template test: {} is absent", p.display());
-        None
-    }
+    Some(infer_model::fetch::ensure_model("smollm2-135m").expect("SmolLM2"))
 }
 
 #[test]

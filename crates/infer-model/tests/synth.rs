@@ -35,17 +35,10 @@ fn write(
     path
 }
 
-/// The default model, when it is already on this machine (never fetched here).
-fn default_model() -> Option<GgufFile> {
-    let path = match std::env::var_os(infer_model::fetch::MODEL_ENV) {
-        Some(p) if !p.is_empty() => PathBuf::from(p),
-        _ => infer_model::fetch::cache_dir().join(infer_model::fetch::DEFAULT_MODEL_FILE),
-    };
-    if !path.is_file() {
-        eprintln!("skipped: {} is not here", path.display());
-        return None;
-    }
-    Some(GgufFile::open(&path).unwrap())
+/// The default model (`INFER_MODEL`, else fetched and verified when absent).
+fn default_model() -> GgufFile {
+    let path = infer_model::fetch::default_model_path().expect("the default model");
+    GgufFile::open(&path).unwrap()
 }
 
 #[test]
@@ -141,7 +134,7 @@ fn q4_k_m_mix_of_larger_models() {
 
 #[test]
 fn gemma3_270m_plan_reproduces_the_default_model() {
-    let Some(real) = default_model() else { return };
+    let real = default_model();
     let shape = SynthShape::preset(SynthArch::Gemma3, "270m").unwrap();
     let plan = plan_tensors(&shape, SynthQuant::Q4KM).unwrap();
     assert_eq!(plan.len(), real.tensors().len());

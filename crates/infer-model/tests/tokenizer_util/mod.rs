@@ -29,22 +29,12 @@ pub fn model_dirs() -> Vec<PathBuf> {
     dirs
 }
 
-/// The GGUF file of the model whose test data is in `dir` (named after
-/// the directory): the default model for `gemma3-270m` (fetched when
-/// absent), the cached file for the others. `Err` says why there is none.
+/// The GGUF file of the model whose test data is in `dir`, by the known
+/// model name the directory carries (fetched and verified when absent, as
+/// `infer run --model NAME` does). `Err` says why there is none.
 pub fn model_file(dir: &Path) -> Result<PathBuf, String> {
     let name = dir.file_name().and_then(|n| n.to_str()).unwrap_or("");
-    let file = match name {
-        "gemma3-270m" => return infer_model::fetch::default_model_path().map_err(|e| e.to_string()),
-        "smollm2-135m" => "SmolLM2-135M-Instruct.Q4_1.gguf",
-        other => return Err(format!("no model file is known for the test data of `{other}`")),
-    };
-    let path = infer_model::fetch::cache_dir().join(file);
-    if path.is_file() {
-        Ok(path)
-    } else {
-        Err(format!("{} is absent (fetch it as the README of the test data says)", path.display()))
-    }
+    infer_model::fetch::ensure_model(name).map_err(|e| format!("test data `{name}`: {e}"))
 }
 
 /// The tokenizer of the model whose test data is in `dir`.
