@@ -150,6 +150,25 @@ impl View {
     }
 }
 
+/// In decode (`T == 1`), on the first half's pass (the second finds the
+/// group in cache), prefetches as `avx512_packed::prefetch` does: the
+/// record 2 KiB or two records (whichever is further) past the record at
+/// `r`, so that each core keeps several weight reads in flight.
+///
+/// # Safety
+/// None beyond x86-64 itself (SSE): a prefetch is a hint that never faults, and its address is formed with
+/// wrapping arithmetic.
+#[inline(always)]
+unsafe fn prefetch<const T: usize>(v: &View, r: *const u8) {
+    if T == 1 && v.half == 0 {
+        let mut off = 0;
+        while off < v.rec {
+            _mm_prefetch::<_MM_HINT_T0>(r.wrapping_add((2 * v.rec).max(2048) + off) as *const i8);
+            off += 64;
+        }
+    }
+}
+
 /// Four activation codes at byte `at` of token `t`, in every lane.
 ///
 /// # Safety
@@ -256,6 +275,7 @@ unsafe fn q32<const F: u8, const T: usize>(v: View) {
     let mut acc = [_mm256_setzero_ps(); T];
     for b in 0..v.nb {
         let r = v.codes.add(b * v.rec);
+        prefetch::<T>(&v, r);
         let mut is = [_mm256_setzero_si256(); T];
         if !signed && !with_min {
             for t in 0..T {
@@ -297,6 +317,7 @@ unsafe fn q4k<const T: usize>(v: View) {
     let mut acc = [_mm256_setzero_ps(); T];
     for sb in 0..v.nb {
         let r = v.codes.add(sb * v.rec);
+        prefetch::<T>(&v, r);
         let a0 = sb * 256;
         let mut s = [_mm256_setzero_si256(); T];
         for sub in 0..8 {
@@ -365,6 +386,7 @@ unsafe fn q6k<const T: usize>(v: View) {
     let mut acc = [_mm256_setzero_ps(); T];
     for sb in 0..v.nb {
         let r = v.codes.add(sb * v.rec);
+        prefetch::<T>(&v, r);
         let a0 = sb * 256;
         let mut s = [_mm256_setzero_si256(); T];
         for sub in 0..16 {
