@@ -23,6 +23,12 @@
 //! statement and the SIMD kernels match it bit for bit)
 //! - Q4_0, Q5_0, Q8_0, IQ4_NL (activations Q8_0): for each 32-block `b` in
 //!   order, `acc = fma(f32(Σ q·a), w_d · a_d, acc)` with the integer sum exact.
+//! - Q4_1, Q5_1 (activations Q8_1, whose codes and `a_d` are Q8_0's): value
+//!   `w_d·q + w_m` with unsigned `q`, so for each 32-block
+//!   `acc = fma(fma(w_d, f32(Σ q·a), w_m · f32(Σ a)), a_d, acc)`. The
+//!   activation sum is the exact integer one, not Q8_1's f16 `s = a_d·Σ a`
+//!   that ggml's row dot uses, so results differ from the row-dot path by
+//!   up to about `|w_m|·|s|·2⁻¹¹` per block (the packed side is the closer).
 //! - Q4_K (activations Q8_K): per super-block `S = Σ_j sc_j·Σ q·a` and
 //!   `M = Σ_j m_j·Σ a` over the eight sub-blocks (exact), then
 //!   `acc = fma(fma(d, f32(S), -(dmin · f32(M))), a_d, acc)`.
@@ -32,13 +38,17 @@
 //! Unsigned codes meet signed activations in `vpdpbusd`; the formats' offsets
 //! (Q4_0's 8, Q5_0's 16, and 128 for the biased Q8_0 and IQ4_NL codes) are
 //! taken back through the activation block sums, which start each integer
-//! accumulator, so every lane ends at the exact `Σ q·a`.
+//! accumulator, so every lane ends at the exact `Σ q·a`. Q4_1 and Q5_1
+//! codes have no offset (their accumulators start at zero); the block sum
+//! enters through `w_m` instead.
 
 use rayon::prelude::*;
 
 use super::kernels::{AlignedBytes, Kernels, SimdLevel};
 use crate::error::{shape_err, Error, Result};
-use crate::quant::{self, BlockIQ4NL, BlockQ4K, BlockQ4_0, BlockQ5_0, BlockQ6K, BlockQ8K, BlockQ8_0, QK, QK_K};
+use crate::quant::{
+    self, BlockIQ4NL, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8K, BlockQ8_0, QK, QK_K,
+};
 use crate::weight::QuantWeight;
 use crate::GgmlType;
 
@@ -50,7 +60,8 @@ pub const TILE: usize = 8;
 /// Bytes per block of a format's two regions: (scales, codes).
 ///
 /// A group of 16 rows is stored as its `nb` blocks' scales (f16 ×16 per
-/// block, `d` per lane; Q4_K: `d` ×16 then `dmin` ×16), padded to 64 bytes,
+/// block, `d` per lane; Q4_1, Q5_1: `d` ×16 then `m` ×16; Q4_K: `d` ×16
+/// then `dmin` ×16), padded to 64 bytes,
 /// then its `nb` code records. Code records are multiples of 64 bytes, so
 /// with 64-byte aligned storage every code load is aligned. The sizes equal
 /// the GGUF bytes of 16 rows, except Q4_K (+2.8%: its 6-bit scales and mins
@@ -59,10 +70,11 @@ pub const TILE: usize = 8;
 /// Code records (offsets in bytes; "lane `j`" is row `16g + j`):
 /// - Q8_0, 512: `64m` (m < 8) lane `j` = codes `4m..4m+4` of row `j` plus
 ///   128, as u8.
-/// - Q4_0 / IQ4_NL, 256: `64m` (m < 4) lane `j` = bytes `4m..4m+4` of row
-///   `j`'s `qs` (low nibbles: codes `4m..`, high nibbles: codes `16 + 4m..`).
-/// - Q5_0, 320: as Q4_0, then at `256 + 8m` (m < 8) a 64-bit mask whose bit
-///   `4j + i` is the fifth bit of code `4m + i` of row `j`.
+/// - Q4_0 / Q4_1 / IQ4_NL, 256: `64m` (m < 4) lane `j` = bytes `4m..4m+4`
+///   of row `j`'s `qs` (low nibbles: codes `4m..`, high nibbles: codes
+///   `16 + 4m..`).
+/// - Q5_0 / Q5_1, 320: as Q4_0, then at `256 + 8m` (m < 8) a 64-bit mask
+///   whose bit `4j + i` is the fifth bit of code `4m + i` of row `j`.
 /// - Q4_K, 2304 per super-block: `16s` (s < 8) sub-block scales (u8 ×16);
 ///   `128 + 32p` (p < 4) mins `(m_2p, m_2p+1)` (u8 pairs ×16);
 ///   `256 + 64(8c + m)` lane `j` = bytes `32c + 4m..+4` of row `j`'s `qs`
@@ -78,17 +90,21 @@ pub const fn layout(ty: GgmlType) -> Option<(usize, usize)> {
         GgmlType::Q8_0 => Some((32, 512)),
         GgmlType::Q4_0 | GgmlType::IQ4_NL => Some((32, 256)),
         GgmlType::Q5_0 => Some((32, 320)),
+        GgmlType::Q4_1 => Some((64, 256)),
+        GgmlType::Q5_1 => Some((64, 320)),
         GgmlType::Q4_K => Some((64, 2304)),
         GgmlType::Q6_K => Some((32, 3328)),
         _ => None,
     }
 }
 
-/// The code offset of a 32-wide format: `value = code - offset`.
+/// The code offset of a 32-wide format: `value = code - offset` (times the
+/// scale); 0 for Q4_1 and Q5_1, whose minimum is added separately.
 pub(crate) const fn offset(ty: GgmlType) -> i32 {
     match ty {
         GgmlType::Q4_0 => 8,
         GgmlType::Q5_0 => 16,
+        GgmlType::Q4_1 | GgmlType::Q5_1 => 0,
         _ => 128,
     }
 }
@@ -98,7 +114,7 @@ pub(crate) const fn offset(ty: GgmlType) -> i32 {
 pub(crate) const AUX_K: usize = 20;
 
 /// Activation words per block in [`PackedActs`] for weights of `ty`: one
-/// block sum (Q8_0 activations) or [`AUX_K`] (Q8_K activations).
+/// block sum (Q8_0 and Q8_1 activations) or [`AUX_K`] (Q8_K activations).
 pub(crate) const fn aux_words(ty: GgmlType) -> usize {
     match ty {
         GgmlType::Q4_K | GgmlType::Q6_K => AUX_K,
@@ -112,6 +128,8 @@ pub(crate) const F_Q8_0: u8 = 0;
 pub(crate) const F_Q4_0: u8 = 1;
 pub(crate) const F_Q5_0: u8 = 2;
 pub(crate) const F_IQ4_NL: u8 = 3;
+pub(crate) const F_Q4_1: u8 = 4;
+pub(crate) const F_Q5_1: u8 = 5;
 
 /// Whether `ty` is packed on this kernel level: AVX-512 VNNI
 /// (`vpdpbusd` on 512-bit vectors) or AVX2 (the same sums emulated exactly,
@@ -244,6 +262,11 @@ impl PackedWeight {
                     }
                     acc = f16_at(b, 0).mul_add(s as f32, -(f16_at(b, 32) * m as f32)).mul_add(ad, acc);
                 }
+                GgmlType::Q4_1 | GgmlType::Q5_1 => {
+                    let isum: i32 = (0..QK).map(|i| code(self.ty, rec, j, 0, i) * qs[b * QK + i] as i32).sum();
+                    let asum = a.aux[t * self.nb + b];
+                    acc = f16_at(b, 0).mul_add(isum as f32, f16_at(b, 32) * asum as f32).mul_add(ad, acc);
+                }
                 GgmlType::Q6_K => {
                     let aux = &a.aux[(t * self.nb + b) * AUX_K..][..AUX_K];
                     let mut x = 0i32;
@@ -272,11 +295,11 @@ fn code(ty: GgmlType, rec: &[u8], j: usize, sub: usize, i: usize) -> i32 {
     let lane = |base: usize, k: usize| rec[base + 64 * (k / 4) + 4 * j + k % 4];
     match ty {
         GgmlType::Q8_0 => lane(0, i) as i32,
-        GgmlType::Q4_0 | GgmlType::IQ4_NL | GgmlType::Q5_0 => {
+        GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::IQ4_NL | GgmlType::Q5_0 | GgmlType::Q5_1 => {
             let byte = lane(0, i % 16);
             let nib = if i < 16 { byte & 15 } else { byte >> 4 };
             match ty {
-                GgmlType::Q4_0 => nib as i32,
+                GgmlType::Q4_0 | GgmlType::Q4_1 => nib as i32,
                 GgmlType::IQ4_NL => quant::iq4_nl::KVALUES_IQ4NL[nib as usize] as i32 + 128,
                 _ => {
                     let m = u64::from_le_bytes(rec[256 + 8 * (i / 4)..][..8].try_into().unwrap());
@@ -315,18 +338,25 @@ fn pack_block(ty: GgmlType, row: &[u8], b: usize, j: usize, sc: &mut [u8], rec: 
                 lane(rec, 0, m, std::array::from_fn(|i| (blk.qs[4 * m + i] as i32 + 128) as u8));
             }
         }
-        GgmlType::Q4_0 | GgmlType::IQ4_NL | GgmlType::Q5_0 => {
-            let (d, qs) = match ty {
-                GgmlType::Q4_0 => quant::blocks::<BlockQ4_0>(row).map(|x| (x[b].d, x[b].qs))?,
-                GgmlType::Q5_0 => quant::blocks::<BlockQ5_0>(row).map(|x| (x[b].d, x[b].qs))?,
-                _ => quant::blocks::<BlockIQ4NL>(row).map(|x| (x[b].d, x[b].qs))?,
+        GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::IQ4_NL | GgmlType::Q5_0 | GgmlType::Q5_1 => {
+            // (d, m, qs, qh); m only for Q4_1 and Q5_1, qh for Q5_0 and Q5_1.
+            let zero = half::f16::ZERO;
+            let (d, m, qs, qh) = match ty {
+                GgmlType::Q4_0 => quant::blocks::<BlockQ4_0>(row).map(|x| (x[b].d, zero, x[b].qs, [0; 4]))?,
+                GgmlType::Q4_1 => quant::blocks::<BlockQ4_1>(row).map(|x| (x[b].d, x[b].m, x[b].qs, [0; 4]))?,
+                GgmlType::Q5_0 => quant::blocks::<BlockQ5_0>(row).map(|x| (x[b].d, zero, x[b].qs, x[b].qh))?,
+                GgmlType::Q5_1 => quant::blocks::<BlockQ5_1>(row).map(|x| (x[b].d, x[b].m, x[b].qs, x[b].qh))?,
+                _ => quant::blocks::<BlockIQ4NL>(row).map(|x| (x[b].d, zero, x[b].qs, [0; 4]))?,
             };
             put_f16(sc, 0, d);
+            if matches!(ty, GgmlType::Q4_1 | GgmlType::Q5_1) {
+                put_f16(sc, 32, m);
+            }
             for m in 0..4 {
                 lane(rec, 0, m, qs[4 * m..4 * m + 4].try_into().unwrap());
             }
-            if ty == GgmlType::Q5_0 {
-                let qh = u32::from_le_bytes(quant::blocks::<BlockQ5_0>(row)?[b].qh);
+            if matches!(ty, GgmlType::Q5_0 | GgmlType::Q5_1) {
+                let qh = u32::from_le_bytes(qh);
                 for m in 0..8 {
                     let at = 256 + 8 * m;
                     let mask = u64::from_le_bytes(rec[at..at + 8].try_into().unwrap())
@@ -370,11 +400,11 @@ fn pack_block(ty: GgmlType, row: &[u8], b: usize, j: usize, sc: &mut [u8], rec: 
 
 /// Activations quantized for the packed products: `n_tokens` rows of `cols`
 /// values, quantized exactly as the row-dot path quantizes them (Q8_0 for
-/// the 32-wide formats, Q8_K for the k-quants) and split into the arrays
-/// the kernels read. Buffers are reused between calls.
+/// the 32-wide formats, Q8_1 for Q4_1 and Q5_1, Q8_K for the k-quants) and
+/// split into the arrays the kernels read. Buffers are reused between calls.
 #[derive(Default)]
 pub struct PackedActs {
-    /// `Q8_0` or `Q8_K`.
+    /// `Q8_0`, `Q8_1` or `Q8_K`.
     pub(crate) kind: Option<GgmlType>,
     pub(crate) n_tokens: usize,
     pub(crate) cols: usize,
@@ -382,7 +412,7 @@ pub struct PackedActs {
     pub(crate) qs: Vec<i8>,
     /// `[n_tokens][blocks]` scales.
     pub(crate) d: Vec<f32>,
-    /// Q8_0: `[n_tokens][blocks]` block sums `Σ a`; Q8_K:
+    /// Q8_0, Q8_1: `[n_tokens][blocks]` block sums `Σ a`; Q8_K:
     /// `[n_tokens][blocks][AUX_K]` (see [`AUX_K`]).
     pub(crate) aux: Vec<i32>,
 }
@@ -431,9 +461,13 @@ impl PackedActs {
                 d
             }
         };
+        // Q8_1's codes and scale are Q8_0's (ggml's `quantize_row_q8_1_ref`
+        // quantizes each block as Q8_0 does, then adds `s`, unused here), so
+        // Q8_1 activations come from the Q8_0 quantizer, which has SIMD.
+        let quantize_as = if kind == GgmlType::Q8_1 { GgmlType::Q8_0 } else { ty };
         for row in x.chunks_exact(cols.max(1)).take(n_tokens) {
-            k.quantize_activation(ty, row, scratch)?;
-            if kind == GgmlType::Q8_0 {
+            k.quantize_activation(quantize_as, row, scratch)?;
+            if kind != GgmlType::Q8_K {
                 for (b, xb) in quant::blocks::<BlockQ8_0>(scratch.as_bytes())?.iter().zip(row.chunks_exact(QK)) {
                     self.qs.extend_from_slice(&b.qs);
                     self.d.push(scale(b.d.to_f32(), xb));
@@ -575,8 +609,16 @@ mod tests {
         (wf, QuantWeight::new(ty, rows, cols, wq.into()).unwrap())
     }
 
-    const TYPES: [GgmlType; 6] =
-        [GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::IQ4_NL, GgmlType::Q4_K, GgmlType::Q6_K];
+    const TYPES: [GgmlType; 8] = [
+        GgmlType::Q4_0,
+        GgmlType::Q4_1,
+        GgmlType::Q5_0,
+        GgmlType::Q5_1,
+        GgmlType::Q8_0,
+        GgmlType::IQ4_NL,
+        GgmlType::Q4_K,
+        GgmlType::Q6_K,
+    ];
 
     /// Awkward shapes: one row, rows not a multiple of 16, one block, many
     /// blocks, token counts below, at and past a tile.
@@ -637,8 +679,22 @@ mod tests {
                             y1[r]
                         );
                         let mag: f32 = (0..cols).map(|c| (wf[r * cols + c] * x[t * cols + c]).abs()).sum();
+                        // The reference adds `w_m · s` with Q8_1's f16 block
+                        // sum `s` (module docs): allow its rounding.
+                        let min_term: f32 = if matches!(ty, GgmlType::Q4_1 | GgmlType::Q5_1) {
+                            (0..cols / QK)
+                                .map(|b| {
+                                    let blk = b * QK..(b + 1) * QK;
+                                    let wmax = wf[r * cols..][blk.clone()].iter().fold(0f32, |m, v| m.max(v.abs()));
+                                    let xsum: f32 = x[t * cols..][blk].iter().map(|v| v.abs()).sum();
+                                    wmax * xsum / 1024.0
+                                })
+                                .sum()
+                        } else {
+                            0.0
+                        };
                         assert!(
-                            (got - want[r]).abs() <= 2e-5 * mag + 1e-6,
+                            (got - want[r]).abs() <= 2e-5 * mag + 1e-6 + min_term,
                             "{ty} {rows}x{cols} t={t} r={r}: {got} vs reference {}",
                             want[r]
                         );

@@ -4,8 +4,8 @@
 //!
 //! `vpdpbusd` is emulated exactly: `vpmaddubsw` (u8 × i8 pairs into i16)
 //! then `vpmaddwd` by ones. No pair can saturate: the unsigned codes are
-//! below 64 (Q4_0, Q5_0, Q4_K, Q6_K), so a pair is at most 2·63·128; the
-//! signed codes of Q8_0 and IQ4_NL go through `|q|` and `sign(a, q)`, so a
+//! below 64 (Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q6_K), so a pair is at most
+//! 2·63·128; the signed codes of Q8_0 and IQ4_NL go through `|q|` and `sign(a, q)`, so a
 //! pair is at most 2·128·127 (Q8_0 activations of finite inputs lie in
 //! -127..=127; a block with a NaN input, whose codes may hold -128, which
 //! `sign` cannot negate, has a NaN scale and a NaN result on every level:
@@ -15,7 +15,7 @@
 
 use std::arch::x86_64::*;
 
-use crate::cpu::packed::{aux_words, layout, offset, PackedActs, F_IQ4_NL, F_Q4_0, F_Q5_0, F_Q8_0};
+use crate::cpu::packed::{aux_words, layout, offset, PackedActs, F_IQ4_NL, F_Q4_0, F_Q4_1, F_Q5_0, F_Q5_1, F_Q8_0};
 use crate::GgmlType;
 
 /// Tokens per pass (register budget: 16 vector registers).
@@ -42,8 +42,9 @@ pub(crate) unsafe fn tile(
     valid: usize,
 ) {
     let aux_per = aux_words(ty);
-    let Some((_, rec)) = layout(ty) else { return };
-    let shift = offset(ty).trailing_zeros();
+    let Some((sc, rec)) = layout(ty) else { return };
+    // Formats without an offset (Q4_1, Q5_1) never read it.
+    let shift = offset(ty).trailing_zeros() % 32;
     let mut t = 0;
     while t < n {
         let m = (n - t).min(T_MAX);
@@ -56,6 +57,7 @@ pub(crate) unsafe fn tile(
             let v = View {
                 scales,
                 codes,
+                sc,
                 rec,
                 shift,
                 half,
@@ -83,6 +85,8 @@ pub(crate) unsafe fn tile(
                 GgmlType::Q8_0 => by_n!(q32, F_Q8_0),
                 GgmlType::Q4_0 => by_n!(q32, F_Q4_0),
                 GgmlType::Q5_0 => by_n!(q32, F_Q5_0),
+                GgmlType::Q4_1 => by_n!(q32, F_Q4_1),
+                GgmlType::Q5_1 => by_n!(q32, F_Q5_1),
                 GgmlType::IQ4_NL => by_n!(q32, F_IQ4_NL),
                 GgmlType::Q4_K => by_n!(q4k),
                 GgmlType::Q6_K => by_n!(q6k),
@@ -98,6 +102,8 @@ pub(crate) unsafe fn tile(
 struct View {
     scales: *const u8,
     codes: *const u8,
+    /// Scale bytes per block (`packed::layout`).
+    sc: usize,
     /// Bytes of one code record (`packed::layout`).
     rec: usize,
     /// log2 of the unsigned 32-wide codes' offset (`packed::offset`).
@@ -141,6 +147,25 @@ impl View {
     #[inline(always)]
     unsafe fn plane(&self, p: *const u8) -> __m256i {
         _mm256_load_si256(p.add(32 * self.half) as *const __m256i)
+    }
+}
+
+/// In decode (`T == 1`), on the first half's pass (the second finds the
+/// group in cache), prefetches as `avx512_packed::prefetch` does: the
+/// record 2 KiB or two records (whichever is further) past the record at
+/// `r`, so that each core keeps several weight reads in flight.
+///
+/// # Safety
+/// None beyond x86-64 itself (SSE): a prefetch is a hint that never faults, and its address is formed with
+/// wrapping arithmetic.
+#[inline(always)]
+unsafe fn prefetch<const T: usize>(v: &View, r: *const u8) {
+    if T == 1 && v.half == 0 {
+        let mut off = 0;
+        while off < v.rec {
+            _mm_prefetch::<_MM_HINT_T0>(r.wrapping_add((2 * v.rec).max(2048) + off) as *const i8);
+            off += 64;
+        }
     }
 }
 
@@ -199,8 +224,8 @@ unsafe fn store<const T: usize>(v: &View, acc: &[__m256; T]) {
     }
 }
 
-/// Signed codes (Q8_0, IQ4_NL) or unsigned codes (Q4_0, Q5_0) of values
-/// `4m..4m + 4` of a 32-wide code record, this half's 8 lanes.
+/// Signed codes (Q8_0, IQ4_NL) or unsigned codes (Q4_0, Q4_1, Q5_0, Q5_1)
+/// of values `4m..4m + 4` of a 32-wide code record, this half's 8 lanes.
 ///
 /// # Safety
 /// AVX2 must be available; `r` must point to a whole, 64-byte aligned code record of format `F`
@@ -216,7 +241,7 @@ unsafe fn codes32<const F: u8>(v: &View, r: *const u8, m: usize) -> __m256i {
     let lo4 = _mm256_set1_epi8(0x0f);
     let nib = if m < 4 { _mm256_and_si256(raw, lo4) } else { _mm256_and_si256(_mm256_srli_epi16::<4>(raw), lo4) };
     match F {
-        F_Q5_0 => {
+        F_Q5_0 | F_Q5_1 => {
             // The fifth bits of this half: 32 mask bits, one per byte.
             let bits = ((r.add(256 + 8 * m) as *const u64).read_unaligned() >> (32 * v.half)) as u32 as i32;
             // Byte k of lane j takes bit 4j + k: spread the bits to bytes.
@@ -246,11 +271,13 @@ unsafe fn codes32<const F: u8>(v: &View, r: *const u8, m: usize) -> __m256i {
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn q32<const F: u8, const T: usize>(v: View) {
     let signed = F == F_Q8_0 || F == F_IQ4_NL;
+    let with_min = F == F_Q4_1 || F == F_Q5_1;
     let mut acc = [_mm256_setzero_ps(); T];
     for b in 0..v.nb {
         let r = v.codes.add(b * v.rec);
+        prefetch::<T>(&v, r);
         let mut is = [_mm256_setzero_si256(); T];
-        if !signed {
+        if !signed && !with_min {
             for t in 0..T {
                 is[t] = _mm256_set1_epi32(-(v.aux(t, b, 0) << v.shift));
             }
@@ -262,10 +289,19 @@ unsafe fn q32<const F: u8, const T: usize>(v: View) {
                 is[t] = if signed { dot_s(is[t], w, a) } else { dot_u(is[t], w, a) };
             }
         }
-        let wd = scales8(&v, v.scales.add(32 * b));
-        for t in 0..T {
-            let s = _mm256_mul_ps(wd, _mm256_set1_ps(v.d(t, b)));
-            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is[t]), s, acc[t]);
+        let wd = scales8(&v, v.scales.add(v.sc * b));
+        if with_min {
+            let wm = scales8(&v, v.scales.add(v.sc * b + 32));
+            for t in 0..T {
+                let m = _mm256_mul_ps(wm, _mm256_set1_ps(v.aux(t, b, 0) as f32));
+                let x = _mm256_fmadd_ps(wd, _mm256_cvtepi32_ps(is[t]), m);
+                acc[t] = _mm256_fmadd_ps(x, _mm256_set1_ps(v.d(t, b)), acc[t]);
+            }
+        } else {
+            for t in 0..T {
+                let s = _mm256_mul_ps(wd, _mm256_set1_ps(v.d(t, b)));
+                acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is[t]), s, acc[t]);
+            }
         }
     }
     store::<T>(&v, &acc);
@@ -281,6 +317,7 @@ unsafe fn q4k<const T: usize>(v: View) {
     let mut acc = [_mm256_setzero_ps(); T];
     for sb in 0..v.nb {
         let r = v.codes.add(sb * v.rec);
+        prefetch::<T>(&v, r);
         let a0 = sb * 256;
         let mut s = [_mm256_setzero_si256(); T];
         for sub in 0..8 {
@@ -349,6 +386,7 @@ unsafe fn q6k<const T: usize>(v: View) {
     let mut acc = [_mm256_setzero_ps(); T];
     for sb in 0..v.nb {
         let r = v.codes.add(sb * v.rec);
+        prefetch::<T>(&v, r);
         let a0 = sb * 256;
         let mut s = [_mm256_setzero_si256(); T];
         for sub in 0..16 {

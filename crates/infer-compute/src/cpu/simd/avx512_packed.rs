@@ -9,7 +9,7 @@
 
 use std::arch::x86_64::*;
 
-use crate::cpu::packed::{aux_words, layout, offset, PackedActs, F_IQ4_NL, F_Q4_0, F_Q5_0, F_Q8_0};
+use crate::cpu::packed::{aux_words, layout, offset, PackedActs, F_IQ4_NL, F_Q4_0, F_Q4_1, F_Q5_0, F_Q5_1, F_Q8_0};
 use crate::GgmlType;
 
 /// Runs one group (`scales`: its scale region, `codes`: its `nb` code
@@ -41,9 +41,10 @@ pub(crate) unsafe fn tile(
     let aux_per = aux_words(ty);
     let d = a.d.as_ptr().add(t0 * nb);
     let aux = a.aux.as_ptr().add(t0 * nb * aux_per);
-    let Some((_, rec)) = layout(ty) else { return };
-    let shift = offset(ty).trailing_zeros();
-    let v = View { scales, codes, rec, shift, nb, qs, ld_a, d, aux, aux_per, y, ld_y, mask };
+    let Some((sc, rec)) = layout(ty) else { return };
+    // Formats without an offset (Q4_1, Q5_1) never read it.
+    let shift = offset(ty).trailing_zeros() % 32;
+    let v = View { scales, codes, sc, rec, shift, nb, qs, ld_a, d, aux, aux_per, y, ld_y, mask };
     macro_rules! by_n {
         ($f:ident $(, $c:expr)?) => {
             match n {
@@ -62,6 +63,8 @@ pub(crate) unsafe fn tile(
         GgmlType::Q8_0 => by_n!(q32, F_Q8_0),
         GgmlType::Q4_0 => by_n!(q32, F_Q4_0),
         GgmlType::Q5_0 => by_n!(q32, F_Q5_0),
+        GgmlType::Q4_1 => by_n!(q32, F_Q4_1),
+        GgmlType::Q5_1 => by_n!(q32, F_Q5_1),
         GgmlType::IQ4_NL => by_n!(q32, F_IQ4_NL),
         GgmlType::Q4_K => by_n!(q4k),
         GgmlType::Q6_K => by_n!(q6k),
@@ -74,6 +77,8 @@ pub(crate) unsafe fn tile(
 struct View {
     scales: *const u8,
     codes: *const u8,
+    /// Scale bytes per block (`packed::layout`).
+    sc: usize,
     /// Bytes of one code record (`packed::layout`).
     rec: usize,
     /// log2 of the 32-wide codes' offset (`packed::offset`).
@@ -168,7 +173,7 @@ unsafe fn codes32<const F: u8>(r: *const u8, m: usize) -> __m512i {
     let lo4 = _mm512_set1_epi8(0x0f);
     let nib = if m < 4 { _mm512_and_si512(raw, lo4) } else { _mm512_and_si512(_mm512_srli_epi16::<4>(raw), lo4) };
     match F {
-        F_Q5_0 => {
+        F_Q5_0 | F_Q5_1 => {
             let hi = (r.add(256 + 8 * m) as *const u64).read_unaligned();
             _mm512_mask_add_epi8(nib, hi, nib, _mm512_set1_epi8(16))
         }
@@ -188,6 +193,7 @@ unsafe fn codes32<const F: u8>(r: *const u8, m: usize) -> __m512i {
 /// As [`tile`]: the view describes buffers of a live [`tile`] call with a group of format `F` and `T` tokens.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma")]
 unsafe fn q32<const F: u8, const T: usize>(v: View) {
+    let with_min = F == F_Q4_1 || F == F_Q5_1;
     let mut acc = [_mm512_setzero_ps(); T];
     for b in 0..v.nb {
         let r = v.codes.add(b * v.rec);
@@ -195,8 +201,10 @@ unsafe fn q32<const F: u8, const T: usize>(v: View) {
         // Two integer chains per token (even and odd m) shorten the
         // dependency chain when the tile is small.
         let mut is = [[_mm512_setzero_si512(); 2]; T];
-        for t in 0..T {
-            is[t][0] = _mm512_set1_epi32(-(v.aux(t, b, 0) << v.shift));
+        if !with_min {
+            for t in 0..T {
+                is[t][0] = _mm512_set1_epi32(-(v.aux(t, b, 0) << v.shift));
+            }
         }
         for m in 0..8 {
             let w = codes32::<F>(r, m);
@@ -205,11 +213,18 @@ unsafe fn q32<const F: u8, const T: usize>(v: View) {
                 is[t][c] = _mm512_dpbusd_epi32(is[t][c], w, act4(&v, t, b * 32 + 4 * m));
             }
         }
-        let wd = scales16(v.scales.add(32 * b));
+        let wd = scales16(v.scales.add(v.sc * b));
+        let wm = if with_min { scales16(v.scales.add(v.sc * b + 32)) } else { _mm512_setzero_ps() };
         for t in 0..T {
             let isum = if T < 4 { _mm512_add_epi32(is[t][0], is[t][1]) } else { is[t][0] };
-            let s = _mm512_mul_ps(wd, _mm512_set1_ps(v.d(t, b)));
-            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), s, acc[t]);
+            if with_min {
+                let m = _mm512_mul_ps(wm, _mm512_set1_ps(v.aux(t, b, 0) as f32));
+                let x = _mm512_fmadd_ps(wd, _mm512_cvtepi32_ps(isum), m);
+                acc[t] = _mm512_fmadd_ps(x, _mm512_set1_ps(v.d(t, b)), acc[t]);
+            } else {
+                let s = _mm512_mul_ps(wd, _mm512_set1_ps(v.d(t, b)));
+                acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), s, acc[t]);
+            }
         }
     }
     for t in 0..T {
