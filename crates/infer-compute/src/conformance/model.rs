@@ -273,6 +273,57 @@ fn greedy_case(b: &dyn ComputeBackend) -> Result<Outcome, String> {
     Ok(Outcome::Pass(String::new()))
 }
 
+/// Models of one backend used from several threads at once (a server
+/// runs one per request thread) decode as they do alone, and the backend's
+/// own ops stay usable meanwhile.
+fn concurrent_case(b: &dyn ComputeBackend) -> Result<Outcome, String> {
+    let spec = random_model(17, Arch::Gemma3);
+    let toks = tokens(17, 12, spec.n_vocab);
+    let alone = {
+        let mut m = match prepare(b, &spec)? {
+            Ok(m) => m,
+            Err(skip) => return Ok(skip),
+        };
+        let mut kv = m.new_kv_cache(toks.len()).map_err(err("kv"))?;
+        let mut last = vec![];
+        for (pos, &t) in toks.iter().enumerate() {
+            last = m.decode_token(kv.as_mut(), t, pos).map_err(err("decode_token"))?.to_vec();
+        }
+        last
+    };
+    let w = random_weight(&mut Rng::new(17), GgmlType::Q8_0, 64, 32);
+    let x: Vec<f32> = (0..32).map(|i| i as f32 / 32.0).collect();
+    let results: Vec<Result<Vec<f32>, String>> = std::thread::scope(|s| {
+        let runs: Vec<_> = (0..4)
+            .map(|i| {
+                let (spec, toks, w, x) = (&spec, &toks, &w, &x);
+                s.spawn(move || -> Result<Vec<f32>, String> {
+                    if i == 3 {
+                        // The backend's own ops, while the models decode.
+                        let mut y = vec![0f32; 64];
+                        for _ in 0..20 {
+                            b.matvec(w, x, &mut y).map_err(err("matvec"))?;
+                        }
+                        return Ok(vec![]);
+                    }
+                    let mut m = b.prepare(spec).map_err(err("prepare"))?;
+                    let mut kv = m.new_kv_cache(toks.len()).map_err(err("kv"))?;
+                    let mut last = vec![];
+                    for (pos, &t) in toks.iter().enumerate() {
+                        last = m.decode_token(kv.as_mut(), t, pos).map_err(err("decode_token"))?.to_vec();
+                    }
+                    Ok(last)
+                })
+            })
+            .collect();
+        runs.into_iter().map(|h| h.join().unwrap_or_else(|_| Err("a thread panicked".into()))).collect()
+    });
+    for (i, r) in results.into_iter().enumerate().take(3) {
+        check_logits(&format!("thread {i}"), &r?, &alone)?;
+    }
+    Ok(Outcome::Pass(String::new()))
+}
+
 /// A profiled step times named ops and advances the cache like a decode.
 fn profile_case(b: &dyn ComputeBackend) -> Result<Outcome, String> {
     let spec = random_model(15, Arch::Gemma3);
@@ -362,6 +413,7 @@ pub fn cases() -> Vec<Case> {
     v.push(Case::new("model::truncate", truncate_case));
     v.push(Case::new("model::profile_step", profile_case));
     v.push(Case::new("model::decode_greedy", greedy_case));
+    v.push(Case::new("model::concurrent", concurrent_case));
     v.push(Case::new("model::errors", errors_case));
     v
 }

@@ -64,11 +64,23 @@ fn ptx_for(cc: (i32, i32)) -> Result<Arc<String>> {
     Ok(p)
 }
 
+/// Serializes, across the process, graph captures with the driver and
+/// library calls that may synchronize the whole device (cuBLAS handle
+/// creation and destruction, page-locked host allocation and release): such
+/// a call on one thread while another thread captures a stream invalidates
+/// that capture (`CUDA_ERROR_STREAM_CAPTURE_INVALIDATED`). Captures are rare
+/// (once per KV cache), so the lock costs nothing in steady decoding.
+pub(crate) fn device_lock() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 /// A CUDA device with its stream, cuBLAS handle and kernels.
 pub(crate) struct Device {
     pub ctx: Arc<CudaContext>,
     pub stream: Arc<CudaStream>,
-    pub blas: CudaBlas,
+    /// Released under [`device_lock`] (see `Drop`).
+    pub blas: std::mem::ManuallyDrop<CudaBlas>,
     funcs: HashMap<&'static str, CudaFunction>,
     pub info: DeviceInfo,
     /// When set, every launch is timed (synchronously) and summed per kernel.
@@ -76,6 +88,21 @@ pub(crate) struct Device {
     /// Whether [`Device::launch`] asks for programmatic dependent launch
     /// (see [`pdl_enabled`]).
     pdl: bool,
+}
+
+/// A cuBLAS handle on `stream`, created under [`device_lock`].
+fn new_blas(stream: &Arc<CudaStream>) -> Result<std::mem::ManuallyDrop<CudaBlas>> {
+    let _device = device_lock();
+    let blas = CudaBlas::new(stream.clone()).map_err(|e| Error::Device(format!("cuBLAS: {e:?}")))?;
+    Ok(std::mem::ManuallyDrop::new(blas))
+}
+
+impl Drop for Device {
+    fn drop(&mut self) {
+        let _device = device_lock();
+        // SAFETY: dropped once, here; nothing uses `blas` after `drop`.
+        unsafe { std::mem::ManuallyDrop::drop(&mut self.blas) };
+    }
 }
 
 /// Programmatic dependent launch (compute capability 9.0 and later): a
@@ -110,6 +137,7 @@ impl<T: DeviceRepr + ValidAsZeroBits + Copy> PinnedBuf<T> {
         let len = len.max(1);
         let bytes = len.checked_mul(std::mem::size_of::<T>()).ok_or(Error::Overflow("pinned buffer size"))?;
         ctx.bind_to_thread().map_err(dev_err("binding the context"))?;
+        let _device = device_lock();
         // SAFETY: a fresh allocation of `bytes` bytes, zeroed below before
         // any read (T is valid as zero bits).
         let ptr = unsafe { result::malloc_host(bytes, 0) }.map_err(dev_err("pinned host allocation"))? as *mut T;
@@ -135,6 +163,7 @@ impl<T: DeviceRepr + ValidAsZeroBits + Copy> PinnedBuf<T> {
 impl<T> Drop for PinnedBuf<T> {
     fn drop(&mut self) {
         let _ = self.ctx.bind_to_thread();
+        let _device = device_lock();
         // SAFETY: allocated by `malloc_host` in `new`, freed once.
         let _ = unsafe { result::free_host(self.ptr as *mut std::ffi::c_void) };
     }
@@ -170,7 +199,7 @@ impl Device {
         if !unsafe { cudarc::cublas::sys::is_culib_present() } {
             return Err(Error::Device("cuBLAS (libcublas) not found".into()));
         }
-        let blas = CudaBlas::new(stream.clone()).map_err(|e| Error::Device(format!("cuBLAS: {e:?}")))?;
+        let blas = new_blas(&stream)?;
         // SAFETY: only probes whether the library can be opened.
         if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
             return Err(Error::Device("NVRTC (libnvrtc) not found".into()));
@@ -189,6 +218,25 @@ impl Device {
         }
         let pdl = pdl_enabled(info.compute_capability);
         Ok(Device { ctx, stream, blas, funcs, info, profile: Mutex::new(None), pdl })
+    }
+
+    /// The same device, context and kernels on a stream (and cuBLAS handle)
+    /// of its own. Every prepared model runs on one: a model captures its
+    /// decode step as a CUDA graph, and a capture on a stream that another
+    /// thread also launches on fails (`CUDA_ERROR_STREAM_CAPTURE_*`), so
+    /// models used from different threads must not share a stream.
+    pub fn with_own_stream(&self) -> Result<Self> {
+        let stream = self.ctx.new_stream().map_err(dev_err("creating a stream"))?;
+        let blas = new_blas(&stream)?;
+        Ok(Device {
+            ctx: self.ctx.clone(),
+            stream,
+            blas,
+            funcs: self.funcs.clone(),
+            info: self.info.clone(),
+            profile: Mutex::new(None),
+            pdl: self.pdl,
+        })
     }
 
     /// `(kernel, registers per thread, local memory bytes per thread)` of

@@ -45,8 +45,15 @@ use crate::pipeline::{ModelSpec, RopeSpec, RopeType};
 use crate::weight::QuantWeight;
 
 /// A CUDA device behind the [`ComputeBackend`] trait.
+///
+/// Safe to share between threads: each prepared model runs on a stream of
+/// its own, and the backend's own ops (`matvec`, `matmul`, ...) take turns
+/// on the backend's stream.
 pub struct CudaBackend {
     dev: Arc<Device>,
+    /// Held by each op on `dev`'s stream, one thread at a time (the stream
+    /// and its cuBLAS handle are not for concurrent use).
+    ops: std::sync::Mutex<()>,
 }
 
 fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
@@ -69,7 +76,7 @@ impl CudaBackend {
             return Err(Error::Device("no CUDA driver: libcuda.so could not be loaded".into()));
         }
         match std::panic::catch_unwind(|| Device::open(ordinal)) {
-            Ok(Ok(dev)) => Ok(CudaBackend { dev: Arc::new(dev) }),
+            Ok(Ok(dev)) => Ok(CudaBackend { dev: Arc::new(dev), ops: std::sync::Mutex::new(()) }),
             Ok(Err(e)) => Err(e),
             Err(p) => Err(Error::Device(format!("CUDA initialization failed: {}", panic_message(&*p)))),
         }
@@ -93,7 +100,13 @@ impl CudaBackend {
     /// As [`ComputeBackend::prepare`]; shapes the kernels do not cover
     /// (head_dim not a multiple of 8 or above 1024, LayerNorm post-norms).
     pub fn prepare_cuda(&self, spec: &ModelSpec) -> Result<CudaModel> {
-        CudaModel::new(self.dev.clone(), spec)
+        CudaModel::new(Arc::new(self.dev.with_own_stream()?), spec)
+    }
+
+    /// The backend's stream, for one op (a poisoned lock only means another
+    /// op panicked; the stream itself is still usable).
+    fn exclusive(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.ops.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn upload_f32(&self, x: &[f32]) -> Result<cudarc::driver::CudaSlice<f32>> {
@@ -125,6 +138,7 @@ impl CudaBackend {
         layer_norm: bool,
         eps: f32,
     ) -> Result<(Vec<f32>, Vec<f32>)> {
+        let _stream = self.exclusive();
         let n = weight.len();
         if n == 0
             || !x.len().is_multiple_of(n)
@@ -176,6 +190,7 @@ impl CudaBackend {
         spec: &RopeSpec,
         head_norm: Option<(&[f32], f32)>,
     ) -> Result<Vec<f32>> {
+        let _stream = self.exclusive();
         let row = n_head * head_dim;
         if row == 0 || !x.len().is_multiple_of(row) || spec.n_rot > head_dim || !spec.n_rot.is_multiple_of(2) {
             return Err(shape_err(
@@ -226,6 +241,7 @@ impl CudaBackend {
         softcap: Option<f32>,
         window: Option<usize>,
     ) -> Result<Vec<f32>> {
+        let _stream = self.exclusive();
         ops::check_attn_shape(n_head, n_head_kv, head_dim)?;
         let kv_dim = n_head_kv * head_dim;
         if q.len() != n_head * head_dim || k_cache.len() != v_cache.len() || k_cache.len() < (pos + 1) * kv_dim {
@@ -270,6 +286,7 @@ impl CudaBackend {
     /// # Errors
     /// Length mismatch; device errors.
     pub fn glu(&self, gate: &[f32], up: &[f32], gelu: bool) -> Result<Vec<f32>> {
+        let _stream = self.exclusive();
         if gate.len() != up.len() {
             return Err(shape_err("cuda glu", "gate and up differ in length"));
         }
@@ -285,6 +302,7 @@ impl CudaBackend {
     /// # Errors
     /// Types without a kernel; device errors.
     pub fn dequantize(&self, w: &QuantWeight) -> Result<Vec<f32>> {
+        let _stream = self.exclusive();
         if w.rows == 0 || w.cols == 0 {
             return Ok(Vec::new());
         }
@@ -299,6 +317,7 @@ impl CudaBackend {
 
     /// `Y = X·Wᵀ` for `x: [n_tok, w.cols]` on the device.
     fn matvec_rows(&self, w: &QuantWeight, x: &[f32], n_tok: usize) -> Result<Vec<f32>> {
+        let _stream = self.exclusive();
         // The fields are public: a hand-edited weight must not reach a kernel.
         w.check()?;
         let quantized = ops::wants_q8(w.ty)?;
@@ -333,6 +352,7 @@ impl CudaBackend {
     }
 
     fn sgemm(&self, a: ArrayView2<'_, f32>, b: ArrayView2<'_, f32>, b_transposed: bool) -> Result<Array2<f32>> {
+        let _stream = self.exclusive();
         let (m, k) = a.dim();
         let (n, kb) = if b_transposed { b.dim() } else { (b.dim().1, b.dim().0) };
         if k != kb {

@@ -550,6 +550,9 @@ impl CudaModel {
         if !fresh {
             self.graphs[slot] = None;
             let stream = self.dev.stream.clone();
+            // No device-synchronizing call of another thread may run while
+            // this stream captures (see `device_lock`).
+            let _device = super::device::device_lock();
             stream
                 .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
                 .map_err(dev_err("begin graph capture"))?;
