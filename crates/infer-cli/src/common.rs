@@ -239,14 +239,35 @@ fn cuda_backend() -> CliResult<Box<dyn ComputeBackend>> {
 }
 
 /// A spinner on stderr while `f` runs (hidden when stderr is not a terminal).
+///
+/// The spinner is advanced by a thread of its own, started only when it is
+/// shown; when that thread cannot be started (a process at its memory or
+/// thread limit) the spinner stands still and `f` runs all the same.
 pub fn with_spinner<T>(msg: &str, f: impl FnOnce() -> T) -> T {
     let pb = ProgressBar::new_spinner();
     pb.set_style(
         ProgressStyle::with_template("{spinner} {msg} {elapsed}").unwrap_or_else(|_| ProgressStyle::default_spinner()),
     );
     pb.set_message(msg.to_string());
-    pb.enable_steady_tick(Duration::from_millis(100));
-    let out = f();
+    if pb.is_hidden() {
+        return f();
+    }
+    pb.tick();
+    let out = std::thread::scope(|s| {
+        let (stop, stopped) = std::sync::mpsc::channel::<()>();
+        let ticker = pb.clone();
+        // Not indicatif's `enable_steady_tick`, whose thread start panics
+        // when it fails.
+        let _ = std::thread::Builder::new().name("spinner".into()).spawn_scoped(s, move || {
+            while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = stopped.recv_timeout(Duration::from_millis(100))
+            {
+                ticker.tick();
+            }
+        });
+        let out = f();
+        drop(stop);
+        out
+    });
     pb.finish_and_clear();
     out
 }

@@ -79,6 +79,39 @@ fn a_quantized_model_or_kv_cache_that_does_not_fit_is_a_clean_error() {
 }
 
 #[test]
+fn the_quantized_model_under_a_sweep_of_limits_runs_or_fails_cleanly() {
+    // Every limit from 280 to 480 MB in 20 MB steps, those between that
+    // aborted in the allocator (the tokenizer's vocabulary-sized tables, the
+    // spinner's thread), and one the run fits in. Where the limit falls
+    // varies from run to run (address-space layout, threads), so each limit
+    // is checked for an outcome, not for which one.
+    let model = default_model();
+    let mut limits: Vec<u64> = (280..=480).step_by(20).collect();
+    limits.extend([290, 350, 410, 430, 700]);
+    let mut bad = Vec::new();
+    let mut outcomes = Vec::new();
+    for mb in limits {
+        let o = infer_limited(mb * 1000, &["run", "--model", &model, "-n", "2", "--threads", "2", "--temp", "0", "hi"]);
+        let err = String::from_utf8_lossy(&o.stderr);
+        let error_line = err.lines().find(|l| l.starts_with("error:"));
+        let outcome =
+            if o.status.success() { "ok".to_owned() } else { error_line.unwrap_or("(no error line)").to_owned() };
+        let clean = o.status.success()
+            || (o.status.code() == Some(1)
+                && error_line.is_some()
+                && !err.contains("memory allocation of")
+                && !err.contains("panicked"));
+        if !clean {
+            bad.push(format!("{mb} MB: status {:?}, stderr: {err}", o.status));
+        }
+        outcomes.push(format!("{mb} MB: {outcome}"));
+    }
+    eprintln!("{}", outcomes.join("\n"));
+    assert!(bad.is_empty(), "runs that did not end cleanly:\n{}", bad.join("\n"));
+    assert!(outcomes.iter().any(|o| o.contains("out of memory")), "no limit was too small: {outcomes:?}");
+}
+
+#[test]
 fn a_50m_element_metadata_array_fits_in_its_size() {
     // 50 M u8 elements: a 50 MB file. Held one enum per element it cost
     // 1.6 GB and aborted under this limit; now it is read into 50 MB and

@@ -9,6 +9,7 @@ pub mod error;
 pub mod fetch;
 pub mod generate;
 pub mod gguf;
+mod memory;
 pub mod model;
 pub mod reference;
 pub mod sampling;

@@ -31,6 +31,7 @@ use infer_compute::GgmlType;
 use infer_compute::{QuantWeight, WeightBytes};
 
 use crate::error::{Error, Result};
+use crate::memory::{self, out_of_memory};
 
 pub use array::{Array, StringArray};
 pub use value::Value;
@@ -354,18 +355,32 @@ impl GgufFile {
     ///
     /// # Errors
     /// [`Error::MissingKey`]; [`Error::KeyType`] for anything but an array
-    /// of strings.
+    /// of strings; out of memory ([`Error::Compute`]) when the list of
+    /// borrowed strings cannot be allocated.
     pub fn get_str_array(&self, key: &str) -> Result<Vec<&str>> {
-        self.typed(key, "array of string", |v| v.as_array()?.as_strings().map(|s| s.iter().collect()))
+        let strings = self.get_strings(key)?;
+        let mut out = memory::vec_with_capacity(strings.len(), || format!("the strings of `{key}`"))?;
+        out.extend(strings.iter());
+        Ok(out)
+    }
+
+    /// An array of strings as stored: one text buffer, no copy.
+    ///
+    /// # Errors
+    /// [`Error::MissingKey`]; [`Error::KeyType`] for anything but an array
+    /// of strings.
+    pub fn get_strings(&self, key: &str) -> Result<&StringArray> {
+        self.typed(key, "array of string", |v| v.as_array()?.as_strings())
     }
 
     /// An array of floats as `f32` (`f64` elements are rounded).
     ///
     /// # Errors
     /// [`Error::MissingKey`]; [`Error::KeyType`] for anything but an array
-    /// of floats.
+    /// of floats; out of memory ([`Error::Compute`]) when the copy cannot
+    /// be allocated.
     pub fn get_f32_array(&self, key: &str) -> Result<Vec<f32>> {
-        self.typed(key, "array of f32", |v| v.as_array()?.to_f32_vec())
+        self.typed(key, "array of f32", |v| float_array(v, key)).and_then(|r| r)
     }
 
     /// An array of integers as `i32`; elements of any integer type are
@@ -373,9 +388,10 @@ impl GgufFile {
     ///
     /// # Errors
     /// [`Error::MissingKey`]; [`Error::KeyType`] for anything but an array
-    /// of integers in range.
+    /// of integers in range; out of memory ([`Error::Compute`]) when the
+    /// copy cannot be allocated.
     pub fn get_i32_array(&self, key: &str) -> Result<Vec<i32>> {
-        self.typed(key, "array of i32", int_array)
+        self.typed(key, "array of i32", |v| int_array(v, key)).and_then(|r| r)
     }
 
     /// An array of integers as `u32` (elements of any integer type that fit
@@ -384,7 +400,7 @@ impl GgufFile {
     /// # Errors
     /// As [`GgufFile::get_i32_array`].
     pub fn get_u32_array(&self, key: &str) -> Result<Vec<u32>> {
-        self.typed(key, "array of u32", int_array)
+        self.typed(key, "array of u32", |v| int_array(v, key)).and_then(|r| r)
     }
 
     /// Every tensor description, in file order.
@@ -484,14 +500,47 @@ impl GgufFile {
 }
 
 /// The elements of an integer array converted losslessly to `T`; `None`
-/// for other arrays or when an element does not fit.
-fn int_array<T: TryFrom<i128>>(v: &Value) -> Option<Vec<T>> {
-    v.as_array()?.to_i128_vec()?.into_iter().map(|x| T::try_from(x).ok()).collect()
+/// for other arrays or when an element does not fit, out of memory when the
+/// copy of array `key` cannot be allocated.
+fn int_array<T: TryFrom<i128>>(v: &Value, key: &str) -> Option<Result<Vec<T>>> {
+    fn conv<S: Copy + Into<i128>, T: TryFrom<i128>>(v: &[S], key: &str) -> Option<Result<Vec<T>>> {
+        let mut out = match memory::vec_with_capacity(v.len(), || format!("the elements of `{key}`")) {
+            Ok(out) => out,
+            Err(e) => return Some(Err(e)),
+        };
+        for &x in v {
+            out.push(T::try_from(x.into()).ok()?);
+        }
+        Some(Ok(out))
+    }
+    match v.as_array()? {
+        Array::U8(a) => conv(a, key),
+        Array::I8(a) => conv(a, key),
+        Array::U16(a) => conv(a, key),
+        Array::I16(a) => conv(a, key),
+        Array::U32(a) => conv(a, key),
+        Array::I32(a) => conv(a, key),
+        Array::U64(a) => conv(a, key),
+        Array::I64(a) => conv(a, key),
+        _ => None,
+    }
 }
 
-/// An allocation the allocator refused.
-fn out_of_memory(what: String, bytes: u64) -> Error {
-    Error::Compute(infer_compute::Error::OutOfMemory { what, bytes })
+/// The elements of a float array as `f32`; `None` for other arrays, out
+/// of memory when the copy of array `key` cannot be allocated.
+fn float_array(v: &Value, key: &str) -> Option<Result<Vec<f32>>> {
+    let what = || format!("the elements of `{key}`");
+    Some(match v.as_array()? {
+        Array::F32(a) => memory::vec_with_capacity(a.len(), what).map(|mut out| {
+            out.extend_from_slice(a);
+            out
+        }),
+        Array::F64(a) => memory::vec_with_capacity(a.len(), what).map(|mut out| {
+            out.extend(a.iter().map(|&x| x as f32));
+            out
+        }),
+        _ => return None,
+    })
 }
 
 /// Prefixes a format error with the file's path.

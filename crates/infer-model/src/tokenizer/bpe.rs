@@ -22,8 +22,8 @@ use std::cmp::Ordering;
 use std::collections::{BinaryHeap, HashMap};
 
 use super::pretokenize::{PreTokenizer, Splitter};
-use super::vocab::{SpecialIds, TokenType, Vocab};
-use crate::{Error, Result};
+use super::vocab::{SpecialIds, Texts, TokenType, Vocab};
+use crate::{memory, Error, Result};
 
 /// The vocabulary and settings of a byte-level BPE tokenizer: the content
 /// of the `tokenizer.ggml.*` metadata, already read.
@@ -125,33 +125,59 @@ impl BpeModel {
     /// # Errors
     /// [`Error::Tokenizer`] for an unknown pre-tokenizer, for the errors of
     /// [`Vocab::new`], when the merges list is empty, and for a merge that
-    /// is not two texts separated by a space.
-    pub fn build(v: BpeVocab) -> Result<(Vocab, BpeModel, bool, bool)> {
-        let pre = PreTokenizer::from_name(&v.pre)?;
+    /// is not two texts separated by a space; out of memory
+    /// ([`Error::Compute`]) when a table does not fit.
+    pub fn build(mut v: BpeVocab) -> Result<(Vocab, BpeModel, bool, bool)> {
+        let tokens = std::mem::take(&mut v.tokens);
+        let merges = std::mem::take(&mut v.merges);
+        let pre = std::mem::take(&mut v.pre);
+        BpeModel::build_from(&tokens, &merges, &pre, v)
+    }
+
+    /// [`BpeModel::build`] with the token texts, merges and pre-tokenizer
+    /// name given apart (a GGUF file's metadata, read in place);
+    /// `v.tokens`, `v.merges` and `v.pre` are not read.
+    ///
+    /// # Errors
+    /// As [`BpeModel::build`].
+    pub(crate) fn build_from(
+        tokens: &dyn Texts,
+        merge_list: &dyn Texts,
+        pre: &str,
+        v: BpeVocab,
+    ) -> Result<(Vocab, BpeModel, bool, bool)> {
+        let pre = PreTokenizer::from_name(pre)?;
         let given = SpecialIds { bos: v.bos_id, eos: v.eos_id, unk: v.unk_id, pad: v.pad_id, eot: v.eot_id };
-        let vocab =
-            Vocab::new(&v.tokens, v.token_types.as_deref(), given, SpecialIds::default(), |_, ty, piece, out| {
-                match ty {
-                    TokenType::Normal | TokenType::Byte => {
-                        for c in piece.chars() {
-                            match char_byte(c) {
-                                Some(b) => out.push(b),
-                                None => out.extend_from_slice(c.encode_utf8(&mut [0; 4]).as_bytes()),
-                            }
+        let vocab = Vocab::new(tokens, v.token_types.as_deref(), given, SpecialIds::default(), |_, ty, piece, out| {
+            match ty {
+                TokenType::Normal | TokenType::Byte => {
+                    for c in piece.chars() {
+                        match char_byte(c) {
+                            Some(b) => out.push(b),
+                            None => out.extend_from_slice(c.encode_utf8(&mut [0; 4]).as_bytes()),
                         }
                     }
-                    TokenType::Control | TokenType::Unknown | TokenType::UserDefined => {
-                        out.extend_from_slice(piece.as_bytes())
-                    }
-                    TokenType::Unused | TokenType::Undefined => {}
                 }
-                Ok(())
-            })?;
-        if v.merges.is_empty() {
+                TokenType::Control | TokenType::Unknown | TokenType::UserDefined => {
+                    out.extend_from_slice(piece.as_bytes())
+                }
+                TokenType::Unused | TokenType::Undefined => {}
+            }
+            Ok(())
+        })?;
+        let n_merges = merge_list.count();
+        if n_merges == 0 {
             return Err(Error::Tokenizer("byte-level BPE without merges (tokenizer.ggml.merges)".into()));
         }
-        let mut merges = HashMap::with_capacity(v.merges.len());
-        for (rank, m) in v.merges.iter().enumerate() {
+        let mut merges = HashMap::new();
+        merges.try_reserve(n_merges).map_err(|_| {
+            let bytes = n_merges as u64 * std::mem::size_of::<(u64, (u32, u32))>() as u64;
+            memory::out_of_memory(format!("the merges table ({n_merges} merges)"), bytes)
+        })?;
+        // The two sides of a merge joined, reused across merges.
+        let mut joined = String::new();
+        for rank in 0..n_merges {
+            let m = merge_list.text(rank);
             // The first space after the first character (a merge's left side
             // is never empty).
             let skip = m.chars().next().map_or(0, char::len_utf8);
@@ -160,9 +186,11 @@ impl BpeModel {
                 return Err(Error::Tokenizer(format!("merge {rank} {m:?} is not two texts separated by a space")));
             };
             let (left, right) = (&m[..at], &m[at + 1..]);
-            let (Some(l), Some(r), Some(merged)) =
-                (vocab.id(left), vocab.id(right), vocab.id(&format!("{left}{right}")))
-            else {
+            joined.clear();
+            joined.try_reserve(m.len()).map_err(|_| memory::out_of_memory(format!("merge {rank}"), m.len() as u64))?;
+            joined.push_str(left);
+            joined.push_str(right);
+            let (Some(l), Some(r), Some(merged)) = (vocab.id(left), vocab.id(right), vocab.id(&joined)) else {
                 continue;
             };
             merges.entry(pair_key(l, r)).or_insert((rank as u32, merged));

@@ -110,11 +110,16 @@ impl Tokenizer {
     /// byte-level BPE); [`Error::KeyType`] for keys of the wrong type;
     /// [`Error::Tokenizer`] for a tokenizer model other than `"llama"` and
     /// `"gpt2"`, an unknown pre-tokenizer, and an inconsistent vocabulary
-    /// (see [`Tokenizer::from_vocab`] and [`Tokenizer::from_bpe_vocab`]).
+    /// (see [`Tokenizer::from_vocab`] and [`Tokenizer::from_bpe_vocab`]);
+    /// out of memory ([`Error::Compute`]) when a table sized by the
+    /// vocabulary or the merges does not fit.
+    ///
+    /// The token texts and merges are read in place from the file's
+    /// metadata: the tokenizer's tables are the only copies made.
     pub fn from_gguf(file: &GgufFile) -> Result<Tokenizer> {
         let model = file.get_str(&key("model"))?;
-        let tokens: Vec<String> = match model {
-            "llama" | "gpt2" => file.get_str_array(&key("tokens"))?.into_iter().map(str::to_owned).collect(),
+        let tokens = match model {
+            "llama" | "gpt2" => file.get_strings(&key("tokens"))?,
             other => {
                 return Err(Error::Tokenizer(format!(
                 "unsupported tokenizer model `{other}` (supported: `llama` = SentencePiece, `gpt2` = byte-level BPE)"
@@ -125,8 +130,8 @@ impl Tokenizer {
         let id = |k: &str| optional(file.get_u32(&key(k)));
         let flag = |k: &str| optional(file.get_bool(&key(k)));
         if model == "llama" {
-            return Tokenizer::from_vocab(SpmVocab {
-                tokens,
+            let vocab = SpmVocab {
+                tokens: Vec::new(),
                 scores: optional(file.get_f32_array(&key("scores")))?,
                 token_types,
                 bos_id: id("bos_token_id")?,
@@ -137,13 +142,17 @@ impl Tokenizer {
                 add_bos: flag("add_bos_token")?,
                 add_eos: flag("add_eos_token")?,
                 add_space_prefix: flag("add_space_prefix")?,
-            });
+            };
+            let (vocab, model, add_bos, add_eos) = SpmModel::build_from(tokens, vocab)?;
+            return Ok(Tokenizer { vocab, model: Model::Spm(Box::new(model)), add_bos, add_eos });
         }
-        Tokenizer::from_bpe_vocab(BpeVocab {
-            tokens,
-            merges: file.get_str_array(&key("merges"))?.into_iter().map(str::to_owned).collect(),
+        let merges = file.get_strings(&key("merges"))?;
+        let pre = file.get_str(&key("pre"))?;
+        let vocab = BpeVocab {
+            tokens: Vec::new(),
+            merges: Vec::new(),
             token_types,
-            pre: file.get_str(&key("pre"))?.to_owned(),
+            pre: String::new(),
             bos_id: id("bos_token_id")?,
             eos_id: id("eos_token_id")?,
             unk_id: id("unknown_token_id")?,
@@ -151,7 +160,9 @@ impl Tokenizer {
             eot_id: id("eot_token_id")?,
             add_bos: flag("add_bos_token")?,
             add_eos: flag("add_eos_token")?,
-        })
+        };
+        let (vocab, model, add_bos, add_eos) = BpeModel::build_from(tokens, merges, pre, vocab)?;
+        Ok(Tokenizer { vocab, model: Model::Bpe(Box::new(model)), add_bos, add_eos })
     }
 
     /// Builds a SentencePiece tokenizer from an already-read vocabulary.

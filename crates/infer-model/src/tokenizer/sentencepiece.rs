@@ -18,8 +18,8 @@
 use std::cmp::Ordering;
 use std::collections::BinaryHeap;
 
-use super::vocab::{SpecialIds, TokenType, Vocab};
-use crate::{Error, Result};
+use super::vocab::{SpecialIds, Texts, TokenType, Vocab};
+use crate::{memory, Error, Result};
 
 /// The vocabulary and settings of a SentencePiece tokenizer: the content of
 /// the `tokenizer.ggml.*` metadata, already read.
@@ -81,9 +81,20 @@ impl SpmModel {
     /// # Errors
     /// [`Error::Tokenizer`] for the errors of [`Vocab::new`], when `scores`
     /// has a length other than the number of tokens, or when a byte
-    /// token's text is not of the form `<0xXX>`.
-    pub fn build(v: SpmVocab) -> Result<(Vocab, SpmModel, bool, bool)> {
-        let n = v.tokens.len();
+    /// token's text is not of the form `<0xXX>`; out of memory
+    /// ([`Error::Compute`]) when a table does not fit.
+    pub fn build(mut v: SpmVocab) -> Result<(Vocab, SpmModel, bool, bool)> {
+        let tokens = std::mem::take(&mut v.tokens);
+        SpmModel::build_from(&tokens, v)
+    }
+
+    /// [`SpmModel::build`] with the token texts given apart (a GGUF
+    /// file's string array, read in place); `v.tokens` is not read.
+    ///
+    /// # Errors
+    /// As [`SpmModel::build`].
+    pub(crate) fn build_from(tokens: &dyn Texts, v: SpmVocab) -> Result<(Vocab, SpmModel, bool, bool)> {
+        let n = tokens.count();
         if let Some(s) = &v.scores {
             if s.len() != n && n > 0 {
                 return Err(Error::Tokenizer(format!("{} scores for {n} tokens", s.len())));
@@ -92,9 +103,17 @@ impl SpmModel {
         let given = SpecialIds { bos: v.bos_id, eos: v.eos_id, unk: v.unk_id, pad: v.pad_id, eot: v.eot_id };
         let defaults = SpecialIds { bos: Some(1), eos: Some(2), unk: Some(0), pad: None, eot: None };
         let vocab =
-            Vocab::new(&v.tokens, v.token_types.as_deref(), given, defaults, |id, ty, piece, out| {
+            Vocab::new(tokens, v.token_types.as_deref(), given, defaults, |id, ty, piece, out| {
                 match ty {
-                    TokenType::Normal => out.extend_from_slice(piece.replace('\u{2581}', " ").as_bytes()),
+                    TokenType::Normal => {
+                        // `▁` (3 bytes) becomes a space.
+                        for (k, part) in piece.split('\u{2581}').enumerate() {
+                            if k > 0 {
+                                out.push(b' ');
+                            }
+                            out.extend_from_slice(part.as_bytes());
+                        }
+                    }
                     TokenType::Byte => out.push(parse_byte_token(piece).ok_or_else(|| {
                         Error::Tokenizer(format!("byte token {id} has text {piece:?}, expected <0xXX>"))
                     })?),
@@ -115,7 +134,10 @@ impl SpmModel {
             });
         }
         let model = SpmModel {
-            scores: v.scores.unwrap_or_else(|| vec![0.0; n]),
+            scores: match v.scores {
+                Some(scores) => scores,
+                None => memory::vec_filled(n, 0.0, || format!("the merge scores ({n} tokens)"))?,
+            },
             byte_tokens,
             add_space_prefix: v.add_space_prefix.unwrap_or(true),
         };

@@ -4,7 +4,41 @@
 //! every encoding: cutting special and user-defined tokens out of the text
 //! (`Vocab::partition`, llama.cpp's `tokenizer_st_partition`).
 
+use crate::gguf::StringArray;
+use crate::memory;
 use crate::{Error, Result};
+
+/// Texts indexed from 0 (token texts, merges): a slice of strings, or a
+/// GGUF string array read in place.
+pub(crate) trait Texts {
+    /// Number of texts.
+    fn count(&self) -> usize;
+    /// Text `i` (`i < count()`).
+    fn text(&self, i: usize) -> &str;
+}
+
+impl Texts for Vec<String> {
+    fn count(&self) -> usize {
+        self.len()
+    }
+    fn text(&self, i: usize) -> &str {
+        &self[i]
+    }
+}
+
+impl Texts for StringArray {
+    fn count(&self) -> usize {
+        self.len()
+    }
+    fn text(&self, i: usize) -> &str {
+        self.get(i).unwrap_or_default()
+    }
+}
+
+/// Decimal digits of `i`.
+fn digits(i: usize) -> usize {
+    i.checked_ilog10().map_or(1, |d| d as usize + 1)
+}
 
 /// What kind of vocabulary entry a token is (GGUF's
 /// `tokenizer.ggml.token_type` values).
@@ -127,19 +161,24 @@ impl Vocab {
     ///
     /// `render(id, type, text, out)` appends what token `id` decodes to.
     ///
+    /// `render` appends at most as many bytes as the token's text has; every
+    /// table is allocated fallibly, with its size computed up front where it
+    /// is known.
+    ///
     /// # Errors
     /// [`Error::Tokenizer`] when the vocabulary is empty or has `u32::MAX`
     /// entries or more, when `token_types` has a length other than the
     /// number of tokens, when two tokens have the same text, when the texts
-    /// exceed 4 GiB, and any error of `render`.
+    /// exceed 4 GiB, and any error of `render`; out of memory
+    /// ([`Error::Compute`]) when a table does not fit.
     pub fn new(
-        tokens: &[String],
+        tokens: &dyn Texts,
         token_types: Option<&[i32]>,
         given: SpecialIds,
         defaults: SpecialIds,
         mut render: impl FnMut(u32, TokenType, &str, &mut Vec<u8>) -> Result<()>,
     ) -> Result<Vocab> {
-        let n = tokens.len();
+        let n = tokens.count();
         if n == 0 {
             return Err(tok_err("the vocabulary is empty".into()));
         }
@@ -153,25 +192,39 @@ impl Vocab {
         }
         let too_long = || tok_err("the vocabulary's texts exceed 4 GiB".into());
 
-        let mut text = String::new();
-        let mut offsets = Vec::with_capacity(n + 1);
-        offsets.push(0u32);
-        for (i, t) in tokens.iter().enumerate() {
-            if t.is_empty() {
-                text.push_str(&format!("[EMPTY_{i}]"));
-            } else {
-                text.push_str(t);
-            }
-            offsets.push(u32::try_from(text.len()).map_err(|_| too_long())?);
-        }
-        let mut types: Vec<TokenType> = match token_types {
-            Some(t) => t.iter().map(|&v| TokenType::from_gguf(v)).collect(),
-            None => vec![TokenType::Normal; n],
+        // An empty text becomes `[EMPTY_<id>]`: 8 bytes and the digits.
+        let text_len = |i: usize| match tokens.text(i).len() {
+            0 => 8 + digits(i),
+            len => len,
         };
+        let mut total = 0usize;
+        for i in 0..n {
+            total = total.checked_add(text_len(i)).filter(|&t| u32::try_from(t).is_ok()).ok_or_else(too_long)?;
+        }
+        let what = |table: &'static str| move || format!("the vocabulary's {table} ({n} tokens)");
+        let mut text = memory::string_with_capacity(total, what("texts"))?;
+        let mut offsets = memory::vec_with_capacity(n + 1, what("text offsets"))?;
+        offsets.push(0u32);
+        for i in 0..n {
+            match tokens.text(i) {
+                "" => {
+                    use std::fmt::Write;
+                    // Within the capacity reserved: writing cannot fail.
+                    let _ = write!(text, "[EMPTY_{i}]");
+                }
+                t => text.push_str(t),
+            }
+            // At most `total`, which fits in u32.
+            offsets.push(text.len() as u32);
+        }
+        let mut types: Vec<TokenType> = memory::vec_with_capacity(n, what("token types"))?;
+        match token_types {
+            Some(t) => types.extend(t.iter().map(|&v| TokenType::from_gguf(v))),
+            None => types.resize(n, TokenType::Normal),
+        }
 
         let piece = |i: usize| &text[offsets[i] as usize..offsets[i + 1] as usize];
-        let lookup = PieceTable::build(n, piece)
-            .map_err(|(a, b)| tok_err(format!("tokens {a} and {b} have the same text {:?}", piece(b as usize))))?;
+        let lookup = PieceTable::build(n, piece, what("lookup table"))?;
         let find = |s: &str| lookup.get(s, piece);
 
         let pick = |given: Option<u32>, default: Option<u32>| {
@@ -192,10 +245,13 @@ impl Vocab {
         eog.sort_unstable();
         eog.dedup();
 
-        let mut rendered = Vec::with_capacity(text.len());
-        let mut rendered_offsets = Vec::with_capacity(n + 1);
+        // Every token renders to at most its text's bytes, so `text.len()`
+        // bytes hold them all; the reservation per token is then free.
+        let mut rendered = memory::vec_with_capacity(text.len(), what("decoded texts"))?;
+        let mut rendered_offsets = memory::vec_with_capacity(n + 1, what("decoded text offsets"))?;
         rendered_offsets.push(0u32);
         for (i, &ty) in types.iter().enumerate() {
+            memory::reserve(&mut rendered, piece(i).len(), what("decoded texts"))?;
             render(i as u32, ty, piece(i), &mut rendered)?;
             rendered_offsets.push(u32::try_from(rendered.len()).map_err(|_| too_long())?);
         }
@@ -203,7 +259,7 @@ impl Vocab {
         let mut specials = SpecialTrie::default();
         for (i, ty) in types.iter().enumerate() {
             if ty.is_pretokenized() {
-                specials.insert(piece(i).as_bytes(), i as u32);
+                specials.insert(piece(i).as_bytes(), i as u32, what("special-token trie"))?;
             }
         }
         Ok(Vocab { text, offsets, types, rendered, rendered_offsets, lookup, specials, bos, eos, unk, pad, eot, eog })
@@ -339,11 +395,14 @@ fn hash_bytes(b: &[u8]) -> u64 {
 }
 
 impl PieceTable {
-    /// Builds the table for `n` texts; a duplicate text gives the ids of
-    /// the two tokens sharing it.
-    fn build<'a>(n: usize, piece: impl Fn(usize) -> &'a str) -> std::result::Result<Self, (u32, u32)> {
+    /// Builds the table for `n` texts (`n < u32::MAX`).
+    ///
+    /// # Errors
+    /// [`Error::Tokenizer`] naming the two tokens of a duplicate text; out
+    /// of memory naming `what` when the table does not fit.
+    fn build<'a>(n: usize, piece: impl Fn(usize) -> &'a str, what: impl FnOnce() -> String) -> Result<Self> {
         let cap = (2 * n).next_power_of_two().max(16);
-        let mut t = PieceTable { slots: vec![EMPTY_SLOT; cap], mask: cap - 1 };
+        let mut t = PieceTable { slots: memory::vec_filled(cap, EMPTY_SLOT, what)?, mask: cap - 1 };
         for i in 0..n {
             let key = piece(i);
             let mut s = hash_bytes(key.as_bytes()) as usize & t.mask;
@@ -354,7 +413,7 @@ impl PieceTable {
                     break;
                 }
                 if piece(cur as usize) == key {
-                    return Err((cur, i as u32));
+                    return Err(tok_err(format!("tokens {cur} and {i} have the same text {key:?}")));
                 }
                 s = (s + 1) & t.mask;
             }
@@ -397,13 +456,19 @@ impl Default for SpecialTrie {
 }
 
 impl SpecialTrie {
-    fn insert(&mut self, key: &[u8], id: u32) {
+    /// Adds `key` for token `id`.
+    ///
+    /// # Errors
+    /// Out of memory naming `what` when a node does not fit.
+    fn insert(&mut self, key: &[u8], id: u32, what: impl Fn() -> String) -> Result<()> {
         let mut node = 0usize;
         for &b in key {
             node = match self.nodes[node].children.binary_search_by_key(&b, |c| c.0) {
                 Ok(k) => self.nodes[node].children[k].1 as usize,
                 Err(k) => {
                     let child = self.nodes.len();
+                    memory::reserve(&mut self.nodes, 1, &what)?;
+                    memory::reserve(&mut self.nodes[node].children, 1, &what)?;
                     self.nodes.push(TrieNode::default());
                     self.nodes[node].children.insert(k, (b, child as u32));
                     child
@@ -411,6 +476,7 @@ impl SpecialTrie {
             };
         }
         self.nodes[node].token = Some(id);
+        Ok(())
     }
 
     /// Calls `f(length, id)` for every token that is a prefix of `s`.
