@@ -65,6 +65,15 @@ pub enum SamplingError {
     /// Every logit is `-inf`.
     #[error("every logit is -inf")]
     AllMasked,
+    /// The scratch buffers for a row of this many logits could not be
+    /// allocated.
+    #[error("out of memory: sampling scratch for {logits} logits needs about {bytes} bytes")]
+    OutOfMemory {
+        /// Length of the logits row.
+        logits: usize,
+        /// Bytes the buffers need.
+        bytes: usize,
+    },
 }
 
 /// Sampling settings, named and defaulted as llama.cpp's (`common_params_sampling`).
@@ -387,6 +396,7 @@ impl Sampler {
         if logits.is_empty() {
             return Err(SamplingError::Empty);
         }
+        self.reserve_scratch(logits.len())?;
         // One pass for both the NaN check and the greedy choice.
         let mut best = 0u32;
         let mut best_x = f32::NEG_INFINITY;
@@ -421,6 +431,30 @@ impl Sampler {
         let id = chosen?;
         self.accept(id);
         Ok(id)
+    }
+
+    /// Reserves every scratch buffer for rows of `n` logits, fallibly, so
+    /// that the draws after it never grow one (the capacity stays: this is
+    /// a no-op after the first row).
+    fn reserve_scratch(&mut self, n: usize) -> Result<(), SamplingError> {
+        fn room<T>(v: &mut Vec<T>, n: usize) -> bool {
+            v.try_reserve(n.saturating_sub(v.len())).is_ok()
+        }
+        let k = if self.cfg.top_k > 0 { self.cfg.top_k.min(n) } else { n };
+        let window = self.cfg.repeat_last_n;
+        let ok = room(&mut self.penalized, n)
+            && room(&mut self.cands, n)
+            && room(&mut self.weights, n)
+            && room(&mut self.probs, n)
+            && room(&mut self.recent, window)
+            && self.heap.try_reserve(k.saturating_sub(self.heap.len())).is_ok()
+            && self.history.try_reserve(window.saturating_sub(self.history.len())).is_ok();
+        if ok {
+            Ok(())
+        } else {
+            let bytes = n * (3 * size_of::<f32>() + size_of::<Cand>()) + k * size_of::<Cand>() + 8 * window;
+            Err(SamplingError::OutOfMemory { logits: n, bytes })
+        }
     }
 
     /// Runs top-k, top-p, min-p, temperature and the draw on `l` (no NaN,
