@@ -145,17 +145,19 @@ fn quantized_path_matches_llama_cpp_logits() {
     assert!(failures.is_empty(), "quantized path out of bounds:\n{}", failures.join("\n"));
 }
 
-/// Greedy generation on the quantized path reproduces llama.cpp's greedy
-/// tokens (`greedy` in `logits/pNN.json`) up to the first near-tie: the
-/// tokens agree until they first differ, and where they differ the
-/// reference's top two logits are within [`DECISIVE_MARGIN`] (a tie either
-/// engine may break either way).
-#[test]
-fn greedy_generation_matches_llama_cpp_up_to_the_first_near_tie() {
+/// Greedy generation reproduces llama.cpp's greedy tokens (`greedy` in
+/// `pNN.json`) up to the first near-tie: the tokens agree until they first
+/// differ, and where they differ the reference's top two logits are within
+/// `tie`. Returns how many tokens were compared.
+fn greedy_matches(precision: Precision, sub: &str, tie: f32) -> usize {
     let mut compared = 0;
     for name in models() {
-        let mut model = prepare(&name, Precision::Quantized);
-        for case in cases(&name, "logits") {
+        let cases = cases(&name, sub);
+        if cases.is_empty() {
+            continue;
+        }
+        let mut model = prepare(&name, precision);
+        for case in cases {
             let n = case.prompt_ids.len() + case.greedy.len();
             let mut kv = model.new_kv_cache(n).unwrap();
             let mut logits = model.prefill(kv.as_mut(), &case.prompt_ids, 0).unwrap().to_vec();
@@ -166,8 +168,8 @@ fn greedy_generation_matches_llama_cpp_up_to_the_first_near_tie() {
                 if ours != step.id {
                     let margin = reference_top.logits[0] - reference_top.logits[1];
                     assert!(
-                        margin <= DECISIVE_MARGIN,
-                        "{name} {}: greedy step {j} gives {ours}, llama.cpp {} ({:?}) with margin {margin}",
+                        margin <= tie,
+                        "{name} {sub} {}: greedy step {j} gives {ours}, llama.cpp {} ({:?}) with margin {margin}",
                         case.name,
                         step.id,
                         step.piece
@@ -179,11 +181,32 @@ fn greedy_generation_matches_llama_cpp_up_to_the_first_near_tie() {
                 reference_top = &step.next_top;
             }
             let end = if equal == case.greedy.len() { "all" } else { "then a near-tie" };
-            println!("{name} {}: {equal} of {} greedy tokens equal ({end})", case.name, case.greedy.len());
+            println!("{name} {sub} {}: {equal} of {} greedy tokens equal ({end})", case.name, case.greedy.len());
             compared += equal;
         }
     }
-    assert!(compared > 0, "no greedy tokens compared");
+    compared
+}
+
+/// The exact mode against llama.cpp on the F32 weights: a near-tie is a
+/// margin within [`DECISIVE_MARGIN`], the bound under which the exact
+/// mode's top-1 must already agree at every position.
+#[test]
+fn exact_greedy_generation_matches_llama_cpp_up_to_the_first_near_tie() {
+    assert!(greedy_matches(Precision::Exact, "logits-f32", DECISIVE_MARGIN) > 0, "no greedy tokens compared");
+}
+
+/// The quantized path against llama.cpp on the quantized file. Both
+/// re-quantize activations to 8 bits in every layer and sum in different
+/// orders (our packed Q4_1 product uses the exact activation block sum
+/// where ggml uses its f16 rounding), and that forward pass is chaotic:
+/// our own AVX2 and scalar kernels end up to 0.3 apart in mean |Δlogit| on
+/// one prompt. A near-tie here is a margin within 0.5, twice that spread;
+/// the logit bounds of `quantized_path_matches_llama_cpp_logits` still
+/// hold at every position.
+#[test]
+fn quantized_greedy_generation_matches_llama_cpp_up_to_the_first_near_tie() {
+    assert!(greedy_matches(Precision::Quantized, "logits", 0.5) > 0, "no greedy tokens compared");
 }
 
 #[test]
