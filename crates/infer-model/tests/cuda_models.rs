@@ -10,20 +10,32 @@
 mod synth_refs;
 
 use infer_compute::cuda::CudaBackend;
-use infer_compute::ComputeBackend;
+use infer_compute::{ComputeBackend, DeviceModel};
+use infer_model::model::Arch;
 use infer_model::reference::{teacher_force, ReferenceCase};
 use synth_refs::{max_diff_and_cosine, regenerate, synth_dirs, testdata, within_quantized_bounds};
 
-/// Teacher forcing, one decode step per position, against `logits/`.
-fn decode_matches_llama_cpp_logits_on_every_architecture() {
+/// Every architecture's synthetic model, prepared on the CUDA backend,
+/// with its llama.cpp reference cases (`logits/`).
+fn prepared() -> Vec<(Arch, Box<dyn DeviceModel>, Vec<ReferenceCase>)> {
     let dirs = synth_dirs();
     assert!(!dirs.is_empty(), "no testdata/synth-* directories in {}", testdata().display());
     let backend = CudaBackend::new(0).expect("CUDA backend");
+    dirs.into_iter()
+        .map(|(arch, dir)| {
+            let spec = infer_model::model::load_spec(&regenerate(arch, &dir)).unwrap_or_else(|e| panic!("{arch}: {e}"));
+            let model = backend.prepare(&spec).unwrap_or_else(|e| panic!("{arch}: prepare: {e}"));
+            let cases = ReferenceCase::load_dir(&dir.join("logits")).expect("reference cases");
+            (arch, model, cases)
+        })
+        .collect()
+}
+
+/// Teacher forcing, one decode step per position, against `logits/`.
+fn decode_matches_llama_cpp_logits_on_every_architecture() {
     let mut failures = vec![];
-    for (arch, dir) in dirs {
-        let spec = infer_model::model::load_spec(&regenerate(arch, &dir)).unwrap_or_else(|e| panic!("{arch}: {e}"));
-        let mut model = backend.prepare(&spec).unwrap_or_else(|e| panic!("{arch}: prepare: {e}"));
-        for case in ReferenceCase::load_dir(&dir.join("logits")).expect("reference cases") {
+    for (arch, mut model, cases) in prepared() {
+        for case in cases {
             let a = teacher_force(model.as_mut(), &case).expect("teacher forcing");
             println!("{arch:7} cuda decode {}: {}", case.name, a.summary());
             if !within_quantized_bounds(&a) {
@@ -37,14 +49,9 @@ fn decode_matches_llama_cpp_logits_on_every_architecture() {
 /// One batched prefill of each prompt against llama.cpp's last-position
 /// logits: max |Δ| ≤ 2.5, cosine ≥ 0.997.
 fn prefill_matches_llama_cpp_last_logits_on_every_architecture() {
-    let dirs = synth_dirs();
-    assert!(!dirs.is_empty(), "no testdata/synth-* directories in {}", testdata().display());
-    let backend = CudaBackend::new(0).expect("CUDA backend");
     let mut failures = vec![];
-    for (arch, dir) in dirs {
-        let spec = infer_model::model::load_spec(&regenerate(arch, &dir)).unwrap_or_else(|e| panic!("{arch}: {e}"));
-        let mut model = backend.prepare(&spec).unwrap_or_else(|e| panic!("{arch}: prepare: {e}"));
-        for case in ReferenceCase::load_dir(&dir.join("logits")).expect("reference cases") {
+    for (arch, mut model, cases) in prepared() {
+        for case in cases {
             let reference = case.last_logits.as_ref().expect("pNN.last_logits.f32");
             let mut kv = model.new_kv_cache(case.prompt_ids.len()).expect("kv");
             let ours = model.prefill(kv.as_mut(), &case.prompt_ids, 0).expect("prefill").to_vec();
