@@ -20,10 +20,11 @@ use std::time::Instant;
 use clap::Args;
 use infer_model::chat::{ChatTemplate, Message};
 use infer_model::generate::{generate_cached, CachedContext, StopReason};
-use infer_model::sampling::{Sampler, SamplerConfig};
+use infer_model::sampling::Sampler;
 use infer_model::tokenizer::Tokenizer;
 
-use crate::common::{with_spinner, CliResult, ModelArgs};
+use crate::common::{fit_context, with_spinner, CliResult, ModelArgs};
+use crate::sampling::SamplingArgs;
 
 #[derive(Args)]
 pub struct ChatArgs {
@@ -32,30 +33,25 @@ pub struct ChatArgs {
     /// System prompt, sent first in every conversation.
     #[arg(long)]
     system: Option<String>,
-    /// Most tokens per reply.
-    #[arg(short = 'n', long, default_value_t = 512)]
-    n_predict: usize,
-    /// Sampling temperature; 0 is greedy (deterministic).
-    #[arg(long, default_value_t = 0.8, allow_negative_numbers = true)]
-    temp: f32,
-    /// Keep the k most likely tokens (0: off).
-    #[arg(long, default_value_t = 40)]
-    top_k: usize,
-    /// Nucleus sampling threshold (1: off).
-    #[arg(long, default_value_t = 0.95, allow_negative_numbers = true)]
-    top_p: f32,
-    /// Random seed.
-    #[arg(long, default_value_t = 0)]
-    seed: u64,
-    /// Context length (KV cache positions) of the whole conversation.
-    #[arg(short = 'c', long, default_value_t = 4096)]
+    /// Most tokens per reply (-1: until the end of the turn or a full
+    /// context).
+    #[arg(short = 'n', long, value_name = "N", default_value_t = 512, allow_negative_numbers = true)]
+    n_predict: i64,
+    #[command(flatten)]
+    sampling: SamplingArgs,
+    /// Context length in positions (KV cache) of the whole conversation; 0
+    /// or more than the model's training context: the training context
+    /// (with a warning when larger).
+    #[arg(short = 'c', long, value_name = "N", default_value_t = 4096)]
     ctx_size: usize,
 }
 
 pub fn chat(a: ChatArgs) -> CliResult {
-    if a.ctx_size == 0 {
-        return Err("--ctx-size must be at least 1".into());
-    }
+    let max_tokens = match a.n_predict {
+        -1 => usize::MAX,
+        n if n >= 0 => n as usize,
+        n => return Err(format!("-n {n}: give a number of tokens, or -1 for no limit").into()),
+    };
     let path = a.model.resolve_model()?;
     let t0 = Instant::now();
     let gguf = a.model.open_at(&path)?;
@@ -64,19 +60,18 @@ pub fn chat(a: ChatArgs) -> CliResult {
     let tokenizer = Tokenizer::from_gguf(&gguf)?;
     let template = ChatTemplate::from_gguf(&gguf, &tokenizer)?;
     let mut model = with_spinner("loading model", || backend.prepare(&spec))?;
-    let n_ctx = a.ctx_size.min(spec.n_ctx_train);
+    let n_ctx = fit_context(a.ctx_size, spec.n_ctx_train, "--ctx-size");
     let mut ctx = CachedContext::new(model.as_ref(), n_ctx)?;
-    let given =
-        SamplerConfig { temperature: a.temp, top_k: a.top_k, top_p: a.top_p, seed: a.seed, ..SamplerConfig::default() };
-    given.validate()?;
-    let cfg = if a.temp == 0.0 { SamplerConfig::greedy() } else { given };
+    let cfg = a.sampling.config(n_ctx)?;
     let mut sampler = Sampler::new(cfg.clone())?;
     eprintln!(
-        "{} on {}, loaded in {:.2} s; context {n_ctx} tokens. /reset starts over, /exit (or end of input) leaves, \
-         Ctrl-C stops a reply.",
+        "{} on {}, loaded in {:.2} s; context {n_ctx} tokens; sampling: seed {}, {}. /reset starts over, /exit (or \
+         end of input) leaves, Ctrl-C stops a reply.",
         path.display(),
         backend.device_info(),
-        t0.elapsed().as_secs_f64()
+        t0.elapsed().as_secs_f64(),
+        cfg.seed,
+        cfg.chain()
     );
     crate::interrupt::graceful();
 
@@ -123,7 +118,6 @@ pub fn chat(a: ChatArgs) -> CliResult {
         crate::interrupt::clear();
         let mut reply = String::new();
         let mut write_error: Option<std::io::Error> = None;
-        let max_tokens = a.n_predict.min(n_ctx - ids.len());
         let stats = generate_cached(model.as_mut(), &mut ctx, &tokenizer, &ids, max_tokens, &mut sampler, |s| {
             reply.push_str(s);
             if let Err(e) = out.write_all(s.as_bytes()).and_then(|_| out.flush()) {

@@ -1,5 +1,22 @@
 //! `infer`: generate text with a GGUF model, inspect it, and benchmark it.
 
+// Diagnostics go to stderr through these, which replace the standard
+// macros in every module below: a full or closed stderr
+// (`2>/dev/full`) must not panic the process; the command's own output and
+// exit status still tell the outcome.
+macro_rules! eprintln {
+    ($($t:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($t)*);
+    }};
+}
+macro_rules! eprint {
+    ($($t:tt)*) => {{
+        use std::io::Write as _;
+        let _ = write!(std::io::stderr(), $($t)*);
+    }};
+}
+
 mod bench;
 mod chat;
 mod common;
@@ -80,19 +97,25 @@ fn main() -> ExitCode {
 /// the exit status. Unlike `clap::Error::exit`, a failed write of the help
 /// text (`infer --help > /dev/full`) is reported and exits 1.
 fn parse_error(e: clap::Error) -> ExitCode {
+    use std::io::IsTerminal;
     use std::io::Write;
     let is_output = !e.use_stderr();
-    let text = e.render().ansi().to_string();
+    let terminal = if is_output { std::io::stdout().is_terminal() } else { std::io::stderr().is_terminal() };
+    let colour = terminal && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
+    let text = if colour { e.render().ansi().to_string() } else { e.render().to_string() };
     let written = if is_output {
-        let mut out = std::io::stdout().lock();
-        out.write_all(text.as_bytes()).and_then(|()| out.flush())
+        // Rust's stdout takes writes to a closed descriptor as done.
+        output::check_open().and_then(|()| {
+            let mut out = std::io::stdout().lock();
+            out.write_all(text.as_bytes()).and_then(|()| out.flush())
+        })
     } else {
         let mut err = std::io::stderr().lock();
         err.write_all(text.as_bytes()).and_then(|()| err.flush())
     };
     match written {
         Err(w) if w.kind() != std::io::ErrorKind::BrokenPipe => {
-            eprintln!("error: writing the {}: {w}", if is_output { "help" } else { "usage error" });
+            eprintln!("error: writing the {}: {w}", if is_output { "help or version text" } else { "usage error" });
             ExitCode::FAILURE
         }
         _ => ExitCode::from(e.exit_code() as u8),

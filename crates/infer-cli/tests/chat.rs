@@ -101,3 +101,30 @@ fn ctrl_c_stops_the_reply_not_the_session() {
     assert_eq!(t[1].2, "end of turn");
     assert!(rest.contains("Paris"), "{rest}");
 }
+
+/// `chat` follows `run`'s rules: a random seed printed at the start, `-c 0`
+/// meaning the training context, and a reply cut by a full context says so.
+#[test]
+fn chat_shares_runs_sampling_and_context_rules() {
+    infer_model::fetch::ensure_model("smollm2-135m").unwrap_or_else(|e| panic!("smollm2-135m: {e}"));
+    let run = |args: &[&str], input: &str| {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_infer"))
+            .args(["chat", "--model", "smollm2-135m", "-t", "1"])
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run infer chat");
+        child.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
+        let o = child.wait_with_output().unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        String::from_utf8_lossy(&o.stderr).into_owned()
+    };
+    let seed = |err: &str| err.split("seed ").nth(1).and_then(|s| s.split(',').next()).map(str::to_string);
+    let (a, b) = (run(&["-n", "1"], "hi\n"), run(&["-n", "1"], "hi\n"));
+    assert!(seed(&a).is_some() && seed(&a) != seed(&b), "two sessions should draw different seeds:\n{a}\n{b}");
+    assert!(run(&["-n", "1", "-c", "0"], "hi\n").contains("context 8192 tokens"));
+    let full = run(&["-n", "100", "-c", "50", "--temp", "0"], "Tell me a long story about a dragon\n");
+    assert!(full.contains("; context full]"), "{full}");
+}

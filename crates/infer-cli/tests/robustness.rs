@@ -371,3 +371,34 @@ fn malformed_hyper_parameters_and_counts_are_one_clear_error_in_every_command() 
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(stdout(&o).contains("not runnable here: unsupported architecture `mamba`"), "{}", stdout(&o));
 }
+
+/// Help and usage text carry no colour codes when not on a terminal; the
+/// help into a closed stdout is an error; a full stderr does not panic.
+#[test]
+fn help_and_diagnostics_survive_pipes_and_full_or_closed_streams() {
+    let o = infer(&["--help"]);
+    assert!(o.status.success());
+    assert!(!String::from_utf8_lossy(&o.stdout).contains('\x1b'), "colour codes in piped help");
+    let o = infer(&["run", "--bogus"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(!String::from_utf8_lossy(&o.stderr).contains('\x1b'), "colour codes in a piped usage error");
+
+    let bin = env!("CARGO_BIN_EXE_infer");
+    let closed = std::process::Command::new("sh").args(["-c", &format!("'{bin}' --help >&-")]).output().unwrap();
+    assert_eq!(closed.status.code(), Some(1), "help into a closed stdout");
+    assert!(String::from_utf8_lossy(&closed.stderr).contains("standard output is closed"));
+
+    if std::path::Path::new("/dev/full").exists() {
+        let m = default_model();
+        let full = std::process::Command::new("sh")
+            .args(["-c", &format!("'{bin}' run -m '{m}' -n 2 -t 1 --temp 0 hi 2>/dev/full")])
+            .output()
+            .unwrap();
+        assert_eq!(full.status.code(), Some(0), "a full stderr: {}", String::from_utf8_lossy(&full.stdout));
+        let bad = std::process::Command::new("sh")
+            .args(["-c", &format!("'{bin}' run -m /nonexistent/model.gguf hi 2>/dev/full")])
+            .output()
+            .unwrap();
+        assert_eq!(bad.status.code(), Some(1), "an error with a full stderr is still exit 1, not a panic (101)");
+    }
+}
