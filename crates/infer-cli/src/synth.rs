@@ -111,6 +111,14 @@ pub fn generate_with(
     dequantized: bool,
 ) -> CliResult<SynthSummary> {
     let copy_vocab = shape.arch == SynthArch::Gemma3 && shape.n_vocab == 262_144;
+    if let (Some(p), false) = (tokenizer_from, copy_vocab) {
+        return Err(format!(
+            "--tokenizer-from {}: only Gemma 3 sizes with the real vocabulary (270m, 1b, 4b, 12b) copy a tokenizer; \
+             this size generates its own",
+            p.display()
+        )
+        .into());
+    }
     let source = if copy_vocab {
         let p = match tokenizer_from {
             Some(p) => p.to_path_buf(),

@@ -402,3 +402,24 @@ fn help_and_diagnostics_survive_pipes_and_full_or_closed_streams() {
         assert_eq!(bad.status.code(), Some(1), "an error with a full stderr is still exit 1, not a panic (101)");
     }
 }
+
+/// `--tokenizer-from` is refused for a size that generates its own
+/// vocabulary instead of being ignored.
+#[test]
+fn synth_refuses_a_tokenizer_source_it_would_not_use() {
+    let dir = tmpdir();
+    let out = dir.path().join("t.gguf");
+    let o = infer(&[
+        "synth",
+        "--arch",
+        "llama",
+        "--size",
+        "tiny",
+        "--tokenizer-from",
+        "README.md",
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    assert_one_line_error(&o, "--tokenizer-from");
+    assert!(!out.exists());
+}
