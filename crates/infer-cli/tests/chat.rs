@@ -2,6 +2,8 @@
 //! cached by name on first use): replies stop at `<|im_end|>`, and a second
 //! turn prefills only its new tokens.
 
+mod common;
+
 use std::io::Write;
 use std::process::{Command, Stdio};
 
@@ -108,16 +110,8 @@ fn ctrl_c_stops_the_reply_not_the_session() {
 fn chat_shares_runs_sampling_and_context_rules() {
     infer_model::fetch::ensure_model("smollm2-135m").unwrap_or_else(|e| panic!("smollm2-135m: {e}"));
     let run = |args: &[&str], input: &str| {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_infer"))
-            .args(["chat", "--model", "smollm2-135m", "-t", "1"])
-            .args(args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("run infer chat");
-        child.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
-        let o = child.wait_with_output().unwrap();
+        let all: Vec<&str> = ["chat", "--model", "smollm2-135m", "-t", "1"].iter().chain(args).copied().collect();
+        let o = common::infer_stdin(&all, input.as_bytes());
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
         String::from_utf8_lossy(&o.stderr).into_owned()
     };
