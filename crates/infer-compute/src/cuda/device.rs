@@ -199,7 +199,6 @@ impl Device {
         if !unsafe { cudarc::cublas::sys::is_culib_present() } {
             return Err(Error::Device("cuBLAS (libcublas) not found".into()));
         }
-        let blas = new_blas(&stream)?;
         // SAFETY: only probes whether the library can be opened.
         if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
             return Err(Error::Device("NVRTC (libnvrtc) not found".into()));
@@ -217,6 +216,8 @@ impl Device {
             funcs.insert(name, f);
         }
         let pdl = pdl_enabled(info.compute_capability);
+        // Last, so that no earlier error leaves the handle behind.
+        let blas = new_blas(&stream)?;
         Ok(Device { ctx, stream, blas, funcs, info, profile: Mutex::new(None), pdl })
     }
 
