@@ -23,7 +23,7 @@ use infer_model::generate::{generate_cached, CachedContext, StopReason};
 use infer_model::sampling::Sampler;
 use infer_model::tokenizer::Tokenizer;
 
-use crate::common::{fit_context, with_spinner, CliResult, ModelArgs};
+use crate::common::{fit_context, n_predict_limit, with_spinner, CliResult, ModelArgs};
 use crate::sampling::SamplingArgs;
 
 #[derive(Args)]
@@ -47,11 +47,7 @@ pub struct ChatArgs {
 }
 
 pub fn chat(a: ChatArgs) -> CliResult {
-    let max_tokens = match a.n_predict {
-        -1 => usize::MAX,
-        n if n >= 0 => n as usize,
-        n => return Err(format!("-n {n}: give a number of tokens, or -1 for no limit").into()),
-    };
+    let max_tokens = n_predict_limit(a.n_predict)?;
     let path = a.model.resolve_model()?;
     let t0 = Instant::now();
     let gguf = a.model.open_at(&path)?;

@@ -107,6 +107,19 @@ pub fn thread_count(requested: Option<usize>) -> CliResult<usize> {
     Ok(threads)
 }
 
+/// The token limit of `-n N` (`run`, `chat`): `-1` means no limit (until
+/// the end of generation or a full context).
+///
+/// # Errors
+/// A value below -1.
+pub fn n_predict_limit(n: i64) -> CliResult<usize> {
+    match n {
+        -1 => Ok(usize::MAX),
+        n if n >= 0 => Ok(n as usize),
+        n => Err(format!("-n {n}: give a number of tokens, or -1 for no limit").into()),
+    }
+}
+
 /// The one rule for context lengths, used by `run` (`-c`) and `bench`
 /// (`-p`/`-n`): `requested` positions, 0 meaning the training context;
 /// more than the model's training context `n_ctx_train` is clamped to it

@@ -9,7 +9,7 @@ use infer_model::generate::{generate_with_progress, StopReason};
 use infer_model::sampling::Sampler;
 use infer_model::tokenizer::Tokenizer;
 
-use crate::common::{fit_context, with_spinner, CliResult, ModelArgs};
+use crate::common::{fit_context, n_predict_limit, with_spinner, CliResult, ModelArgs};
 use crate::output::Out;
 use crate::prompt::PromptArgs;
 use crate::sampling::SamplingArgs;
@@ -52,11 +52,7 @@ pub fn tokens(n: usize) -> String {
 }
 
 pub fn run(a: RunArgs) -> CliResult {
-    let max_tokens = match a.n_predict {
-        -1 => usize::MAX,
-        n if n >= 0 => n as usize,
-        n => return Err(format!("-n {n}: give a number of tokens, or -1 for no limit").into()),
-    };
+    let max_tokens = n_predict_limit(a.n_predict)?;
     let prompt = a.prompt.text()?;
     // A first use fetches the model: its download time is reported on its
     // own line, not counted as load time.
