@@ -273,6 +273,17 @@ fn greedy_case(b: &dyn ComputeBackend) -> Result<Outcome, String> {
     Ok(Outcome::Pass(String::new()))
 }
 
+/// Decodes `toks` one step at a time into a fresh cache; the last step's
+/// logits.
+fn decode_all(m: &mut dyn DeviceModel, toks: &[u32]) -> Result<Vec<f32>, String> {
+    let mut kv = m.new_kv_cache(toks.len()).map_err(err("kv"))?;
+    let mut last = vec![];
+    for (pos, &t) in toks.iter().enumerate() {
+        last = m.decode_token(kv.as_mut(), t, pos).map_err(err("decode_token"))?.to_vec();
+    }
+    Ok(last)
+}
+
 /// Models of one backend used from several threads at once (a server
 /// runs one per request thread) decode as they do alone, and the backend's
 /// own ops stay usable meanwhile.
@@ -284,12 +295,7 @@ fn concurrent_case(b: &dyn ComputeBackend) -> Result<Outcome, String> {
             Ok(m) => m,
             Err(skip) => return Ok(skip),
         };
-        let mut kv = m.new_kv_cache(toks.len()).map_err(err("kv"))?;
-        let mut last = vec![];
-        for (pos, &t) in toks.iter().enumerate() {
-            last = m.decode_token(kv.as_mut(), t, pos).map_err(err("decode_token"))?.to_vec();
-        }
-        last
+        decode_all(m.as_mut(), &toks)?
     };
     let w = random_weight(&mut Rng::new(17), GgmlType::Q8_0, 64, 32);
     let x: Vec<f32> = (0..32).map(|i| i as f32 / 32.0).collect();
@@ -307,12 +313,7 @@ fn concurrent_case(b: &dyn ComputeBackend) -> Result<Outcome, String> {
                         return Ok(vec![]);
                     }
                     let mut m = b.prepare(spec).map_err(err("prepare"))?;
-                    let mut kv = m.new_kv_cache(toks.len()).map_err(err("kv"))?;
-                    let mut last = vec![];
-                    for (pos, &t) in toks.iter().enumerate() {
-                        last = m.decode_token(kv.as_mut(), t, pos).map_err(err("decode_token"))?.to_vec();
-                    }
-                    Ok(last)
+                    decode_all(m.as_mut(), toks)
                 })
             })
             .collect();
