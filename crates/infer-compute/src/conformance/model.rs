@@ -41,8 +41,14 @@ fn norm(rng: &mut Rng, n: usize) -> Norm {
 /// A 3-layer random model of `arch` (n_embd 256, 4 heads over 2 KV heads of
 /// 64, n_ff 512, 384 tokens) with a different mix of weight types per layer.
 pub fn random_model(seed: u64, arch: Arch) -> ModelSpec {
+    random_model_heads(seed, arch, 4, 2, 64)
+}
+
+/// [`random_model`] with `n_head` query heads over `n_head_kv` KV heads of
+/// `head_dim` values.
+pub fn random_model_heads(seed: u64, arch: Arch, n_head: usize, n_head_kv: usize, head_dim: usize) -> ModelSpec {
     let mut rng = Rng::new(seed);
-    let (e, nh, nkv, hd, n_ff, vocab) = (256usize, 4usize, 2usize, 64usize, 512usize, 384usize);
+    let (e, nh, nkv, hd, n_ff, vocab) = (256usize, n_head, n_head_kv, head_dim, 512usize, 384usize);
     let gemma = arch != Arch::LlamaBias;
     use GgmlType as T;
     // Per layer: wq, wk, wv, wo, gate, up, down.
@@ -176,6 +182,35 @@ fn prefill_case(b: &dyn ComputeBackend, arch: Arch) -> Result<Outcome, String> {
     m.prefill(kv.as_mut(), &toks[..5], 0).map_err(err("prefill chunk 1"))?;
     let got = m.prefill(kv.as_mut(), &toks[5..13], 5).map_err(err("prefill chunk 2"))?.to_vec();
     check_logits("prefill in chunks of 5 and 8", &got, &want)?;
+    Ok(Outcome::Pass(String::new()))
+}
+
+/// Prefills long enough for the tiled attention of GPU backends (several
+/// query tiles and key tiles, the sliding window of 5 far behind): 70
+/// tokens at once, then as 30 + 40, for head dimensions 64, 128 and 256
+/// over 2 to 4 query heads per KV head.
+fn long_prefill_case(b: &dyn ComputeBackend, arch: Arch) -> Result<Outcome, String> {
+    for (seed, nh, nkv, hd) in [(20, 4, 2, 64), (21, 8, 2, 128), (22, 4, 1, 256)] {
+        let spec = random_model_heads(seed, arch, nh, nkv, hd);
+        let mut m = match prepare(b, &spec)? {
+            Ok(m) => m,
+            Err(skip) => return Ok(skip),
+        };
+        let mut r = reference().prepare(&spec).map_err(err("reference"))?;
+        let toks = tokens(seed, 70, spec.n_vocab);
+        let mut rkv = r.new_kv_cache(96).map_err(err("kv"))?;
+        let want = r.prefill(rkv.as_mut(), &toks, 0).map_err(err("reference"))?.to_vec();
+        let what = |s: &str| format!("head_dim {hd}, {nh}/{nkv} heads: {s}");
+
+        let mut kv = m.new_kv_cache(96).map_err(err("kv"))?;
+        let got = m.prefill(kv.as_mut(), &toks, 0).map_err(err("prefill"))?.to_vec();
+        check_logits(&what("prefill of 70"), &got, &want)?;
+
+        let mut kv = m.new_kv_cache(96).map_err(err("kv"))?;
+        m.prefill(kv.as_mut(), &toks[..30], 0).map_err(err("prefill chunk 1"))?;
+        let got = m.prefill(kv.as_mut(), &toks[30..], 30).map_err(err("prefill chunk 2"))?.to_vec();
+        check_logits(&what("prefill in chunks of 30 and 40"), &got, &want)?;
+    }
     Ok(Outcome::Pass(String::new()))
 }
 
@@ -409,6 +444,7 @@ pub fn cases() -> Vec<Case> {
     for (arch, name) in ARCHES {
         v.push(Case::new(&format!("model::{name}::decode"), move |b| decode_case(b, arch)));
         v.push(Case::new(&format!("model::{name}::prefill"), move |b| prefill_case(b, arch)));
+        v.push(Case::new(&format!("model::{name}::long_prefill"), move |b| long_prefill_case(b, arch)));
     }
     v.push(Case::new("model::decode_batch", batch_case));
     v.push(Case::new("model::truncate", truncate_case));

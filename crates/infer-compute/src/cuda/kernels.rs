@@ -8,13 +8,14 @@ use crate::GgmlType;
 
 /// The `.cu` sources, concatenated in this order into one NVRTC program
 /// (NVRTC gets no include path: the header comes first instead).
-pub(crate) const SOURCES: [(&str, &str); 7] = [
+pub(crate) const SOURCES: [(&str, &str); 8] = [
     ("common.cuh", include_str!("kernels/common.cuh")),
     ("quant.cuh", include_str!("kernels/quant.cuh")),
     ("matvec.cu", include_str!("kernels/matvec.cu")),
     ("norm.cu", include_str!("kernels/norm.cu")),
     ("rope.cu", include_str!("kernels/rope.cu")),
     ("attention.cu", include_str!("kernels/attention.cu")),
+    ("attention_prefill.cu", include_str!("kernels/attention_prefill.cu")),
     ("elementwise.cu", include_str!("kernels/elementwise.cu")),
 ];
 
@@ -36,9 +37,12 @@ pub(crate) mod names {
     pub const DEQUANT_MATRIX: KernelName = KernelName("dequant_matrix");
     pub const TO_BF16: KernelName = KernelName("to_bf16");
     pub const ARGMAX_LOGITS: KernelName = KernelName("argmax_logits");
+    pub const ATTN_PREFILL_HD64: KernelName = KernelName("attn_prefill_hd64");
+    pub const ATTN_PREFILL_HD128: KernelName = KernelName("attn_prefill_hd128");
+    pub const ATTN_PREFILL_HD256: KernelName = KernelName("attn_prefill_hd256");
 
     /// Every non-mat-vec kernel (loaded when the backend starts).
-    pub const ALL: [KernelName; 11] = [
+    pub const ALL: [KernelName; 14] = [
         QUANTIZE_Q8,
         RESIDUAL_NORM,
         QKV_POST,
@@ -50,6 +54,9 @@ pub(crate) mod names {
         DEQUANT_MATRIX,
         TO_BF16,
         ARGMAX_LOGITS,
+        ATTN_PREFILL_HD64,
+        ATTN_PREFILL_HD128,
+        ATTN_PREFILL_HD256,
     ];
 }
 

@@ -163,14 +163,60 @@ pub(crate) fn check_attn_shape(n_head: usize, n_kv: usize, hd: usize) -> Result<
     Ok(())
 }
 
-/// Launches split-K attention and the combine (+ quantize when `args.oq`).
+/// Passes of at least this many tokens run attention as one tensor-core
+/// kernel over tiles of queries (`attention_prefill.cu`) where the head
+/// dimension has one (64, 128, 256); shorter passes and other head
+/// dimensions use the split-K kernels. `INFER_CUDA_FLASH=0` turns the
+/// tiled kernel off (to compare the two).
+pub const FLASH_MIN_TOKENS: usize = 16;
+
+fn flash_enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("INFER_CUDA_FLASH").map_or(true, |v| v != "0"))
+}
+
+/// The tiled prefill kernel for head dimension `hd`, if there is one.
+fn flash_kernel(hd: usize) -> Option<kernels::KernelName> {
+    match hd {
+        64 => Some(names::ATTN_PREFILL_HD64),
+        128 => Some(names::ATTN_PREFILL_HD128),
+        256 => Some(names::ATTN_PREFILL_HD256),
+        _ => None,
+    }
+}
+
+/// Quantizes the attention output for the output projection (`args.oq`).
+fn quantize_attn_out(dev: &Device, args: &AttnArgs) -> Result<()> {
+    let q_dim = args.n_head as usize * args.hd as usize;
+    if q_dim % 32 != 0 {
+        return Err(Error::Device(format!("attention output of {q_dim} values cannot be quantized in chunks of 32")));
+    }
+    quantize_q8(dev, args.out, args.oq, args.ods, args.n_tok as usize * q_dim / 32)
+}
+
+/// Launches attention: the tiled tensor-core kernel for passes of at least
+/// [`FLASH_MIN_TOKENS`] tokens, else split-K attention and the combine;
+/// then the q8 quantization of the output when `args.oq` is set.
 pub(crate) fn attention(dev: &Device, args: &AttnArgs) -> Result<()> {
     let (n_head, n_kv, hd) = (args.n_head as usize, args.n_kv as usize, args.hd as usize);
     check_attn_shape(n_head, n_kv, hd)?;
+    let n_tok = args.n_tok as usize;
+    if let Some(k) = flash_kernel(hd).filter(|_| n_tok >= FLASH_MIN_TOKENS && flash_enabled()) {
+        // 16 rows (token, head of the group) per warp; 4 warps per block
+        // when that still gives about two blocks per SM, else 2.
+        let rows = n_tok * (n_head / n_kv);
+        let warps = if rows.div_ceil(64) * n_kv >= 256 { 4 } else { 2 };
+        let grid = (to_u32(rows.div_ceil(16 * warps), "grid")?, to_u32(n_kv, "kv heads")?, 1);
+        dev.launch(k, grid, 32 * warps as u32, 0, args)?;
+        if args.oq != 0 {
+            quantize_attn_out(dev, args)?;
+        }
+        return Ok(());
+    }
     let g = n_head / n_kv;
     let n_gc = g.div_ceil(ATTN_MAX_G);
     let smem = ((ATTN_MAX_G * hd + ATTN_MAX_G * ATTN_SPLIT) * 4) as u32;
-    let n_tok = to_u32(args.n_tok as usize, "tokens")?;
+    let n_tok = to_u32(n_tok, "tokens")?;
     dev.launch(
         names::ATTN_SPLIT,
         (to_u32(n_kv * n_gc, "grid")?, to_u32(args.n_split as usize, "splits")?, n_tok),
@@ -185,13 +231,7 @@ pub(crate) fn attention(dev: &Device, args: &AttnArgs) -> Result<()> {
     }
     dev.launch(names::ATTN_COMBINE, (to_u32(n_head, "heads")?, n_tok, 1), 128, 0, &c)?;
     if hd % 32 != 0 && args.oq != 0 {
-        let q_dim = n_head * hd;
-        if q_dim % 32 != 0 {
-            return Err(Error::Device(format!(
-                "attention output of {q_dim} values cannot be quantized in chunks of 32"
-            )));
-        }
-        quantize_q8(dev, args.out, args.oq, args.ods, args.n_tok as usize * q_dim / 32)?;
+        quantize_attn_out(dev, args)?;
     }
     Ok(())
 }
