@@ -144,6 +144,7 @@ pub(crate) fn qkv_post(dev: &Device, args: &QkvArgs) -> Result<()> {
         )));
     }
     let blocks = to_u32((args.n_head + args.n_kv) as usize, "heads")?;
+    // 128 threads: QKV_THREADS in rope.cu, which the kernel indexes by.
     dev.launch(names::QKV_POST, (blocks, to_u32(args.n_tok as usize, "tokens")?, 1), 128, 0, args)
 }
 

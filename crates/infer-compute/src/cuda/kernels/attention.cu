@@ -150,18 +150,14 @@ extern "C" __global__ void __launch_bounds__(COMBINE_THREADS) attn_combine(const
     float total = 0.0f;
     for (int s = 0; s < n_active; ++s) total += expf(ml[s].x - m) * ml[s].y;
     const float inv = 1.0f / total;
-    float* out = a.out + (size_t)t * q_dim + (size_t)h * hd;
+    const size_t row = (size_t)t * q_dim + (size_t)h * hd;
     for (int d = tid; d < hd; d += blockDim.x) {
         float acc = 0.0f;
         for (int s = 0; s < n_active; ++s) acc += expf(ml[s].x - m) * a.part_o[(base + s) * hd + d];
-        out[d] = acc * inv;
-    }
-    if (a.oq) {
-        __syncthreads();
-        const int lane = tid % WARP, warp = tid / WARP, n_warps = blockDim.x / WARP;
-        for (int c = warp; c < hd / 32; c += n_warps) {
-            const size_t off = (size_t)t * q_dim + (size_t)h * hd + (size_t)c * 32;
-            quantize_chunk_warp(out[c * 32 + lane], a.oq + off, a.ods + off / 32);
-        }
+        const float v = acc * inv;
+        a.out[row + d] = v;
+        // oq is only set when hd is a multiple of 32: then d < hd holds for
+        // all lanes of a warp or none, and a warp holds chunk d / 32 whole.
+        if (a.oq) quantize_chunk_warp(v, a.oq + row + (d & ~31), a.ods + (row + d) / 32);
     }
 }

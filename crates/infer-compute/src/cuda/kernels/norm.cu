@@ -30,25 +30,28 @@ extern "C" __global__ void __launch_bounds__(NORM_THREADS) residual_norm(const N
     float* x = a.x + (size_t)t * n;
     float* out = a.out + (size_t)t * n;
     if (n <= nt * NORM_REG) {
-        // Whole row in registers: every load is issued before the first use.
-        float xv[NORM_REG];
+        // Whole row in registers. Every load (row, addend, weights) is
+        // issued before the first use, and the q8 chunks are quantized
+        // from registers: value tid + k * nt sits in lane tid % 32 of chunk
+        // (tid + k * nt) / 32, so a warp holds whole chunks.
+        float xv[NORM_REG], av[NORM_REG], awv[NORM_REG], wv[NORM_REG], bv[NORM_REG];
+        const float* ad = a.add ? a.add + (size_t)t * n : nullptr;
 #pragma unroll
         for (int k = 0; k < NORM_REG; ++k) {
             const int i = tid + k * nt;
-            xv[k] = i < n ? x[i] : 0.0f;
+            const bool in = i < n;
+            xv[k] = in ? x[i] : 0.0f;
+            av[k] = in && ad ? ad[i] : 0.0f;
+            awv[k] = in && a.add_w ? a.add_w[i] : 0.0f;
+            wv[k] = in ? a.w[i] : 0.0f;
+            bv[k] = in && a.b ? a.b[i] : 0.0f;
         }
-        if (a.add) {
-            const float* ad = a.add + (size_t)t * n;
-            float av[NORM_REG];
-            float ss = 0.0f;
-#pragma unroll
-            for (int k = 0; k < NORM_REG; ++k) {
-                const int i = tid + k * nt;
-                av[k] = i < n ? ad[i] : 0.0f;
-                ss += av[k] * av[k];
-            }
+        if (ad) {
             float sa = 1.0f;
             if (a.add_w) {
+                float ss = 0.0f;
+#pragma unroll
+                for (int k = 0; k < NORM_REG; ++k) ss += av[k] * av[k];
                 ss = block_sum(ss, red);
                 sa = 1.0f / sqrtf(ss / (float)n + a.add_eps);
             }
@@ -57,12 +60,13 @@ extern "C" __global__ void __launch_bounds__(NORM_THREADS) residual_norm(const N
                 const int i = tid + k * nt;
                 if (i < n) {
                     float v = av[k];
-                    if (a.add_w) v = (v * sa) * a.add_w[i];
+                    if (a.add_w) v = (v * sa) * awv[k];
                     xv[k] += v;
                     x[i] = xv[k];
                 }
             }
         }
+        float ov[NORM_REG];
         if (a.kind == 0) {
             float ss = 0.0f;
 #pragma unroll
@@ -70,10 +74,7 @@ extern "C" __global__ void __launch_bounds__(NORM_THREADS) residual_norm(const N
             ss = block_sum(ss, red);
             const float s = 1.0f / sqrtf(ss / (float)n + a.eps);
 #pragma unroll
-            for (int k = 0; k < NORM_REG; ++k) {
-                const int i = tid + k * nt;
-                if (i < n) out[i] = (xv[k] * s) * a.w[i];
-            }
+            for (int k = 0; k < NORM_REG; ++k) ov[k] = (xv[k] * s) * wv[k];
         } else {
             float sum = 0.0f;
 #pragma unroll
@@ -88,15 +89,23 @@ extern "C" __global__ void __launch_bounds__(NORM_THREADS) residual_norm(const N
             const float var = block_sum(sv, red) / (float)n;
             const float s = 1.0f / sqrtf(var + a.eps);
 #pragma unroll
-            for (int k = 0; k < NORM_REG; ++k) {
-                const int i = tid + k * nt;
-                if (i < n) {
-                    float v = ((xv[k] - mean) * s) * a.w[i];
-                    if (a.b) v += a.b[i];
-                    out[i] = v;
+            for (int k = 0; k < NORM_REG; ++k) ov[k] = ((xv[k] - mean) * s) * wv[k] + bv[k];
+        }
+        const int n_chunks = n / 32;
+#pragma unroll
+        for (int k = 0; k < NORM_REG; ++k) {
+            const int i = tid + k * nt;
+            if (i < n) {
+                out[i] = ov[k];
+                // n is a multiple of 32 when q is set, so i < n holds for
+                // all lanes of the warp or none.
+                if (a.q) {
+                    const size_t gc = (size_t)t * n_chunks + i / 32;
+                    quantize_chunk_warp(ov[k], a.q + gc * 32, a.ds + gc);
                 }
             }
         }
+        return;
     } else {
         // Long rows: the same arithmetic, streaming from memory.
         if (a.add) {
@@ -135,6 +144,7 @@ extern "C" __global__ void __launch_bounds__(NORM_THREADS) residual_norm(const N
             }
         }
     }
+    // Long rows: quantize from the stored row.
     if (a.q) {
         __syncthreads();  // out written by other threads of this block
         const int lane = tid % WARP, warp = tid / WARP, n_warps = nt / WARP;

@@ -13,11 +13,14 @@
 #define QKV_THREADS 128
 #define QKV_MAX_HD 1024
 
+// Values of a head per thread (the block has QKV_THREADS threads).
+#define QKV_PER (QKV_MAX_HD / QKV_THREADS)
+
 extern "C" __global__ void __launch_bounds__(QKV_THREADS) qkv_post(const QkvArgs a) {
     PDL_PROLOGUE;
     __shared__ float sx[QKV_MAX_HD];
     __shared__ float red[32];
-    const int head = blockIdx.x, t = blockIdx.y, tid = threadIdx.x, nt = blockDim.x;
+    const int head = blockIdx.x, t = blockIdx.y, tid = threadIdx.x;
     const int hd = a.hd;
     const bool is_q = head < a.n_head;
     const int h = is_q ? head : head - a.n_head;
@@ -27,22 +30,34 @@ extern "C" __global__ void __launch_bounds__(QKV_THREADS) qkv_post(const QkvArgs
     const float* bias = is_q ? a.bq : a.bk;
     const float* nw = is_q ? a.qn_w : a.kn_w;
     const float eps = is_q ? a.qn_eps : a.kn_eps;
+    const float* v = is_q ? nullptr : a.v + ((size_t)t * a.n_kv + h) * hd;
 
-    float ss = 0.0f;
-    for (int d = tid; d < hd; d += nt) {
-        float v = src[d];
-        if (bias) v += bias[h * hd + d];
-        sx[d] = v;
-        ss += v * v;
+    // Every load before the first use: value d = tid + k * QKV_THREADS.
+    float xv[QKV_PER], nwv[QKV_PER], vv[QKV_PER];
+#pragma unroll
+    for (int k = 0; k < QKV_PER; ++k) {
+        const int d = tid + k * QKV_THREADS;
+        const bool in = d < hd;
+        xv[k] = in ? src[d] + (bias ? bias[h * hd + d] : 0.0f) : 0.0f;
+        nwv[k] = in && nw ? nw[d] : 0.0f;
+        vv[k] = in && v ? v[d] + (a.bv ? a.bv[h * hd + d] : 0.0f) : 0.0f;
     }
+    float s = 1.0f;
     if (nw) {
+        float ss = 0.0f;
+#pragma unroll
+        for (int k = 0; k < QKV_PER; ++k) ss += xv[k] * xv[k];
         ss = block_sum(ss, red);
-        const float s = 1.0f / sqrtf(ss / (float)hd + eps);
-        for (int d = tid; d < hd; d += nt) sx[d] = (sx[d] * s) * nw[d];
+        s = 1.0f / sqrtf(ss / (float)hd + eps);
+    }
+#pragma unroll
+    for (int k = 0; k < QKV_PER; ++k) {
+        const int d = tid + k * QKV_THREADS;
+        if (d < hd) sx[d] = nw ? (xv[k] * s) * nwv[k] : xv[k];
     }
     __syncthreads();
     const int half = a.n_rot / 2;
-    for (int i = tid; i < half; i += nt) {
+    for (int i = tid; i < half; i += QKV_THREADS) {
         float theta = (float)pos;
         for (int m = 0; m < i; ++m) theta *= a.theta_scale;
         float sn, cs;
@@ -54,16 +69,16 @@ extern "C" __global__ void __launch_bounds__(QKV_THREADS) qkv_post(const QkvArgs
         sx[i1] = x0 * sn + x1 * cs;
     }
     __syncthreads();
-    if (is_q) {
-        for (int d = tid; d < hd; d += nt) src[d] = sx[d];
-    } else {
-        const size_t base = (size_t)pos * kv_dim + (size_t)h * hd;
-        const float* v = a.v + ((size_t)t * a.n_kv + h) * hd;
-        for (int d = tid; d < hd; d += nt) {
+    const size_t base = (size_t)pos * kv_dim + (size_t)h * hd;
+#pragma unroll
+    for (int k = 0; k < QKV_PER; ++k) {
+        const int d = tid + k * QKV_THREADS;
+        if (d >= hd) continue;
+        if (is_q) {
+            src[d] = sx[d];
+        } else {
             a.kc[base + d] = f32_to_f16(sx[d]);
-            float vv = v[d];
-            if (a.bv) vv += a.bv[h * hd + d];
-            a.vc[base + d] = f32_to_f16(vv);
+            a.vc[base + d] = f32_to_f16(vv[k]);
         }
     }
 }
