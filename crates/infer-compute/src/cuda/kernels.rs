@@ -75,7 +75,7 @@ pub(crate) const MV_TOKENS: usize = 8;
 /// Warps (output rows) per mat-vec block (`MV_WARPS` in matvec.cu).
 pub(crate) const MV_WARPS: u32 = 4;
 /// Positions per attention split (`ATTN_SPLIT` in common.cuh).
-pub(crate) const ATTN_SPLIT: usize = 64;
+pub(crate) const ATTN_SPLIT: usize = 32;
 /// Query heads per attention block (`ATTN_MAX_G`).
 pub(crate) const ATTN_MAX_G: usize = 8;
 /// Largest head dimension of the q/k/v kernel (`QKV_MAX_HD` in rope.cu).

@@ -258,7 +258,7 @@ struct AttnArgs {
 static_assert(sizeof(AttnArgs) == 104, "AttnArgs layout");
 
 // Positions per attention split (one block's share of the cache).
-#define ATTN_SPLIT 64
+#define ATTN_SPLIT 32
 // Query heads per attention block (heads of one kv group beyond this are
 // spread over more blocks).
 #define ATTN_MAX_G 8
