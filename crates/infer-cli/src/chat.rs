@@ -133,11 +133,11 @@ pub fn chat(a: ChatArgs) -> CliResult {
             StopReason::Stopped => "interrupted",
         };
         eprintln!(
-            "[prefill {} new tokens ({} reused) at {:.1} tokens/s; {} tokens at {:.1} tokens/s; {stop}]",
-            stats.prompt_tokens,
+            "[prefill {} ({} reused) at {:.1} tokens/s; {} at {:.1} tokens/s; {stop}]",
+            crate::run::tokens(stats.prompt_tokens),
             stats.reused_tokens,
             stats.prefill_tps(),
-            stats.generated_tokens,
+            crate::run::tokens(stats.generated_tokens),
             stats.decode_tps()
         );
         messages.push(Message::assistant(reply.trim()));

@@ -731,9 +731,11 @@ fn device_info_names_the_device() {
 
 /// The tests above, run when this machine has a CUDA device; otherwise
 /// each is ignored with the reason, or fails under `INFER_REQUIRE_CUDA=1`.
+#[path = "support/gpu_tests.rs"]
+mod gpu_tests;
+
 fn main() {
-    let args = libtest_mimic::Arguments::from_args();
-    let tests: [(&str, fn()); 15] = [
+    let tests: Vec<(&'static str, fn())> = vec![
         ("matvec_every_type_matches_cpu_on_awkward_shapes", matvec_every_type_matches_cpu_on_awkward_shapes),
         ("matmul_quant_batches_match_cpu", matmul_quant_batches_match_cpu),
         ("activation_only_types_are_unsupported_not_panics", activation_only_types_are_unsupported_not_panics),
@@ -751,20 +753,5 @@ fn main() {
         ("device_info_names_the_device", device_info_names_the_device),
     ];
     let unavailable = CudaBackend::new(0).err().map(|e| format!("no CUDA device here ({e})"));
-    let required = std::env::var("INFER_REQUIRE_CUDA").as_deref() == Ok("1");
-    let trials = tests
-        .into_iter()
-        .map(|(name, f)| {
-            let why = unavailable.clone();
-            libtest_mimic::Trial::ignorable_test(name, move || match why {
-                None => {
-                    f();
-                    Ok(libtest_mimic::Completion::Completed)
-                }
-                Some(why) if required => Err(format!("INFER_REQUIRE_CUDA=1: {why}").into()),
-                Some(why) => Ok(libtest_mimic::Completion::ignored_with(why)),
-            })
-        })
-        .collect();
-    libtest_mimic::run(&args, trials).exit();
+    gpu_tests::run(tests, unavailable)
 }

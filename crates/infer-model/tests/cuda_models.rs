@@ -66,9 +66,11 @@ fn prefill_matches_llama_cpp_last_logits_on_every_architecture() {
     assert!(failures.is_empty(), "prefill out of bounds:\n{}", failures.join("\n"));
 }
 
+#[path = "../../infer-compute/tests/support/gpu_tests.rs"]
+mod gpu_tests;
+
 fn main() {
-    let args = libtest_mimic::Arguments::from_args();
-    let tests: [(&str, fn()); 2] = [
+    let tests: Vec<(&'static str, fn())> = vec![
         (
             "decode_matches_llama_cpp_logits_on_every_architecture",
             decode_matches_llama_cpp_logits_on_every_architecture,
@@ -79,20 +81,5 @@ fn main() {
         ),
     ];
     let unavailable = CudaBackend::new(0).err().map(|e| format!("no CUDA device here ({e})"));
-    let required = std::env::var("INFER_REQUIRE_CUDA").as_deref() == Ok("1");
-    let trials = tests
-        .into_iter()
-        .map(|(name, f)| {
-            let why = unavailable.clone();
-            libtest_mimic::Trial::ignorable_test(name, move || match why {
-                None => {
-                    f();
-                    Ok(libtest_mimic::Completion::Completed)
-                }
-                Some(why) if required => Err(format!("INFER_REQUIRE_CUDA=1: {why}").into()),
-                Some(why) => Ok(libtest_mimic::Completion::ignored_with(why)),
-            })
-        })
-        .collect();
-    libtest_mimic::run(&args, trials).exit();
+    gpu_tests::run(tests, unavailable)
 }

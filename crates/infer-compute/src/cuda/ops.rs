@@ -189,7 +189,7 @@ fn flash_kernel(hd: usize) -> Option<kernels::KernelName> {
 /// Quantizes the attention output for the output projection (`args.oq`).
 fn quantize_attn_out(dev: &Device, args: &AttnArgs) -> Result<()> {
     let q_dim = args.n_head as usize * args.hd as usize;
-    if q_dim % 32 != 0 {
+    if !q_dim.is_multiple_of(32) {
         return Err(Error::Device(format!("attention output of {q_dim} values cannot be quantized in chunks of 32")));
     }
     quantize_q8(dev, args.out, args.oq, args.ods, args.n_tok as usize * q_dim / 32)
