@@ -22,6 +22,7 @@
 //! IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K (Q8_1 and Q8_K are activation
 //! formats: [`Error::Unsupported`]).
 
+mod buffers;
 mod device;
 pub(crate) mod kernels;
 mod model;
@@ -33,10 +34,11 @@ use std::sync::Arc;
 use cudarc::cublas::{sys::cublasOperation_t, Gemm, GemmConfig};
 use ndarray::{Array2, ArrayView2};
 
+pub use buffers::PREFILL_CHUNK;
 use device::Device;
 pub use device::DeviceInfo;
 use kernels::{AttnArgs, NormArgs, QkvArgs};
-pub use model::{CudaKvCache, CudaModel, PREFILL_CHUNK};
+pub use model::{CudaKvCache, CudaModel};
 use ops::Matvec;
 
 use crate::backend::{ComputeBackend, DeviceModel};

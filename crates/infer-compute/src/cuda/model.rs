@@ -9,7 +9,7 @@
 //! | pre-attention norm (fused with the previous block's residual add and post-norm) | `residual_norm` → h (f32 and q8) |
 //! | q, k, v projections (one launch per run of equal weight types) | `mv_<type>` |
 //! | bias, q/k RMSNorm, RoPE, K/V append at the position read from device memory | `qkv_post` |
-//! | split-K attention over the cache, combine, quantize for `wo` | `attn_split`, `attn_combine` |
+//! | split-K attention over the cache, combine, quantize for `wo` (tiled kernel in prefill passes) | `attn_split`, `attn_combine` (`attn_prefill_hd*`) |
 //! | output projection | `mv_<type>` |
 //! | post-attention norm + residual add + pre-FFN norm | `residual_norm` |
 //! | gate and up with the GLU epilogue (one launch when their types agree) | `mv_<type>` (or two launches + `glu`) |
@@ -22,12 +22,15 @@
 //! before each step, so the single-token step is position-independent and
 //! is captured once as a CUDA graph (per KV cache and buffer set) and
 //! replayed for every token. Prefill runs the same kernels on chunks of up
-//! to [`PREFILL_CHUNK`] tokens without a graph. Passes of at least
+//! to [`PREFILL_CHUNK`](super::buffers::PREFILL_CHUNK) tokens without a graph. Passes of at least
 //! [`GEMM_MIN_TOKENS`] tokens dequantize each projection's weights to bf16
 //! (one matrix at a time, into a scratch buffer) and multiply on the tensor
 //! cores through cuBLAS (f32 accumulation); shorter ones use the mat-vec kernels,
-//! which reuse each decoded weight chunk for 8 tokens. Attention runs one
-//! grid layer per token, each causal to its own position.
+//! which reuse each decoded weight chunk for 8 tokens. Attention in passes
+//! of at least [`ops::FLASH_MIN_TOKENS`] tokens is one tiled tensor-core
+//! kernel (`attn_prefill_hd*`, FlashAttention-2); shorter passes run the
+//! split-K kernels with one grid layer per token, each causal to its own
+//! position. Buffer sizes: `buffers.rs`.
 //!
 //! KV cache: f16, per layer `[n_ctx, n_head_kv, head_dim]`, position-major
 //! (the CPU layout, half the bytes). Attention accumulates in f32.
@@ -40,6 +43,7 @@ use std::time::Instant;
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaGraph, CudaSlice};
 
+use super::buffers::{prefill_chunk, Buffers, Maxima, GEMM_MIN_TOKENS};
 use super::device::{dev_err, Device, PinnedBuf};
 use super::kernels::{AttnArgs, DevPtr, MvMode, NormArgs, QkvArgs};
 use super::ops::{self, GemmPrecision, Matvec};
@@ -50,38 +54,6 @@ use crate::weight::QuantWeight;
 use crate::GgmlType;
 
 static NEXT_ID: AtomicUsize = AtomicUsize::new(1);
-
-/// Most tokens per prefill pass (bounds the scratch buffers); passes are
-/// shorter when the split-attention partial sums of one pass would exceed
-/// 256 MiB (long contexts), but at least 32 tokens.
-pub const PREFILL_CHUNK: usize = 512;
-
-/// Bytes the split-attention partial sums of one pass may take; longer
-/// contexts get shorter passes.
-const ATTN_PARTS_BUDGET: usize = 256 << 20;
-
-/// Tokens per prefill pass for `n_split` attention splits: [`PREFILL_CHUNK`],
-/// fewer when the per-token partial sums (`heads · n_split · head_dim`
-/// floats) would exceed [`ATTN_PARTS_BUDGET`], at least 32.
-fn prefill_chunk(m: &Maxima, n_split: usize) -> usize {
-    let per_token = (m.heads * n_split * m.hd * 4).max(1);
-    (ATTN_PARTS_BUDGET / per_token).clamp(32, PREFILL_CHUNK)
-}
-
-/// Prefill passes of at least this many tokens run the projections as
-/// tensor-core GEMMs on weights dequantized to bf16 (one matrix at a time,
-/// into a scratch buffer); shorter ones use the mat-vec kernels.
-/// `INFER_CUDA_PREFILL_GEMM=tf32` uses f32 operands with TF32 products
-/// instead, `=0` turns the GEMM path off.
-pub const GEMM_MIN_TOKENS: usize = 16;
-
-fn prefill_gemm() -> Option<GemmPrecision> {
-    match std::env::var("INFER_CUDA_PREFILL_GEMM").as_deref() {
-        Ok("0") => None,
-        Ok("tf32") => Some(GemmPrecision::Tf32),
-        _ => Some(GemmPrecision::Bf16),
-    }
-}
 
 /// A weight matrix in device memory, GGUF blocks as they are.
 struct DevWeight {
@@ -183,49 +155,6 @@ struct DevLayer {
     post_ffn_norm: Option<DevNorm>,
 }
 
-/// Scratch buffers, sized for `cap` tokens and `n_split` attention splits.
-struct Buffers {
-    cap: usize,
-    n_split: usize,
-    /// Bumped on every reallocation (invalidates captured graphs).
-    generation: usize,
-    /// `[pos0, token_0, token_1, ...]` on the host (pinned) and the device.
-    params_host: PinnedBuf<i32>,
-    params: CudaSlice<i32>,
-    x: CudaSlice<f32>,
-    h: CudaSlice<f32>,
-    aq: CudaSlice<i8>,
-    ad: CudaSlice<f32>,
-    q: CudaSlice<f32>,
-    k: CudaSlice<f32>,
-    v: CudaSlice<f32>,
-    attn: CudaSlice<f32>,
-    o: CudaSlice<f32>,
-    gate: CudaSlice<f32>,
-    up: CudaSlice<f32>,
-    act: CudaSlice<f32>,
-    part_o: CudaSlice<f32>,
-    part_ml: CudaSlice<f32>,
-    logits: CudaSlice<f32>,
-    /// The device argmax: per-block keys, the blocks' finish counter, the
-    /// result (see [`ops::argmax`]).
-    argmax_part: CudaSlice<u64>,
-    argmax_count: CudaSlice<u32>,
-    argmax_key: CudaSlice<u64>,
-    /// The prefill GEMMs' scratch (`None` when the buffers serve fewer
-    /// than [`GEMM_MIN_TOKENS`] tokens or the path is off).
-    gemm: Option<GemmScratch>,
-}
-
-/// Scratch of the prefill GEMMs.
-struct GemmScratch {
-    prec: GemmPrecision,
-    /// One layer matrix, dequantized (f32 or bf16 values).
-    w: CudaSlice<f32>,
-    /// The pass's activations in bf16 (unused with TF32).
-    x: CudaSlice<u16>,
-}
-
 /// A captured single-token step.
 struct Captured {
     graph: CudaGraph,
@@ -239,19 +168,6 @@ struct Captured {
 struct SendCaptured(Captured);
 // SAFETY: see the type's docs: access is serialized by `&mut CudaModel`.
 unsafe impl Send for SendCaptured {}
-
-/// Shape maxima over the layers, for sizing buffers.
-#[derive(Clone, Copy, Default)]
-struct Maxima {
-    q_dim: usize,
-    kv_dim: usize,
-    n_ff: usize,
-    heads: usize,
-    hd: usize,
-    cols: usize,
-    /// Values of the largest layer matrix.
-    mat: usize,
-}
 
 /// A model prepared on a CUDA device.
 pub struct CudaModel {
@@ -307,7 +223,7 @@ impl CudaModel {
         let d = &*dev;
         let e = spec.n_embd;
         let mut layers = Vec::with_capacity(spec.layers.len());
-        let mut max = Maxima { cols: e, ..Default::default() };
+        let mut max = Maxima { cols: e, flash: true, ..Default::default() };
         let mut weight_bytes = 0usize;
         let opt_norm = |n: &Option<Norm>| n.as_ref().map(|n| DevNorm::new(d, n)).transpose();
         let opt_vec = |b: &Option<QuantWeight>| -> Result<Option<CudaSlice<f32>>> {
@@ -316,6 +232,7 @@ impl CudaModel {
         for (i, l) in spec.layers.iter().enumerate() {
             let p = |s: &str| format!("blk.{i}.{s}");
             ops::check_attn_shape(l.n_head, l.n_head_kv, l.head_dim)?;
+            max.flash &= ops::has_flash(l.head_dim);
             for (name, n) in [("post_attention_norm", &l.post_attn_norm), ("post_ffw_norm", &l.post_ffn_norm)] {
                 if n.as_ref().is_some_and(|n| n.kind != NormType::RmsNorm) {
                     return Err(Error::InvalidModel(format!(
@@ -445,45 +362,10 @@ impl CudaModel {
             }
         }
         let cap = n_tok.max(self.bufs.as_ref().map_or(1, |b| b.cap));
-        let d = &*self.dev;
-        let (e, m) = (self.n_embd, self.max);
         self.generation += 1;
         self.graphs = [None, None];
         self.bufs = None;
-        self.bufs = Some(Buffers {
-            cap,
-            n_split,
-            generation: self.generation,
-            params_host: d.pinned(cap + 1)?,
-            params: d.zeros(cap + 1)?,
-            x: d.zeros(cap * e)?,
-            h: d.zeros(cap * e)?,
-            aq: d.zeros(cap * m.cols)?,
-            ad: d.zeros(cap * m.cols.div_ceil(32) * 2)?,
-            q: d.zeros(cap * m.q_dim)?,
-            k: d.zeros(cap * m.kv_dim)?,
-            v: d.zeros(cap * m.kv_dim)?,
-            attn: d.zeros(cap * m.q_dim)?,
-            o: d.zeros(cap * e)?,
-            gate: d.zeros(cap * m.n_ff)?,
-            up: d.zeros(cap * m.n_ff)?,
-            act: d.zeros(cap * m.n_ff)?,
-            part_o: d.zeros(cap * m.heads * n_split * m.hd)?,
-            part_ml: d.zeros(cap * m.heads * n_split * 2)?,
-            logits: d.zeros(self.n_vocab)?,
-            argmax_part: d.zeros(ops::ARGMAX_BLOCKS)?,
-            argmax_count: d.zeros(1)?,
-            argmax_key: d.zeros(1)?,
-            gemm: match prefill_gemm().filter(|_| cap >= GEMM_MIN_TOKENS) {
-                Some(prec) => Some(GemmScratch {
-                    prec,
-                    // f32 slots: m.mat values of 4 (TF32) or 2 (bf16) bytes.
-                    w: d.zeros((m.mat * prec.bytes()).div_ceil(4))?,
-                    x: d.zeros(if prec == GemmPrecision::Bf16 { cap * m.cols } else { 1 })?,
-                }),
-                None => None,
-            },
-        });
+        self.bufs = Some(Buffers::new(&self.dev, &self.max, self.n_embd, self.n_vocab, cap, n_split, self.generation)?);
         Ok(())
     }
 

@@ -176,6 +176,12 @@ fn flash_enabled() -> bool {
     *ON.get_or_init(|| std::env::var("INFER_CUDA_FLASH").map_or(true, |v| v != "0"))
 }
 
+/// Whether passes of [`FLASH_MIN_TOKENS`] or more tokens over heads of
+/// `hd` values run the tiled kernel (and need no split-K partial sums).
+pub(crate) fn has_flash(hd: usize) -> bool {
+    flash_kernel(hd).is_some() && flash_enabled()
+}
+
 /// The tiled prefill kernel for head dimension `hd`, if there is one.
 fn flash_kernel(hd: usize) -> Option<kernels::KernelName> {
     match hd {
@@ -202,7 +208,7 @@ pub(crate) fn attention(dev: &Device, args: &AttnArgs) -> Result<()> {
     let (n_head, n_kv, hd) = (args.n_head as usize, args.n_kv as usize, args.hd as usize);
     check_attn_shape(n_head, n_kv, hd)?;
     let n_tok = args.n_tok as usize;
-    if let Some(k) = flash_kernel(hd).filter(|_| n_tok >= FLASH_MIN_TOKENS && flash_enabled()) {
+    if let Some(k) = flash_kernel(hd).filter(|_| n_tok >= FLASH_MIN_TOKENS && has_flash(hd)) {
         // 16 rows (token, head of the group) per warp; 4 warps per block
         // when that still gives about two blocks per SM, else 2.
         let rows = n_tok * (n_head / n_kv);

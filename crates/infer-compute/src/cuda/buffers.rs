@@ -1,0 +1,187 @@
+//! Scratch buffers of the CUDA decode pipeline and how large they are:
+//! the shape maxima over the layers, the tokens per prefill pass, and the
+//! split-K attention partial sums (only passes shorter than
+//! [`ops::FLASH_MIN_TOKENS`] need them when every layer has a tiled
+//! attention kernel).
+
+use cudarc::driver::CudaSlice;
+
+use super::device::{Device, PinnedBuf};
+use super::ops::{self, GemmPrecision};
+use crate::error::Result;
+
+/// Most tokens per prefill pass (bounds the scratch buffers); passes are
+/// shorter when the split-attention partial sums of one pass would exceed
+/// 256 MiB (long contexts), but at least 32 tokens.
+pub const PREFILL_CHUNK: usize = 512;
+
+/// Bytes the split-attention partial sums of one pass may take; longer
+/// contexts get shorter passes.
+const ATTN_PARTS_BUDGET: usize = 256 << 20;
+
+/// Tokens per prefill pass for `n_split` attention splits: [`PREFILL_CHUNK`],
+/// fewer when the passes use split-K attention and its per-token partial
+/// sums (`heads · n_split · head_dim` floats) would exceed
+/// [`ATTN_PARTS_BUDGET`], at least 32.
+pub(super) fn prefill_chunk(m: &Maxima, n_split: usize) -> usize {
+    if m.flash {
+        // Passes long enough to need the room run the tiled kernel instead.
+        return PREFILL_CHUNK;
+    }
+    let per_token = (m.heads * n_split * m.hd * 4).max(1);
+    (ATTN_PARTS_BUDGET / per_token).clamp(32, PREFILL_CHUNK)
+}
+
+/// Prefill passes of at least this many tokens run the projections as
+/// tensor-core GEMMs on weights dequantized to bf16 (one matrix at a time,
+/// into a scratch buffer); shorter ones use the mat-vec kernels.
+/// `INFER_CUDA_PREFILL_GEMM=tf32` uses f32 operands with TF32 products
+/// instead, `=0` turns the GEMM path off.
+pub const GEMM_MIN_TOKENS: usize = 16;
+
+pub(super) fn prefill_gemm() -> Option<GemmPrecision> {
+    match std::env::var("INFER_CUDA_PREFILL_GEMM").as_deref() {
+        Ok("0") => None,
+        Ok("tf32") => Some(GemmPrecision::Tf32),
+        _ => Some(GemmPrecision::Bf16),
+    }
+}
+
+/// Shape maxima over the layers, for sizing buffers.
+#[derive(Clone, Copy, Default)]
+pub(super) struct Maxima {
+    pub q_dim: usize,
+    pub kv_dim: usize,
+    pub n_ff: usize,
+    pub heads: usize,
+    pub hd: usize,
+    pub cols: usize,
+    /// Values of the largest layer matrix.
+    pub mat: usize,
+    /// Every layer's attention has a tiled prefill kernel, so only passes
+    /// shorter than [`ops::FLASH_MIN_TOKENS`] use the split-K partial sums.
+    pub flash: bool,
+}
+
+impl Maxima {
+    /// Tokens of a pass of `n_tok` whose split-K partial sums need room.
+    pub(super) fn split_k_tokens(&self, n_tok: usize) -> usize {
+        if self.flash {
+            n_tok.min(ops::FLASH_MIN_TOKENS - 1)
+        } else {
+            n_tok
+        }
+    }
+}
+
+/// Scratch buffers, sized for `cap` tokens and `n_split` attention splits.
+pub(super) struct Buffers {
+    pub cap: usize,
+    pub n_split: usize,
+    /// Bumped on every reallocation (invalidates captured graphs).
+    pub generation: usize,
+    /// `[pos0, token_0, token_1, ...]` on the host (pinned) and the device.
+    pub params_host: PinnedBuf<i32>,
+    pub params: CudaSlice<i32>,
+    pub x: CudaSlice<f32>,
+    pub h: CudaSlice<f32>,
+    pub aq: CudaSlice<i8>,
+    pub ad: CudaSlice<f32>,
+    pub q: CudaSlice<f32>,
+    pub k: CudaSlice<f32>,
+    pub v: CudaSlice<f32>,
+    pub attn: CudaSlice<f32>,
+    pub o: CudaSlice<f32>,
+    pub gate: CudaSlice<f32>,
+    pub up: CudaSlice<f32>,
+    pub act: CudaSlice<f32>,
+    pub part_o: CudaSlice<f32>,
+    pub part_ml: CudaSlice<f32>,
+    pub logits: CudaSlice<f32>,
+    /// The device argmax: per-block keys, the blocks' finish counter, the
+    /// result (see [`ops::argmax`]).
+    pub argmax_part: CudaSlice<u64>,
+    pub argmax_count: CudaSlice<u32>,
+    pub argmax_key: CudaSlice<u64>,
+    /// The prefill GEMMs' scratch (`None` when the buffers serve fewer
+    /// than [`GEMM_MIN_TOKENS`] tokens or the path is off).
+    pub gemm: Option<GemmScratch>,
+}
+
+/// Scratch of the prefill GEMMs.
+pub(super) struct GemmScratch {
+    pub prec: GemmPrecision,
+    /// One layer matrix, dequantized (f32 or bf16 values).
+    pub w: CudaSlice<f32>,
+    /// The pass's activations in bf16 (unused with TF32).
+    pub x: CudaSlice<u16>,
+}
+
+impl Buffers {
+    /// Allocates the buffers of passes of up to `cap` tokens over a cache
+    /// of `n_split` attention splits.
+    pub(super) fn new(
+        d: &Device,
+        m: &Maxima,
+        e: usize,
+        n_vocab: usize,
+        cap: usize,
+        n_split: usize,
+        generation: usize,
+    ) -> Result<Self> {
+        Ok(Buffers {
+            cap,
+            n_split,
+            generation,
+            params_host: d.pinned(cap + 1)?,
+            params: d.zeros(cap + 1)?,
+            x: d.zeros(cap * e)?,
+            h: d.zeros(cap * e)?,
+            aq: d.zeros(cap * m.cols)?,
+            ad: d.zeros(cap * m.cols.div_ceil(32) * 2)?,
+            q: d.zeros(cap * m.q_dim)?,
+            k: d.zeros(cap * m.kv_dim)?,
+            v: d.zeros(cap * m.kv_dim)?,
+            attn: d.zeros(cap * m.q_dim)?,
+            o: d.zeros(cap * e)?,
+            gate: d.zeros(cap * m.n_ff)?,
+            up: d.zeros(cap * m.n_ff)?,
+            act: d.zeros(cap * m.n_ff)?,
+            part_o: d.zeros(m.split_k_tokens(cap) * m.heads * n_split * m.hd)?,
+            part_ml: d.zeros(m.split_k_tokens(cap) * m.heads * n_split * 2)?,
+            logits: d.zeros(n_vocab)?,
+            argmax_part: d.zeros(ops::ARGMAX_BLOCKS)?,
+            argmax_count: d.zeros(1)?,
+            argmax_key: d.zeros(1)?,
+            gemm: match prefill_gemm().filter(|_| cap >= GEMM_MIN_TOKENS) {
+                Some(prec) => Some(GemmScratch {
+                    prec,
+                    // f32 slots: m.mat values of 4 (TF32) or 2 (bf16) bytes.
+                    w: d.zeros((m.mat * prec.bytes()).div_ceil(4))?,
+                    x: d.zeros(if prec == GemmPrecision::Bf16 { cap * m.cols } else { 1 })?,
+                }),
+                None => None,
+            },
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn maxima(flash: bool) -> Maxima {
+        Maxima { heads: 8, hd: 256, cols: 2560, flash, ..Default::default() }
+    }
+
+    #[test]
+    fn passes_stay_long_when_the_tiled_attention_needs_no_partial_sums() {
+        // 4096 positions: 128 splits of 32; 8 heads of 256 -> 1 MiB per token.
+        assert_eq!(prefill_chunk(&maxima(true), 128), PREFILL_CHUNK);
+        assert_eq!(prefill_chunk(&maxima(false), 128), 256);
+        assert_eq!(prefill_chunk(&maxima(false), 1 << 20), 32);
+        assert_eq!(maxima(true).split_k_tokens(PREFILL_CHUNK), ops::FLASH_MIN_TOKENS - 1);
+        assert_eq!(maxima(true).split_k_tokens(3), 3);
+        assert_eq!(maxima(false).split_k_tokens(PREFILL_CHUNK), PREFILL_CHUNK);
+    }
+}
