@@ -12,9 +12,9 @@ use std::any::Any;
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::kernels::{AlignedBytes, Kernels};
-use super::matvec;
+use super::kernels::Kernels;
 use super::ops;
+use super::team::{Par, Team};
 use super::weight::{products, CpuWeight, ProductScratch};
 use super::Precision;
 use crate::backend::{checked_cache, DeviceModel, KvCache, KvState, ModelId, StepProfile};
@@ -101,7 +101,6 @@ struct Buffers {
     act: Vec<f32>,
     tmp: Vec<f32>,
     scores: Vec<f32>,
-    qbuf: AlignedBytes,
     prod: ProductScratch,
 }
 
@@ -120,10 +119,11 @@ pub struct CpuModel {
     embd_scale: f32,
     layers: Vec<PreparedLayer>,
     output_norm: PreparedNorm,
-    output: QuantWeight,
+    output: CpuWeight,
     final_logit_softcap: Option<f32>,
     kernels: Kernels,
-    pool: Arc<rayon::ThreadPool>,
+    /// Runs the parallel loops (products, attention) of decode and prefill.
+    team: Arc<Team>,
     buf: Buffers,
     logits: Vec<f32>,
 }
@@ -138,7 +138,7 @@ fn to_f32_weight(w: &QuantWeight) -> Result<QuantWeight> {
 impl CpuModel {
     /// Prepares `spec` (already validated). In [`Precision::Exact`] every
     /// matrix is dequantized to f32 here, once.
-    pub fn new(spec: &ModelSpec, kernels: Kernels, pool: Arc<rayon::ThreadPool>, precision: Precision) -> Result<Self> {
+    pub fn new(spec: &ModelSpec, kernels: Kernels, team: Arc<Team>, precision: Precision) -> Result<Self> {
         let conv = |w: &QuantWeight| -> Result<QuantWeight> {
             match precision {
                 Precision::Quantized => Ok(w.clone()),
@@ -178,10 +178,10 @@ impl CpuModel {
             embd_scale: spec.embd_scale,
             layers,
             output_norm: PreparedNorm::new(&spec.output_norm)?,
-            output: conv(&spec.output)?,
+            output: prep(&spec.output)?,
             final_logit_softcap: spec.final_logit_softcap,
             kernels,
-            pool,
+            team,
             buf: Buffers::default(),
             logits: crate::memory::zeroed(spec.n_vocab, "the logits")?,
         })
@@ -198,8 +198,7 @@ impl CpuModel {
         prof: Option<&mut StepProfile>,
     ) -> Result<()> {
         let cache = checked_cache::<CpuKvCache>(kv, self.id, self.n_vocab, tokens, pos0)?;
-        let pool = self.pool.clone();
-        pool.install(|| self.forward_inner(cache, tokens, pos0, prof))?;
+        self.forward_inner(cache, tokens, pos0, prof)?;
         cache.state.advance(pos0, tokens.len());
         Ok(())
     }
@@ -215,6 +214,7 @@ impl CpuModel {
         let e = self.n_embd;
         let n_ctx = cache.state.n_ctx();
         let k = &self.kernels;
+        let par = Par::Team(&self.team);
         let b = &mut self.buf;
         let prof = &mut prof;
         let x = fit(&mut b.x, n * e)?;
@@ -238,7 +238,14 @@ impl CpuModel {
             let v = fit(&mut b.v, n * kvd)?;
             let qkv = [&layer.wq, &layer.wk, &layer.wv];
             timed_products(prof, "attn_qkv", &qkv, || {
-                products(k, &mut [(&layer.wq, &mut *q), (&layer.wk, &mut *kk), (&layer.wv, &mut *v)], h, n, &mut b.prod)
+                products(
+                    k,
+                    par,
+                    &mut [(&layer.wq, &mut *q), (&layer.wk, &mut *kk), (&layer.wv, &mut *v)],
+                    h,
+                    n,
+                    &mut b.prod,
+                )
             })?;
             if layer.bq.is_some() || layer.bk.is_some() || layer.bv.is_some() {
                 timed(prof, "attn_qkv bias", "", || {
@@ -280,14 +287,14 @@ impl CpuModel {
             let scores = fit(&mut b.scores, if n == 1 { l.n_head * n_ctx } else { 0 })?;
             timed(prof, "attention", "", || {
                 if n == 1 {
-                    ops::attention_decode(q, &cache.k[li], &cache.v[li], pos0, &p, scores, attn);
+                    ops::attention_decode_on(par, q, &cache.k[li], &cache.v[li], pos0, &p, scores, attn);
                 } else {
-                    ops::attention_prefill(q, &cache.k[li], &cache.v[li], pos0, n, &p, attn);
+                    ops::attention_prefill_on(par, q, &cache.k[li], &cache.v[li], pos0, n, &p, attn);
                 }
             });
             let o = fit(&mut b.o, n * e)?;
             timed_products(prof, "attn_output", &[&layer.wo], || {
-                products(k, &mut [(&layer.wo, o)], attn, n, &mut b.prod)
+                products(k, par, &mut [(&layer.wo, o)], attn, n, &mut b.prod)
             })?;
             if let Some(pn) = &layer.post_attn_norm {
                 timed(prof, "post_attention_norm", "", || pn.apply_inplace(o, &mut b.tmp));
@@ -307,7 +314,7 @@ impl CpuModel {
                 (FfnType::Gated, Some(wg)) => {
                     let gate = fit(&mut b.gate, n * n_ff)?;
                     timed_products(prof, "ffn_gate_up", &[wg, &layer.ffn_up], || {
-                        products(k, &mut [(wg, &mut *gate), (&layer.ffn_up, &mut *up)], h, n, &mut b.prod)
+                        products(k, par, &mut [(wg, &mut *gate), (&layer.ffn_up, &mut *up)], h, n, &mut b.prod)
                     })?;
                     timed(prof, act_name, "gated", || match l.activation {
                         Activation::GeluTanh => ops::geglu(gate, up, act),
@@ -316,7 +323,7 @@ impl CpuModel {
                 }
                 _ => {
                     timed_products(prof, "ffn_up", &[&layer.ffn_up], || {
-                        products(k, &mut [(&layer.ffn_up, &mut *up)], h, n, &mut b.prod)
+                        products(k, par, &mut [(&layer.ffn_up, &mut *up)], h, n, &mut b.prod)
                     })?;
                     timed(prof, act_name, "", || {
                         act.copy_from_slice(up);
@@ -329,7 +336,7 @@ impl CpuModel {
             }
             let o = fit(&mut b.o, n * e)?;
             timed_products(prof, "ffn_down", &[&layer.ffn_down], || {
-                products(k, &mut [(&layer.ffn_down, o)], act, n, &mut b.prod)
+                products(k, par, &mut [(&layer.ffn_down, o)], act, n, &mut b.prod)
             })?;
             if let Some(pn) = &layer.post_ffn_norm {
                 timed(prof, "post_ffw_norm", "", || pn.apply_inplace(o, &mut b.tmp));
@@ -340,10 +347,8 @@ impl CpuModel {
         let h = fit(&mut b.h, e)?;
         timed(prof, "output_norm", "", || self.output_norm.apply(last, h));
         let out = &self.output;
-        let shape = format!("{}x{}", out.rows, out.cols);
-        let bytes = out.data.as_bytes().len() as u64;
-        timed_with(prof, "output", out.ty.name(), &shape, bytes, || {
-            matvec::matvec(k, out, h, &mut self.logits, &mut b.qbuf)
+        timed_products(prof, "output", &[out], || {
+            products(k, par, &mut [(out, &mut self.logits[..])], h, 1, &mut b.prod)
         })?;
         if let Some(c) = self.final_logit_softcap {
             timed(prof, "final_logit_softcap", "", || self.logits.iter_mut().for_each(|z| *z = c * (*z / c).tanh()));

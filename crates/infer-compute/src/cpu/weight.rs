@@ -9,6 +9,7 @@
 use super::kernels::{AlignedBytes, Kernels};
 use super::matvec;
 use super::packed::{self, PackedActs, PackedWeight};
+use super::team::Par;
 use crate::error::{shape_err, Error, Result};
 use crate::weight::QuantWeight;
 use crate::GgmlType;
@@ -94,6 +95,7 @@ pub struct ProductScratch {
 /// written); types without a product; inconsistent row weights.
 pub fn products(
     k: &Kernels,
+    par: Par<'_>,
     outs: &mut [(&CpuWeight, &mut [f32])],
     x: &[f32],
     n_tokens: usize,
@@ -133,16 +135,16 @@ pub fn products(
                     s.packed.quantize(k, p.ty(), x, n_tokens, p.cols(), &mut s.tmp)?;
                     packed_for = act.map(|a| (a, p.cols()));
                 }
-                packed::matmul(k, p, &s.packed, y)?;
+                packed::matmul_on(k, par, p, &s.packed, y)?;
             }
             CpuWeight::Rows(q) if n_tokens == 1 => {
                 if rows_for != act {
                     k.quantize_activation(q.ty, x, &mut s.rows)?;
                     rows_for = act;
                 }
-                matvec::matvec_checked(k, q, x, &s.rows, y)?;
+                matvec::matvec_checked(k, par, q, x, &s.rows, y)?;
             }
-            CpuWeight::Rows(q) => matvec::matmul_quant(k, q, x, n_tokens, y, &mut s.rows)?,
+            CpuWeight::Rows(q) => matvec::matmul_quant_on(k, par, q, x, n_tokens, y, &mut s.rows)?,
         }
     }
     Ok(())
@@ -169,7 +171,7 @@ mod tests {
         let mut s = ProductScratch::default();
         let w = CpuWeight::prepare(&k, q8_0(5, 64)).unwrap();
         // Sizes whose products wrap around usize.
-        assert!(products(&k, &mut [(&w, &mut [][..])], &[], 1 << 59, &mut s).is_err());
+        assert!(products(&k, Par::Rayon, &mut [(&w, &mut [][..])], &[], 1 << 59, &mut s).is_err());
         let mut a = PackedActs::default();
         assert!(a.quantize(&k, GgmlType::Q8_0, &[], 1 << 59, 32, &mut s.tmp).is_err());
         // A type without a product, one token or two.
@@ -180,7 +182,7 @@ mod tests {
         for n in [1, 2] {
             let mut y = vec![0f32; 2 * n];
             assert!(matches!(
-                products(&k, &mut [(&c, &mut y[..])], &vec![0.5; 256 * n], n, &mut s),
+                products(&k, Par::Rayon, &mut [(&c, &mut y[..])], &vec![0.5; 256 * n], n, &mut s),
                 Err(Error::Unsupported { .. })
             ));
         }
@@ -188,10 +190,12 @@ mod tests {
         let mut bad = q8_0(5, 64);
         bad.rows = 6;
         let bad = CpuWeight::Rows(bad);
-        assert!(products(&k, &mut [(&bad, &mut [0.0; 6][..])], &[0.5; 64], 1, &mut s).is_err());
+        assert!(products(&k, Par::Rayon, &mut [(&bad, &mut [0.0; 6][..])], &[0.5; 64], 1, &mut s).is_err());
         // A bad second output leaves the first untouched.
         let mut y1 = [7.0f32; 5];
-        assert!(products(&k, &mut [(&w, &mut y1[..]), (&w, &mut [0.0; 4][..])], &[0.5; 64], 1, &mut s).is_err());
+        assert!(
+            products(&k, Par::Rayon, &mut [(&w, &mut y1[..]), (&w, &mut [0.0; 4][..])], &[0.5; 64], 1, &mut s).is_err()
+        );
         assert_eq!(y1, [7.0; 5]);
     }
 
@@ -202,9 +206,10 @@ mod tests {
         let k = Kernels::detect();
         let mut s = ProductScratch::default();
         let (a, b) = (CpuWeight::prepare(&k, q8_0(3, 64)).unwrap(), CpuWeight::prepare(&k, q8_0(3, 32)).unwrap());
-        assert!(products(&k, &mut [(&a, &mut [][..]), (&b, &mut [][..])], &[], 0, &mut s).is_ok());
+        assert!(products(&k, Par::Rayon, &mut [(&a, &mut [][..]), (&b, &mut [][..])], &[], 0, &mut s).is_ok());
         assert!(
-            products(&k, &mut [(&a, &mut [0.0; 3][..]), (&b, &mut [0.0; 3][..])], &[0.5; 64], 1, &mut s).is_err(),
+            products(&k, Par::Rayon, &mut [(&a, &mut [0.0; 3][..]), (&b, &mut [0.0; 3][..])], &[0.5; 64], 1, &mut s)
+                .is_err(),
             "x fits only one"
         );
     }

@@ -27,7 +27,7 @@
 //! The q·k dot and the p·v accumulation are written to vectorize (16
 //! accumulators in the dot, four cache rows per pass in p·v).
 
-use rayon::prelude::*;
+use crate::cpu::team::Par;
 
 use super::dot;
 use super::softmax::softmax;
@@ -266,6 +266,30 @@ pub fn attention_decode(
     scratch: &mut [f32],
     out: &mut [f32],
 ) {
+    attention_decode_on(Par::Rayon, q, k_cache, v_cache, pos, p, scratch, out)
+}
+
+/// Work below which a loop on `par` is not worth splitting: rayon wakes
+/// sleeping threads, a [`crate::cpu::team::Team`] finds them spinning.
+fn par_min_work(par: Par<'_>) -> usize {
+    match par {
+        Par::Rayon => PAR_MIN_WORK,
+        Par::Team(_) => PAR_MIN_WORK / 8,
+    }
+}
+
+/// [`attention_decode`] with its heads run on `par`.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_decode_on(
+    par: Par<'_>,
+    q: &[f32],
+    k_cache: &[f32],
+    v_cache: &[f32],
+    pos: usize,
+    p: &AttnParams,
+    scratch: &mut [f32],
+    out: &mut [f32],
+) {
     p.debug_check();
     debug_check_cache(k_cache, v_cache, pos, p);
     debug_assert_eq!(q.len(), p.q_dim());
@@ -274,13 +298,15 @@ pub fn attention_decode(
     debug_assert!(scratch.len() >= p.n_head * n_att, "scratch too small");
     let hd = p.head_dim;
     let scratch = &mut scratch[..p.n_head * n_att];
-    let work = |(h, (out_h, sc)): (usize, (&mut [f32], &mut [f32]))| {
+    let work = |h: usize, out_h: &mut [f32], sc: &mut [f32]| {
         attend_head(&q[h * hd..][..hd], k_cache, v_cache, h, pos, p, sc, out_h);
     };
-    if p.n_head > 1 && p.n_head * n_att * hd >= PAR_MIN_WORK {
-        out.par_chunks_mut(hd).zip(scratch.par_chunks_mut(n_att)).enumerate().for_each(work);
+    if p.n_head > 1 && p.n_head * n_att * hd >= par_min_work(par) {
+        par.for_each_chunk_pair_mut(out, hd, scratch, n_att, work);
     } else {
-        out.chunks_mut(hd).zip(scratch.chunks_mut(n_att)).enumerate().for_each(work);
+        for (h, (out_h, sc)) in out.chunks_mut(hd).zip(scratch.chunks_mut(n_att)).enumerate() {
+            work(h, out_h, sc);
+        }
     }
 }
 
@@ -291,11 +317,26 @@ pub fn attention_decode(
 ///
 /// Shapes: `q`, `out`: `[n_tokens, n_head, head_dim]`; caches as in
 /// [`attention_decode`]. Allocates one score row (`≤ n_ctx` floats) per
-/// rayon work split.
+/// parallel task.
 ///
 /// Contract (debug-asserted): as [`attention_decode`] with
 /// `pos0 + n_tokens <= n_ctx`, and `q.len() == out.len() == n_tokens · n_head · head_dim`.
 pub fn attention_prefill(
+    q: &[f32],
+    k_cache: &[f32],
+    v_cache: &[f32],
+    pos0: usize,
+    n_tokens: usize,
+    p: &AttnParams,
+    out: &mut [f32],
+) {
+    attention_prefill_on(Par::Rayon, q, k_cache, v_cache, pos0, n_tokens, p, out)
+}
+
+/// [`attention_prefill`] with its (token, head) pairs run on `par`.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_prefill_on(
+    par: Par<'_>,
     q: &[f32],
     k_cache: &[f32],
     v_cache: &[f32],
@@ -314,16 +355,17 @@ pub fn attention_prefill(
     let hd = p.head_dim;
     // Group small tasks so that each carries some work.
     let avg = p.n_attended(pos0 + n_tokens / 2) * hd;
-    let min_len = (PAR_MIN_WORK / 4 / avg.max(1)).max(1);
-    out.par_chunks_mut(hd).enumerate().with_min_len(min_len).for_each_init(
-        Vec::new,
-        |scores: &mut Vec<f32>, (i, out_h)| {
+    let per_task = (PAR_MIN_WORK / 4 / avg.max(1)).max(1);
+    par.for_each_chunk_mut(out, per_task * hd, |task, outs| {
+        let mut scores = Vec::new();
+        for (k, out_h) in outs.chunks_mut(hd).enumerate() {
+            let i = task * per_task + k;
             let (t, h) = (i / p.n_head, i % p.n_head);
             let pos = pos0 + t;
             scores.resize(p.n_attended(pos), 0.0);
-            attend_head(&q[i * hd..][..hd], k_cache, v_cache, h, pos, p, scores, out_h);
-        },
-    );
+            attend_head(&q[i * hd..][..hd], k_cache, v_cache, h, pos, p, &mut scores, out_h);
+        }
+    });
 }
 
 /// The attention probabilities of one decode step, for inspection and
