@@ -156,8 +156,8 @@ fn head_pv(probs: &[f32], v_cache: &[f32], g: usize, first: usize, p: &AttnParam
 /// One query head at `pos`: logits, softmax, p·v. `scores` holds exactly
 /// `n_attended(pos)` floats. The single code path behind decode and prefill.
 ///
-/// On x86-64 processors with AVX-512 the same Rust code is compiled a second
-/// time with those instructions enabled and chosen at run time. Rust neither
+/// On x86-64 processors with AVX-512 or AVX2 the same Rust code is compiled
+/// again with those instructions enabled and chosen at run time. Rust neither
 /// reassociates nor contracts f32 arithmetic, so both builds give the same
 /// bits; the wide one is faster.
 #[inline]
@@ -179,6 +179,34 @@ fn attend_head(
         unsafe { attend_head_avx512(qh, k_cache, v_cache, h, pos, p, scores, out_h) };
         return;
     }
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx2") {
+        // SAFETY: the processor supports AVX2, the only feature the
+        // function enables.
+        unsafe { attend_head_avx2(qh, k_cache, v_cache, h, pos, p, scores, out_h) };
+        return;
+    }
+    attend_head_portable::<false>(qh, k_cache, v_cache, h, pos, p, scores, out_h);
+}
+
+/// [`attend_head_portable`] compiled with AVX2 (8-wide vectors; no FMA, so
+/// the arithmetic is the portable build's).
+///
+/// # Safety
+/// The processor must support AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn attend_head_avx2(
+    qh: &[f32],
+    k_cache: &[f32],
+    v_cache: &[f32],
+    h: usize,
+    pos: usize,
+    p: &AttnParams,
+    scores: &mut [f32],
+    out_h: &mut [f32],
+) {
     attend_head_portable::<false>(qh, k_cache, v_cache, h, pos, p, scores, out_h);
 }
 
