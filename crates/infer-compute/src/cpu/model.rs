@@ -15,7 +15,7 @@ use std::time::Instant;
 use super::kernels::Kernels;
 use super::ops;
 use super::team::{Par, Team};
-use super::weight::{products, CpuWeight, ProductScratch};
+use super::weight::{products, CpuWeight, ProductScratch, Stacked};
 use super::Precision;
 use crate::backend::{checked_cache, DeviceModel, KvCache, KvState, ModelId, StepProfile};
 use crate::error::{Error, Result};
@@ -68,12 +68,11 @@ impl PreparedNorm {
 struct PreparedLayer {
     /// Shapes and options; its weights are not used (see the fields below).
     spec: LayerSpec,
-    wq: CpuWeight,
-    wk: CpuWeight,
-    wv: CpuWeight,
+    /// q, k, v: parts 0, 1, 2.
+    qkv: Stacked,
     wo: CpuWeight,
-    ffn_gate: Option<CpuWeight>,
-    ffn_up: CpuWeight,
+    /// Gated FFNs: gate and up (parts 0, 1); otherwise up alone.
+    ffn_in: Stacked,
     ffn_down: CpuWeight,
     attn_norm: PreparedNorm,
     bq: Option<Vec<f32>>,
@@ -99,6 +98,8 @@ struct Buffers {
     gate: Vec<f32>,
     up: Vec<f32>,
     act: Vec<f32>,
+    /// Stacked products before they are split.
+    stacked: Vec<f32>,
     tmp: Vec<f32>,
     scores: Vec<f32>,
     prod: ProductScratch,
@@ -146,17 +147,19 @@ impl CpuModel {
             }
         };
         let prep = |w: &QuantWeight| CpuWeight::prepare(&kernels, conv(w)?);
+        let stack =
+            |ws: &[&QuantWeight]| Stacked::prepare(&kernels, ws.iter().map(|w| conv(w)).collect::<Result<_>>()?);
         let opt_f32 = |w: &Option<QuantWeight>| w.as_ref().map(|w| w.to_f32()).transpose();
         let opt_norm = |n: &Option<Norm>| n.as_ref().map(PreparedNorm::new).transpose();
         let mut layers = Vec::with_capacity(spec.layers.len());
         for l in &spec.layers {
             layers.push(PreparedLayer {
-                wq: prep(&l.wq)?,
-                wk: prep(&l.wk)?,
-                wv: prep(&l.wv)?,
+                qkv: stack(&[&l.wq, &l.wk, &l.wv])?,
                 wo: prep(&l.wo)?,
-                ffn_gate: l.ffn_gate.as_ref().map(prep).transpose()?,
-                ffn_up: prep(&l.ffn_up)?,
+                ffn_in: match (l.ffn, &l.ffn_gate) {
+                    (FfnType::Gated, Some(g)) => stack(&[g, &l.ffn_up])?,
+                    _ => stack(&[&l.ffn_up])?,
+                },
                 ffn_down: prep(&l.ffn_down)?,
                 attn_norm: PreparedNorm::new(&l.attn_norm)?,
                 bq: opt_f32(&l.bq)?,
@@ -236,16 +239,8 @@ impl CpuModel {
             let q = fit(&mut b.q, n * qd)?;
             let kk = fit(&mut b.k, n * kvd)?;
             let v = fit(&mut b.v, n * kvd)?;
-            let qkv = [&layer.wq, &layer.wk, &layer.wv];
-            timed_products(prof, "attn_qkv", &qkv, || {
-                products(
-                    k,
-                    par,
-                    &mut [(&layer.wq, &mut *q), (&layer.wk, &mut *kk), (&layer.wv, &mut *v)],
-                    h,
-                    n,
-                    &mut b.prod,
-                )
+            timed_products(prof, "attn_qkv", layer.qkv.mats(), || {
+                layer.qkv.products(k, par, &mut [&mut *q, &mut *kk, &mut *v], h, n, &mut b.prod, &mut b.stacked)
             })?;
             if layer.bq.is_some() || layer.bk.is_some() || layer.bv.is_some() {
                 timed(prof, "attn_qkv bias", "", || {
@@ -293,7 +288,7 @@ impl CpuModel {
                 }
             });
             let o = fit(&mut b.o, n * e)?;
-            timed_products(prof, "attn_output", &[&layer.wo], || {
+            timed_products(prof, "attn_output", std::slice::from_ref(&layer.wo), || {
                 products(k, par, &mut [(&layer.wo, o)], attn, n, &mut b.prod)
             })?;
             if let Some(pn) = &layer.post_attn_norm {
@@ -303,39 +298,36 @@ impl CpuModel {
 
             let h = fit(&mut b.h, n * e)?;
             timed(prof, "ffn_norm", "", || layer.ffn_norm.apply(x, h));
-            let n_ff = layer.ffn_up.rows();
+            let n_ff = layer.ffn_in.rows(0);
             let up = fit(&mut b.up, n * n_ff)?;
             let act = fit(&mut b.act, n * n_ff)?;
             let act_name = match l.activation {
                 Activation::GeluTanh => "gelu_tanh",
                 Activation::Silu => "silu",
             };
-            match (l.ffn, &layer.ffn_gate) {
-                (FfnType::Gated, Some(wg)) => {
-                    let gate = fit(&mut b.gate, n * n_ff)?;
-                    timed_products(prof, "ffn_gate_up", &[wg, &layer.ffn_up], || {
-                        products(k, par, &mut [(wg, &mut *gate), (&layer.ffn_up, &mut *up)], h, n, &mut b.prod)
-                    })?;
-                    timed(prof, act_name, "gated", || match l.activation {
-                        Activation::GeluTanh => ops::geglu(gate, up, act),
-                        Activation::Silu => ops::swiglu(gate, up, act),
-                    });
-                }
-                _ => {
-                    timed_products(prof, "ffn_up", &[&layer.ffn_up], || {
-                        products(k, par, &mut [(&layer.ffn_up, &mut *up)], h, n, &mut b.prod)
-                    })?;
-                    timed(prof, act_name, "", || {
-                        act.copy_from_slice(up);
-                        match l.activation {
-                            Activation::GeluTanh => ops::gelu_tanh(act),
-                            Activation::Silu => ops::silu(act),
-                        }
-                    });
-                }
+            if layer.ffn_in.parts() == 2 {
+                let gate = fit(&mut b.gate, n * n_ff)?;
+                timed_products(prof, "ffn_gate_up", layer.ffn_in.mats(), || {
+                    layer.ffn_in.products(k, par, &mut [&mut *gate, &mut *up], h, n, &mut b.prod, &mut b.stacked)
+                })?;
+                timed(prof, act_name, "gated", || match l.activation {
+                    Activation::GeluTanh => ops::geglu(gate, up, act),
+                    Activation::Silu => ops::swiglu(gate, up, act),
+                });
+            } else {
+                timed_products(prof, "ffn_up", layer.ffn_in.mats(), || {
+                    layer.ffn_in.products(k, par, &mut [&mut *up], h, n, &mut b.prod, &mut b.stacked)
+                })?;
+                timed(prof, act_name, "", || {
+                    act.copy_from_slice(up);
+                    match l.activation {
+                        Activation::GeluTanh => ops::gelu_tanh(act),
+                        Activation::Silu => ops::silu(act),
+                    }
+                });
             }
             let o = fit(&mut b.o, n * e)?;
-            timed_products(prof, "ffn_down", &[&layer.ffn_down], || {
+            timed_products(prof, "ffn_down", std::slice::from_ref(&layer.ffn_down), || {
                 products(k, par, &mut [(&layer.ffn_down, o)], act, n, &mut b.prod)
             })?;
             if let Some(pn) = &layer.post_ffn_norm {
@@ -347,7 +339,7 @@ impl CpuModel {
         let h = fit(&mut b.h, e)?;
         timed(prof, "output_norm", "", || self.output_norm.apply(last, h));
         let out = &self.output;
-        timed_products(prof, "output", &[out], || {
+        timed_products(prof, "output", std::slice::from_ref(out), || {
             products(k, par, &mut [(out, &mut self.logits[..])], h, 1, &mut b.prod)
         })?;
         if let Some(c) = self.final_logit_softcap {
@@ -384,7 +376,7 @@ fn timed_with<R>(
 
 /// [`timed`] for the products of `ws` sharing one input (named by their
 /// types, shapes and bytes).
-fn timed_products<R>(prof: &mut Option<&mut StepProfile>, op: &str, ws: &[&CpuWeight], f: impl FnOnce() -> R) -> R {
+fn timed_products<R>(prof: &mut Option<&mut StepProfile>, op: &str, ws: &[CpuWeight], f: impl FnOnce() -> R) -> R {
     if prof.is_none() {
         return f();
     }

@@ -29,11 +29,15 @@ use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
 
-/// How long an idle worker spins before it parks: longer than the gaps
+/// How long an idle worker stays awake (spinning, then yielding) before it
+/// parks: longer than the gaps
 /// between the products of one step, short enough not to hold a core
 /// between requests.
 pub const SPIN: Duration = Duration::from_micros(200);
 
+/// Spin-loop iterations (a few µs) before a waiting thread starts to
+/// yield its core between checks.
+const PURE_SPINS: u32 = 4096;
 const CLOSED: u64 = 1 << 31;
 const ENTER_ONE: u64 = 1 << 16;
 const LEFT_MASK: u64 = 0xffff;
@@ -176,7 +180,7 @@ impl Drop for Close<'_> {
         let mut spins = 0u32;
         while entered(st) != st & LEFT_MASK {
             spins += 1;
-            if spins < 1 << 16 {
+            if spins < PURE_SPINS {
                 std::hint::spin_loop();
             } else {
                 std::thread::yield_now();
@@ -209,8 +213,14 @@ fn worker(s: &Shared) {
                 idle_since = Instant::now();
             }
             spins += 1;
-            if spins % 64 != 0 || idle_since.elapsed() < SPIN {
+            if spins < PURE_SPINS {
                 std::hint::spin_loop();
+                continue;
+            }
+            if idle_since.elapsed() < SPIN {
+                // Busy, but giving the core to other runnable threads (the
+                // caller's, or other work on a shared machine) first.
+                std::thread::yield_now();
                 continue;
             }
             let g = s.park.lock().unwrap_or_else(|e| e.into_inner());
@@ -220,7 +230,7 @@ fn worker(s: &Shared) {
                 drop(s.wake.wait(g).unwrap_or_else(|e| e.into_inner()));
             }
             s.sleeping.fetch_sub(1, SeqCst);
-            idle_since = Instant::now();
+            (idle_since, spins) = (Instant::now(), 0);
         }
         // SAFETY: this worker entered the loop, so the caller has written
         // `job` for it and keeps `job.f` alive until this worker leaves.
