@@ -109,18 +109,11 @@ const PAR_MIN_WORK: usize = 1 << 16;
 /// Logits of one head: `scores[j - first] = cap(scale · q_h · k[j, g])` for
 /// `j` in `first..=pos`.
 #[inline(always)]
-fn head_logits<const WIDE: bool>(
-    qh: &[f32],
-    k_cache: &[f32],
-    g: usize,
-    first: usize,
-    p: &AttnParams,
-    scores: &mut [f32],
-) {
+fn head_logits<const W: u8>(qh: &[f32], k_cache: &[f32], g: usize, first: usize, p: &AttnParams, scores: &mut [f32]) {
     let (hd, stride) = (p.head_dim, p.kv_dim());
     for (s, j) in scores.iter_mut().zip(first..) {
         let k = &k_cache[j * stride + g * hd..][..hd];
-        *s = p.scale * dot_any::<WIDE>(qh, k);
+        *s = p.scale * dot_any::<W>(qh, k);
     }
     if let Some(c) = p.softcap {
         let inv = 1.0 / c;
@@ -186,7 +179,7 @@ fn attend_head(
         unsafe { attend_head_avx2(qh, k_cache, v_cache, h, pos, p, scores, out_h) };
         return;
     }
-    attend_head_portable::<false>(qh, k_cache, v_cache, h, pos, p, scores, out_h);
+    attend_head_portable::<PORTABLE>(qh, k_cache, v_cache, h, pos, p, scores, out_h);
 }
 
 /// [`attend_head_portable`] compiled with AVX2 (8-wide vectors; no FMA, so
@@ -207,7 +200,7 @@ unsafe fn attend_head_avx2(
     scores: &mut [f32],
     out_h: &mut [f32],
 ) {
-    attend_head_portable::<false>(qh, k_cache, v_cache, h, pos, p, scores, out_h);
+    attend_head_portable::<AVX2>(qh, k_cache, v_cache, h, pos, p, scores, out_h);
 }
 
 /// [`attend_head_portable`] compiled with AVX-512 F.
@@ -227,25 +220,34 @@ unsafe fn attend_head_avx512(
     scores: &mut [f32],
     out_h: &mut [f32],
 ) {
-    attend_head_portable::<true>(qh, k_cache, v_cache, h, pos, p, scores, out_h);
+    attend_head_portable::<AVX512>(qh, k_cache, v_cache, h, pos, p, scores, out_h);
 }
 
-/// [`dot`], or with `WIDE` (only inside [`attend_head_avx512`]) its AVX-512
-/// form, which gives the same bits.
+/// Builds of the per-head code (`W`): portable, AVX2, AVX-512.
+const PORTABLE: u8 = 0;
+const AVX2: u8 = 1;
+const AVX512: u8 = 2;
+
+/// [`dot`], or its AVX2 or AVX-512 form (`W`: only inside
+/// [`attend_head_avx2`] and [`attend_head_avx512`]), which give the same bits.
 #[inline(always)]
-fn dot_any<const WIDE: bool>(a: &[f32], b: &[f32]) -> f32 {
+fn dot_any<const W: u8>(a: &[f32], b: &[f32]) -> f32 {
     #[cfg(target_arch = "x86_64")]
-    if WIDE {
-        // SAFETY: `WIDE` is set only by `attend_head_avx512`, which runs
+    match W {
+        // SAFETY: `AVX512` is set only by `attend_head_avx512`, which runs
         // only where AVX-512 F is available.
-        return unsafe { super::dot_avx512(a, b) };
+        AVX512 => return unsafe { super::dot_avx512(a, b) },
+        // SAFETY: `AVX2` is set only by `attend_head_avx2`, which runs only
+        // where AVX2 is available.
+        AVX2 => return unsafe { super::dot_avx2(a, b) },
+        _ => {}
     }
     dot(a, b)
 }
 
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-fn attend_head_portable<const WIDE: bool>(
+fn attend_head_portable<const W: u8>(
     qh: &[f32],
     k_cache: &[f32],
     v_cache: &[f32],
@@ -258,7 +260,7 @@ fn attend_head_portable<const WIDE: bool>(
     let g = h / (p.n_head / p.n_head_kv);
     let first = p.first_pos(pos);
     debug_assert_eq!(scores.len(), pos + 1 - first);
-    head_logits::<WIDE>(qh, k_cache, g, first, p, scores);
+    head_logits::<W>(qh, k_cache, g, first, p, scores);
     softmax(scores);
     head_pv(scores, v_cache, g, first, p, out_h);
 }
@@ -413,7 +415,7 @@ pub fn attention_probs(q: &[f32], k_cache: &[f32], pos: usize, p: &AttnParams, p
         let g = h / (p.n_head / p.n_head_kv);
         row[..first].fill(0.0);
         let scores = &mut row[first..];
-        head_logits::<false>(&q[h * hd..][..hd], k_cache, g, first, p, scores);
+        head_logits::<PORTABLE>(&q[h * hd..][..hd], k_cache, g, first, p, scores);
         softmax(scores);
     }
 }

@@ -315,11 +315,22 @@ unsafe fn q32<const F: u8, const T: usize>(v: View) {
                 is[t] = _mm256_set1_epi32(-(v.aux(t, b, 0) << v.shift));
             }
         }
+        let mut s16 = [_mm256_setzero_si256(); T];
         for m in 0..8 {
             let w = codes32::<F>(&v, r, m);
             for t in 0..T {
                 let a = act4(&v, t, b * 32 + 4 * m);
-                is[t] = if signed { dot_s(is[t], w, a) } else { dot_u(is[t], w, a) };
+                if signed {
+                    is[t] = dot_s(is[t], w, a);
+                } else {
+                    s16[t] = _mm256_add_epi16(s16[t], _mm256_maddubs_epi16(w, a));
+                }
+            }
+            if !signed && (m + 1) % i16_steps(F) == 0 {
+                for t in 0..T {
+                    is[t] = _mm256_add_epi32(is[t], _mm256_madd_epi16(s16[t], _mm256_set1_epi16(1)));
+                    s16[t] = _mm256_setzero_si256();
+                }
             }
         }
         let wd = scales8(&v, v.scales.add(v.sc * b));
