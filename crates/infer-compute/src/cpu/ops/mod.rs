@@ -21,6 +21,7 @@
 
 pub mod activation;
 pub mod attention;
+pub mod exp;
 pub mod norm;
 pub mod rope;
 pub mod softmax;
