@@ -136,7 +136,9 @@ impl Team {
         // returning, even by unwinding, while a worker may still use it.
         unsafe {
             let f: *const (dyn Fn(usize) + Sync + '_) = f;
-            *s.job.get() = Job { f: std::mem::transmute::<_, *const (dyn Fn(usize) + Sync)>(f), n };
+            let f =
+                std::mem::transmute::<*const (dyn Fn(usize) + Sync + '_), *const (dyn Fn(usize) + Sync + 'static)>(f);
+            *s.job.get() = Job { f, n };
         }
         s.next.store(0, Relaxed);
         let loops = s.state.load(Relaxed) >> 32;

@@ -148,6 +148,7 @@ impl Stacked {
     ///
     /// # Errors
     /// As [`products`]; `outs` not one per part.
+    #[allow(clippy::too_many_arguments)]
     pub fn products(
         &self,
         k: &Kernels,
@@ -348,7 +349,7 @@ mod tests {
                     );
                 }
             }
-            let mut short = vec![0f32; 1];
+            let mut short = [0f32; 1];
             assert!(st
                 .products(&k, Par::Rayon, &mut [&mut short[..]], &x[..64], 1, &mut Default::default(), &mut Vec::new())
                 .is_err());

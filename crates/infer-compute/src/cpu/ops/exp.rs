@@ -13,15 +13,8 @@
 /// `e^x`: `+inf` above about 88.72, `0` below about -103.97, NaN for NaN.
 #[inline(always)]
 pub fn exp(x: f32) -> f32 {
-    // Clamped so that the two scale factors stay normal; NaN passes both
-    // comparisons unchanged.
-    let x = if x > 89.0 {
-        89.0
-    } else if x < -104.0 {
-        -104.0
-    } else {
-        x
-    };
+    // Clamped so that the two scale factors stay normal (NaN stays NaN).
+    let x = x.clamp(-104.0, 89.0);
     let n = (x * std::f32::consts::LOG2_E + 0.5).floor();
     let r = x - n * 0.693_359_4;
     let r = r - n * -2.121_944_4e-4;
@@ -30,7 +23,7 @@ pub fn exp(x: f32) -> f32 {
     p = p * r + 8.333_452e-3;
     p = p * r + 4.166_579_6e-2;
     p = p * r + 1.666_666_5e-1;
-    p = p * r + 5.000_000_1e-1;
+    p = p * r + 0.5;
     let y = p * r * r + r + 1.0;
     // `n` in -150..=129; NaN becomes 0 here, and `y` is already NaN.
     let n = n as i32;
