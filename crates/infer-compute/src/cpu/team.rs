@@ -8,8 +8,11 @@
 //! `threads - 1` workers share each loop: the caller publishes the loop,
 //! everyone claims task indices from one atomic counter (so a core slowed
 //! by other work simply claims fewer), and the caller returns when all
-//! claimed tasks are done. Between loops the workers spin for
-//! [`SPIN`] before they park, so the loops of one step find them awake.
+//! claimed tasks are done. Between loops the workers stay awake for
+//! [`SPIN`] (a few µs of spinning, then yielding the core between checks,
+//! so that a shared machine's other work is not starved) before they park,
+//! so the loops of one step find them awake. `Par` lets a function run its
+//! loop either here or on rayon's current pool.
 //!
 //! Protocol (one `AtomicU64` `state`): bits 32.. count the loops, bit 31
 //! closes the current loop to late workers, bits 16..31 count the workers
@@ -30,9 +33,8 @@ use std::time::{Duration, Instant};
 use crate::error::{Error, Result};
 
 /// How long an idle worker stays awake (spinning, then yielding) before it
-/// parks: longer than the gaps
-/// between the products of one step, short enough not to hold a core
-/// between requests.
+/// parks: longer than the gaps between the products of one step, short
+/// enough not to hold a core between requests.
 pub const SPIN: Duration = Duration::from_micros(200);
 
 /// Spin-loop iterations (a few µs) before a waiting thread starts to
