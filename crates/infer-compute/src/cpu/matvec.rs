@@ -6,9 +6,8 @@
 //! a weight row with it. Rows are split across the thread pool in chunks
 //! large enough to amortize scheduling.
 
-use rayon::prelude::*;
-
 use super::kernels::{AlignedBytes, Kernels};
+use super::team::Par;
 use crate::error::{shape_err, Result};
 use crate::quant::overflow;
 use crate::weight::QuantWeight;
@@ -22,15 +21,20 @@ fn rows_per_task(rows: usize, row_bytes: usize) -> usize {
 /// `y = W·act` for an activation already quantized into `act` (one row of
 /// `w.cols` values in the pair type). `y.len() == w.rows`.
 pub fn matvec_quantized(k: &Kernels, w: &QuantWeight, act: &[u8], y: &mut [f32]) {
+    matvec_quantized_on(k, Par::Rayon, w, act, y)
+}
+
+/// [`matvec_quantized`] with its tasks run on `par`.
+pub fn matvec_quantized_on(k: &Kernels, par: Par<'_>, w: &QuantWeight, act: &[u8], y: &mut [f32]) {
     let dot = k.dot(w.ty);
     let rb = w.row_bytes();
     let data = w.data.as_bytes();
     // Large matrices: a few big tasks per thread, each reading STREAMS
     // sub-ranges in turn, so that every core keeps several sequential
     // streams in flight (one stream per core does not saturate DRAM).
-    let big = rows_per_task(w.rows, rb).max(w.rows / (rayon::current_num_threads() * 8).max(1));
+    let big = rows_per_task(w.rows, rb).max(w.rows / (par.threads() * 8).max(1));
     let chunk = big.max(1);
-    y.par_chunks_mut(chunk).enumerate().for_each(|(c, ys)| {
+    par.for_each_chunk_mut(y, chunk, |c, ys| {
         let r0 = c * chunk;
         let n = ys.len();
         if n < 4 * STREAMS {
@@ -66,29 +70,37 @@ pub fn matvec(k: &Kernels, w: &QuantWeight, x: &[f32], y: &mut [f32], scratch: &
         return Err(shape_err("matvec", format!("W is {}x{}, x has {}, y has {}", w.rows, w.cols, x.len(), y.len())));
     }
     k.quantize_activation(w.ty, x, scratch)?;
-    matvec_checked(k, w, x, scratch, y)
+    matvec_checked(k, Par::Rayon, w, x, scratch, y)
 }
 
 /// [`matvec_quantized`] of `act` (quantized from `x`) with the exact
 /// fallback for activation blocks whose f16 scale overflowed
 /// ([`crate::quant::overflow`]): the product runs on a copy of `act` with
 /// those blocks zeroed, and their f32 products are added to every output.
-/// `act` itself is left as it is, so it can serve further weights.
+/// `act` itself is left as it is, so it can serve further weights. Tasks
+/// run on `par`.
 ///
 /// # Errors
 /// `act` not the quantized form of `x` for `w`.
-pub fn matvec_checked(k: &Kernels, w: &QuantWeight, x: &[f32], act: &AlignedBytes, y: &mut [f32]) -> Result<()> {
+pub fn matvec_checked(
+    k: &Kernels,
+    par: Par<'_>,
+    w: &QuantWeight,
+    x: &[f32],
+    act: &AlignedBytes,
+    y: &mut [f32],
+) -> Result<()> {
     let act_ty = w.ty.vec_dot_type().ok_or(crate::Error::Unsupported { op: "matvec", ty: w.ty })?;
     let over = overflow::overflowed_blocks(act_ty, act.as_bytes(), x)?;
     if over.is_empty() {
-        matvec_quantized(k, w, act.as_bytes(), y);
+        matvec_quantized_on(k, par, w, act.as_bytes(), y);
         return Ok(());
     }
     let mut fixed = AlignedBytes::default();
     fixed.try_resize(act.as_bytes().len())?;
     fixed.as_bytes_mut().copy_from_slice(act.as_bytes());
     overflow::zero_blocks(act_ty, fixed.as_bytes_mut(), &over)?;
-    matvec_quantized(k, w, fixed.as_bytes(), y);
+    matvec_quantized_on(k, par, w, fixed.as_bytes(), y);
     overflow::add_block_products(w.ty, w.data.as_bytes(), w.row_bytes(), &over, x, y)
 }
 
@@ -106,6 +118,22 @@ pub fn matmul_quant(
     y: &mut [f32],
     scratch: &mut AlignedBytes,
 ) -> Result<()> {
+    matmul_quant_on(k, Par::Rayon, w, x, n_tokens, y, scratch)
+}
+
+/// [`matmul_quant`] with its tasks run on `par`.
+///
+/// # Errors
+/// As [`matmul_quant`].
+pub fn matmul_quant_on(
+    k: &Kernels,
+    par: Par<'_>,
+    w: &QuantWeight,
+    x: &[f32],
+    n_tokens: usize,
+    y: &mut [f32],
+    scratch: &mut AlignedBytes,
+) -> Result<()> {
     w.check()?;
     if n_tokens.checked_mul(w.cols) != Some(x.len()) || n_tokens.checked_mul(w.rows) != Some(y.len()) {
         return Err(shape_err(
@@ -117,7 +145,8 @@ pub fn matmul_quant(
         return Ok(());
     }
     if n_tokens == 1 {
-        return matvec(k, w, x, y, scratch);
+        k.quantize_activation(w.ty, x, scratch)?;
+        return matvec_checked(k, par, w, x, scratch, y);
     }
     let act_ty = w.ty.vec_dot_type().ok_or(crate::Error::Unsupported { op: "matmul_quant", ty: w.ty })?;
     let arb = act_ty.row_bytes(w.cols)?;
@@ -145,22 +174,17 @@ pub fn matmul_quant(
     let data = w.data.as_bytes();
     // Tiles of rows; outputs land transposed per tile, then are scattered.
     let tile = rows_per_task(w.rows, rb).min(64);
-    let tiles: Vec<Vec<f32>> = (0..w.rows.div_ceil(tile))
-        .into_par_iter()
-        .map(|c| {
-            let r0 = c * tile;
-            let r1 = (r0 + tile).min(w.rows);
-            let mut out = vec![0f32; (r1 - r0) * n_tokens];
-            for r in r0..r1 {
-                let wr = &data[r * rb..(r + 1) * rb];
-                for t in 0..n_tokens {
-                    out[(r - r0) * n_tokens + t] = dot(wr, &acts[t * arb..(t + 1) * arb]);
-                }
+    let mut tiles = crate::memory::zeroed(w.rows * n_tokens, "the product tiles")?;
+    par.for_each_chunk_mut(&mut tiles, tile * n_tokens, |c, out| {
+        let r0 = c * tile;
+        for (i, outr) in out.chunks_exact_mut(n_tokens).enumerate() {
+            let wr = &data[(r0 + i) * rb..(r0 + i + 1) * rb];
+            for (t, o) in outr.iter_mut().enumerate() {
+                *o = dot(wr, &acts[t * arb..(t + 1) * arb]);
             }
-            out
-        })
-        .collect();
-    for (c, out) in tiles.iter().enumerate() {
+        }
+    });
+    for (c, out) in tiles.chunks(tile * n_tokens).enumerate() {
         let r0 = c * tile;
         let nr = out.len() / n_tokens;
         for i in 0..nr {

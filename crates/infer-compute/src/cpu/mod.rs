@@ -14,6 +14,7 @@ pub mod ops;
 pub mod packed;
 #[doc(hidden)]
 pub mod simd;
+pub mod team;
 pub(crate) mod weight;
 
 use std::sync::Arc;
@@ -42,6 +43,7 @@ pub enum Precision {
 pub struct CpuBackend {
     kernels: Kernels,
     pool: Arc<rayon::ThreadPool>,
+    team: Arc<team::Team>,
     threads: usize,
     precision: Precision,
 }
@@ -59,7 +61,14 @@ impl CpuBackend {
         let pool = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap_or_else(|_| {
             rayon::ThreadPoolBuilder::new().use_current_thread().num_threads(1).build().expect("current-thread pool")
         });
-        CpuBackend { kernels: Kernels::detect(), pool: Arc::new(pool), threads: 1, precision: Precision::Quantized }
+        let team = Arc::new(team::Team::new(1).expect("a team of one starts no thread"));
+        CpuBackend {
+            kernels: Kernels::detect(),
+            pool: Arc::new(pool),
+            team,
+            threads: 1,
+            precision: Precision::Quantized,
+        }
     }
 
     /// A backend with `threads` worker threads (≥ 1), the given kernel table
@@ -74,7 +83,8 @@ impl CpuBackend {
             .thread_name(|i| format!("infer-cpu-{i}"))
             .build()
             .map_err(|e| Error::Device(format!("cannot start {threads} CPU threads: {e}")))?;
-        Ok(CpuBackend { kernels, pool: Arc::new(pool), threads, precision })
+        let team = Arc::new(team::Team::new(threads)?);
+        Ok(CpuBackend { kernels, pool: Arc::new(pool), team, threads, precision })
     }
 
     /// The kernel table in use.
@@ -141,7 +151,7 @@ impl ComputeBackend for CpuBackend {
     fn prepare(&self, spec: &ModelSpec) -> Result<Box<dyn DeviceModel>> {
         spec.validate()?;
         let model =
-            model::CpuModel::new(spec, self.kernels, self.pool.clone(), self.precision).map_err(|e| match e {
+            model::CpuModel::new(spec, self.kernels, self.team.clone(), self.precision).map_err(|e| match e {
                 // Say what the whole model needs, not only the failed matrix.
                 crate::Error::OutOfMemory { what, bytes } if self.precision == Precision::Exact => {
                     let all: u64 = spec

@@ -12,10 +12,10 @@ use std::any::Any;
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::kernels::{AlignedBytes, Kernels};
-use super::matvec;
+use super::kernels::Kernels;
 use super::ops;
-use super::weight::{products, CpuWeight, ProductScratch};
+use super::team::{Par, Team};
+use super::weight::{products, CpuWeight, ProductScratch, Stacked};
 use super::Precision;
 use crate::backend::{checked_cache, DeviceModel, KvCache, KvState, ModelId, StepProfile};
 use crate::error::{Error, Result};
@@ -68,12 +68,11 @@ impl PreparedNorm {
 struct PreparedLayer {
     /// Shapes and options; its weights are not used (see the fields below).
     spec: LayerSpec,
-    wq: CpuWeight,
-    wk: CpuWeight,
-    wv: CpuWeight,
+    /// q, k, v: parts 0, 1, 2.
+    qkv: Stacked,
     wo: CpuWeight,
-    ffn_gate: Option<CpuWeight>,
-    ffn_up: CpuWeight,
+    /// Gated FFNs: gate and up (parts 0, 1); otherwise up alone.
+    ffn_in: Stacked,
     ffn_down: CpuWeight,
     attn_norm: PreparedNorm,
     bq: Option<Vec<f32>>,
@@ -99,9 +98,10 @@ struct Buffers {
     gate: Vec<f32>,
     up: Vec<f32>,
     act: Vec<f32>,
+    /// Stacked products before they are split.
+    stacked: Vec<f32>,
     tmp: Vec<f32>,
     scores: Vec<f32>,
-    qbuf: AlignedBytes,
     prod: ProductScratch,
 }
 
@@ -120,10 +120,11 @@ pub struct CpuModel {
     embd_scale: f32,
     layers: Vec<PreparedLayer>,
     output_norm: PreparedNorm,
-    output: QuantWeight,
+    output: CpuWeight,
     final_logit_softcap: Option<f32>,
     kernels: Kernels,
-    pool: Arc<rayon::ThreadPool>,
+    /// Runs the parallel loops (products, attention) of decode and prefill.
+    team: Arc<Team>,
     buf: Buffers,
     logits: Vec<f32>,
 }
@@ -138,7 +139,7 @@ fn to_f32_weight(w: &QuantWeight) -> Result<QuantWeight> {
 impl CpuModel {
     /// Prepares `spec` (already validated). In [`Precision::Exact`] every
     /// matrix is dequantized to f32 here, once.
-    pub fn new(spec: &ModelSpec, kernels: Kernels, pool: Arc<rayon::ThreadPool>, precision: Precision) -> Result<Self> {
+    pub fn new(spec: &ModelSpec, kernels: Kernels, team: Arc<Team>, precision: Precision) -> Result<Self> {
         let conv = |w: &QuantWeight| -> Result<QuantWeight> {
             match precision {
                 Precision::Quantized => Ok(w.clone()),
@@ -146,17 +147,19 @@ impl CpuModel {
             }
         };
         let prep = |w: &QuantWeight| CpuWeight::prepare(&kernels, conv(w)?);
+        let stack =
+            |ws: &[&QuantWeight]| Stacked::prepare(&kernels, ws.iter().map(|w| conv(w)).collect::<Result<_>>()?);
         let opt_f32 = |w: &Option<QuantWeight>| w.as_ref().map(|w| w.to_f32()).transpose();
         let opt_norm = |n: &Option<Norm>| n.as_ref().map(PreparedNorm::new).transpose();
         let mut layers = Vec::with_capacity(spec.layers.len());
         for l in &spec.layers {
             layers.push(PreparedLayer {
-                wq: prep(&l.wq)?,
-                wk: prep(&l.wk)?,
-                wv: prep(&l.wv)?,
+                qkv: stack(&[&l.wq, &l.wk, &l.wv])?,
                 wo: prep(&l.wo)?,
-                ffn_gate: l.ffn_gate.as_ref().map(prep).transpose()?,
-                ffn_up: prep(&l.ffn_up)?,
+                ffn_in: match (l.ffn, &l.ffn_gate) {
+                    (FfnType::Gated, Some(g)) => stack(&[g, &l.ffn_up])?,
+                    _ => stack(&[&l.ffn_up])?,
+                },
                 ffn_down: prep(&l.ffn_down)?,
                 attn_norm: PreparedNorm::new(&l.attn_norm)?,
                 bq: opt_f32(&l.bq)?,
@@ -178,10 +181,13 @@ impl CpuModel {
             embd_scale: spec.embd_scale,
             layers,
             output_norm: PreparedNorm::new(&spec.output_norm)?,
-            output: conv(&spec.output)?,
+            // The row dots (four streams per task) read the 49152x576 Q8_0
+            // output of SmolLM2-135M at ~30 GB/s, the packed kernel at ~22;
+            // and a packed copy would double the memory of a tied embedding.
+            output: CpuWeight::unpacked(conv(&spec.output)?)?,
             final_logit_softcap: spec.final_logit_softcap,
             kernels,
-            pool,
+            team,
             buf: Buffers::default(),
             logits: crate::memory::zeroed(spec.n_vocab, "the logits")?,
         })
@@ -198,8 +204,7 @@ impl CpuModel {
         prof: Option<&mut StepProfile>,
     ) -> Result<()> {
         let cache = checked_cache::<CpuKvCache>(kv, self.id, self.n_vocab, tokens, pos0)?;
-        let pool = self.pool.clone();
-        pool.install(|| self.forward_inner(cache, tokens, pos0, prof))?;
+        self.forward_inner(cache, tokens, pos0, prof)?;
         cache.state.advance(pos0, tokens.len());
         Ok(())
     }
@@ -215,6 +220,7 @@ impl CpuModel {
         let e = self.n_embd;
         let n_ctx = cache.state.n_ctx();
         let k = &self.kernels;
+        let par = Par::Team(&self.team);
         let b = &mut self.buf;
         let prof = &mut prof;
         let x = fit(&mut b.x, n * e)?;
@@ -236,9 +242,8 @@ impl CpuModel {
             let q = fit(&mut b.q, n * qd)?;
             let kk = fit(&mut b.k, n * kvd)?;
             let v = fit(&mut b.v, n * kvd)?;
-            let qkv = [&layer.wq, &layer.wk, &layer.wv];
-            timed_products(prof, "attn_qkv", &qkv, || {
-                products(k, &mut [(&layer.wq, &mut *q), (&layer.wk, &mut *kk), (&layer.wv, &mut *v)], h, n, &mut b.prod)
+            timed_products(prof, "attn_qkv", layer.qkv.mats(), || {
+                layer.qkv.products(k, par, &mut [&mut *q, &mut *kk, &mut *v], h, n, &mut b.prod, &mut b.stacked)
             })?;
             if layer.bq.is_some() || layer.bk.is_some() || layer.bv.is_some() {
                 timed(prof, "attn_qkv bias", "", || {
@@ -280,14 +285,14 @@ impl CpuModel {
             let scores = fit(&mut b.scores, if n == 1 { l.n_head * n_ctx } else { 0 })?;
             timed(prof, "attention", "", || {
                 if n == 1 {
-                    ops::attention_decode(q, &cache.k[li], &cache.v[li], pos0, &p, scores, attn);
+                    ops::attention_decode_on(par, q, &cache.k[li], &cache.v[li], pos0, &p, scores, attn);
                 } else {
-                    ops::attention_prefill(q, &cache.k[li], &cache.v[li], pos0, n, &p, attn);
+                    ops::attention_prefill_on(par, q, &cache.k[li], &cache.v[li], pos0, n, &p, attn);
                 }
             });
             let o = fit(&mut b.o, n * e)?;
-            timed_products(prof, "attn_output", &[&layer.wo], || {
-                products(k, &mut [(&layer.wo, o)], attn, n, &mut b.prod)
+            timed_products(prof, "attn_output", std::slice::from_ref(&layer.wo), || {
+                products(k, par, &mut [(&layer.wo, o)], attn, n, &mut b.prod)
             })?;
             if let Some(pn) = &layer.post_attn_norm {
                 timed(prof, "post_attention_norm", "", || pn.apply_inplace(o, &mut b.tmp));
@@ -296,40 +301,37 @@ impl CpuModel {
 
             let h = fit(&mut b.h, n * e)?;
             timed(prof, "ffn_norm", "", || layer.ffn_norm.apply(x, h));
-            let n_ff = layer.ffn_up.rows();
+            let n_ff = layer.ffn_in.rows(0);
             let up = fit(&mut b.up, n * n_ff)?;
             let act = fit(&mut b.act, n * n_ff)?;
             let act_name = match l.activation {
                 Activation::GeluTanh => "gelu_tanh",
                 Activation::Silu => "silu",
             };
-            match (l.ffn, &layer.ffn_gate) {
-                (FfnType::Gated, Some(wg)) => {
-                    let gate = fit(&mut b.gate, n * n_ff)?;
-                    timed_products(prof, "ffn_gate_up", &[wg, &layer.ffn_up], || {
-                        products(k, &mut [(wg, &mut *gate), (&layer.ffn_up, &mut *up)], h, n, &mut b.prod)
-                    })?;
-                    timed(prof, act_name, "gated", || match l.activation {
-                        Activation::GeluTanh => ops::geglu(gate, up, act),
-                        Activation::Silu => ops::swiglu(gate, up, act),
-                    });
-                }
-                _ => {
-                    timed_products(prof, "ffn_up", &[&layer.ffn_up], || {
-                        products(k, &mut [(&layer.ffn_up, &mut *up)], h, n, &mut b.prod)
-                    })?;
-                    timed(prof, act_name, "", || {
-                        act.copy_from_slice(up);
-                        match l.activation {
-                            Activation::GeluTanh => ops::gelu_tanh(act),
-                            Activation::Silu => ops::silu(act),
-                        }
-                    });
-                }
+            if layer.ffn_in.parts() == 2 {
+                let gate = fit(&mut b.gate, n * n_ff)?;
+                timed_products(prof, "ffn_gate_up", layer.ffn_in.mats(), || {
+                    layer.ffn_in.products(k, par, &mut [&mut *gate, &mut *up], h, n, &mut b.prod, &mut b.stacked)
+                })?;
+                timed(prof, act_name, "gated", || match l.activation {
+                    Activation::GeluTanh => ops::geglu(gate, up, act),
+                    Activation::Silu => ops::swiglu(gate, up, act),
+                });
+            } else {
+                timed_products(prof, "ffn_up", layer.ffn_in.mats(), || {
+                    layer.ffn_in.products(k, par, &mut [&mut *up], h, n, &mut b.prod, &mut b.stacked)
+                })?;
+                timed(prof, act_name, "", || {
+                    act.copy_from_slice(up);
+                    match l.activation {
+                        Activation::GeluTanh => ops::gelu_tanh(act),
+                        Activation::Silu => ops::silu(act),
+                    }
+                });
             }
             let o = fit(&mut b.o, n * e)?;
-            timed_products(prof, "ffn_down", &[&layer.ffn_down], || {
-                products(k, &mut [(&layer.ffn_down, o)], act, n, &mut b.prod)
+            timed_products(prof, "ffn_down", std::slice::from_ref(&layer.ffn_down), || {
+                products(k, par, &mut [(&layer.ffn_down, o)], act, n, &mut b.prod)
             })?;
             if let Some(pn) = &layer.post_ffn_norm {
                 timed(prof, "post_ffw_norm", "", || pn.apply_inplace(o, &mut b.tmp));
@@ -340,10 +342,8 @@ impl CpuModel {
         let h = fit(&mut b.h, e)?;
         timed(prof, "output_norm", "", || self.output_norm.apply(last, h));
         let out = &self.output;
-        let shape = format!("{}x{}", out.rows, out.cols);
-        let bytes = out.data.as_bytes().len() as u64;
-        timed_with(prof, "output", out.ty.name(), &shape, bytes, || {
-            matvec::matvec(k, out, h, &mut self.logits, &mut b.qbuf)
+        timed_products(prof, "output", std::slice::from_ref(out), || {
+            products(k, par, &mut [(out, &mut self.logits[..])], h, 1, &mut b.prod)
         })?;
         if let Some(c) = self.final_logit_softcap {
             timed(prof, "final_logit_softcap", "", || self.logits.iter_mut().for_each(|z| *z = c * (*z / c).tanh()));
@@ -379,7 +379,7 @@ fn timed_with<R>(
 
 /// [`timed`] for the products of `ws` sharing one input (named by their
 /// types, shapes and bytes).
-fn timed_products<R>(prof: &mut Option<&mut StepProfile>, op: &str, ws: &[&CpuWeight], f: impl FnOnce() -> R) -> R {
+fn timed_products<R>(prof: &mut Option<&mut StepProfile>, op: &str, ws: &[CpuWeight], f: impl FnOnce() -> R) -> R {
     if prof.is_none() {
         return f();
     }

@@ -42,9 +42,8 @@
 //! codes have no offset (their accumulators start at zero); the block sum
 //! enters through `w_m` instead.
 
-use rayon::prelude::*;
-
 use super::kernels::{AlignedBytes, Kernels, SimdLevel};
+use super::team::Par;
 use crate::error::{shape_err, Error, Result};
 use crate::quant::{
     self, BlockIQ4NL, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8K, BlockQ8_0, QK, QK_K,
@@ -522,6 +521,14 @@ unsafe impl Sync for OutPtr {}
 /// # Errors
 /// Activations of another type or length; `y` of the wrong length.
 pub fn matmul(k: &Kernels, w: &PackedWeight, a: &PackedActs, y: &mut [f32]) -> Result<()> {
+    matmul_on(k, Par::Rayon, w, a, y)
+}
+
+/// [`matmul`] with its tasks run on `par`.
+///
+/// # Errors
+/// As [`matmul`].
+pub fn matmul_on(k: &Kernels, par: Par<'_>, w: &PackedWeight, a: &PackedActs, y: &mut [f32]) -> Result<()> {
     let n = a.n_tokens;
     if a.kind != w.ty.vec_dot_type() || a.cols != w.cols || n.checked_mul(w.rows) != Some(y.len()) {
         return Err(shape_err(
@@ -530,14 +537,14 @@ pub fn matmul(k: &Kernels, w: &PackedWeight, a: &PackedActs, y: &mut [f32]) -> R
         ));
     }
     let groups = w.rows.div_ceil(GROUP);
-    let threads = rayon::current_num_threads().max(1);
+    let threads = par.threads().max(1);
     // Decode: a few large tasks per thread (each reads several streams).
     // Prefill: about 16 tasks per thread, so that a core slowed by other
     // work hands groups to the others instead of holding up the join.
     let per_task = groups.div_ceil(threads * if n == 1 { 4 } else { 16 }).max(1);
     let out = OutPtr(y.as_mut_ptr());
     let level = k.level();
-    (0..groups.div_ceil(per_task)).into_par_iter().for_each(|task| {
+    par.for_each(groups.div_ceil(per_task), |task| {
         // Moves the whole `OutPtr` (Send) into the closure; without it the
         // closure would capture only its raw-pointer field, which is not.
         #[allow(clippy::redundant_locals)]

@@ -190,7 +190,8 @@ mod tests {
                 let mut s = ProductScratch::default();
                 for n in [1, 2] {
                     let mut y = vec![f32::NAN; n * 20];
-                    products(&k, &mut [(&pw, &mut y[..])], &x[..n * cols], n, &mut s).unwrap();
+                    products(&k, crate::cpu::team::Par::Rayon, &mut [(&pw, &mut y[..])], &x[..n * cols], n, &mut s)
+                        .unwrap();
                     for t in 0..n {
                         for (r, row) in wf.chunks_exact(cols).enumerate() {
                             let p = row.iter().zip(&x[t * cols..(t + 1) * cols]).map(|(&a, &b)| a as f64 * b as f64);

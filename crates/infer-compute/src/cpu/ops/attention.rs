@@ -27,7 +27,7 @@
 //! The q·k dot and the p·v accumulation are written to vectorize (16
 //! accumulators in the dot, four cache rows per pass in p·v).
 
-use rayon::prelude::*;
+use crate::cpu::team::Par;
 
 use super::dot;
 use super::softmax::softmax;
@@ -109,18 +109,11 @@ const PAR_MIN_WORK: usize = 1 << 16;
 /// Logits of one head: `scores[j - first] = cap(scale · q_h · k[j, g])` for
 /// `j` in `first..=pos`.
 #[inline(always)]
-fn head_logits<const WIDE: bool>(
-    qh: &[f32],
-    k_cache: &[f32],
-    g: usize,
-    first: usize,
-    p: &AttnParams,
-    scores: &mut [f32],
-) {
+fn head_logits<const W: u8>(qh: &[f32], k_cache: &[f32], g: usize, first: usize, p: &AttnParams, scores: &mut [f32]) {
     let (hd, stride) = (p.head_dim, p.kv_dim());
     for (s, j) in scores.iter_mut().zip(first..) {
         let k = &k_cache[j * stride + g * hd..][..hd];
-        *s = p.scale * dot_any::<WIDE>(qh, k);
+        *s = p.scale * dot_any::<W>(qh, k);
     }
     if let Some(c) = p.softcap {
         let inv = 1.0 / c;
@@ -156,8 +149,8 @@ fn head_pv(probs: &[f32], v_cache: &[f32], g: usize, first: usize, p: &AttnParam
 /// One query head at `pos`: logits, softmax, p·v. `scores` holds exactly
 /// `n_attended(pos)` floats. The single code path behind decode and prefill.
 ///
-/// On x86-64 processors with AVX-512 the same Rust code is compiled a second
-/// time with those instructions enabled and chosen at run time. Rust neither
+/// On x86-64 processors with AVX-512 or AVX2 the same Rust code is compiled
+/// again with those instructions enabled and chosen at run time. Rust neither
 /// reassociates nor contracts f32 arithmetic, so both builds give the same
 /// bits; the wide one is faster.
 #[inline]
@@ -179,7 +172,35 @@ fn attend_head(
         unsafe { attend_head_avx512(qh, k_cache, v_cache, h, pos, p, scores, out_h) };
         return;
     }
-    attend_head_portable::<false>(qh, k_cache, v_cache, h, pos, p, scores, out_h);
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx2") {
+        // SAFETY: the processor supports AVX2, the only feature the
+        // function enables.
+        unsafe { attend_head_avx2(qh, k_cache, v_cache, h, pos, p, scores, out_h) };
+        return;
+    }
+    attend_head_portable::<PORTABLE>(qh, k_cache, v_cache, h, pos, p, scores, out_h);
+}
+
+/// [`attend_head_portable`] compiled with AVX2 (8-wide vectors; no FMA, so
+/// the arithmetic is the portable build's).
+///
+/// # Safety
+/// The processor must support AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn attend_head_avx2(
+    qh: &[f32],
+    k_cache: &[f32],
+    v_cache: &[f32],
+    h: usize,
+    pos: usize,
+    p: &AttnParams,
+    scores: &mut [f32],
+    out_h: &mut [f32],
+) {
+    attend_head_portable::<AVX2>(qh, k_cache, v_cache, h, pos, p, scores, out_h);
 }
 
 /// [`attend_head_portable`] compiled with AVX-512 F.
@@ -199,25 +220,34 @@ unsafe fn attend_head_avx512(
     scores: &mut [f32],
     out_h: &mut [f32],
 ) {
-    attend_head_portable::<true>(qh, k_cache, v_cache, h, pos, p, scores, out_h);
+    attend_head_portable::<AVX512>(qh, k_cache, v_cache, h, pos, p, scores, out_h);
 }
 
-/// [`dot`], or with `WIDE` (only inside [`attend_head_avx512`]) its AVX-512
-/// form, which gives the same bits.
+/// Builds of the per-head code (`W`): portable, AVX2, AVX-512.
+const PORTABLE: u8 = 0;
+const AVX2: u8 = 1;
+const AVX512: u8 = 2;
+
+/// [`dot`], or its AVX2 or AVX-512 form (`W`: only inside
+/// [`attend_head_avx2`] and [`attend_head_avx512`]), which give the same bits.
 #[inline(always)]
-fn dot_any<const WIDE: bool>(a: &[f32], b: &[f32]) -> f32 {
+fn dot_any<const W: u8>(a: &[f32], b: &[f32]) -> f32 {
     #[cfg(target_arch = "x86_64")]
-    if WIDE {
-        // SAFETY: `WIDE` is set only by `attend_head_avx512`, which runs
+    match W {
+        // SAFETY: `AVX512` is set only by `attend_head_avx512`, which runs
         // only where AVX-512 F is available.
-        return unsafe { super::dot_avx512(a, b) };
+        AVX512 => return unsafe { super::dot_avx512(a, b) },
+        // SAFETY: `AVX2` is set only by `attend_head_avx2`, which runs only
+        // where AVX2 is available.
+        AVX2 => return unsafe { super::dot_avx2(a, b) },
+        _ => {}
     }
     dot(a, b)
 }
 
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-fn attend_head_portable<const WIDE: bool>(
+fn attend_head_portable<const W: u8>(
     qh: &[f32],
     k_cache: &[f32],
     v_cache: &[f32],
@@ -230,7 +260,7 @@ fn attend_head_portable<const WIDE: bool>(
     let g = h / (p.n_head / p.n_head_kv);
     let first = p.first_pos(pos);
     debug_assert_eq!(scores.len(), pos + 1 - first);
-    head_logits::<WIDE>(qh, k_cache, g, first, p, scores);
+    head_logits::<W>(qh, k_cache, g, first, p, scores);
     softmax(scores);
     head_pv(scores, v_cache, g, first, p, out_h);
 }
@@ -266,6 +296,30 @@ pub fn attention_decode(
     scratch: &mut [f32],
     out: &mut [f32],
 ) {
+    attention_decode_on(Par::Rayon, q, k_cache, v_cache, pos, p, scratch, out)
+}
+
+/// Work below which a loop on `par` is not worth splitting: rayon wakes
+/// sleeping threads, a [`crate::cpu::team::Team`] finds them spinning.
+fn par_min_work(par: Par<'_>) -> usize {
+    match par {
+        Par::Rayon => PAR_MIN_WORK,
+        Par::Team(_) => PAR_MIN_WORK / 8,
+    }
+}
+
+/// [`attention_decode`] with its heads run on `par`.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_decode_on(
+    par: Par<'_>,
+    q: &[f32],
+    k_cache: &[f32],
+    v_cache: &[f32],
+    pos: usize,
+    p: &AttnParams,
+    scratch: &mut [f32],
+    out: &mut [f32],
+) {
     p.debug_check();
     debug_check_cache(k_cache, v_cache, pos, p);
     debug_assert_eq!(q.len(), p.q_dim());
@@ -274,13 +328,15 @@ pub fn attention_decode(
     debug_assert!(scratch.len() >= p.n_head * n_att, "scratch too small");
     let hd = p.head_dim;
     let scratch = &mut scratch[..p.n_head * n_att];
-    let work = |(h, (out_h, sc)): (usize, (&mut [f32], &mut [f32]))| {
+    let work = |h: usize, out_h: &mut [f32], sc: &mut [f32]| {
         attend_head(&q[h * hd..][..hd], k_cache, v_cache, h, pos, p, sc, out_h);
     };
-    if p.n_head > 1 && p.n_head * n_att * hd >= PAR_MIN_WORK {
-        out.par_chunks_mut(hd).zip(scratch.par_chunks_mut(n_att)).enumerate().for_each(work);
+    if p.n_head > 1 && p.n_head * n_att * hd >= par_min_work(par) {
+        par.for_each_chunk_pair_mut(out, hd, scratch, n_att, work);
     } else {
-        out.chunks_mut(hd).zip(scratch.chunks_mut(n_att)).enumerate().for_each(work);
+        for (h, (out_h, sc)) in out.chunks_mut(hd).zip(scratch.chunks_mut(n_att)).enumerate() {
+            work(h, out_h, sc);
+        }
     }
 }
 
@@ -291,11 +347,26 @@ pub fn attention_decode(
 ///
 /// Shapes: `q`, `out`: `[n_tokens, n_head, head_dim]`; caches as in
 /// [`attention_decode`]. Allocates one score row (`≤ n_ctx` floats) per
-/// rayon work split.
+/// parallel task.
 ///
 /// Contract (debug-asserted): as [`attention_decode`] with
 /// `pos0 + n_tokens <= n_ctx`, and `q.len() == out.len() == n_tokens · n_head · head_dim`.
 pub fn attention_prefill(
+    q: &[f32],
+    k_cache: &[f32],
+    v_cache: &[f32],
+    pos0: usize,
+    n_tokens: usize,
+    p: &AttnParams,
+    out: &mut [f32],
+) {
+    attention_prefill_on(Par::Rayon, q, k_cache, v_cache, pos0, n_tokens, p, out)
+}
+
+/// [`attention_prefill`] with its (token, head) pairs run on `par`.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_prefill_on(
+    par: Par<'_>,
     q: &[f32],
     k_cache: &[f32],
     v_cache: &[f32],
@@ -314,16 +385,17 @@ pub fn attention_prefill(
     let hd = p.head_dim;
     // Group small tasks so that each carries some work.
     let avg = p.n_attended(pos0 + n_tokens / 2) * hd;
-    let min_len = (PAR_MIN_WORK / 4 / avg.max(1)).max(1);
-    out.par_chunks_mut(hd).enumerate().with_min_len(min_len).for_each_init(
-        Vec::new,
-        |scores: &mut Vec<f32>, (i, out_h)| {
+    let per_task = (PAR_MIN_WORK / 4 / avg.max(1)).max(1);
+    par.for_each_chunk_mut(out, per_task * hd, |task, outs| {
+        let mut scores = Vec::new();
+        for (k, out_h) in outs.chunks_mut(hd).enumerate() {
+            let i = task * per_task + k;
             let (t, h) = (i / p.n_head, i % p.n_head);
             let pos = pos0 + t;
             scores.resize(p.n_attended(pos), 0.0);
-            attend_head(&q[i * hd..][..hd], k_cache, v_cache, h, pos, p, scores, out_h);
-        },
-    );
+            attend_head(&q[i * hd..][..hd], k_cache, v_cache, h, pos, p, &mut scores, out_h);
+        }
+    });
 }
 
 /// The attention probabilities of one decode step, for inspection and
@@ -343,7 +415,7 @@ pub fn attention_probs(q: &[f32], k_cache: &[f32], pos: usize, p: &AttnParams, p
         let g = h / (p.n_head / p.n_head_kv);
         row[..first].fill(0.0);
         let scores = &mut row[first..];
-        head_logits::<false>(&q[h * hd..][..hd], k_cache, g, first, p, scores);
+        head_logits::<PORTABLE>(&q[h * hd..][..hd], k_cache, g, first, p, scores);
         softmax(scores);
     }
 }

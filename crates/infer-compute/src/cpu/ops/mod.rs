@@ -21,13 +21,15 @@
 
 pub mod activation;
 pub mod attention;
+pub mod exp;
 pub mod norm;
 pub mod rope;
 pub mod softmax;
 
 pub use activation::{geglu, gelu_tanh, silu, softcap, swiglu};
 pub use attention::{
-    attention_decode, attention_prefill, attention_probs, attention_scratch_len, kv_append, AttnParams,
+    attention_decode, attention_decode_on, attention_prefill, attention_prefill_on, attention_probs,
+    attention_scratch_len, kv_append, AttnParams,
 };
 pub use norm::{add, add_rms_norm, layer_norm, rms_norm, rms_norm_heads, rms_norm_inplace, scale};
 pub use rope::{rope, rope_tokens, RopeCache};
@@ -98,6 +100,38 @@ pub(crate) unsafe fn dot_avx512(a: &[f32], b: &[f32]) -> f32 {
     _mm_cvtss_f32(s1) + tail
 }
 
+/// [`dot`] with AVX2: the 16 accumulators are the lanes of two vectors and
+/// the reduction is the same pairwise tree, so the result has the same bits.
+///
+/// # Safety
+/// The processor must support AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+#[inline]
+pub(crate) unsafe fn dot_avx2(a: &[f32], b: &[f32]) -> f32 {
+    use std::arch::x86_64::*;
+    debug_assert_eq!(a.len(), b.len());
+    let n = a.len().min(b.len());
+    let split = n - n % 16;
+    let (mut lo, mut hi) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+    let mut i = 0;
+    while i < split {
+        let (pa, pb) = (a.as_ptr().add(i), b.as_ptr().add(i));
+        lo = _mm256_add_ps(lo, _mm256_mul_ps(_mm256_loadu_ps(pa), _mm256_loadu_ps(pb)));
+        hi = _mm256_add_ps(hi, _mm256_mul_ps(_mm256_loadu_ps(pa.add(8)), _mm256_loadu_ps(pb.add(8))));
+        i += 16;
+    }
+    let mut tail = 0.0f32;
+    for (x, y) in a[split..n].iter().zip(&b[split..n]) {
+        tail += x * y;
+    }
+    let s8 = _mm256_add_ps(lo, hi);
+    let s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps::<1>(s8));
+    let s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    let s1 = _mm_add_ss(s2, _mm_movehdup_ps(s2));
+    _mm_cvtss_f32(s1) + tail
+}
+
 /// Shared helpers of the op tests: seeded inputs and error reports.
 #[cfg(test)]
 pub(crate) mod test_util {
@@ -152,6 +186,12 @@ mod tests {
                 // SAFETY: checked just above.
                 let wide = unsafe { dot_avx512(&a, &b) };
                 assert_eq!(wide.to_bits(), got.to_bits(), "n={n}: AVX-512 dot {wide} vs {got}");
+            }
+            #[cfg(target_arch = "x86_64")]
+            if std::is_x86_feature_detected!("avx2") {
+                // SAFETY: checked just above.
+                let wide = unsafe { dot_avx2(&a, &b) };
+                assert_eq!(wide.to_bits(), got.to_bits(), "n={n}: AVX2 dot {wide} vs {got}");
             }
         }
     }

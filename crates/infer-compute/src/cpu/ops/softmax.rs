@@ -1,5 +1,6 @@
 //! Numerically stable softmax over one row, as ggml's `ggml_soft_max`
-//! computes it on the CPU: `m = max x`, `e_i = expf(x_i - m)` in f32,
+//! computes it on the CPU: `m = max x`, `e_i = e^(x_i - m)` in f32 (by
+//! [`super::exp::exp`], within 2 ulp of `expf`),
 //! `S = Σ e_i` accumulated in f64 (`ggml_float`), `y_i = e_i · (float)(1/S)`.
 //!
 //! Subtracting the maximum keeps every exponent `<= 0`, so nothing
@@ -35,7 +36,7 @@ pub fn softmax(x: &mut [f32]) {
     }
     let mut sum = 0.0f64;
     for v in x.iter_mut() {
-        let e = (*v - max).exp();
+        let e = super::exp::exp(*v - max);
         *v = e;
         sum += e as f64;
     }

@@ -48,6 +48,39 @@ pub(crate) unsafe fn tile(
     let mut t = 0;
     while t < n {
         let m = (n - t).min(T_MAX);
+        if m == 1 && valid > 8 && !matches!(ty, GgmlType::Q4_K | GgmlType::Q6_K) {
+            // One token, both halves in one pass (`q32_pair`).
+            let tt = t0 + t;
+            let v = |half: usize| View {
+                scales,
+                codes,
+                sc,
+                rec,
+                shift,
+                half,
+                nb,
+                qs: a.qs.as_ptr().add(tt * a.cols),
+                ld_a: a.cols,
+                d: a.d.as_ptr().add(tt * nb),
+                aux: a.aux.as_ptr().add(tt * nb * aux_per),
+                aux_per,
+                y: y.add(t * ld_y + 8 * half),
+                ld_y,
+                lanes: valid.saturating_sub(8 * half).min(8),
+            };
+            let (v0, v1) = (v(0), v(1));
+            match ty {
+                GgmlType::Q8_0 => q32_pair::<F_Q8_0>(v0, v1),
+                GgmlType::Q4_0 => q32_pair::<F_Q4_0>(v0, v1),
+                GgmlType::Q5_0 => q32_pair::<F_Q5_0>(v0, v1),
+                GgmlType::Q4_1 => q32_pair::<F_Q4_1>(v0, v1),
+                GgmlType::Q5_1 => q32_pair::<F_Q5_1>(v0, v1),
+                GgmlType::IQ4_NL => q32_pair::<F_IQ4_NL>(v0, v1),
+                _ => {}
+            }
+            t += 1;
+            continue;
+        }
         for half in 0..2 {
             let lanes = valid.saturating_sub(8 * half).min(8);
             if lanes == 0 {
@@ -282,11 +315,22 @@ unsafe fn q32<const F: u8, const T: usize>(v: View) {
                 is[t] = _mm256_set1_epi32(-(v.aux(t, b, 0) << v.shift));
             }
         }
+        let mut s16 = [_mm256_setzero_si256(); T];
         for m in 0..8 {
             let w = codes32::<F>(&v, r, m);
             for t in 0..T {
                 let a = act4(&v, t, b * 32 + 4 * m);
-                is[t] = if signed { dot_s(is[t], w, a) } else { dot_u(is[t], w, a) };
+                if signed {
+                    is[t] = dot_s(is[t], w, a);
+                } else {
+                    s16[t] = _mm256_add_epi16(s16[t], _mm256_maddubs_epi16(w, a));
+                }
+            }
+            if !signed && (m + 1) % i16_steps(F) == 0 {
+                for t in 0..T {
+                    is[t] = _mm256_add_epi32(is[t], _mm256_madd_epi16(s16[t], _mm256_set1_epi16(1)));
+                    s16[t] = _mm256_setzero_si256();
+                }
             }
         }
         let wd = scales8(&v, v.scales.add(v.sc * b));
@@ -305,6 +349,79 @@ unsafe fn q32<const F: u8, const T: usize>(v: View) {
         }
     }
     store::<T>(&v, &acc);
+}
+
+/// Code pairs `F`'s `vpmaddubsw` sums can take in i16 before they must be
+/// widened: a pair is at most `2·max|q|·128`, so 8 steps of 4-bit codes
+/// (`8·2·15·128 = 30720`), 4 of 5-bit ones, and 1 of signed 8-bit ones fit
+/// in `i16` (exact either way; fewer widenings).
+const fn i16_steps(f: u8) -> usize {
+    match f {
+        F_Q4_0 | F_Q4_1 => 8,
+        F_Q5_0 | F_Q5_1 => 4,
+        _ => 1,
+    }
+}
+
+/// [`q32`] for one token and both halves of a group in one pass: each
+/// activation broadcast serves 16 rows, and the i16 sums of `vpmaddubsw` are
+/// widened once per [`i16_steps`]. The same integer sums and the same f32
+/// operations per lane as [`q32`], so the same bits.
+///
+/// # Safety
+/// As [`q32`] with `T = 1`, for `v0` (half 0) and `v1` (half 1) of the same
+/// group and token.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q32_pair<const F: u8>(v0: View, v1: View) {
+    let signed = F == F_Q8_0 || F == F_IQ4_NL;
+    let with_min = F == F_Q4_1 || F == F_Q5_1;
+    let steps = i16_steps(F);
+    let ones = _mm256_set1_epi16(1);
+    let (mut acc0, mut acc1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+    for b in 0..v0.nb {
+        let r = v0.codes.add(b * v0.rec);
+        prefetch::<1>(&v0, r);
+        let (mut is0, mut is1) = if !signed && !with_min {
+            let init = _mm256_set1_epi32(-(v0.aux(0, b, 0) << v0.shift));
+            (init, init)
+        } else {
+            (_mm256_setzero_si256(), _mm256_setzero_si256())
+        };
+        let (mut s0, mut s1) = (_mm256_setzero_si256(), _mm256_setzero_si256());
+        for m in 0..8 {
+            let a = act4(&v0, 0, b * 32 + 4 * m);
+            let (w0, w1) = (codes32::<F>(&v0, r, m), codes32::<F>(&v1, r, m));
+            if signed {
+                is0 = dot_s(is0, w0, a);
+                is1 = dot_s(is1, w1, a);
+            } else {
+                s0 = _mm256_add_epi16(s0, _mm256_maddubs_epi16(w0, a));
+                s1 = _mm256_add_epi16(s1, _mm256_maddubs_epi16(w1, a));
+                if (m + 1) % steps == 0 {
+                    is0 = _mm256_add_epi32(is0, _mm256_madd_epi16(s0, ones));
+                    is1 = _mm256_add_epi32(is1, _mm256_madd_epi16(s1, ones));
+                    (s0, s1) = (_mm256_setzero_si256(), _mm256_setzero_si256());
+                }
+            }
+        }
+        let ad = _mm256_set1_ps(v0.d(0, b));
+        let (wd0, wd1) = (scales8(&v0, v0.scales.add(v0.sc * b)), scales8(&v1, v1.scales.add(v1.sc * b)));
+        if with_min {
+            let asum = _mm256_set1_ps(v0.aux(0, b, 0) as f32);
+            let at = v0.sc * b + 32;
+            let (m0, m1) = (
+                _mm256_mul_ps(scales8(&v0, v0.scales.add(at)), asum),
+                _mm256_mul_ps(scales8(&v1, v1.scales.add(at)), asum),
+            );
+            acc0 = _mm256_fmadd_ps(_mm256_fmadd_ps(wd0, _mm256_cvtepi32_ps(is0), m0), ad, acc0);
+            acc1 = _mm256_fmadd_ps(_mm256_fmadd_ps(wd1, _mm256_cvtepi32_ps(is1), m1), ad, acc1);
+        } else {
+            acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is0), _mm256_mul_ps(wd0, ad), acc0);
+            acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is1), _mm256_mul_ps(wd1, ad), acc1);
+        }
+    }
+    store::<1>(&v0, &[acc0]);
+    store::<1>(&v1, &[acc1]);
 }
 
 /// The products of one Q4_K half-group with `T` tokens.
