@@ -23,7 +23,7 @@
 //! late never holds up the caller, and the closure outlives every use.
 
 use std::any::Any;
-use std::cell::UnsafeCell;
+use std::cell::{Cell, UnsafeCell};
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::*};
 use std::sync::{Arc, Condvar, Mutex};
@@ -86,7 +86,8 @@ pub struct Team {
 }
 
 impl Team {
-    /// Starts `threads - 1` workers (none for `threads <= 1`).
+    /// Starts `threads - 1` workers (none for `threads <= 1`; at most
+    /// 16 383, the width of the protocol's worker counts).
     ///
     /// # Errors
     /// [`Error::Device`] when a thread cannot be started.
@@ -121,17 +122,21 @@ impl Team {
 
     /// Runs `f(i)` for every `i` in `0..n`, spread over the team; returns
     /// when all have run. A panic of any `f(i)` is resumed here, after every
-    /// started task has finished.
+    /// started task has finished. A call from inside a task of a team (a
+    /// nested loop) runs its tasks on the calling thread.
     pub fn run(&self, n: usize, f: &(dyn Fn(usize) + Sync)) {
         if n == 0 {
             return;
         }
-        if self.threads == 1 || n == 1 {
+        if self.threads == 1 || n == 1 || IN_TASK.with(Cell::get) {
             (0..n).for_each(f);
             return;
         }
         let _one = self.busy.lock().unwrap_or_else(|e| e.into_inner());
         let s = &*self.shared;
+        // A panic left by a loop whose caller unwound first is that loop's,
+        // not this one's.
+        s.panic.lock().unwrap_or_else(|e| e.into_inner()).take();
         // SAFETY: the previous loop is closed and all its workers have left
         // (`Close` below waited for them), so no worker reads `job` now.
         // The lifetime of `f` is erased; `Close` keeps this call from
@@ -160,8 +165,24 @@ impl Team {
 
 fn nop(_: usize) {}
 
+thread_local! {
+    /// Whether this thread is running tasks of a team's loop.
+    static IN_TASK: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Clears [`IN_TASK`] when dropped (also while unwinding).
+struct InTask;
+
+impl Drop for InTask {
+    fn drop(&mut self) {
+        IN_TASK.with(|c| c.set(false));
+    }
+}
+
 /// Runs task indices of the current loop until none is left.
 fn claim(s: &Shared, f: &(dyn Fn(usize) + Sync), n: usize) {
+    IN_TASK.with(|c| c.set(true));
+    let _in_task = InTask;
     loop {
         let i = s.next.fetch_add(1, Relaxed);
         if i >= n {
@@ -345,6 +366,25 @@ unsafe impl<T: Send> Sync for SendPtr<T> {}
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_nested_loop_runs_on_the_calling_thread() {
+        let t = Team::new(3).unwrap();
+        let count = AtomicUsize::new(0);
+        t.run(4, &|_| t.run(5, &|_| drop(count.fetch_add(1, Relaxed))));
+        assert_eq!(count.load(Relaxed), 20);
+    }
+
+    #[test]
+    fn a_panic_is_reported_by_its_own_loop_only() {
+        let t = Team::new(2).unwrap();
+        for _ in 0..20 {
+            let r = catch_unwind(AssertUnwindSafe(|| t.run(2, &|_| panic!("task"))));
+            assert!(r.is_err());
+            let ok = catch_unwind(AssertUnwindSafe(|| t.run(4, &|_| {})));
+            assert!(ok.is_ok(), "a later loop reported an earlier loop's panic");
+        }
+    }
 
     #[test]
     fn every_task_runs_once() {
