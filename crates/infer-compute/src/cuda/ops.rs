@@ -208,7 +208,7 @@ pub(crate) fn attention(dev: &Device, args: &AttnArgs) -> Result<()> {
     let (n_head, n_kv, hd) = (args.n_head as usize, args.n_kv as usize, args.hd as usize);
     check_attn_shape(n_head, n_kv, hd)?;
     let n_tok = args.n_tok as usize;
-    if let Some(k) = flash_kernel(hd).filter(|_| n_tok >= FLASH_MIN_TOKENS && has_flash(hd)) {
+    if let Some(k) = flash_kernel(hd).filter(|_| n_tok >= FLASH_MIN_TOKENS && flash_enabled()) {
         // 16 rows (token, head of the group) per warp; 4 warps per block
         // when that still gives about two blocks per SM, else 2.
         let rows = n_tok * (n_head / n_kv);

@@ -48,27 +48,28 @@ pub(crate) unsafe fn tile(
     let mut t = 0;
     while t < n {
         let m = (n - t).min(T_MAX);
+        let tt = t0 + t;
+        // The tokens from `t` on, rows `8 * half ..` of the group.
+        let view = |half: usize| View {
+            scales,
+            codes,
+            sc,
+            rec,
+            shift,
+            half,
+            nb,
+            qs: a.qs.as_ptr().add(tt * a.cols),
+            ld_a: a.cols,
+            d: a.d.as_ptr().add(tt * nb),
+            aux: a.aux.as_ptr().add(tt * nb * aux_per),
+            aux_per,
+            y: y.add(t * ld_y + 8 * half),
+            ld_y,
+            lanes: valid.saturating_sub(8 * half).min(8),
+        };
         if m == 1 && valid > 8 && !matches!(ty, GgmlType::Q4_K | GgmlType::Q6_K) {
             // One token, both halves in one pass (`q32_pair`).
-            let tt = t0 + t;
-            let v = |half: usize| View {
-                scales,
-                codes,
-                sc,
-                rec,
-                shift,
-                half,
-                nb,
-                qs: a.qs.as_ptr().add(tt * a.cols),
-                ld_a: a.cols,
-                d: a.d.as_ptr().add(tt * nb),
-                aux: a.aux.as_ptr().add(tt * nb * aux_per),
-                aux_per,
-                y: y.add(t * ld_y + 8 * half),
-                ld_y,
-                lanes: valid.saturating_sub(8 * half).min(8),
-            };
-            let (v0, v1) = (v(0), v(1));
+            let (v0, v1) = (view(0), view(1));
             match ty {
                 GgmlType::Q8_0 => q32_pair::<F_Q8_0>(v0, v1),
                 GgmlType::Q4_0 => q32_pair::<F_Q4_0>(v0, v1),
@@ -82,28 +83,10 @@ pub(crate) unsafe fn tile(
             continue;
         }
         for half in 0..2 {
-            let lanes = valid.saturating_sub(8 * half).min(8);
-            if lanes == 0 {
+            let v = view(half);
+            if v.lanes == 0 {
                 continue;
             }
-            let tt = t0 + t;
-            let v = View {
-                scales,
-                codes,
-                sc,
-                rec,
-                shift,
-                half,
-                nb,
-                qs: a.qs.as_ptr().add(tt * a.cols),
-                ld_a: a.cols,
-                d: a.d.as_ptr().add(tt * nb),
-                aux: a.aux.as_ptr().add(tt * nb * aux_per),
-                aux_per,
-                y: y.add(t * ld_y + 8 * half),
-                ld_y,
-                lanes,
-            };
             macro_rules! by_n {
                 ($f:ident $(, $c:expr)?) => {
                     match m {
