@@ -66,6 +66,8 @@ pub(crate) mod names {
 pub(crate) struct MatvecKernels {
     pub t1: KernelName,
     pub t8: KernelName,
+    /// One token with 2 and 4 rows per warp (repacked layouts only).
+    pub t1_rows: Option<[KernelName; 2]>,
     /// Whether the kernel takes the q8 activation (else the f32 one).
     pub quantized: bool,
 }
@@ -84,8 +86,8 @@ pub(crate) const QKV_MAX_HD: usize = 1024;
 /// The mat-vec kernels for weight type `ty`, or `None` where there is none
 /// (the activation-only types Q8_1 and Q8_K).
 pub(crate) fn matvec_kernels(ty: GgmlType) -> Option<MatvecKernels> {
-    let q = |t1, t8| Some(MatvecKernels { t1: KernelName(t1), t8: KernelName(t8), quantized: true });
-    let f = |t1, t8| Some(MatvecKernels { t1: KernelName(t1), t8: KernelName(t8), quantized: false });
+    let q = |t1, t8| Some(MatvecKernels { t1: KernelName(t1), t8: KernelName(t8), t1_rows: None, quantized: true });
+    let f = |t1, t8| Some(MatvecKernels { t1: KernelName(t1), t8: KernelName(t8), t1_rows: None, quantized: false });
     match ty {
         GgmlType::F32 => f("mv_f32_t1", "mv_f32_t8"),
         GgmlType::F16 => f("mv_f16_t1", "mv_f16_t8"),
@@ -107,12 +109,22 @@ pub(crate) fn matvec_kernels(ty: GgmlType) -> Option<MatvecKernels> {
 
 /// The mat-vec kernels of the repacked layout of `ty` (see `repack.rs`).
 pub(crate) fn repacked_matvec_kernels(ty: GgmlType) -> Option<MatvecKernels> {
-    let q = |t1, t8| Some(MatvecKernels { t1: KernelName(t1), t8: KernelName(t8), quantized: true });
+    macro_rules! r {
+        ($n:literal) => {
+            Some(MatvecKernels {
+                t1: KernelName(concat!("mv_", $n, "_t1")),
+                t8: KernelName(concat!("mv_", $n, "_t8")),
+                t1_rows: Some([KernelName(concat!("mv_", $n, "_t1r2")), KernelName(concat!("mv_", $n, "_t1r4"))]),
+                quantized: true,
+            })
+        };
+    }
     match ty {
-        GgmlType::Q8_0 => q("mv_q8_0r_t1", "mv_q8_0r_t8"),
-        GgmlType::Q4_0 => q("mv_q4_0r_t1", "mv_q4_0r_t8"),
-        GgmlType::Q5_0 => q("mv_q5_0r_t1", "mv_q5_0r_t8"),
-        GgmlType::Q6_K => q("mv_q6_kr_t1", "mv_q6_kr_t8"),
+        GgmlType::Q8_0 => r!("q8_0r"),
+        GgmlType::Q4_0 => r!("q4_0r"),
+        GgmlType::Q5_0 => r!("q5_0r"),
+        GgmlType::Q4_K => r!("q4_kr"),
+        GgmlType::Q6_K => r!("q6_kr"),
         _ => None,
     }
 }

@@ -333,10 +333,16 @@ impl CudaBackend {
             return Ok(vec![0.0; n_tok * w.rows]);
         }
         let d = &*self.dev;
-        let wb = d.upload(w.data.as_bytes())?;
+        // The layout a prepared model uses, so that these calls run the
+        // decode kernels as the model does.
+        let (wb, stride) = match repack::repack_weight(w) {
+            Some((bytes, stride)) => (d.upload(&bytes)?, stride),
+            None => (d.upload(w.data.as_bytes())?, 0),
+        };
         let xb = self.upload_f32(x)?;
         let y = d.zeros::<f32>(n_tok * w.rows)?;
         let mut call = Matvec::single(w.ty, d.ptr(&wb), w.rows, w.cols, d.ptr(&y));
+        call.repacked_stride = stride;
         call.n_tok = n_tok;
         call.x = d.ptr(&xb);
         let (_q, _ds);

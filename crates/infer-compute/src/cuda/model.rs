@@ -65,12 +65,6 @@ struct DevWeight {
     repacked_stride: usize,
 }
 
-/// Whether `prepare` repacks weights (`INFER_CUDA_REPACK=0` keeps GGUF
-/// rows everywhere, to compare the two layouts).
-fn repack_enabled() -> bool {
-    std::env::var("INFER_CUDA_REPACK").map_or(true, |v| v != "0")
-}
-
 impl DevWeight {
     fn new(dev: &Device, w: &QuantWeight, what: &str) -> Result<Self> {
         if ops::wants_q8(w.ty).is_err() {
@@ -82,18 +76,8 @@ impl DevWeight {
     /// A matrix for the mat-vec kernels: repacked when the type has a
     /// repacked layout (see `repack.rs`), GGUF rows otherwise.
     fn matrix(dev: &Device, w: &QuantWeight, what: &str) -> Result<Self> {
-        if repack_enabled() {
-            let rb = w.row_bytes();
-            if let Some(bytes) = super::repack::repack(w.ty, w.rows, rb, w.data.as_bytes()) {
-                let stride = super::repack::repacked_stride(rb);
-                return Ok(DevWeight {
-                    ty: w.ty,
-                    rows: w.rows,
-                    cols: w.cols,
-                    buf: dev.upload(&bytes)?,
-                    repacked_stride: stride,
-                });
-            }
+        if let Some((bytes, stride)) = super::repack::repack_weight(w) {
+            return Ok(DevWeight { ty: w.ty, rows: w.rows, cols: w.cols, buf: dev.upload(&bytes)?, repacked_stride: stride });
         }
         Self::new(dev, w, what)
     }

@@ -118,9 +118,32 @@ pub(crate) fn matvec(dev: &Device, m: &Matvec) -> Result<()> {
         mode: m.mode as i32,
         cap: m.cap,
     };
-    let (name, gy) = if m.n_tok == 1 { (k.t1, 1) } else { (k.t8, m.n_tok.div_ceil(MV_TOKENS)) };
-    let gx = total.div_ceil(MV_WARPS as usize);
+    let (name, gy, rows_per_warp) = match (m.n_tok, k.t1_rows) {
+        (1, Some([r2, r4])) => match rows_per_warp(m.ty, total) {
+            4 => (r4, 1, 4),
+            2 => (r2, 1, 2),
+            _ => (k.t1, 1, 1),
+        },
+        (1, None) => (k.t1, 1, 1),
+        _ => (k.t8, m.n_tok.div_ceil(MV_TOKENS), 1),
+    };
+    let gx = total.div_ceil(MV_WARPS as usize * rows_per_warp);
     dev.launch(name, (to_u32(gx, "grid")?, to_u32(gy, "grid")?, 1), MV_WARPS * 32, 0, &args)
+}
+
+/// Output rows per warp of a one-token mat-vec of a repacked `ty` matrix
+/// with `rows` rows in all (1, 2 or 4; `_t1r2`/`_t1r4` in matvec.cu).
+/// `INFER_CUDA_MV_ROWS` = 1, 2 or 4 fixes it, to compare.
+fn rows_per_warp(ty: GgmlType, rows: usize) -> usize {
+    static FIXED: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    let fixed = *FIXED.get_or_init(|| {
+        std::env::var("INFER_CUDA_MV_ROWS").ok().and_then(|v| v.parse().ok()).filter(|r| matches!(r, 1 | 2 | 4))
+    });
+    if let Some(r) = fixed {
+        return r;
+    }
+    let _ = (ty, rows);
+    2
 }
 
 /// Launches the fused residual add + norm (+ quantize) over `n_tok` rows.

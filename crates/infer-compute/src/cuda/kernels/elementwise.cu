@@ -55,6 +55,7 @@ __device__ __forceinline__ bool load_chunk_repacked(int ty, const u8* row, int c
         case TY_Q4_0: w = TQ4_0R::load(row, c, nc); return true;
         case TY_Q5_0: w = TQ5_0R::load(row, c, nc); return true;
         case TY_Q8_0: w = TQ8_0R::load(row, c, nc); return true;
+        case TY_Q4_K: w = TQ4_KR::load(row, c, nc); return true;
         case TY_Q6_K: w = TQ6_KR::load(row, c, nc); return true;
         default: return false;
     }

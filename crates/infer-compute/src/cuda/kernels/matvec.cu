@@ -8,6 +8,10 @@
 // l, l + 32, ... , decodes each once and dots it with the q8 activation of
 // up to NT tokens (integer dp4a inside a chunk, f32 across chunks), then the
 // warp reduces. Grid: x = ceil(rows / MV_WARPS), y = ceil(n_tok / NT).
+// Decode (one token) of the repacked layouts also has kernels with R = 2
+// or 4 consecutive rows per warp (`_t1r2`, `_t1r4`; grid x = ceil(rows /
+// (MV_WARPS R))): the activation chunk is loaded once for R rows and R
+// weight loads are in flight per lane at a time.
 
 #define MV_WARPS 4
 
@@ -18,12 +22,12 @@ __device__ __forceinline__ float act_gelu_tanh(float x) {
 
 __device__ __forceinline__ float act_silu(float x) { return x / (1.0f + expf(-x)); }
 
-// Locates the output row of this warp: segment and row within it.
-// Returns false when the warp has no row.
-__device__ __forceinline__ bool mv_row(const MatvecArgs& a, bool glu, int& seg, int& r) {
-    const int gr = blockIdx.x * MV_WARPS + threadIdx.x / WARP;
-    const int total = glu ? a.rows[0] : a.rows[0] + a.rows[1] + a.rows[2];
-    if (gr >= total) return false;
+__device__ __forceinline__ int mv_total_rows(const MatvecArgs& a, bool glu) {
+    return glu ? a.rows[0] : a.rows[0] + a.rows[1] + a.rows[2];
+}
+
+// Segment and row within it of row gr (< total) of the launch.
+__device__ __forceinline__ void mv_locate(const MatvecArgs& a, bool glu, int gr, int& seg, int& r) {
     seg = 0;
     r = gr;
     if (!glu && r >= a.rows[0]) {
@@ -34,6 +38,14 @@ __device__ __forceinline__ bool mv_row(const MatvecArgs& a, bool glu, int& seg, 
             seg = 2;
         }
     }
+}
+
+// Locates the output row of this warp: segment and row within it.
+// Returns false when the warp has no row.
+__device__ __forceinline__ bool mv_row(const MatvecArgs& a, bool glu, int& seg, int& r) {
+    const int gr = blockIdx.x * MV_WARPS + threadIdx.x / WARP;
+    if (gr >= mv_total_rows(a, glu)) return false;
+    mv_locate(a, glu, gr, seg, r);
     return true;
 }
 
@@ -97,6 +109,52 @@ __device__ __forceinline__ void matvec_q(const MatvecArgs& a) {
     mv_store<NT>(a, seg, r, t0, nt, acc, acc2, glu);
 }
 
+// The chunk loop of matvec_q1, with the GLU choice fixed so that the loop
+// body has no branch and the loads of all R rows issue together.
+template <class T, int R, bool GLU>
+__device__ __forceinline__ void mv1_loop(const MatvecArgs& a, const u8* const* wrow, const u8* const* wrow2,
+                                         float* acc, float* acc2) {
+    const int n_chunk = a.cols / 32;
+    for (int c = threadIdx.x % WARP; c < n_chunk; c += WARP) {
+        const int4* q = (const int4*)(a.aq + (size_t)c * 32);
+        const int4 q0 = q[0], q1 = q[1];
+        const float2 ds = a.ad[c];
+#pragma unroll
+        for (int i = 0; i < R; ++i) {
+            acc[i] += dot_chunk<T>(T::load(wrow[i], c, n_chunk), q0, q1, ds);
+            if (GLU) acc2[i] += dot_chunk<T>(T::load(wrow2[i], c, n_chunk), q0, q1, ds);
+        }
+    }
+}
+
+// One token, R consecutive rows per warp (see the top of the file). Rows
+// past the end repeat the last row and are not stored.
+template <class T, int R>
+__device__ __forceinline__ void matvec_q1(const MatvecArgs& a) {
+    const bool glu = a.mode == MV_GLU_GELU || a.mode == MV_GLU_SILU;
+    const int total = mv_total_rows(a, glu);
+    const int g0 = (blockIdx.x * MV_WARPS + threadIdx.x / WARP) * R;
+    if (g0 >= total) return;
+    int seg[R], r[R];
+    const u8* wrow[R];
+    const u8* wrow2[R];
+    float acc[R], acc2[R];
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+        mv_locate(a, glu, min(g0 + i, total - 1), seg[i], r[i]);
+        const u8* wbase = seg[i] == 0 ? a.w[0] : seg[i] == 1 ? a.w[1] : a.w[2];
+        wrow[i] = wbase + (size_t)r[i] * a.row_bytes;
+        wrow2[i] = glu ? a.w[1] + (size_t)r[i] * a.row_bytes : wrow[i];
+        acc[i] = 0.0f;
+        acc2[i] = 0.0f;
+    }
+    if (glu) mv1_loop<T, R, true>(a, wrow, wrow2, acc, acc2);
+    else mv1_loop<T, R, false>(a, wrow, wrow2, acc, acc2);
+#pragma unroll
+    for (int i = 0; i < R; ++i)
+        if (g0 + i < total) mv_store<1>(a, seg[i], r[i], 0, 1, &acc[i], &acc2[i], glu);
+}
+
 // Float weights (F32, F16, BF16) against the f32 activation.
 struct FF32 { static __device__ __forceinline__ float at(const u8* row, int k) { return ((const float*)row)[k]; } };
 struct FF16 { static __device__ __forceinline__ float at(const u8* row, int k) { return f16_to_f32(((const u16*)row)[k]); } };
@@ -134,7 +192,7 @@ __device__ __forceinline__ void matvec_f(const MatvecArgs& a) {
 #define MV_KERNELS(name, T)                                                                        \
     extern "C" __global__ void __launch_bounds__(MV_WARPS * WARP) mv_##name##_t1(const MatvecArgs a) { \
         PDL_PROLOGUE;                                                                              \
-        matvec_q<T, 1>(a);                                                                         \
+        matvec_q1<T, 1>(a);                                                                        \
     }                                                                                              \
     extern "C" __global__ void __launch_bounds__(MV_WARPS * WARP) mv_##name##_t8(const MatvecArgs a) { \
         PDL_PROLOGUE;                                                                              \
@@ -152,10 +210,22 @@ MV_KERNELS(q3_k, TQ3_K)
 MV_KERNELS(q4_k, TQ4_K)
 MV_KERNELS(q5_k, TQ5_K)
 MV_KERNELS(q6_k, TQ6_K)
-MV_KERNELS(q8_0r, TQ8_0R)
-MV_KERNELS(q4_0r, TQ4_0R)
-MV_KERNELS(q5_0r, TQ5_0R)
-MV_KERNELS(q6_kr, TQ6_KR)
+#define MV_KERNELS_R(name, T)                                                                        \
+    MV_KERNELS(name, T)                                                                              \
+    extern "C" __global__ void __launch_bounds__(MV_WARPS * WARP) mv_##name##_t1r2(const MatvecArgs a) { \
+        PDL_PROLOGUE;                                                                                \
+        matvec_q1<T, 2>(a);                                                                          \
+    }                                                                                                \
+    extern "C" __global__ void __launch_bounds__(MV_WARPS * WARP) mv_##name##_t1r4(const MatvecArgs a) { \
+        PDL_PROLOGUE;                                                                                \
+        matvec_q1<T, 4>(a);                                                                          \
+    }
+
+MV_KERNELS_R(q8_0r, TQ8_0R)
+MV_KERNELS_R(q4_0r, TQ4_0R)
+MV_KERNELS_R(q5_0r, TQ5_0R)
+MV_KERNELS_R(q4_kr, TQ4_KR)
+MV_KERNELS_R(q6_kr, TQ6_KR)
 
 #define MVF_KERNELS(name, F)                                                                       \
     extern "C" __global__ void __launch_bounds__(MV_WARPS * WARP) mv_##name##_t1(const MatvecArgs a) { \

@@ -316,33 +316,58 @@ struct TQ5_0R {
     }
 };
 
-// Q6_K super-blocks without their d (208 bytes: ql, qh, scales), then the
-// row's d values.
+// Q4_K: chunk c's 32 4-bit values as 16 bytes (byte l = value l | value
+// l + 16 << 4, the Q4_0 order), all chunks first; then per super-block
+// its 16 header bytes (d, dmin, the 12 packed 6-bit scales and mins), so a
+// chunk is one 16-byte load of quants and one (shared by the 8 chunks of a
+// super-block) of its header.
+struct TQ4_KR {
+    static constexpr bool SPLIT = false, HAS_MIN = true;
+    static __device__ __forceinline__ WChunk load(const u8* row, int c, int nc) {
+        const int4 v = *(const int4*)(row + 16 * c);
+        const int4 h = *(const int4*)(row + 16 * nc + 16 * (c / 8));
+        const int vv[4] = {v.x, v.y, v.z, v.w};
+        WChunk w;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            w.q[i] = vv[i] & 0x0F0F0F0F;
+            w.q[4 + i] = (vv[i] >> 4) & 0x0F0F0F0F;
+        }
+        // scale_min_k4 on the scale bytes held in h.y (0..3), h.z (4..7), h.w (8..11).
+        const int j = c % 8, sh = 8 * (j % 4);
+        const int by = (h.y >> sh) & 0xFF, bz = (h.z >> sh) & 0xFF, bw = (h.w >> sh) & 0xFF;
+        const int sc = j < 4 ? by & 63 : (bw & 0xF) | ((by >> 6) << 4);
+        const int m = j < 4 ? bz & 63 : (bw >> 4) | ((bz >> 6) << 4);
+        const float d = f16_to_f32((u16)(h.x & 0xFFFF)), dmin = f16_to_f32((u16)((u32)h.x >> 16));
+        set_scale(w, d * (float)sc, -(dmin * (float)m));
+        return w;
+    }
+};
+
+// Q6_K: per chunk c, its 32 low nibbles as 16 bytes (the Q4_0 order) at
+// 16c; its high 2-bit pairs as 8 bytes at 16 nc + 8c (bits 2i..2i+1 of
+// byte 4h + k hold value 16h + 4i + k); its two int8 scales at 24 nc + 2c;
+// then the row's d values, one per super-block, at 26 nc.
 struct TQ6_KR {
     static constexpr bool SPLIT = true, HAS_MIN = false;
     static __device__ __forceinline__ WChunk load(const u8* row, int c, int nc) {
-        const int sb = c / 8, j = c % 8, h = j / 4, s = j % 4;
-        const u8* base = row + 208 * sb;
-        const int4* pl = (const int4*)(base + 64 * h + 32 * (s % 2));
-        const int4* ph = (const int4*)(base + 128 + 32 * h);
-        const int4 l0 = pl[0], l1 = pl[1], h0 = ph[0], h1 = ph[1];
-        const int lo[8] = {l0.x, l0.y, l0.z, l0.w, l1.x, l1.y, l1.z, l1.w};
-        const int hi[8] = {h0.x, h0.y, h0.z, h0.w, h1.x, h1.y, h1.z, h1.w};
-        const int shl = 4 * (s / 2);
+        const int4 v = *(const int4*)(row + 16 * c);
+        const int2 hb = *(const int2*)(row + 16 * nc + 8 * c);
+        const u32 sc = *(const u16*)(row + 24 * nc + 2 * c);
+        const float d = f16_to_f32(((const u16*)(row + 26 * nc))[c / 8]);
+        const int vv[4] = {v.x, v.y, v.z, v.w};
         WChunk w;
 #pragma unroll
-        for (int i = 0; i < 8; ++i) {
-            const int l = (lo[i] >> shl) & 0x0F0F0F0F;
-            const int u = (hi[i] >> (2 * s)) & 0x03030303;
-            w.q[i] = (int)__vsub4((u32)(l | (u << 4)), 0x20202020u);
+        for (int i = 0; i < 4; ++i) {
+            const int lo0 = (vv[i] & 0x0F0F0F0F) | (((hb.x >> (2 * i)) & 0x03030303) << 4);
+            const int lo1 = ((vv[i] >> 4) & 0x0F0F0F0F) | (((hb.y >> (2 * i)) & 0x03030303) << 4);
+            w.q[i] = (int)__vsub4((u32)lo0, 0x20202020u);
+            w.q[4 + i] = (int)__vsub4((u32)lo1, 0x20202020u);
         }
-        const float d = f16_to_f32(((const u16*)(row + 208 * (nc / 8)))[sb]);
-        const i8* sc = (const i8*)(base + 192);
-#pragma unroll
-        for (int k = 0; k < 2; ++k) {
-            w.d[k] = d * (float)sc[2 * j + k];
-            w.m[k] = 0.0f;
-        }
+        w.d[0] = d * (float)(i8)(sc & 0xFF);
+        w.d[1] = d * (float)(i8)(sc >> 8);
+        w.m[0] = 0.0f;
+        w.m[1] = 0.0f;
         return w;
     }
 };
