@@ -210,7 +210,7 @@ impl Device {
             .iter()
             .flat_map(|&t| [kernels::matvec_kernels(t), kernels::repacked_matvec_kernels(t)])
             .flatten()
-            .flat_map(|k| [k.t1, k.t8].into_iter().chain(k.t1_lanes.into_iter().flatten()));
+            .flat_map(|k| [k.t1, k.t8]);
         for KernelName(name) in names::ALL.into_iter().chain(mv) {
             let f = module.load_function(name).map_err(|e| Error::Device(format!("kernel {name}: {e}")))?;
             funcs.insert(name, f);

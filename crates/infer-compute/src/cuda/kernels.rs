@@ -66,8 +66,6 @@ pub(crate) mod names {
 pub(crate) struct MatvecKernels {
     pub t1: KernelName,
     pub t8: KernelName,
-    /// One token with 16, 8 and 4 lanes per row (repacked layouts only).
-    pub t1_lanes: Option<[KernelName; 3]>,
     /// Whether the kernel takes the q8 activation (else the f32 one).
     pub quantized: bool,
 }
@@ -86,8 +84,8 @@ pub(crate) const QKV_MAX_HD: usize = 1024;
 /// The mat-vec kernels for weight type `ty`, or `None` where there is none
 /// (the activation-only types Q8_1 and Q8_K).
 pub(crate) fn matvec_kernels(ty: GgmlType) -> Option<MatvecKernels> {
-    let q = |t1, t8| Some(MatvecKernels { t1: KernelName(t1), t8: KernelName(t8), t1_lanes: None, quantized: true });
-    let f = |t1, t8| Some(MatvecKernels { t1: KernelName(t1), t8: KernelName(t8), t1_lanes: None, quantized: false });
+    let q = |t1, t8| Some(MatvecKernels { t1: KernelName(t1), t8: KernelName(t8), quantized: true });
+    let f = |t1, t8| Some(MatvecKernels { t1: KernelName(t1), t8: KernelName(t8), quantized: false });
     match ty {
         GgmlType::F32 => f("mv_f32_t1", "mv_f32_t8"),
         GgmlType::F16 => f("mv_f16_t1", "mv_f16_t8"),
@@ -114,11 +112,6 @@ pub(crate) fn repacked_matvec_kernels(ty: GgmlType) -> Option<MatvecKernels> {
             Some(MatvecKernels {
                 t1: KernelName(concat!("mv_", $n, "_t1")),
                 t8: KernelName(concat!("mv_", $n, "_t8")),
-                t1_lanes: Some([
-                    KernelName(concat!("mv_", $n, "_t1l16")),
-                    KernelName(concat!("mv_", $n, "_t1l8")),
-                    KernelName(concat!("mv_", $n, "_t1l4")),
-                ]),
                 quantized: true,
             })
         };

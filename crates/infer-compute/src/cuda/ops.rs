@@ -118,36 +118,9 @@ pub(crate) fn matvec(dev: &Device, m: &Matvec) -> Result<()> {
         mode: m.mode as i32,
         cap: m.cap,
     };
-    let (name, gy, lanes) = match (m.n_tok, k.t1_lanes) {
-        (1, Some([l16, l8, l4])) => match lanes_per_row(m.cols / 32) {
-            16 => (l16, 1, 16),
-            8 => (l8, 1, 8),
-            4 => (l4, 1, 4),
-            _ => (k.t1, 1, 32),
-        },
-        (1, None) => (k.t1, 1, 32),
-        _ => (k.t8, m.n_tok.div_ceil(MV_TOKENS), 32),
-    };
-    let gx = total.div_ceil(MV_WARPS as usize * (32 / lanes));
+    let (name, gy) = if m.n_tok == 1 { (k.t1, 1) } else { (k.t8, m.n_tok.div_ceil(MV_TOKENS)) };
+    let gx = total.div_ceil(MV_WARPS as usize);
     dev.launch(name, (to_u32(gx, "grid")?, to_u32(gy, "grid")?, 1), MV_WARPS * 32, 0, &args)
-}
-
-/// Lanes per row (32, 16, 8 or 4) of a one-token mat-vec over rows of
-/// `n_chunk` 32-value chunks: the most lanes that keep at least 90% of the
-/// lane slots busy (a lane takes every L-th chunk), else the fewest idle
-/// slots. `INFER_CUDA_MV_LANES` = 32, 16, 8 or 4 fixes it, to compare.
-pub(crate) fn lanes_per_row(n_chunk: usize) -> usize {
-    static FIXED: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
-    let fixed = *FIXED.get_or_init(|| {
-        std::env::var("INFER_CUDA_MV_LANES").ok().and_then(|v| v.parse().ok()).filter(|l| matches!(l, 4 | 8 | 16 | 32))
-    });
-    fixed.unwrap_or_else(|| choose_lanes(n_chunk))
-}
-
-/// The rule of [`lanes_per_row`] without the override.
-fn choose_lanes(n_chunk: usize) -> usize {
-    let busy = |l: usize| n_chunk as f64 / (l * n_chunk.div_ceil(l).max(1)) as f64;
-    [32, 16, 8, 4].into_iter().find(|&l| busy(l) >= 0.9).unwrap_or(4)
 }
 
 /// Launches the fused residual add + norm (+ quantize) over `n_tok` rows.
@@ -505,18 +478,4 @@ pub(crate) fn gemm(
         }
         Ok(())
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::choose_lanes;
-
-    #[test]
-    fn lanes_keep_most_slots_busy() {
-        // Gemma 3 widths: 640 (270M), 1152 (1B), 2560 (4B); Llama 2048;
-        // FFN widths 2048, 6912, 10240.
-        for (cols, lanes) in [(640, 4), (1152, 8), (2560, 16), (2048, 32), (6912, 32), (10240, 32), (1024, 32), (32, 4)] {
-            assert_eq!(choose_lanes(cols / 32), lanes, "{cols} values");
-        }
-    }
 }

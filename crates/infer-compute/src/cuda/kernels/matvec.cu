@@ -8,11 +8,8 @@
 // l, l + 32, ... , decodes each once and dots it with the q8 activation of
 // up to NT tokens (integer dp4a inside a chunk, f32 across chunks), then the
 // warp reduces. Grid: x = ceil(rows / MV_WARPS), y = ceil(n_tok / NT).
-// Decode (one token) of the repacked layouts also has kernels that give a
-// row L = 16, 8 or 4 lanes (`_t1l16`, `_t1l8`, `_t1l4`; 32 / L rows per
-// warp, grid x = ceil(rows / (MV_WARPS 32 / L))): a row of 36 chunks
-// (1152 values) keeps only 36 of 64 lane slots busy at L = 32, 36 of 40
-// at L = 8.
+// The one-token kernels (`_t1`) keep the GLU choice out of the chunk loop,
+// so that the loop body has no branch and its loads issue together.
 
 #define MV_WARPS 4
 
@@ -110,21 +107,12 @@ __device__ __forceinline__ void matvec_q(const MatvecArgs& a) {
     mv_store<NT>(a, seg, r, t0, nt, acc, acc2, glu);
 }
 
-// Sum over the aligned group of L lanes (a power of two) holding v.
-template <int L>
-__device__ __forceinline__ float group_sum(float v) {
-#pragma unroll
-    for (int o = L / 2; o > 0; o >>= 1) v += __shfl_xor_sync(FULL_MASK, v, o);
-    return v;
-}
-
-// The chunk loop of matvec_q1, with the GLU choice fixed so that the loop
-// body has no branch.
-template <class T, int L, bool GLU>
+// The chunk loop of matvec_q1 for one GLU choice.
+template <class T, bool GLU>
 __device__ __forceinline__ void mv1_loop(const MatvecArgs& a, const u8* wrow, const u8* wrow2, float& acc,
                                          float& acc2) {
     const int n_chunk = a.cols / 32;
-    for (int c = threadIdx.x % L; c < n_chunk; c += L) {
+    for (int c = threadIdx.x % WARP; c < n_chunk; c += WARP) {
         const int4* q = (const int4*)(a.aq + (size_t)c * 32);
         const int4 q0 = q[0], q1 = q[1];
         const float2 ds = a.ad[c];
@@ -133,35 +121,19 @@ __device__ __forceinline__ void mv1_loop(const MatvecArgs& a, const u8* wrow, co
     }
 }
 
-// One token, L lanes per row (see the top of the file). A group past the
-// last row repeats it and does not store.
-template <class T, int L>
+// One token: matvec_q for NT = 1, with the loop of mv1_loop.
+template <class T>
 __device__ __forceinline__ void matvec_q1(const MatvecArgs& a) {
     const bool glu = a.mode == MV_GLU_GELU || a.mode == MV_GLU_SILU;
-    const int total = mv_total_rows(a, glu);
-    const int g0 = (blockIdx.x * MV_WARPS + threadIdx.x / WARP) * (WARP / L);
-    if (g0 >= total) return;  // the whole warp
-    const int gr = g0 + (threadIdx.x % WARP) / L;
     int seg, r;
-    mv_locate(a, glu, min(gr, total - 1), seg, r);
+    if (!mv_row(a, glu, seg, r)) return;
     const u8* wbase = seg == 0 ? a.w[0] : seg == 1 ? a.w[1] : a.w[2];
     const u8* wrow = wbase + (size_t)r * a.row_bytes;
     const u8* wrow2 = glu ? a.w[1] + (size_t)r * a.row_bytes : wrow;
     float acc = 0.0f, acc2 = 0.0f;
-    if (glu) mv1_loop<T, L, true>(a, wrow, wrow2, acc, acc2);
-    else mv1_loop<T, L, false>(a, wrow, wrow2, acc, acc2);
-    const float v = group_sum<L>(acc);
-    float out = v;
-    if (glu) {
-        const float u = group_sum<L>(acc2);
-        out = (a.mode == MV_GLU_GELU ? act_gelu_tanh(v) : act_silu(v)) * u;
-    } else if (a.mode == MV_SOFTCAP) {
-        out = a.cap * tanhf(v * (1.0f / a.cap));
-    }
-    if (gr < total && threadIdx.x % L == 0) {
-        float* y = seg == 0 ? a.y[0] : seg == 1 ? a.y[1] : a.y[2];
-        y[r] = out;
-    }
+    if (glu) mv1_loop<T, true>(a, wrow, wrow2, acc, acc2);
+    else mv1_loop<T, false>(a, wrow, wrow2, acc, acc2);
+    mv_store<1>(a, seg, r, 0, 1, &acc, &acc2, glu);
 }
 
 // Float weights (F32, F16, BF16) against the f32 activation.
@@ -201,7 +173,7 @@ __device__ __forceinline__ void matvec_f(const MatvecArgs& a) {
 #define MV_KERNELS(name, T)                                                                        \
     extern "C" __global__ void __launch_bounds__(MV_WARPS * WARP) mv_##name##_t1(const MatvecArgs a) { \
         PDL_PROLOGUE;                                                                              \
-        matvec_q1<T, WARP>(a);                                                                        \
+        matvec_q1<T>(a);                                                                        \
     }                                                                                              \
     extern "C" __global__ void __launch_bounds__(MV_WARPS * WARP) mv_##name##_t8(const MatvecArgs a) { \
         PDL_PROLOGUE;                                                                              \
@@ -219,22 +191,11 @@ MV_KERNELS(q3_k, TQ3_K)
 MV_KERNELS(q4_k, TQ4_K)
 MV_KERNELS(q5_k, TQ5_K)
 MV_KERNELS(q6_k, TQ6_K)
-#define MV_KERNEL_L(name, T, L)                                                                       \
-    extern "C" __global__ void __launch_bounds__(MV_WARPS * WARP) mv_##name##_t1l##L(const MatvecArgs a) { \
-        PDL_PROLOGUE;                                                                                  \
-        matvec_q1<T, L>(a);                                                                            \
-    }
-#define MV_KERNELS_R(name, T) \
-    MV_KERNELS(name, T)       \
-    MV_KERNEL_L(name, T, 16)  \
-    MV_KERNEL_L(name, T, 8)   \
-    MV_KERNEL_L(name, T, 4)
-
-MV_KERNELS_R(q8_0r, TQ8_0R)
-MV_KERNELS_R(q4_0r, TQ4_0R)
-MV_KERNELS_R(q5_0r, TQ5_0R)
-MV_KERNELS_R(q4_kr, TQ4_KR)
-MV_KERNELS_R(q6_kr, TQ6_KR)
+MV_KERNELS(q8_0r, TQ8_0R)
+MV_KERNELS(q4_0r, TQ4_0R)
+MV_KERNELS(q5_0r, TQ5_0R)
+MV_KERNELS(q4_kr, TQ4_KR)
+MV_KERNELS(q6_kr, TQ6_KR)
 
 #define MVF_KERNELS(name, F)                                                                       \
     extern "C" __global__ void __launch_bounds__(MV_WARPS * WARP) mv_##name##_t1(const MatvecArgs a) { \
