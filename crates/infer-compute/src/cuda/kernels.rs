@@ -30,6 +30,7 @@ pub(crate) mod names {
     pub const RESIDUAL_NORM: KernelName = KernelName("residual_norm");
     pub const QKV_POST: KernelName = KernelName("qkv_post");
     pub const ATTN_SPLIT: KernelName = KernelName("attn_split");
+    pub const ATTN_SPLIT_QKV: KernelName = KernelName("attn_split_qkv");
     pub const ATTN_COMBINE: KernelName = KernelName("attn_combine");
     pub const EMBED_ROWS: KernelName = KernelName("embed_rows");
     pub const GLU: KernelName = KernelName("glu");
@@ -42,11 +43,12 @@ pub(crate) mod names {
     pub const ATTN_PREFILL_HD256: KernelName = KernelName("attn_prefill_hd256");
 
     /// Every non-mat-vec kernel (loaded when the backend starts).
-    pub const ALL: [KernelName; 14] = [
+    pub const ALL: [KernelName; 15] = [
         QUANTIZE_Q8,
         RESIDUAL_NORM,
         QKV_POST,
         ATTN_SPLIT,
+        ATTN_SPLIT_QKV,
         ATTN_COMBINE,
         EMBED_ROWS,
         GLU,
@@ -228,6 +230,15 @@ pub(crate) struct AttnArgs {
 }
 const _: () = assert!(std::mem::size_of::<AttnArgs>() == 104);
 
+/// Mirror of `AttnQkvArgs`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct AttnQkvArgs {
+    pub at: AttnArgs,
+    pub qk: QkvArgs,
+}
+const _: () = assert!(std::mem::size_of::<AttnQkvArgs>() == 232);
+
 // SAFETY: plain #[repr(C)] structs of integers and floats whose layout
 // matches the CUDA declarations (sizes asserted on both sides); kernels
 // take them by value.
@@ -235,3 +246,4 @@ unsafe impl DeviceRepr for MatvecArgs {}
 unsafe impl DeviceRepr for NormArgs {}
 unsafe impl DeviceRepr for QkvArgs {}
 unsafe impl DeviceRepr for AttnArgs {}
+unsafe impl DeviceRepr for AttnQkvArgs {}

@@ -77,7 +77,13 @@ impl DevWeight {
     /// repacked layout (see `repack.rs`), GGUF rows otherwise.
     fn matrix(dev: &Device, w: &QuantWeight, what: &str) -> Result<Self> {
         if let Some((bytes, stride)) = super::repack::repack_weight(w) {
-            return Ok(DevWeight { ty: w.ty, rows: w.rows, cols: w.cols, buf: dev.upload(&bytes)?, repacked_stride: stride });
+            return Ok(DevWeight {
+                ty: w.ty,
+                rows: w.rows,
+                cols: w.cols,
+                buf: dev.upload(&bytes)?,
+                repacked_stride: stride,
+            });
         }
         Self::new(dev, w, what)
     }
@@ -533,57 +539,51 @@ impl CudaModel {
             }
             mark("matvec attn_qkv", &[&l.wq, &l.wk, &l.wv])?;
             let opt = |s: &Option<CudaSlice<f32>>| s.as_ref().map_or(0, |s| d.ptr(s));
-            ops::qkv_post(
-                d,
-                &QkvArgs {
-                    q: p(&b.q),
-                    k: p(&b.k),
-                    v: p(&b.v),
-                    bq: opt(&l.bq),
-                    bk: opt(&l.bk),
-                    bv: opt(&l.bv),
-                    qn_w: l.q_norm.as_ref().map_or(0, |nn| d.ptr(&nn.w)),
-                    kn_w: l.k_norm.as_ref().map_or(0, |nn| d.ptr(&nn.w)),
-                    kc: d.ptr(&cache.k[li]),
-                    vc: d.ptr(&cache.v[li]),
-                    pos0: pos,
-                    n_head: l.n_head as i32,
-                    n_kv: l.n_kv as i32,
-                    hd: l.hd as i32,
-                    n_rot: l.n_rot as i32,
-                    neox: l.rope_neox as i32,
-                    n_tok: n as i32,
-                    theta_scale: l.theta_scale,
-                    freq_scale: l.freq_scale,
-                    qn_eps: l.q_norm.as_ref().map_or(0.0, |nn| nn.eps),
-                    kn_eps: l.k_norm.as_ref().map_or(0.0, |nn| nn.eps),
-                },
-            )?;
-            mark("qkv bias, q/k norm, rope, kv append", &[])?;
+            let qkv = QkvArgs {
+                q: p(&b.q),
+                k: p(&b.k),
+                v: p(&b.v),
+                bq: opt(&l.bq),
+                bk: opt(&l.bk),
+                bv: opt(&l.bv),
+                qn_w: l.q_norm.as_ref().map_or(0, |nn| d.ptr(&nn.w)),
+                kn_w: l.k_norm.as_ref().map_or(0, |nn| d.ptr(&nn.w)),
+                kc: d.ptr(&cache.k[li]),
+                vc: d.ptr(&cache.v[li]),
+                pos0: pos,
+                n_head: l.n_head as i32,
+                n_kv: l.n_kv as i32,
+                hd: l.hd as i32,
+                n_rot: l.n_rot as i32,
+                neox: l.rope_neox as i32,
+                n_tok: n as i32,
+                theta_scale: l.theta_scale,
+                freq_scale: l.freq_scale,
+                qn_eps: l.q_norm.as_ref().map_or(0.0, |nn| nn.eps),
+                kn_eps: l.k_norm.as_ref().map_or(0.0, |nn| nn.eps),
+            };
             let wo_q8 = ops::wants_q8(l.wo.ty)?;
-            ops::attention(
-                d,
-                &AttnArgs {
-                    q: p(&b.q),
-                    kc: d.ptr(&cache.k[li]),
-                    vc: d.ptr(&cache.v[li]),
-                    part_o: p(&b.part_o),
-                    part_ml: p(&b.part_ml),
-                    out: p(&b.attn),
-                    oq: if wo_q8 { aq } else { 0 },
-                    ods: if wo_q8 { ad } else { 0 },
-                    pos0: pos,
-                    n_head: l.n_head as i32,
-                    n_kv: l.n_kv as i32,
-                    hd: l.hd as i32,
-                    n_split: b.n_split as i32,
-                    window: l.window.map_or(0, |w| w.min(i32::MAX as usize) as i32),
-                    n_tok: n as i32,
-                    scale: l.scale,
-                    softcap: l.softcap.unwrap_or(0.0),
-                },
-            )?;
-            mark("attention", &[])?;
+            let attn = AttnArgs {
+                q: p(&b.q),
+                kc: d.ptr(&cache.k[li]),
+                vc: d.ptr(&cache.v[li]),
+                part_o: p(&b.part_o),
+                part_ml: p(&b.part_ml),
+                out: p(&b.attn),
+                oq: if wo_q8 { aq } else { 0 },
+                ods: if wo_q8 { ad } else { 0 },
+                pos0: pos,
+                n_head: l.n_head as i32,
+                n_kv: l.n_kv as i32,
+                hd: l.hd as i32,
+                n_split: b.n_split as i32,
+                window: l.window.map_or(0, |w| w.min(i32::MAX as usize) as i32),
+                n_tok: n as i32,
+                scale: l.scale,
+                softcap: l.softcap.unwrap_or(0.0),
+            };
+            ops::qkv_attention(d, &qkv, &attn)?;
+            mark("qkv bias, q/k norm, rope, kv append, attention", &[])?;
             if gemm.is_some() {
                 mm(&l.wo, operand(p(&b.attn), l.wo.cols)?, o)?;
             } else {

@@ -7,7 +7,8 @@ use cudarc::driver::{LaunchConfig, PushKernelArg};
 
 use super::device::Device;
 use super::kernels::{
-    self, names, AttnArgs, DevPtr, MatvecArgs, MvMode, NormArgs, QkvArgs, ATTN_MAX_G, ATTN_SPLIT, MV_TOKENS, MV_WARPS,
+    self, names, AttnArgs, AttnQkvArgs, DevPtr, MatvecArgs, MvMode, NormArgs, QkvArgs, ATTN_MAX_G, ATTN_SPLIT,
+    MV_TOKENS, MV_WARPS,
 };
 use crate::error::{Error, Result};
 use crate::GgmlType;
@@ -135,6 +136,37 @@ pub(crate) fn residual_norm(dev: &Device, args: &NormArgs, n_tok: usize) -> Resu
 
 /// Launches the q/k/v post-processing (bias, q/k norm, RoPE, KV append).
 pub(crate) fn qkv_post(dev: &Device, args: &QkvArgs) -> Result<()> {
+    check_qkv_shape(args)?;
+    let blocks = to_u32((args.n_head + args.n_kv) as usize, "heads")?;
+    // 128 threads: QKV_THREADS in rope.cu, which the kernel indexes by.
+    dev.launch(names::QKV_POST, (blocks, to_u32(args.n_tok as usize, "tokens")?, 1), 128, 0, args)
+}
+
+/// The q/k/v post-processing ([`qkv_post`]) and then [`attention`]. For
+/// one token whose query heads per kv head fit one attention block, the
+/// two run as one kernel (`attn_split_qkv`) and the combine;
+/// `INFER_CUDA_FUSE_QKV=0` keeps them apart (to compare).
+pub(crate) fn qkv_attention(dev: &Device, qkv: &QkvArgs, attn: &AttnArgs) -> Result<()> {
+    let (n_head, n_kv, hd) = (attn.n_head as usize, attn.n_kv as usize, attn.hd as usize);
+    let fuse = attn.n_tok == 1
+        && qkv.n_tok == 1
+        && n_kv > 0
+        && n_head / n_kv <= ATTN_MAX_G
+        && std::env::var("INFER_CUDA_FUSE_QKV").map_or(true, |v| v != "0");
+    if !fuse {
+        qkv_post(dev, qkv)?;
+        return attention(dev, attn);
+    }
+    check_qkv_shape(qkv)?;
+    check_attn_shape(n_head, n_kv, hd)?;
+    let smem = ((ATTN_MAX_G * hd + ATTN_MAX_G * ATTN_SPLIT + 3 * hd) * 4) as u32;
+    let args = AttnQkvArgs { at: *attn, qk: *qkv };
+    let grid = (to_u32(n_kv, "kv heads")?, to_u32(attn.n_split as usize, "splits")?, 1);
+    dev.launch(names::ATTN_SPLIT_QKV, grid, 256, smem, &args)?;
+    combine(dev, attn)
+}
+
+fn check_qkv_shape(args: &QkvArgs) -> Result<()> {
     if args.hd as usize > kernels::QKV_MAX_HD || args.n_rot > args.hd {
         return Err(Error::Device(format!(
             "head_dim {} (n_rot {}) exceeds the CUDA limit {}",
@@ -143,9 +175,7 @@ pub(crate) fn qkv_post(dev: &Device, args: &QkvArgs) -> Result<()> {
             kernels::QKV_MAX_HD
         )));
     }
-    let blocks = to_u32((args.n_head + args.n_kv) as usize, "heads")?;
-    // 128 threads: QKV_THREADS in rope.cu, which the kernel indexes by.
-    dev.launch(names::QKV_POST, (blocks, to_u32(args.n_tok as usize, "tokens")?, 1), 128, 0, args)
+    Ok(())
 }
 
 /// Splits needed for a cache of `n_ctx` positions.
@@ -231,13 +261,20 @@ pub(crate) fn attention(dev: &Device, args: &AttnArgs) -> Result<()> {
         smem,
         args,
     )?;
+    combine(dev, args)
+}
+
+/// Merges the splits of [`attention`] (and quantizes the output when
+/// `args.oq` is set).
+fn combine(dev: &Device, args: &AttnArgs) -> Result<()> {
     let mut c = *args;
-    if hd % 32 != 0 {
+    if args.hd % 32 != 0 {
         c.oq = 0;
         c.ods = 0;
     }
-    dev.launch(names::ATTN_COMBINE, (to_u32(n_head, "heads")?, n_tok, 1), 128, 0, &c)?;
-    if hd % 32 != 0 && args.oq != 0 {
+    let grid = (to_u32(args.n_head as usize, "heads")?, to_u32(args.n_tok as usize, "tokens")?, 1);
+    dev.launch(names::ATTN_COMBINE, grid, 128, 0, &c)?;
+    if args.hd % 32 != 0 && args.oq != 0 {
         quantize_attn_out(dev, args)?;
     }
     Ok(())

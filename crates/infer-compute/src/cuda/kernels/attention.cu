@@ -15,32 +15,44 @@
 
 #define ATTN_THREADS 256
 
-extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_split(const AttnArgs a) {
-    PDL_PROLOGUE;
-    extern __shared__ float smem[];
+// Block coordinates of attn_split: kv head g, query heads h0 .. h0 + nh,
+// split s of token t over positions [start, start + len).
+struct AttnBlock {
+    int g, h0, nh, s, t, start, len;
+    size_t ml_base;  // index of (token t, head h0, split s) in part_ml
+};
+
+// Locates this block; false (after marking its heads' partials empty) when
+// its split holds no attended position.
+__device__ __forceinline__ bool attn_block(const AttnArgs& a, AttnBlock& b) {
     const int G = a.n_head / a.n_kv;
     const int n_gc = (G + ATTN_MAX_G - 1) / ATTN_MAX_G;
-    const int g = blockIdx.x / n_gc, gc = blockIdx.x % n_gc;
-    const int h0 = g * G + gc * ATTN_MAX_G;
-    const int nh = min(ATTN_MAX_G, G - gc * ATTN_MAX_G);
-    const int s = blockIdx.y, t = blockIdx.z;
+    b.g = blockIdx.x / n_gc;
+    const int gc = blockIdx.x % n_gc;
+    b.h0 = b.g * G + gc * ATTN_MAX_G;
+    b.nh = min(ATTN_MAX_G, G - gc * ATTN_MAX_G);
+    b.s = blockIdx.y;
+    b.t = blockIdx.z;
+    const int pos = *a.pos0 + b.t;
+    const int first = a.window > 0 ? max(0, pos + 1 - a.window) : 0;
+    b.start = first + b.s * ATTN_SPLIT;
+    const int end = min(b.start + ATTN_SPLIT, pos + 1);
+    b.len = end - b.start;
+    b.ml_base = ((size_t)b.t * a.n_head + b.h0) * a.n_split + b.s;
+    if (b.len <= 0) {
+        if (threadIdx.x < b.nh) a.part_ml[b.ml_base + (size_t)threadIdx.x * a.n_split] = make_float2(NEG_INF, 0.0f);
+        return false;
+    }
+    return true;
+}
+
+// The split's partial softmax-weighted sums for the query heads staged in
+// sq ([nh][hd], shared); sp is [ATTN_MAX_G][ATTN_SPLIT] shared scratch.
+__device__ __forceinline__ void attn_split_body(const AttnArgs& a, const AttnBlock& b, const float* sq, float* sp) {
     const int tid = threadIdx.x, lane = tid % WARP, warp = tid / WARP, n_warps = blockDim.x / WARP;
     const int hd = a.hd, kv_dim = a.n_kv * hd;
-    const int pos = *a.pos0 + t;
-    const int first = a.window > 0 ? max(0, pos + 1 - a.window) : 0;
-    const int start = first + s * ATTN_SPLIT;
-    const int end = min(start + ATTN_SPLIT, pos + 1);
-    const size_t ml_base = ((size_t)t * a.n_head + h0) * a.n_split + s;
-    if (start >= end) {
-        if (tid < nh) a.part_ml[ml_base + (size_t)tid * a.n_split] = make_float2(NEG_INF, 0.0f);
-        return;
-    }
-    const int len = end - start;
-    float* sq = smem;                        // [ATTN_MAX_G][hd]
-    float* sp = smem + ATTN_MAX_G * hd;      // [ATTN_MAX_G][ATTN_SPLIT]
-    const float* q = a.q + ((size_t)t * a.n_head + h0) * hd;
-    for (int i = tid; i < nh * hd; i += blockDim.x) sq[i] = q[i];
-    __syncthreads();
+    const int g = b.g, nh = b.nh, start = b.start, len = b.len;
+    const size_t ml_base = b.ml_base;
 
     // q . k: each warp takes positions warp, warp + n_warps, ... four at a
     // time, so that four key rows are in flight before the arithmetic.
@@ -131,6 +143,95 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_split(const Attn
             if (hh < nh) a.part_o[((ml_base + (size_t)hh * a.n_split)) * hd + d] = acc[hh];
     }
 }
+
+extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_split(const AttnArgs a) {
+    PDL_PROLOGUE;
+    extern __shared__ float smem[];
+    AttnBlock b;
+    if (!attn_block(a, b)) return;
+    float* sq = smem;                        // [ATTN_MAX_G][hd]
+    float* sp = smem + ATTN_MAX_G * a.hd;    // [ATTN_MAX_G][ATTN_SPLIT]
+    const float* q = a.q + ((size_t)b.t * a.n_head + b.h0) * a.hd;
+    for (int i = threadIdx.x; i < b.nh * a.hd; i += blockDim.x) sq[i] = q[i];
+    __syncthreads();
+    attn_split_body(a, b, sq, sp);
+}
+
+// Decode (one token) with qkv_post folded in: each block stages its query
+// heads with bias, q norm and RoPE applied (as qkv_post does, rope.cu), and
+// the block whose split holds the token's position also finishes k and v
+// and appends them to the cache before attending. One query-head chunk per
+// kv head (n_head / n_kv <= ATTN_MAX_G). Shared memory: attn_split's, then
+// k and v [2][hd] and the rotation's cos and sin [hd].
+extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_split_qkv(const AttnQkvArgs args) {
+    PDL_PROLOGUE;
+    extern __shared__ float smem[];
+    const AttnArgs& a = args.at;
+    const QkvArgs& k = args.qk;
+    AttnBlock b;
+    if (!attn_block(a, b)) return;
+    const int hd = a.hd, tid = threadIdx.x, lane = tid % WARP, warp = tid / WARP;
+    const int pos = *a.pos0;
+    const bool append = b.start + b.len == pos + 1;  // the split holding pos
+    float* sq = smem;
+    float* sp = smem + ATTN_MAX_G * hd;
+    float* skv = sp + ATTN_MAX_G * ATTN_SPLIT;  // k at [0, hd), v at [hd, 2 hd)
+    float* srot = skv + 2 * hd;                 // cos at [0, n_rot / 2), sin after
+    const int half = k.n_rot / 2;
+    for (int i = tid; i < b.nh * hd; i += blockDim.x) {
+        const int h = b.h0 + i / hd, d = i % hd;
+        sq[i] = k.q[(size_t)h * hd + d] + (k.bq ? k.bq[h * hd + d] : 0.0f);
+    }
+    if (append) {
+        for (int d = tid; d < hd; d += blockDim.x) {
+            skv[d] = k.k[(size_t)b.g * hd + d] + (k.bk ? k.bk[b.g * hd + d] : 0.0f);
+            skv[hd + d] = k.v[(size_t)b.g * hd + d] + (k.bv ? k.bv[b.g * hd + d] : 0.0f);
+        }
+    }
+    for (int i = tid; i < half; i += blockDim.x) {
+        float theta = (float)pos;
+        for (int m = 0; m < i; ++m) theta *= k.theta_scale;
+        sincosf(k.freq_scale * theta, &srot[half + i], &srot[i]);
+    }
+    __syncthreads();
+    // Per-head RMSNorm: one warp per head (rows 0 .. nh are q heads, row
+    // nh is k when this block appends).
+    const int n_rows = b.nh + (append ? 1 : 0);
+    for (int row = warp; row < n_rows; row += blockDim.x / WARP) {
+        const bool is_k = row == b.nh;
+        const float* nw = is_k ? k.kn_w : k.qn_w;
+        if (!nw) continue;
+        float* x = is_k ? skv : sq + row * hd;
+        float ss = 0.0f;
+        for (int d = lane; d < hd; d += WARP) ss += x[d] * x[d];
+        ss = warp_sum(ss);
+        const float sc = 1.0f / sqrtf(ss / (float)hd + (is_k ? k.kn_eps : k.qn_eps));
+        for (int d = lane; d < hd; d += WARP) x[d] = (x[d] * sc) * nw[d];
+    }
+    __syncthreads();
+    for (int i = tid; i < n_rows * half; i += blockDim.x) {
+        const int row = i / half, p = i % half;
+        float* x = row == b.nh ? skv : sq + row * hd;
+        const int i0 = k.neox ? p : 2 * p;
+        const int i1 = k.neox ? p + half : 2 * p + 1;
+        const float cs = srot[p], sn = srot[half + p];
+        const float x0 = x[i0], x1 = x[i1];
+        x[i0] = x0 * cs - x1 * sn;
+        x[i1] = x0 * sn + x1 * cs;
+    }
+    __syncthreads();
+    if (append) {
+        // Visible to this block's reads of the cache after the barrier.
+        const size_t base = (size_t)pos * a.n_kv * hd + (size_t)b.g * hd;
+        for (int d = tid; d < hd; d += blockDim.x) {
+            k.kc[base + d] = f32_to_f16(skv[d]);
+            k.vc[base + d] = f32_to_f16(skv[hd + d]);
+        }
+        __syncthreads();
+    }
+    attn_split_body(a, b, sq, sp);
+}
+
 
 #define COMBINE_THREADS 128
 

@@ -257,6 +257,13 @@ struct AttnArgs {
 };
 static_assert(sizeof(AttnArgs) == 104, "AttnArgs layout");
 
+// Decode attention with the q/k/v post-processing folded in (attn_split_qkv).
+struct AttnQkvArgs {
+    AttnArgs at;
+    QkvArgs qk;
+};
+static_assert(sizeof(AttnQkvArgs) == 232, "AttnQkvArgs layout");
+
 // Positions per attention split (one block's share of the cache).
 #define ATTN_SPLIT 32
 // Query heads per attention block (heads of one kv group beyond this are
