@@ -78,6 +78,29 @@ impl SimdLevel {
     }
 }
 
+/// The level `INFER_CPU_SIMD` names, if it names one this processor has
+/// (read once per process).
+fn env_level() -> Option<SimdLevel> {
+    static LEVEL: std::sync::OnceLock<Option<SimdLevel>> = std::sync::OnceLock::new();
+    *LEVEL.get_or_init(|| {
+        let wanted = std::env::var("INFER_CPU_SIMD").ok()?;
+        SimdLevel::all_available().into_iter().find(|l| l.name() == wanted)
+    })
+}
+
+/// Whether code that picks its own instruction set from the processor (the
+/// attention and activation loops) may use AVX2 (`wide = false`) or AVX-512
+/// (`wide = true`), the processor permitting: `INFER_CPU_SIMD=scalar` allows
+/// neither, `=avx2` no AVX-512. Their results have the same bits either way;
+/// the cap keeps a scalar run scalar throughout.
+pub(crate) fn env_allows_x86(wide: bool) -> bool {
+    match env_level() {
+        Some(SimdLevel::Scalar) => false,
+        Some(SimdLevel::Avx2) => !wide,
+        _ => true,
+    }
+}
+
 /// Table of row-dot kernels, one per weight type.
 #[derive(Clone, Copy)]
 pub struct Kernels {
@@ -108,10 +131,7 @@ impl Kernels {
     /// `avx512-vnni`, `neon-dotprod`); a level the processor lacks is ignored
     /// and the best available one is used.
     pub fn detect() -> Self {
-        let best = SimdLevel::best_available();
-        let wanted = std::env::var("INFER_CPU_SIMD").ok();
-        let level = wanted.and_then(|w| SimdLevel::all_available().into_iter().find(|l| l.name() == w)).unwrap_or(best);
-        Self::for_level(level)
+        Self::for_level(env_level().unwrap_or_else(SimdLevel::best_available))
     }
 
     /// Kernels for `level`, which must be one of [`SimdLevel::all_available`];

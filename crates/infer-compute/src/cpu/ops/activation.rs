@@ -16,6 +16,8 @@
 //! vector SiLU uses its own `expf` approximation.
 
 use super::exp::exp;
+#[cfg(target_arch = "x86_64")]
+use crate::cpu::kernels::env_allows_x86;
 
 /// `√(2/π)`, ggml's `SQRT_2_OVER_PI`.
 const SQRT_2_OVER_PI: f32 = 0.797_884_6;
@@ -49,7 +51,7 @@ fn map1(x: &mut [f32], f: impl Fn(f32) -> f32 + Copy) {
         each(x, f)
     }
     #[cfg(target_arch = "x86_64")]
-    if std::is_x86_feature_detected!("avx2") {
+    if std::is_x86_feature_detected!("avx2") && env_allows_x86(false) {
         // SAFETY: checked just above.
         return unsafe { each_avx2(x, f) };
     }
@@ -73,7 +75,7 @@ fn map2(a: &[f32], b: &[f32], out: &mut [f32], f: impl Fn(f32, f32) -> f32 + Cop
         each(a, b, out, f)
     }
     #[cfg(target_arch = "x86_64")]
-    if std::is_x86_feature_detected!("avx2") {
+    if std::is_x86_feature_detected!("avx2") && env_allows_x86(false) {
         // SAFETY: checked just above.
         return unsafe { each_avx2(a, b, out, f) };
     }

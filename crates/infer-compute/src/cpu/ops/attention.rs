@@ -27,6 +27,8 @@
 //! The q·k dot and the p·v accumulation are written to vectorize (16
 //! accumulators in the dot, four cache rows per pass in p·v).
 
+#[cfg(target_arch = "x86_64")]
+use crate::cpu::kernels::env_allows_x86;
 use crate::cpu::team::Par;
 
 use super::dot;
@@ -166,14 +168,14 @@ fn attend_head(
     out_h: &mut [f32],
 ) {
     #[cfg(target_arch = "x86_64")]
-    if std::is_x86_feature_detected!("avx512f") {
+    if std::is_x86_feature_detected!("avx512f") && env_allows_x86(true) {
         // SAFETY: the processor supports AVX-512 F, the only feature the
         // function enables.
         unsafe { attend_head_avx512(qh, k_cache, v_cache, h, pos, p, scores, out_h) };
         return;
     }
     #[cfg(target_arch = "x86_64")]
-    if std::is_x86_feature_detected!("avx2") {
+    if std::is_x86_feature_detected!("avx2") && env_allows_x86(false) {
         // SAFETY: the processor supports AVX2, the only feature the
         // function enables.
         unsafe { attend_head_avx2(qh, k_cache, v_cache, h, pos, p, scores, out_h) };
