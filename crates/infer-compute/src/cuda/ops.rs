@@ -169,10 +169,10 @@ pub(crate) fn qkv_attention(dev: &Device, qkv: &QkvArgs, attn: &AttnArgs) -> Res
     }
     check_qkv_shape(qkv)?;
     check_attn_shape(n_head, n_kv, hd)?;
-    let smem = ((ATTN_MAX_G * hd + ATTN_MAX_G * ATTN_SPLIT + 3 * hd) * 4) as u32;
+    let smem = ((ATTN_MAX_G * hd + ATTN_MAX_G * ATTN_SPLIT + pv_reduce_len(hd).max(3 * hd)) * 4) as u32;
     let args = AttnQkvArgs { at: *attn, qk: *qkv };
     let grid = (to_u32(n_kv, "kv heads")?, to_u32(attn.n_split as usize, "splits")?, 1);
-    dev.launch(names::ATTN_SPLIT_QKV, grid, 256, smem, &args)?;
+    dev.launch(names::ATTN_SPLIT_QKV, grid, ATTN_THREADS as u32, smem, &args)?;
     combine(dev, attn)
 }
 
@@ -186,6 +186,21 @@ fn check_qkv_shape(args: &QkvArgs) -> Result<()> {
         )));
     }
     Ok(())
+}
+
+/// Threads of the split-K attention kernels (`ATTN_THREADS`).
+const ATTN_THREADS: usize = 256;
+
+/// Floats of the p·v reduction space of the split-K kernels for head
+/// dimension `hd`: position groups of `hd` threads, one partial per group,
+/// query head and dimension (attention.cu).
+fn pv_reduce_len(hd: usize) -> usize {
+    let n_grp = if hd < ATTN_THREADS { ATTN_THREADS / hd } else { 1 };
+    if n_grp > 1 {
+        n_grp * ATTN_MAX_G * hd
+    } else {
+        0
+    }
 }
 
 /// Splits needed for a cache of `n_ctx` positions.
@@ -262,12 +277,12 @@ pub(crate) fn attention(dev: &Device, args: &AttnArgs) -> Result<()> {
     }
     let g = n_head / n_kv;
     let n_gc = g.div_ceil(ATTN_MAX_G);
-    let smem = ((ATTN_MAX_G * hd + ATTN_MAX_G * ATTN_SPLIT) * 4) as u32;
+    let smem = ((ATTN_MAX_G * hd + ATTN_MAX_G * ATTN_SPLIT + pv_reduce_len(hd)) * 4) as u32;
     let n_tok = to_u32(n_tok, "tokens")?;
     dev.launch(
         names::ATTN_SPLIT,
         (to_u32(n_kv * n_gc, "grid")?, to_u32(args.n_split as usize, "splits")?, n_tok),
-        256,
+        ATTN_THREADS as u32,
         smem,
         args,
     )?;

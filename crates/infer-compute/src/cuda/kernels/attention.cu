@@ -119,19 +119,29 @@ __device__ __forceinline__ void attn_split_body(const AttnArgs& a, const AttnBlo
     }
     __syncthreads();
 
-    // p . v: one thread per dimension; eight value rows loaded before use.
-    for (int d = tid; d < hd; d += blockDim.x) {
+    // p . v: thread (group r, dimension d). With hd < blockDim.x the block
+    // holds n_grp = blockDim.x / hd groups, each over a contiguous slice of
+    // the split's positions, summed through shared memory (after sp) at the
+    // end; each thread loads up to 16 value rows before using them, so a
+    // split of 32 positions takes one or two memory round trips.
+    const int n_grp = hd < (int)blockDim.x ? (int)blockDim.x / hd : 1;
+    const int grp = n_grp > 1 ? tid / hd : 0;
+    const int per = (len + n_grp - 1) / n_grp;
+    const int j0 = min(len, grp * per), j1 = min(len, j0 + per);
+    float* sred = sp + ATTN_MAX_G * ATTN_SPLIT;  // [n_grp][ATTN_MAX_G][hd]
+    const int d_step = n_grp > 1 ? hd : (int)blockDim.x;
+    for (int d = n_grp > 1 ? tid - grp * hd : tid; grp < n_grp && d < hd; d += d_step) {
         float acc[ATTN_MAX_G];
 #pragma unroll
         for (int hh = 0; hh < ATTN_MAX_G; ++hh) acc[hh] = 0.0f;
         const u16* vcol = a.vc + (size_t)start * kv_dim + (size_t)g * hd + d;
-        for (int jb = 0; jb < len; jb += 8) {
-            float v[8];
+        for (int jb = j0; jb < j1; jb += 16) {
+            float v[16];
 #pragma unroll
-            for (int u = 0; u < 8; ++u) v[u] = jb + u < len ? f16_to_f32(vcol[(size_t)(jb + u) * kv_dim]) : 0.0f;
+            for (int u = 0; u < 16; ++u) v[u] = jb + u < j1 ? f16_to_f32(vcol[(size_t)(jb + u) * kv_dim]) : 0.0f;
 #pragma unroll
-            for (int u = 0; u < 8; ++u) {
-                if (jb + u < len) {
+            for (int u = 0; u < 16; ++u) {
+                if (jb + u < j1) {
 #pragma unroll
                     for (int hh = 0; hh < ATTN_MAX_G; ++hh)
                         if (hh < nh) acc[hh] += sp[hh * ATTN_SPLIT + jb + u] * v[u];
@@ -139,8 +149,21 @@ __device__ __forceinline__ void attn_split_body(const AttnArgs& a, const AttnBlo
             }
         }
 #pragma unroll
-        for (int hh = 0; hh < ATTN_MAX_G; ++hh)
-            if (hh < nh) a.part_o[((ml_base + (size_t)hh * a.n_split)) * hd + d] = acc[hh];
+        for (int hh = 0; hh < ATTN_MAX_G; ++hh) {
+            if (hh < nh) {
+                if (n_grp > 1) sred[(grp * ATTN_MAX_G + hh) * hd + d] = acc[hh];
+                else a.part_o[((ml_base + (size_t)hh * a.n_split)) * hd + d] = acc[hh];
+            }
+        }
+    }
+    if (n_grp > 1) {
+        __syncthreads();
+        for (int i = tid; i < nh * hd; i += blockDim.x) {
+            const int hh = i / hd, d = i % hd;
+            float acc = 0.0f;
+            for (int r = 0; r < n_grp; ++r) acc += sred[(r * ATTN_MAX_G + hh) * hd + d];
+            a.part_o[((ml_base + (size_t)hh * a.n_split)) * hd + d] = acc;
+        }
     }
 }
 
@@ -161,8 +184,9 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_split(const Attn
 // heads with bias, q norm and RoPE applied (as qkv_post does, rope.cu), and
 // the block whose split holds the token's position also finishes k and v
 // and appends them to the cache before attending. One query-head chunk per
-// kv head (n_head / n_kv <= ATTN_MAX_G). Shared memory: attn_split's, then
-// k and v [2][hd] and the rotation's cos and sin [hd].
+// kv head (n_head / n_kv <= ATTN_MAX_G). Shared memory: attn_split's, where
+// k and v [2][hd] and the rotation's cos and sin [hd] sit in the p . v
+// reduction's space (done with before it is used).
 extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_split_qkv(const AttnQkvArgs args) {
     PDL_PROLOGUE;
     extern __shared__ float smem[];
