@@ -30,7 +30,9 @@ pub(crate) mod names {
     pub const RESIDUAL_NORM: KernelName = KernelName("residual_norm");
     pub const QKV_POST: KernelName = KernelName("qkv_post");
     pub const ATTN_SPLIT: KernelName = KernelName("attn_split");
+    pub const ATTN_SPLIT_GRP: KernelName = KernelName("attn_split_grp");
     pub const ATTN_SPLIT_QKV: KernelName = KernelName("attn_split_qkv");
+    pub const ATTN_SPLIT_QKV_GRP: KernelName = KernelName("attn_split_qkv_grp");
     pub const ATTN_COMBINE: KernelName = KernelName("attn_combine");
     pub const EMBED_ROWS: KernelName = KernelName("embed_rows");
     pub const GLU: KernelName = KernelName("glu");
@@ -43,12 +45,14 @@ pub(crate) mod names {
     pub const ATTN_PREFILL_HD256: KernelName = KernelName("attn_prefill_hd256");
 
     /// Every non-mat-vec kernel (loaded when the backend starts).
-    pub const ALL: [KernelName; 15] = [
+    pub const ALL: [KernelName; 17] = [
         QUANTIZE_Q8,
         RESIDUAL_NORM,
         QKV_POST,
         ATTN_SPLIT,
+        ATTN_SPLIT_GRP,
         ATTN_SPLIT_QKV,
+        ATTN_SPLIT_QKV_GRP,
         ATTN_COMBINE,
         EMBED_ROWS,
         GLU,

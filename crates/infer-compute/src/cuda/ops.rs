@@ -172,7 +172,8 @@ pub(crate) fn qkv_attention(dev: &Device, qkv: &QkvArgs, attn: &AttnArgs) -> Res
     let smem = ((ATTN_MAX_G * hd + ATTN_MAX_G * ATTN_SPLIT + pv_reduce_len(hd).max(3 * hd)) * 4) as u32;
     let args = AttnQkvArgs { at: *attn, qk: *qkv };
     let grid = (to_u32(n_kv, "kv heads")?, to_u32(attn.n_split as usize, "splits")?, 1);
-    dev.launch(names::ATTN_SPLIT_QKV, grid, ATTN_THREADS as u32, smem, &args)?;
+    let k = if pv_reduce_len(hd) > 0 { names::ATTN_SPLIT_QKV_GRP } else { names::ATTN_SPLIT_QKV };
+    dev.launch(k, grid, ATTN_THREADS as u32, smem, &args)?;
     combine(dev, attn)
 }
 
@@ -193,7 +194,8 @@ const ATTN_THREADS: usize = 256;
 
 /// Floats of the p·v reduction space of the split-K kernels for head
 /// dimension `hd`: position groups of `hd` threads, one partial per group,
-/// query head and dimension (attention.cu).
+/// query head and dimension (attention.cu); 0 where the kernels without
+/// groups (`attn_split`, `attn_split_qkv`) run, for `hd` ≥ 256.
 fn pv_reduce_len(hd: usize) -> usize {
     let n_grp = if hd < ATTN_THREADS { ATTN_THREADS / hd } else { 1 };
     if n_grp > 1 {
@@ -280,7 +282,7 @@ pub(crate) fn attention(dev: &Device, args: &AttnArgs) -> Result<()> {
     let smem = ((ATTN_MAX_G * hd + ATTN_MAX_G * ATTN_SPLIT + pv_reduce_len(hd)) * 4) as u32;
     let n_tok = to_u32(n_tok, "tokens")?;
     dev.launch(
-        names::ATTN_SPLIT,
+        if pv_reduce_len(hd) > 0 { names::ATTN_SPLIT_GRP } else { names::ATTN_SPLIT },
         (to_u32(n_kv * n_gc, "grid")?, to_u32(args.n_split as usize, "splits")?, n_tok),
         ATTN_THREADS as u32,
         smem,

@@ -48,6 +48,7 @@ __device__ __forceinline__ bool attn_block(const AttnArgs& a, AttnBlock& b) {
 
 // The split's partial softmax-weighted sums for the query heads staged in
 // sq ([nh][hd], shared); sp is [ATTN_MAX_G][ATTN_SPLIT] shared scratch.
+template <bool GROUPED>
 __device__ __forceinline__ void attn_split_body(const AttnArgs& a, const AttnBlock& b, const float* sq, float* sp) {
     const int tid = threadIdx.x, lane = tid % WARP, warp = tid / WARP, n_warps = blockDim.x / WARP;
     const int hd = a.hd, kv_dim = a.n_kv * hd;
@@ -119,12 +120,38 @@ __device__ __forceinline__ void attn_split_body(const AttnArgs& a, const AttnBlo
     }
     __syncthreads();
 
+    if (!GROUPED) {
+        // p . v: one thread per dimension; eight value rows loaded before use.
+        for (int d = tid; d < hd; d += blockDim.x) {
+            float acc[ATTN_MAX_G];
+#pragma unroll
+            for (int hh = 0; hh < ATTN_MAX_G; ++hh) acc[hh] = 0.0f;
+            const u16* vcol = a.vc + (size_t)start * kv_dim + (size_t)g * hd + d;
+            for (int jb = 0; jb < len; jb += 8) {
+                float v[8];
+#pragma unroll
+                for (int u = 0; u < 8; ++u) v[u] = jb + u < len ? f16_to_f32(vcol[(size_t)(jb + u) * kv_dim]) : 0.0f;
+#pragma unroll
+                for (int u = 0; u < 8; ++u) {
+                    if (jb + u < len) {
+#pragma unroll
+                        for (int hh = 0; hh < ATTN_MAX_G; ++hh)
+                            if (hh < nh) acc[hh] += sp[hh * ATTN_SPLIT + jb + u] * v[u];
+                    }
+                }
+            }
+#pragma unroll
+            for (int hh = 0; hh < ATTN_MAX_G; ++hh)
+                if (hh < nh) a.part_o[((ml_base + (size_t)hh * a.n_split)) * hd + d] = acc[hh];
+        }
+        return;
+    }
     // p . v: thread (group r, dimension d). With hd < blockDim.x the block
     // holds n_grp = blockDim.x / hd groups, each over a contiguous slice of
     // the split's positions, summed through shared memory (after sp) at the
-    // end. Each thread loads 8 value rows before using them (16 made head
-    // dimension 256 5-8% slower on the H200).
-    const int n_grp = hd < (int)blockDim.x ? (int)blockDim.x / hd : 1;
+    // end, 8 value rows per load batch. Head dimensions of 256 and more keep
+    // the loop above: the grouped code made Gemma 3 (256) 1-3% slower there.
+    const int n_grp = (int)blockDim.x / hd;  // > 1: the host picks GROUPED for hd < 256
     const int grp = n_grp > 1 ? tid / hd : 0;
     const int per = (len + n_grp - 1) / n_grp;
     const int j0 = min(len, grp * per), j1 = min(len, j0 + per);
@@ -167,8 +194,8 @@ __device__ __forceinline__ void attn_split_body(const AttnArgs& a, const AttnBlo
     }
 }
 
-extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_split(const AttnArgs a) {
-    PDL_PROLOGUE;
+template <bool GROUPED>
+__device__ __forceinline__ void attn_split_impl(const AttnArgs& a) {
     extern __shared__ float smem[];
     AttnBlock b;
     if (!attn_block(a, b)) return;
@@ -177,7 +204,18 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_split(const Attn
     const float* q = a.q + ((size_t)b.t * a.n_head + b.h0) * a.hd;
     for (int i = threadIdx.x; i < b.nh * a.hd; i += blockDim.x) sq[i] = q[i];
     __syncthreads();
-    attn_split_body(a, b, sq, sp);
+    attn_split_body<GROUPED>(a, b, sq, sp);
+}
+
+// GROUPED: the p . v of attn_split_body over position groups (hd < 256).
+extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_split(const AttnArgs a) {
+    PDL_PROLOGUE;
+    attn_split_impl<false>(a);
+}
+
+extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_split_grp(const AttnArgs a) {
+    PDL_PROLOGUE;
+    attn_split_impl<true>(a);
 }
 
 // Decode (one token) with qkv_post folded in: each block stages its query
@@ -187,8 +225,8 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_split(const Attn
 // kv head (n_head / n_kv <= ATTN_MAX_G). Shared memory: attn_split's, where
 // k and v [2][hd] and the rotation's cos and sin [hd] sit in the p . v
 // reduction's space (done with before it is used).
-extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_split_qkv(const AttnQkvArgs args) {
-    PDL_PROLOGUE;
+template <bool GROUPED>
+__device__ __forceinline__ void attn_split_qkv_impl(const AttnQkvArgs& args) {
     extern __shared__ float smem[];
     const AttnArgs& a = args.at;
     const QkvArgs& k = args.qk;
@@ -253,7 +291,17 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_split_qkv(const 
         }
         __syncthreads();
     }
-    attn_split_body(a, b, sq, sp);
+    attn_split_body<GROUPED>(a, b, sq, sp);
+}
+
+extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_split_qkv(const AttnQkvArgs args) {
+    PDL_PROLOGUE;
+    attn_split_qkv_impl<false>(args);
+}
+
+extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_split_qkv_grp(const AttnQkvArgs args) {
+    PDL_PROLOGUE;
+    attn_split_qkv_impl<true>(args);
 }
 
 
