@@ -80,8 +80,10 @@ pub fn run(a: RunArgs) -> CliResult {
     };
     if ids.len() >= n_ctx {
         return Err(format!(
-            "the prompt has {} tokens; a context of {n_ctx} positions leaves no room to generate (raise --ctx-size or shorten the prompt)",
-            ids.len()
+            "the prompt has {} token{}; a context of {n_ctx} position{} leaves no room to generate (raise --ctx-size or shorten the prompt)",
+            ids.len(),
+            if ids.len() == 1 { "" } else { "s" },
+            if n_ctx == 1 { "" } else { "s" }
         )
         .into());
     }
