@@ -152,12 +152,8 @@ mod tests {
         match ty {
             GgmlType::Q4_K => {
                 let h = &row[16 * nc + 16 * (c / 8)..16 * nc + 16 * (c / 8) + 16];
-                let (j, s) = (c % 8, &h[4..16]);
-                let (sc, m) = if j < 4 {
-                    (s[j] & 63, s[j + 4] & 63)
-                } else {
-                    ((s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4), (s[j + 4] >> 4) | ((s[j] >> 6) << 4))
-                };
+                let packed: &[u8; 12] = h[4..16].try_into().expect("12 scale bytes");
+                let (sc, m) = crate::quant::k_common::get_scale_min_k4(c % 8, packed);
                 f16(&h[0..2]) * sc as f32 * q as f32 - f16(&h[2..4]) * m as f32
             }
             GgmlType::Q6_K => {

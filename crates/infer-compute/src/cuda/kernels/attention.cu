@@ -46,6 +46,26 @@ __device__ __forceinline__ bool attn_block(const AttnArgs& a, AttnBlock& b) {
     return true;
 }
 
+// acc[hh] += sum over positions j in [j0, j1) of p[hh][j] v[j] for one
+// value column (vcol: position 0 of the split, rows kv_dim apart; p in sp,
+// [ATTN_MAX_G][ATTN_SPLIT]); eight value rows loaded before use.
+__device__ __forceinline__ void pv_accumulate(const u16* vcol, int kv_dim, const float* sp, int nh, int j0, int j1,
+                                              float* acc) {
+    for (int jb = j0; jb < j1; jb += 8) {
+        float v[8];
+#pragma unroll
+        for (int u = 0; u < 8; ++u) v[u] = jb + u < j1 ? f16_to_f32(vcol[(size_t)(jb + u) * kv_dim]) : 0.0f;
+#pragma unroll
+        for (int u = 0; u < 8; ++u) {
+            if (jb + u < j1) {
+#pragma unroll
+                for (int hh = 0; hh < ATTN_MAX_G; ++hh)
+                    if (hh < nh) acc[hh] += sp[hh * ATTN_SPLIT + jb + u] * v[u];
+            }
+        }
+    }
+}
+
 // The split's partial softmax-weighted sums for the query heads staged in
 // sq ([nh][hd], shared); sp is [ATTN_MAX_G][ATTN_SPLIT] shared scratch.
 template <bool GROUPED>
@@ -126,20 +146,7 @@ __device__ __forceinline__ void attn_split_body(const AttnArgs& a, const AttnBlo
             float acc[ATTN_MAX_G];
 #pragma unroll
             for (int hh = 0; hh < ATTN_MAX_G; ++hh) acc[hh] = 0.0f;
-            const u16* vcol = a.vc + (size_t)start * kv_dim + (size_t)g * hd + d;
-            for (int jb = 0; jb < len; jb += 8) {
-                float v[8];
-#pragma unroll
-                for (int u = 0; u < 8; ++u) v[u] = jb + u < len ? f16_to_f32(vcol[(size_t)(jb + u) * kv_dim]) : 0.0f;
-#pragma unroll
-                for (int u = 0; u < 8; ++u) {
-                    if (jb + u < len) {
-#pragma unroll
-                        for (int hh = 0; hh < ATTN_MAX_G; ++hh)
-                            if (hh < nh) acc[hh] += sp[hh * ATTN_SPLIT + jb + u] * v[u];
-                    }
-                }
-            }
+            pv_accumulate(a.vc + (size_t)start * kv_dim + (size_t)g * hd + d, kv_dim, sp, nh, 0, len, acc);
 #pragma unroll
             for (int hh = 0; hh < ATTN_MAX_G; ++hh)
                 if (hh < nh) a.part_o[((ml_base + (size_t)hh * a.n_split)) * hd + d] = acc[hh];
@@ -161,20 +168,7 @@ __device__ __forceinline__ void attn_split_body(const AttnArgs& a, const AttnBlo
         float acc[ATTN_MAX_G];
 #pragma unroll
         for (int hh = 0; hh < ATTN_MAX_G; ++hh) acc[hh] = 0.0f;
-        const u16* vcol = a.vc + (size_t)start * kv_dim + (size_t)g * hd + d;
-        for (int jb = j0; jb < j1; jb += 8) {
-            float v[8];
-#pragma unroll
-            for (int u = 0; u < 8; ++u) v[u] = jb + u < j1 ? f16_to_f32(vcol[(size_t)(jb + u) * kv_dim]) : 0.0f;
-#pragma unroll
-            for (int u = 0; u < 8; ++u) {
-                if (jb + u < j1) {
-#pragma unroll
-                    for (int hh = 0; hh < ATTN_MAX_G; ++hh)
-                        if (hh < nh) acc[hh] += sp[hh * ATTN_SPLIT + jb + u] * v[u];
-                }
-            }
-        }
+        pv_accumulate(a.vc + (size_t)start * kv_dim + (size_t)g * hd + d, kv_dim, sp, nh, j0, j1, acc);
 #pragma unroll
         for (int hh = 0; hh < ATTN_MAX_G; ++hh) {
             if (hh < nh) {
