@@ -97,6 +97,9 @@ pub(super) struct Buffers {
     pub act: CudaSlice<f32>,
     pub part_o: CudaSlice<f32>,
     pub part_ml: CudaSlice<f32>,
+    /// Finished spans per kv head of the one-launch decode attention
+    /// ([`ops::qkv_attention`]); zero between launches.
+    pub attn_count: CudaSlice<i32>,
     pub logits: CudaSlice<f32>,
     /// The device argmax: per-block keys, the blocks' finish counter, the
     /// result (see [`ops::argmax`]).
@@ -149,6 +152,7 @@ impl Buffers {
             act: d.zeros(cap * m.n_ff)?,
             part_o: d.zeros(m.split_k_tokens(cap) * m.heads * n_split * m.hd)?,
             part_ml: d.zeros(m.split_k_tokens(cap) * m.heads * n_split * 2)?,
+            attn_count: d.zeros(m.heads.max(1))?,
             logits: d.zeros(n_vocab)?,
             argmax_part: d.zeros(ops::ARGMAX_BLOCKS)?,
             argmax_count: d.zeros(1)?,

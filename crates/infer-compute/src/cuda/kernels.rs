@@ -8,13 +8,14 @@ use crate::GgmlType;
 
 /// The `.cu` sources, concatenated in this order into one NVRTC program
 /// (NVRTC gets no include path: the header comes first instead).
-pub(crate) const SOURCES: [(&str, &str); 8] = [
+pub(crate) const SOURCES: [(&str, &str); 9] = [
     ("common.cuh", include_str!("kernels/common.cuh")),
     ("quant.cuh", include_str!("kernels/quant.cuh")),
     ("matvec.cu", include_str!("kernels/matvec.cu")),
     ("norm.cu", include_str!("kernels/norm.cu")),
     ("rope.cu", include_str!("kernels/rope.cu")),
     ("attention.cu", include_str!("kernels/attention.cu")),
+    ("attention_decode.cu", include_str!("kernels/attention_decode.cu")),
     ("attention_prefill.cu", include_str!("kernels/attention_prefill.cu")),
     ("elementwise.cu", include_str!("kernels/elementwise.cu")),
 ];
@@ -34,6 +35,9 @@ pub(crate) mod names {
     pub const ATTN_SPLIT_QKV: KernelName = KernelName("attn_split_qkv");
     pub const ATTN_SPLIT_QKV_GRP: KernelName = KernelName("attn_split_qkv_grp");
     pub const ATTN_COMBINE: KernelName = KernelName("attn_combine");
+    pub const ATTN_DECODE_HD64: KernelName = KernelName("attn_decode_hd64");
+    pub const ATTN_DECODE_HD128: KernelName = KernelName("attn_decode_hd128");
+    pub const ATTN_DECODE_HD256: KernelName = KernelName("attn_decode_hd256");
     pub const EMBED_ROWS: KernelName = KernelName("embed_rows");
     pub const GLU: KernelName = KernelName("glu");
     pub const ACT_INPLACE: KernelName = KernelName("act_inplace");
@@ -45,7 +49,7 @@ pub(crate) mod names {
     pub const ATTN_PREFILL_HD256: KernelName = KernelName("attn_prefill_hd256");
 
     /// Every non-mat-vec kernel (loaded when the backend starts).
-    pub const ALL: [KernelName; 17] = [
+    pub const ALL: [KernelName; 20] = [
         QUANTIZE_Q8,
         RESIDUAL_NORM,
         QKV_POST,
@@ -54,6 +58,9 @@ pub(crate) mod names {
         ATTN_SPLIT_QKV,
         ATTN_SPLIT_QKV_GRP,
         ATTN_COMBINE,
+        ATTN_DECODE_HD64,
+        ATTN_DECODE_HD128,
+        ATTN_DECODE_HD256,
         EMBED_ROWS,
         GLU,
         ACT_INPLACE,
@@ -160,8 +167,10 @@ pub(crate) struct MatvecArgs {
     pub n_tok: i32,
     pub mode: i32,
     pub cap: f32,
+    pub prefetch: i32,
+    pub pad_: i32,
 }
-const _: () = assert!(std::mem::size_of::<MatvecArgs>() == 104);
+const _: () = assert!(std::mem::size_of::<MatvecArgs>() == 112);
 
 /// Mirror of `NormArgs`.
 #[repr(C)]
@@ -240,8 +249,9 @@ const _: () = assert!(std::mem::size_of::<AttnArgs>() == 104);
 pub(crate) struct AttnQkvArgs {
     pub at: AttnArgs,
     pub qk: QkvArgs,
+    pub count: DevPtr,
 }
-const _: () = assert!(std::mem::size_of::<AttnQkvArgs>() == 232);
+const _: () = assert!(std::mem::size_of::<AttnQkvArgs>() == 240);
 
 // SAFETY: plain #[repr(C)] structs of integers and floats whose layout
 // matches the CUDA declarations (sizes asserted on both sides); kernels

@@ -225,7 +225,10 @@ impl CudaBackend {
 
     /// Decode attention of one query `q: [n_head, head_dim]` at `pos`
     /// against f32 caches `[n_ctx, n_head_kv, head_dim]` (stored as f16 on
-    /// the device, as the pipeline's cache is), with the pipeline's kernels.
+    /// the device, as the pipeline's cache is), with the pipeline's kernels:
+    /// the decode step's q/k/v post-processing and attention with no bias,
+    /// norm or rotation, whose KV append stores row `pos` of the caches
+    /// again (into the device copy).
     ///
     /// # Errors
     /// Shape mismatches; device errors.
@@ -279,7 +282,26 @@ impl CudaBackend {
             scale,
             softcap: softcap.unwrap_or(0.0),
         };
-        ops::attention(d, &args)?;
+        let row = pos * kv_dim..(pos + 1) * kv_dim;
+        let kn = self.upload_f32(&k_cache[row.clone()])?;
+        let vn = self.upload_f32(&v_cache[row])?;
+        let count = d.zeros::<i32>(n_head_kv)?;
+        let qkv = QkvArgs {
+            q: d.ptr(&qb),
+            k: d.ptr(&kn),
+            v: d.ptr(&vn),
+            kc: d.ptr(&kb),
+            vc: d.ptr(&vb),
+            pos0: d.ptr(&posb),
+            n_head: n_head as i32,
+            n_kv: n_head_kv as i32,
+            hd: head_dim as i32,
+            n_tok: 1,
+            theta_scale: 1.0,
+            freq_scale: 1.0,
+            ..Default::default()
+        };
+        ops::qkv_attention(d, &qkv, &args, d.ptr(&count))?;
         self.read_f32(&out, q.len())
     }
 

@@ -582,7 +582,7 @@ impl CudaModel {
                 scale: l.scale,
                 softcap: l.softcap.unwrap_or(0.0),
             };
-            ops::qkv_attention(d, &qkv, &attn)?;
+            ops::qkv_attention(d, &qkv, &attn, d.ptr(&b.attn_count))?;
             mark("qkv bias, q/k norm, rope, kv append, attention", &[])?;
             if gemm.is_some() {
                 mm(&l.wo, operand(p(&b.attn), l.wo.cols)?, o)?;

@@ -118,10 +118,20 @@ pub(crate) fn matvec(dev: &Device, m: &Matvec) -> Result<()> {
         n_tok: to_i32(m.n_tok, "tokens")?,
         mode: m.mode as i32,
         cap: m.cap,
+        prefetch: i32::from(m.n_tok == 1 && prefetch_enabled()),
+        pad_: 0,
     };
     let (name, gy) = if m.n_tok == 1 { (k.t1, 1) } else { (k.t8, m.n_tok.div_ceil(MV_TOKENS)) };
     let gx = total.div_ceil(MV_WARPS as usize);
     dev.launch(name, (to_u32(gx, "grid")?, to_u32(gy, "grid")?, 1), MV_WARPS * 32, 0, &args)
+}
+
+/// Whether one-token mat-vecs prefetch their weight rows into L2 before
+/// waiting for the previous kernel (matvec.cu, `mv_prefetch`).
+/// `INFER_CUDA_PREFETCH=0` turns it off (to compare).
+fn prefetch_enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("INFER_CUDA_PREFETCH").map_or(true, |v| v != "0"))
 }
 
 /// Launches the fused residual add + norm (+ quantize) over `n_tok` rows.
@@ -142,22 +152,36 @@ pub(crate) fn qkv_post(dev: &Device, args: &QkvArgs) -> Result<()> {
     dev.launch(names::QKV_POST, (blocks, to_u32(args.n_tok as usize, "tokens")?, 1), 128, 0, args)
 }
 
-/// The q/k/v post-processing ([`qkv_post`]) and then [`attention`]. For
-/// one token with several kv heads whose query heads each fit one
-/// attention block, the two run as one kernel (`attn_split_qkv`) and the
-/// combine. With a single kv head the fused kernel would redo the
+/// The q/k/v post-processing ([`qkv_post`]) and then [`attention`].
+///
+/// One token whose head dimension is 64, 128 or 256, with at most
+/// [`ATTN_MAX_G`] query heads per kv head, runs all of it as one kernel
+/// (`attn_decode_hd*`, attention_decode.cu), which needs `count`: `n_kv`
+/// zeroed ints that it leaves zeroed. `INFER_CUDA_ATTN_DECODE=0` turns it
+/// off (to compare). Otherwise, for one token with several kv heads, the
+/// post-processing runs inside the split kernel (`attn_split_qkv`), then
+/// the combine. With a single kv head that fusion redid the
 /// post-processing of every query head serially in each of its few blocks,
-/// where `qkv_post` spreads it over a block per head: on the H200 the
-/// fusion was 3% faster on Gemma 3 4B (4 kv heads), 1% on Llama 1B (8), and
-/// 1–2% slower on Gemma 3 270M and 1B (1). `INFER_CUDA_FUSE_QKV=0` keeps
-/// them apart, `=1` fuses whenever the shape allows (to compare).
-pub(crate) fn qkv_attention(dev: &Device, qkv: &QkvArgs, attn: &AttnArgs) -> Result<()> {
+/// where `qkv_post` spreads it over a block per head: on the H200 it was
+/// 3% faster on Gemma 3 4B (4 kv heads), 1% on Llama 1B (8), and 1–2%
+/// slower on Gemma 3 270M and 1B (1). `INFER_CUDA_FUSE_QKV=0` keeps them
+/// apart, `=1` fuses whenever the shape allows (to compare).
+pub(crate) fn qkv_attention(dev: &Device, qkv: &QkvArgs, attn: &AttnArgs, count: DevPtr) -> Result<()> {
     let (n_head, n_kv, hd) = (attn.n_head as usize, attn.n_kv as usize, attn.hd as usize);
+    let one = attn.n_tok == 1 && qkv.n_tok == 1 && n_kv > 0 && n_head / n_kv <= ATTN_MAX_G;
+    if let Some(k) = decode_kernel(hd).filter(|_| one && count != 0 && decode_enabled()) {
+        check_qkv_shape(qkv)?;
+        check_attn_shape(n_head, n_kv, hd)?;
+        // attention_decode.cu: q [G][hd], logits [G][span], new k and v
+        // [2][hd], rotation [hd], span (max, sum) [G] as f32; values
+        // [span][hd] as f16.
+        let floats = ATTN_MAX_G * hd + ATTN_MAX_G * ATTN_SPLIT + 3 * hd + 2 * ATTN_MAX_G;
+        let smem = (floats * 4 + ATTN_SPLIT * hd * 2) as u32;
+        let grid = (to_u32(n_kv, "kv heads")?, to_u32(attn.n_split as usize, "splits")?, 1);
+        return dev.launch(k, grid, ATTN_THREADS as u32, smem, &AttnQkvArgs { at: *attn, qk: *qkv, count });
+    }
     let setting = std::env::var("INFER_CUDA_FUSE_QKV").ok();
-    let fuse = attn.n_tok == 1
-        && qkv.n_tok == 1
-        && n_kv > 0
-        && n_head / n_kv <= ATTN_MAX_G
+    let fuse = one
         && match setting.as_deref() {
             Some("0") => false,
             Some("1") => true,
@@ -170,11 +194,26 @@ pub(crate) fn qkv_attention(dev: &Device, qkv: &QkvArgs, attn: &AttnArgs) -> Res
     check_qkv_shape(qkv)?;
     check_attn_shape(n_head, n_kv, hd)?;
     let smem = ((ATTN_MAX_G * hd + ATTN_MAX_G * ATTN_SPLIT + pv_reduce_len(hd).max(3 * hd)) * 4) as u32;
-    let args = AttnQkvArgs { at: *attn, qk: *qkv };
+    let args = AttnQkvArgs { at: *attn, qk: *qkv, count: 0 };
     let grid = (to_u32(n_kv, "kv heads")?, to_u32(attn.n_split as usize, "splits")?, 1);
     let k = if pv_reduce_len(hd) > 0 { names::ATTN_SPLIT_QKV_GRP } else { names::ATTN_SPLIT_QKV };
     dev.launch(k, grid, ATTN_THREADS as u32, smem, &args)?;
     combine(dev, attn)
+}
+
+/// The one-launch decode attention kernel for head dimension `hd`.
+fn decode_kernel(hd: usize) -> Option<kernels::KernelName> {
+    match hd {
+        64 => Some(names::ATTN_DECODE_HD64),
+        128 => Some(names::ATTN_DECODE_HD128),
+        256 => Some(names::ATTN_DECODE_HD256),
+        _ => None,
+    }
+}
+
+fn decode_enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("INFER_CUDA_ATTN_DECODE").map_or(true, |v| v != "0"))
 }
 
 fn check_qkv_shape(args: &QkvArgs) -> Result<()> {

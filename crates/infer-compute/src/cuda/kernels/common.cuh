@@ -43,6 +43,20 @@ __device__ __forceinline__ void pdl_trigger() {
     pdl_wait();      \
     pdl_trigger()
 
+// Asks L2 for `bytes` bytes at p (a hint: no data moves into registers).
+// Called by lane 0 of a warp on sm_90+ (one bulk prefetch of the 16-byte
+// aligned middle of the range), by every lane before (one line each).
+__device__ __forceinline__ void prefetch_l2(const void* p, int bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (threadIdx.x % 32 != 0) return;
+    const u64 lo = ((u64)p + 15) & ~(u64)15, hi = ((u64)p + (u64)bytes) & ~(u64)15;
+    if (hi > lo) asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(lo), "r"((u32)(hi - lo)) : "memory");
+#else
+    for (int o = (threadIdx.x % 32) * 128; o < bytes; o += 32 * 128)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"((const char*)p + o));
+#endif
+}
+
 // ---------------------------------------------------------------------------
 // Floating-point conversions (PTX cvt; round to nearest even).
 
@@ -191,8 +205,10 @@ struct MatvecArgs {
     int n_tok;           // tokens (activation rows)
     int mode;            // MV_STORE, MV_GLU_GELU, MV_GLU_SILU, MV_SOFTCAP
     float cap;           // soft-cap c for MV_SOFTCAP
+    int prefetch;        // 1: one-token kernels ask L2 for their rows before pdl_wait
+    int pad_;
 };
-static_assert(sizeof(MatvecArgs) == 104, "MatvecArgs layout");
+static_assert(sizeof(MatvecArgs) == 112, "MatvecArgs layout");
 
 #define MV_STORE 0
 #define MV_GLU_GELU 1
@@ -257,12 +273,14 @@ struct AttnArgs {
 };
 static_assert(sizeof(AttnArgs) == 104, "AttnArgs layout");
 
-// Decode attention with the q/k/v post-processing folded in (attn_split_qkv).
+// Decode attention with the q/k/v post-processing folded in (attn_split_qkv,
+// attn_decode_hd*).
 struct AttnQkvArgs {
     AttnArgs at;
     QkvArgs qk;
+    int* count;          // attn_decode: [n_kv] finished spans, zero between launches
 };
-static_assert(sizeof(AttnQkvArgs) == 232, "AttnQkvArgs layout");
+static_assert(sizeof(AttnQkvArgs) == 240, "AttnQkvArgs layout");
 
 // Positions per attention split (one block's share of the cache).
 #define ATTN_SPLIT 32

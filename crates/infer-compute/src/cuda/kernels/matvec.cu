@@ -136,6 +136,18 @@ __device__ __forceinline__ void matvec_q1(const MatvecArgs& a) {
     mv_store<1>(a, seg, r, 0, 1, &acc, &acc2, glu);
 }
 
+// Weights do not depend on the kernel before this one: before waiting for
+// it (PDL), each warp of a one-token launch asks L2 for its row(s), so that
+// the weight stream overlaps that kernel instead of following it.
+__device__ __forceinline__ void mv_prefetch(const MatvecArgs& a) {
+    const bool glu = a.mode == MV_GLU_GELU || a.mode == MV_GLU_SILU;
+    int seg, r;
+    if (!a.prefetch || !mv_row(a, glu, seg, r)) return;
+    const u8* wbase = seg == 0 ? a.w[0] : seg == 1 ? a.w[1] : a.w[2];
+    prefetch_l2(wbase + (size_t)r * a.row_bytes, a.row_bytes);
+    if (glu) prefetch_l2(a.w[1] + (size_t)r * a.row_bytes, a.row_bytes);
+}
+
 // Float weights (F32, F16, BF16) against the f32 activation.
 struct FF32 { static __device__ __forceinline__ float at(const u8* row, int k) { return ((const float*)row)[k]; } };
 struct FF16 { static __device__ __forceinline__ float at(const u8* row, int k) { return f16_to_f32(((const u16*)row)[k]); } };
@@ -172,6 +184,7 @@ __device__ __forceinline__ void matvec_f(const MatvecArgs& a) {
 
 #define MV_KERNELS(name, T)                                                                        \
     extern "C" __global__ void __launch_bounds__(MV_WARPS * WARP) mv_##name##_t1(const MatvecArgs a) { \
+        mv_prefetch(a);                                                                            \
         PDL_PROLOGUE;                                                                              \
         matvec_q1<T>(a);                                                                        \
     }                                                                                              \
@@ -199,6 +212,7 @@ MV_KERNELS(q6_kr, TQ6_KR)
 
 #define MVF_KERNELS(name, F)                                                                       \
     extern "C" __global__ void __launch_bounds__(MV_WARPS * WARP) mv_##name##_t1(const MatvecArgs a) { \
+        mv_prefetch(a);                                                                            \
         PDL_PROLOGUE;                                                                              \
         matvec_f<F, 1>(a);                                                                         \
     }                                                                                              \
