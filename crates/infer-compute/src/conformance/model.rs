@@ -41,14 +41,21 @@ fn norm(rng: &mut Rng, n: usize) -> Norm {
 /// A 3-layer random model of `arch` (n_embd 256, 4 heads over 2 KV heads of
 /// 64, n_ff 512, 384 tokens) with a different mix of weight types per layer.
 pub fn random_model(seed: u64, arch: Arch) -> ModelSpec {
-    random_model_heads(seed, arch, 4, 2, 64)
+    random_model_heads(seed, arch, 256, 4, 2, 64)
 }
 
-/// [`random_model`] with `n_head` query heads over `n_head_kv` KV heads of
-/// `head_dim` values.
-pub fn random_model_heads(seed: u64, arch: Arch, n_head: usize, n_head_kv: usize, head_dim: usize) -> ModelSpec {
+/// [`random_model`] with `n_embd` values per token and `n_head` query
+/// heads over `n_head_kv` KV heads of `head_dim` values.
+pub fn random_model_heads(
+    seed: u64,
+    arch: Arch,
+    n_embd: usize,
+    n_head: usize,
+    n_head_kv: usize,
+    head_dim: usize,
+) -> ModelSpec {
     let mut rng = Rng::new(seed);
-    let (e, nh, nkv, hd, n_ff, vocab) = (256usize, n_head, n_head_kv, head_dim, 512usize, 384usize);
+    let (e, nh, nkv, hd, n_ff, vocab) = (n_embd, n_head, n_head_kv, head_dim, 512usize, 384usize);
     let gemma = arch != Arch::LlamaBias;
     use GgmlType as T;
     // Per layer: wq, wk, wv, wo, gate, up, down.
@@ -191,7 +198,7 @@ fn prefill_case(b: &dyn ComputeBackend, arch: Arch) -> Result<Outcome, String> {
 /// over 2 to 4 query heads per KV head.
 fn long_prefill_case(b: &dyn ComputeBackend, arch: Arch) -> Result<Outcome, String> {
     for (seed, nh, nkv, hd) in [(20, 4, 2, 64), (21, 8, 2, 128), (22, 4, 1, 256)] {
-        let spec = random_model_heads(seed, arch, nh, nkv, hd);
+        let spec = random_model_heads(seed, arch, 256, nh, nkv, hd);
         let mut m = match prepare(b, &spec)? {
             Ok(m) => m,
             Err(skip) => return Ok(skip),
@@ -210,6 +217,31 @@ fn long_prefill_case(b: &dyn ComputeBackend, arch: Arch) -> Result<Outcome, Stri
         m.prefill(kv.as_mut(), &toks[..30], 0).map_err(err("prefill chunk 1"))?;
         let got = m.prefill(kv.as_mut(), &toks[30..], 30).map_err(err("prefill chunk 2"))?.to_vec();
         check_logits(&what("prefill in chunks of 30 and 40"), &got, &want)?;
+    }
+    Ok(Outcome::Pass(String::new()))
+}
+
+/// Decodes of 70 tokens, every step against the reference: attention over
+/// several of a GPU backend's 32-position spans (the sliding window of 5
+/// far behind), head dimensions 64, 128 and 256 with 1 to 8 query heads
+/// per KV head, and rows of 256 and 768 values (norms in registers or
+/// streamed by a small block).
+fn long_decode_case(b: &dyn ComputeBackend, arch: Arch) -> Result<Outcome, String> {
+    for (seed, e, nh, nkv, hd) in [(30, 256, 4, 2, 64), (31, 768, 8, 2, 128), (32, 768, 4, 1, 256), (33, 256, 16, 2, 64)]
+    {
+        let spec = random_model_heads(seed, arch, e, nh, nkv, hd);
+        let mut m = match prepare(b, &spec)? {
+            Ok(m) => m,
+            Err(skip) => return Ok(skip),
+        };
+        let mut r = reference().prepare(&spec).map_err(err("reference"))?;
+        let toks = tokens(seed, 70, spec.n_vocab);
+        let (mut kv, mut rkv) = (m.new_kv_cache(80).map_err(err("kv"))?, r.new_kv_cache(80).map_err(err("kv"))?);
+        for (pos, &t) in toks.iter().enumerate() {
+            let got = m.decode_token(kv.as_mut(), t, pos).map_err(err("decode_token"))?.to_vec();
+            let want = r.decode_token(rkv.as_mut(), t, pos).map_err(err("reference"))?;
+            check_logits(&format!("n_embd {e}, head_dim {hd}, {nh}/{nkv} heads: pos {pos}"), &got, want)?;
+        }
     }
     Ok(Outcome::Pass(String::new()))
 }
@@ -445,6 +477,7 @@ pub fn cases() -> Vec<Case> {
         v.push(Case::new(&format!("model::{name}::decode"), move |b| decode_case(b, arch)));
         v.push(Case::new(&format!("model::{name}::prefill"), move |b| prefill_case(b, arch)));
         v.push(Case::new(&format!("model::{name}::long_prefill"), move |b| long_prefill_case(b, arch)));
+        v.push(Case::new(&format!("model::{name}::long_decode"), move |b| long_decode_case(b, arch)));
     }
     v.push(Case::new("model::decode_batch", batch_case));
     v.push(Case::new("model::truncate", truncate_case));

@@ -75,7 +75,6 @@ __device__ __forceinline__ void attn_decode_impl(const AttnQkvArgs& args) {
     float* srot = skv + 2 * HD;              // cos at [0, n_rot / 2), sin after
     float2* sml = (float2*)(srot + HD);      // [G] (max, sum) of the span
     u16* sv = (u16*)(sml + ATTN_MAX_G);      // [ATTN_SPLIT][HD] values
-    __shared__ int s_last;
 
     // ---- Independent of the previous kernel (before pdl_wait).
     const int pos = *a.pos0;
@@ -216,16 +215,8 @@ __device__ __forceinline__ void attn_decode_impl(const AttnQkvArgs& args) {
     if (n_active == 1) return;
 
     // ---- The last block of kv head g merges the spans.
-    __threadfence();
-    __syncthreads();
-    if (tid == 0) {
-        int* count = args.count + g;
-        s_last = atomicAdd(count, 1) == n_active - 1;
-        if (s_last) *count = 0;
-    }
-    __syncthreads();
-    if (!s_last) return;
-    __threadfence();
+    __shared__ int s_last;
+    if (!last_block(args.count + g, n_active, s_last)) return;
     for (int hh = tid / HD; hh < G; hh += HSTEP) {
         const size_t ml = (size_t)(h0 + hh) * a.n_split;
         float m = NEG_INF;

@@ -58,6 +58,32 @@ __device__ __forceinline__ void prefetch_l2(const void* p, int bytes) {
 }
 
 // ---------------------------------------------------------------------------
+// Grid tickets: the last of n blocks to finish does the work that needs all
+// of them (merging split-K partial sums, a final reduction), instead of a
+// second launch.
+// Every thread of the block calls it after its global writes; it returns
+// true in the last block, which then sees every block's writes (read them
+// with __ldcg) and has re-armed *count to 0 for the next launch. One
+// release atomic per block (not __threadfence() in every thread, which is
+// a MEMBAR.SC.GPU each). s_last: an int of shared memory.
+
+__device__ __forceinline__ bool last_block(int* count, int n, int& s_last) {
+    __syncthreads();  // the block's writes happen before thread 0's release
+    if (threadIdx.x == 0) {
+        int old;
+        asm volatile("atom.add.release.gpu.s32 %0, [%1], 1;" : "=r"(old) : "l"(count) : "memory");
+        const bool last = old == n - 1;
+        if (last) {
+            asm volatile("fence.acq_rel.gpu;" ::: "memory");
+            *count = 0;
+        }
+        s_last = last;
+    }
+    __syncthreads();
+    return s_last;
+}
+
+// ---------------------------------------------------------------------------
 // Floating-point conversions (PTX cvt; round to nearest even).
 
 __device__ __forceinline__ float f16_to_f32(u16 h) {

@@ -154,29 +154,20 @@ extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS) argmax_logits(const
                                                                              u32* count, u64* out) {
     PDL_PROLOGUE;
     __shared__ u64 red[ARGMAX_THREADS / WARP];
-    __shared__ bool last;
     u64 k = 0;
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
         const u64 c = argmax_key(x[i], i);
         k = c > k ? c : k;
     }
     k = block_max_u64(k, red);
-    if (threadIdx.x == 0) {
-        part[blockIdx.x] = k;
-        __threadfence();
-        last = atomicAdd(count, 1u) == gridDim.x - 1;
-    }
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
+    if (threadIdx.x == 0) part[blockIdx.x] = k;
+    __shared__ int s_last;
+    if (!last_block((int*)count, gridDim.x, s_last)) return;
     u64 m = 0;
     for (int b = threadIdx.x; b < (int)gridDim.x; b += blockDim.x) {
         const u64 c = __ldcg(part + b);
         m = c > m ? c : m;
     }
     m = block_max_u64(m, red);
-    if (threadIdx.x == 0) {
-        *out = m;
-        *count = 0;
-    }
+    if (threadIdx.x == 0) *out = m;
 }
