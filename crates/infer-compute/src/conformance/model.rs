@@ -227,7 +227,8 @@ fn long_prefill_case(b: &dyn ComputeBackend, arch: Arch) -> Result<Outcome, Stri
 /// per KV head, and rows of 256 and 768 values (norms in registers or
 /// streamed by a small block).
 fn long_decode_case(b: &dyn ComputeBackend, arch: Arch) -> Result<Outcome, String> {
-    for (seed, e, nh, nkv, hd) in [(30, 256, 4, 2, 64), (31, 768, 8, 2, 128), (32, 768, 4, 1, 256), (33, 256, 16, 2, 64)]
+    for (seed, e, nh, nkv, hd) in
+        [(30, 256, 4, 2, 64), (31, 768, 8, 2, 128), (32, 768, 4, 1, 256), (33, 256, 16, 2, 64)]
     {
         let spec = random_model_heads(seed, arch, e, nh, nkv, hd);
         let mut m = match prepare(b, &spec)? {
