@@ -2,11 +2,14 @@
 //! llama.cpp: the tiny synthetic models of `testdata/synth-<arch>/` (see
 //! `arch_logits.rs`, which holds the CPU backend to the same references),
 //! decoded token by token by teacher forcing and prefilled in one batch,
-//! under the quantized path's bounds of the real models.
+//! under the quantized path's bounds of the real models; and the real
+//! models of `testdata/<model>/` (see `model_logits.rs`): teacher forcing
+//! and greedy generation.
 //!
 //! Without a CUDA device every test is reported as ignored, with the
 //! reason; `INFER_REQUIRE_CUDA=1` turns that into a failure.
 
+mod real_refs;
 mod synth_refs;
 
 use infer_compute::cuda::CudaBackend;
@@ -66,6 +69,54 @@ fn prefill_matches_llama_cpp_last_logits_on_every_architecture() {
     assert!(failures.is_empty(), "prefill out of bounds:\n{}", failures.join("\n"));
 }
 
+/// The real models of `testdata/<model>/logits/` (fetched and cached on
+/// first use) against llama.cpp on the quantized file, by teacher forcing,
+/// under the CPU quantized path's bounds (`model_logits.rs`).
+fn real_models_match_llama_cpp_logits() {
+    let backend = CudaBackend::new(0).expect("CUDA backend");
+    let mut failures = vec![];
+    let mut checked = 0;
+    for name in real_refs::models() {
+        let cases = real_refs::cases(&name, "logits");
+        if cases.is_empty() {
+            continue;
+        }
+        let mut model = backend.prepare(&real_refs::load_spec(&name)).unwrap_or_else(|e| panic!("{name}: {e}"));
+        for case in cases {
+            let a = teacher_force(model.as_mut(), &case).expect("teacher forcing");
+            println!("{name} cuda {}: {}", case.name, a.summary());
+            checked += 1;
+            if !real_refs::within_quantized_bounds(&a) {
+                failures.push(format!("{name} {}: {}", case.name, a.summary()));
+            }
+        }
+    }
+    assert!(checked > 0, "no quantized reference cases");
+    assert!(failures.is_empty(), "out of bounds:\n{}", failures.join("\n"));
+}
+
+/// Greedy generation of the real models reproduces llama.cpp's greedy
+/// tokens up to the first near-tie: a reference margin within 0.5, the
+/// CPU quantized path's bound (`model_logits.rs` says why).
+fn real_models_greedy_matches_llama_cpp_up_to_the_first_near_tie() {
+    let backend = CudaBackend::new(0).expect("CUDA backend");
+    let mut compared = 0;
+    for name in real_refs::models() {
+        let cases = real_refs::cases(&name, "logits");
+        if cases.is_empty() {
+            continue;
+        }
+        let mut model = backend.prepare(&real_refs::load_spec(&name)).unwrap_or_else(|e| panic!("{name}: {e}"));
+        for case in cases {
+            let equal = real_refs::greedy_up_to_first_near_tie(model.as_mut(), &case, 0.5)
+                .unwrap_or_else(|e| panic!("{name} {}: {e}", case.name));
+            println!("{name} cuda {}: {equal} of {} greedy tokens equal", case.name, case.greedy.len());
+            compared += equal;
+        }
+    }
+    assert!(compared > 0, "no greedy tokens compared");
+}
+
 #[path = "../../infer-compute/tests/support/gpu_tests.rs"]
 mod gpu_tests;
 
@@ -74,6 +125,11 @@ fn main() {
         (
             "decode_matches_llama_cpp_logits_on_every_architecture",
             decode_matches_llama_cpp_logits_on_every_architecture,
+        ),
+        ("real_models_match_llama_cpp_logits", real_models_match_llama_cpp_logits),
+        (
+            "real_models_greedy_matches_llama_cpp_up_to_the_first_near_tie",
+            real_models_greedy_matches_llama_cpp_up_to_the_first_near_tie,
         ),
         (
             "prefill_matches_llama_cpp_last_logits_on_every_architecture",

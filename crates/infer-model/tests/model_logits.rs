@@ -26,68 +26,18 @@
 //!
 //! `INFER_TESTDATA` replaces the `testdata/` directory.
 
-use std::path::PathBuf;
+mod real_refs;
 
 use infer_compute::cpu::{CpuBackend, Kernels, Precision};
 use infer_compute::{ComputeBackend, DeviceModel};
-use infer_model::gguf::GgufFile;
-use infer_model::reference::{teacher_force, ReferenceCase, DECISIVE_MARGIN};
-
-fn testdata() -> PathBuf {
-    std::env::var_os("INFER_TESTDATA")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../testdata")))
-}
-
-/// The model directories present in testdata, by registry name. A
-/// directory with `logits/` that names no known model fails the test (it
-/// could not be checked); `synth-*` directories hold synthetic models'
-/// references, which `arch_logits.rs` checks.
-fn models() -> Vec<String> {
-    let root = testdata();
-    let mut names = vec![];
-    let entries = std::fs::read_dir(&root).unwrap_or_else(|e| panic!("{}: {e}", root.display()));
-    for e in entries.flatten() {
-        let name = e.file_name().to_string_lossy().into_owned();
-        if name.starts_with("synth-") || !e.path().join("logits").is_dir() && !e.path().join("logits-f32").is_dir() {
-            continue;
-        }
-        assert!(
-            infer_model::fetch::find_model(&name).is_some(),
-            "testdata/{name} has reference logits but names no known model ({})",
-            infer_model::fetch::known_names()
-        );
-        names.push(name);
-    }
-    names.sort();
-    assert!(!names.is_empty(), "no model directories with reference logits in {}", root.display());
-    names
-}
-
-fn load_model(name: &str) -> GgufFile {
-    let path = infer_model::fetch::ensure_model(name).unwrap_or_else(|e| panic!("model {name}: {e}"));
-    GgufFile::open(&path).unwrap_or_else(|e| panic!("open {}: {e}", path.display()))
-}
+use infer_model::reference::{teacher_force, DECISIVE_MARGIN};
+use real_refs::{cases, greedy_up_to_first_near_tie, load_spec, models, within_quantized_bounds};
 
 fn prepare(name: &str, precision: Precision) -> Box<dyn DeviceModel> {
-    let gguf = load_model(name);
-    let spec = infer_model::model::load_spec(&gguf).unwrap_or_else(|e| panic!("{name}: spec: {e}"));
+    let spec = load_spec(name);
     let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
     let cpu = CpuBackend::with_options(threads, Kernels::detect(), precision).expect("CPU backend");
     cpu.prepare(&spec).unwrap_or_else(|e| panic!("{name}: prepare: {e}"))
-}
-
-/// The cases of `model/sub`, or none when that directory is absent (said in
-/// the output).
-fn cases(model: &str, sub: &str) -> Vec<ReferenceCase> {
-    let dir = testdata().join(model).join(sub);
-    if !dir.is_dir() {
-        println!("{model}: no {sub}/ reference, not checked");
-        return vec![];
-    }
-    let cases = ReferenceCase::load_dir(&dir).unwrap_or_else(|e| panic!("reference cases in {}: {e}", dir.display()));
-    assert!(!cases.is_empty(), "no reference cases in {}", dir.display());
-    cases
 }
 
 #[test]
@@ -132,13 +82,7 @@ fn quantized_path_matches_llama_cpp_logits() {
             let a = teacher_force(model.as_mut(), &case).expect("teacher forcing");
             println!("{name} quant {}: {}", case.name, a.summary());
             checked += 1;
-            let ok = a.top1_rate() >= 0.95
-                && a.min_overlap >= 14
-                && a.mean_overlap >= 18.0
-                && a.max_abs_diff <= 2.5
-                && a.median_mean_abs_diff() <= 0.3
-                && a.last_cosine_centered.is_none_or(|c| c >= 0.997);
-            if !ok {
+            if !within_quantized_bounds(&a) {
                 failures.push(format!("{name} {}: {}", case.name, a.summary()));
             }
         }
@@ -147,10 +91,9 @@ fn quantized_path_matches_llama_cpp_logits() {
     assert!(failures.is_empty(), "quantized path out of bounds:\n{}", failures.join("\n"));
 }
 
-/// Greedy generation reproduces llama.cpp's greedy tokens (`greedy` in
-/// `pNN.json`) up to the first near-tie: the tokens agree until they first
-/// differ, and where they differ the reference's top two logits are within
-/// `tie`. Returns how many tokens were compared.
+/// Greedy generation reproduces llama.cpp's greedy tokens up to the first
+/// near-tie (a reference margin within `tie`; see
+/// [`greedy_up_to_first_near_tie`]). Returns how many tokens were compared.
 fn greedy_matches(precision: Precision, sub: &str, tie: f32) -> usize {
     let mut compared = 0;
     for name in models() {
@@ -160,28 +103,8 @@ fn greedy_matches(precision: Precision, sub: &str, tie: f32) -> usize {
         }
         let mut model = prepare(&name, precision);
         for case in cases {
-            let n = case.prompt_ids.len() + case.greedy.len();
-            let mut kv = model.new_kv_cache(n).unwrap();
-            let mut logits = model.prefill(kv.as_mut(), &case.prompt_ids, 0).unwrap().to_vec();
-            let mut reference_top = case.prompt_top.last().expect("prompt_top");
-            let mut equal = 0;
-            for (j, step) in case.greedy.iter().enumerate() {
-                let ours = infer_model::sampling::argmax(&logits).expect("finite logits");
-                if ours != step.id {
-                    let margin = reference_top.logits[0] - reference_top.logits[1];
-                    assert!(
-                        margin <= tie,
-                        "{name} {sub} {}: greedy step {j} gives {ours}, llama.cpp {} ({:?}) with margin {margin}",
-                        case.name,
-                        step.id,
-                        step.piece
-                    );
-                    break;
-                }
-                equal += 1;
-                logits = model.decode_token(kv.as_mut(), step.id, case.prompt_ids.len() + j).unwrap().to_vec();
-                reference_top = &step.next_top;
-            }
+            let equal = greedy_up_to_first_near_tie(model.as_mut(), &case, tie)
+                .unwrap_or_else(|e| panic!("{name} {sub} {}: {e}", case.name));
             let end = if equal == case.greedy.len() { "all" } else { "then a near-tie" };
             println!("{name} {sub} {}: {equal} of {} greedy tokens equal ({end})", case.name, case.greedy.len());
             compared += equal;
@@ -245,8 +168,7 @@ fn prefill_equals_token_by_token_decode() {
 #[test]
 fn context_overflow_is_an_error_not_a_wrap() {
     for name in models() {
-        let gguf = load_model(&name);
-        let spec = infer_model::model::load_spec(&gguf).expect("spec");
+        let spec = load_spec(&name);
         let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
         let cpu = CpuBackend::with_options(threads, Kernels::detect(), Precision::Quantized).expect("CPU backend");
         let mut model = cpu.prepare(&spec).expect("prepare");
