@@ -180,13 +180,7 @@ pub(crate) fn qkv_attention(dev: &Device, qkv: &QkvArgs, attn: &AttnArgs, count:
         let grid = (to_u32(n_kv, "kv heads")?, to_u32(attn.n_split as usize, "splits")?, 1);
         return dev.launch(k, grid, ATTN_THREADS as u32, smem, &AttnQkvArgs { at: *attn, qk: *qkv, count });
     }
-    let setting = std::env::var("INFER_CUDA_FUSE_QKV").ok();
-    let fuse = one
-        && match setting.as_deref() {
-            Some("0") => false,
-            Some("1") => true,
-            _ => n_kv >= 2,
-        };
+    let fuse = one && fuse_qkv_setting().unwrap_or(n_kv >= 2);
     if !fuse {
         qkv_post(dev, qkv)?;
         return attention(dev, attn);
@@ -209,6 +203,17 @@ fn decode_kernel(hd: usize) -> Option<kernels::KernelName> {
         256 => Some(names::ATTN_DECODE_HD256),
         _ => None,
     }
+}
+
+/// `INFER_CUDA_FUSE_QKV`: `0` → `Some(false)`, `1` → `Some(true)`, else
+/// `None` (the shape decides).
+fn fuse_qkv_setting() -> Option<bool> {
+    static SETTING: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
+    *SETTING.get_or_init(|| match std::env::var("INFER_CUDA_FUSE_QKV").as_deref() {
+        Ok("0") => Some(false),
+        Ok("1") => Some(true),
+        _ => None,
+    })
 }
 
 fn decode_enabled() -> bool {
