@@ -19,13 +19,20 @@ typedef unsigned long long u64;
 
 // ---------------------------------------------------------------------------
 // Programmatic dependent launch (sm_90+; see `Device::launch`). Every kernel
-// begins with PDL_PROLOGUE, before any memory access:
+// runs PDL_PROLOGUE before it touches memory that the kernel just before
+// it may write:
 //   pdl_wait():    blocks until the grid launched before this one on the
 //                  stream has completed and its memory is visible (returns
 //                  at once for a plain launch);
 //   pdl_trigger(): lets the next grid be scheduled now; its blocks then
 //                  wait in their own pdl_wait(), so this changes only when
 //                  they are launched, never what they see.
+// A kernel runs only once the grid before it has passed its own pdl_wait
+// (in every kernel some block waits before it triggers or exits), so every
+// grid before that one has completed: what they wrote (weights,
+// the position written before the step, KV-cache rows of earlier steps)
+// may be read before pdl_wait. The one-token mat-vecs prefetch their
+// weight rows and attn_decode loads its cache span there.
 
 __device__ __forceinline__ void pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
