@@ -70,27 +70,21 @@ fn prefill_matches_llama_cpp_last_logits_on_every_architecture() {
 }
 
 /// The real models of `testdata/<model>/logits/` (fetched and cached on
-/// first use) against llama.cpp on the quantized file, by teacher forcing,
-/// under the CPU quantized path's bounds (`model_logits.rs`).
+/// first use) on CUDA.
+fn prepare_real(backend: &CudaBackend, name: &str) -> Box<dyn DeviceModel> {
+    backend.prepare(&real_refs::load_spec(name)).unwrap_or_else(|e| panic!("{name}: {e}"))
+}
+
+/// The real models against llama.cpp on the quantized file, by teacher
+/// forcing, under the CPU quantized path's bounds (`model_logits.rs`).
 fn real_models_match_llama_cpp_logits() {
     let backend = CudaBackend::new(0).expect("CUDA backend");
-    let mut failures = vec![];
-    let mut checked = 0;
-    for name in real_refs::models() {
-        let cases = real_refs::cases(&name, "logits");
-        if cases.is_empty() {
-            continue;
-        }
-        let mut model = backend.prepare(&real_refs::load_spec(&name)).unwrap_or_else(|e| panic!("{name}: {e}"));
-        for case in cases {
-            let a = teacher_force(model.as_mut(), &case).expect("teacher forcing");
-            println!("{name} cuda {}: {}", case.name, a.summary());
-            checked += 1;
-            if !real_refs::within_quantized_bounds(&a) {
-                failures.push(format!("{name} {}: {}", case.name, a.summary()));
-            }
-        }
-    }
+    let (checked, failures) = real_refs::teacher_force_all(
+        "logits",
+        "cuda",
+        |name| prepare_real(&backend, name),
+        real_refs::within_quantized_bounds,
+    );
     assert!(checked > 0, "no quantized reference cases");
     assert!(failures.is_empty(), "out of bounds:\n{}", failures.join("\n"));
 }
@@ -100,20 +94,7 @@ fn real_models_match_llama_cpp_logits() {
 /// CPU quantized path's bound (`model_logits.rs` says why).
 fn real_models_greedy_matches_llama_cpp_up_to_the_first_near_tie() {
     let backend = CudaBackend::new(0).expect("CUDA backend");
-    let mut compared = 0;
-    for name in real_refs::models() {
-        let cases = real_refs::cases(&name, "logits");
-        if cases.is_empty() {
-            continue;
-        }
-        let mut model = backend.prepare(&real_refs::load_spec(&name)).unwrap_or_else(|e| panic!("{name}: {e}"));
-        for case in cases {
-            let equal = real_refs::greedy_up_to_first_near_tie(model.as_mut(), &case, 0.5)
-                .unwrap_or_else(|e| panic!("{name} {}: {e}", case.name));
-            println!("{name} cuda {}: {equal} of {} greedy tokens equal", case.name, case.greedy.len());
-            compared += equal;
-        }
-    }
+    let compared = real_refs::greedy_all("logits", "cuda", 0.5, |name| prepare_real(&backend, name));
     assert!(compared > 0, "no greedy tokens compared");
 }
 

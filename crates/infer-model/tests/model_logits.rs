@@ -30,8 +30,8 @@ mod real_refs;
 
 use infer_compute::cpu::{CpuBackend, Kernels, Precision};
 use infer_compute::{ComputeBackend, DeviceModel};
-use infer_model::reference::{teacher_force, DECISIVE_MARGIN};
-use real_refs::{cases, greedy_up_to_first_near_tie, load_spec, models, within_quantized_bounds};
+use infer_model::reference::DECISIVE_MARGIN;
+use real_refs::{cases, greedy_all, load_spec, models, teacher_force_all, within_quantized_bounds};
 
 fn prepare(name: &str, precision: Precision) -> Box<dyn DeviceModel> {
     let spec = load_spec(name);
@@ -42,75 +42,34 @@ fn prepare(name: &str, precision: Precision) -> Box<dyn DeviceModel> {
 
 #[test]
 fn exact_mode_matches_llama_cpp_f32_logits() {
-    let mut failures = vec![];
-    let mut checked = 0;
-    for name in models() {
-        let cases = cases(&name, "logits-f32");
-        if cases.is_empty() {
-            continue;
-        }
-        let mut model = prepare(&name, Precision::Exact);
-        for case in cases {
-            let a = teacher_force(model.as_mut(), &case).expect("teacher forcing");
-            println!("{name} exact {}: {}", case.name, a.summary());
-            checked += 1;
-            let ok = a.top1_agree == a.decisive
+    let (checked, failures) = teacher_force_all(
+        "logits-f32",
+        "exact",
+        |name| prepare(name, Precision::Exact),
+        |a| {
+            a.top1_agree == a.decisive
                 && a.min_overlap >= 18
                 && a.max_abs_diff <= 0.1
                 && a.last_cosine.is_none_or(|c| c >= 0.99999)
-                && a.last_cosine_centered.is_none_or(|c| c >= 0.99999);
-            if !ok {
-                failures.push(format!("{name} {}: {}", case.name, a.summary()));
-            }
-        }
-    }
+                && a.last_cosine_centered.is_none_or(|c| c >= 0.99999)
+        },
+    );
     assert!(checked > 0, "no exact-mode reference cases");
     assert!(failures.is_empty(), "exact mode out of bounds:\n{}", failures.join("\n"));
 }
 
 #[test]
 fn quantized_path_matches_llama_cpp_logits() {
-    let mut failures = vec![];
-    let mut checked = 0;
-    for name in models() {
-        let cases = cases(&name, "logits");
-        if cases.is_empty() {
-            continue;
-        }
-        let mut model = prepare(&name, Precision::Quantized);
-        for case in cases {
-            let a = teacher_force(model.as_mut(), &case).expect("teacher forcing");
-            println!("{name} quant {}: {}", case.name, a.summary());
-            checked += 1;
-            if !within_quantized_bounds(&a) {
-                failures.push(format!("{name} {}: {}", case.name, a.summary()));
-            }
-        }
-    }
+    let (checked, failures) =
+        teacher_force_all("logits", "quant", |name| prepare(name, Precision::Quantized), within_quantized_bounds);
     assert!(checked > 0, "no quantized reference cases");
     assert!(failures.is_empty(), "quantized path out of bounds:\n{}", failures.join("\n"));
 }
 
-/// Greedy generation reproduces llama.cpp's greedy tokens up to the first
-/// near-tie (a reference margin within `tie`; see
-/// [`greedy_up_to_first_near_tie`]). Returns how many tokens were compared.
+/// Greedy generation on the CPU backend at `precision` against the
+/// references of `sub` (see [`greedy_all`]).
 fn greedy_matches(precision: Precision, sub: &str, tie: f32) -> usize {
-    let mut compared = 0;
-    for name in models() {
-        let cases = cases(&name, sub);
-        if cases.is_empty() {
-            continue;
-        }
-        let mut model = prepare(&name, precision);
-        for case in cases {
-            let equal = greedy_up_to_first_near_tie(model.as_mut(), &case, tie)
-                .unwrap_or_else(|e| panic!("{name} {sub} {}: {e}", case.name));
-            let end = if equal == case.greedy.len() { "all" } else { "then a near-tie" };
-            println!("{name} {sub} {}: {equal} of {} greedy tokens equal ({end})", case.name, case.greedy.len());
-            compared += equal;
-        }
-    }
-    compared
+    greedy_all(sub, sub, tie, |name| prepare(name, precision))
 }
 
 /// The exact mode against llama.cpp on the F32 weights: a near-tie is a

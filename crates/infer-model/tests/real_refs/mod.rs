@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use infer_compute::pipeline::ModelSpec;
 use infer_compute::DeviceModel;
 use infer_model::gguf::GgufFile;
-use infer_model::reference::{Agreement, ReferenceCase};
+use infer_model::reference::{teacher_force, Agreement, ReferenceCase};
 
 /// `INFER_TESTDATA`, or the repository's `testdata/`.
 pub fn testdata() -> PathBuf {
@@ -77,15 +77,65 @@ pub fn within_quantized_bounds(a: &Agreement) -> bool {
         && a.last_cosine_centered.is_none_or(|c| c >= 0.997)
 }
 
+/// Teacher forcing of every case of `sub` (`logits` or `logits-f32`) on
+/// the model `prepare` makes of each model name, each summary printed
+/// under `label`: the count of cases checked and a line for each case
+/// outside `ok`.
+pub fn teacher_force_all(
+    sub: &str,
+    label: &str,
+    mut prepare: impl FnMut(&str) -> Box<dyn DeviceModel>,
+    ok: impl Fn(&Agreement) -> bool,
+) -> (usize, Vec<String>) {
+    let mut failures = vec![];
+    let mut checked = 0;
+    for name in models() {
+        let cases = cases(&name, sub);
+        if cases.is_empty() {
+            continue;
+        }
+        let mut model = prepare(&name);
+        for case in cases {
+            let a = teacher_force(model.as_mut(), &case).expect("teacher forcing");
+            println!("{name} {label} {}: {}", case.name, a.summary());
+            checked += 1;
+            if !ok(&a) {
+                failures.push(format!("{name} {}: {}", case.name, a.summary()));
+            }
+        }
+    }
+    (checked, failures)
+}
+
+/// Greedy generation of every case of `sub` on the model `prepare` makes
+/// of each model name reproduces llama.cpp's greedy tokens up to the first
+/// near-tie (a reference margin within `tie`; see
+/// [`greedy_up_to_first_near_tie`]); panics otherwise. Returns how many
+/// tokens were compared.
+pub fn greedy_all(sub: &str, label: &str, tie: f32, mut prepare: impl FnMut(&str) -> Box<dyn DeviceModel>) -> usize {
+    let mut compared = 0;
+    for name in models() {
+        let cases = cases(&name, sub);
+        if cases.is_empty() {
+            continue;
+        }
+        let mut model = prepare(&name);
+        for case in cases {
+            let equal = greedy_up_to_first_near_tie(model.as_mut(), &case, tie)
+                .unwrap_or_else(|e| panic!("{name} {label} {}: {e}", case.name));
+            let end = if equal == case.greedy.len() { "all" } else { "then a near-tie" };
+            println!("{name} {label} {}: {equal} of {} greedy tokens equal ({end})", case.name, case.greedy.len());
+            compared += equal;
+        }
+    }
+    compared
+}
+
 /// Greedy generation of `case` on `model` against llama.cpp's greedy
 /// tokens (`greedy` in `pNN.json`): the count of equal tokens before the
 /// first difference, or an error when, where they first differ, the
 /// reference's top two logits are more than `tie` apart.
-pub fn greedy_up_to_first_near_tie(
-    model: &mut dyn DeviceModel,
-    case: &ReferenceCase,
-    tie: f32,
-) -> Result<usize, String> {
+fn greedy_up_to_first_near_tie(model: &mut dyn DeviceModel, case: &ReferenceCase, tie: f32) -> Result<usize, String> {
     let n = case.prompt_ids.len() + case.greedy.len();
     let mut kv = model.new_kv_cache(n).map_err(|e| e.to_string())?;
     let mut logits = model.prefill(kv.as_mut(), &case.prompt_ids, 0).map_err(|e| e.to_string())?.to_vec();
