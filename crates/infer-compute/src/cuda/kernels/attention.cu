@@ -226,56 +226,15 @@ __device__ __forceinline__ void attn_split_qkv_impl(const AttnQkvArgs& args) {
     const QkvArgs& k = args.qk;
     AttnBlock b;
     if (!attn_block(a, b)) return;
-    const int hd = a.hd, tid = threadIdx.x, lane = tid % WARP, warp = tid / WARP;
+    const int hd = a.hd, tid = threadIdx.x;
     const int pos = *a.pos0;
     const bool append = b.start + b.len == pos + 1;  // the split holding pos
     float* sq = smem;
     float* sp = smem + ATTN_MAX_G * hd;
     float* skv = sp + ATTN_MAX_G * ATTN_SPLIT;  // k at [0, hd), v at [hd, 2 hd)
     float* srot = skv + 2 * hd;                 // cos at [0, n_rot / 2), sin after
-    const int half = k.n_rot / 2;
-    for (int i = tid; i < b.nh * hd; i += blockDim.x) {
-        const int h = b.h0 + i / hd, d = i % hd;
-        sq[i] = k.q[(size_t)h * hd + d] + (k.bq ? k.bq[h * hd + d] : 0.0f);
-    }
-    if (append) {
-        for (int d = tid; d < hd; d += blockDim.x) {
-            skv[d] = k.k[(size_t)b.g * hd + d] + (k.bk ? k.bk[b.g * hd + d] : 0.0f);
-            skv[hd + d] = k.v[(size_t)b.g * hd + d] + (k.bv ? k.bv[b.g * hd + d] : 0.0f);
-        }
-    }
-    for (int i = tid; i < half; i += blockDim.x) {
-        float theta = (float)pos;
-        for (int m = 0; m < i; ++m) theta *= k.theta_scale;
-        sincosf(k.freq_scale * theta, &srot[half + i], &srot[i]);
-    }
-    __syncthreads();
-    // Per-head RMSNorm: one warp per head (rows 0 .. nh are q heads, row
-    // nh is k when this block appends).
-    const int n_rows = b.nh + (append ? 1 : 0);
-    for (int row = warp; row < n_rows; row += blockDim.x / WARP) {
-        const bool is_k = row == b.nh;
-        const float* nw = is_k ? k.kn_w : k.qn_w;
-        if (!nw) continue;
-        float* x = is_k ? skv : sq + row * hd;
-        float ss = 0.0f;
-        for (int d = lane; d < hd; d += WARP) ss += x[d] * x[d];
-        ss = warp_sum(ss);
-        const float sc = 1.0f / sqrtf(ss / (float)hd + (is_k ? k.kn_eps : k.qn_eps));
-        for (int d = lane; d < hd; d += WARP) x[d] = (x[d] * sc) * nw[d];
-    }
-    __syncthreads();
-    for (int i = tid; i < n_rows * half; i += blockDim.x) {
-        const int row = i / half, p = i % half;
-        float* x = row == b.nh ? skv : sq + row * hd;
-        const int i0 = k.neox ? p : 2 * p;
-        const int i1 = k.neox ? p + half : 2 * p + 1;
-        const float cs = srot[p], sn = srot[half + p];
-        const float x0 = x[i0], x1 = x[i1];
-        x[i0] = x0 * cs - x1 * sn;
-        x[i1] = x0 * sn + x1 * cs;
-    }
-    __syncthreads();
+    rope_table(k, pos, srot);
+    qkv_stage(k, b.h0, b.nh, b.g, append, hd, sq, skv, srot);
     if (append) {
         // Visible to this block's reads of the cache after the barrier.
         const size_t base = (size_t)pos * a.n_kv * hd + (size_t)b.g * hd;

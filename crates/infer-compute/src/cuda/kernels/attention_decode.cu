@@ -94,52 +94,14 @@ __device__ __forceinline__ void attn_decode_impl(const AttnQkvArgs& args) {
         kr[i] = cached ? *(const uint4*)(a.kc + at) : make_uint4(0, 0, 0, 0);
         vr[i] = cached ? *(const uint4*)(a.vc + at) : make_uint4(0, 0, 0, 0);
     }
-    const int half = k.n_rot / 2;
-    for (int i = tid; i < half; i += blockDim.x) {
-        float theta = (float)pos;
-        for (int m = 0; m < i; ++m) theta *= k.theta_scale;
-        sincosf(k.freq_scale * theta, &srot[half + i], &srot[i]);
-    }
+    rope_table(k, pos, srot);
     PDL_PROLOGUE;
 
-    // ---- q (and on the last span the new k, v) with bias, norm, RoPE.
-    for (int i = tid; i < G * HD; i += blockDim.x) {
-        const int h = h0 + i / HD, d = i % HD;
-        sq[i] = k.q[(size_t)h * HD + d] + (k.bq ? k.bq[h * HD + d] : 0.0f);
-    }
-    if (append) {
-        for (int d = tid; d < HD; d += blockDim.x) {
-            skv[d] = k.k[(size_t)g * HD + d] + (k.bk ? k.bk[g * HD + d] : 0.0f);
-            skv[HD + d] = k.v[(size_t)g * HD + d] + (k.bv ? k.bv[g * HD + d] : 0.0f);
-        }
-    }
+    // ---- q (and on the last span the new k, v) with bias, norm, RoPE;
+    // the span's values into shared memory meanwhile.
 #pragma unroll
     for (int i = 0; i < S::CH; ++i) *(uint4*)(sv + (j0 + i * S::PSTEP) * HD + dc * 8) = vr[i];
-    __syncthreads();
-    const int n_rows = G + (append ? 1 : 0);  // row G: the new k
-    for (int row = warp; row < n_rows; row += blockDim.x / WARP) {
-        const bool is_k = row == G;
-        const float* nw = is_k ? k.kn_w : k.qn_w;
-        if (!nw) continue;
-        float* x = is_k ? skv : sq + row * HD;
-        float ss = 0.0f;
-        for (int d = lane; d < HD; d += WARP) ss += x[d] * x[d];
-        ss = warp_sum(ss);
-        const float sc = 1.0f / sqrtf(ss / (float)HD + (is_k ? k.kn_eps : k.qn_eps));
-        for (int d = lane; d < HD; d += WARP) x[d] = (x[d] * sc) * nw[d];
-    }
-    __syncthreads();
-    for (int i = tid; i < n_rows * half; i += blockDim.x) {
-        const int row = i / half, p = i % half;
-        float* x = row == G ? skv : sq + row * HD;
-        const int i0 = k.neox ? p : 2 * p;
-        const int i1 = k.neox ? p + half : 2 * p + 1;
-        const float cs = srot[p], sn = srot[half + p];
-        const float x0 = x[i0], x1 = x[i1];
-        x[i0] = x0 * cs - x1 * sn;
-        x[i1] = x0 * sn + x1 * cs;
-    }
-    __syncthreads();
+    qkv_stage(k, h0, G, g, append, HD, sq, skv, srot);
     if (append) {
         const size_t base = (size_t)pos * kv_dim + (size_t)g * HD;
         const int jn = pos - start;

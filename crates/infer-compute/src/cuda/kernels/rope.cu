@@ -82,3 +82,63 @@ extern "C" __global__ void __launch_bounds__(QKV_THREADS) qkv_post(const QkvArgs
         }
     }
 }
+
+// The same post-processing inside a decode attention block (attn_split_qkv,
+// attn_decode_hd*), on rows staged in shared memory.
+
+// cos and sin of the angles of position pos into srot (cos at
+// [0, n_rot / 2), sin after), by qkv_post's recurrence.
+__device__ __forceinline__ void rope_table(const QkvArgs& k, int pos, float* srot) {
+    const int half = k.n_rot / 2;
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+        float theta = (float)pos;
+        for (int m = 0; m < i; ++m) theta *= k.theta_scale;
+        sincosf(k.freq_scale * theta, &srot[half + i], &srot[i]);
+    }
+}
+
+// Stages query heads h0 .. h0 + nh of token 0 into sq ([nh][hd]) and, with
+// `with_kv`, kv head g's new k and v into skv ([2][hd]), with bias,
+// per-head RMSNorm of q and k (one warp per row) and RoPE from srot
+// (rope_table, written before the call and ordered by the first barrier
+// here). Ends with a barrier: every thread may read the rows afterwards.
+__device__ __forceinline__ void qkv_stage(const QkvArgs& k, int h0, int nh, int g, bool with_kv, int hd, float* sq,
+                                          float* skv, const float* srot) {
+    const int tid = threadIdx.x, lane = tid % WARP, warp = tid / WARP;
+    for (int i = tid; i < nh * hd; i += blockDim.x) {
+        const int h = h0 + i / hd, d = i % hd;
+        sq[i] = k.q[(size_t)h * hd + d] + (k.bq ? k.bq[h * hd + d] : 0.0f);
+    }
+    if (with_kv) {
+        for (int d = tid; d < hd; d += blockDim.x) {
+            skv[d] = k.k[(size_t)g * hd + d] + (k.bk ? k.bk[g * hd + d] : 0.0f);
+            skv[hd + d] = k.v[(size_t)g * hd + d] + (k.bv ? k.bv[g * hd + d] : 0.0f);
+        }
+    }
+    __syncthreads();
+    const int n_rows = nh + (with_kv ? 1 : 0);  // row nh: the new k
+    for (int row = warp; row < n_rows; row += blockDim.x / WARP) {
+        const bool is_k = row == nh;
+        const float* nw = is_k ? k.kn_w : k.qn_w;
+        if (!nw) continue;
+        float* x = is_k ? skv : sq + row * hd;
+        float ss = 0.0f;
+        for (int d = lane; d < hd; d += WARP) ss += x[d] * x[d];
+        ss = warp_sum(ss);
+        const float sc = 1.0f / sqrtf(ss / (float)hd + (is_k ? k.kn_eps : k.qn_eps));
+        for (int d = lane; d < hd; d += WARP) x[d] = (x[d] * sc) * nw[d];
+    }
+    __syncthreads();
+    const int half = k.n_rot / 2;
+    for (int i = tid; i < n_rows * half; i += blockDim.x) {
+        const int row = i / half, p = i % half;
+        float* x = row == nh ? skv : sq + row * hd;
+        const int i0 = k.neox ? p : 2 * p;
+        const int i1 = k.neox ? p + half : 2 * p + 1;
+        const float cs = srot[p], sn = srot[half + p];
+        const float x0 = x[i0], x1 = x[i1];
+        x[i0] = x0 * cs - x1 * sn;
+        x[i1] = x0 * sn + x1 * cs;
+    }
+    __syncthreads();
+}
