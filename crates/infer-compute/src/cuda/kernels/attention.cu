@@ -15,6 +15,17 @@
 
 #define ATTN_THREADS 256
 
+// First position a query at `pos` attends to (its sliding window's start).
+__device__ __forceinline__ int attn_first(const AttnArgs& a, int pos) {
+    return a.window > 0 ? max(0, pos + 1 - a.window) : 0;
+}
+
+// Spans of ATTN_SPLIT positions that hold attended positions of a query
+// at `pos` (the first ones of the grid's a.n_split).
+__device__ __forceinline__ int attn_spans(const AttnArgs& a, int pos) {
+    return min(a.n_split, (pos - attn_first(a, pos)) / ATTN_SPLIT + 1);
+}
+
 // Block coordinates of attn_split: kv head g, query heads h0 .. h0 + nh,
 // split s of token t over positions [start, start + len).
 struct AttnBlock {
@@ -34,7 +45,7 @@ __device__ __forceinline__ bool attn_block(const AttnArgs& a, AttnBlock& b) {
     b.s = blockIdx.y;
     b.t = blockIdx.z;
     const int pos = *a.pos0 + b.t;
-    const int first = a.window > 0 ? max(0, pos + 1 - a.window) : 0;
+    const int first = attn_first(a, pos);
     b.start = first + b.s * ATTN_SPLIT;
     const int end = min(b.start + ATTN_SPLIT, pos + 1);
     b.len = end - b.start;
@@ -269,8 +280,7 @@ extern "C" __global__ void __launch_bounds__(COMBINE_THREADS) attn_combine(const
     const float2* ml = a.part_ml + base;
     // Only the first ceil(attended / ATTN_SPLIT) splits hold positions.
     const int pos = *a.pos0 + t;
-    const int first = a.window > 0 ? max(0, pos + 1 - a.window) : 0;
-    const int n_active = min(a.n_split, (pos - first) / ATTN_SPLIT + 1);
+    const int n_active = attn_spans(a, pos);
     float m = NEG_INF;
     for (int s = 0; s < n_active; ++s) m = fmaxf(m, ml[s].x);
     float total = 0.0f;

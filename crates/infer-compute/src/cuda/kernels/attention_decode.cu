@@ -78,10 +78,9 @@ __device__ __forceinline__ void attn_decode_impl(const AttnQkvArgs& args) {
 
     // ---- Independent of the previous kernel (before pdl_wait).
     const int pos = *a.pos0;
-    const int first = a.window > 0 ? max(0, pos + 1 - a.window) : 0;
-    const int n_active = (pos - first) / ATTN_SPLIT + 1;
+    const int n_active = attn_spans(a, pos);
     if (s >= n_active) return;
-    const int start = first + s * ATTN_SPLIT;
+    const int start = attn_first(a, pos) + s * ATTN_SPLIT;
     const int len = min(ATTN_SPLIT, pos + 1 - start);
     const bool append = s == n_active - 1;  // the span holding pos
     const int dc = tid % S::CPP, j0 = tid / S::CPP;
