@@ -245,7 +245,7 @@ __device__ __forceinline__ void attn_split_qkv_impl(const AttnQkvArgs& args) {
     float* skv = sp + ATTN_MAX_G * ATTN_SPLIT;  // k at [0, hd), v at [hd, 2 hd)
     float* srot = skv + 2 * hd;                 // cos at [0, n_rot / 2), sin after
     rope_table(k, pos, srot);
-    qkv_stage(k, b.h0, b.nh, b.g, append, hd, sq, skv, srot);
+    qkv_stage(k, b.h0, b.nh, b.g, append, hd, sq, skv, srot, [] {});
     if (append) {
         // Visible to this block's reads of the cache after the barrier.
         const size_t base = (size_t)pos * a.n_kv * hd + (size_t)b.g * hd;

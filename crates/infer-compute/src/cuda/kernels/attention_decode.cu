@@ -97,10 +97,11 @@ __device__ __forceinline__ void attn_decode_impl(const AttnQkvArgs& args) {
     PDL_PROLOGUE;
 
     // ---- q (and on the last span the new k, v) with bias, norm, RoPE;
-    // the span's values into shared memory meanwhile.
+    // the span's values into shared memory while their loads are in flight.
+    qkv_stage(k, h0, G, g, append, HD, sq, skv, srot, [&] {
 #pragma unroll
-    for (int i = 0; i < S::CH; ++i) *(uint4*)(sv + (j0 + i * S::PSTEP) * HD + dc * 8) = vr[i];
-    qkv_stage(k, h0, G, g, append, HD, sq, skv, srot);
+        for (int i = 0; i < S::CH; ++i) *(uint4*)(sv + (j0 + i * S::PSTEP) * HD + dc * 8) = vr[i];
+    });
     if (append) {
         const size_t base = (size_t)pos * kv_dim + (size_t)g * HD;
         const int jn = pos - start;

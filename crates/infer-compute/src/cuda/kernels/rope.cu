@@ -101,9 +101,13 @@ __device__ __forceinline__ void rope_table(const QkvArgs& k, int pos, float* sro
 // `with_kv`, kv head g's new k and v into skv ([2][hd]), with bias,
 // per-head RMSNorm of q and k (one warp per row) and RoPE from srot
 // (rope_table, written before the call and ordered by the first barrier
-// here). Ends with a barrier: every thread may read the rows afterwards.
+// here). `pre()` runs between the loads and that barrier, so that its work
+// overlaps their latency (attn_decode stores its cached values there; that
+// order measured 4% faster on llama 1B than storing them before the call).
+// Ends with a barrier: every thread may read the rows afterwards.
+template <class Pre>
 __device__ __forceinline__ void qkv_stage(const QkvArgs& k, int h0, int nh, int g, bool with_kv, int hd, float* sq,
-                                          float* skv, const float* srot) {
+                                          float* skv, const float* srot, Pre pre) {
     const int tid = threadIdx.x, lane = tid % WARP, warp = tid / WARP;
     for (int i = tid; i < nh * hd; i += blockDim.x) {
         const int h = h0 + i / hd, d = i % hd;
@@ -115,6 +119,7 @@ __device__ __forceinline__ void qkv_stage(const QkvArgs& k, int h0, int nh, int 
             skv[hd + d] = k.v[(size_t)g * hd + d] + (k.bv ? k.bv[g * hd + d] : 0.0f);
         }
     }
+    pre();
     __syncthreads();
     const int n_rows = nh + (with_kv ? 1 : 0);  // row nh: the new k
     for (int row = warp; row < n_rows; row += blockDim.x / WARP) {
