@@ -84,6 +84,10 @@ pub(super) struct Buffers {
     pub params_host: PinnedBuf<i32>,
     pub params: CudaSlice<i32>,
     pub x: CudaSlice<f32>,
+    /// A second residual row for one-token steps: the fused-norm products
+    /// (`mvn_*`) write the updated residual here while their other blocks
+    /// still read `x`, and the two swap roles at each such norm.
+    pub x_alt: CudaSlice<f32>,
     pub h: CudaSlice<f32>,
     pub aq: CudaSlice<i8>,
     pub ad: CudaSlice<f32>,
@@ -139,6 +143,7 @@ impl Buffers {
             params_host: d.pinned(cap + 1)?,
             params: d.zeros(cap + 1)?,
             x: d.zeros(cap * e)?,
+            x_alt: d.zeros(e)?,
             h: d.zeros(cap * e)?,
             aq: d.zeros(cap * m.cols)?,
             ad: d.zeros(cap * m.cols.div_ceil(32) * 2)?,

@@ -8,11 +8,12 @@ use crate::GgmlType;
 
 /// The `.cu` sources, concatenated in this order into one NVRTC program
 /// (NVRTC gets no include path: the header comes first instead).
-pub(crate) const SOURCES: [(&str, &str); 9] = [
+pub(crate) const SOURCES: [(&str, &str); 10] = [
     ("common.cuh", include_str!("kernels/common.cuh")),
     ("quant.cuh", include_str!("kernels/quant.cuh")),
     ("matvec.cu", include_str!("kernels/matvec.cu")),
     ("norm.cu", include_str!("kernels/norm.cu")),
+    ("matvec_norm.cu", include_str!("kernels/matvec_norm.cu")),
     ("rope.cu", include_str!("kernels/rope.cu")),
     ("attention.cu", include_str!("kernels/attention.cu")),
     ("attention_decode.cu", include_str!("kernels/attention_decode.cu")),
@@ -73,11 +74,14 @@ pub(crate) mod names {
     ];
 }
 
-/// The mat-vec kernels of one weight type: for one token (`t1`) and for up
-/// to 8 tokens per warp pass (`t8`, prefill).
+/// The mat-vec kernels of one weight type: for one token (`t1`), for one
+/// token with the input's residual add and norm done first by every block
+/// (`tn`, matvec_norm.cu; quantized types), and for up to 8 tokens per warp
+/// pass (`t8`, prefill).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct MatvecKernels {
     pub t1: KernelName,
+    pub tn: Option<KernelName>,
     pub t8: KernelName,
     /// Whether the kernel takes the q8 activation (else the f32 one).
     pub quantized: bool,
@@ -97,23 +101,32 @@ pub(crate) const QKV_MAX_HD: usize = 1024;
 /// The mat-vec kernels for weight type `ty`, or `None` where there is none
 /// (the activation-only types Q8_1 and Q8_K).
 pub(crate) fn matvec_kernels(ty: GgmlType) -> Option<MatvecKernels> {
-    let q = |t1, t8| Some(MatvecKernels { t1: KernelName(t1), t8: KernelName(t8), quantized: true });
-    let f = |t1, t8| Some(MatvecKernels { t1: KernelName(t1), t8: KernelName(t8), quantized: false });
+    macro_rules! q {
+        ($n:literal) => {
+            Some(MatvecKernels {
+                t1: KernelName(concat!("mv_", $n, "_t1")),
+                tn: Some(KernelName(concat!("mvn_", $n))),
+                t8: KernelName(concat!("mv_", $n, "_t8")),
+                quantized: true,
+            })
+        };
+    }
+    let f = |t1, t8| Some(MatvecKernels { t1: KernelName(t1), tn: None, t8: KernelName(t8), quantized: false });
     match ty {
         GgmlType::F32 => f("mv_f32_t1", "mv_f32_t8"),
         GgmlType::F16 => f("mv_f16_t1", "mv_f16_t8"),
         GgmlType::BF16 => f("mv_bf16_t1", "mv_bf16_t8"),
-        GgmlType::Q4_0 => q("mv_q4_0_t1", "mv_q4_0_t8"),
-        GgmlType::Q4_1 => q("mv_q4_1_t1", "mv_q4_1_t8"),
-        GgmlType::Q5_0 => q("mv_q5_0_t1", "mv_q5_0_t8"),
-        GgmlType::Q5_1 => q("mv_q5_1_t1", "mv_q5_1_t8"),
-        GgmlType::Q8_0 => q("mv_q8_0_t1", "mv_q8_0_t8"),
-        GgmlType::IQ4_NL => q("mv_iq4_nl_t1", "mv_iq4_nl_t8"),
-        GgmlType::Q2_K => q("mv_q2_k_t1", "mv_q2_k_t8"),
-        GgmlType::Q3_K => q("mv_q3_k_t1", "mv_q3_k_t8"),
-        GgmlType::Q4_K => q("mv_q4_k_t1", "mv_q4_k_t8"),
-        GgmlType::Q5_K => q("mv_q5_k_t1", "mv_q5_k_t8"),
-        GgmlType::Q6_K => q("mv_q6_k_t1", "mv_q6_k_t8"),
+        GgmlType::Q4_0 => q!("q4_0"),
+        GgmlType::Q4_1 => q!("q4_1"),
+        GgmlType::Q5_0 => q!("q5_0"),
+        GgmlType::Q5_1 => q!("q5_1"),
+        GgmlType::Q8_0 => q!("q8_0"),
+        GgmlType::IQ4_NL => q!("iq4_nl"),
+        GgmlType::Q2_K => q!("q2_k"),
+        GgmlType::Q3_K => q!("q3_k"),
+        GgmlType::Q4_K => q!("q4_k"),
+        GgmlType::Q5_K => q!("q5_k"),
+        GgmlType::Q6_K => q!("q6_k"),
         GgmlType::Q8_1 | GgmlType::Q8_K => None,
     }
 }
@@ -124,6 +137,7 @@ pub(crate) fn repacked_matvec_kernels(ty: GgmlType) -> Option<MatvecKernels> {
         ($n:literal) => {
             Some(MatvecKernels {
                 t1: KernelName(concat!("mv_", $n, "_t1")),
+                tn: Some(KernelName(concat!("mvn_", $n))),
                 t8: KernelName(concat!("mv_", $n, "_t8")),
                 quantized: true,
             })
@@ -190,6 +204,16 @@ pub(crate) struct NormArgs {
     pub add_eps: f32,
 }
 const _: () = assert!(std::mem::size_of::<NormArgs>() == 80);
+
+/// Mirror of `MvNormArgs`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct MvNormArgs {
+    pub mv: MatvecArgs,
+    pub norm: NormArgs,
+    pub x_out: DevPtr,
+}
+const _: () = assert!(std::mem::size_of::<MvNormArgs>() == 200);
 
 /// Mirror of `QkvArgs`.
 #[repr(C)]
@@ -261,3 +285,4 @@ unsafe impl DeviceRepr for NormArgs {}
 unsafe impl DeviceRepr for QkvArgs {}
 unsafe impl DeviceRepr for AttnArgs {}
 unsafe impl DeviceRepr for AttnQkvArgs {}
+unsafe impl DeviceRepr for MvNormArgs {}

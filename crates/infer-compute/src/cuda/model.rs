@@ -451,12 +451,12 @@ impl CudaModel {
         let b = self.bufs.as_ref().ok_or_else(|| Error::Device("buffers missing".into()))?;
         let e = self.n_embd;
         let p = |s: &CudaSlice<f32>| d.ptr(s);
-        let (x, h, o) = (p(&b.x), p(&b.h), p(&b.o));
+        let (x, x_alt, h, o) = (p(&b.x), p(&b.x_alt), p(&b.h), p(&b.o));
         let (aq, ad) = (d.ptr(&b.aq), d.ptr(&b.ad));
         let pos = d.ptr(&b.params);
         let tokens = pos + 4;
         let with_q8 = |n_vals: usize| n_vals.is_multiple_of(32);
-        let norm_args = |add: DevPtr, add_norm: Option<&DevNorm>, norm: &DevNorm| NormArgs {
+        let norm_args = |x: DevPtr, add: DevPtr, add_norm: Option<&DevNorm>, norm: &DevNorm| NormArgs {
             x,
             add,
             add_w: add_norm.map_or(0, |n| d.ptr(&n.w)),
@@ -505,9 +505,41 @@ impl CudaModel {
             ops::gemm(d, prec, wf, x, y, w.rows, w.cols, n)
         };
 
+        // One token: each residual add + norm waits in `pending` for the
+        // product that reads it, which runs it in its own blocks when it can
+        // (`mvn_*`; the residual then moves between `x` and `x_alt`, `cur`
+        // says where it is); otherwise, and for several tokens, it runs as
+        // `residual_norm` first, in place.
+        let mut cur = x;
+        let mut pending: Option<NormArgs> = None;
+        let norm = |na: NormArgs, pending: &mut Option<NormArgs>| -> Result<()> {
+            if n == 1 {
+                *pending = Some(na);
+                Ok(())
+            } else {
+                ops::residual_norm(d, &na, n)
+            }
+        };
+        let product = |call: &Matvec, pending: &mut Option<NormArgs>, cur: &mut DevPtr| -> Result<()> {
+            match pending.take() {
+                Some(na) if ops::can_fuse_norm(call) => {
+                    let other = if *cur == x { x_alt } else { x };
+                    ops::matvec_norm(d, call, &na, if na.add != 0 { other } else { 0 })?;
+                    if na.add != 0 {
+                        *cur = other;
+                    }
+                    Ok(())
+                }
+                Some(na) => {
+                    ops::residual_norm(d, &na, n)?;
+                    ops::matvec(d, call)
+                }
+                None => ops::matvec(d, call),
+            }
+        };
         ops::embed_rows(d, d.ptr(&self.token_embd.buf), self.token_embd.ty, e, tokens, n, self.embd_scale, x)?;
         if let Some(l0) = self.layers.first() {
-            ops::residual_norm(d, &norm_args(0, None, &l0.attn_norm), n)?;
+            norm(norm_args(cur, 0, None, &l0.attn_norm), &mut pending)?;
         }
         mark("token_embd, attn_norm", &[])?;
         for (li, l) in self.layers.iter().enumerate() {
@@ -534,7 +566,7 @@ impl CudaModel {
                     call.rows[j - i] = targets[j].0.rows;
                     j += 1;
                 }
-                ops::matvec(d, &call)?;
+                product(&call, &mut pending, &mut cur)?;
                 i = j;
             }
             mark("matvec attn_qkv", &[&l.wq, &l.wk, &l.wv])?;
@@ -590,7 +622,7 @@ impl CudaModel {
                 ops::matvec(d, &mv(&l.wo, p(&b.attn), aq, ad, o))?;
             }
             mark("matvec attn_output", &[&l.wo])?;
-            ops::residual_norm(d, &norm_args(o, l.post_attn_norm.as_ref(), &l.ffn_norm), n)?;
+            norm(norm_args(cur, o, l.post_attn_norm.as_ref(), &l.ffn_norm), &mut pending)?;
             mark("residual add, ffn_norm", &[])?;
 
             let n_ff = l.up.rows;
@@ -610,15 +642,15 @@ impl CudaModel {
                     let mut call = mv(g, h, aq, ad, act);
                     call.w[1] = d.ptr(&l.up.buf);
                     call.mode = if l.gelu { MvMode::GluGelu } else { MvMode::GluSilu };
-                    ops::matvec(d, &call)?;
+                    product(&call, &mut pending, &mut cur)?;
                 }
                 Some(g) if l.gated => {
-                    ops::matvec(d, &mv(g, h, aq, ad, p(&b.gate)))?;
+                    product(&mv(g, h, aq, ad, p(&b.gate)), &mut pending, &mut cur)?;
                     ops::matvec(d, &mv(&l.up, h, aq, ad, p(&b.up)))?;
                     ops::glu(d, p(&b.gate), p(&b.up), act, n * n_ff, l.gelu)?;
                 }
                 _ => {
-                    ops::matvec(d, &mv(&l.up, h, aq, ad, act))?;
+                    product(&mv(&l.up, h, aq, ad, act), &mut pending, &mut cur)?;
                     ops::act_inplace(d, act, n * n_ff, l.gelu)?;
                 }
             }
@@ -636,8 +668,13 @@ impl CudaModel {
             }
             mark("matvec ffn_down", &[&l.down])?;
             let next = self.layers.get(li + 1).map_or(&self.output_norm, |nl| &nl.attn_norm);
-            ops::residual_norm(d, &norm_args(o, l.post_ffn_norm.as_ref(), next), n)?;
+            norm(norm_args(cur, o, l.post_ffn_norm.as_ref(), next), &mut pending)?;
             mark("residual add, next norm", &[])?;
+        }
+        // The output norm runs on its own: the vocabulary product keeps the
+        // plain kernel.
+        if let Some(na) = pending.take() {
+            ops::residual_norm(d, &na, n)?;
         }
         // Vocabulary projection of the last token.
         let last = n - 1;

@@ -7,8 +7,8 @@ use cudarc::driver::{LaunchConfig, PushKernelArg};
 
 use super::device::Device;
 use super::kernels::{
-    self, names, AttnArgs, AttnQkvArgs, DevPtr, MatvecArgs, MvMode, NormArgs, QkvArgs, ATTN_MAX_G, ATTN_SPLIT,
-    MV_TOKENS, MV_WARPS,
+    self, names, AttnArgs, AttnQkvArgs, DevPtr, MatvecArgs, MvMode, MvNormArgs, NormArgs, QkvArgs, ATTN_MAX_G,
+    ATTN_SPLIT, MV_TOKENS, MV_WARPS,
 };
 use crate::error::{Error, Result};
 use crate::GgmlType;
@@ -91,10 +91,14 @@ pub(crate) fn wants_q8(ty: GgmlType) -> Result<bool> {
     kernels::matvec_kernels(ty).map(|k| k.quantized).ok_or(Error::Unsupported { op: "cuda matvec", ty })
 }
 
+fn kernels_of(m: &Matvec) -> Result<kernels::MatvecKernels> {
+    if m.repacked_stride > 0 { kernels::repacked_matvec_kernels(m.ty) } else { kernels::matvec_kernels(m.ty) }
+        .ok_or(Error::Unsupported { op: "cuda matvec", ty: m.ty })
+}
+
 /// Launches a mat-vec (see matvec.cu).
 pub(crate) fn matvec(dev: &Device, m: &Matvec) -> Result<()> {
-    let k = if m.repacked_stride > 0 { kernels::repacked_matvec_kernels(m.ty) } else { kernels::matvec_kernels(m.ty) }
-        .ok_or(Error::Unsupported { op: "cuda matvec", ty: m.ty })?;
+    let k = kernels_of(m)?;
     let glu = matches!(m.mode, MvMode::GluGelu | MvMode::GluSilu);
     let total = if glu { m.rows[0] } else { m.rows.iter().sum() };
     if total == 0 || m.n_tok == 0 {
@@ -124,6 +128,70 @@ pub(crate) fn matvec(dev: &Device, m: &Matvec) -> Result<()> {
     let (name, gy) = if m.n_tok == 1 { (k.t1, 1) } else { (k.t8, m.n_tok.div_ceil(MV_TOKENS)) };
     let gx = total.div_ceil(MV_WARPS as usize);
     dev.launch(name, (to_u32(gx, "grid")?, to_u32(gy, "grid")?, 1), MV_WARPS * 32, 0, &args)
+}
+
+/// Threads of an `mvn_*` block (`MVN_THREADS` in matvec_norm.cu).
+const MVN_THREADS: usize = 1024;
+/// Values per thread of the norm's whole-row path (`NORM_REG` in norm.cu).
+const NORM_REG: usize = 4;
+
+/// Whether [`matvec_norm`] can run the one-token product `m` with its
+/// input's norm (`INFER_CUDA_FUSE_NORM=0` says never, to compare): a
+/// quantized type, and an input row of a multiple of 32 values that the
+/// norm holds in registers.
+pub(crate) fn can_fuse_norm(m: &Matvec) -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let on = *ON.get_or_init(|| std::env::var("INFER_CUDA_FUSE_NORM").map_or(true, |v| v != "0"));
+    on && m.n_tok == 1
+        && m.cols.is_multiple_of(32)
+        && m.cols <= MVN_THREADS * NORM_REG
+        && kernels_of(m).is_ok_and(|k| k.tn.is_some())
+}
+
+/// Launches the one-token product `m` with the residual add and norm of
+/// its input done first, in every block (`mvn_*`, matvec_norm.cu): `norm`
+/// as [`residual_norm`] would run it on one row (its `x` read, not
+/// written; its `out`, `q`, `ds` written by one block), the updated
+/// residual going to `x_out` (needed when `norm.add` is set). `m.aq` and
+/// `m.ad` are not read. Check [`can_fuse_norm`] first.
+pub(crate) fn matvec_norm(dev: &Device, m: &Matvec, norm: &NormArgs, x_out: DevPtr) -> Result<()> {
+    let k = kernels_of(m)?;
+    let name = k
+        .tn
+        .filter(|_| can_fuse_norm(m))
+        .ok_or_else(|| Error::Device(format!("no fused-norm product for {} rows of {} values", m.ty.name(), m.cols)))?;
+    if norm.n as usize != m.cols || norm.q != 0 && norm.ds == 0 || norm.add != 0 && x_out == 0 {
+        return Err(Error::Device("fused norm arguments do not match the product".into()));
+    }
+    let glu = matches!(m.mode, MvMode::GluGelu | MvMode::GluSilu);
+    let total = if glu { m.rows[0] } else { m.rows.iter().sum() };
+    let args = MvNormArgs {
+        mv: MatvecArgs {
+            w: m.w,
+            y: m.y,
+            aq: 0,
+            ad: 0,
+            ax: 0,
+            rows: [to_i32(m.rows[0], "rows")?, to_i32(m.rows[1], "rows")?, to_i32(m.rows[2], "rows")?],
+            row_bytes: to_i32(
+                if m.repacked_stride > 0 { m.repacked_stride } else { m.ty.row_bytes(m.cols)? },
+                "row bytes",
+            )?,
+            cols: to_i32(m.cols, "cols")?,
+            n_tok: 1,
+            mode: m.mode as i32,
+            cap: m.cap,
+            prefetch: i32::from(prefetch_enabled()),
+            pad_: 0,
+        },
+        norm: *norm,
+        x_out,
+    };
+    // One block per SM at most (1024 threads, up to 64 registers each).
+    let warps = MVN_THREADS / 32;
+    let grid = total.div_ceil(warps).min(dev.info.multiprocessors.max(1) as usize);
+    let smem = m.cols + m.cols / 32 * 8;
+    dev.launch(name, (to_u32(grid, "grid")?, 1, 1), MVN_THREADS as u32, to_u32(smem, "shared memory")?, &args)
 }
 
 /// Whether one-token mat-vecs prefetch their weight rows into L2 before

@@ -265,6 +265,16 @@ struct NormArgs {
 };
 static_assert(sizeof(NormArgs) == 80, "NormArgs layout");
 
+// A one-token product that first runs residual_norm's whole-row path on
+// its input (mvn_*, matvec_norm.cu): `mv` without aq / ad, which come from
+// `norm` (its q / ds / out are written by block 0 only, for later launches).
+struct MvNormArgs {
+    MatvecArgs mv;
+    NormArgs norm;
+    float* x_out;        // the updated residual (norm.x + addend), by block 0; null: no addend
+};
+static_assert(sizeof(MvNormArgs) == 200, "MvNormArgs layout");
+
 // q/k bias, per-head norm, RoPE and KV-cache append. See rope.cu.
 struct QkvArgs {
     float* q;            // [n_tok][n_head * hd], rotated in place

@@ -107,33 +107,42 @@ __device__ __forceinline__ void matvec_q(const MatvecArgs& a) {
     mv_store<NT>(a, seg, r, t0, nt, acc, acc2, glu);
 }
 
-// The chunk loop of matvec_q1 for one GLU choice.
+// The chunk loop of matvec_q1 for one GLU choice, against the q8
+// activation aq / ad (global memory, or shared memory in mvn_*).
 template <class T, bool GLU>
-__device__ __forceinline__ void mv1_loop(const MatvecArgs& a, const u8* wrow, const u8* wrow2, float& acc,
-                                         float& acc2) {
+__device__ __forceinline__ void mv1_loop(const MatvecArgs& a, const u8* wrow, const u8* wrow2, const i8* aq,
+                                         const float2* ad, float& acc, float& acc2) {
     const int n_chunk = a.cols / 32;
     for (int c = threadIdx.x % WARP; c < n_chunk; c += WARP) {
-        const int4* q = (const int4*)(a.aq + (size_t)c * 32);
+        const int4* q = (const int4*)(aq + (size_t)c * 32);
         const int4 q0 = q[0], q1 = q[1];
-        const float2 ds = a.ad[c];
+        const float2 ds = ad[c];
         acc += dot_chunk<T>(T::load(wrow, c, n_chunk), q0, q1, ds);
         if (GLU) acc2 += dot_chunk<T>(T::load(wrow2, c, n_chunk), q0, q1, ds);
     }
+}
+
+// Row gr (< total) of a one-token launch, by one warp.
+template <class T>
+__device__ __forceinline__ void mv1_row(const MatvecArgs& a, bool glu, int gr, const i8* aq, const float2* ad) {
+    int seg, r;
+    mv_locate(a, glu, gr, seg, r);
+    const u8* wbase = seg == 0 ? a.w[0] : seg == 1 ? a.w[1] : a.w[2];
+    const u8* wrow = wbase + (size_t)r * a.row_bytes;
+    const u8* wrow2 = glu ? a.w[1] + (size_t)r * a.row_bytes : wrow;
+    float acc = 0.0f, acc2 = 0.0f;
+    if (glu) mv1_loop<T, true>(a, wrow, wrow2, aq, ad, acc, acc2);
+    else mv1_loop<T, false>(a, wrow, wrow2, aq, ad, acc, acc2);
+    mv_store<1>(a, seg, r, 0, 1, &acc, &acc2, glu);
 }
 
 // One token: matvec_q for NT = 1, with the loop of mv1_loop.
 template <class T>
 __device__ __forceinline__ void matvec_q1(const MatvecArgs& a) {
     const bool glu = a.mode == MV_GLU_GELU || a.mode == MV_GLU_SILU;
-    int seg, r;
-    if (!mv_row(a, glu, seg, r)) return;
-    const u8* wbase = seg == 0 ? a.w[0] : seg == 1 ? a.w[1] : a.w[2];
-    const u8* wrow = wbase + (size_t)r * a.row_bytes;
-    const u8* wrow2 = glu ? a.w[1] + (size_t)r * a.row_bytes : wrow;
-    float acc = 0.0f, acc2 = 0.0f;
-    if (glu) mv1_loop<T, true>(a, wrow, wrow2, acc, acc2);
-    else mv1_loop<T, false>(a, wrow, wrow2, acc, acc2);
-    mv_store<1>(a, seg, r, 0, 1, &acc, &acc2, glu);
+    const int gr = blockIdx.x * MV_WARPS + threadIdx.x / WARP;
+    if (gr >= mv_total_rows(a, glu)) return;
+    mv1_row<T>(a, glu, gr, a.aq, a.ad);
 }
 
 // Weights do not depend on the kernel before this one: before waiting for

@@ -23,6 +23,73 @@ extern "C" __global__ void __launch_bounds__(256) quantize_q8(const float* x, i8
 // Values per thread kept in registers (rows up to NORM_THREADS * NORM_REG).
 #define NORM_REG 4
 
+// The whole-row path of residual_norm for row t (n <= blockDim.x *
+// NORM_REG): the residual add (x_out[i] = x[i] + a'[i] when there is an
+// addend and x_out is not null) and the norm, into ov (value tid + k *
+// blockDim.x). Every load (row, addend, weights) is issued before the first
+// use. Shared by mvn_* (matvec_norm.cu), which must match it bit for bit.
+__device__ __forceinline__ void norm_row_regs(const NormArgs& a, int t, float* x_out, float (&ov)[NORM_REG],
+                                              float* red) {
+    const int n = a.n, tid = threadIdx.x, nt = blockDim.x;
+    const float* x = a.x + (size_t)t * n;
+    float xv[NORM_REG], av[NORM_REG], awv[NORM_REG], wv[NORM_REG], bv[NORM_REG];
+    const float* ad = a.add ? a.add + (size_t)t * n : nullptr;
+#pragma unroll
+    for (int k = 0; k < NORM_REG; ++k) {
+        const int i = tid + k * nt;
+        const bool in = i < n;
+        xv[k] = in ? x[i] : 0.0f;
+        av[k] = in && ad ? ad[i] : 0.0f;
+        awv[k] = in && a.add_w ? a.add_w[i] : 0.0f;
+        wv[k] = in ? a.w[i] : 0.0f;
+        bv[k] = in && a.b ? a.b[i] : 0.0f;
+    }
+    if (ad) {
+        float sa = 1.0f;
+        if (a.add_w) {
+            float ss = 0.0f;
+#pragma unroll
+            for (int k = 0; k < NORM_REG; ++k) ss += av[k] * av[k];
+            ss = block_sum(ss, red);
+            sa = 1.0f / sqrtf(ss / (float)n + a.add_eps);
+        }
+#pragma unroll
+        for (int k = 0; k < NORM_REG; ++k) {
+            const int i = tid + k * nt;
+            if (i < n) {
+                float v = av[k];
+                if (a.add_w) v = (v * sa) * awv[k];
+                xv[k] += v;
+                if (x_out) x_out[(size_t)t * n + i] = xv[k];
+            }
+        }
+    }
+    if (a.kind == 0) {
+        float ss = 0.0f;
+#pragma unroll
+        for (int k = 0; k < NORM_REG; ++k) ss += xv[k] * xv[k];
+        ss = block_sum(ss, red);
+        const float s = 1.0f / sqrtf(ss / (float)n + a.eps);
+#pragma unroll
+        for (int k = 0; k < NORM_REG; ++k) ov[k] = (xv[k] * s) * wv[k];
+    } else {
+        float sum = 0.0f;
+#pragma unroll
+        for (int k = 0; k < NORM_REG; ++k) sum += xv[k];
+        const float mean = block_sum(sum, red) / (float)n;
+        float sv = 0.0f;
+#pragma unroll
+        for (int k = 0; k < NORM_REG; ++k) {
+            const int i = tid + k * nt;
+            if (i < n) sv += (xv[k] - mean) * (xv[k] - mean);
+        }
+        const float var = block_sum(sv, red) / (float)n;
+        const float s = 1.0f / sqrtf(var + a.eps);
+#pragma unroll
+        for (int k = 0; k < NORM_REG; ++k) ov[k] = ((xv[k] - mean) * s) * wv[k] + bv[k];
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(NORM_THREADS) residual_norm(const NormArgs a) {
     PDL_PROLOGUE;
     __shared__ float red[32];
@@ -30,67 +97,11 @@ extern "C" __global__ void __launch_bounds__(NORM_THREADS) residual_norm(const N
     float* x = a.x + (size_t)t * n;
     float* out = a.out + (size_t)t * n;
     if (n <= nt * NORM_REG) {
-        // Whole row in registers. Every load (row, addend, weights) is
-        // issued before the first use, and the q8 chunks are quantized
-        // from registers: value tid + k * nt sits in lane tid % 32 of chunk
+        // Whole row in registers; the q8 chunks are quantized from
+        // registers: value tid + k * nt sits in lane tid % 32 of chunk
         // (tid + k * nt) / 32, so a warp holds whole chunks.
-        float xv[NORM_REG], av[NORM_REG], awv[NORM_REG], wv[NORM_REG], bv[NORM_REG];
-        const float* ad = a.add ? a.add + (size_t)t * n : nullptr;
-#pragma unroll
-        for (int k = 0; k < NORM_REG; ++k) {
-            const int i = tid + k * nt;
-            const bool in = i < n;
-            xv[k] = in ? x[i] : 0.0f;
-            av[k] = in && ad ? ad[i] : 0.0f;
-            awv[k] = in && a.add_w ? a.add_w[i] : 0.0f;
-            wv[k] = in ? a.w[i] : 0.0f;
-            bv[k] = in && a.b ? a.b[i] : 0.0f;
-        }
-        if (ad) {
-            float sa = 1.0f;
-            if (a.add_w) {
-                float ss = 0.0f;
-#pragma unroll
-                for (int k = 0; k < NORM_REG; ++k) ss += av[k] * av[k];
-                ss = block_sum(ss, red);
-                sa = 1.0f / sqrtf(ss / (float)n + a.add_eps);
-            }
-#pragma unroll
-            for (int k = 0; k < NORM_REG; ++k) {
-                const int i = tid + k * nt;
-                if (i < n) {
-                    float v = av[k];
-                    if (a.add_w) v = (v * sa) * awv[k];
-                    xv[k] += v;
-                    x[i] = xv[k];
-                }
-            }
-        }
         float ov[NORM_REG];
-        if (a.kind == 0) {
-            float ss = 0.0f;
-#pragma unroll
-            for (int k = 0; k < NORM_REG; ++k) ss += xv[k] * xv[k];
-            ss = block_sum(ss, red);
-            const float s = 1.0f / sqrtf(ss / (float)n + a.eps);
-#pragma unroll
-            for (int k = 0; k < NORM_REG; ++k) ov[k] = (xv[k] * s) * wv[k];
-        } else {
-            float sum = 0.0f;
-#pragma unroll
-            for (int k = 0; k < NORM_REG; ++k) sum += xv[k];
-            const float mean = block_sum(sum, red) / (float)n;
-            float sv = 0.0f;
-#pragma unroll
-            for (int k = 0; k < NORM_REG; ++k) {
-                const int i = tid + k * nt;
-                if (i < n) sv += (xv[k] - mean) * (xv[k] - mean);
-            }
-            const float var = block_sum(sv, red) / (float)n;
-            const float s = 1.0f / sqrtf(var + a.eps);
-#pragma unroll
-            for (int k = 0; k < NORM_REG; ++k) ov[k] = ((xv[k] - mean) * s) * wv[k] + bv[k];
-        }
+        norm_row_regs(a, t, a.x, ov, red);
         const int n_chunks = n / 32;
 #pragma unroll
         for (int k = 0; k < NORM_REG; ++k) {

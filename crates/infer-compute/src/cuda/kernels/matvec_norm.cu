@@ -1,0 +1,95 @@
+// One-token products that normalize their own input (mvn_<type>): the
+// residual add + norm + q8 quantization that residual_norm runs as a
+// kernel of its own between two products, run instead at the start of
+// every block of the product that reads it, into shared memory. A decode
+// layer then has two launches fewer, and with them two grid-wide waits.
+//
+// Each block (MVN_THREADS threads, one per SM) recomputes the same norm
+// with norm_row_regs, bit for bit what residual_norm computes, from the
+// residual x and the addend (read from L2); block 0 alone writes the
+// updated residual to x_out (a second buffer: other blocks still read x),
+// the f32 output and the global q8 copy (for launches of the same step
+// that read them). Then warp w of block b takes rows b * 32 + w, stepping
+// by the grid's warps, against the activation in shared memory. Weight
+// rows are asked of L2 before the PDL wait, as in the mv_*_t1 kernels,
+// a few rows per warp ahead of the one computed.
+//
+// Needs n (norm.n == mv.cols) a multiple of 32 and at most MVN_THREADS *
+// NORM_REG; dynamic shared memory: n bytes of quants, then n / 32 float2.
+
+#define MVN_THREADS 1024
+// Rows per warp asked of L2 ahead of the one being computed.
+#define MVN_AHEAD 4
+
+__device__ __forceinline__ void mvn_prefetch_row(const MatvecArgs& a, bool glu, int gr) {
+    int seg, r;
+    mv_locate(a, glu, gr, seg, r);
+    const u8* wbase = seg == 0 ? a.w[0] : seg == 1 ? a.w[1] : a.w[2];
+    prefetch_l2(wbase + (size_t)r * a.row_bytes, a.row_bytes);
+    if (glu) prefetch_l2(a.w[1] + (size_t)r * a.row_bytes, a.row_bytes);
+}
+
+template <class T>
+__device__ __forceinline__ void matvec_norm1(const MvNormArgs& p) {
+    const MatvecArgs& a = p.mv;
+    const NormArgs& nm = p.norm;
+    extern __shared__ __align__(16) u8 mvn_smem[];
+    __shared__ float red[32];
+    i8* sq = (i8*)mvn_smem;                   // [n] quants
+    float2* sds = (float2*)(mvn_smem + nm.n);  // [n / 32] (d, d * sum)
+    const bool glu = a.mode == MV_GLU_GELU || a.mode == MV_GLU_SILU;
+    const int total = mv_total_rows(a, glu);
+    const int nw = blockDim.x / WARP, step = gridDim.x * nw;
+    const int first = blockIdx.x * nw + threadIdx.x / WARP;
+    // ---- Independent of the previous kernel: the first rows' weights.
+    if (a.prefetch)
+        for (int k = 0, gr = first; k < MVN_AHEAD && gr < total; ++k, gr += step) mvn_prefetch_row(a, glu, gr);
+    PDL_PROLOGUE;
+
+    // ---- The norm, as residual_norm (row 0), into shared memory.
+    float ov[NORM_REG];
+    const bool lead = blockIdx.x == 0;
+    norm_row_regs(nm, 0, lead ? p.x_out : nullptr, ov, red);
+#pragma unroll
+    for (int k = 0; k < NORM_REG; ++k) {
+        const int i = threadIdx.x + k * blockDim.x;
+        // n is a multiple of 32: i < n holds for all lanes of a warp or none.
+        if (i < nm.n) {
+            quantize_chunk_warp(ov[k], sq + (i & ~31), sds + i / 32);
+            if (lead) {
+                nm.out[i] = ov[k];
+                if (nm.q) quantize_chunk_warp(ov[k], nm.q + (i & ~31), nm.ds + i / 32);
+            }
+        }
+    }
+    __syncthreads();
+
+    // ---- The product against the shared activation.
+    for (int gr = first; gr < total; gr += step) {
+        const int ahead = gr + MVN_AHEAD * step;
+        if (a.prefetch && ahead < total) mvn_prefetch_row(a, glu, ahead);
+        mv1_row<T>(a, glu, gr, sq, sds);
+    }
+}
+
+#define MVN_KERNEL(name, T)                                                                          \
+    extern "C" __global__ void __launch_bounds__(MVN_THREADS, 1) mvn_##name(const MvNormArgs p) {  \
+        matvec_norm1<T>(p);                                                                          \
+    }
+
+MVN_KERNEL(q4_0, TQ4_0)
+MVN_KERNEL(q4_1, TQ4_1)
+MVN_KERNEL(q5_0, TQ5_0)
+MVN_KERNEL(q5_1, TQ5_1)
+MVN_KERNEL(q8_0, TQ8_0)
+MVN_KERNEL(iq4_nl, TIQ4_NL)
+MVN_KERNEL(q2_k, TQ2_K)
+MVN_KERNEL(q3_k, TQ3_K)
+MVN_KERNEL(q4_k, TQ4_K)
+MVN_KERNEL(q5_k, TQ5_K)
+MVN_KERNEL(q6_k, TQ6_K)
+MVN_KERNEL(q8_0r, TQ8_0R)
+MVN_KERNEL(q4_0r, TQ4_0R)
+MVN_KERNEL(q5_0r, TQ5_0R)
+MVN_KERNEL(q4_kr, TQ4_KR)
+MVN_KERNEL(q6_kr, TQ6_KR)
