@@ -187,9 +187,9 @@ pub(crate) fn matvec_norm(dev: &Device, m: &Matvec, norm: &NormArgs, x_out: DevP
         norm: *norm,
         x_out,
     };
-    // One block per SM (1024 threads, up to 64 registers each), rows dealt
-    // round-robin over the blocks.
-    let grid = total.min(dev.info.multiprocessors.max(1) as usize);
+    // One block per SM at most (1024 threads, up to 64 registers each).
+    let warps = MVN_THREADS / 32;
+    let grid = total.div_ceil(warps).min(dev.info.multiprocessors.max(1) as usize);
     let smem = m.cols + m.cols / 32 * 8;
     dev.launch(name, (to_u32(grid, "grid")?, 1, 1), MVN_THREADS as u32, to_u32(smem, "shared memory")?, &args)
 }

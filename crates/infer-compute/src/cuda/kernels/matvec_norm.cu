@@ -9,10 +9,8 @@
 // residual x and the addend (read from L2); block 0 alone writes the
 // updated residual to x_out (a second buffer: other blocks still read x),
 // the f32 output and the global q8 copy (for launches of the same step
-// that read them). Then warp w of block b takes rows w * grid + b,
-// stepping by the grid's warps, so that a product of fewer rows than
-// the grid's warps still spreads over every block (every SM), against the
-// activation in shared memory. Weight
+// that read them). Then warp w of block b takes rows b * 32 + w, stepping
+// by the grid's warps, against the activation in shared memory. Weight
 // rows are asked of L2 before the PDL wait, as in the mv_*_t1 kernels,
 // a few rows per warp ahead of the one computed.
 //
@@ -42,7 +40,7 @@ __device__ __forceinline__ void matvec_norm1(const MvNormArgs& p) {
     const bool glu = a.mode == MV_GLU_GELU || a.mode == MV_GLU_SILU;
     const int total = mv_total_rows(a, glu);
     const int nw = blockDim.x / WARP, step = gridDim.x * nw;
-    const int first = (threadIdx.x / WARP) * gridDim.x + blockIdx.x;
+    const int first = blockIdx.x * nw + threadIdx.x / WARP;
     // ---- Independent of the previous kernel: the first rows' weights.
     if (a.prefetch)
         for (int k = 0, gr = first; k < MVN_AHEAD && gr < total; ++k, gr += step) mvn_prefetch_row(a, glu, gr);
