@@ -6,13 +6,13 @@
 //!
 //! | step | kernel |
 //! | --- | --- |
-//! | pre-attention norm (fused with the previous block's residual add and post-norm) | `residual_norm` → h (f32 and q8) |
-//! | q, k, v projections (one launch per run of equal weight types; one token: rows prefetched into L2 before the PDL wait, as every one-token product) | `mv_<type>` |
+//! | pre-attention norm (fused with the previous block's residual add and post-norm) | `residual_norm` → h (f32 and q8); one token, quantized weights: run by every block of the q/k/v product, `mvn_<type>` |
+//! | q, k, v projections (one launch per run of equal weight types; one token: rows prefetched into L2 before the PDL wait, as every one-token product) | `mv_<type>` (`mvn_<type>` for the first, with the norm) |
 //! | one token: bias, q/k RMSNorm, RoPE, K/V append at the position read from device memory, split-K attention over 32-position spans, their merge, quantize for `wo` | `attn_decode_hd*` (attention_decode.cu) |
 //! | several tokens, or other head sizes: the same in two or three launches (tiled attention in passes of 16 or more tokens) | `qkv_post`, `attn_split`, `attn_combine` (`attn_prefill_hd*`) |
 //! | output projection | `mv_<type>` |
-//! | post-attention norm + residual add + pre-FFN norm | `residual_norm` |
-//! | gate and up with the GLU epilogue (one launch when their types agree) | `mv_<type>` (or two launches + `glu`) |
+//! | post-attention norm + residual add + pre-FFN norm | `residual_norm`; one token, quantized weights: inside the gate/up product |
+//! | gate and up with the GLU epilogue (one launch when their types agree) | `mv_<type>` or `mvn_<type>` (or two launches + `glu`) |
 //! | quantize the activation, down projection | `quantize_q8`, `mv_<type>` |
 //!
 //! then the output norm and the vocabulary projection of the last token
