@@ -4,7 +4,9 @@
 // every block of the product that reads it, into shared memory. A decode
 // layer then has two launches fewer, and with them two grid-wide waits.
 //
-// Each block (MVN_THREADS threads, one per SM) recomputes the same norm
+// Each block (MVN_THREADS threads; ceil(rows / 32) blocks, at most one per
+// SM, so that a short product leaves SMs free for the next kernel's early
+// blocks) recomputes the same norm
 // with norm_row_regs, bit for bit what residual_norm computes, from the
 // residual x and the addend (read from L2); block 0 alone writes the
 // updated residual to x_out (a second buffer: other blocks still read x),
