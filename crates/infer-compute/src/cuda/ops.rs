@@ -64,6 +64,15 @@ pub(crate) struct Matvec {
 }
 
 impl Matvec {
+    /// Output rows of the launch: the gate/up pair's rows, or the sum of
+    /// the segments' rows.
+    pub fn total_rows(&self) -> usize {
+        match self.mode {
+            MvMode::GluGelu | MvMode::GluSilu => self.rows[0],
+            _ => self.rows.iter().sum(),
+        }
+    }
+
     /// A single-matrix launch with the store epilogue.
     pub fn single(ty: GgmlType, w: DevPtr, rows: usize, cols: usize, y: DevPtr) -> Self {
         Matvec {
@@ -99,8 +108,7 @@ fn kernels_of(m: &Matvec) -> Result<kernels::MatvecKernels> {
 /// Launches a mat-vec (see matvec.cu).
 pub(crate) fn matvec(dev: &Device, m: &Matvec) -> Result<()> {
     let k = kernels_of(m)?;
-    let glu = matches!(m.mode, MvMode::GluGelu | MvMode::GluSilu);
-    let total = if glu { m.rows[0] } else { m.rows.iter().sum() };
+    let total = m.total_rows();
     if total == 0 || m.n_tok == 0 {
         return Ok(());
     }
@@ -130,21 +138,26 @@ pub(crate) fn matvec(dev: &Device, m: &Matvec) -> Result<()> {
     dev.launch(name, (to_u32(gx, "grid")?, to_u32(gy, "grid")?, 1), MV_WARPS * 32, 0, &args)
 }
 
-/// Threads of an `mvn_*` block (`MVN_THREADS` in matvec_norm.cu).
-const MVN_THREADS: usize = 1024;
+/// Threads of a `residual_norm` block and of an `mvn_*` block
+/// (`NORM_THREADS` in norm.cu, `MVN_THREADS` in matvec_norm.cu, asserted
+/// equal there): the same block size gives the fused norm the same
+/// reduction order, so the same bits.
+const NORM_THREADS: usize = 1024;
 /// Values per thread of the norm's whole-row path (`NORM_REG` in norm.cu).
 const NORM_REG: usize = 4;
 
 /// Whether [`matvec_norm`] can run the one-token product `m` with its
 /// input's norm (`INFER_CUDA_FUSE_NORM=0` says never, to compare): a
-/// quantized type, and an input row of a multiple of 32 values that the
-/// norm holds in registers.
+/// quantized type, at least one row, and an input row of a multiple of 32
+/// values that the norm holds in registers.
 pub(crate) fn can_fuse_norm(m: &Matvec) -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     let on = *ON.get_or_init(|| std::env::var("INFER_CUDA_FUSE_NORM").map_or(true, |v| v != "0"));
+    // A launch of no rows would skip the norm it carries.
     on && m.n_tok == 1
+        && m.total_rows() > 0
         && m.cols.is_multiple_of(32)
-        && m.cols <= MVN_THREADS * NORM_REG
+        && m.cols <= NORM_THREADS * NORM_REG
         && kernels_of(m).is_ok_and(|k| k.tn.is_some())
 }
 
@@ -163,8 +176,7 @@ pub(crate) fn matvec_norm(dev: &Device, m: &Matvec, norm: &NormArgs, x_out: DevP
     if norm.n as usize != m.cols || norm.q != 0 && norm.ds == 0 || norm.add != 0 && x_out == 0 {
         return Err(Error::Device("fused norm arguments do not match the product".into()));
     }
-    let glu = matches!(m.mode, MvMode::GluGelu | MvMode::GluSilu);
-    let total = if glu { m.rows[0] } else { m.rows.iter().sum() };
+    let total = m.total_rows();
     let args = MvNormArgs {
         mv: MatvecArgs {
             w: m.w,
@@ -188,10 +200,10 @@ pub(crate) fn matvec_norm(dev: &Device, m: &Matvec, norm: &NormArgs, x_out: DevP
         x_out,
     };
     // One block per SM at most (1024 threads, up to 64 registers each).
-    let warps = MVN_THREADS / 32;
+    let warps = NORM_THREADS / 32;
     let grid = total.div_ceil(warps).min(dev.info.multiprocessors.max(1) as usize);
     let smem = m.cols + m.cols / 32 * 8;
-    dev.launch(name, (to_u32(grid, "grid")?, 1, 1), MVN_THREADS as u32, to_u32(smem, "shared memory")?, &args)
+    dev.launch(name, (to_u32(grid, "grid")?, 1, 1), NORM_THREADS as u32, to_u32(smem, "shared memory")?, &args)
 }
 
 /// Whether one-token mat-vecs prefetch their weight rows into L2 before
@@ -207,9 +219,9 @@ pub(crate) fn residual_norm(dev: &Device, args: &NormArgs, n_tok: usize) -> Resu
     if args.q != 0 && args.n % 32 != 0 {
         return Err(Error::Device(format!("q8 output of a norm needs a multiple of 32 values, not {}", args.n)));
     }
-    // 1024 threads (NORM_THREADS in norm.cu): rows up to 4096 values are
+    // NORM_THREADS threads: rows up to NORM_THREADS * NORM_REG values are
     // held in registers, every load issued before the first use.
-    dev.launch(names::RESIDUAL_NORM, (to_u32(n_tok, "tokens")?, 1, 1), 1024, 0, args)
+    dev.launch(names::RESIDUAL_NORM, (to_u32(n_tok, "tokens")?, 1, 1), NORM_THREADS as u32, 0, args)
 }
 
 /// Launches the q/k/v post-processing (bias, q/k norm, RoPE, KV append).

@@ -20,6 +20,8 @@
 // NORM_REG; dynamic shared memory: n bytes of quants, then n / 32 float2.
 
 #define MVN_THREADS 1024
+// The same block size as residual_norm: the same reduction order, the same bits.
+static_assert(MVN_THREADS == NORM_THREADS, "mvn_* and residual_norm must reduce alike");
 // Rows per warp asked of L2 ahead of the one being computed.
 #define MVN_AHEAD 4
 
