@@ -148,13 +148,19 @@ __device__ __forceinline__ void matvec_q1(const MatvecArgs& a) {
 // Weights do not depend on the kernel before this one: before waiting for
 // it (PDL), each warp of a one-token launch asks L2 for its row(s), so that
 // the weight stream overlaps that kernel instead of following it.
-__device__ __forceinline__ void mv_prefetch(const MatvecArgs& a) {
-    const bool glu = a.mode == MV_GLU_GELU || a.mode == MV_GLU_SILU;
+// Asks L2 for row gr (< total) of the launch (both rows of a GLU pair).
+__device__ __forceinline__ void mv_prefetch_row(const MatvecArgs& a, bool glu, int gr) {
     int seg, r;
-    if (!a.prefetch || !mv_row(a, glu, seg, r)) return;
+    mv_locate(a, glu, gr, seg, r);
     const u8* wbase = seg == 0 ? a.w[0] : seg == 1 ? a.w[1] : a.w[2];
     prefetch_l2(wbase + (size_t)r * a.row_bytes, a.row_bytes);
     if (glu) prefetch_l2(a.w[1] + (size_t)r * a.row_bytes, a.row_bytes);
+}
+
+__device__ __forceinline__ void mv_prefetch(const MatvecArgs& a) {
+    const bool glu = a.mode == MV_GLU_GELU || a.mode == MV_GLU_SILU;
+    const int gr = blockIdx.x * MV_WARPS + threadIdx.x / WARP;
+    if (a.prefetch && gr < mv_total_rows(a, glu)) mv_prefetch_row(a, glu, gr);
 }
 
 // Float weights (F32, F16, BF16) against the f32 activation.

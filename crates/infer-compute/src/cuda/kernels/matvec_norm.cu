@@ -25,14 +25,6 @@ static_assert(MVN_THREADS == NORM_THREADS, "mvn_* and residual_norm must reduce 
 // Rows per warp asked of L2 ahead of the one being computed.
 #define MVN_AHEAD 4
 
-__device__ __forceinline__ void mvn_prefetch_row(const MatvecArgs& a, bool glu, int gr) {
-    int seg, r;
-    mv_locate(a, glu, gr, seg, r);
-    const u8* wbase = seg == 0 ? a.w[0] : seg == 1 ? a.w[1] : a.w[2];
-    prefetch_l2(wbase + (size_t)r * a.row_bytes, a.row_bytes);
-    if (glu) prefetch_l2(a.w[1] + (size_t)r * a.row_bytes, a.row_bytes);
-}
-
 template <class T>
 __device__ __forceinline__ void matvec_norm1(const MvNormArgs& p) {
     const MatvecArgs& a = p.mv;
@@ -47,7 +39,7 @@ __device__ __forceinline__ void matvec_norm1(const MvNormArgs& p) {
     const int first = blockIdx.x * nw + threadIdx.x / WARP;
     // ---- Independent of the previous kernel: the first rows' weights.
     if (a.prefetch)
-        for (int k = 0, gr = first; k < MVN_AHEAD && gr < total; ++k, gr += step) mvn_prefetch_row(a, glu, gr);
+        for (int k = 0, gr = first; k < MVN_AHEAD && gr < total; ++k, gr += step) mv_prefetch_row(a, glu, gr);
     PDL_PROLOGUE;
 
     // ---- The norm, as residual_norm (row 0), into shared memory.
@@ -71,7 +63,7 @@ __device__ __forceinline__ void matvec_norm1(const MvNormArgs& p) {
     // ---- The product against the shared activation.
     for (int gr = first; gr < total; gr += step) {
         const int ahead = gr + MVN_AHEAD * step;
-        if (a.prefetch && ahead < total) mvn_prefetch_row(a, glu, ahead);
+        if (a.prefetch && ahead < total) mv_prefetch_row(a, glu, ahead);
         mv1_row<T>(a, glu, gr, sq, sds);
     }
 }
