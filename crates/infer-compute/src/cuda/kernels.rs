@@ -98,19 +98,23 @@ pub(crate) const ATTN_MAX_G: usize = 8;
 /// Largest head dimension of the q/k/v kernel (`QKV_MAX_HD` in rope.cu).
 pub(crate) const QKV_MAX_HD: usize = 1024;
 
+/// The kernels of a quantized type named `$n` in the sources
+/// (`MV_KERNELS` / `MVN_KERNEL`: `mv_$n_t1`, `mvn_$n`, `mv_$n_t8`).
+macro_rules! quantized_kernels {
+    ($n:literal) => {
+        Some(MatvecKernels {
+            t1: KernelName(concat!("mv_", $n, "_t1")),
+            tn: Some(KernelName(concat!("mvn_", $n))),
+            t8: KernelName(concat!("mv_", $n, "_t8")),
+            quantized: true,
+        })
+    };
+}
+
 /// The mat-vec kernels for weight type `ty`, or `None` where there is none
 /// (the activation-only types Q8_1 and Q8_K).
 pub(crate) fn matvec_kernels(ty: GgmlType) -> Option<MatvecKernels> {
-    macro_rules! q {
-        ($n:literal) => {
-            Some(MatvecKernels {
-                t1: KernelName(concat!("mv_", $n, "_t1")),
-                tn: Some(KernelName(concat!("mvn_", $n))),
-                t8: KernelName(concat!("mv_", $n, "_t8")),
-                quantized: true,
-            })
-        };
-    }
+    use quantized_kernels as q;
     let f = |t1, t8| Some(MatvecKernels { t1: KernelName(t1), tn: None, t8: KernelName(t8), quantized: false });
     match ty {
         GgmlType::F32 => f("mv_f32_t1", "mv_f32_t8"),
@@ -133,16 +137,7 @@ pub(crate) fn matvec_kernels(ty: GgmlType) -> Option<MatvecKernels> {
 
 /// The mat-vec kernels of the repacked layout of `ty` (see `repack.rs`).
 pub(crate) fn repacked_matvec_kernels(ty: GgmlType) -> Option<MatvecKernels> {
-    macro_rules! r {
-        ($n:literal) => {
-            Some(MatvecKernels {
-                t1: KernelName(concat!("mv_", $n, "_t1")),
-                tn: Some(KernelName(concat!("mvn_", $n))),
-                t8: KernelName(concat!("mv_", $n, "_t8")),
-                quantized: true,
-            })
-        };
-    }
+    use quantized_kernels as r;
     match ty {
         GgmlType::Q8_0 => r!("q8_0r"),
         GgmlType::Q4_0 => r!("q4_0r"),

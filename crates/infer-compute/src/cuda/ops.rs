@@ -115,7 +115,16 @@ pub(crate) fn matvec(dev: &Device, m: &Matvec) -> Result<()> {
     if k.quantized && !m.cols.is_multiple_of(32) {
         return Err(Error::RowNotBlockMultiple { ty: m.ty, cols: m.cols, block_size: 32 });
     }
-    let args = MatvecArgs {
+    let args = matvec_args(m)?;
+    let (name, gy) = if m.n_tok == 1 { (k.t1, 1) } else { (k.t8, m.n_tok.div_ceil(MV_TOKENS)) };
+    let gx = total.div_ceil(MV_WARPS as usize);
+    dev.launch(name, (to_u32(gx, "grid")?, to_u32(gy, "grid")?, 1), MV_WARPS * 32, 0, &args)
+}
+
+/// The kernel arguments of `m` (shapes checked against the kernels'
+/// 32-bit indices).
+fn matvec_args(m: &Matvec) -> Result<MatvecArgs> {
+    Ok(MatvecArgs {
         w: m.w,
         y: m.y,
         aq: m.aq,
@@ -132,10 +141,7 @@ pub(crate) fn matvec(dev: &Device, m: &Matvec) -> Result<()> {
         cap: m.cap,
         prefetch: i32::from(m.n_tok == 1 && prefetch_enabled()),
         pad_: 0,
-    };
-    let (name, gy) = if m.n_tok == 1 { (k.t1, 1) } else { (k.t8, m.n_tok.div_ceil(MV_TOKENS)) };
-    let gx = total.div_ceil(MV_WARPS as usize);
-    dev.launch(name, (to_u32(gx, "grid")?, to_u32(gy, "grid")?, 1), MV_WARPS * 32, 0, &args)
+    })
 }
 
 /// Threads of a `residual_norm` block and of an `mvn_*` block
@@ -177,28 +183,8 @@ pub(crate) fn matvec_norm(dev: &Device, m: &Matvec, norm: &NormArgs, x_out: DevP
         return Err(Error::Device("fused norm arguments do not match the product".into()));
     }
     let total = m.total_rows();
-    let args = MvNormArgs {
-        mv: MatvecArgs {
-            w: m.w,
-            y: m.y,
-            aq: 0,
-            ad: 0,
-            ax: 0,
-            rows: [to_i32(m.rows[0], "rows")?, to_i32(m.rows[1], "rows")?, to_i32(m.rows[2], "rows")?],
-            row_bytes: to_i32(
-                if m.repacked_stride > 0 { m.repacked_stride } else { m.ty.row_bytes(m.cols)? },
-                "row bytes",
-            )?,
-            cols: to_i32(m.cols, "cols")?,
-            n_tok: 1,
-            mode: m.mode as i32,
-            cap: m.cap,
-            prefetch: i32::from(prefetch_enabled()),
-            pad_: 0,
-        },
-        norm: *norm,
-        x_out,
-    };
+    // The activation comes from the norm, not from m.aq / m.ad / m.x.
+    let args = MvNormArgs { mv: MatvecArgs { aq: 0, ad: 0, ax: 0, ..matvec_args(m)? }, norm: *norm, x_out };
     // One block per SM at most (1024 threads, up to 64 registers each).
     let warps = NORM_THREADS / 32;
     let grid = total.div_ceil(warps).min(dev.info.multiprocessors.max(1) as usize);
