@@ -89,22 +89,34 @@ pub fn teacher_force_all(
 ) -> (usize, Vec<String>) {
     let mut failures = vec![];
     let mut checked = 0;
+    for_each_case(sub, &mut prepare, |name, model, case| {
+        let a = teacher_force(model, case).expect("teacher forcing");
+        println!("{name} {label} {}: {}", case.name, a.summary());
+        checked += 1;
+        if !ok(&a) {
+            failures.push(format!("{name} {}: {}", case.name, a.summary()));
+        }
+    });
+    (checked, failures)
+}
+
+/// Calls `f` on every case of `sub` of every model that has some, with
+/// the model `prepare` makes of its name (once per model).
+fn for_each_case(
+    sub: &str,
+    prepare: &mut impl FnMut(&str) -> Box<dyn DeviceModel>,
+    mut f: impl FnMut(&str, &mut dyn DeviceModel, &ReferenceCase),
+) {
     for name in models() {
         let cases = cases(&name, sub);
         if cases.is_empty() {
             continue;
         }
         let mut model = prepare(&name);
-        for case in cases {
-            let a = teacher_force(model.as_mut(), &case).expect("teacher forcing");
-            println!("{name} {label} {}: {}", case.name, a.summary());
-            checked += 1;
-            if !ok(&a) {
-                failures.push(format!("{name} {}: {}", case.name, a.summary()));
-            }
+        for case in &cases {
+            f(&name, model.as_mut(), case);
         }
     }
-    (checked, failures)
 }
 
 /// Greedy generation of every case of `sub` on the model `prepare` makes
@@ -114,20 +126,13 @@ pub fn teacher_force_all(
 /// tokens were compared.
 pub fn greedy_all(sub: &str, label: &str, tie: f32, mut prepare: impl FnMut(&str) -> Box<dyn DeviceModel>) -> usize {
     let mut compared = 0;
-    for name in models() {
-        let cases = cases(&name, sub);
-        if cases.is_empty() {
-            continue;
-        }
-        let mut model = prepare(&name);
-        for case in cases {
-            let equal = greedy_up_to_first_near_tie(model.as_mut(), &case, tie)
-                .unwrap_or_else(|e| panic!("{name} {label} {}: {e}", case.name));
-            let end = if equal == case.greedy.len() { "all" } else { "then a near-tie" };
-            println!("{name} {label} {}: {equal} of {} greedy tokens equal ({end})", case.name, case.greedy.len());
-            compared += equal;
-        }
-    }
+    for_each_case(sub, &mut prepare, |name, model, case| {
+        let equal = greedy_up_to_first_near_tie(model, case, tie)
+            .unwrap_or_else(|e| panic!("{name} {label} {}: {e}", case.name));
+        let end = if equal == case.greedy.len() { "all" } else { "then a near-tie" };
+        println!("{name} {label} {}: {equal} of {} greedy tokens equal ({end})", case.name, case.greedy.len());
+        compared += equal;
+    });
     compared
 }
 
