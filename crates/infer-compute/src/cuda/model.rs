@@ -11,8 +11,8 @@
 //! | one token: bias, q/k RMSNorm, RoPE, K/V append at the position read from device memory, split-K attention over 32-position spans, their merge, quantize for `wo` | `attn_decode_hd*` (attention_decode.cu) |
 //! | several tokens, or other head sizes: the same in two or three launches (tiled attention in passes of 16 or more tokens) | `qkv_post`, `attn_split`, `attn_combine` (`attn_prefill_hd*`) |
 //! | output projection | `mv_<type>` |
-//! | post-attention norm + residual add + pre-FFN norm | `residual_norm`; one token, quantized weights: inside the gate/up product |
-//! | gate and up with the GLU epilogue (one launch when their types agree) | `mv_<type>` or `mvn_<type>` (or two launches + `glu`) |
+//! | post-attention norm + residual add + pre-FFN norm | `residual_norm` |
+//! | gate and up with the GLU epilogue (one launch when their types agree) | `mv_<type>` (or two launches + `glu`) |
 //! | quantize the activation, down projection | `quantize_q8`, `mv_<type>` |
 //!
 //! then the output norm and the vocabulary projection of the last token
@@ -506,10 +506,12 @@ impl CudaModel {
         };
 
         // One token: each residual add + norm waits in `pending` for the
-        // product that reads it, which runs it in its own blocks when it can
-        // (`mvn_*`; the residual then moves between `x` and `x_alt`, `cur`
-        // says where it is); otherwise, and for several tokens, it runs as
-        // `residual_norm` first, in place.
+        // product that reads it. The q/k/v product runs it in its own blocks
+        // when it can (`mvn_*`; the residual then moves between `x` and
+        // `x_alt`, `cur` says where it is); otherwise, and for several
+        // tokens, it runs as `residual_norm` first, in place. The gate/up
+        // product keeps `residual_norm`: fused there too, a decode step was
+        // 1-4% slower on all four benchmark models (H200, BENCHMARKS.md).
         let mut cur = x;
         let mut pending: Option<NormArgs> = None;
         let norm = |na: NormArgs, pending: &mut Option<NormArgs>| -> Result<()> {
@@ -520,9 +522,9 @@ impl CudaModel {
                 ops::residual_norm(d, &na, n)
             }
         };
-        let product = |call: &Matvec, pending: &mut Option<NormArgs>, cur: &mut DevPtr| -> Result<()> {
+        let product = |call: &Matvec, pending: &mut Option<NormArgs>, cur: &mut DevPtr, fuse: bool| -> Result<()> {
             match pending.take() {
-                Some(na) if ops::can_fuse_norm(call) => {
+                Some(na) if fuse && ops::can_fuse_norm(call) => {
                     let other = if *cur == x { x_alt } else { x };
                     ops::matvec_norm(d, call, &na, if na.add != 0 { other } else { 0 })?;
                     if na.add != 0 {
@@ -566,7 +568,7 @@ impl CudaModel {
                     call.rows[j - i] = targets[j].0.rows;
                     j += 1;
                 }
-                product(&call, &mut pending, &mut cur)?;
+                product(&call, &mut pending, &mut cur, true)?;
                 i = j;
             }
             mark("matvec attn_qkv", &[&l.wq, &l.wk, &l.wv])?;
@@ -642,15 +644,15 @@ impl CudaModel {
                     let mut call = mv(g, h, aq, ad, act);
                     call.w[1] = d.ptr(&l.up.buf);
                     call.mode = if l.gelu { MvMode::GluGelu } else { MvMode::GluSilu };
-                    product(&call, &mut pending, &mut cur)?;
+                    product(&call, &mut pending, &mut cur, false)?;
                 }
                 Some(g) if l.gated => {
-                    product(&mv(g, h, aq, ad, p(&b.gate)), &mut pending, &mut cur)?;
+                    product(&mv(g, h, aq, ad, p(&b.gate)), &mut pending, &mut cur, false)?;
                     ops::matvec(d, &mv(&l.up, h, aq, ad, p(&b.up)))?;
                     ops::glu(d, p(&b.gate), p(&b.up), act, n * n_ff, l.gelu)?;
                 }
                 _ => {
-                    product(&mv(&l.up, h, aq, ad, act), &mut pending, &mut cur)?;
+                    product(&mv(&l.up, h, aq, ad, act), &mut pending, &mut cur, false)?;
                     ops::act_inplace(d, act, n * n_ff, l.gelu)?;
                 }
             }

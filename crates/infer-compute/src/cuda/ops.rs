@@ -244,7 +244,7 @@ pub(crate) fn qkv_attention(dev: &Device, qkv: &QkvArgs, attn: &AttnArgs, count:
         let floats = ATTN_MAX_G * hd + ATTN_MAX_G * ATTN_SPLIT + 3 * hd + 2 * ATTN_MAX_G;
         let smem = (floats * 4 + ATTN_SPLIT * hd * 2) as u32;
         let grid = (to_u32(n_kv, "kv heads")?, to_u32(attn.n_split as usize, "splits")?, 1);
-        return dev.launch(k, grid, ATTN_THREADS as u32, smem, &AttnQkvArgs { at: *attn, qk: *qkv, count });
+        return dev.launch(k, grid, decode_threads(hd), smem, &AttnQkvArgs { at: *attn, qk: *qkv, count });
     }
     let fuse = one && fuse_qkv_setting().unwrap_or(n_kv >= 2);
     if !fuse {
@@ -280,6 +280,12 @@ fn fuse_qkv_setting() -> Option<bool> {
         Ok("1") => Some(true),
         _ => None,
     })
+}
+
+/// Threads of an `attn_decode_hd*` block (`DECODE_THREADS` in
+/// attention_decode.cu): four query heads' outputs at once.
+fn decode_threads(hd: usize) -> u32 {
+    (4 * hd).max(ATTN_THREADS) as u32
 }
 
 fn decode_enabled() -> bool {
