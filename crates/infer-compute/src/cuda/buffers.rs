@@ -91,6 +91,11 @@ pub(super) struct Buffers {
     pub h: CudaSlice<f32>,
     pub aq: CudaSlice<i8>,
     pub ad: CudaSlice<f32>,
+    /// q8 activation of one token's GLU output, written by the gate/up
+    /// product while others blocks still read `aq` / `ad`
+    /// ([`ops::matvec_glu_q8`]): `n_ff` quants, `n_ff / 32` (d, d * sum).
+    pub glu_q: CudaSlice<i8>,
+    pub glu_ds: CudaSlice<f32>,
     pub q: CudaSlice<f32>,
     pub k: CudaSlice<f32>,
     pub v: CudaSlice<f32>,
@@ -104,6 +109,9 @@ pub(super) struct Buffers {
     /// Finished spans per kv head of the one-launch decode attention
     /// ([`ops::qkv_attention`]); zero between launches.
     pub attn_count: CudaSlice<i32>,
+    /// Finished blocks per q8 chunk of a one-token GLU product that
+    /// quantizes its output ([`ops::matvec_glu_q8`]); zero between launches.
+    pub glu_count: CudaSlice<i32>,
     pub logits: CudaSlice<f32>,
     /// The device argmax: per-block keys, the blocks' finish counter, the
     /// result (see [`ops::argmax`]).
@@ -147,6 +155,8 @@ impl Buffers {
             h: d.zeros(cap * e)?,
             aq: d.zeros(cap * m.cols)?,
             ad: d.zeros(cap * m.cols.div_ceil(32) * 2)?,
+            glu_q: d.zeros(m.n_ff.max(1))?,
+            glu_ds: d.zeros((m.n_ff / 32).max(1) * 2)?,
             q: d.zeros(cap * m.q_dim)?,
             k: d.zeros(cap * m.kv_dim)?,
             v: d.zeros(cap * m.kv_dim)?,
@@ -158,6 +168,7 @@ impl Buffers {
             part_o: d.zeros(m.split_k_tokens(cap) * m.heads * n_split * m.hd)?,
             part_ml: d.zeros(m.split_k_tokens(cap) * m.heads * n_split * 2)?,
             attn_count: d.zeros(m.heads.max(1))?,
+            glu_count: d.zeros((m.n_ff / 32).max(1))?,
             logits: d.zeros(n_vocab)?,
             argmax_part: d.zeros(ops::ARGMAX_BLOCKS)?,
             argmax_count: d.zeros(1)?,

@@ -82,6 +82,8 @@ pub(crate) mod names {
 pub(crate) struct MatvecKernels {
     pub t1: KernelName,
     pub tn: Option<KernelName>,
+    /// One token, GLU, the output also written as q8 (`mv_*_t1q`).
+    pub t1q: Option<KernelName>,
     pub t8: KernelName,
     /// Whether the kernel takes the q8 activation (else the f32 one).
     pub quantized: bool,
@@ -105,6 +107,7 @@ macro_rules! quantized_kernels {
         Some(MatvecKernels {
             t1: KernelName(concat!("mv_", $n, "_t1")),
             tn: Some(KernelName(concat!("mvn_", $n))),
+            t1q: Some(KernelName(concat!("mv_", $n, "_t1q"))),
             t8: KernelName(concat!("mv_", $n, "_t8")),
             quantized: true,
         })
@@ -115,7 +118,7 @@ macro_rules! quantized_kernels {
 /// (the activation-only types Q8_1 and Q8_K).
 pub(crate) fn matvec_kernels(ty: GgmlType) -> Option<MatvecKernels> {
     use quantized_kernels as q;
-    let f = |t1, t8| Some(MatvecKernels { t1: KernelName(t1), tn: None, t8: KernelName(t8), quantized: false });
+    let f = |t1, t8| Some(MatvecKernels { t1: KernelName(t1), tn: None, t1q: None, t8: KernelName(t8), quantized: false });
     match ty {
         GgmlType::F32 => f("mv_f32_t1", "mv_f32_t8"),
         GgmlType::F16 => f("mv_f16_t1", "mv_f16_t8"),
@@ -210,6 +213,17 @@ pub(crate) struct MvNormArgs {
 }
 const _: () = assert!(std::mem::size_of::<MvNormArgs>() == 200);
 
+/// Mirror of `MvQuantArgs`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct MvQuantArgs {
+    pub mv: MatvecArgs,
+    pub oq: DevPtr,
+    pub ods: DevPtr,
+    pub count: DevPtr,
+}
+const _: () = assert!(std::mem::size_of::<MvQuantArgs>() == 136);
+
 /// Mirror of `QkvArgs`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
@@ -281,3 +295,4 @@ unsafe impl DeviceRepr for QkvArgs {}
 unsafe impl DeviceRepr for AttnArgs {}
 unsafe impl DeviceRepr for AttnQkvArgs {}
 unsafe impl DeviceRepr for MvNormArgs {}
+unsafe impl DeviceRepr for MvQuantArgs {}

@@ -629,6 +629,7 @@ impl CudaModel {
 
             let n_ff = l.up.rows;
             let act = p(&b.act);
+            let mut act_q8 = false;
             match &l.gate {
                 Some(g) if l.gated && gemm.is_some() => {
                     let xo = operand(h, e)?;
@@ -644,7 +645,17 @@ impl CudaModel {
                     let mut call = mv(g, h, aq, ad, act);
                     call.w[1] = d.ptr(&l.up.buf);
                     call.mode = if l.gelu { MvMode::GluGelu } else { MvMode::GluSilu };
-                    product(&call, &mut pending, &mut cur, false)?;
+                    // One token: the q8 copy of the output for ffn_down is
+                    // written by the product itself when it can.
+                    if n == 1 && ops::wants_q8(l.down.ty)? && ops::can_glu_q8(&call) {
+                        if let Some(na) = pending.take() {
+                            ops::residual_norm(d, &na, n)?;
+                        }
+                        ops::matvec_glu_q8(d, &call, d.ptr(&b.glu_q), d.ptr(&b.glu_ds), d.ptr(&b.glu_count))?;
+                        act_q8 = true;
+                    } else {
+                        product(&call, &mut pending, &mut cur, false)?;
+                    }
                 }
                 Some(g) if l.gated => {
                     product(&mv(g, h, aq, ad, p(&b.gate)), &mut pending, &mut cur, false)?;
@@ -663,10 +674,11 @@ impl CudaModel {
             if gemm.is_some() {
                 mm(&l.down, operand(act, n_ff)?, o)?;
             } else {
-                if ops::wants_q8(l.down.ty)? {
+                if ops::wants_q8(l.down.ty)? && !act_q8 {
                     ops::quantize_q8(d, act, aq, ad, n * n_ff / 32)?;
                 }
-                ops::matvec(d, &mv(&l.down, act, aq, ad, o))?;
+                let (dq, dd) = if act_q8 { (d.ptr(&b.glu_q), d.ptr(&b.glu_ds)) } else { (aq, ad) };
+                ops::matvec(d, &mv(&l.down, act, dq, dd, o))?;
             }
             mark("matvec ffn_down", &[&l.down])?;
             let next = self.layers.get(li + 1).map_or(&self.output_norm, |nl| &nl.attn_norm);

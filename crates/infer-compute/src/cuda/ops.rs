@@ -121,6 +121,35 @@ pub(crate) fn matvec(dev: &Device, m: &Matvec) -> Result<()> {
     dev.launch(name, (to_u32(gx, "grid")?, to_u32(gy, "grid")?, 1), MV_WARPS * 32, 0, &args)
 }
 
+/// Whether [`matvec_glu_q8`] can run the one-token product `m`
+/// (`INFER_CUDA_GLU_Q8=0` says never, to compare): a GLU product of a
+/// quantized type whose rows fill whole q8 chunks.
+pub(crate) fn can_glu_q8(m: &Matvec) -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let on = *ON.get_or_init(|| std::env::var("INFER_CUDA_GLU_Q8").map_or(true, |v| v != "0"));
+    on && m.n_tok == 1
+        && matches!(m.mode, MvMode::GluGelu | MvMode::GluSilu)
+        && m.total_rows() > 0
+        && m.total_rows().is_multiple_of(32)
+        && m.cols.is_multiple_of(32)
+        && kernels_of(m).is_ok_and(|k| k.t1q.is_some())
+}
+
+/// Launches the one-token GLU product `m`, which also writes its output
+/// (`m.y[0]`, `m.rows[0]` values) as the q8 activation `oq` / `ods` of the
+/// product after it, as [`quantize_q8`] would (`mv_*_t1q`, matvec.cu).
+/// `count` is `m.rows[0] / 32` zeroed i32, left zeroed. Check
+/// [`can_glu_q8`] first.
+pub(crate) fn matvec_glu_q8(dev: &Device, m: &Matvec, oq: DevPtr, ods: DevPtr, count: DevPtr) -> Result<()> {
+    let k = kernels_of(m)?;
+    let name = k.t1q.filter(|_| can_glu_q8(m) && oq != 0 && ods != 0 && count != 0).ok_or_else(|| {
+        Error::Device(format!("no quantizing GLU product for {} rows of {} values", m.ty.name(), m.cols))
+    })?;
+    let args = kernels::MvQuantArgs { mv: matvec_args(m)?, oq, ods, count };
+    let gx = m.total_rows().div_ceil(MV_WARPS as usize);
+    dev.launch(name, (to_u32(gx, "grid")?, 1, 1), MV_WARPS * 32, 0, &args)
+}
+
 /// The kernel arguments of `m` (shapes checked against the kernels'
 /// 32-bit indices).
 fn matvec_args(m: &Matvec) -> Result<MatvecArgs> {

@@ -275,6 +275,16 @@ struct MvNormArgs {
 };
 static_assert(sizeof(MvNormArgs) == 200, "MvNormArgs layout");
 
+// One-token GLU product that also writes its output as the q8 activation
+// of the product after it (mv_<type>_t1q, matvec.cu).
+struct MvQuantArgs {
+    MatvecArgs mv;
+    i8* oq;              // q8 quants of the output, [rows]
+    float2* ods;         // q8 scales of the output, [rows / 32]
+    int* count;          // finished blocks per 32 output rows, [rows / 32]; zero between launches
+};
+static_assert(sizeof(MvQuantArgs) == 136, "MvQuantArgs layout");
+
 // q/k bias, per-head norm, RoPE and KV-cache append. See rope.cu.
 struct QkvArgs {
     float* q;            // [n_tok][n_head * hd], rotated in place

@@ -145,6 +145,25 @@ __device__ __forceinline__ void matvec_q1(const MatvecArgs& a) {
     mv1_row<T>(a, glu, gr, a.aq, a.ad);
 }
 
+// One token, GLU, the output also quantized to q8 for the product after
+// it: the 32 output rows of a q8 chunk belong to 32 / MV_WARPS blocks, and
+// the last of them to finish (ticket on count[chunk], re-armed) quantizes
+// the chunk, as quantize_q8 would, so that product needs no launch of its
+// own first. The host checks that the rows fill whole chunks.
+template <class T>
+__device__ __forceinline__ void matvec_q1_quant(const MvQuantArgs& p) {
+    const MatvecArgs& a = p.mv;
+    const int gr = blockIdx.x * MV_WARPS + threadIdx.x / WARP;
+    mv1_row<T>(a, true, gr, a.aq, a.ad);
+    __shared__ int s_last;
+    const int chunk = blockIdx.x / (32 / MV_WARPS);
+    if (!last_block(p.count + chunk, 32 / MV_WARPS, s_last)) return;
+    if (threadIdx.x < WARP) {
+        const size_t i = (size_t)chunk * 32 + threadIdx.x;
+        quantize_chunk_warp(__ldcg(a.y[0] + i), p.oq + (size_t)chunk * 32, p.ods + chunk);
+    }
+}
+
 // Weights do not depend on the kernel before this one: before waiting for
 // it (PDL), each warp of a one-token launch asks L2 for its row(s), so that
 // the weight stream overlaps that kernel instead of following it.
@@ -206,6 +225,11 @@ __device__ __forceinline__ void matvec_f(const MatvecArgs& a) {
     extern "C" __global__ void __launch_bounds__(MV_WARPS * WARP) mv_##name##_t8(const MatvecArgs a) { \
         PDL_PROLOGUE;                                                                              \
         matvec_q<T, 8>(a);                                                                         \
+    }                                                                                              \
+    extern "C" __global__ void __launch_bounds__(MV_WARPS * WARP) mv_##name##_t1q(const MvQuantArgs p) { \
+        mv_prefetch(p.mv);                                                                         \
+        PDL_PROLOGUE;                                                                              \
+        matvec_q1_quant<T>(p);                                                                     \
     }
 
 MV_KERNELS(q4_0, TQ4_0)
