@@ -118,7 +118,8 @@ macro_rules! quantized_kernels {
 /// (the activation-only types Q8_1 and Q8_K).
 pub(crate) fn matvec_kernels(ty: GgmlType) -> Option<MatvecKernels> {
     use quantized_kernels as q;
-    let f = |t1, t8| Some(MatvecKernels { t1: KernelName(t1), tn: None, t1q: None, t8: KernelName(t8), quantized: false });
+    let f =
+        |t1, t8| Some(MatvecKernels { t1: KernelName(t1), tn: None, t1q: None, t8: KernelName(t8), quantized: false });
     match ty {
         GgmlType::F32 => f("mv_f32_t1", "mv_f32_t8"),
         GgmlType::F16 => f("mv_f16_t1", "mv_f16_t8"),
