@@ -92,7 +92,7 @@ pub(super) struct Buffers {
     pub aq: CudaSlice<i8>,
     pub ad: CudaSlice<f32>,
     /// q8 activation of one token's GLU output, written by the gate/up
-    /// product while others blocks still read `aq` / `ad`
+    /// product while other blocks still read `aq` / `ad`
     /// ([`ops::matvec_glu_q8`]): `n_ff` quants, `n_ff / 32` (d, d * sum).
     pub glu_q: CudaSlice<i8>,
     pub glu_ds: CudaSlice<f32>,
