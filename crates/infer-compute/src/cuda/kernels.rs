@@ -101,7 +101,7 @@ pub(crate) const ATTN_MAX_G: usize = 8;
 pub(crate) const QKV_MAX_HD: usize = 1024;
 
 /// The kernels of a quantized type named `$n` in the sources
-/// (`MV_KERNELS` / `MVN_KERNEL`: `mv_$n_t1`, `mvn_$n`, `mv_$n_t8`).
+/// (`MV_KERNELS` / `MVN_KERNEL`: `mv_$n_t1`, `mvn_$n`, `mv_$n_t1q`, `mv_$n_t8`).
 macro_rules! quantized_kernels {
     ($n:literal) => {
         Some(MatvecKernels {
