@@ -505,13 +505,14 @@ impl CudaModel {
             ops::gemm(d, prec, wf, x, y, w.rows, w.cols, n)
         };
 
-        // One token: each residual add + norm waits in `pending` for the
-        // product that reads it. The q/k/v product runs it in its own blocks
+        // One token: the residual add + norm before q/k/v waits in
+        // `pending` for the q/k/v product, which runs it in its own blocks
         // when it can (`mvn_*`; the residual then moves between `x` and
         // `x_alt`, `cur` says where it is); otherwise, and for several
-        // tokens, it runs as `residual_norm` first, in place. The gate/up
-        // product keeps `residual_norm`: fused there too, a decode step was
-        // 1-4% slower on all four benchmark models (H200, BENCHMARKS.md).
+        // tokens, it runs as `residual_norm` first, in place. The norm
+        // before gate/up always runs as `residual_norm`: fused into that
+        // product too, a decode step was 1-4% slower on all four benchmark
+        // models (H200, BENCHMARKS.md).
         let mut cur = x;
         let mut pending: Option<NormArgs> = None;
         let norm = |na: NormArgs, pending: &mut Option<NormArgs>| -> Result<()> {
@@ -522,9 +523,9 @@ impl CudaModel {
                 ops::residual_norm(d, &na, n)
             }
         };
-        let product = |call: &Matvec, pending: &mut Option<NormArgs>, cur: &mut DevPtr, fuse: bool| -> Result<()> {
+        let product = |call: &Matvec, pending: &mut Option<NormArgs>, cur: &mut DevPtr| -> Result<()> {
             match pending.take() {
-                Some(na) if fuse && ops::can_fuse_norm(call) => {
+                Some(na) if ops::can_fuse_norm(call) => {
                     let other = if *cur == x { x_alt } else { x };
                     ops::matvec_norm(d, call, &na, if na.add != 0 { other } else { 0 })?;
                     if na.add != 0 {
@@ -568,7 +569,7 @@ impl CudaModel {
                     call.rows[j - i] = targets[j].0.rows;
                     j += 1;
                 }
-                product(&call, &mut pending, &mut cur, true)?;
+                product(&call, &mut pending, &mut cur)?;
                 i = j;
             }
             mark("matvec attn_qkv", &[&l.wq, &l.wk, &l.wv])?;
@@ -624,7 +625,7 @@ impl CudaModel {
                 ops::matvec(d, &mv(&l.wo, p(&b.attn), aq, ad, o))?;
             }
             mark("matvec attn_output", &[&l.wo])?;
-            norm(norm_args(cur, o, l.post_attn_norm.as_ref(), &l.ffn_norm), &mut pending)?;
+            ops::residual_norm(d, &norm_args(cur, o, l.post_attn_norm.as_ref(), &l.ffn_norm), n)?;
             mark("residual add, ffn_norm", &[])?;
 
             let n_ff = l.up.rows;
@@ -648,22 +649,19 @@ impl CudaModel {
                     // One token: the q8 copy of the output for ffn_down is
                     // written by the product itself when it can.
                     if n == 1 && ops::wants_q8(l.down.ty)? && ops::can_glu_q8(&call) {
-                        if let Some(na) = pending.take() {
-                            ops::residual_norm(d, &na, n)?;
-                        }
                         ops::matvec_glu_q8(d, &call, d.ptr(&b.glu_q), d.ptr(&b.glu_ds), d.ptr(&b.glu_count))?;
                         act_q8 = true;
                     } else {
-                        product(&call, &mut pending, &mut cur, false)?;
+                        ops::matvec(d, &call)?;
                     }
                 }
                 Some(g) if l.gated => {
-                    product(&mv(g, h, aq, ad, p(&b.gate)), &mut pending, &mut cur, false)?;
+                    ops::matvec(d, &mv(g, h, aq, ad, p(&b.gate)))?;
                     ops::matvec(d, &mv(&l.up, h, aq, ad, p(&b.up)))?;
                     ops::glu(d, p(&b.gate), p(&b.up), act, n * n_ff, l.gelu)?;
                 }
                 _ => {
-                    product(&mv(&l.up, h, aq, ad, act), &mut pending, &mut cur, false)?;
+                    ops::matvec(d, &mv(&l.up, h, aq, ad, act))?;
                     ops::act_inplace(d, act, n * n_ff, l.gelu)?;
                 }
             }
