@@ -13,6 +13,15 @@ use super::kernels::{
 use crate::error::{Error, Result};
 use crate::GgmlType;
 
+/// Whether the switch `$name` (an environment variable) is on: on unless
+/// it is `0`; read once per process.
+macro_rules! switch_on {
+    ($name:literal) => {{
+        static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *ON.get_or_init(|| std::env::var($name).map_or(true, |v| v != "0"))
+    }};
+}
+
 fn to_i32(v: usize, what: &str) -> Result<i32> {
     i32::try_from(v).map_err(|_| Error::Device(format!("{what} = {v} does not fit the kernels' 32-bit indices")))
 }
@@ -125,8 +134,7 @@ pub(crate) fn matvec(dev: &Device, m: &Matvec) -> Result<()> {
 /// (`INFER_CUDA_GLU_Q8=0` says never, to compare): a GLU product of a
 /// quantized type whose rows fill whole q8 chunks.
 pub(crate) fn can_glu_q8(m: &Matvec) -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let on = *ON.get_or_init(|| std::env::var("INFER_CUDA_GLU_Q8").map_or(true, |v| v != "0"));
+    let on = switch_on!("INFER_CUDA_GLU_Q8");
     on && m.n_tok == 1
         && matches!(m.mode, MvMode::GluGelu | MvMode::GluSilu)
         && m.total_rows() > 0
@@ -186,8 +194,7 @@ const NORM_REG: usize = 4;
 /// quantized type, at least one row, and an input row of a multiple of 32
 /// values that the norm holds in registers.
 pub(crate) fn can_fuse_norm(m: &Matvec) -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let on = *ON.get_or_init(|| std::env::var("INFER_CUDA_FUSE_NORM").map_or(true, |v| v != "0"));
+    let on = switch_on!("INFER_CUDA_FUSE_NORM");
     // A launch of no rows would skip the norm it carries.
     on && m.n_tok == 1
         && m.total_rows() > 0
@@ -225,8 +232,7 @@ pub(crate) fn matvec_norm(dev: &Device, m: &Matvec, norm: &NormArgs, x_out: DevP
 /// waiting for the previous kernel (matvec.cu, `mv_prefetch`).
 /// `INFER_CUDA_PREFETCH=0` turns it off (to compare).
 fn prefetch_enabled() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("INFER_CUDA_PREFETCH").map_or(true, |v| v != "0"))
+    switch_on!("INFER_CUDA_PREFETCH")
 }
 
 /// Launches the fused residual add + norm (+ quantize) over `n_tok` rows.
@@ -318,8 +324,7 @@ fn decode_threads(hd: usize) -> u32 {
 }
 
 fn decode_enabled() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("INFER_CUDA_ATTN_DECODE").map_or(true, |v| v != "0"))
+    switch_on!("INFER_CUDA_ATTN_DECODE")
 }
 
 fn check_qkv_shape(args: &QkvArgs) -> Result<()> {
@@ -374,8 +379,7 @@ pub(crate) fn check_attn_shape(n_head: usize, n_kv: usize, hd: usize) -> Result<
 pub const FLASH_MIN_TOKENS: usize = 16;
 
 fn flash_enabled() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("INFER_CUDA_FLASH").map_or(true, |v| v != "0"))
+    switch_on!("INFER_CUDA_FLASH")
 }
 
 /// Whether passes of [`FLASH_MIN_TOKENS`] or more tokens over heads of
