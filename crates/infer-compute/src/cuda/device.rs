@@ -210,7 +210,7 @@ impl Device {
             .iter()
             .flat_map(|&t| [kernels::matvec_kernels(t), kernels::repacked_matvec_kernels(t)])
             .flatten()
-            .flat_map(|k| [Some(k.t1), k.tn, k.t1q, Some(k.t8)])
+            .flat_map(|k| [Some(k.t1), k.tn, k.t1q, k.t1s, Some(k.t8)])
             .flatten();
         for KernelName(name) in names::ALL.into_iter().chain(mv) {
             let f = module.load_function(name).map_err(|e| Error::Device(format!("kernel {name}: {e}")))?;

@@ -84,6 +84,8 @@ pub(crate) struct MatvecKernels {
     pub tn: Option<KernelName>,
     /// One token, GLU, the output also written as q8 (`mv_*_t1q`).
     pub t1q: Option<KernelName>,
+    /// One token, long rows over 2 or 4 warps each (`mv_*_t1s`).
+    pub t1s: Option<KernelName>,
     pub t8: KernelName,
     /// Whether the kernel takes the q8 activation (else the f32 one).
     pub quantized: bool,
@@ -101,13 +103,14 @@ pub(crate) const ATTN_MAX_G: usize = 8;
 pub(crate) const QKV_MAX_HD: usize = 1024;
 
 /// The kernels of a quantized type named `$n` in the sources
-/// (`MV_KERNELS` / `MVN_KERNEL`: `mv_$n_t1`, `mvn_$n`, `mv_$n_t1q`, `mv_$n_t8`).
+/// (`MV_KERNELS` / `MVN_KERNEL`: `mv_$n_t1`, `mvn_$n`, `mv_$n_t1q`, `mv_$n_t1s`, `mv_$n_t8`).
 macro_rules! quantized_kernels {
     ($n:literal) => {
         Some(MatvecKernels {
             t1: KernelName(concat!("mv_", $n, "_t1")),
             tn: Some(KernelName(concat!("mvn_", $n))),
             t1q: Some(KernelName(concat!("mv_", $n, "_t1q"))),
+            t1s: Some(KernelName(concat!("mv_", $n, "_t1s"))),
             t8: KernelName(concat!("mv_", $n, "_t8")),
             quantized: true,
         })
@@ -118,8 +121,9 @@ macro_rules! quantized_kernels {
 /// (the activation-only types Q8_1 and Q8_K).
 pub(crate) fn matvec_kernels(ty: GgmlType) -> Option<MatvecKernels> {
     use quantized_kernels as q;
-    let f =
-        |t1, t8| Some(MatvecKernels { t1: KernelName(t1), tn: None, t1q: None, t8: KernelName(t8), quantized: false });
+    let f = |t1, t8| {
+        Some(MatvecKernels { t1: KernelName(t1), tn: None, t1q: None, t1s: None, t8: KernelName(t8), quantized: false })
+    };
     match ty {
         GgmlType::F32 => f("mv_f32_t1", "mv_f32_t8"),
         GgmlType::F16 => f("mv_f16_t1", "mv_f16_t8"),
@@ -181,7 +185,7 @@ pub(crate) struct MatvecArgs {
     pub mode: i32,
     pub cap: f32,
     pub prefetch: i32,
-    pub pad_: i32,
+    pub wpr: i32,
 }
 const _: () = assert!(std::mem::size_of::<MatvecArgs>() == 112);
 

@@ -13,7 +13,7 @@
 //! | output projection | `mv_<type>` |
 //! | post-attention norm + residual add + pre-FFN norm | `residual_norm` |
 //! | gate and up with the GLU epilogue (one launch when their types agree) | `mv_<type>` (or two launches + `glu`) |
-//! | quantize the activation, down projection | `quantize_q8`, `mv_<type>`; one token, gate/up in one launch: the gate/up product writes the q8 copy itself (`mv_<type>_t1q`) |
+//! | quantize the activation, down projection | `quantize_q8`, `mv_<type>`; one token, gate/up in one launch: the gate/up product writes the q8 copy itself (`mv_<type>_t1q`); long rows over 2 or 4 warps each (`mv_<type>_t1s`) |
 //!
 //! then the output norm and the vocabulary projection of the last token
 //! (soft-capped in the mat-vec epilogue when the model says so).

@@ -8,7 +8,8 @@
 // [start, start + len) of span s (spans past the attended range exit).
 // The kernel is built around the latency of a decode step, not its bytes:
 //   - before waiting for the previous kernel (PDL), each block loads its
-//     span of the cache into registers and computes the rotation table:
+//     span of the cache into registers, computes the rotation table and
+//     copies the q/k norm weights to shared memory:
 //     the position and the cached rows before it were written before this
 //     step's earlier kernels, so they do not depend on the kernel just
 //     before (see PDL_PROLOGUE in common.cuh);
@@ -82,7 +83,8 @@ __device__ __forceinline__ void attn_decode_impl(const AttnQkvArgs& args) {
     float* skv = sp + ATTN_MAX_G * ATTN_SPLIT;  // new k at [0, HD), v at [HD, 2 HD)
     float* srot = skv + 2 * HD;              // cos at [0, n_rot / 2), sin after
     float2* sml = (float2*)(srot + HD);      // [G] (max, sum) of the span
-    u16* sv = (u16*)(sml + ATTN_MAX_G);      // [ATTN_SPLIT][HD] values
+    float* snw = (float*)(sml + ATTN_MAX_G);  // q norm weights at [0, HD), k's after
+    u16* sv = (u16*)(snw + 2 * HD);          // [ATTN_SPLIT][HD] values
 
     // ---- Independent of the previous kernel (before pdl_wait).
     const int pos = *a.pos0;
@@ -102,11 +104,20 @@ __device__ __forceinline__ void attn_decode_impl(const AttnQkvArgs& args) {
         vr[i] = cached ? *(const uint4*)(a.vc + at) : make_uint4(0, 0, 0, 0);
     }
     rope_table(k, pos, srot);
+    // The norm weights, into shared memory: one global round trip fewer
+    // after the wait (qkv_stage reads them through these pointers).
+    QkvArgs ks = k;
+    for (int d = tid; d < HD; d += blockDim.x) {
+        if (k.qn_w) snw[d] = k.qn_w[d];
+        if (k.kn_w) snw[HD + d] = k.kn_w[d];
+    }
+    ks.qn_w = k.qn_w ? snw : nullptr;
+    ks.kn_w = k.kn_w ? snw + HD : nullptr;
     PDL_PROLOGUE;
 
     // ---- q (and on the last span the new k, v) with bias, norm, RoPE;
     // the span's values into shared memory while their loads are in flight.
-    qkv_stage(k, h0, G, g, append, HD, sq, skv, srot, [&] {
+    qkv_stage(ks, h0, G, g, append, HD, sq, skv, srot, [&] {
 #pragma unroll
         for (int i = 0; i < S::CH; ++i) *(uint4*)(sv + (j0 + i * S::PSTEP) * HD + dc * 8) = vr[i];
     });
@@ -187,18 +198,40 @@ __device__ __forceinline__ void attn_decode_impl(const AttnQkvArgs& args) {
     // ---- The last block of kv head g merges the spans.
     __shared__ int s_last;
     if (!last_block(args.count + g, n_active, s_last)) return;
+    // In batches of MERGE_BATCH spans, every load of a batch issued before
+    // the first use (one L2 round trip per batch); a batch rescales the sums
+    // of the ones before it. With one batch the sums are those of a plain
+    // two-pass merge (max, then sum of e^(m_t - m) terms), in span order.
+    constexpr int MERGE_BATCH = 8;
     for (int hh = tid / HD; hh < G; hh += HSTEP) {
         const size_t ml = (size_t)(h0 + hh) * a.n_split;
-        float m = NEG_INF;
-#pragma unroll 4
-        for (int t = 0; t < n_active; ++t) m = fmaxf(m, __ldcg(&a.part_ml[ml + t].x));
-        float total = 0.0f, acc = 0.0f;
-#pragma unroll 4
-        for (int t = 0; t < n_active; ++t) {
-            const float2 st = __ldcg(&a.part_ml[ml + t]);
-            const float w = expf(st.x - m);
-            total += w * st.y;
-            acc += w * __ldcg(&a.part_o[(ml + t) * HD + d]);
+        float m = NEG_INF, total = 0.0f, acc = 0.0f;
+        for (int t0 = 0; t0 < n_active; t0 += MERGE_BATCH) {
+            float2 st[MERGE_BATCH];
+            float o[MERGE_BATCH];
+#pragma unroll
+            for (int u = 0; u < MERGE_BATCH; ++u) {
+                const bool in = t0 + u < n_active;
+                st[u] = in ? __ldcg(&a.part_ml[ml + t0 + u]) : make_float2(NEG_INF, 0.0f);
+                o[u] = in ? __ldcg(&a.part_o[(ml + t0 + u) * HD + d]) : 0.0f;
+            }
+            float mb = m;
+#pragma unroll
+            for (int u = 0; u < MERGE_BATCH; ++u) mb = fmaxf(mb, st[u].x);
+            // Every span holds a position: its max logit is finite, and
+            // e^(-inf) = 0 clears the zero sums of the first batch.
+            const float r = expf(m - mb);
+            total *= r;
+            acc *= r;
+#pragma unroll
+            for (int u = 0; u < MERGE_BATCH; ++u) {
+                if (t0 + u < n_active) {
+                    const float w = expf(st[u].x - mb);
+                    total += w * st[u].y;
+                    acc += w * o[u];
+                }
+            }
+            m = mb;
         }
         decode_out(a, (size_t)(h0 + hh) * HD + d, acc / total);
     }

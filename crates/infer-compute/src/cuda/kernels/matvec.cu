@@ -4,7 +4,8 @@
 // q, k and v, launched together), or for a gate/up pair fused with the GLU
 // epilogue: y[0][t][r] = act(gate_r . x_t) * (up_r . x_t).
 //
-// One warp per output row; lane l takes the row's 32-value chunks
+// One warp per output row (one-token rows of 4096+ values: 2 or 4, `_t1s`,
+// the count chosen by ops.rs warps_per_row); lane l takes the row's 32-value chunks
 // l, l + 32, ... , decodes each once and dots it with the q8 activation of
 // up to NT tokens (integer dp4a inside a chunk, f32 across chunks), then the
 // warp reduces. Grid: x = ceil(rows / MV_WARPS), y = ceil(n_tok / NT).
@@ -111,9 +112,10 @@ __device__ __forceinline__ void matvec_q(const MatvecArgs& a) {
 // activation aq / ad (global memory, or shared memory in mvn_*).
 template <class T, bool GLU>
 __device__ __forceinline__ void mv1_loop(const MatvecArgs& a, const u8* wrow, const u8* wrow2, const i8* aq,
-                                         const float2* ad, float& acc, float& acc2) {
+                                         const float2* ad, float& acc, float& acc2, int c0 = threadIdx.x % WARP,
+                                         int stride = WARP) {
     const int n_chunk = a.cols / 32;
-    for (int c = threadIdx.x % WARP; c < n_chunk; c += WARP) {
+    for (int c = c0; c < n_chunk; c += stride) {
         const int4* q = (const int4*)(aq + (size_t)c * 32);
         const int4 q0 = q[0], q1 = q[1];
         const float2 ds = ad[c];
@@ -143,6 +145,42 @@ __device__ __forceinline__ void matvec_q1(const MatvecArgs& a) {
     const int gr = blockIdx.x * MV_WARPS + threadIdx.x / WARP;
     if (gr >= mv_total_rows(a, glu)) return;
     mv1_row<T>(a, glu, gr, a.aq, a.ad);
+}
+
+// One token, wpr warps per row (long rows): warp w of block b takes part
+// w % wpr of row b * (MV_WARPS / wpr) + w / wpr (chunks part * 32 + lane,
+// stepping by 32 * wpr); the parts meet in shared memory and the row's
+// first warp runs the epilogue.
+template <class T>
+__device__ __forceinline__ void matvec_q1_split(const MatvecArgs& a, int wpr) {
+    const bool glu = a.mode == MV_GLU_GELU || a.mode == MV_GLU_SILU;
+    const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, part = warp % wpr;
+    const int gr = blockIdx.x * (MV_WARPS / wpr) + warp / wpr;
+    const bool valid = gr < mv_total_rows(a, glu);
+    __shared__ float2 sacc[MV_WARPS];
+    int seg = 0, r = 0;
+    float acc = 0.0f, acc2 = 0.0f;
+    if (valid) {
+        mv_locate(a, glu, gr, seg, r);
+        const u8* wbase = seg == 0 ? a.w[0] : seg == 1 ? a.w[1] : a.w[2];
+        const u8* wrow = wbase + (size_t)r * a.row_bytes;
+        const u8* wrow2 = glu ? a.w[1] + (size_t)r * a.row_bytes : wrow;
+        if (glu) mv1_loop<T, true>(a, wrow, wrow2, a.aq, a.ad, acc, acc2, part * WARP + lane, WARP * wpr);
+        else mv1_loop<T, false>(a, wrow, wrow2, a.aq, a.ad, acc, acc2, part * WARP + lane, WARP * wpr);
+        acc = warp_sum(acc);
+        if (glu) acc2 = warp_sum(acc2);
+    }
+    if (lane == 0) sacc[warp] = make_float2(acc, acc2);
+    __syncthreads();
+    if (!valid || part != 0) return;
+    float s = 0.0f, s2 = 0.0f;
+    for (int k = 0; k < wpr; ++k) {
+        s += sacc[warp + k].x;
+        s2 += sacc[warp + k].y;
+    }
+    // mv_store sums over the warp: the total on lane 0, zeros elsewhere.
+    float v = lane == 0 ? s : 0.0f, v2 = lane == 0 ? s2 : 0.0f;
+    mv_store<1>(a, seg, r, 0, 1, &v, &v2, glu);
 }
 
 // One token, GLU, the output also quantized to q8 for the product after
@@ -180,6 +218,14 @@ __device__ __forceinline__ void mv_prefetch(const MatvecArgs& a) {
     const bool glu = a.mode == MV_GLU_GELU || a.mode == MV_GLU_SILU;
     const int gr = blockIdx.x * MV_WARPS + threadIdx.x / WARP;
     if (a.prefetch && gr < mv_total_rows(a, glu)) mv_prefetch_row(a, glu, gr);
+}
+
+// mv_prefetch for the rows of matvec_q1_split (the first warp of a row).
+__device__ __forceinline__ void mv_prefetch_split(const MatvecArgs& a) {
+    const bool glu = a.mode == MV_GLU_GELU || a.mode == MV_GLU_SILU;
+    const int warp = threadIdx.x / WARP;
+    const int gr = blockIdx.x * (MV_WARPS / a.wpr) + warp / a.wpr;
+    if (a.prefetch && warp % a.wpr == 0 && gr < mv_total_rows(a, glu)) mv_prefetch_row(a, glu, gr);
 }
 
 // Float weights (F32, F16, BF16) against the f32 activation.
@@ -220,7 +266,12 @@ __device__ __forceinline__ void matvec_f(const MatvecArgs& a) {
     extern "C" __global__ void __launch_bounds__(MV_WARPS * WARP) mv_##name##_t1(const MatvecArgs a) { \
         mv_prefetch(a);                                                                            \
         PDL_PROLOGUE;                                                                              \
-        matvec_q1<T>(a);                                                                        \
+        matvec_q1<T>(a);                                                                           \
+    }                                                                                              \
+    extern "C" __global__ void __launch_bounds__(MV_WARPS * WARP) mv_##name##_t1s(const MatvecArgs a) { \
+        mv_prefetch_split(a);                                                                      \
+        PDL_PROLOGUE;                                                                              \
+        matvec_q1_split<T>(a, a.wpr);                                                              \
     }                                                                                              \
     extern "C" __global__ void __launch_bounds__(MV_WARPS * WARP) mv_##name##_t8(const MatvecArgs a) { \
         PDL_PROLOGUE;                                                                              \
