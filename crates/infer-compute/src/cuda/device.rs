@@ -47,9 +47,13 @@ fn ptx_for(cc: (i32, i32)) -> Result<Arc<String>> {
     }
     let src: String = kernels::SOURCES.iter().map(|(_, s)| format!("{s}\n")).collect();
     // A virtual architecture: the driver compiles the PTX for the exact
-    // device when the module is loaded.
+    // device when the module is loaded. INFER_CUDA_NVRTC_OPTS adds options
+    // (tuning: e.g. -DMV_T1S_MIN_BLOCKS=8 in matvec.cu without a rebuild).
     let opts = CompileOptions {
-        options: vec![format!("--gpu-architecture=compute_{}{}", cc.0, cc.1), "--std=c++17".into()],
+        options: [format!("--gpu-architecture=compute_{}{}", cc.0, cc.1), "--std=c++17".into()]
+            .into_iter()
+            .chain(std::env::var("INFER_CUDA_NVRTC_OPTS").unwrap_or_default().split_whitespace().map(String::from))
+            .collect(),
         name: Some("infer_compute.cu".into()),
         ..Default::default()
     };
