@@ -22,6 +22,17 @@
 #ifndef MV_T1S_MIN_BLOCKS
 #define MV_T1S_MIN_BLOCKS 10
 #endif
+// mv_*_t1 keeps the compiler's register choice, except for the repacked
+// Q6_K kernel (mostly the vocabulary product of a Q4_K_M file): 56
+// registers instead of 62, 9 blocks per SM instead of 8, no spills: Llama
+// 1B +1.2%, the Gemma 3 models -0.6 to +0.3% (H200, tg128; at 10 blocks,
+// 48 registers with spills, -0.6 to +0.8%). -DMV_Q6KR_T1_MIN_BLOCKS=n
+// (INFER_CUDA_NVRTC_OPTS) sets another count.
+#ifndef MV_Q6KR_T1_MIN_BLOCKS
+#define MV_Q6KR_T1_MIN_BLOCKS 9
+#endif
+#define MV_T1_BOUNDS __launch_bounds__(MV_WARPS * WARP)
+#define MV_Q6KR_T1_BOUNDS __launch_bounds__(MV_WARPS * WARP, MV_Q6KR_T1_MIN_BLOCKS)
 
 __device__ __forceinline__ float act_gelu_tanh(float x) {
     const float z = 0.7978845608028654f * x * (1.0f + 0.044715f * x * x);
@@ -271,8 +282,8 @@ __device__ __forceinline__ void matvec_f(const MatvecArgs& a) {
     mv_store<NT>(a, seg, r, t0, nt, acc, acc2, glu);
 }
 
-#define MV_KERNELS(name, T)                                                                        \
-    extern "C" __global__ void __launch_bounds__(MV_WARPS * WARP) mv_##name##_t1(const MatvecArgs a) { \
+#define MV_KERNELS(name, T, T1B)                                                                        \
+    extern "C" __global__ void T1B mv_##name##_t1(const MatvecArgs a) { \
         mv_prefetch(a);                                                                            \
         PDL_PROLOGUE;                                                                              \
         matvec_q1<T>(a);                                                                           \
@@ -292,22 +303,22 @@ __device__ __forceinline__ void matvec_f(const MatvecArgs& a) {
         matvec_q1_quant<T>(p);                                                                     \
     }
 
-MV_KERNELS(q4_0, TQ4_0)
-MV_KERNELS(q4_1, TQ4_1)
-MV_KERNELS(q5_0, TQ5_0)
-MV_KERNELS(q5_1, TQ5_1)
-MV_KERNELS(q8_0, TQ8_0)
-MV_KERNELS(iq4_nl, TIQ4_NL)
-MV_KERNELS(q2_k, TQ2_K)
-MV_KERNELS(q3_k, TQ3_K)
-MV_KERNELS(q4_k, TQ4_K)
-MV_KERNELS(q5_k, TQ5_K)
-MV_KERNELS(q6_k, TQ6_K)
-MV_KERNELS(q8_0r, TQ8_0R)
-MV_KERNELS(q4_0r, TQ4_0R)
-MV_KERNELS(q5_0r, TQ5_0R)
-MV_KERNELS(q4_kr, TQ4_KR)
-MV_KERNELS(q6_kr, TQ6_KR)
+MV_KERNELS(q4_0, TQ4_0, MV_T1_BOUNDS)
+MV_KERNELS(q4_1, TQ4_1, MV_T1_BOUNDS)
+MV_KERNELS(q5_0, TQ5_0, MV_T1_BOUNDS)
+MV_KERNELS(q5_1, TQ5_1, MV_T1_BOUNDS)
+MV_KERNELS(q8_0, TQ8_0, MV_T1_BOUNDS)
+MV_KERNELS(iq4_nl, TIQ4_NL, MV_T1_BOUNDS)
+MV_KERNELS(q2_k, TQ2_K, MV_T1_BOUNDS)
+MV_KERNELS(q3_k, TQ3_K, MV_T1_BOUNDS)
+MV_KERNELS(q4_k, TQ4_K, MV_T1_BOUNDS)
+MV_KERNELS(q5_k, TQ5_K, MV_T1_BOUNDS)
+MV_KERNELS(q6_k, TQ6_K, MV_T1_BOUNDS)
+MV_KERNELS(q8_0r, TQ8_0R, MV_T1_BOUNDS)
+MV_KERNELS(q4_0r, TQ4_0R, MV_T1_BOUNDS)
+MV_KERNELS(q5_0r, TQ5_0R, MV_T1_BOUNDS)
+MV_KERNELS(q4_kr, TQ4_KR, MV_T1_BOUNDS)
+MV_KERNELS(q6_kr, TQ6_KR, MV_Q6KR_T1_BOUNDS)
 
 #define MVF_KERNELS(name, F)                                                                       \
     extern "C" __global__ void __launch_bounds__(MV_WARPS * WARP) mv_##name##_t1(const MatvecArgs a) { \
