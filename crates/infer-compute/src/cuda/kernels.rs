@@ -185,6 +185,7 @@ pub(crate) struct MatvecArgs {
     pub mode: i32,
     pub cap: f32,
     pub prefetch: i32,
+    /// `mv_*_t1s`: warps per row, 2 or 4 (the other kernels ignore it).
     pub wpr: i32,
 }
 const _: () = assert!(std::mem::size_of::<MatvecArgs>() == 112);

@@ -110,10 +110,10 @@ impl Matvec {
 /// multiprocessors × 64). On the H200 (tg128): gemma3 4B (2560 rows of
 /// 10240) +1% at 2 against 1, −0.6% at 4 against 2; Llama 1B (2048 of
 /// 8192) and gemma3 1B (1152 of 6912) +2–3% at 4 against 1 (the 1B −1% at
-/// 2). Rows shorter than
-/// `LONG_ROW` stay whole: `mv_*_t1` keeps the short loop that every other
-/// product runs. `INFER_CUDA_MV_WPR` = 1, 2 or 4 forces a count and
-/// `INFER_CUDA_MV_LONG` the threshold (to compare and to test).
+/// 2). Rows shorter than `LONG_ROW` stay whole: `mv_*_t1` keeps the short
+/// loop that every other product runs. `INFER_CUDA_MV_WPR` = 1, 2 or 4
+/// forces a count and `INFER_CUDA_MV_LONG` the threshold (to compare and
+/// to test).
 fn warps_per_row(dev: &Device, cols: usize, rows: usize) -> usize {
     const LONG_ROW: usize = 4096;
     static SETTING: std::sync::OnceLock<(Option<usize>, usize)> = std::sync::OnceLock::new();

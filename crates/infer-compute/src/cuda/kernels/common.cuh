@@ -239,7 +239,7 @@ struct MatvecArgs {
     int mode;            // MV_STORE, MV_GLU_GELU, MV_GLU_SILU, MV_SOFTCAP
     float cap;           // soft-cap c for MV_SOFTCAP
     int prefetch;        // 1: one-token kernels ask L2 for their rows before pdl_wait
-    int wpr;             // one token (mv_*_t1): warps per row, 1, 2 or 4 (0 reads as 1)
+    int wpr;             // mv_*_t1s: warps per row, 2 or 4 (the other kernels ignore it)
 };
 static_assert(sizeof(MatvecArgs) == 112, "MatvecArgs layout");
 

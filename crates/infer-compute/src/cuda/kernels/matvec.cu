@@ -4,11 +4,11 @@
 // q, k and v, launched together), or for a gate/up pair fused with the GLU
 // epilogue: y[0][t][r] = act(gate_r . x_t) * (up_r . x_t).
 //
-// One warp per output row (one-token rows of 4096+ values: 2 or 4, `_t1s`,
-// the count chosen by ops.rs warps_per_row); lane l takes the row's 32-value chunks
-// l, l + 32, ... , decodes each once and dots it with the q8 activation of
-// up to NT tokens (integer dp4a inside a chunk, f32 across chunks), then the
-// warp reduces. Grid: x = ceil(rows / MV_WARPS), y = ceil(n_tok / NT).
+// One warp per output row (one-token rows of 4096+ values: 2 or 4 warps,
+// `_t1s`, the count chosen by warps_per_row in ops.rs); lane l takes the
+// row's 32-value chunks l, l + 32, ... , decodes each once and dots it
+// with the q8 activation of up to NT tokens (integer dp4a inside a chunk,
+// f32 across chunks), then the warp reduces. Grid: x = ceil(rows / MV_WARPS), y = ceil(n_tok / NT).
 // The one-token kernels (`_t1`) keep the GLU choice out of the chunk loop,
 // so that the loop body has no branch and its loads issue together.
 
@@ -282,8 +282,8 @@ __device__ __forceinline__ void matvec_f(const MatvecArgs& a) {
     mv_store<NT>(a, seg, r, t0, nt, acc, acc2, glu);
 }
 
-#define MV_KERNELS(name, T, T1B)                                                                        \
-    extern "C" __global__ void T1B mv_##name##_t1(const MatvecArgs a) { \
+#define MV_KERNELS(name, T, T1B)                                                                   \
+    extern "C" __global__ void T1B mv_##name##_t1(const MatvecArgs a) {                            \
         mv_prefetch(a);                                                                            \
         PDL_PROLOGUE;                                                                              \
         matvec_q1<T>(a);                                                                           \
