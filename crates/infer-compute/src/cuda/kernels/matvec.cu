@@ -8,7 +8,8 @@
 // `_t1s`, the count chosen by warps_per_row in ops.rs); lane l takes the
 // row's 32-value chunks l, l + 32, ... , decodes each once and dots it
 // with the q8 activation of up to NT tokens (integer dp4a inside a chunk,
-// f32 across chunks), then the warp reduces. Grid: x = ceil(rows / MV_WARPS), y = ceil(n_tok / NT).
+// f32 across chunks), then the warp reduces. Grid: x = ceil(rows /
+// MV_WARPS) (MV_WARPS / wpr for `_t1s`), y = ceil(n_tok / NT).
 // The one-token kernels (`_t1`) keep the GLU choice out of the chunk loop,
 // so that the loop body has no branch and its loads issue together.
 
