@@ -15,7 +15,7 @@
 
 #define MV_WARPS 4
 // mv_*_t1s: at most 48 registers (10 blocks of 128 threads per SM), where
-// the compiler chose 56-64 (8 blocks) for the repacked k-quants: +2% on
+// the compiler chose 56-64 (8 blocks) for the repacked k-quants: +3% on
 // gemma3 4B, +1% on gemma3 1B, Llama 1B unchanged (H200, tg128). The same
 // bound on mv_*_t1 and mv_*_t1q moved the four models by -1.5 to +1.2%,
 // in both directions, so they keep the compiler's choice.
