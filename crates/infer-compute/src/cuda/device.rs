@@ -32,6 +32,9 @@ pub struct DeviceInfo {
     pub total_mem: usize,
     pub compute_capability: (i32, i32),
     pub multiprocessors: i32,
+    /// Threads one multiprocessor holds at once (2048 on sm_80 and sm_90,
+    /// 1536 on sm_86 and sm_89).
+    pub max_threads_per_multiprocessor: i32,
 }
 
 /// Compiled PTX by compute capability.
@@ -198,6 +201,9 @@ impl Device {
             multiprocessors: ctx
                 .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
                 .map_err(dev_err("multiprocessor count"))?,
+            max_threads_per_multiprocessor: ctx
+                .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR)
+                .map_err(dev_err("threads per multiprocessor"))?,
         };
         // SAFETY: only probes whether the library can be opened.
         if !unsafe { cudarc::cublas::sys::is_culib_present() } {

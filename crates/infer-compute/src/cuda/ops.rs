@@ -107,7 +107,7 @@ impl Matvec {
 /// on a product of few rows: ffn_down of Llama 1B (2048 rows) has 2048
 /// warps for 132 SMs of 64 warps each. It is split over 2 or 4 warps, the
 /// most that keeps every warp of the launch resident at once (rows × wpr ≤
-/// multiprocessors × 64). On the H200 (tg128): gemma3 4B (2560 rows of
+/// multiprocessors × warps per multiprocessor). On the H200 (tg128): gemma3 4B (2560 rows of
 /// 10240) +1% at 2 against 1, −0.6% at 4 against 2; Llama 1B (2048 of
 /// 8192) and gemma3 1B (1152 of 6912) +2–3% at 4 against 1 (the 1B −1% at
 /// 2). Rows shorter than `LONG_ROW` stay whole: `mv_*_t1` keeps the short
@@ -124,7 +124,8 @@ fn warps_per_row(dev: &Device, cols: usize, rows: usize) -> usize {
     if cols < long {
         return 1;
     }
-    let resident = dev.info.multiprocessors.max(1) as usize * 64;
+    let warps_per_sm = (dev.info.max_threads_per_multiprocessor / 32).max(1) as usize;
+    let resident = dev.info.multiprocessors.max(1) as usize * warps_per_sm;
     forced.unwrap_or_else(|| [4, 2].into_iter().find(|&w| rows * w <= resident).unwrap_or(1))
 }
 
