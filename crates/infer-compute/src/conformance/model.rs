@@ -54,13 +54,21 @@ pub fn random_model_heads(
     n_head_kv: usize,
     head_dim: usize,
 ) -> ModelSpec {
+    model_with_qk(seed, arch, (n_embd, n_head, n_head_kv, head_dim), GgmlType::Q4_K)
+}
+
+/// The model of [`random_model_heads`] with layer 0's q and k of type
+/// `qk` (its v is Q6_K: with Q4_K, the mix of a Q4_K_M file's
+/// `use_more_bits` layers; with Q5_K, of a Q5_K_M file's).
+fn model_with_qk(seed: u64, arch: Arch, shape: (usize, usize, usize, usize), qk: GgmlType) -> ModelSpec {
+    let (n_embd, n_head, n_head_kv, head_dim) = shape;
     let mut rng = Rng::new(seed);
     let (e, nh, nkv, hd, n_ff, vocab) = (n_embd, n_head, n_head_kv, head_dim, 512usize, 384usize);
     let gemma = arch != Arch::LlamaBias;
     use GgmlType as T;
     // Per layer: wq, wk, wv, wo, gate, up, down.
     let types = [
-        [T::Q4_K, T::Q4_K, T::Q6_K, T::Q5_0, T::Q4_K, T::Q4_K, T::Q6_K],
+        [qk, qk, T::Q6_K, T::Q5_0, T::Q4_K, T::Q4_K, T::Q6_K],
         [T::Q8_0, T::Q8_0, T::Q8_0, T::Q4_1, T::Q5_0, T::Q8_0, T::Q4_0],
         [T::F16, T::F16, T::F16, T::Q5_K, T::Q3_K, T::IQ4_NL, T::Q2_K],
     ];
@@ -147,12 +155,21 @@ fn err<E: std::fmt::Display>(what: &str) -> impl FnOnce(E) -> String + '_ {
 
 /// Token by token from position 0, every step against the reference.
 fn decode_case(b: &dyn ComputeBackend, arch: Arch) -> Result<Outcome, String> {
-    let spec = random_model(11, arch);
-    let mut m = match prepare(b, &spec)? {
+    decode_spec(b, &random_model(11, arch))
+}
+
+/// [`decode_case`] with layer 0's q/k/v in the Q5_K_M mix (Q5_K q and k,
+/// Q6_K v; GPU backends may run them in one launch).
+fn mixed_qkv_case(b: &dyn ComputeBackend) -> Result<Outcome, String> {
+    decode_spec(b, &model_with_qk(11, Arch::LlamaBias, (256, 4, 2, 64), GgmlType::Q5_K))
+}
+
+fn decode_spec(b: &dyn ComputeBackend, spec: &ModelSpec) -> Result<Outcome, String> {
+    let mut m = match prepare(b, spec)? {
         Ok(m) => m,
         Err(skip) => return Ok(skip),
     };
-    let mut r = reference().prepare(&spec).map_err(err("reference"))?;
+    let mut r = reference().prepare(spec).map_err(err("reference"))?;
     let toks = tokens(5, 12, spec.n_vocab);
     let (mut kv, mut rkv) = (m.new_kv_cache(16).map_err(err("kv"))?, r.new_kv_cache(16).map_err(err("kv"))?);
     for (pos, &t) in toks.iter().enumerate() {
@@ -480,6 +497,7 @@ pub fn cases() -> Vec<Case> {
         v.push(Case::new(&format!("model::{name}::long_prefill"), move |b| long_prefill_case(b, arch)));
         v.push(Case::new(&format!("model::{name}::long_decode"), move |b| long_decode_case(b, arch)));
     }
+    v.push(Case::new("model::llama_bias::mixed_qkv", mixed_qkv_case));
     v.push(Case::new("model::decode_batch", batch_case));
     v.push(Case::new("model::truncate", truncate_case));
     v.push(Case::new("model::profile_step", profile_case));

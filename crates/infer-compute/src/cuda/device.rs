@@ -222,7 +222,8 @@ impl Device {
             .flatten()
             .flat_map(|k| [Some(k.t1), k.tn, k.t1q, k.t1s, Some(k.t8)])
             .flatten();
-        for KernelName(name) in names::ALL.into_iter().chain(mv) {
+        let mixed = kernels::MIXED_NORM_KERNELS.iter().map(|k| k.2);
+        for KernelName(name) in names::ALL.into_iter().chain(mv).chain(mixed) {
             let f = module.load_function(name).map_err(|e| Error::Device(format!("kernel {name}: {e}")))?;
             funcs.insert(name, f);
         }

@@ -156,6 +156,22 @@ pub(crate) fn repacked_matvec_kernels(ty: GgmlType) -> Option<MatvecKernels> {
     }
 }
 
+/// The one-token kernels that run a fused-norm product of type `a` and then
+/// a product of type `b` against the same normalized input in one launch
+/// (`mvn2_<a>_<b>`, matvec_norm.cu), for the pairs of a layer's q/k/v
+/// launch that K-quant mixes produce (attn_v Q6_K beside Q4_K or Q5_K
+/// q and k, in the repacked layouts where there is one). `(type,
+/// repacked)` each.
+pub(crate) const MIXED_NORM_KERNELS: [((GgmlType, bool), (GgmlType, bool), KernelName); 2] = [
+    ((GgmlType::Q4_K, true), (GgmlType::Q6_K, true), KernelName("mvn2_q4_kr_q6_kr")),
+    ((GgmlType::Q5_K, false), (GgmlType::Q6_K, true), KernelName("mvn2_q5_k_q6_kr")),
+];
+
+/// The [`MIXED_NORM_KERNELS`] entry for products of types `a` then `b`.
+pub(crate) fn mixed_norm_kernel(a: (GgmlType, bool), b: (GgmlType, bool)) -> Option<KernelName> {
+    MIXED_NORM_KERNELS.iter().find(|k| k.0 == a && k.1 == b).map(|k| k.2)
+}
+
 /// Epilogue of a mat-vec launch (`MV_*` in common.cuh).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(i32)]
@@ -218,6 +234,15 @@ pub(crate) struct MvNormArgs {
     pub x_out: DevPtr,
 }
 const _: () = assert!(std::mem::size_of::<MvNormArgs>() == 200);
+
+/// Mirror of `MvNorm2Args`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct MvNorm2Args {
+    pub p: MvNormArgs,
+    pub b: MatvecArgs,
+}
+const _: () = assert!(std::mem::size_of::<MvNorm2Args>() == 312);
 
 /// Mirror of `MvQuantArgs`.
 #[repr(C)]
@@ -301,4 +326,5 @@ unsafe impl DeviceRepr for QkvArgs {}
 unsafe impl DeviceRepr for AttnArgs {}
 unsafe impl DeviceRepr for AttnQkvArgs {}
 unsafe impl DeviceRepr for MvNormArgs {}
+unsafe impl DeviceRepr for MvNorm2Args {}
 unsafe impl DeviceRepr for MvQuantArgs {}

@@ -523,30 +523,49 @@ impl CudaModel {
                 ops::residual_norm(d, &na, n)
             }
         };
-        let product = |call: &Matvec, pending: &mut Option<NormArgs>, cur: &mut DevPtr| -> Result<()> {
-            match pending.take() {
-                Some(na) if ops::can_fuse_norm(call) => {
-                    let other = if *cur == x { x_alt } else { x };
-                    ops::matvec_norm(d, call, &na, if na.add != 0 { other } else { 0 })?;
-                    if na.add != 0 {
-                        *cur = other;
+        // `then`: a second product (another weight type, the same input)
+        // that one launch runs after `call` when a fused kernel has the
+        // pair; else it runs as a launch of its own.
+        let product =
+            |call: &Matvec, then: Option<&Matvec>, pending: &mut Option<NormArgs>, cur: &mut DevPtr| -> Result<()> {
+                match pending.take() {
+                    Some(na) if ops::can_fuse_norm(call) => {
+                        let other = if *cur == x { x_alt } else { x };
+                        let x_out = if na.add != 0 { other } else { 0 };
+                        match then {
+                            Some(b) if ops::mixed_norm_kernel(call, b).is_some() => {
+                                ops::matvec_norm2(d, call, b, &na, x_out)?;
+                            }
+                            _ => {
+                                ops::matvec_norm(d, call, &na, x_out)?;
+                                then.map_or(Ok(()), |b| ops::matvec(d, b))?;
+                            }
+                        }
+                        if na.add != 0 {
+                            *cur = other;
+                        }
+                        Ok(())
                     }
-                    Ok(())
+                    Some(na) => {
+                        ops::residual_norm(d, &na, n)?;
+                        ops::matvec(d, call)?;
+                        then.map_or(Ok(()), |b| ops::matvec(d, b))
+                    }
+                    None => {
+                        ops::matvec(d, call)?;
+                        then.map_or(Ok(()), |b| ops::matvec(d, b))
+                    }
                 }
-                Some(na) => {
-                    ops::residual_norm(d, &na, n)?;
-                    ops::matvec(d, call)
-                }
-                None => ops::matvec(d, call),
-            }
-        };
+            };
         ops::embed_rows(d, d.ptr(&self.token_embd.buf), self.token_embd.ty, e, tokens, n, self.embd_scale, x)?;
         if let Some(l0) = self.layers.first() {
             norm(norm_args(cur, 0, None, &l0.attn_norm), &mut pending)?;
         }
         mark("token_embd, attn_norm", &[])?;
         for (li, l) in self.layers.iter().enumerate() {
-            // q, k, v: one launch per run of equal types.
+            // q, k, v: one launch per run of equal types; two runs (e.g.
+            // a Q6_K v beside Q4_K q and k) in one launch when the fused
+            // norm has a kernel for the pair.
             let targets = [(&l.wq, p(&b.q)), (&l.wk, p(&b.k)), (&l.wv, p(&b.v))];
             let mut i = 0;
             if gemm.is_some() {
@@ -556,6 +575,8 @@ impl CudaModel {
                 }
                 i = 3;
             }
+            let mut runs: [Option<Matvec>; 3] = [None; 3];
+            let mut n_runs = 0;
             while i < 3 {
                 let mut call = mv(targets[i].0, h, aq, ad, targets[i].1);
                 let mut j = i + 1;
@@ -569,8 +590,17 @@ impl CudaModel {
                     call.rows[j - i] = targets[j].0.rows;
                     j += 1;
                 }
-                product(&call, &mut pending, &mut cur)?;
+                runs[n_runs] = Some(call);
+                n_runs += 1;
                 i = j;
+            }
+            match runs {
+                [Some(a), Some(b), None] => product(&a, Some(&b), &mut pending, &mut cur)?,
+                _ => {
+                    for call in runs.iter().flatten() {
+                        product(call, None, &mut pending, &mut cur)?;
+                    }
+                }
             }
             mark("matvec attn_qkv", &[&l.wq, &l.wk, &l.wv])?;
             let opt = |s: &Option<CudaSlice<f32>>| s.as_ref().map_or(0, |s| d.ptr(s));

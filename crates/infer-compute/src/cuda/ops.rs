@@ -262,6 +262,40 @@ pub(crate) fn matvec_norm(dev: &Device, m: &Matvec, norm: &NormArgs, x_out: DevP
     dev.launch(name, (to_u32(grid, "grid")?, 1, 1), NORM_THREADS as u32, to_u32(smem, "shared memory")?, &args)
 }
 
+/// The kernel that runs the fused-norm product `a` and then the product
+/// `b` against the same normalized input in one launch ([`matvec_norm2`]),
+/// if there is one: both one-token, non-GLU and of the same width, `a` as
+/// [`can_fuse_norm`] wants it, their types a pair of
+/// [`kernels::MIXED_NORM_KERNELS`]. `INFER_CUDA_MIXED_QKV=0` says never, to
+/// compare.
+pub(crate) fn mixed_norm_kernel(a: &Matvec, b: &Matvec) -> Option<kernels::KernelName> {
+    let on = switch_on!("INFER_CUDA_MIXED_QKV");
+    let store = |m: &Matvec| m.mode == MvMode::Store && m.n_tok == 1 && m.total_rows() > 0;
+    if !(on && store(a) && store(b) && b.cols == a.cols && can_fuse_norm(a)) {
+        return None;
+    }
+    kernels::mixed_norm_kernel((a.ty, a.repacked_stride > 0), (b.ty, b.repacked_stride > 0))
+}
+
+/// [`matvec_norm`] for `a`, then `b` (of another weight type) against the
+/// same normalized input, in one launch (`mvn2_*`, matvec_norm.cu): a
+/// layer's q/k/v when v's type differs from q's and k's. Check
+/// [`mixed_norm_kernel`] first.
+pub(crate) fn matvec_norm2(dev: &Device, a: &Matvec, b: &Matvec, norm: &NormArgs, x_out: DevPtr) -> Result<()> {
+    let name = mixed_norm_kernel(a, b).ok_or_else(|| {
+        Error::Device(format!("no fused-norm product for {} rows then {} rows", a.ty.name(), b.ty.name()))
+    })?;
+    if norm.n as usize != a.cols || norm.q != 0 && norm.ds == 0 || norm.add != 0 && x_out == 0 {
+        return Err(Error::Device("fused norm arguments do not match the product".into()));
+    }
+    let strip = |m: &Matvec| -> Result<MatvecArgs> { Ok(MatvecArgs { aq: 0, ad: 0, ax: 0, ..matvec_args(m)? }) };
+    let args = kernels::MvNorm2Args { p: MvNormArgs { mv: strip(a)?, norm: *norm, x_out }, b: strip(b)? };
+    let total = a.total_rows() + b.total_rows();
+    let grid = total.div_ceil(NORM_THREADS / 32).min(dev.info.multiprocessors.max(1) as usize);
+    let smem = a.cols + a.cols / 32 * 8;
+    dev.launch(name, (to_u32(grid, "grid")?, 1, 1), NORM_THREADS as u32, to_u32(smem, "shared memory")?, &args)
+}
+
 /// Whether one-token mat-vecs prefetch their weight rows into L2 before
 /// waiting for the previous kernel (matvec.cu, `mv_prefetch`).
 /// `INFER_CUDA_PREFETCH=0` turns it off (to compare).

@@ -275,6 +275,14 @@ struct MvNormArgs {
 };
 static_assert(sizeof(MvNormArgs) == 200, "MvNormArgs layout");
 
+// A fused-norm product followed by a second product of another weight type
+// against the same normalized input (mvn2_*, matvec_norm.cu).
+struct MvNorm2Args {
+    MvNormArgs p;
+    MatvecArgs b;        // one token, MV_STORE, b.cols == p.mv.cols
+};
+static_assert(sizeof(MvNorm2Args) == 312, "MvNorm2Args layout");
+
 // One-token GLU product that also writes its output as the q8 activation
 // of the product after it (mv_<type>_t1q, matvec.cu).
 struct MvQuantArgs {

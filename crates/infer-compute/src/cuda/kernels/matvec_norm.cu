@@ -26,8 +26,18 @@ static_assert(MVN_THREADS == NORM_THREADS, "mvn_* and residual_norm must reduce 
 // Rows per warp asked of L2 ahead of the one being computed.
 #define MVN_AHEAD 4
 
-template <class T>
-__device__ __forceinline__ void matvec_norm1(const MvNormArgs& p) {
+// Row gr (< total) of a launch of product a, then (MIXED) product b of
+// weight type T2: rows total_a + r are b's row r. The helpers below take
+// it apart so that the single-type kernels compile as before.
+template <class T, class T2, bool MIXED>
+__device__ __forceinline__ void mvn_prefetch_row(const MatvecArgs& a, const MatvecArgs& b, bool glu, int total_a,
+                                                 int gr) {
+    if (!MIXED || gr < total_a) mv_prefetch_row(a, glu, gr);
+    else if (b.prefetch) mv_prefetch_row(b, false, gr - total_a);
+}
+
+template <class T, class T2, bool MIXED>
+__device__ __forceinline__ void matvec_norm1(const MvNormArgs& p, const MatvecArgs& b) {
     const MatvecArgs& a = p.mv;
     const NormArgs& nm = p.norm;
     extern __shared__ __align__(16) u8 mvn_smem[];
@@ -35,12 +45,14 @@ __device__ __forceinline__ void matvec_norm1(const MvNormArgs& p) {
     i8* sq = (i8*)mvn_smem;                   // [n] quants
     float2* sds = (float2*)(mvn_smem + nm.n);  // [n / 32] (d, d * sum)
     const bool glu = a.mode == MV_GLU_GELU || a.mode == MV_GLU_SILU;
-    const int total = mv_total_rows(a, glu);
+    const int total_a = mv_total_rows(a, glu);
+    const int total = MIXED ? total_a + mv_total_rows(b, false) : total_a;
     const int nw = blockDim.x / WARP, step = gridDim.x * nw;
     const int first = blockIdx.x * nw + threadIdx.x / WARP;
     // ---- Independent of the previous kernel: the first rows' weights.
     if (a.prefetch)
-        for (int k = 0, gr = first; k < MVN_AHEAD && gr < total; ++k, gr += step) mv_prefetch_row(a, glu, gr);
+        for (int k = 0, gr = first; k < MVN_AHEAD && gr < total; ++k, gr += step)
+            mvn_prefetch_row<T, T2, MIXED>(a, b, glu, total_a, gr);
     PDL_PROLOGUE;
 
     // ---- The norm, as residual_norm (row 0), into shared memory.
@@ -64,14 +76,15 @@ __device__ __forceinline__ void matvec_norm1(const MvNormArgs& p) {
     // ---- The product against the shared activation.
     for (int gr = first; gr < total; gr += step) {
         const int ahead = gr + MVN_AHEAD * step;
-        if (a.prefetch && ahead < total) mv_prefetch_row(a, glu, ahead);
-        mv1_row<T>(a, glu, gr, sq, sds);
+        if (a.prefetch && ahead < total) mvn_prefetch_row<T, T2, MIXED>(a, b, glu, total_a, ahead);
+        if (!MIXED || gr < total_a) mv1_row<T>(a, glu, gr, sq, sds);
+        else mv1_row<T2>(b, false, gr - total_a, sq, sds);
     }
 }
 
 #define MVN_KERNEL(name, T)                                                                          \
     extern "C" __global__ void __launch_bounds__(MVN_THREADS, 1) mvn_##name(const MvNormArgs p) {  \
-        matvec_norm1<T>(p);                                                                          \
+        matvec_norm1<T, T, false>(p, p.mv);                                                          \
     }
 
 MVN_KERNEL(q4_0, TQ4_0)
@@ -90,3 +103,16 @@ MVN_KERNEL(q4_0r, TQ4_0R)
 MVN_KERNEL(q5_0r, TQ5_0R)
 MVN_KERNEL(q4_kr, TQ4_KR)
 MVN_KERNEL(q6_kr, TQ6_KR)
+
+// Two weight types after one norm (mvn2_<a>_<b>): a layer's q/k/v launch
+// when v's type differs from q's and k's (attn_v is Q6_K in the layers
+// llama.cpp's use_more_bits picks in Q4_K_M and Q5_K_M files): one launch
+// and one grid-wide wait fewer in those layers. Product b is one-token,
+// non-GLU, of the same width.
+#define MVN2_KERNEL(name, T, T2)                                                                    \
+    extern "C" __global__ void __launch_bounds__(MVN_THREADS, 1) mvn2_##name(const MvNorm2Args p) { \
+        matvec_norm1<T, T2, true>(p.p, p.b);                                                         \
+    }
+
+MVN2_KERNEL(q4_kr_q6_kr, TQ4_KR, TQ6_KR)
+MVN2_KERNEL(q5_k_q6_kr, TQ5_K, TQ6_KR)
