@@ -160,15 +160,17 @@ pub(crate) fn repacked_matvec_kernels(ty: GgmlType) -> Option<MatvecKernels> {
 /// a product of type `b` against the same normalized input in one launch
 /// (`mvn2_<a>_<b>`, matvec_norm.cu), for the pairs of a layer's q/k/v
 /// launch that K-quant mixes produce (attn_v Q6_K beside Q4_K or Q5_K
-/// q and k, in the repacked layouts where there is one). `(type,
-/// repacked)` each.
-pub(crate) const MIXED_NORM_KERNELS: [((GgmlType, bool), (GgmlType, bool), KernelName); 2] = [
+/// q and k, in the repacked layouts where there is one).
+pub(crate) const MIXED_NORM_KERNELS: [(Layout, Layout, KernelName); 2] = [
     ((GgmlType::Q4_K, true), (GgmlType::Q6_K, true), KernelName("mvn2_q4_kr_q6_kr")),
     ((GgmlType::Q5_K, false), (GgmlType::Q6_K, true), KernelName("mvn2_q5_k_q6_kr")),
 ];
 
+/// A weight type and whether its rows are repacked (`repack.rs`).
+pub(crate) type Layout = (GgmlType, bool);
+
 /// The [`MIXED_NORM_KERNELS`] entry for products of types `a` then `b`.
-pub(crate) fn mixed_norm_kernel(a: (GgmlType, bool), b: (GgmlType, bool)) -> Option<KernelName> {
+pub(crate) fn mixed_norm_kernel(a: Layout, b: Layout) -> Option<KernelName> {
     MIXED_NORM_KERNELS.iter().find(|k| k.0 == a && k.1 == b).map(|k| k.2)
 }
 
