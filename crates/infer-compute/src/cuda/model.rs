@@ -7,7 +7,7 @@
 //! | step | kernel |
 //! | --- | --- |
 //! | pre-attention norm (fused with the previous block's residual add and post-norm) | `residual_norm` → h (f32 and q8); one token, quantized weights: run by every block of the q/k/v product, `mvn_<type>` |
-//! | q, k, v projections (one launch per run of equal weight types; one token: rows prefetched into L2 before the PDL wait, as every one-token product) | `mv_<type>` (`mvn_<type>` for the first, with the norm) |
+//! | q, k, v projections (one launch per run of equal weight types; one token: rows prefetched into L2 before the PDL wait, as every one-token product) | `mv_<type>` (`mvn_<type>` for the first, with the norm; `mvn2_<a>_<b>` for two runs, e.g. a Q6_K v beside Q4_K q and k) |
 //! | one token: bias, q/k RMSNorm, RoPE, K/V append at the position read from device memory, split-K attention over 32-position spans, their merge, quantize for `wo` | `attn_decode_hd*` (attention_decode.cu) |
 //! | several tokens, or other head sizes: the same in two or three launches (tiled attention in passes of 16 or more tokens) | `qkv_post`, `attn_split`, `attn_combine` (`attn_prefill_hd*`) |
 //! | output projection | `mv_<type>` |
