@@ -54,22 +54,25 @@ pub fn random_model_heads(
     n_head_kv: usize,
     head_dim: usize,
 ) -> ModelSpec {
-    model_with_qk(seed, arch, (n_embd, n_head, n_head_kv, head_dim), GgmlType::Q4_K)
+    use GgmlType as T;
+    // Layer 0: the q/k/v of a Q4_K_M file's `use_more_bits` layers.
+    let qkv = [[T::Q4_K, T::Q4_K, T::Q6_K], [T::Q8_0, T::Q8_0, T::Q8_0]];
+    model_with_qkv(seed, arch, (n_embd, n_head, n_head_kv, head_dim), qkv)
 }
 
-/// The model of [`random_model_heads`] with layer 0's q and k of type
-/// `qk` (its v is Q6_K: with Q4_K, the mix of a Q4_K_M file's
-/// `use_more_bits` layers; with Q5_K, of a Q5_K_M file's).
-fn model_with_qk(seed: u64, arch: Arch, shape: (usize, usize, usize, usize), qk: GgmlType) -> ModelSpec {
+/// The model of [`random_model_heads`] with the q, k and v types of
+/// layers 0 and 1 given.
+fn model_with_qkv(seed: u64, arch: Arch, shape: (usize, usize, usize, usize), qkv: [[GgmlType; 3]; 2]) -> ModelSpec {
     let (n_embd, n_head, n_head_kv, head_dim) = shape;
     let mut rng = Rng::new(seed);
     let (e, nh, nkv, hd, n_ff, vocab) = (n_embd, n_head, n_head_kv, head_dim, 512usize, 384usize);
     let gemma = arch != Arch::LlamaBias;
     use GgmlType as T;
+    let [a, b] = qkv;
     // Per layer: wq, wk, wv, wo, gate, up, down.
     let types = [
-        [qk, qk, T::Q6_K, T::Q5_0, T::Q4_K, T::Q4_K, T::Q6_K],
-        [T::Q8_0, T::Q8_0, T::Q8_0, T::Q4_1, T::Q5_0, T::Q8_0, T::Q4_0],
+        [a[0], a[1], a[2], T::Q5_0, T::Q4_K, T::Q4_K, T::Q6_K],
+        [b[0], b[1], b[2], T::Q4_1, T::Q5_0, T::Q8_0, T::Q4_0],
         [T::F16, T::F16, T::F16, T::Q5_K, T::Q3_K, T::IQ4_NL, T::Q2_K],
     ];
     let mut layers = Vec::new();
@@ -158,10 +161,16 @@ fn decode_case(b: &dyn ComputeBackend, arch: Arch) -> Result<Outcome, String> {
     decode_spec(b, &random_model(11, arch))
 }
 
-/// [`decode_case`] with layer 0's q/k/v in the Q5_K_M mix (Q5_K q and k,
-/// Q6_K v; GPU backends may run them in one launch).
-fn mixed_qkv_case(b: &dyn ComputeBackend) -> Result<Outcome, String> {
-    decode_spec(b, &model_with_qk(11, Arch::LlamaBias, (256, 4, 2, 64), GgmlType::Q5_K))
+/// [`decode_case`] with q/k/v of two weight types in layers 0 and 1 (GPU
+/// backends may run each layer's in one launch): layer 0 in the mix of a
+/// Q5_K_M file's `use_more_bits` layers (Q5_K q and k, Q6_K v), layer 1 in
+/// that of a Q4_K_M file whose rows are not a multiple of 256 (Q5_0 and
+/// Q8_0, llama.cpp's fallbacks for Q4_K and Q6_K); layer 1's input carries
+/// the residual add of layer 0's output.
+fn mixed_qkv_case(b: &dyn ComputeBackend, arch: Arch) -> Result<Outcome, String> {
+    use GgmlType as T;
+    let qkv = [[T::Q5_K, T::Q5_K, T::Q6_K], [T::Q5_0, T::Q5_0, T::Q8_0]];
+    decode_spec(b, &model_with_qkv(11, arch, (256, 4, 2, 64), qkv))
 }
 
 fn decode_spec(b: &dyn ComputeBackend, spec: &ModelSpec) -> Result<Outcome, String> {
@@ -497,7 +506,8 @@ pub fn cases() -> Vec<Case> {
         v.push(Case::new(&format!("model::{name}::long_prefill"), move |b| long_prefill_case(b, arch)));
         v.push(Case::new(&format!("model::{name}::long_decode"), move |b| long_decode_case(b, arch)));
     }
-    v.push(Case::new("model::llama_bias::mixed_qkv", mixed_qkv_case));
+    v.push(Case::new("model::llama_bias::mixed_qkv", |b| mixed_qkv_case(b, Arch::LlamaBias)));
+    v.push(Case::new("model::gemma3::mixed_qkv", |b| mixed_qkv_case(b, Arch::Gemma3)));
     v.push(Case::new("model::decode_batch", batch_case));
     v.push(Case::new("model::truncate", truncate_case));
     v.push(Case::new("model::profile_step", profile_case));

@@ -160,10 +160,15 @@ pub(crate) fn repacked_matvec_kernels(ty: GgmlType) -> Option<MatvecKernels> {
 /// a product of type `b` against the same normalized input in one launch
 /// (`mvn2_<a>_<b>`, matvec_norm.cu), for the pairs of a layer's q/k/v
 /// launch that K-quant mixes produce (attn_v Q6_K beside Q4_K or Q5_K
-/// q and k, in the repacked layouts where there is one).
-pub(crate) const MIXED_NORM_KERNELS: [(Layout, Layout, KernelName); 2] = [
+/// q and k, or their fallbacks Q8_0 and Q5_0; in the repacked layouts
+/// where there is one).
+pub(crate) const MIXED_NORM_KERNELS: [(Layout, Layout, KernelName); 3] = [
     ((GgmlType::Q4_K, true), (GgmlType::Q6_K, true), KernelName("mvn2_q4_kr_q6_kr")),
     ((GgmlType::Q5_K, false), (GgmlType::Q6_K, true), KernelName("mvn2_q5_k_q6_kr")),
+    // Q4_K_M files whose rows (n_embd values) are not a multiple of 256
+    // (Gemma 3 270M and 1B): q and k fall back to Q5_0, v in the
+    // use_more_bits layers to Q8_0.
+    ((GgmlType::Q5_0, true), (GgmlType::Q8_0, true), KernelName("mvn2_q5_0r_q8_0r")),
 ];
 
 /// A weight type and whether its rows are repacked (`repack.rs`).

@@ -291,6 +291,8 @@ pub(crate) fn matvec_norm2(dev: &Device, a: &Matvec, b: &Matvec, norm: &NormArgs
     let strip = |m: &Matvec| -> Result<MatvecArgs> { Ok(MatvecArgs { aq: 0, ad: 0, ax: 0, ..matvec_args(m)? }) };
     let args = kernels::MvNorm2Args { p: MvNormArgs { mv: strip(a)?, norm: *norm, x_out }, b: strip(b)? };
     let total = a.total_rows() + b.total_rows();
+    // The kernel counts rows of both products in an int.
+    to_i32(total, "rows")?;
     let grid = total.div_ceil(NORM_THREADS / 32).min(dev.info.multiprocessors.max(1) as usize);
     let smem = a.cols + a.cols / 32 * 8;
     dev.launch(name, (to_u32(grid, "grid")?, 1, 1), NORM_THREADS as u32, to_u32(smem, "shared memory")?, &args)

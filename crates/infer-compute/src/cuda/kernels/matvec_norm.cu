@@ -106,8 +106,9 @@ MVN_KERNEL(q6_kr, TQ6_KR)
 
 // Two weight types after one norm (mvn2_<a>_<b>): a layer's q/k/v launch
 // when v's type differs from q's and k's (attn_v is Q6_K in the layers
-// llama.cpp's use_more_bits picks in Q4_K_M and Q5_K_M files): one launch
-// and one grid-wide wait fewer in those layers. Product b is one-token,
+// llama.cpp's use_more_bits picks in Q4_K_M and Q5_K_M files; Q8_0 beside
+// Q5_0 where rows are not a multiple of 256, as in Gemma 3 270M and 1B):
+// one launch and one grid-wide wait fewer in those layers. Product b is one-token,
 // non-GLU, of the same width.
 #define MVN2_KERNEL(name, T, T2)                                                                    \
     extern "C" __global__ void __launch_bounds__(MVN_THREADS, 1) mvn2_##name(const MvNorm2Args p) { \
@@ -116,3 +117,4 @@ MVN_KERNEL(q6_kr, TQ6_KR)
 
 MVN2_KERNEL(q4_kr_q6_kr, TQ4_KR, TQ6_KR)
 MVN2_KERNEL(q5_k_q6_kr, TQ5_K, TQ6_KR)
+MVN2_KERNEL(q5_0r_q8_0r, TQ5_0R, TQ8_0R)
