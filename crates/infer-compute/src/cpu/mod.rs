@@ -1,7 +1,7 @@
 //! The CPU backend: quantized GEMV with run-time-selected SIMD kernels
 //! ([`matvec`], [`simd`]), weights repacked for the AVX-512 VNNI and AVX2 products
-//! ([`packed`], [`weight`]), f32 GEMM through faer and the `gemm` crate
-//! ([`gemm`]), and the decode pipeline ([`model::CpuModel`]).
+//! ([`packed`], `weight.rs`), f32 GEMM through faer and the `gemm` crate
+//! ([`gemm`]), and the decode pipeline (`model.rs`, `CpuModel`).
 
 pub mod gemm;
 pub mod kernels;

@@ -134,7 +134,7 @@ pub fn dequantized_plan(plan: Vec<TensorPlan>) -> Vec<TensorPlan> {
 }
 
 /// Tensor count, parameters, data bytes and the per-type breakdown of a
-/// plan (what [`write_synthetic`] will write, except the file size).
+/// plan (what [`write_synthetic`](super::write_synthetic) will write, except the file size).
 ///
 /// # Errors
 /// As [`TensorPlan::n_bytes`].

@@ -1,0 +1,306 @@
+//! The kernels of one forward pass, enqueued in order on the model's
+//! stream (the per-layer table is in the parent module's documentation).
+
+use cudarc::driver::CudaSlice;
+
+use super::{CudaKvCache, CudaModel, DevNorm, DevWeight, Mark};
+use crate::cuda::buffers::GEMM_MIN_TOKENS;
+use crate::cuda::kernels::{AttnArgs, DevPtr, MvMode, NormArgs, QkvArgs};
+use crate::cuda::ops::{self, GemmPrecision, Matvec};
+use crate::error::{Error, Result};
+
+impl CudaModel {
+    /// Enqueues the forward pass of `n` tokens (ids and first position
+    /// already in the device buffers) on the stream, calling `mark` after
+    /// each group of launches with its name and the weights it read
+    /// (`profile_step` synchronizes and times there; otherwise a no-op).
+    pub(super) fn enqueue(&self, cache: &CudaKvCache, n: usize, mark: &mut Mark<'_>) -> Result<()> {
+        let d = &*self.dev;
+        let b = self.bufs.as_ref().ok_or_else(|| Error::Device("buffers missing".into()))?;
+        let e = self.n_embd;
+        let p = |s: &CudaSlice<f32>| d.ptr(s);
+        let (x, x_alt, h, o) = (p(&b.x), p(&b.x_alt), p(&b.h), p(&b.o));
+        let (aq, ad) = (d.ptr(&b.aq), d.ptr(&b.ad));
+        let pos = d.ptr(&b.params);
+        let tokens = pos + 4;
+        let with_q8 = |n_vals: usize| n_vals.is_multiple_of(32);
+        let norm_args = |x: DevPtr, add: DevPtr, add_norm: Option<&DevNorm>, norm: &DevNorm| NormArgs {
+            x,
+            add,
+            add_w: add_norm.map_or(0, |n| d.ptr(&n.w)),
+            w: d.ptr(&norm.w),
+            b: norm.b.as_ref().map_or(0, |b| d.ptr(b)),
+            out: h,
+            q: if with_q8(e) { aq } else { 0 },
+            ds: if with_q8(e) { ad } else { 0 },
+            n: e as i32,
+            kind: norm.kind_id(),
+            eps: norm.eps,
+            add_eps: add_norm.map_or(0.0, |n| n.eps),
+        };
+        let mv = |w: &DevWeight, xf: DevPtr, xq: DevPtr, xd: DevPtr, y: DevPtr| Matvec {
+            ty: w.ty,
+            w: [d.ptr(&w.buf), 0, 0],
+            y: [y, 0, 0],
+            rows: [w.rows, 0, 0],
+            cols: w.cols,
+            x: xf,
+            aq: xq,
+            ad: xd,
+            n_tok: n,
+            mode: MvMode::Store,
+            cap: 0.0,
+            repacked_stride: w.repacked_stride,
+        };
+
+        // Prefill GEMM: dequantize one matrix, then one tensor-core GEMM.
+        let gemm = b.gemm.as_ref().filter(|_| n >= GEMM_MIN_TOKENS).map(|g| (g.prec, d.ptr(&g.w), d.ptr(&g.x)));
+        let missing = || Error::Device("prefill GEMM scratch missing".into());
+        // The GEMM operand of an f32 input of `cols` values per token
+        // (converted once and shared by the products that read it).
+        let operand = |xf: DevPtr, cols: usize| -> Result<DevPtr> {
+            let (prec, _, xb) = gemm.ok_or_else(missing)?;
+            match prec {
+                GemmPrecision::Bf16 => ops::to_bf16(d, xf, xb, n * cols).map(|_| xb),
+                GemmPrecision::Tf32 => Ok(xf),
+            }
+        };
+        let mm = |w: &DevWeight, x: DevPtr, y: DevPtr| -> Result<()> {
+            let (prec, wf, _) = gemm.ok_or_else(missing)?;
+            let repacked = w.repacked_stride != 0;
+            let stride = if repacked { w.repacked_stride } else { w.ty.row_bytes(w.cols)? };
+            ops::dequant_matrix(d, d.ptr(&w.buf), w.ty, stride, w.rows, w.cols, repacked, prec, wf)?;
+            ops::gemm(d, prec, wf, x, y, w.rows, w.cols, n)
+        };
+
+        // One token: the residual add + norm before q/k/v waits in
+        // `pending` for the q/k/v product, which runs it in its own blocks
+        // when it can (`mvn_*`; the residual then moves between `x` and
+        // `x_alt`, `cur` says where it is); otherwise, and for several
+        // tokens, it runs as `residual_norm` first, in place. The norm
+        // before gate/up always runs as `residual_norm`: fused into that
+        // product too, a decode step was 1-4% slower on all four benchmark
+        // models (H200, BENCHMARKS.md).
+        let mut cur = x;
+        let mut pending: Option<NormArgs> = None;
+        let norm = |na: NormArgs, pending: &mut Option<NormArgs>| -> Result<()> {
+            if n == 1 {
+                *pending = Some(na);
+                Ok(())
+            } else {
+                ops::residual_norm(d, &na, n)
+            }
+        };
+        // `then`: a second product (another weight type, the same input)
+        // that one launch runs after `call` when a fused kernel has the
+        // pair; else it runs as a launch of its own.
+        let product =
+            |call: &Matvec, then: Option<&Matvec>, pending: &mut Option<NormArgs>, cur: &mut DevPtr| -> Result<()> {
+                match pending.take() {
+                    Some(na) if ops::can_fuse_norm(call) => {
+                        let other = if *cur == x { x_alt } else { x };
+                        let x_out = if na.add != 0 { other } else { 0 };
+                        match then {
+                            Some(b) if ops::mixed_norm_kernel(call, b).is_some() => {
+                                ops::matvec_norm2(d, call, b, &na, x_out)?;
+                            }
+                            _ => {
+                                ops::matvec_norm(d, call, &na, x_out)?;
+                                then.map_or(Ok(()), |b| ops::matvec(d, b))?;
+                            }
+                        }
+                        if na.add != 0 {
+                            *cur = other;
+                        }
+                        Ok(())
+                    }
+                    Some(na) => {
+                        ops::residual_norm(d, &na, n)?;
+                        ops::matvec(d, call)?;
+                        then.map_or(Ok(()), |b| ops::matvec(d, b))
+                    }
+                    None => {
+                        ops::matvec(d, call)?;
+                        then.map_or(Ok(()), |b| ops::matvec(d, b))
+                    }
+                }
+            };
+        ops::embed_rows(d, d.ptr(&self.token_embd.buf), self.token_embd.ty, e, tokens, n, self.embd_scale, x)?;
+        if let Some(l0) = self.layers.first() {
+            norm(norm_args(cur, 0, None, &l0.attn_norm), &mut pending)?;
+        }
+        mark("token_embd, attn_norm", &[])?;
+        for (li, l) in self.layers.iter().enumerate() {
+            // q, k, v: one launch per run of equal types; two runs (e.g.
+            // a Q6_K v beside Q4_K q and k) in one launch when the fused
+            // norm has a kernel for the pair.
+            let targets = [(&l.wq, p(&b.q)), (&l.wk, p(&b.k)), (&l.wv, p(&b.v))];
+            let mut i = 0;
+            if gemm.is_some() {
+                let xo = operand(h, e)?;
+                for (w, y) in targets {
+                    mm(w, xo, y)?;
+                }
+                i = 3;
+            }
+            let mut runs: [Option<Matvec>; 3] = [None; 3];
+            let mut n_runs = 0;
+            while i < 3 {
+                let mut call = mv(targets[i].0, h, aq, ad, targets[i].1);
+                let mut j = i + 1;
+                while j < 3
+                    && targets[j].0.ty == targets[i].0.ty
+                    && targets[j].0.repacked_stride == targets[i].0.repacked_stride
+                {
+                    call.w[j - i] = d.ptr(&targets[j].0.buf);
+                    // Same type and layout: the stride is shared.
+                    call.y[j - i] = targets[j].1;
+                    call.rows[j - i] = targets[j].0.rows;
+                    j += 1;
+                }
+                runs[n_runs] = Some(call);
+                n_runs += 1;
+                i = j;
+            }
+            match runs {
+                [Some(a), Some(b), None] => product(&a, Some(&b), &mut pending, &mut cur)?,
+                _ => {
+                    for call in runs.iter().flatten() {
+                        product(call, None, &mut pending, &mut cur)?;
+                    }
+                }
+            }
+            mark("matvec attn_qkv", &[&l.wq, &l.wk, &l.wv])?;
+            let opt = |s: &Option<CudaSlice<f32>>| s.as_ref().map_or(0, |s| d.ptr(s));
+            let qkv = QkvArgs {
+                q: p(&b.q),
+                k: p(&b.k),
+                v: p(&b.v),
+                bq: opt(&l.bq),
+                bk: opt(&l.bk),
+                bv: opt(&l.bv),
+                qn_w: l.q_norm.as_ref().map_or(0, |nn| d.ptr(&nn.w)),
+                kn_w: l.k_norm.as_ref().map_or(0, |nn| d.ptr(&nn.w)),
+                kc: d.ptr(&cache.k[li]),
+                vc: d.ptr(&cache.v[li]),
+                pos0: pos,
+                n_head: l.n_head as i32,
+                n_kv: l.n_kv as i32,
+                hd: l.hd as i32,
+                n_rot: l.n_rot as i32,
+                neox: l.rope_neox as i32,
+                n_tok: n as i32,
+                theta_scale: l.theta_scale,
+                freq_scale: l.freq_scale,
+                qn_eps: l.q_norm.as_ref().map_or(0.0, |nn| nn.eps),
+                kn_eps: l.k_norm.as_ref().map_or(0.0, |nn| nn.eps),
+            };
+            let wo_q8 = ops::wants_q8(l.wo.ty)?;
+            let attn = AttnArgs {
+                q: p(&b.q),
+                kc: d.ptr(&cache.k[li]),
+                vc: d.ptr(&cache.v[li]),
+                part_o: p(&b.part_o),
+                part_ml: p(&b.part_ml),
+                out: p(&b.attn),
+                oq: if wo_q8 { aq } else { 0 },
+                ods: if wo_q8 { ad } else { 0 },
+                pos0: pos,
+                n_head: l.n_head as i32,
+                n_kv: l.n_kv as i32,
+                hd: l.hd as i32,
+                n_split: b.n_split as i32,
+                window: l.window.map_or(0, |w| w.min(i32::MAX as usize) as i32),
+                n_tok: n as i32,
+                scale: l.scale,
+                softcap: l.softcap.unwrap_or(0.0),
+            };
+            ops::qkv_attention(d, &qkv, &attn, d.ptr(&b.attn_count))?;
+            mark("qkv bias, q/k norm, rope, kv append, attention", &[])?;
+            if gemm.is_some() {
+                mm(&l.wo, operand(p(&b.attn), l.wo.cols)?, o)?;
+            } else {
+                ops::matvec(d, &mv(&l.wo, p(&b.attn), aq, ad, o))?;
+            }
+            mark("matvec attn_output", &[&l.wo])?;
+            ops::residual_norm(d, &norm_args(cur, o, l.post_attn_norm.as_ref(), &l.ffn_norm), n)?;
+            mark("residual add, ffn_norm", &[])?;
+
+            let n_ff = l.up.rows;
+            let act = p(&b.act);
+            let mut act_q8 = false;
+            match &l.gate {
+                Some(g) if l.gated && gemm.is_some() => {
+                    let xo = operand(h, e)?;
+                    mm(g, xo, p(&b.gate))?;
+                    mm(&l.up, xo, p(&b.up))?;
+                    ops::glu(d, p(&b.gate), p(&b.up), act, n * n_ff, l.gelu)?;
+                }
+                _ if gemm.is_some() => {
+                    mm(&l.up, operand(h, e)?, act)?;
+                    ops::act_inplace(d, act, n * n_ff, l.gelu)?;
+                }
+                Some(g) if l.gated && g.ty == l.up.ty && g.repacked_stride == l.up.repacked_stride => {
+                    let mut call = mv(g, h, aq, ad, act);
+                    call.w[1] = d.ptr(&l.up.buf);
+                    call.mode = if l.gelu { MvMode::GluGelu } else { MvMode::GluSilu };
+                    // One token: the q8 copy of the output for ffn_down is
+                    // written by the product itself when it can.
+                    if n == 1 && ops::wants_q8(l.down.ty)? && ops::can_glu_q8(&call) {
+                        ops::matvec_glu_q8(d, &call, d.ptr(&b.glu_q), d.ptr(&b.glu_ds), d.ptr(&b.glu_count))?;
+                        act_q8 = true;
+                    } else {
+                        ops::matvec(d, &call)?;
+                    }
+                }
+                Some(g) if l.gated => {
+                    ops::matvec(d, &mv(g, h, aq, ad, p(&b.gate)))?;
+                    ops::matvec(d, &mv(&l.up, h, aq, ad, p(&b.up)))?;
+                    ops::glu(d, p(&b.gate), p(&b.up), act, n * n_ff, l.gelu)?;
+                }
+                _ => {
+                    ops::matvec(d, &mv(&l.up, h, aq, ad, act))?;
+                    ops::act_inplace(d, act, n * n_ff, l.gelu)?;
+                }
+            }
+            match &l.gate {
+                Some(g) => mark("matvec ffn_gate_up, activation", &[g, &l.up])?,
+                None => mark("matvec ffn_up, activation", &[&l.up])?,
+            }
+            if gemm.is_some() {
+                mm(&l.down, operand(act, n_ff)?, o)?;
+            } else {
+                if ops::wants_q8(l.down.ty)? && !act_q8 {
+                    ops::quantize_q8(d, act, aq, ad, n * n_ff / 32)?;
+                }
+                let (dq, dd) = if act_q8 { (d.ptr(&b.glu_q), d.ptr(&b.glu_ds)) } else { (aq, ad) };
+                ops::matvec(d, &mv(&l.down, act, dq, dd, o))?;
+            }
+            mark("matvec ffn_down", &[&l.down])?;
+            let next = self.layers.get(li + 1).map_or(&self.output_norm, |nl| &nl.attn_norm);
+            norm(norm_args(cur, o, l.post_ffn_norm.as_ref(), next), &mut pending)?;
+            mark("residual add, next norm", &[])?;
+        }
+        // The output norm runs on its own: the vocabulary product keeps the
+        // plain kernel.
+        if let Some(na) = pending.take() {
+            ops::residual_norm(d, &na, n)?;
+        }
+        // Vocabulary projection of the last token.
+        let last = n - 1;
+        let mut call = mv(
+            &self.output,
+            h + (last * e * 4) as u64,
+            aq + (last * e) as u64,
+            ad + (last * (e / 32) * 8) as u64,
+            p(&b.logits),
+        );
+        call.n_tok = 1;
+        if let Some(c) = self.final_softcap {
+            call.mode = MvMode::Softcap;
+            call.cap = c;
+        }
+        ops::matvec(d, &call)?;
+        mark("matvec output", &[&self.output])
+    }
+}
