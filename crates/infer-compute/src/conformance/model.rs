@@ -497,6 +497,33 @@ fn errors_case(b: &dyn ComputeBackend) -> Result<Outcome, String> {
     Ok(Outcome::Pass(String::new()))
 }
 
+/// A NaN in one norm weight reaches the logits (one value of a quantized
+/// activation block: quantizers that skip it would hide it) and greedy
+/// decoding reports it instead of picking a token.
+fn nan_case(b: &dyn ComputeBackend) -> Result<Outcome, String> {
+    let mut spec = random_model(18, Arch::LlamaBias);
+    let e = spec.n_embd;
+    let mut w = vec![1.0f32; e];
+    w[5] = f32::NAN;
+    spec.layers[0].ffn_norm = Norm { kind: NormType::RmsNorm, eps: 1e-6, weight: f32_row(&w), bias: None };
+    let mut m = match prepare(b, &spec)? {
+        Ok(m) => m,
+        Err(skip) => return Ok(skip),
+    };
+    let mut kv = m.new_kv_cache(4).map_err(err("kv"))?;
+    match m.decode_token(kv.as_mut(), 1, 0) {
+        Ok(logits) if logits.iter().any(|v| v.is_nan()) => {}
+        Ok(_) => return Err("a NaN norm weight gave logits without a NaN".into()),
+        Err(Error::NonFinite(_)) => {}
+        Err(e) => return Err(format!("decode_token: unexpected error {e}")),
+    }
+    match m.decode_greedy(kv.as_mut(), 2, 1) {
+        Err(Error::NonFinite(_)) => Ok(Outcome::Pass(String::new())),
+        Err(e) => Err(format!("decode_greedy: unexpected error {e}")),
+        Ok(t) => Err(format!("decode_greedy picked token {t} from NaN logits")),
+    }
+}
+
 /// The model cases.
 pub fn cases() -> Vec<Case> {
     let mut v = Vec::new();
@@ -514,5 +541,6 @@ pub fn cases() -> Vec<Case> {
     v.push(Case::new("model::decode_greedy", greedy_case));
     v.push(Case::new("model::concurrent", concurrent_case));
     v.push(Case::new("model::errors", errors_case));
+    v.push(Case::new("model::nan_reported", nan_case));
     v
 }

@@ -168,7 +168,7 @@ impl Kernels {
         let act = ty.vec_dot_type().ok_or(crate::Error::Unsupported { op: "matvec", ty })?;
         out.try_resize(act.row_bytes(x.len())?)?;
         if super::simd::quantize_activation_row(self, act, x, out.as_bytes_mut()) {
-            return Ok(());
+            return nan_scales(act, x, out);
         }
         quantize_activation(ty, x, out)
     }
@@ -231,5 +231,37 @@ pub fn quantize_activation(ty: GgmlType, x: &[f32], out: &mut AlignedBytes) -> c
     crate::with_block_type!(act, A => {
         A::quantize_row_ref(x, quant::blocks_mut::<A>(out.as_bytes_mut())?);
     });
+    nan_scales(act, x, out)
+}
+
+/// Gives every block of the quantized activation `out` whose values in `x`
+/// hold a NaN a NaN scale, so that its products are NaN. The quantizers
+/// (as ggml's) take the largest magnitude with comparisons that skip NaN
+/// and round NaN to an arbitrary code, so a block with a NaN would
+/// otherwise multiply as finite values: a NaN in the activations would
+/// vanish instead of reaching the logits, where it is reported.
+fn nan_scales(act: GgmlType, x: &[f32], out: &mut AlignedBytes) -> crate::Result<()> {
+    // One branch-free pass (it vectorizes); the blocks only when needed.
+    if !x.iter().fold(false, |a, v| a | v.is_nan()) {
+        return Ok(());
+    }
+    let bytes = out.as_bytes_mut();
+    match act {
+        GgmlType::Q8_0 => {
+            for (b, xb) in quant::blocks_mut::<quant::BlockQ8_0>(bytes)?.iter_mut().zip(x.chunks_exact(quant::QK)) {
+                if xb.iter().any(|v| v.is_nan()) {
+                    b.d = half::f16::NAN;
+                }
+            }
+        }
+        GgmlType::Q8_K => {
+            for (b, xb) in quant::blocks_mut::<quant::BlockQ8K>(bytes)?.iter_mut().zip(x.chunks_exact(quant::QK_K)) {
+                if xb.iter().any(|v| v.is_nan()) {
+                    b.d = f32::NAN;
+                }
+            }
+        }
+        _ => {}
+    }
     Ok(())
 }

@@ -212,7 +212,10 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
 // Quantizes the 32 values held by the lanes of one warp (value `lane`).
 __device__ __forceinline__ void quantize_chunk_warp(float v, i8* q, float2* ds) {
     const int lane = threadIdx.x % WARP;
-    const float amax = warp_max(fabsf(v));
+    // fmaxf skips NaN and a NaN rounds to an arbitrary code: a chunk with a
+    // NaN gets a NaN scale, so that the NaN reaches the logits.
+    const bool nan = __any_sync(FULL_MASK, v != v);
+    const float amax = nan ? __int_as_float(0x7fc00000) : warp_max(fabsf(v));
     const float d = amax / 127.0f;
     const float id = d != 0.0f ? 1.0f / d : 0.0f;
     const int qi = (int)roundf(v * id);
