@@ -23,7 +23,7 @@ use infer_model::generate::{generate_cached, CachedContext, StopReason};
 use infer_model::sampling::Sampler;
 use infer_model::tokenizer::Tokenizer;
 
-use crate::common::{fit_context, n_predict_limit, with_spinner, CliResult, ModelArgs};
+use crate::common::{context_size, n_predict_limit, with_spinner, CliResult, ModelArgs};
 use crate::sampling::SamplingArgs;
 
 #[derive(Args)]
@@ -39,11 +39,11 @@ pub struct ChatArgs {
     n_predict: i64,
     #[command(flatten)]
     sampling: SamplingArgs,
-    /// Context length in positions (KV cache) of the whole conversation; 0
-    /// or more than the model's training context: the training context
-    /// (with a warning when larger).
-    #[arg(short = 'c', long, value_name = "N", default_value_t = 4096)]
-    ctx_size: usize,
+    /// Context length in positions (KV cache) of the whole conversation [default: 4096, or the model's
+    /// training context when shorter]; 0 or more than the training context:
+    /// the training context (with a warning when more).
+    #[arg(short = 'c', long, value_name = "N")]
+    ctx_size: Option<usize>,
 }
 
 pub fn chat(a: ChatArgs) -> CliResult {
@@ -56,7 +56,7 @@ pub fn chat(a: ChatArgs) -> CliResult {
     let tokenizer = Tokenizer::from_gguf(&gguf)?;
     let template = ChatTemplate::from_gguf(&gguf, &tokenizer)?;
     let mut model = with_spinner("loading model", || backend.prepare(&spec))?;
-    let n_ctx = fit_context(a.ctx_size, spec.n_ctx_train, "--ctx-size");
+    let n_ctx = context_size(a.ctx_size, spec.n_ctx_train);
     let mut ctx = CachedContext::new(model.as_ref(), n_ctx)?;
     let cfg = a.sampling.config(n_ctx)?;
     let mut sampler = Sampler::new(cfg.clone())?;

@@ -138,6 +138,20 @@ pub fn fit_context(requested: usize, n_ctx_train: usize, what: &str) -> usize {
     requested
 }
 
+/// The KV cache of `run` and `chat` when `-c` is not given: 4096
+/// positions, or the training context when shorter (silently: the user
+/// asked for nothing).
+const DEFAULT_CTX: usize = 4096;
+
+/// The context length of `run` and `chat` from `-c` (see [`fit_context`])
+/// or, without it, [`DEFAULT_CTX`].
+pub fn context_size(requested: Option<usize>, n_ctx_train: usize) -> usize {
+    match requested {
+        Some(c) => fit_context(c, n_ctx_train, "--ctx-size"),
+        None => DEFAULT_CTX.min(n_ctx_train),
+    }
+}
+
 pub type CliResult<T = ()> = Result<T, Box<dyn std::error::Error>>;
 
 impl ModelArgs {

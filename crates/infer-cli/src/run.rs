@@ -9,7 +9,7 @@ use infer_model::generate::{generate_with_progress, StopReason};
 use infer_model::sampling::Sampler;
 use infer_model::tokenizer::Tokenizer;
 
-use crate::common::{fit_context, n_predict_limit, with_spinner, CliResult, ModelArgs};
+use crate::common::{context_size, n_predict_limit, with_spinner, CliResult, ModelArgs};
 use crate::output::Out;
 use crate::prompt::PromptArgs;
 use crate::sampling::SamplingArgs;
@@ -27,10 +27,11 @@ pub struct RunArgs {
     n_predict: i64,
     #[command(flatten)]
     sampling: SamplingArgs,
-    /// Context length in positions (KV cache); 0 or more than the model's
-    /// training context: the training context (with a warning when larger).
-    #[arg(short = 'c', long, value_name = "N", default_value_t = 4096)]
-    ctx_size: usize,
+    /// Context length in positions (KV cache) [default: 4096, or the model's
+    /// training context when shorter]; 0 or more than the training context:
+    /// the training context (with a warning when more).
+    #[arg(short = 'c', long, value_name = "N")]
+    ctx_size: Option<usize>,
     /// Wrap the prompt in the model's chat template.
     #[arg(long)]
     chat: bool,
@@ -62,17 +63,14 @@ pub fn run(a: RunArgs) -> CliResult {
     let backend = a.model.backend()?;
     let spec = infer_model::model::load_spec(&gguf)?;
     let tokenizer = Tokenizer::from_gguf(&gguf)?;
-    let n_ctx = fit_context(a.ctx_size, spec.n_ctx_train, "--ctx-size");
+    let n_ctx = context_size(a.ctx_size, spec.n_ctx_train);
     // Validated as given, also when greedy decoding ignores them; at
     // temperature 0 the penalties still apply (as in llama.cpp), and the
     // filters cannot change the most likely token.
     let cfg = a.sampling.config(n_ctx)?;
-    let mut model = with_spinner("loading model", || backend.prepare(&spec))?;
-    let load_time = t0.elapsed();
-    // From here on, Ctrl-C stops the prefill or the generation at the next
-    // step and the statistics are still printed (a second one exits).
-    crate::interrupt::graceful();
-
+    // The prompt before the weights: a bad chat template or a prompt too
+    // long for the context is reported at once (and a slow template can be
+    // stopped by Ctrl-C like any step before the model loads).
     let ids = if a.chat {
         ChatTemplate::from_gguf(&gguf, &tokenizer)?.encode(&tokenizer, &[Message::user(prompt.as_str())], true)?
     } else {
@@ -87,6 +85,11 @@ pub fn run(a: RunArgs) -> CliResult {
         )
         .into());
     }
+    let mut model = with_spinner("loading model", || backend.prepare(&spec))?;
+    let load_time = t0.elapsed();
+    // From here on, Ctrl-C stops the prefill or the generation at the next
+    // step and the statistics are still printed (a second one exits).
+    crate::interrupt::graceful();
     if a.verbose {
         eprintln!("model:    {}", path.display());
         eprintln!("backend:  {}", backend.device_info());
@@ -144,10 +147,14 @@ pub fn run(a: RunArgs) -> CliResult {
                 }
             }
         },
-    )?;
+    );
     if show_progress {
         eprint!("\r\x1b[2K");
     }
+    // An error after the echoed prompt starts on a line of its own.
+    let stats = stats.inspect_err(|_| {
+        let _ = writeln!(out).and_then(|_| out.flush());
+    })?;
     if let Some(e) = write_error {
         return Err(e.into());
     }

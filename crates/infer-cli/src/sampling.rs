@@ -25,7 +25,8 @@ pub struct SamplingArgs {
     /// Divide the positive (multiply the negative) logits of the recent tokens by X (1: off).
     #[arg(long, value_name = "X", default_value_t = 1.0, allow_negative_numbers = true)]
     pub repeat_penalty: f32,
-    /// How many recent tokens (prompt and output) the penalties look at (0: off, -1: the context size).
+    /// How many recent tokens (prompt and output) the penalties look at (0: off, -1 or more than the
+    /// context: the context size).
     #[arg(long, value_name = "N", default_value_t = 64, allow_negative_numbers = true)]
     pub repeat_last_n: i64,
     /// Subtract X once from the logit of every recent token (0: off).
@@ -52,9 +53,11 @@ impl SamplingArgs {
             Some(s) if s >= 0 => s as u64,
             Some(s) => return Err(format!("--seed {s}: must be a number >= 0, or -1 for a random seed").into()),
         };
+        // The window never holds more than the context: a larger one is the
+        // context (and would only reserve memory).
         let repeat_last_n = match self.repeat_last_n {
             -1 => n_ctx,
-            n if n >= 0 => n as usize,
+            n if n >= 0 => (n as u64).min(n_ctx as u64) as usize,
             n => return Err(format!("--repeat-last-n {n}: must be >= 0, or -1 for the context size").into()),
         };
         let cfg = SamplerConfig {

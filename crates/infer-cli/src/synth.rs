@@ -238,10 +238,25 @@ fn check_output(path: &Path) -> CliResult {
     Ok(())
 }
 
+/// Whether `a` and `b` name the same existing file (through links and
+/// relative paths too).
+fn same_file(a: &Path, b: &Path) -> bool {
+    matches!((a.canonicalize(), b.canonicalize()), (Ok(x), Ok(y)) if x == y)
+}
+
 pub fn synth(a: SynthArgs) -> CliResult {
     let (shape, quant) = parse_spec(&a.arch, &a.size, &a.quant)?;
     let threads = thread_count(a.threads)?;
     check_output(&a.output)?;
+    if let Some(src) = &a.tokenizer_from {
+        if same_file(src, &a.output) {
+            return Err(format!(
+                "refusing to overwrite {}: it is the --tokenizer-from input; choose another output file",
+                a.output.display()
+            )
+            .into());
+        }
+    }
     remove_stale_partials(&a.output);
     // Ctrl-C or SIGTERM while writing removes the temporary file.
     let partial = partial_path(&a.output, std::process::id());

@@ -139,6 +139,13 @@ fn synth_refuses_what_it_must_not_replace() {
         .expect("run infer");
     assert_one_line_error(&o, "model cache");
     assert_eq!(std::fs::read(&cached).unwrap(), b"a cached model");
+    // The file it reads its tokenizer from, named through another path.
+    let src = dir.path().join("src.gguf");
+    std::fs::write(&src, b"the user's model").unwrap();
+    let via = dir.path().join("cache").join("..").join("src.gguf");
+    let o = infer(&["synth", "--size", "270m", "--tokenizer-from", src.to_str().unwrap(), "-o", via.to_str().unwrap()]);
+    assert_one_line_error(&o, "is the --tokenizer-from input");
+    assert_eq!(std::fs::read(&src).unwrap(), b"the user's model");
     // A regular file elsewhere is replaced.
     let plain = dir.path().join("plain.gguf");
     std::fs::write(&plain, b"old").unwrap();

@@ -114,6 +114,11 @@ fn sampling_flags_have_llama_cpp_defaults_and_verbose_shows_them() {
     assert_one_line_error(&run_tiny(&m, &["--repeat-penalty", "0", "hi"]), "repetition_penalty");
     assert_one_line_error(&run_tiny(&m, &["--presence-penalty", "inf", "hi"]), "presence_penalty");
     assert_one_line_error(&run_tiny(&m, &["--repeat-last-n", "-2", "hi"]), "--repeat-last-n");
+    // A window beyond the context is the context (it reserved memory for
+    // the whole window and failed).
+    let o = run_tiny(&m, &["-n", "2", "-c", "64", "--repeat-last-n", "99999999999", "-v", "hi"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stderr(&o).contains("repeat_last_n = 64"), "{}", stderr(&o));
 }
 
 #[test]
@@ -184,6 +189,25 @@ fn context_beyond_training_is_clamped_with_a_warning() {
     assert!(err.contains("warning: --ctx-size 100000000 is more than the model's training context of "), "{err}");
     let n_ctx_train = stat_after(&err, "training context of ");
     assert!(err.contains(&format!("context:  {n_ctx_train} positions")), "{err}");
+}
+
+#[test]
+fn the_default_context_meets_a_shorter_training_context_silently() {
+    // The tiny model with a training context of 2048, below the default 4096.
+    let dir = tmpdir();
+    let model = infer_model::gguf::GgufFile::open(synth_tiny(dir.path(), "llama")).expect("open");
+    let mut w = infer_model::gguf::GgufWriter::from_gguf(&model).expect("rewrite");
+    w.set_metadata("llama.context_length", 2048u32).unwrap();
+    let m = dir.path().join("ctx2048.gguf");
+    w.write_to_path(&m).expect("write");
+    let o = run_tiny(&m, &["-n", "2", "-v", "hello"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(!err.contains("warning"), "{err}");
+    assert!(err.contains("context:  2048 positions"), "{err}");
+    // Asked for, the same length is clamped with the warning.
+    let o = run_tiny(&m, &["-n", "2", "-c", "4096", "hello"]);
+    assert!(stderr(&o).contains("warning: --ctx-size 4096 is more than the model's training context of 2048"));
 }
 
 #[test]

@@ -148,7 +148,18 @@ impl std::fmt::Debug for ChatTemplate {
     }
 }
 
+/// The most template instructions one render may run (minijinja's fuel):
+/// a conversation of thousands of messages through the largest common
+/// templates needs well under 1% of it, a runaway loop stops within a few
+/// seconds.
+const RENDER_FUEL: u64 = 50_000_000;
+
 fn template_error(what: &str, e: &minijinja::Error) -> Error {
+    if e.kind() == ErrorKind::OutOfFuel {
+        return Error::ChatTemplate(format!(
+            "{what}: the template did not finish within {RENDER_FUEL} steps (a loop that runs too long?)"
+        ));
+    }
     let mut msg = format!("{what}: {e}");
     let mut source = std::error::Error::source(e);
     while let Some(s) = source {
@@ -270,6 +281,9 @@ impl ChatTemplate {
 
     fn build(text: String, source: TemplateSource, bos: &str, eos: &str) -> Result<ChatTemplate> {
         let mut env = Environment::new();
+        // A template comes with the model file: one that loops for hours
+        // must fail instead (`RENDER_FUEL`).
+        env.set_fuel(Some(RENDER_FUEL));
         let syntax = minijinja::syntax::SyntaxConfig::builder()
             .trim_blocks(true)
             .lstrip_blocks(true)
@@ -343,7 +357,27 @@ impl ChatTemplate {
 
 #[cfg(test)]
 mod tests {
-    use super::strftime;
+    use super::{strftime, ChatTemplate, Message, Role, CHATML_TEMPLATE, GEMMA_TEMPLATE};
+
+    #[test]
+    fn long_conversations_render_and_runaway_templates_stop() {
+        let messages: Vec<Message> = (0..4000)
+            .map(|i| Message {
+                role: if i % 2 == 0 { Role::User } else { Role::Assistant },
+                content: format!("message {i} {}", "x".repeat(100)),
+            })
+            .collect();
+        for t in [GEMMA_TEMPLATE, CHATML_TEMPLATE] {
+            let text = ChatTemplate::new(t, "<bos>", "<eos>").unwrap().render(&messages, true).unwrap();
+            assert!(text.contains("message 3999"));
+        }
+        let loops = "{% for i in range(10000) %}{% for j in range(10000) %}{% for k in range(10000) %}\
+                     {% endfor %}{% endfor %}{% endfor %}x";
+        let t0 = std::time::Instant::now();
+        let e = ChatTemplate::new(loops, "", "").unwrap().render(&[], true).unwrap_err();
+        assert!(e.to_string().contains("did not finish"), "{e}");
+        assert!(t0.elapsed().as_secs() < 30, "stopped after {:?}", t0.elapsed());
+    }
 
     #[test]
     fn strftime_formats_utc_dates() {
