@@ -167,6 +167,15 @@ fn environment_and_names() {
     std::fs::write(&model, b"GGUF").unwrap();
     std::env::set_var(MODEL_ENV, &model);
     assert_eq!(default_model_path().unwrap(), model);
+    // Names go through the same resolution as --model; the error names
+    // the variable and the known models.
+    std::env::set_var(MODEL_ENV, "no-such-model");
+    match default_model_path() {
+        Err(Error::Download(msg)) => {
+            assert!(msg.starts_with("INFER_MODEL=no-such-model: ") && msg.contains("known models"), "{msg}")
+        }
+        other => panic!("expected a download error, got {other:?}"),
+    }
     std::env::remove_var(MODEL_ENV);
 
     // --model: an existing path wins, even when it looks like a name.

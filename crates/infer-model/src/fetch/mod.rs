@@ -12,7 +12,8 @@
 //! replaced entry is reported on stderr and fetched again.
 //!
 //! Environment:
-//! - `INFER_MODEL`: path of the model to use instead of the default one
+//! - `INFER_MODEL`: the model to use instead of the default one (a path or a
+//!   known name, as `--model`)
 //!   (any GGUF file; it is not downloaded or checked against a hash);
 //! - `INFER_CACHE_DIR`: the cache directory (default
 //!   `~/.cache/infer-compute`).
@@ -119,19 +120,20 @@ pub fn cached_path(model: &KnownModel) -> Option<PathBuf> {
 
 /// The path of the model to load when none is named.
 ///
-/// `$INFER_MODEL` when set (it must name an existing file), else the default
-/// model ([`DEFAULT_MODEL_NAME`]) through [`ensure_model`].
+/// `$INFER_MODEL` when set (a file or a known name, as `--model` takes them:
+/// [`resolve_model`]), else the default model ([`DEFAULT_MODEL_NAME`])
+/// through [`ensure_model`].
 ///
 /// # Errors
-/// [`Error::Download`] when `$INFER_MODEL` does not name a file, or the
-/// fetch or its verification fails.
+/// [`Error::Download`] naming `$INFER_MODEL` when it is neither a file nor
+/// a known name, or when the fetch or its verification fails.
 pub fn default_model_path() -> Result<PathBuf> {
-    if let Some(path) = env_path(MODEL_ENV) {
-        return match std::fs::metadata(&path) {
-            Ok(m) if m.is_file() => Ok(path),
-            Ok(_) => Err(Error::Download(format!("{MODEL_ENV}={} is not a file", path.display()))),
-            Err(e) => Err(Error::Download(format!("{MODEL_ENV}={}: {e}", path.display()))),
-        };
+    if let Some(v) = std::env::var_os(MODEL_ENV).filter(|v| !v.is_empty()) {
+        let s = v.to_str().ok_or_else(|| Error::Download(format!("{MODEL_ENV} is not valid UTF-8")))?;
+        return resolve_model(s).map_err(|e| match e {
+            Error::Download(m) => Error::Download(format!("{MODEL_ENV}={s}: {m}")),
+            e => e,
+        });
     }
     ensure_model(DEFAULT_MODEL_NAME)
 }

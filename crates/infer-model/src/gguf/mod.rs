@@ -273,15 +273,24 @@ impl GgufFile {
         conv: impl FnOnce(&'a Value) -> Option<T>,
     ) -> Result<T> {
         let v = self.require(key)?;
-        conv(v).ok_or_else(|| Error::KeyType { key: key.to_owned(), expected, found: v.type_description() })
+        let integer = matches!(expected, "u32" | "u64" | "i32" | "i64");
+        conv(v).ok_or_else(|| match v.as_i128().filter(|_| integer) {
+            // An integer key whose value does not fit the type asked for.
+            Some(n) => Error::HyperParameter {
+                key: key.to_owned(),
+                value: n.to_string(),
+                reason: format!("out of the range of a {expected}"),
+            },
+            None => Error::KeyType { key: key.to_owned(), expected, found: v.type_description() },
+        })
     }
 
     /// An integer key as `u32`. Any integer type is accepted when its
     /// value fits losslessly.
     ///
     /// # Errors
-    /// [`Error::MissingKey`]; [`Error::KeyType`] for non-integers and
-    /// values out of range.
+    /// [`Error::MissingKey`]; [`Error::KeyType`] for non-integers;
+    /// [`Error::HyperParameter`] naming the value when it is out of range.
     pub fn get_u32(&self, key: &str) -> Result<u32> {
         self.typed(key, "u32", Value::as_u32)
     }
