@@ -80,13 +80,18 @@ pub fn chat(a: ChatArgs) -> CliResult {
     loop {
         write!(out, "> ")?;
         out.flush()?;
-        let mut line = String::new();
-        match input.read_line(&mut line) {
+        let mut bytes = Vec::new();
+        match input.read_until(b'\n', &mut bytes) {
             Ok(0) => break,
             Ok(_) => {}
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
             Err(e) => return Err(format!("reading the input: {e}").into()),
         }
+        // A line that is not UTF-8 is refused; the conversation goes on.
+        let Ok(line) = String::from_utf8(bytes) else {
+            eprintln!("that line is not valid UTF-8; it was not sent");
+            continue;
+        };
         let text = line.trim();
         match text {
             "" => continue,

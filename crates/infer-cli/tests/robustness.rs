@@ -430,3 +430,19 @@ fn synth_refuses_a_tokenizer_source_it_would_not_use() {
     assert_one_line_error(&o, "--tokenizer-from");
     assert!(!out.exists());
 }
+
+/// A chat line that is not UTF-8 is refused with a message; the
+/// conversation goes on with the next line.
+#[test]
+fn chat_skips_a_line_that_is_not_utf8() {
+    let dir = tmpdir();
+    let m = synth_tiny(dir.path(), "llama");
+    let o = common::infer_stdin(
+        &["chat", "--model", m.to_str().unwrap(), "-t", "1", "-n", "2", "--temp", "0"],
+        b"hi \xff there\nhello\n/exit\n",
+    );
+    let err = stderr(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(err.contains("that line is not valid UTF-8; it was not sent"), "{err}");
+    assert_eq!(err.matches("[prefill ").count(), 1, "one turn after the bad line: {err}");
+}
