@@ -316,8 +316,10 @@ impl ChatTemplate {
     /// # Errors
     /// [`Error::ChatTemplate`] when rendering fails, including a template's
     /// own `raise_exception` (for example Gemma's on roles that do not
-    /// alternate).
+    /// alternate), runs out of its step budget, or turns messages into no
+    /// text.
     pub fn render(&self, messages: &[Message], add_generation_prompt: bool) -> Result<String> {
+        let n = messages.len();
         let messages: Vec<Value> = messages
             .iter()
             .map(|m| {
@@ -333,7 +335,12 @@ impl ChatTemplate {
         ctx.insert("bos_token", Value::from(self.bos_token.as_str()));
         ctx.insert("eos_token", Value::from(self.eos_token.as_str()));
         let template = self.env.get_template(NAME).map_err(|e| template_error("the chat template", &e))?;
-        template.render(Value::from(ctx)).map_err(|e| template_error("rendering the chat template", &e))
+        let text = template.render(Value::from(ctx)).map_err(|e| template_error("rendering the chat template", &e))?;
+        // Messages that render to nothing would become an empty prompt.
+        if n > 0 && text.trim().is_empty() {
+            return Err(Error::ChatTemplate(format!("the chat template renders {n} message(s) as no text")));
+        }
+        Ok(text)
     }
 
     /// Renders `messages` (see [`ChatTemplate::render`]) and encodes the
@@ -377,6 +384,14 @@ mod tests {
         let e = ChatTemplate::new(loops, "", "").unwrap().render(&[], true).unwrap_err();
         assert!(e.to_string().contains("did not finish"), "{e}");
         assert!(t0.elapsed().as_secs() < 30, "stopped after {:?}", t0.elapsed());
+    }
+
+    #[test]
+    fn a_template_that_renders_messages_as_nothing_is_an_error() {
+        let e = ChatTemplate::new("", "", "").unwrap().render(&[Message::user("hi")], true).unwrap_err();
+        assert!(e.to_string().contains("renders 1 message(s) as no text"), "{e}");
+        // No messages, no text: not an error.
+        assert_eq!(ChatTemplate::new("", "", "").unwrap().render(&[], false).unwrap(), "");
     }
 
     #[test]

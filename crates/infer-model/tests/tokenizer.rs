@@ -184,6 +184,9 @@ fn tiny_rejects_bad_vocabularies() {
     v.scores.as_mut().unwrap().pop();
     assert!(bad(v).contains("scores"));
     let mut v = tiny_vocab();
+    v.scores.as_mut().unwrap()[7] = f32::NAN;
+    assert_eq!(bad(v), "the merge score of token 7 is NaN");
+    let mut v = tiny_vocab();
     v.token_types.as_mut().unwrap().push(1);
     assert!(bad(v).contains("token types"));
     let mut v = tiny_vocab();

@@ -80,7 +80,7 @@ impl SpmModel {
     ///
     /// # Errors
     /// [`Error::Tokenizer`] for the errors of [`Vocab::new`], when `scores`
-    /// has a length other than the number of tokens, or when a byte
+    /// has a length other than the number of tokens or holds a NaN, or when a byte
     /// token's text is not of the form `<0xXX>`; out of memory
     /// ([`Error::Compute`]) when a table does not fit.
     pub fn build(mut v: SpmVocab) -> Result<(Vocab, SpmModel, bool, bool)> {
@@ -98,6 +98,11 @@ impl SpmModel {
         if let Some(s) = &v.scores {
             if s.len() != n && n > 0 {
                 return Err(Error::Tokenizer(format!("{} scores for {n} tokens", s.len())));
+            }
+            // A NaN compares false with every score: the merge order, and so
+            // the tokenization, would be arbitrary.
+            if let Some(i) = s.iter().position(|x| x.is_nan()) {
+                return Err(Error::Tokenizer(format!("the merge score of token {i} is NaN")));
             }
         }
         let given = SpecialIds { bos: v.bos_id, eos: v.eos_id, unk: v.unk_id, pad: v.pad_id, eot: v.eot_id };
