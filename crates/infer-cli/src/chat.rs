@@ -39,9 +39,10 @@ pub struct ChatArgs {
     n_predict: i64,
     #[command(flatten)]
     sampling: SamplingArgs,
-    /// Context length in positions (KV cache) of the whole conversation [default: 4096, or the model's
-    /// training context when shorter]; 0 or more than the training context:
-    /// the training context (with a warning when more).
+    /// Context length in positions (KV cache) of the whole conversation
+    /// [default: 4096, or the model's training context when shorter]; 0 or
+    /// more than the training context: the training context (with a
+    /// warning when more).
     #[arg(short = 'c', long, value_name = "N")]
     ctx_size: Option<usize>,
 }

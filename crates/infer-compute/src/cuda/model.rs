@@ -50,9 +50,9 @@ use crate::backend::{checked_cache, DeviceModel, KvCache, KvState, ModelId, Step
 use crate::error::{Error, Result};
 use crate::pipeline::{Activation, FfnType, ModelSpec, Norm, NormType, RopeType};
 use crate::weight::QuantWeight;
+use crate::GgmlType;
 
 mod forward;
-use crate::GgmlType;
 
 static NEXT_ID: AtomicUsize = AtomicUsize::new(1);
 

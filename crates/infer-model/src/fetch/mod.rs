@@ -12,9 +12,9 @@
 //! replaced entry is reported on stderr and fetched again.
 //!
 //! Environment:
-//! - `INFER_MODEL`: the model to use instead of the default one (a path or a
-//!   known name, as `--model`)
-//!   (any GGUF file; it is not downloaded or checked against a hash);
+//! - `INFER_MODEL`: the model to use instead of the default one, as
+//!   `--model` takes it: a path (any GGUF file, not checked against a hash)
+//!   or a known name (fetched and verified);
 //! - `INFER_CACHE_DIR`: the cache directory (default
 //!   `~/.cache/infer-compute`).
 

@@ -26,9 +26,9 @@ static_assert(MVN_THREADS == NORM_THREADS, "mvn_* and residual_norm must reduce 
 // Rows per warp asked of L2 ahead of the one being computed.
 #define MVN_AHEAD 4
 
-// Row gr (< total) of a launch of product a, then (MIXED) product b of
-// weight type T2: rows total_a + r are b's row r. The helpers below take
-// it apart so that the single-type kernels compile as before.
+// A launch covers product a's rows, then (MIXED) those of product b, of
+// weight type T2: launch row total_a + r is b's row r. Without MIXED the
+// second product compiles out, and mvn_* keep their code.
 template <class T, class T2, bool MIXED>
 __device__ __forceinline__ void mvn_prefetch_row(const MatvecArgs& a, const MatvecArgs& b, bool glu, int total_a,
                                                  int gr) {
@@ -108,8 +108,8 @@ MVN_KERNEL(q6_kr, TQ6_KR)
 // when v's type differs from q's and k's (attn_v is Q6_K in the layers
 // llama.cpp's use_more_bits picks in Q4_K_M and Q5_K_M files; Q8_0 beside
 // Q5_0 where rows are not a multiple of 256, as in Gemma 3 270M and 1B):
-// one launch and one grid-wide wait fewer in those layers. Product b is one-token,
-// non-GLU, of the same width.
+// one launch and one grid-wide wait fewer in those layers. Product b is
+// one-token, non-GLU, of the same width.
 #define MVN2_KERNEL(name, T, T2)                                                                    \
     extern "C" __global__ void __launch_bounds__(MVN_THREADS, 1) mvn2_##name(const MvNorm2Args p) { \
         matvec_norm1<T, T2, true>(p.p, p.b);                                                         \
