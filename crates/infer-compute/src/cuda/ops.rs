@@ -3,7 +3,7 @@
 //! grid and block sizes. Used by the decode pipeline ([`super::model`]) and
 //! by the single-op entry points of [`super::CudaBackend`].
 
-use cudarc::driver::{LaunchConfig, PushKernelArg};
+use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 
 use super::device::Device;
 use super::kernels::{
@@ -249,17 +249,36 @@ pub(crate) fn matvec_norm(dev: &Device, m: &Matvec, norm: &NormArgs, x_out: DevP
         .tn
         .filter(|_| can_fuse_norm(m))
         .ok_or_else(|| Error::Device(format!("no fused-norm product for {} rows of {} values", m.ty.name(), m.cols)))?;
-    if norm.n as usize != m.cols || norm.q != 0 && norm.ds == 0 || norm.add != 0 && x_out == 0 {
+    let args = MvNormArgs { mv: fused_product_args(m)?, norm: *norm, x_out };
+    launch_fused_norm(dev, name, norm, x_out, m.cols, m.total_rows(), &args)
+}
+
+/// The arguments of a product whose activation comes from a fused norm,
+/// not from `m.aq` / `m.ad` / `m.x`.
+fn fused_product_args(m: &Matvec) -> Result<MatvecArgs> {
+    Ok(MatvecArgs { aq: 0, ad: 0, ax: 0, ..matvec_args(m)? })
+}
+
+/// Launches a fused-norm kernel (`mvn_*`, `mvn2_*`) over `total` rows of
+/// `cols` values, after checking `norm` and `x_out` against them.
+fn launch_fused_norm<A: DeviceRepr>(
+    dev: &Device,
+    name: kernels::KernelName,
+    norm: &NormArgs,
+    x_out: DevPtr,
+    cols: usize,
+    total: usize,
+    args: &A,
+) -> Result<()> {
+    if norm.n as usize != cols || norm.q != 0 && norm.ds == 0 || norm.add != 0 && x_out == 0 {
         return Err(Error::Device("fused norm arguments do not match the product".into()));
     }
-    let total = m.total_rows();
-    // The activation comes from the norm, not from m.aq / m.ad / m.x.
-    let args = MvNormArgs { mv: MatvecArgs { aq: 0, ad: 0, ax: 0, ..matvec_args(m)? }, norm: *norm, x_out };
+    // The kernel counts the rows in an int.
+    to_i32(total, "rows")?;
     // One block per SM at most (1024 threads, up to 64 registers each).
-    let warps = NORM_THREADS / 32;
-    let grid = total.div_ceil(warps).min(dev.info.multiprocessors.max(1) as usize);
-    let smem = m.cols + m.cols / 32 * 8;
-    dev.launch(name, (to_u32(grid, "grid")?, 1, 1), NORM_THREADS as u32, to_u32(smem, "shared memory")?, &args)
+    let grid = total.div_ceil(NORM_THREADS / 32).min(dev.info.multiprocessors.max(1) as usize);
+    let smem = cols + cols / 32 * 8;
+    dev.launch(name, (to_u32(grid, "grid")?, 1, 1), NORM_THREADS as u32, to_u32(smem, "shared memory")?, args)
 }
 
 /// The kernel that runs the fused-norm product `a` and then the product
@@ -285,17 +304,9 @@ pub(crate) fn matvec_norm2(dev: &Device, a: &Matvec, b: &Matvec, norm: &NormArgs
     let name = mixed_norm_kernel(a, b).ok_or_else(|| {
         Error::Device(format!("no fused-norm product for {} rows then {} rows", a.ty.name(), b.ty.name()))
     })?;
-    if norm.n as usize != a.cols || norm.q != 0 && norm.ds == 0 || norm.add != 0 && x_out == 0 {
-        return Err(Error::Device("fused norm arguments do not match the product".into()));
-    }
-    let strip = |m: &Matvec| -> Result<MatvecArgs> { Ok(MatvecArgs { aq: 0, ad: 0, ax: 0, ..matvec_args(m)? }) };
-    let args = kernels::MvNorm2Args { p: MvNormArgs { mv: strip(a)?, norm: *norm, x_out }, b: strip(b)? };
-    let total = a.total_rows() + b.total_rows();
-    // The kernel counts rows of both products in an int.
-    to_i32(total, "rows")?;
-    let grid = total.div_ceil(NORM_THREADS / 32).min(dev.info.multiprocessors.max(1) as usize);
-    let smem = a.cols + a.cols / 32 * 8;
-    dev.launch(name, (to_u32(grid, "grid")?, 1, 1), NORM_THREADS as u32, to_u32(smem, "shared memory")?, &args)
+    let p = MvNormArgs { mv: fused_product_args(a)?, norm: *norm, x_out };
+    let args = kernels::MvNorm2Args { p, b: fused_product_args(b)? };
+    launch_fused_norm(dev, name, norm, x_out, a.cols, a.total_rows() + b.total_rows(), &args)
 }
 
 /// Whether one-token mat-vecs prefetch their weight rows into L2 before

@@ -94,37 +94,32 @@ impl CudaModel {
         // `then`: a second product (another weight type, the same input)
         // that one launch runs after `call` when a fused kernel has the
         // pair; else it runs as a launch of its own.
-        let product =
-            |call: &Matvec, then: Option<&Matvec>, pending: &mut Option<NormArgs>, cur: &mut DevPtr| -> Result<()> {
-                match pending.take() {
-                    Some(na) if ops::can_fuse_norm(call) => {
-                        let other = if *cur == x { x_alt } else { x };
-                        let x_out = if na.add != 0 { other } else { 0 };
-                        match then {
-                            Some(b) if ops::mixed_norm_kernel(call, b).is_some() => {
-                                ops::matvec_norm2(d, call, b, &na, x_out)?;
-                            }
-                            _ => {
-                                ops::matvec_norm(d, call, &na, x_out)?;
-                                then.map_or(Ok(()), |b| ops::matvec(d, b))?;
-                            }
-                        }
-                        if na.add != 0 {
-                            *cur = other;
-                        }
-                        Ok(())
+        let product = |call: &Matvec,
+                       mut then: Option<&Matvec>,
+                       pending: &mut Option<NormArgs>,
+                       cur: &mut DevPtr|
+         -> Result<()> {
+            match pending.take() {
+                Some(na) if ops::can_fuse_norm(call) => {
+                    let other = if *cur == x { x_alt } else { x };
+                    let x_out = if na.add != 0 { other } else { 0 };
+                    match then.take_if(|b| ops::mixed_norm_kernel(call, b).is_some()) {
+                        Some(b) => ops::matvec_norm2(d, call, b, &na, x_out)?,
+                        None => ops::matvec_norm(d, call, &na, x_out)?,
                     }
-                    Some(na) => {
-                        ops::residual_norm(d, &na, n)?;
-                        ops::matvec(d, call)?;
-                        then.map_or(Ok(()), |b| ops::matvec(d, b))
-                    }
-                    None => {
-                        ops::matvec(d, call)?;
-                        then.map_or(Ok(()), |b| ops::matvec(d, b))
+                    if na.add != 0 {
+                        *cur = other;
                     }
                 }
-            };
+                Some(na) => {
+                    ops::residual_norm(d, &na, n)?;
+                    ops::matvec(d, call)?;
+                }
+                None => ops::matvec(d, call)?,
+            }
+            // The second product, when no fused kernel ran it.
+            then.map_or(Ok(()), |b| ops::matvec(d, b))
+        };
         ops::embed_rows(d, d.ptr(&self.token_embd.buf), self.token_embd.ty, e, tokens, n, self.embd_scale, x)?;
         if let Some(l0) = self.layers.first() {
             norm(norm_args(cur, 0, None, &l0.attn_norm), &mut pending)?;
