@@ -25,7 +25,7 @@ use std::time::Instant;
 
 use clap::Args;
 use infer_compute::pipeline::ModelSpec;
-use infer_compute::{DeviceModel, KvCache};
+use infer_compute::{DeviceModel, KvPool};
 use infer_model::gguf::GgufFile;
 use infer_model::synth::{file_type_name, SynthArch};
 use rand::{Rng, SeedableRng};
@@ -265,7 +265,7 @@ pub fn measure_bandwidth(threads: usize) -> f64 {
 
 /// Runs the prefill test once; returns nanoseconds.
 fn time_prefill(model: &mut dyn DeviceModel, tokens: &[u32]) -> CliResult<u64> {
-    let mut kv: Box<dyn KvCache> = model.new_kv_cache(tokens.len())?;
+    let mut kv: Box<dyn KvPool> = model.new_kv_cache(tokens.len())?;
     let t0 = Instant::now();
     let logits = model.prefill(kv.as_mut(), tokens, 0)?;
     let ns = t0.elapsed().as_nanos() as u64;
@@ -275,7 +275,7 @@ fn time_prefill(model: &mut dyn DeviceModel, tokens: &[u32]) -> CliResult<u64> {
 
 /// Runs the decode test once (`n` steps from BOS); returns nanoseconds.
 fn time_decode(model: &mut dyn DeviceModel, bos: u32, n: usize) -> CliResult<u64> {
-    let mut kv: Box<dyn KvCache> = model.new_kv_cache(n)?;
+    let mut kv: Box<dyn KvPool> = model.new_kv_cache(n)?;
     let mut token = bos;
     let t0 = Instant::now();
     for pos in 0..n {

@@ -46,15 +46,30 @@ pub enum Error {
     /// A KV cache of zero positions.
     #[error("a KV cache needs at least one position")]
     EmptyKvCache,
-    /// One sequence of a batched step failed.
-    #[error("sequence {index} of the batch: {source}")]
+    /// One token (or sequence) of a batched step failed: `index` is the
+    /// first offending token of a [`crate::backend::Batch`] (the sequence,
+    /// for [`crate::backend::DeviceModel::decode_batch`]).
+    #[error("token {index} of the batch: {source}")]
     InBatch { index: usize, source: Box<Error> },
+    /// A KV pool slot that the pool does not have.
+    #[error("slot {slot} is outside the KV pool of {n_slots} slot(s)")]
+    SlotOutOfRange { slot: usize, n_slots: usize },
+    /// A slot that appears in two spans of one batch (each sequence's
+    /// tokens must be one run of consecutive positions).
+    #[error("slot {slot} appears in more than one span of the batch")]
+    SlotRepeated { slot: usize },
     /// An operation this backend does not implement.
     #[error("{op} is not implemented by this backend")]
     NotImplemented { op: &'static str },
-    /// A model description that cannot run (inconsistent head counts, ...).
+    /// A model description that cannot run anywhere (inconsistent head
+    /// counts, ...): a bad file.
     #[error("invalid model: {0}")]
     InvalidModel(String),
+    /// A valid model this backend cannot run (a weight type, norm or head
+    /// size it has no kernel for): another backend may
+    /// ([`crate::ComputeBackend::supports`]).
+    #[error("not supported by this backend: {0}")]
+    UnsupportedModel(String),
     /// A device (GPU driver, library) that is missing or failed.
     #[error("device error: {0}")]
     Device(String),

@@ -26,7 +26,7 @@ pub mod pipeline;
 pub mod quant;
 pub mod weight;
 
-pub use backend::{greedy_token, ComputeBackend, DeviceModel, KvCache, SeqStep, StepProfile};
+pub use backend::{greedy_token, Batch, ComputeBackend, DeviceModel, KvPool, Out, SeqStep, Span, StepProfile};
 pub use device::{backend_by_name, default_backend};
 pub use error::{Error, Result};
 pub use ggml_type::GgmlType;

@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use infer_compute::{DeviceModel, KvCache};
+use infer_compute::{DeviceModel, KvPool};
 
 use crate::sampling::Sampler;
 use crate::tokenizer::Tokenizer;
@@ -75,7 +75,7 @@ pub fn generate(
 /// that a conversation can be continued turn after turn prefilling only
 /// what is new.
 pub struct CachedContext {
-    kv: Box<dyn KvCache>,
+    kv: Box<dyn KvPool>,
     tokens: Vec<u32>,
 }
 
@@ -100,8 +100,14 @@ impl CachedContext {
 
     /// Forgets everything (the next turn prefills from position 0).
     pub fn reset(&mut self) {
-        self.kv.truncate(0);
-        self.tokens.clear();
+        self.truncate(0);
+    }
+
+    /// Keeps the first `len` positions (slot 0 of the one-slot pool).
+    fn truncate(&mut self, len: usize) {
+        // The pool has one slot: slot 0 is always in range.
+        let _ = self.kv.truncate(0, len);
+        self.tokens.truncate(len);
     }
 
     /// Keeps the longest prefix of the cache that `ids` starts with, always
@@ -110,8 +116,7 @@ impl CachedContext {
     fn keep_prefix_of(&mut self, ids: &[u32]) -> usize {
         let common = self.tokens.iter().zip(ids).take_while(|(a, b)| a == b).count();
         let keep = common.min(ids.len().saturating_sub(1));
-        self.kv.truncate(keep);
-        self.tokens.truncate(keep);
+        self.truncate(keep);
         keep
     }
 }

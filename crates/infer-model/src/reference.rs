@@ -9,7 +9,7 @@
 
 use std::path::{Path, PathBuf};
 
-use infer_compute::{DeviceModel, KvCache};
+use infer_compute::{DeviceModel, KvPool};
 use serde::Deserialize;
 
 use crate::{Error, Result};
@@ -217,7 +217,7 @@ fn score(agg: &mut Agreement, ours: &[f32], reference: &TopK) {
 /// Errors of the model (context overflow, bad token ids).
 pub fn teacher_force(model: &mut dyn DeviceModel, case: &ReferenceCase) -> Result<Agreement> {
     let n_total = case.prompt_ids.len() + case.greedy.len();
-    let mut kv: Box<dyn KvCache> = model.new_kv_cache(n_total)?;
+    let mut kv: Box<dyn KvPool> = model.new_kv_cache(n_total)?;
     let mut agg = Agreement::default();
     let tokens = case.prompt_ids.iter().copied().chain(case.greedy.iter().map(|g| g.id));
     let refs = case.prompt_top.iter().chain(case.greedy.iter().map(|g| &g.next_top));

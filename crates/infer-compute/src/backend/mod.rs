@@ -1,8 +1,8 @@
 //! The backend contract: [`ComputeBackend`] (a device and its single ops),
-//! [`DeviceModel`] (a model prepared on it) and [`KvCache`] (a sequence's
-//! keys and values, owned by the backend), with the bookkeeping they all
-//! share ([`KvState`], [`checked_cache`]) and the profile a model reports
-//! ([`StepProfile`]).
+//! [`DeviceModel`] (a model prepared on it, stepping a [`Batch`]) and
+//! [`KvPool`] (the keys and values of many sequences, owned by the
+//! backend), with the bookkeeping they all share ([`KvState`],
+//! [`check_batch`]) and the profile a model reports ([`StepProfile`]).
 //!
 //! Two levels:
 //! - single ops (`matmul`, `matvec`, `matmul_quant`) for callers that build
@@ -16,14 +16,14 @@
 //! [`crate::pipeline`], [`crate::error`]); backends implement it, and
 //! `device.rs` picks one.
 
+mod batch;
 mod kv;
 mod profile;
 
-use std::any::Any;
-
 use ndarray::{Array2, ArrayView2};
 
-pub use kv::{checked_cache, KvState, ModelId};
+pub use batch::{Batch, Out, Span};
+pub use kv::{advance_spans, check_batch, checked_pool, new_states, KvPool, KvState, ModelId};
 pub use profile::{OpTiming, StepProfile};
 
 use crate::error::{Error, Result};
@@ -68,53 +68,119 @@ pub trait ComputeBackend: Send + Sync {
     /// As [`ComputeBackend::matvec`].
     fn matmul_quant(&self, w: &QuantWeight, x: ArrayView2<'_, f32>) -> Result<Array2<f32>>;
 
+    /// Whether this backend can run `spec` (a valid model): its weight
+    /// types, norms and shapes have kernels here. [`ComputeBackend::prepare`]
+    /// asks this first; callers ask it to choose a backend.
+    ///
+    /// # Errors
+    /// [`crate::Error::UnsupportedModel`] naming the first tensor or
+    /// feature this backend lacks.
+    fn supports(&self, spec: &ModelSpec) -> Result<()> {
+        let _ = spec;
+        Ok(())
+    }
+
     /// Prepares a model for this device: validates the spec, repacks or
     /// uploads the weights once, and returns the runnable model.
     ///
     /// Validates the spec once ([`ModelSpec::validate`]); callers need not.
     ///
     /// # Errors
-    /// [`crate::Error::InvalidModel`] for inconsistent specs; features the
-    /// backend lacks; [`crate::Error::OutOfMemory`] and device errors.
+    /// [`crate::Error::InvalidModel`] for inconsistent specs;
+    /// [`crate::Error::UnsupportedModel`] for features the backend lacks
+    /// (see [`ComputeBackend::supports`]); [`crate::Error::OutOfMemory`]
+    /// and device errors.
     fn prepare(&self, spec: &ModelSpec) -> Result<Box<dyn DeviceModel>>;
 }
 
 /// One sequence's step in [`DeviceModel::decode_batch`]: `token` at
-/// position `pos` of the sequence whose cache is `kv`.
+/// position `pos` of the sequence whose one-slot pool is `kv`.
 pub struct SeqStep<'a> {
-    pub kv: &'a mut dyn KvCache,
+    pub kv: &'a mut dyn KvPool,
     pub token: u32,
     pub pos: usize,
 }
 
-/// A model prepared on one device. Each call runs one step of one or more
-/// sequences, each against a KV cache this model created.
+/// A model prepared on one device: weights where the backend wants them
+/// and the per-engine state of one caller (scratch buffers, captured
+/// graphs, a stream). Each step runs against a [`KvPool`] this model (or a
+/// context sharing its weights, [`DeviceModel::new_context`]) created.
+///
+/// [`DeviceModel::forward`] is the one step every backend implements; the
+/// single-sequence methods are provided wrappers over a one-slot pool
+/// (slot 0), which a backend may override where it has a faster path.
 pub trait DeviceModel: Send {
-    /// Vocabulary size (length of the logits).
+    /// Vocabulary size (length of a row of logits).
     fn n_vocab(&self) -> usize;
 
-    /// Creates an empty KV cache for `n_ctx` positions on this device.
+    /// Creates an empty KV pool of `n_slots` sequences of `n_ctx`
+    /// positions each on this device (one allocation per layer, sized
+    /// once: a serving engine creates it at start).
     ///
     /// # Errors
-    /// [`Error::EmptyKvCache`] for `n_ctx == 0`; [`Error::OutOfMemory`] or
-    /// a device error when it does not fit.
-    fn new_kv_cache(&self, n_ctx: usize) -> Result<Box<dyn KvCache>>;
+    /// [`Error::EmptyKvCache`] when `n_slots` or `n_ctx` is 0;
+    /// [`Error::Overflow`], [`Error::OutOfMemory`] or a device error when
+    /// it does not fit.
+    fn new_kv_pool(&self, n_slots: usize, n_ctx: usize) -> Result<Box<dyn KvPool>>;
 
-    /// Runs one token at position `pos` (0-based; the cache must hold
-    /// positions `0..pos`) and returns the logits, `n_vocab` values.
+    /// Runs one forward step over `batch` (any mix of decode steps and
+    /// prompt chunks of distinct slots of `pool`; see [`Batch`]) and
+    /// returns the logits of the tokens whose logits are wanted: one row of
+    /// [`DeviceModel::n_vocab`] values per such token, in batch order
+    /// ([`Batch::output_indices`]). Each token is computed as if its
+    /// sequence ran alone: its RoPE at its own position, its keys and
+    /// values appended to its slot, attention over its slot only.
+    ///
+    /// The whole batch is checked before anything runs ([`check_batch`]):
+    /// a failed check changes no slot. On success each span's slot holds
+    /// `pos0 + len` positions.
+    ///
+    /// # Errors
+    /// [`Error::EmptyBatch`]; [`Error::ForeignKvCache`] for a pool of
+    /// another model or backend; [`Error::InBatch`] naming the first
+    /// offending token ([`Error::SlotOutOfRange`], [`Error::SlotRepeated`],
+    /// or an error of [`KvState::check_step`]); out of memory and device
+    /// errors.
+    fn forward(&mut self, pool: &mut dyn KvPool, batch: &Batch) -> Result<&[f32]>;
+
+    /// Another engine over the same prepared weights, with its own scratch
+    /// (and, on a GPU, its own stream and graphs): llama.cpp's
+    /// `llama_context` beside one `llama_model`. The weights are not
+    /// copied; a pool created by either engine serves both.
+    ///
+    /// # Errors
+    /// [`Error::OutOfMemory`] and device errors for the new scratch.
+    fn new_context(&self) -> Result<Box<dyn DeviceModel>>;
+
+    /// A KV cache of one sequence: a pool of one slot.
+    ///
+    /// # Errors
+    /// As [`DeviceModel::new_kv_pool`].
+    fn new_kv_cache(&self, n_ctx: usize) -> Result<Box<dyn KvPool>> {
+        self.new_kv_pool(1, n_ctx)
+    }
+
+    /// Runs one token at position `pos` of slot 0 (0-based; the slot must
+    /// hold positions `0..pos`) and returns the logits, `n_vocab` values.
     ///
     /// # Errors
     /// Those of [`KvState::check_step`] ([`Error::ContextOverflow`] when
     /// `pos >= kv.n_ctx()`, a token id past the vocabulary, a cache made by
-    /// another model, a gap); device errors.
-    fn decode_token(&mut self, kv: &mut dyn KvCache, token: u32, pos: usize) -> Result<&[f32]>;
+    /// another model, a gap), not wrapped in [`Error::InBatch`]; device
+    /// errors.
+    fn decode_token(&mut self, kv: &mut dyn KvPool, token: u32, pos: usize) -> Result<&[f32]> {
+        self.forward(kv, &Batch::seq(0, pos, &[token], Out::Last)).map_err(single_error)
+    }
 
-    /// Runs `tokens` at positions `pos..pos + tokens.len()` together (batched
-    /// through each layer) and returns the logits of the last one.
+    /// Runs `tokens` at positions `pos..pos + tokens.len()` of slot 0
+    /// together (batched through each layer) and returns the logits of the
+    /// last one.
     ///
     /// # Errors
     /// As [`DeviceModel::decode_token`]; [`Error::EmptyBatch`] for no tokens.
-    fn prefill(&mut self, kv: &mut dyn KvCache, tokens: &[u32], pos: usize) -> Result<&[f32]>;
+    fn prefill(&mut self, kv: &mut dyn KvPool, tokens: &[u32], pos: usize) -> Result<&[f32]> {
+        self.forward(kv, &Batch::seq(0, pos, tokens, Out::Last)).map_err(single_error)
+    }
 
     /// Runs one token like [`DeviceModel::decode_token`] (same checks, same
     /// effect on the cache) and returns the greedy next token: the index of
@@ -127,17 +193,17 @@ pub trait DeviceModel: Send {
     /// # Errors
     /// As [`DeviceModel::decode_token`]; [`Error::NonFinite`] when a logit
     /// is NaN.
-    fn decode_greedy(&mut self, kv: &mut dyn KvCache, token: u32, pos: usize) -> Result<u32> {
+    fn decode_greedy(&mut self, kv: &mut dyn KvPool, token: u32, pos: usize) -> Result<u32> {
         greedy_token(self.decode_token(kv, token, pos)?)
     }
 
-    /// Runs one decode step of several independent sequences (continuous
-    /// batching) and writes their logits to `logits`, `steps.len() ×
+    /// Runs one decode step of several sequences that each have a pool of
+    /// their own and writes their logits to `logits`, `steps.len() ×
     /// n_vocab` values, row `i` for `steps[i]`.
     ///
-    /// The provided method runs the sequences one after the other through
-    /// [`DeviceModel::decode_token`]; a backend with batched kernels
-    /// overrides it. Results equal those of single-sequence decodes.
+    /// The sequences run one after the other through
+    /// [`DeviceModel::decode_token`]; for one step over many sequences,
+    /// give them slots of one pool and call [`DeviceModel::forward`].
     ///
     /// # Errors
     /// [`Error::Shape`] when `logits` has the wrong length;
@@ -167,9 +233,18 @@ pub trait DeviceModel: Send {
     /// # Errors
     /// As [`DeviceModel::decode_token`]; [`Error::NotImplemented`] from a
     /// backend without timing hooks.
-    fn profile_step(&mut self, kv: &mut dyn KvCache, token: u32, pos: usize) -> Result<StepProfile> {
+    fn profile_step(&mut self, kv: &mut dyn KvPool, token: u32, pos: usize) -> Result<StepProfile> {
         let _ = (kv, token, pos);
         Err(Error::NotImplemented { op: "profile_step" })
+    }
+}
+
+/// The error of a one-sequence step as the single-sequence methods report
+/// it: the error of its only span, not wrapped in [`Error::InBatch`].
+pub fn single_error(e: Error) -> Error {
+    match e {
+        Error::InBatch { source, .. } => *source,
+        e => e,
     }
 }
 
@@ -198,33 +273,4 @@ pub fn greedy_token(logits: &[f32]) -> Result<u32> {
     }
     let max = lanes.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     logits.iter().position(|&z| z == max).map(|i| i as u32).ok_or(Error::NonFinite("the logits"))
-}
-
-/// A KV cache owned by a backend: opaque to callers except for its
-/// bookkeeping ([`KvState`]).
-pub trait KvCache: Send {
-    /// Owner, capacity and fill.
-    fn state(&self) -> &KvState;
-    /// For the owning backend: record steps (see [`KvState::advance`]).
-    fn state_mut(&mut self) -> &mut KvState;
-    /// For the owning backend to recover its concrete type.
-    fn as_any_mut(&mut self) -> &mut dyn Any;
-
-    /// Capacity in positions.
-    fn n_ctx(&self) -> usize {
-        self.state().n_ctx()
-    }
-    /// Positions filled so far.
-    fn len(&self) -> usize {
-        self.state().len()
-    }
-    /// Whether no position is filled.
-    fn is_empty(&self) -> bool {
-        self.state().is_empty()
-    }
-    /// Forgets every position from `len` on, so that the next step may start
-    /// at `len` (a chat turn that diverges from what the cache holds).
-    fn truncate(&mut self, len: usize) {
-        self.state_mut().truncate(len);
-    }
 }

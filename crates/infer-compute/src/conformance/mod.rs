@@ -11,14 +11,20 @@
 //! - [`model`]: decode, whole and chunked prefill, batched decode, cache
 //!   truncation and profiling of small random models of three architecture
 //!   shapes (cosine ≥ 0.999 and the same top token unless the reference has a
-//!   near-tie), and the errors of bad steps.
+//!   near-tie), and the errors of bad steps;
+//! - [`batch`]: the batched step over a KV pool: a mixed batch equals the
+//!   same work one sequence at a time (bit for bit on the CPU), slot reset
+//!   and reuse, prefix copies, rows without logits, the typed errors of bad
+//!   tokens (leaving the other slots untouched), and contexts sharing one
+//!   model's weights.
 //!
 //! A backend runs the suite by adding one line to
 //! `crates/infer-compute/tests/conformance.rs`. A case that meets a feature
 //! the backend reports as unsupported (an [`crate::Error::Unsupported`] type,
-//! a model it refuses) returns [`Outcome::Skip`] with the reason, which the
+//! a model it reports as [`crate::Error::UnsupportedModel`]) returns [`Outcome::Skip`] with the reason, which the
 //! test harness reports as ignored, never as passed.
 
+pub mod batch;
 mod compare;
 pub mod model;
 pub mod ops;
@@ -65,5 +71,6 @@ impl Case {
 pub fn cases() -> Vec<Case> {
     let mut v = ops::cases();
     v.extend(model::cases());
+    v.extend(batch::cases());
     v
 }

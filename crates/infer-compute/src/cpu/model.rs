@@ -1,12 +1,17 @@
-//! The CPU decode pipeline: a [`ModelSpec`] run layer by layer, with an f32
-//! KV cache. Layer matrices are prepared once ([`CpuWeight`]: repacked for
-//! the x86-64 packed kernels where they apply, else the memory-mapped GGUF
-//! rows); the output projection reads the mapped rows.
+//! The CPU decode pipeline: a [`ModelSpec`] run layer by layer over a
+//! [`Batch`], with an f32 KV pool. Layer matrices are prepared once
+//! ([`CpuWeight`]: repacked for the x86-64 packed kernels where they apply,
+//! else the memory-mapped GGUF rows) into [`Weights`], shared by every
+//! context of the model; the output projection reads the mapped rows.
 //!
-//! One forward function serves decode (1 token) and prefill (n tokens
-//! batched through each layer with [`products`]), through the same kernel
-//! per (row, token), so the two agree bit for bit. Buffers are kept between
-//! calls, so decoding allocates nothing once warm.
+//! One forward function serves every batch: a decode step (1 token),
+//! prefill (n tokens of one sequence) and any mix of sequences, all batched
+//! through each layer's products with [`products`] (the same kernel per
+//! (row, token)), each token's RoPE at its own position, its K/V appended
+//! to its slot, and attention per token over its slot (the same per-head
+//! code in decode and prefill), so a token's logits have the same bits
+//! whatever else is in its batch. Buffers are kept between calls, so
+//! decoding allocates nothing once warm.
 
 use std::any::Any;
 use std::sync::Arc;
@@ -17,8 +22,10 @@ use super::ops;
 use super::team::{Par, Team};
 use super::weight::{products, CpuWeight, ProductScratch, Stacked};
 use super::Precision;
-use crate::backend::{checked_cache, DeviceModel, KvCache, KvState, ModelId, StepProfile};
-use crate::error::{Error, Result};
+use crate::backend::{
+    advance_spans, checked_pool, new_states, single_error, Batch, DeviceModel, KvPool, KvState, ModelId, Out, Span, StepProfile,
+};
+use crate::error::Result;
 use crate::pipeline::{Activation, FfnType, LayerSpec, ModelSpec, Norm, NormType};
 use crate::weight::QuantWeight;
 use crate::GgmlType;
@@ -111,8 +118,8 @@ fn fit(v: &mut Vec<f32>, n: usize) -> Result<&mut [f32]> {
     Ok(&mut v[..n])
 }
 
-/// A model prepared for the CPU.
-pub struct CpuModel {
+/// A model's prepared weights, shared (read-only) by all its contexts.
+struct Weights {
     id: ModelId,
     n_embd: usize,
     n_vocab: usize,
@@ -123,9 +130,17 @@ pub struct CpuModel {
     output: CpuWeight,
     final_logit_softcap: Option<f32>,
     kernels: Kernels,
-    /// Runs the parallel loops (products, attention) of decode and prefill.
+}
+
+/// A model prepared for the CPU: shared [`Weights`] and one context's
+/// scratch.
+pub struct CpuModel {
+    w: Arc<Weights>,
+    /// Runs the parallel loops (products, attention) of decode and prefill
+    /// (shared by the backend's models; one loop at a time).
     team: Arc<Team>,
     buf: Buffers,
+    /// The step's output rows, `n_outputs × n_vocab`.
     logits: Vec<f32>,
 }
 
@@ -173,7 +188,7 @@ impl CpuModel {
                 spec: l.clone(),
             });
         }
-        Ok(CpuModel {
+        let w = Weights {
             id: ModelId::next(),
             n_embd: spec.n_embd,
             n_vocab: spec.n_vocab,
@@ -187,39 +202,39 @@ impl CpuModel {
             output: CpuWeight::unpacked(conv(&spec.output)?)?,
             final_logit_softcap: spec.final_logit_softcap,
             kernels,
+        };
+        Ok(CpuModel {
+            logits: crate::memory::zeroed(spec.n_vocab, "the logits")?,
+            w: Arc::new(w),
             team,
             buf: Buffers::default(),
-            logits: crate::memory::zeroed(spec.n_vocab, "the logits")?,
         })
     }
 
-    /// Checks the step, runs `tokens` at positions `pos0..` (timing each
-    /// op into `prof` when given), leaves the last position's logits in
-    /// `self.logits`.
-    fn forward(
-        &mut self,
-        kv: &mut dyn KvCache,
-        tokens: &[u32],
-        pos0: usize,
-        prof: Option<&mut StepProfile>,
-    ) -> Result<()> {
-        let cache = checked_cache::<CpuKvCache>(kv, self.id, self.n_vocab, tokens, pos0)?;
-        self.forward_inner(cache, tokens, pos0, prof)?;
-        cache.state.advance(pos0, tokens.len());
-        Ok(())
+    /// Checks the step, runs `batch` (timing each op into `prof` when
+    /// given), leaves the wanted rows' logits in `self.logits`, and returns
+    /// how many rows there are.
+    fn step(&mut self, pool: &mut dyn KvPool, batch: &Batch, prof: Option<&mut StepProfile>) -> Result<usize> {
+        let (pool, spans) = checked_pool::<CpuKvPool>(pool, self.w.id, self.w.n_vocab, batch)?;
+        let n_out = self.run(pool, batch, &spans, prof)?;
+        advance_spans(&mut pool.states, &spans);
+        Ok(n_out)
     }
 
-    fn forward_inner(
+    fn run(
         &mut self,
-        cache: &mut CpuKvCache,
-        tokens: &[u32],
-        pos0: usize,
+        pool: &mut CpuKvPool,
+        batch: &Batch,
+        spans: &[Span],
         mut prof: Option<&mut StepProfile>,
-    ) -> Result<()> {
+    ) -> Result<usize> {
+        let tokens = batch.tokens();
+        let (pos, slot) = (batch.positions(), batch.slots());
         let n = tokens.len();
-        let e = self.n_embd;
-        let n_ctx = cache.state.n_ctx();
-        let k = &self.kernels;
+        let wt = &*self.w;
+        let e = wt.n_embd;
+        let n_ctx = pool.n_ctx;
+        let k = &wt.kernels;
         let par = Par::Team(&self.team);
         let b = &mut self.buf;
         let prof = &mut prof;
@@ -227,14 +242,14 @@ impl CpuModel {
         timed(prof, "token_embd", "", || -> Result<()> {
             for (t, &tok) in tokens.iter().enumerate() {
                 let row = &mut x[t * e..(t + 1) * e];
-                crate::quant::dequantize_row(self.token_embd.ty, self.token_embd.row(tok as usize), row)?;
-                if self.embd_scale != 1.0 {
-                    ops::scale(row, self.embd_scale);
+                crate::quant::dequantize_row(wt.token_embd.ty, wt.token_embd.row(tok as usize), row)?;
+                if wt.embd_scale != 1.0 {
+                    ops::scale(row, wt.embd_scale);
                 }
             }
             Ok(())
         })?;
-        for (li, layer) in self.layers.iter().enumerate() {
+        for (li, layer) in wt.layers.iter().enumerate() {
             let l = &layer.spec;
             let (qd, kvd) = (l.n_head * l.head_dim, l.n_head_kv * l.head_dim);
             let h = fit(&mut b.h, n * e)?;
@@ -266,16 +281,18 @@ impl CpuModel {
                     }
                 });
             }
+            let slot_len = n_ctx * kvd;
             timed(prof, "rope, kv append", "", || {
                 for t in 0..n {
-                    ops::rope(&mut q[t * qd..(t + 1) * qd], l.n_head, l.head_dim, pos0 + t, &l.rope);
-                    ops::rope(&mut kk[t * kvd..(t + 1) * kvd], l.n_head_kv, l.head_dim, pos0 + t, &l.rope);
+                    ops::rope(&mut q[t * qd..(t + 1) * qd], l.n_head, l.head_dim, pos[t], &l.rope);
+                    ops::rope(&mut kk[t * kvd..(t + 1) * kvd], l.n_head_kv, l.head_dim, pos[t], &l.rope);
+                    let r = slot[t] * slot_len..(slot[t] + 1) * slot_len;
                     ops::kv_append(
-                        &mut cache.k[li],
-                        &mut cache.v[li],
+                        &mut pool.k[li][r.clone()],
+                        &mut pool.v[li][r],
                         &kk[t * kvd..(t + 1) * kvd],
                         &v[t * kvd..(t + 1) * kvd],
-                        pos0 + t,
+                        pos[t],
                         kvd,
                     );
                 }
@@ -283,12 +300,18 @@ impl CpuModel {
             let p = ops::AttnParams::from_layer(l);
             let attn = fit(&mut b.attn, n * qd)?;
             let scores = fit(&mut b.scores, if n == 1 { l.n_head * n_ctx } else { 0 })?;
+            let (kp, vp) = (&pool.k[li], &pool.v[li]);
             timed(prof, "attention", "", || {
-                if n == 1 {
-                    ops::attention_decode_on(par, q, &cache.k[li], &cache.v[li], pos0, &p, scores, attn);
-                } else {
-                    ops::attention_prefill_on(par, q, &cache.k[li], &cache.v[li], pos0, n, &p, attn);
+                if let [s] = spans {
+                    if s.len == 1 {
+                        // One token: the decode kernel (no allocation), the
+                        // same per-head code as the batched one.
+                        let r = s.slot * slot_len..(s.slot + 1) * slot_len;
+                        ops::attention_decode_on(par, q, &kp[r.clone()], &vp[r], s.pos0, &p, scores, attn);
+                        return;
+                    }
                 }
+                ops::attention_batch_on(par, q, kp, vp, slot_len, slot, pos, &p, attn);
             });
             let o = fit(&mut b.o, n * e)?;
             timed_products(prof, "attn_output", std::slice::from_ref(&layer.wo), || {
@@ -338,17 +361,27 @@ impl CpuModel {
             }
             timed(prof, "residual add", "", || ops::add(x, o));
         }
-        let last = &x[(n - 1) * e..n * e];
-        let h = fit(&mut b.h, e)?;
-        timed(prof, "output_norm", "", || self.output_norm.apply(last, h));
-        let out = &self.output;
-        timed_products(prof, "output", std::slice::from_ref(out), || {
-            products(k, par, &mut [(out, &mut self.logits[..])], h, 1, &mut b.prod)
-        })?;
-        if let Some(c) = self.final_logit_softcap {
-            timed(prof, "final_logit_softcap", "", || self.logits.iter_mut().for_each(|z| *z = c * (*z / c).tanh()));
+        // The wanted rows only: normed into consecutive rows of `h`.
+        let n_out = batch.n_outputs();
+        if n_out == 0 {
+            return Ok(0);
         }
-        Ok(())
+        let nv = wt.n_vocab;
+        let h = fit(&mut b.h, n_out * e)?;
+        timed(prof, "output_norm", "", || {
+            for (r, t) in batch.output_indices().enumerate() {
+                wt.output_norm.apply(&x[t * e..(t + 1) * e], &mut h[r * e..(r + 1) * e]);
+            }
+        });
+        let logits = fit(&mut self.logits, n_out * nv)?;
+        let out = &wt.output;
+        timed_products(prof, "output", std::slice::from_ref(out), || {
+            products(k, par, &mut [(out, &mut *logits)], h, n_out, &mut b.prod)
+        })?;
+        if let Some(c) = wt.final_logit_softcap {
+            timed(prof, "final_logit_softcap", "", || logits.iter_mut().for_each(|z| *z = c * (*z / c).tanh()));
+        }
+        Ok(n_out)
     }
 }
 
@@ -392,57 +425,71 @@ fn timed_products<R>(prof: &mut Option<&mut StepProfile>, op: &str, ws: &[CpuWei
 
 impl DeviceModel for CpuModel {
     fn n_vocab(&self) -> usize {
-        self.n_vocab
+        self.w.n_vocab
     }
 
-    fn new_kv_cache(&self, n_ctx: usize) -> Result<Box<dyn KvCache>> {
-        let state = KvState::new(self.id, n_ctx)?;
+    fn new_kv_pool(&self, n_slots: usize, n_ctx: usize) -> Result<Box<dyn KvPool>> {
+        let max_kvd = self.w.layers.iter().map(|l| l.spec.n_head_kv * l.spec.head_dim).max().unwrap_or(0);
+        let states = new_states(self.w.id, n_slots, n_ctx, max_kvd)?;
         let mut k = Vec::new();
         let mut v = Vec::new();
-        for l in &self.layers {
-            let kvd = l.spec.n_head_kv * l.spec.head_dim;
-            let len = n_ctx.checked_mul(kvd).ok_or(Error::Overflow("KV cache size"))?;
-            k.push(crate::memory::zeroed(len, "a KV cache layer (K)")?);
-            v.push(crate::memory::zeroed(len, "a KV cache layer (V)")?);
+        for l in &self.w.layers {
+            let len = n_slots * n_ctx * l.spec.n_head_kv * l.spec.head_dim;
+            k.push(crate::memory::zeroed(len, "a KV pool layer (K)")?);
+            v.push(crate::memory::zeroed(len, "a KV pool layer (V)")?);
         }
-        Ok(Box::new(CpuKvCache { state, k, v }))
+        Ok(Box::new(CpuKvPool { states, n_ctx, k, v }))
     }
 
-    fn decode_token(&mut self, kv: &mut dyn KvCache, token: u32, pos: usize) -> Result<&[f32]> {
-        self.forward(kv, &[token], pos, None)?;
-        Ok(&self.logits)
+    fn forward(&mut self, pool: &mut dyn KvPool, batch: &Batch) -> Result<&[f32]> {
+        let n_out = self.step(pool, batch, None)?;
+        Ok(&self.logits[..n_out * self.w.n_vocab])
     }
 
-    fn prefill(&mut self, kv: &mut dyn KvCache, tokens: &[u32], pos: usize) -> Result<&[f32]> {
-        self.forward(kv, tokens, pos, None)?;
-        Ok(&self.logits)
+    fn new_context(&self) -> Result<Box<dyn DeviceModel>> {
+        Ok(Box::new(CpuModel {
+            w: self.w.clone(),
+            team: self.team.clone(),
+            buf: Buffers::default(),
+            logits: crate::memory::zeroed(self.w.n_vocab, "the logits")?,
+        }))
     }
 
-    fn profile_step(&mut self, kv: &mut dyn KvCache, token: u32, pos: usize) -> Result<StepProfile> {
+    fn profile_step(&mut self, kv: &mut dyn KvPool, token: u32, pos: usize) -> Result<StepProfile> {
         let mut prof = StepProfile::default();
         let t0 = Instant::now();
-        self.forward(kv, &[token], pos, Some(&mut prof))?;
+        self.step(kv, &Batch::seq(0, pos, &[token], Out::Last), Some(&mut prof)).map_err(single_error)?;
         prof.total = t0.elapsed();
         Ok(prof)
     }
 }
 
-/// The CPU's KV cache: per layer, K and V as `[n_ctx, n_head_kv, head_dim]`
-/// f32.
-pub struct CpuKvCache {
-    state: KvState,
+/// The CPU's KV pool: per layer, K and V as `[n_slots][n_ctx][n_head_kv]
+/// [head_dim]` f32 (slot `s` at `s · n_ctx · kv_dim`).
+pub struct CpuKvPool {
+    states: Vec<KvState>,
+    n_ctx: usize,
     k: Vec<Vec<f32>>,
     v: Vec<Vec<f32>>,
 }
 
-impl KvCache for CpuKvCache {
-    fn state(&self) -> &KvState {
-        &self.state
+impl KvPool for CpuKvPool {
+    fn states(&self) -> &[KvState] {
+        &self.states
     }
-    fn state_mut(&mut self) -> &mut KvState {
-        &mut self.state
+    fn states_mut(&mut self) -> &mut [KvState] {
+        &mut self.states
     }
     fn as_any_mut(&mut self) -> &mut dyn Any {
         self
+    }
+    fn copy_positions(&mut self, from: usize, to: usize, n: usize) -> Result<()> {
+        let n_slots = self.states.len();
+        for layer in self.k.iter_mut().chain(self.v.iter_mut()) {
+            let slot_len = layer.len() / n_slots;
+            let row = slot_len / self.n_ctx;
+            layer.copy_within(from * slot_len..from * slot_len + n * row, to * slot_len);
+        }
+        Ok(())
     }
 }

@@ -74,13 +74,17 @@ impl Maxima {
     }
 }
 
-/// Scratch buffers, sized for `cap` tokens and `n_split` attention splits.
+/// Scratch buffers, sized for `cap` tokens, `out_cap` rows of logits and
+/// `n_split` attention splits.
 pub(super) struct Buffers {
     pub cap: usize,
+    pub out_cap: usize,
     pub n_split: usize,
     /// Bumped on every reallocation (invalidates captured graphs).
     pub generation: usize,
-    /// `[pos0, token_0, token_1, ...]` on the host (pinned) and the device.
+    /// A step's integers on the host (pinned) and the device (see
+    /// [`Params`]): its spans' first positions, its token ids, the batch
+    /// indices of the rows whose logits are wanted.
     pub params_host: PinnedBuf<i32>,
     pub params: CudaSlice<i32>,
     pub x: CudaSlice<f32>,
@@ -112,7 +116,13 @@ pub(super) struct Buffers {
     /// Finished blocks per q8 chunk of a one-token GLU product that
     /// quantizes its output ([`ops::matvec_glu_q8`]); zero between launches.
     pub glu_count: CudaSlice<i32>,
+    /// `out_cap` rows of `n_vocab` logits.
     pub logits: CudaSlice<f32>,
+    /// The wanted rows of `h` and of its q8 copy (`aq`, `ad`), gathered
+    /// for the vocabulary product (`out_cap` rows each).
+    pub out_h: CudaSlice<f32>,
+    pub out_q: CudaSlice<i8>,
+    pub out_d: CudaSlice<f32>,
     /// The device argmax: per-block keys, the blocks' finish counter, the
     /// result (see [`ops::argmax`]).
     pub argmax_part: CudaSlice<u64>,
@@ -121,6 +131,35 @@ pub(super) struct Buffers {
     /// The prefill GEMMs' scratch (`None` when the buffers serve fewer
     /// than [`GEMM_MIN_TOKENS`] tokens or the path is off).
     pub gemm: Option<GemmScratch>,
+}
+
+/// Where a step's integers lie in [`Buffers::params`] (`i32` each): the
+/// first position of each of its `n_spans` spans, then its `n` token ids,
+/// then the batch indices of its wanted rows. A one-token step is
+/// `[pos0, token]` at every position, so its captured graph replays.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Params {
+    pub n_spans: usize,
+    pub n: usize,
+}
+
+impl Params {
+    /// Values for a step of up to `cap` tokens (as many spans and rows).
+    pub fn len(cap: usize) -> usize {
+        3 * cap.max(1)
+    }
+    /// Index of span `i`'s first position.
+    pub fn pos(&self, i: usize) -> usize {
+        i
+    }
+    /// Index of the first token id.
+    pub fn tokens(&self) -> usize {
+        self.n_spans
+    }
+    /// Index of the first wanted row's batch index.
+    pub fn outputs(&self) -> usize {
+        self.n_spans + self.n
+    }
 }
 
 /// Scratch of the prefill GEMMs.
@@ -141,15 +180,17 @@ impl Buffers {
         e: usize,
         n_vocab: usize,
         cap: usize,
+        out_cap: usize,
         n_split: usize,
         generation: usize,
     ) -> Result<Self> {
         Ok(Buffers {
             cap,
+            out_cap,
             n_split,
             generation,
-            params_host: d.pinned(cap + 1)?,
-            params: d.zeros(cap + 1)?,
+            params_host: d.pinned(Params::len(cap))?,
+            params: d.zeros(Params::len(cap))?,
             x: d.zeros(cap * e)?,
             x_alt: d.zeros(e)?,
             h: d.zeros(cap * e)?,
@@ -169,7 +210,10 @@ impl Buffers {
             part_ml: d.zeros(m.split_k_tokens(cap) * m.heads * n_split * 2)?,
             attn_count: d.zeros(m.heads.max(1))?,
             glu_count: d.zeros((m.n_ff / 32).max(1))?,
-            logits: d.zeros(n_vocab)?,
+            logits: d.zeros(out_cap * n_vocab)?,
+            out_h: d.zeros(out_cap * e)?,
+            out_q: d.zeros(out_cap * e)?,
+            out_d: d.zeros(out_cap * e.div_ceil(32) * 2)?,
             argmax_part: d.zeros(ops::ARGMAX_BLOCKS)?,
             argmax_count: d.zeros(1)?,
             argmax_key: d.zeros(1)?,

@@ -397,6 +397,47 @@ impl Device {
         unsafe { result::memcpy_dtoh_async(dst, src, self.stream.cu_stream()) }.map_err(dev_err("device to host copy"))
     }
 
+    /// [`Device::enqueue_read`] of `count` values into `dst` from value
+    /// `offset` on.
+    ///
+    /// # Errors
+    /// [`Error::Device`] when `offset + count` passes `dst`'s length.
+    pub fn enqueue_read_at<T: DeviceRepr + ValidAsZeroBits + Copy>(
+        &self,
+        src: DevPtr,
+        dst: &mut PinnedBuf<T>,
+        offset: usize,
+        count: usize,
+    ) -> Result<()> {
+        let len = dst.len;
+        let dst = offset
+            .checked_add(count)
+            .filter(|&end| end <= len)
+            .map(|end| &mut dst.as_mut_slice()[offset..end])
+            .ok_or_else(|| Error::Device(format!("read of {offset}+{count} values into a buffer of {len}")))?;
+        if dst.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: as in `enqueue_read`: `dst` is pinned host memory that
+        // stays allocated until after the sync; `src` covers `count` values.
+        unsafe { result::memcpy_dtoh_async(dst, src, self.stream.cu_stream()) }.map_err(dev_err("device to host copy"))
+    }
+
+    /// Enqueues a copy of `bytes` bytes from device address `src` to `dst`
+    /// (regions that do not overlap, inside allocations of this context).
+    ///
+    /// # Safety
+    /// `src..src + bytes` and `dst..dst + bytes` must lie inside live
+    /// device allocations and must not overlap.
+    pub unsafe fn enqueue_copy(&self, dst: DevPtr, src: DevPtr, bytes: usize) -> Result<()> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        // SAFETY: the caller's contract.
+        unsafe { result::memcpy_dtod_async(dst, src, bytes, self.stream.cu_stream()) }
+            .map_err(dev_err("device to device copy"))
+    }
+
     /// Enqueues a copy of the first `count` pinned host values to device
     /// address `dst`.
     pub fn enqueue_write<T: DeviceRepr + ValidAsZeroBits + Copy>(

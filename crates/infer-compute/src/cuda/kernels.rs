@@ -40,6 +40,7 @@ pub(crate) mod names {
     pub const ATTN_DECODE_HD128: KernelName = KernelName("attn_decode_hd128");
     pub const ATTN_DECODE_HD256: KernelName = KernelName("attn_decode_hd256");
     pub const EMBED_ROWS: KernelName = KernelName("embed_rows");
+    pub const GATHER_ROWS: KernelName = KernelName("gather_rows");
     pub const GLU: KernelName = KernelName("glu");
     pub const ACT_INPLACE: KernelName = KernelName("act_inplace");
     pub const DEQUANT_MATRIX: KernelName = KernelName("dequant_matrix");
@@ -50,7 +51,7 @@ pub(crate) mod names {
     pub const ATTN_PREFILL_HD256: KernelName = KernelName("attn_prefill_hd256");
 
     /// Every non-mat-vec kernel (loaded when the backend starts).
-    pub const ALL: [KernelName; 20] = [
+    pub const ALL: [KernelName; 21] = [
         QUANTIZE_Q8,
         RESIDUAL_NORM,
         QKV_POST,
@@ -63,6 +64,7 @@ pub(crate) mod names {
         ATTN_DECODE_HD128,
         ATTN_DECODE_HD256,
         EMBED_ROWS,
+        GATHER_ROWS,
         GLU,
         ACT_INPLACE,
         DEQUANT_MATRIX,

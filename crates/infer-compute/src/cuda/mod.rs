@@ -38,7 +38,7 @@ pub use buffers::PREFILL_CHUNK;
 use device::Device;
 pub use device::DeviceInfo;
 use kernels::{AttnArgs, NormArgs, QkvArgs};
-pub use model::{CudaKvCache, CudaModel};
+pub use model::{CudaKvPool, CudaModel};
 use ops::Matvec;
 
 use crate::backend::{ComputeBackend, DeviceModel};
@@ -469,6 +469,10 @@ impl ComputeBackend for CudaBackend {
         let xs = x.as_slice().ok_or_else(|| shape_err("matmul_quant", "non-contiguous x"))?;
         let out = self.matvec_rows(w, xs, n_tok)?;
         Array2::from_shape_vec((n_tok, w.rows), out).map_err(|e| shape_err("matmul_quant", e.to_string()))
+    }
+
+    fn supports(&self, spec: &ModelSpec) -> Result<()> {
+        model::supports(spec)
     }
 
     fn prepare(&self, spec: &ModelSpec) -> Result<Box<dyn DeviceModel>> {

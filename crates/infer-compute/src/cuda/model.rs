@@ -1,28 +1,33 @@
-//! The CUDA decode pipeline: a [`ModelSpec`] uploaded once ([`CudaModel`]),
-//! an f16 KV cache in device memory ([`CudaKvCache`]), and one forward pass
-//! per token on one stream, captured once as a CUDA graph and replayed.
+//! The CUDA decode pipeline: a [`ModelSpec`] uploaded once ([`Weights`],
+//! shared by every context), an f16 KV pool in device memory
+//! ([`CudaKvPool`]), and one forward pass per [`Batch`] on a context's
+//! stream; a one-token step is captured once as a CUDA graph and replayed.
 //!
-//! Per layer (n tokens, all on the device):
+//! Per layer (n tokens of a batch, all on the device):
 //!
 //! | step | kernel |
 //! | --- | --- |
 //! | pre-attention norm (fused with the previous block's residual add and post-norm) | `residual_norm` → h (f32 and q8); one token, quantized weights: run by every block of the q/k/v product, `mvn_<type>` |
 //! | q, k, v projections (one launch per run of equal weight types; one token: rows prefetched into L2 before the PDL wait, as every one-token product) | `mv_<type>` (`mvn_<type>` for the first, with the norm; `mvn2_<a>_<b>` for two runs, e.g. a Q6_K v beside Q4_K q and k) |
-//! | one token: bias, q/k RMSNorm, RoPE, K/V append at the position read from device memory, split-K attention over 32-position spans, their merge, quantize for `wo` | `attn_decode_hd*` (attention_decode.cu) |
+//! | per span (a run of one slot's tokens), one token: bias, q/k RMSNorm, RoPE, K/V append at the position read from device memory, split-K attention over 32-position spans, their merge, quantize for `wo` | `attn_decode_hd*` (attention_decode.cu) |
 //! | several tokens, or other head sizes: the same in two or three launches (tiled attention in passes of 16 or more tokens) | `qkv_post`, `attn_split`, `attn_combine` (`attn_prefill_hd*`) |
 //! | output projection | `mv_<type>` |
 //! | post-attention norm + residual add + pre-FFN norm | `residual_norm` |
 //! | gate and up with the GLU epilogue (one launch when their types agree) | `mv_<type>` (or two launches + `glu`) |
 //! | quantize the activation, down projection | `quantize_q8`, `mv_<type>`; one token, gate/up in one launch: the gate/up product writes the q8 copy itself (`mv_<type>_t1q`); long rows over 2 or 4 warps each (`mv_<type>_t1s`) |
 //!
-//! then the output norm and the vocabulary projection of the last token
-//! (soft-capped in the mat-vec epilogue when the model says so).
+//! then the output norm and the vocabulary projection of the wanted rows
+//! (gathered into consecutive rows first unless it is the last token alone;
+//! soft-capped in the mat-vec epilogue when the model says so).
 //!
-//! The token ids and the first position live in device buffers written
-//! before each step, so the single-token step is position-independent and
-//! is captured once as a CUDA graph (per KV cache and buffer set) and
-//! replayed for every token. Prefill runs the same kernels on chunks of up
-//! to [`PREFILL_CHUNK`](super::buffers::PREFILL_CHUNK) tokens without a graph. Passes of at least
+//! The token ids, each span's first position and the wanted rows live in
+//! device buffers written before each pass ([`Params`]), so the one-token
+//! step is position-independent and is captured once as a CUDA graph (per
+//! pool slot and buffer set) and replayed for every token. Other batches
+//! run the same kernels in passes of up to
+//! [`PREFILL_CHUNK`](super::buffers::PREFILL_CHUNK) tokens without a graph:
+//! the products see all the pass's tokens at once, attention runs per span
+//! against the span's slot. Passes of at least
 //! [`GEMM_MIN_TOKENS`](super::buffers::GEMM_MIN_TOKENS) tokens dequantize each projection's weights to bf16
 //! (one matrix at a time, into a scratch buffer) and multiply on the tensor
 //! cores through cuBLAS (f32 accumulation); shorter ones use the mat-vec kernels,
@@ -32,8 +37,9 @@
 //! split-K kernels with one grid layer per token, each causal to its own
 //! position. Buffer sizes: `buffers.rs`.
 //!
-//! KV cache: f16, per layer `[n_ctx, n_head_kv, head_dim]`, position-major
-//! (the CPU layout, half the bytes). Attention accumulates in f32.
+//! KV pool: f16, per layer `[n_slots][n_ctx][n_head_kv][head_dim]`,
+//! position-major (the CPU layout, half the bytes). Attention accumulates in
+//! f32.
 
 use std::any::Any;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -43,10 +49,14 @@ use std::time::Instant;
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaGraph, CudaSlice};
 
-use super::buffers::{prefill_chunk, Buffers, Maxima};
+use super::buffers::{prefill_chunk, Buffers, Maxima, Params};
 use super::device::{dev_err, Device, PinnedBuf};
 use super::ops;
-use crate::backend::{checked_cache, DeviceModel, KvCache, KvState, ModelId, StepProfile};
+use super::kernels::DevPtr;
+use crate::backend::{
+    advance_spans, checked_pool, new_states, single_error, Batch, DeviceModel, KvPool, KvState, ModelId, Out, Span,
+    StepProfile,
+};
 use crate::error::{Error, Result};
 use crate::pipeline::{Activation, FfnType, ModelSpec, Norm, NormType, RopeType};
 use crate::weight::QuantWeight;
@@ -69,7 +79,10 @@ struct DevWeight {
 impl DevWeight {
     fn new(dev: &Device, w: &QuantWeight, what: &str) -> Result<Self> {
         if ops::wants_q8(w.ty).is_err() {
-            return Err(Error::InvalidModel(format!("{what}: {}", Error::Unsupported { op: "cuda weight", ty: w.ty })));
+            return Err(Error::UnsupportedModel(format!(
+                "{what}: {}",
+                Error::Unsupported { op: "cuda weight", ty: w.ty }
+            )));
         }
         Ok(DevWeight { ty: w.ty, rows: w.rows, cols: w.cols, buf: dev.upload(w.data.as_bytes())?, repacked_stride: 0 })
     }
@@ -146,10 +159,50 @@ struct DevLayer {
     post_ffn_norm: Option<DevNorm>,
 }
 
-/// A captured single-token step.
+
+/// Whether the CUDA kernels can run `spec` (see
+/// [`crate::ComputeBackend::supports`]): attention shapes, RMSNorm post- and
+/// q/k norms, and a mat-vec kernel for every matrix's weight type.
+///
+/// # Errors
+/// [`Error::UnsupportedModel`] naming the first tensor the kernels lack.
+pub(super) fn supports(spec: &ModelSpec) -> Result<()> {
+    let unsupported = |t: &str, what: &str| Err(Error::UnsupportedModel(format!("{t}: the CUDA backend {what}")));
+    for (i, l) in spec.layers.iter().enumerate() {
+        let p = |s: &str| format!("blk.{i}.{s}");
+        ops::check_attn_shape(l.n_head, l.n_head_kv, l.head_dim)?;
+        for (name, n) in [("post_attention_norm", &l.post_attn_norm), ("post_ffw_norm", &l.post_ffn_norm)] {
+            if n.as_ref().is_some_and(|n| n.kind != NormType::RmsNorm) {
+                return unsupported(&p(name), "supports RMSNorm post-norms only");
+            }
+        }
+        for (name, n) in [("attn_q_norm", &l.q_norm), ("attn_k_norm", &l.k_norm)] {
+            if n.as_ref().is_some_and(|n| n.kind != NormType::RmsNorm || n.bias.is_some()) {
+                return unsupported(&p(name), "supports RMSNorm q/k norms only");
+            }
+        }
+        let mats = [("attn_q", &l.wq), ("attn_k", &l.wk), ("attn_v", &l.wv), ("attn_output", &l.wo)];
+        let ffn = [("ffn_up", Some(&l.ffn_up)), ("ffn_down", Some(&l.ffn_down)), ("ffn_gate", l.ffn_gate.as_ref())];
+        for (name, w) in mats.into_iter().map(|(n, w)| (n, Some(w))).chain(ffn) {
+            if let Some(w) = w.filter(|w| ops::wants_q8(w.ty).is_err()) {
+                return unsupported(&p(name), &format!("has no kernel for {}", w.ty.name()));
+            }
+        }
+    }
+    for (name, w) in [("token_embd", &spec.token_embd), ("output", &spec.output)] {
+        if ops::wants_q8(w.ty).is_err() {
+            return unsupported(name, &format!("has no kernel for {}", w.ty.name()));
+        }
+    }
+    Ok(())
+}
+
+/// A captured one-token step: bound to a pool slot's cache (the kernels'
+/// K/V pointers) and to the buffers of one generation.
 struct Captured {
     graph: CudaGraph,
-    kv_id: usize,
+    pool_id: usize,
+    slot: usize,
     generation: usize,
 }
 
@@ -160,10 +213,11 @@ struct SendCaptured(Captured);
 // SAFETY: see the type's docs: access is serialized by `&mut CudaModel`.
 unsafe impl Send for SendCaptured {}
 
-/// A model prepared on a CUDA device.
-pub struct CudaModel {
+/// A model's weights on the device, shared (read-only) by every context
+/// ([`DeviceModel::new_context`]): uploaded once, on the first context's
+/// stream, which is synchronized before any other context reads them.
+struct Weights {
     id: ModelId,
-    dev: Arc<Device>,
     n_embd: usize,
     n_vocab: usize,
     token_embd: DevWeight,
@@ -173,44 +227,124 @@ pub struct CudaModel {
     output: DevWeight,
     final_softcap: Option<f32>,
     max: Maxima,
+    weight_bytes: usize,
+}
+
+/// A model prepared on a CUDA device: shared [`Weights`] and one context
+/// (a stream and cuBLAS handle of its own, scratch buffers, captured
+/// graphs, pinned host buffers).
+pub struct CudaModel {
+    w: Arc<Weights>,
+    dev: Arc<Device>,
     bufs: Option<Buffers>,
     generation: usize,
     /// The captured single-token steps: `[logits out, greedy token out]`.
     graphs: [Option<SendCaptured>; 2],
     use_graph: bool,
+    /// The step's wanted rows of logits, `n_outputs × n_vocab`.
     logits: PinnedBuf<f32>,
     /// The greedy token's key (see [`ops::argmax`]) read back by
     /// [`DeviceModel::decode_greedy`].
     token_key: PinnedBuf<u64>,
-    weight_bytes: usize,
+    /// Graphs captured so far ([`CudaModel::captures`]).
+    captures: usize,
 }
 
-/// The KV cache of a [`CudaModel`]: per layer, K and V as f16
-/// `[n_ctx, n_head_kv, head_dim]` in device memory.
-pub struct CudaKvCache {
-    /// Identity of this cache (a captured graph is bound to its buffers).
+/// The KV pool of a [`CudaModel`]: per layer, K and V as f16
+/// `[n_slots][n_ctx][n_head_kv][head_dim]` in device memory, one
+/// allocation each. The attention split count is fixed by `n_ctx` when the
+/// pool is created.
+pub struct CudaKvPool {
+    /// Identity of this pool (a captured graph is bound to its buffers).
     id: usize,
-    state: KvState,
+    dev: Arc<Device>,
+    states: Vec<KvState>,
+    n_ctx: usize,
+    n_split: usize,
     k: Vec<CudaSlice<u16>>,
     v: Vec<CudaSlice<u16>>,
+    /// `n_head_kv · head_dim` of each layer.
+    kv_dim: Vec<usize>,
 }
 
-impl KvCache for CudaKvCache {
-    fn state(&self) -> &KvState {
-        &self.state
+impl CudaKvPool {
+    /// Device addresses of slot `slot`'s K and V caches in layer `li`.
+    fn slot_ptrs(&self, li: usize, slot: usize) -> (DevPtr, DevPtr) {
+        let off = (slot * self.n_ctx * self.kv_dim[li] * 2) as u64;
+        (self.dev.ptr(&self.k[li]) + off, self.dev.ptr(&self.v[li]) + off)
     }
-    fn state_mut(&mut self) -> &mut KvState {
-        &mut self.state
+}
+
+impl KvPool for CudaKvPool {
+    fn states(&self) -> &[KvState] {
+        &self.states
+    }
+    fn states_mut(&mut self) -> &mut [KvState] {
+        &mut self.states
     }
     fn as_any_mut(&mut self) -> &mut dyn Any {
         self
     }
+    fn copy_positions(&mut self, from: usize, to: usize, n: usize) -> Result<()> {
+        for li in 0..self.k.len() {
+            let ((kf, vf), (kt, vt)) = (self.slot_ptrs(li, from), self.slot_ptrs(li, to));
+            let bytes = n * self.kv_dim[li] * 2;
+            // SAFETY: slots `from != to` are disjoint regions of the
+            // layer's allocation, and `n` is at most `n_ctx` (checked by
+            // `copy_prefix`).
+            unsafe {
+                self.dev.enqueue_copy(kt, kf, bytes)?;
+                self.dev.enqueue_copy(vt, vf, bytes)?;
+            }
+        }
+        self.dev.sync()
+    }
+}
+
+/// One pass of a forward step on the device: at most
+/// [`prefill_chunk`] consecutive tokens of a [`Batch`], as spans whose
+/// `start` counts from the pass's first token, and the pass-relative
+/// indices of its wanted rows.
+struct Pass {
+    pub spans: Vec<Span>,
+    pub n: usize,
+    pub outputs: Vec<usize>,
+}
+
+impl Pass {
+    /// Tokens `range` of `batch`.
+    fn of(batch: &Batch, range: std::ops::Range<usize>) -> Self {
+        let mut spans: Vec<Span> = Vec::new();
+        for s in batch.spans() {
+            let (a, b) = (s.start.max(range.start), (s.start + s.len).min(range.end));
+            if a < b {
+                spans.push(Span { slot: s.slot, pos0: s.pos0 + (a - s.start), start: a - range.start, len: b - a });
+            }
+        }
+        let outputs = batch.output_indices().filter(|i| range.contains(i)).map(|i| i - range.start).collect();
+        Pass { spans, n: range.len(), outputs }
+    }
+
+    /// Where its integers lie in the parameter buffer.
+    fn params(&self) -> Params {
+        Params { n_spans: self.spans.len(), n: self.n }
+    }
+
+    /// Whether it is one token of one slot (the captured step).
+    fn single(&self) -> Option<usize> {
+        match self.spans.as_slice() {
+            [s] if self.n == 1 => Some(s.slot),
+            _ => None,
+        }
+    }
 }
 
 impl CudaModel {
-    /// Validates `spec` and uploads its weights to `dev`.
+    /// Validates `spec` and uploads its weights to `dev` (whose stream the
+    /// model then runs on).
     pub(crate) fn new(dev: Arc<Device>, spec: &ModelSpec) -> Result<Self> {
         spec.validate()?;
+        supports(spec)?;
         let d = &*dev;
         let e = spec.n_embd;
         let mut layers = Vec::with_capacity(spec.layers.len());
@@ -222,24 +356,7 @@ impl CudaModel {
         };
         for (i, l) in spec.layers.iter().enumerate() {
             let p = |s: &str| format!("blk.{i}.{s}");
-            ops::check_attn_shape(l.n_head, l.n_head_kv, l.head_dim)?;
             max.flash &= ops::has_flash(l.head_dim);
-            for (name, n) in [("post_attention_norm", &l.post_attn_norm), ("post_ffw_norm", &l.post_ffn_norm)] {
-                if n.as_ref().is_some_and(|n| n.kind != NormType::RmsNorm) {
-                    return Err(Error::InvalidModel(format!(
-                        "{}: the CUDA backend supports RMSNorm post-norms only",
-                        p(name)
-                    )));
-                }
-            }
-            for (name, n) in [("attn_q_norm", &l.q_norm), ("attn_k_norm", &l.k_norm)] {
-                if n.as_ref().is_some_and(|n| n.kind != NormType::RmsNorm || n.bias.is_some()) {
-                    return Err(Error::InvalidModel(format!(
-                        "{}: the CUDA backend supports RMSNorm q/k norms only",
-                        p(name)
-                    )));
-                }
-            }
             let n_ff = l.ffn_up.rows;
             let (q_dim, kv_dim) = (l.n_head * l.head_dim, l.n_head_kv * l.head_dim);
             max.q_dim = max.q_dim.max(q_dim);
@@ -297,7 +414,7 @@ impl CudaModel {
         weight_bytes += spec.output.data.as_bytes().len();
         let output_norm = DevNorm::new(d, &spec.output_norm)?;
         d.sync()?;
-        Ok(CudaModel {
+        let w = Weights {
             id: ModelId::next(),
             n_embd: e,
             n_vocab: spec.n_vocab,
@@ -308,13 +425,22 @@ impl CudaModel {
             output,
             final_softcap: spec.final_logit_softcap,
             max,
+            weight_bytes,
+        };
+        Self::context(Arc::new(w), dev)
+    }
+
+    /// A context over `w` on `dev`'s stream.
+    fn context(w: Arc<Weights>, dev: Arc<Device>) -> Result<Self> {
+        Ok(CudaModel {
             bufs: None,
             generation: 0,
             graphs: [None, None],
             use_graph: true,
-            logits: d.pinned(spec.n_vocab)?,
-            token_key: d.pinned(1)?,
-            weight_bytes,
+            logits: dev.pinned(w.n_vocab)?,
+            token_key: dev.pinned(1)?,
+            captures: 0,
+            w,
             dev,
         })
     }
@@ -343,85 +469,106 @@ impl CudaModel {
     /// every layer and the vocabulary projection; norms and the one
     /// embedding row are negligible).
     pub fn weight_bytes_per_token(&self) -> usize {
-        self.weight_bytes
+        self.w.weight_bytes
     }
 
-    fn ensure_buffers(&mut self, n_tok: usize, n_split: usize) -> Result<()> {
+    /// Buffers for passes of `n_tok` tokens with `n_out` wanted rows over a
+    /// pool of `n_split` attention splits (reallocated, and the captured
+    /// graphs dropped, only when they are too small or the splits differ).
+    fn ensure_buffers(&mut self, n_tok: usize, n_out: usize, n_split: usize) -> Result<()> {
         if let Some(b) = &self.bufs {
-            if b.cap >= n_tok && b.n_split == n_split {
+            if b.cap >= n_tok && b.out_cap >= n_out && b.n_split == n_split {
                 return Ok(());
             }
         }
         let cap = n_tok.max(self.bufs.as_ref().map_or(1, |b| b.cap));
+        let out_cap = n_out.max(self.bufs.as_ref().map_or(1, |b| b.out_cap));
         self.generation += 1;
         self.graphs = [None, None];
         self.bufs = None;
-        self.bufs = Some(Buffers::new(&self.dev, &self.max, self.n_embd, self.n_vocab, cap, n_split, self.generation)?);
+        let w = &*self.w;
+        self.bufs = Some(Buffers::new(&self.dev, &w.max, w.n_embd, w.n_vocab, cap, out_cap, n_split, self.generation)?);
         Ok(())
     }
 
-    /// Checks the request, then runs `tokens` from `pos0` chunk by chunk
-    /// and reads the last token's logits (`greedy`: its greedy token's key
-    /// instead).
-    fn forward(&mut self, kv: &mut dyn KvCache, tokens: &[u32], pos0: usize, greedy: bool) -> Result<()> {
-        let cache = checked_cache::<CudaKvCache>(kv, self.id, self.n_vocab, tokens, pos0)?;
-        let n_split = ops::attn_splits(cache.state.n_ctx());
-        let mut pos = pos0;
-        for chunk in tokens.chunks(prefill_chunk(&self.max, n_split)) {
-            self.ensure_buffers(chunk.len(), n_split)?;
-            // The previous chunk was synchronized: no copy reads these.
-            self.set_params(pos, chunk)?;
-            if chunk.len() == 1 && self.use_graph {
-                self.step_graph(cache, greedy)?;
-            } else {
-                self.enqueue_io(cache, chunk.len(), greedy)?;
+    /// Checks the step, runs `batch` in passes of at most
+    /// [`prefill_chunk`] tokens and reads the wanted rows' logits into
+    /// `self.logits` (`greedy`, for a one-token batch: its greedy token's
+    /// key instead); returns the number of rows.
+    fn run(&mut self, pool: &mut dyn KvPool, batch: &Batch, greedy: bool) -> Result<usize> {
+        let (pool, _) = checked_pool::<CudaKvPool>(pool, self.w.id, self.w.n_vocab, batch)?;
+        let nv = self.w.n_vocab;
+        let n_out = batch.n_outputs();
+        let rows = n_out.checked_mul(nv).ok_or(Error::Overflow("logits size"))?;
+        if self.logits.as_slice().len() < rows {
+            self.logits = self.dev.pinned(rows)?;
+        }
+        let chunk = prefill_chunk(&self.w.max, pool.n_split);
+        let mut done = 0;
+        for start in (0..batch.len()).step_by(chunk) {
+            let pass = Pass::of(batch, start..(start + chunk).min(batch.len()));
+            self.ensure_buffers(pass.n, pass.outputs.len(), pool.n_split)?;
+            // The previous pass was synchronized: no copy reads these.
+            self.set_params(batch, start, &pass)?;
+            match pass.single() {
+                Some(slot) if self.use_graph => self.step_graph(pool, slot, greedy, &pass)?,
+                _ => self.enqueue_io(pool, &pass, greedy, done)?,
             }
             self.dev.sync()?;
-            cache.state.advance(pos0, pos + chunk.len() - pos0);
-            pos += chunk.len();
+            advance_spans(&mut pool.states, &pass.spans);
+            done += pass.outputs.len();
         }
-        Ok(())
+        Ok(n_out)
     }
 
-    /// Writes the first position and the token ids of a step into the
-    /// pinned parameter buffer.
-    fn set_params(&mut self, pos: usize, tokens: &[u32]) -> Result<()> {
-        let p = i32::try_from(pos).map_err(|_| Error::Device(format!("position {pos} exceeds the kernels' range")))?;
+    /// Writes a pass's spans' first positions, token ids and wanted rows
+    /// into the pinned parameter buffer (see [`Params`]).
+    fn set_params(&mut self, batch: &Batch, start: usize, pass: &Pass) -> Result<()> {
         let b = self.bufs.as_mut().ok_or_else(|| Error::Device("buffers missing".into()))?;
+        let at = pass.params();
         let params = b.params_host.as_mut_slice();
-        params[0] = p;
-        for (dst, &t) in params[1..].iter_mut().zip(tokens) {
+        for (i, s) in pass.spans.iter().enumerate() {
+            params[at.pos(i)] = i32::try_from(s.pos0)
+                .map_err(|_| Error::Device(format!("position {} exceeds the kernels' range", s.pos0)))?;
+        }
+        for (dst, &t) in params[at.tokens()..].iter_mut().zip(&batch.tokens()[start..start + pass.n]) {
             *dst = t as i32;
         }
+        for (dst, &r) in params[at.outputs()..].iter_mut().zip(&pass.outputs) {
+            *dst = r as i32;
+        }
         Ok(())
     }
 
-    /// The whole step on the stream: parameters in, forward pass, logits
-    /// out, or with `greedy` the argmax on the device and its 8-byte key
-    /// out (what the graph captures).
-    fn enqueue_io(&mut self, cache: &CudaKvCache, n: usize, greedy: bool) -> Result<()> {
+    /// The whole pass on the stream: parameters in, forward pass, the
+    /// wanted rows' logits out (into `self.logits` from row `row0`), or
+    /// with `greedy` the argmax of the one row on the device and its 8-byte
+    /// key out (what the graph captures).
+    fn enqueue_io(&mut self, pool: &CudaKvPool, pass: &Pass, greedy: bool, row0: usize) -> Result<()> {
         let b = self.bufs.as_ref().ok_or_else(|| Error::Device("buffers missing".into()))?;
-        self.dev.enqueue_write(&b.params_host, self.dev.ptr(&b.params), n + 1)?;
-        self.enqueue(cache, n, &mut |_, _| Ok(()))?;
+        let at = pass.params();
+        self.dev.enqueue_write(&b.params_host, self.dev.ptr(&b.params), at.outputs() + pass.outputs.len())?;
+        self.enqueue(pool, pass, &mut |_, _| Ok(()))?;
         let b = self.bufs.as_ref().ok_or_else(|| Error::Device("buffers missing".into()))?;
         let d = &*self.dev;
+        let nv = self.w.n_vocab;
         if greedy {
             let key = d.ptr(&b.argmax_key);
-            ops::argmax(d, d.ptr(&b.logits), self.n_vocab, d.ptr(&b.argmax_part), d.ptr(&b.argmax_count), key)?;
+            ops::argmax(d, d.ptr(&b.logits), nv, d.ptr(&b.argmax_part), d.ptr(&b.argmax_count), key)?;
             d.enqueue_read(key, &mut self.token_key)
         } else {
-            d.enqueue_read(d.ptr(&b.logits), &mut self.logits)
+            d.enqueue_read_at(d.ptr(&b.logits), &mut self.logits, row0 * nv, pass.outputs.len() * nv)
         }
     }
 
-    /// Replays (capturing first if needed) the single-token step.
-    fn step_graph(&mut self, cache: &CudaKvCache, greedy: bool) -> Result<()> {
+    /// Replays (capturing first if needed) the one-token step of `slot`.
+    fn step_graph(&mut self, pool: &CudaKvPool, slot: usize, greedy: bool, pass: &Pass) -> Result<()> {
         let generation = self.bufs.as_ref().map_or(0, |b| b.generation);
-        let slot = usize::from(greedy);
-        let fresh =
-            matches!(&self.graphs[slot], Some(SendCaptured(c)) if c.kv_id == cache.id && c.generation == generation);
+        let which = usize::from(greedy);
+        let fresh = matches!(&self.graphs[which],
+            Some(SendCaptured(c)) if c.pool_id == pool.id && c.slot == slot && c.generation == generation);
         if !fresh {
-            self.graphs[slot] = None;
+            self.graphs[which] = None;
             let stream = self.dev.stream.clone();
             // No device-synchronizing call of another thread may run while
             // this stream captures (see `device_lock`).
@@ -429,58 +576,103 @@ impl CudaModel {
             stream
                 .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
                 .map_err(dev_err("begin graph capture"))?;
-            let queued = self.enqueue_io(cache, 1, greedy);
+            let queued = self.enqueue_io(pool, pass, greedy, 0);
             let ended = stream.end_capture(CUgraphInstantiate_flags(0));
             queued?;
             let graph = ended
                 .map_err(dev_err("end graph capture"))?
                 .ok_or_else(|| Error::Device("graph capture produced no graph".into()))?;
-            self.graphs[slot] = Some(SendCaptured(Captured { graph, kv_id: cache.id, generation }));
+            self.captures += 1;
+            self.graphs[which] = Some(SendCaptured(Captured { graph, pool_id: pool.id, slot, generation }));
         }
-        match &self.graphs[slot] {
+        match &self.graphs[which] {
             Some(SendCaptured(c)) => c.graph.launch().map_err(dev_err("graph launch")),
             None => Err(Error::Device("no captured graph".into())),
         }
     }
+
+    /// CUDA graphs this context has captured so far (a steady decode
+    /// replays one instead of capturing again).
+    pub fn captures(&self) -> usize {
+        self.captures
+    }
+
+    /// Creates an empty f16 KV pool of `n_slots` sequences of `n_ctx`
+    /// positions.
+    ///
+    /// # Errors
+    /// `n_slots` or `n_ctx` of 0, sizes past the kernels' 32-bit
+    /// positions, device allocation failures.
+    pub fn new_cuda_kv_pool(&self, n_slots: usize, n_ctx: usize) -> Result<CudaKvPool> {
+        let kv_dim: Vec<usize> = self.w.layers.iter().map(|l| l.n_kv * l.hd).collect();
+        let states = new_states(self.w.id, n_slots, n_ctx, kv_dim.iter().copied().max().unwrap_or(0))?;
+        if n_ctx > i32::MAX as usize / 2 {
+            return Err(Error::UnsupportedModel(format!(
+                "a KV cache of {n_ctx} positions exceeds the kernels' range"
+            )));
+        }
+        let mut k = Vec::with_capacity(kv_dim.len());
+        let mut v = Vec::with_capacity(kv_dim.len());
+        for &d in &kv_dim {
+            k.push(self.dev.zeros::<u16>(n_slots * n_ctx * d)?);
+            v.push(self.dev.zeros::<u16>(n_slots * n_ctx * d)?);
+        }
+        self.dev.sync()?;
+        Ok(CudaKvPool {
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            dev: self.dev.clone(),
+            states,
+            n_ctx,
+            n_split: ops::attn_splits(n_ctx),
+            k,
+            v,
+            kv_dim,
+        })
+    }
 }
+
+/// The per-group callback of [`CudaModel::enqueue`]: a group's name and the
+/// weights it read.
+type Mark<'a> = dyn FnMut(&str, &[&DevWeight]) -> Result<()> + 'a;
 
 impl DeviceModel for CudaModel {
     fn n_vocab(&self) -> usize {
-        self.n_vocab
+        self.w.n_vocab
     }
 
-    fn new_kv_cache(&self, n_ctx: usize) -> Result<Box<dyn KvCache>> {
-        Ok(Box::new(self.new_cuda_kv_cache(n_ctx)?))
+    fn new_kv_pool(&self, n_slots: usize, n_ctx: usize) -> Result<Box<dyn KvPool>> {
+        Ok(Box::new(self.new_cuda_kv_pool(n_slots, n_ctx)?))
     }
 
-    fn decode_token(&mut self, kv: &mut dyn KvCache, token: u32, pos: usize) -> Result<&[f32]> {
-        self.forward(kv, &[token], pos, false)?;
-        Ok(self.logits.as_slice())
+    fn forward(&mut self, pool: &mut dyn KvPool, batch: &Batch) -> Result<&[f32]> {
+        let n_out = self.run(pool, batch, false)?;
+        Ok(&self.logits.as_slice()[..n_out * self.w.n_vocab])
+    }
+
+    fn new_context(&self) -> Result<Box<dyn DeviceModel>> {
+        Ok(Box::new(Self::context(self.w.clone(), Arc::new(self.dev.with_own_stream()?))?))
     }
 
     /// The argmax runs on the device, after the vocabulary product, and
     /// only its 8-byte key comes back (the logits stay on the device).
-    fn decode_greedy(&mut self, kv: &mut dyn KvCache, token: u32, pos: usize) -> Result<u32> {
-        self.forward(kv, &[token], pos, true)?;
+    fn decode_greedy(&mut self, kv: &mut dyn KvPool, token: u32, pos: usize) -> Result<u32> {
+        self.run(kv, &Batch::seq(0, pos, &[token], Out::Last), true).map_err(single_error)?;
         ops::argmax_token(self.token_key.as_slice()[0])
-    }
-
-    fn prefill(&mut self, kv: &mut dyn KvCache, tokens: &[u32], pos: usize) -> Result<&[f32]> {
-        self.forward(kv, tokens, pos, false)?;
-        Ok(self.logits.as_slice())
     }
 
     /// The step's kernels launched directly (not the captured graph), the
     /// stream synchronized after each group of launches so that each group
     /// is timed alone: slower than a graph replay, and PDL overlap between
     /// groups is lost, but the same kernels, arguments and results.
-    fn profile_step(&mut self, kv: &mut dyn KvCache, token: u32, pos: usize) -> Result<StepProfile> {
-        let cache = checked_cache::<CudaKvCache>(kv, self.id, self.n_vocab, &[token], pos)?;
+    fn profile_step(&mut self, kv: &mut dyn KvPool, token: u32, pos: usize) -> Result<StepProfile> {
+        let batch = Batch::seq(0, pos, &[token], Out::Last);
+        let (pool, spans) = checked_pool::<CudaKvPool>(kv, self.w.id, self.w.n_vocab, &batch).map_err(single_error)?;
         let t0 = Instant::now();
-        self.ensure_buffers(1, ops::attn_splits(cache.state.n_ctx()))?;
-        self.set_params(pos, &[token])?;
+        let pass = Pass::of(&batch, 0..1);
+        self.ensure_buffers(1, 1, pool.n_split)?;
+        self.set_params(&batch, 0, &pass)?;
         let b = self.bufs.as_ref().ok_or_else(|| Error::Device("buffers missing".into()))?;
-        self.dev.enqueue_write(&b.params_host, self.dev.ptr(&b.params), 2)?;
+        self.dev.enqueue_write(&b.params_host, self.dev.ptr(&b.params), pass.params().outputs() + 1)?;
         self.dev.sync()?;
         let mut prof = StepProfile::default();
         let mut last = Instant::now();
@@ -496,41 +688,14 @@ impl DeviceModel for CudaModel {
             last = now;
             Ok(())
         };
-        self.enqueue(cache, 1, &mut mark)?;
+        self.enqueue(pool, &pass, &mut mark)?;
         let b = self.bufs.as_ref().ok_or_else(|| Error::Device("buffers missing".into()))?;
         let src = self.dev.ptr(&b.logits);
-        self.dev.enqueue_read(src, &mut self.logits)?;
+        self.dev.enqueue_read_at(src, &mut self.logits, 0, self.w.n_vocab)?;
         self.dev.sync()?;
         prof.record("logits to host", "", "", last.elapsed(), 0);
-        cache.state.advance(pos, 1);
+        advance_spans(&mut pool.states, &spans);
         prof.total = t0.elapsed();
         Ok(prof)
-    }
-}
-
-/// The per-group callback of [`CudaModel::enqueue`]: a group's name and the
-/// weights it read.
-type Mark<'a> = dyn FnMut(&str, &[&DevWeight]) -> Result<()> + 'a;
-
-impl CudaModel {
-    /// Creates an empty f16 KV cache for `n_ctx` positions.
-    ///
-    /// # Errors
-    /// `n_ctx == 0`, sizes past the kernels' 32-bit positions, device
-    /// allocation failures.
-    pub fn new_cuda_kv_cache(&self, n_ctx: usize) -> Result<CudaKvCache> {
-        let state = KvState::new(self.id, n_ctx)?;
-        if n_ctx > i32::MAX as usize / 2 {
-            return Err(Error::InvalidModel(format!("a KV cache of {n_ctx} positions exceeds the kernels' range")));
-        }
-        let mut k = Vec::with_capacity(self.layers.len());
-        let mut v = Vec::with_capacity(self.layers.len());
-        for l in &self.layers {
-            let len = n_ctx.checked_mul(l.n_kv * l.hd).ok_or(Error::Overflow("KV cache size"))?;
-            k.push(self.dev.zeros::<u16>(len)?);
-            v.push(self.dev.zeros::<u16>(len)?);
-        }
-        self.dev.sync()?;
-        Ok(CudaKvCache { id: NEXT_ID.fetch_add(1, Ordering::Relaxed), state, k, v })
     }
 }

@@ -444,7 +444,7 @@ pub(crate) fn attn_splits(n_ctx: usize) -> usize {
 /// Checks the attention kernels' shape assumptions.
 pub(crate) fn check_attn_shape(n_head: usize, n_kv: usize, hd: usize) -> Result<()> {
     if !hd.is_multiple_of(8) || hd > kernels::QKV_MAX_HD || n_kv == 0 || !n_head.is_multiple_of(n_kv) {
-        return Err(Error::InvalidModel(format!(
+        return Err(Error::UnsupportedModel(format!(
             "the CUDA attention needs head_dim a multiple of 8 and at most {} and n_head a multiple of n_head_kv (head_dim {hd}, heads {n_head}/{n_kv})",
             kernels::QKV_MAX_HD
         )));
@@ -540,6 +540,27 @@ fn combine(dev: &Device, args: &AttnArgs) -> Result<()> {
 /// Dequantizes rows `tokens[t]` of `table` (`ty`, `n` values per row) into
 /// `x[t]`, times `scale`.
 #[allow(clippy::too_many_arguments)] // the kernel's parameters, one by one
+/// Copies rows `idx[r]` of `src` (rows of `row_bytes` bytes, a multiple of
+/// 4) to consecutive rows `r < n_rows` of `dst`; `idx` is `n_rows` device
+/// `i32` row indices inside `src`.
+pub(crate) fn gather_rows(dev: &Device, src: DevPtr, dst: DevPtr, idx: DevPtr, n_rows: usize, row_bytes: usize) -> Result<()> {
+    if n_rows == 0 || row_bytes == 0 {
+        return Ok(());
+    }
+    if !row_bytes.is_multiple_of(4) {
+        return Err(Error::Device(format!("gather of rows of {row_bytes} bytes (not whole words)")));
+    }
+    let words = to_i32(row_bytes / 4, "row words")?;
+    let cfg = LaunchConfig { grid_dim: (to_u32(n_rows, "rows")?, 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
+    // SAFETY: src holds every row `idx` names, dst holds n_rows rows (the
+    // caller's buffers); rows are whole words.
+    unsafe {
+        dev.launch_with(names::GATHER_ROWS, cfg, |b| {
+            b.arg(&src).arg(&dst).arg(&idx).arg(&words);
+        })
+    }
+}
+
 pub(crate) fn embed_rows(
     dev: &Device,
     table: DevPtr,

@@ -377,25 +377,65 @@ pub fn attention_prefill_on(
     p: &AttnParams,
     out: &mut [f32],
 ) {
+    let pos: Vec<usize> = (pos0..pos0 + n_tokens).collect();
+    let slot = vec![0; n_tokens];
+    attention_batch_on(par, q, k_cache, v_cache, k_cache.len(), &slot, &pos, p, out);
+}
+
+/// Attention of a batch of tokens of several sequences (a
+/// [`crate::backend::Batch`]): token `t` at position `pos[t]` attends over
+/// the cache of its slot, `slot[t]`, causally and inside its window.
+/// Exactly [`attention_decode`] per token (the same per-head code, so the
+/// same bits), parallel over (token, head) on `par`.
+///
+/// Shapes: `q`, `out`: `[n_tokens, n_head, head_dim]`; `k_pool`, `v_pool`:
+/// `[n_slots][slot_len]`, each slot a cache as in [`attention_decode`]
+/// (`slot_len = n_ctx · kv_dim`, the entries at each token's position
+/// already appended). Allocates one score row (`≤ n_ctx` floats) per
+/// parallel task.
+///
+/// Contract (debug-asserted): as [`attention_decode`] for each token's
+/// slot; `slot.len() == pos.len() == n_tokens`.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_batch_on(
+    par: Par<'_>,
+    q: &[f32],
+    k_pool: &[f32],
+    v_pool: &[f32],
+    slot_len: usize,
+    slot: &[usize],
+    pos: &[usize],
+    p: &AttnParams,
+    out: &mut [f32],
+) {
     p.debug_check();
+    let n_tokens = pos.len();
+    debug_assert_eq!(slot.len(), n_tokens);
     debug_assert_eq!(q.len(), n_tokens * p.q_dim());
     debug_assert_eq!(out.len(), n_tokens * p.q_dim());
     if n_tokens == 0 {
         return;
     }
-    debug_check_cache(k_cache, v_cache, pos0 + n_tokens - 1, p);
+    let cache = |t: usize| {
+        let r = slot[t] * slot_len..(slot[t] + 1) * slot_len;
+        (&k_pool[r.clone()], &v_pool[r])
+    };
+    for t in 0..n_tokens {
+        let (k, v) = cache(t);
+        debug_check_cache(k, v, pos[t], p);
+    }
     let hd = p.head_dim;
     // Group small tasks so that each carries some work.
-    let avg = p.n_attended(pos0 + n_tokens / 2) * hd;
+    let avg = pos.iter().map(|&j| p.n_attended(j)).sum::<usize>() / n_tokens * hd;
     let per_task = (PAR_MIN_WORK / 4 / avg.max(1)).max(1);
     par.for_each_chunk_mut(out, per_task * hd, |task, outs| {
         let mut scores = Vec::new();
         for (k, out_h) in outs.chunks_mut(hd).enumerate() {
             let i = task * per_task + k;
             let (t, h) = (i / p.n_head, i % p.n_head);
-            let pos = pos0 + t;
-            scores.resize(p.n_attended(pos), 0.0);
-            attend_head(&q[i * hd..][..hd], k_cache, v_cache, h, pos, p, &mut scores, out_h);
+            let (kc, vc) = cache(t);
+            scores.resize(p.n_attended(pos[t]), 0.0);
+            attend_head(&q[i * hd..][..hd], kc, vc, h, pos[t], p, &mut scores, out_h);
         }
     });
 }

@@ -32,6 +32,16 @@ extern "C" __global__ void __launch_bounds__(EW_THREADS) embed_rows(const u8* ta
     }
 }
 
+// dst[r][k] = src[idx[r]][k], k < words: the rows of a batch whose logits
+// are wanted, gathered before the vocabulary product. Grid: x = row.
+extern "C" __global__ void __launch_bounds__(EW_THREADS) gather_rows(const unsigned* src, unsigned* dst,
+                                                                       const int* idx, int words) {
+    PDL_PROLOGUE;
+    const unsigned* s = src + (size_t)idx[blockIdx.x] * words;
+    unsigned* d = dst + (size_t)blockIdx.x * words;
+    for (int k = threadIdx.x; k < words; k += blockDim.x) d[k] = s[k];
+}
+
 // out[i] = act(gate[i]) * up[i]; act 0 = GELU (tanh), 1 = SiLU.
 extern "C" __global__ void glu(const float* gate, const float* up, float* out, int n, int act) {
     PDL_PROLOGUE;

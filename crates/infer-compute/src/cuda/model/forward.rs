@@ -3,26 +3,30 @@
 
 use cudarc::driver::CudaSlice;
 
-use super::{CudaKvCache, CudaModel, DevNorm, DevWeight, Mark};
+use super::{CudaKvPool, CudaModel, DevNorm, DevWeight, Mark, Pass};
 use crate::cuda::buffers::GEMM_MIN_TOKENS;
 use crate::cuda::kernels::{AttnArgs, DevPtr, MvMode, NormArgs, QkvArgs};
 use crate::cuda::ops::{self, GemmPrecision, Matvec};
 use crate::error::{Error, Result};
 
 impl CudaModel {
-    /// Enqueues the forward pass of `n` tokens (ids and first position
-    /// already in the device buffers) on the stream, calling `mark` after
-    /// each group of launches with its name and the weights it read
-    /// (`profile_step` synchronizes and times there; otherwise a no-op).
-    pub(super) fn enqueue(&self, cache: &CudaKvCache, n: usize, mark: &mut Mark<'_>) -> Result<()> {
+    /// Enqueues the forward pass of `pass` (its integers already in the
+    /// device parameter buffer) against `pool` on the stream, calling
+    /// `mark` after each group of launches with its name and the weights it
+    /// read (`profile_step` synchronizes and times there; otherwise a
+    /// no-op).
+    pub(super) fn enqueue(&self, pool: &CudaKvPool, pass: &Pass, mark: &mut Mark<'_>) -> Result<()> {
         let d = &*self.dev;
+        let w = &*self.w;
         let b = self.bufs.as_ref().ok_or_else(|| Error::Device("buffers missing".into()))?;
-        let e = self.n_embd;
+        let n = pass.n;
+        let e = w.n_embd;
         let p = |s: &CudaSlice<f32>| d.ptr(s);
         let (x, x_alt, h, o) = (p(&b.x), p(&b.x_alt), p(&b.h), p(&b.o));
         let (aq, ad) = (d.ptr(&b.aq), d.ptr(&b.ad));
-        let pos = d.ptr(&b.params);
-        let tokens = pos + 4;
+        let at = pass.params();
+        let param = |i: usize| d.ptr(&b.params) + 4 * i as u64;
+        let tokens = param(at.tokens());
         let with_q8 = |n_vals: usize| n_vals.is_multiple_of(32);
         let norm_args = |x: DevPtr, add: DevPtr, add_norm: Option<&DevNorm>, norm: &DevNorm| NormArgs {
             x,
@@ -120,12 +124,12 @@ impl CudaModel {
             // The second product, when no fused kernel ran it.
             then.map_or(Ok(()), |b| ops::matvec(d, b))
         };
-        ops::embed_rows(d, d.ptr(&self.token_embd.buf), self.token_embd.ty, e, tokens, n, self.embd_scale, x)?;
-        if let Some(l0) = self.layers.first() {
+        ops::embed_rows(d, d.ptr(&w.token_embd.buf), w.token_embd.ty, e, tokens, n, w.embd_scale, x)?;
+        if let Some(l0) = w.layers.first() {
             norm(norm_args(cur, 0, None, &l0.attn_norm), &mut pending)?;
         }
         mark("token_embd, attn_norm", &[])?;
-        for (li, l) in self.layers.iter().enumerate() {
+        for (li, l) in w.layers.iter().enumerate() {
             // q, k, v: one launch per run of equal types; two runs (e.g.
             // a Q6_K v beside Q4_K q and k) in one launch when the fused
             // norm has a kernel for the pair.
@@ -167,50 +171,57 @@ impl CudaModel {
             }
             mark("matvec attn_qkv", &[&l.wq, &l.wk, &l.wv])?;
             let opt = |s: &Option<CudaSlice<f32>>| s.as_ref().map_or(0, |s| d.ptr(s));
-            let qkv = QkvArgs {
-                q: p(&b.q),
-                k: p(&b.k),
-                v: p(&b.v),
-                bq: opt(&l.bq),
-                bk: opt(&l.bk),
-                bv: opt(&l.bv),
-                qn_w: l.q_norm.as_ref().map_or(0, |nn| d.ptr(&nn.w)),
-                kn_w: l.k_norm.as_ref().map_or(0, |nn| d.ptr(&nn.w)),
-                kc: d.ptr(&cache.k[li]),
-                vc: d.ptr(&cache.v[li]),
-                pos0: pos,
-                n_head: l.n_head as i32,
-                n_kv: l.n_kv as i32,
-                hd: l.hd as i32,
-                n_rot: l.n_rot as i32,
-                neox: l.rope_neox as i32,
-                n_tok: n as i32,
-                theta_scale: l.theta_scale,
-                freq_scale: l.freq_scale,
-                qn_eps: l.q_norm.as_ref().map_or(0.0, |nn| nn.eps),
-                kn_eps: l.k_norm.as_ref().map_or(0.0, |nn| nn.eps),
-            };
+            let (q_dim, kv_dim) = (l.n_head * l.hd, l.n_kv * l.hd);
             let wo_q8 = ops::wants_q8(l.wo.ty)?;
-            let attn = AttnArgs {
-                q: p(&b.q),
-                kc: d.ptr(&cache.k[li]),
-                vc: d.ptr(&cache.v[li]),
-                part_o: p(&b.part_o),
-                part_ml: p(&b.part_ml),
-                out: p(&b.attn),
-                oq: if wo_q8 { aq } else { 0 },
-                ods: if wo_q8 { ad } else { 0 },
-                pos0: pos,
-                n_head: l.n_head as i32,
-                n_kv: l.n_kv as i32,
-                hd: l.hd as i32,
-                n_split: b.n_split as i32,
-                window: l.window.map_or(0, |w| w.min(i32::MAX as usize) as i32),
-                n_tok: n as i32,
-                scale: l.scale,
-                softcap: l.softcap.unwrap_or(0.0),
-            };
-            ops::qkv_attention(d, &qkv, &attn, d.ptr(&b.attn_count))?;
+            // Attention per span, against the span's slot: the rows of
+            // q/k/v/attn (and of attn's q8 copy) from the span's start.
+            for (si, s) in pass.spans.iter().enumerate() {
+                let (kc, vc) = pool.slot_ptrs(li, s.slot);
+                let row = |base: DevPtr, bytes: usize| base + (s.start * bytes) as u64;
+                let qkv = QkvArgs {
+                    q: row(p(&b.q), q_dim * 4),
+                    k: row(p(&b.k), kv_dim * 4),
+                    v: row(p(&b.v), kv_dim * 4),
+                    bq: opt(&l.bq),
+                    bk: opt(&l.bk),
+                    bv: opt(&l.bv),
+                    qn_w: l.q_norm.as_ref().map_or(0, |nn| d.ptr(&nn.w)),
+                    kn_w: l.k_norm.as_ref().map_or(0, |nn| d.ptr(&nn.w)),
+                    kc,
+                    vc,
+                    pos0: param(at.pos(si)),
+                    n_head: l.n_head as i32,
+                    n_kv: l.n_kv as i32,
+                    hd: l.hd as i32,
+                    n_rot: l.n_rot as i32,
+                    neox: l.rope_neox as i32,
+                    n_tok: s.len as i32,
+                    theta_scale: l.theta_scale,
+                    freq_scale: l.freq_scale,
+                    qn_eps: l.q_norm.as_ref().map_or(0.0, |nn| nn.eps),
+                    kn_eps: l.k_norm.as_ref().map_or(0.0, |nn| nn.eps),
+                };
+                let attn = AttnArgs {
+                    q: qkv.q,
+                    kc,
+                    vc,
+                    part_o: p(&b.part_o),
+                    part_ml: p(&b.part_ml),
+                    out: row(p(&b.attn), q_dim * 4),
+                    oq: if wo_q8 { row(aq, q_dim) } else { 0 },
+                    ods: if wo_q8 { row(ad, q_dim / 32 * 8) } else { 0 },
+                    pos0: qkv.pos0,
+                    n_head: l.n_head as i32,
+                    n_kv: l.n_kv as i32,
+                    hd: l.hd as i32,
+                    n_split: b.n_split as i32,
+                    window: l.window.map_or(0, |w| w.min(i32::MAX as usize) as i32),
+                    n_tok: s.len as i32,
+                    scale: l.scale,
+                    softcap: l.softcap.unwrap_or(0.0),
+                };
+                ops::qkv_attention(d, &qkv, &attn, d.ptr(&b.attn_count))?;
+            }
             mark("qkv bias, q/k norm, rope, kv append, attention", &[])?;
             if gemm.is_some() {
                 mm(&l.wo, operand(p(&b.attn), l.wo.cols)?, o)?;
@@ -272,7 +283,7 @@ impl CudaModel {
                 ops::matvec(d, &mv(&l.down, act, dq, dd, o))?;
             }
             mark("matvec ffn_down", &[&l.down])?;
-            let next = self.layers.get(li + 1).map_or(&self.output_norm, |nl| &nl.attn_norm);
+            let next = w.layers.get(li + 1).map_or(&w.output_norm, |nl| &nl.attn_norm);
             norm(norm_args(cur, o, l.post_ffn_norm.as_ref(), next), &mut pending)?;
             mark("residual add, next norm", &[])?;
         }
@@ -281,21 +292,35 @@ impl CudaModel {
         if let Some(na) = pending.take() {
             ops::residual_norm(d, &na, n)?;
         }
-        // Vocabulary projection of the last token.
-        let last = n - 1;
-        let mut call = mv(
-            &self.output,
-            h + (last * e * 4) as u64,
-            aq + (last * e) as u64,
-            ad + (last * (e / 32) * 8) as u64,
-            p(&b.logits),
-        );
-        call.n_tok = 1;
-        if let Some(c) = self.final_softcap {
+        // Vocabulary projection of the wanted rows: of the last token in
+        // place, of others gathered into consecutive rows first.
+        let n_out = pass.outputs.len();
+        if n_out == 0 {
+            return mark("matvec output", &[]);
+        }
+        let q8 = with_q8(e);
+        let (xf, xq, xd) = if pass.outputs == [n - 1] {
+            let last = n - 1;
+            (h + (last * e * 4) as u64, aq + (last * e) as u64, ad + (last * (e / 32) * 8) as u64)
+        } else {
+            let idx = param(at.outputs());
+            let (oh, oq, od) = (p(&b.out_h), d.ptr(&b.out_q), p(&b.out_d));
+            ops::gather_rows(d, h, oh, idx, n_out, e * 4)?;
+            if q8 {
+                ops::gather_rows(d, aq, oq, idx, n_out, e)?;
+                ops::gather_rows(d, ad, od, idx, n_out, e / 32 * 8)?;
+            }
+            (oh, oq, od)
+        };
+        // Without a q8 copy (rows not of whole chunks) only float weights
+        // can run, and they read the f32 rows.
+        let mut call = mv(&w.output, xf, xq, xd, p(&b.logits));
+        call.n_tok = n_out;
+        if let Some(c) = w.final_softcap {
             call.mode = MvMode::Softcap;
             call.cap = c;
         }
         ops::matvec(d, &call)?;
-        mark("matvec output", &[&self.output])
+        mark("matvec output", &[&w.output])
     }
 }
