@@ -8,21 +8,23 @@
 #        bench/build-llama-cpp.sh --trim DIR
 #
 #   (default)   CPU build: llama-bench, a text-generation CLI (llama-cli,
-#               llama-completion or llama-simple, whichever the tree has) and
-#               test-backend-ops (skipped with a warning if it fails to build).
+#               llama-completion or llama-simple, whichever the tree has),
+#               llama-batched-bench and test-backend-ops (each of the last
+#               two skipped with a warning if it fails to build).
 #               -DGGML_NATIVE=OFF with explicit AVX2/FMA/F16C/AVX-512/VNNI
 #               flags, each on only where /proc/cpuinfo lists it; AMX
 #               stays off (it faults on some CPUs that list it). -j 2 by
 #               default.
-#   --cuda      CUDA build for an H100/H200 (sm_90): target llama-bench only,
-#               -j 16 by default.
+#   --cuda      CUDA build for an H100/H200 (sm_90): llama-bench and
+#               llama-batched-bench, -j 16 by default.
 #   --src DIR   use the llama.cpp tree in DIR (for instance a --trim copy
 #               carried to a machine without network) instead of fetching it.
 #   --jobs N    parallel build jobs.
 #   --force     rebuild even when the cached build matches.
 #   --trim DIR  write a trimmed copy of the tree (ggml with the CPU and CUDA
-#               backends, src, common, include, vendor, cmake, tools/llama-bench
-#               and the top-level CMake files; about 22 MB) into DIR and exit.
+#               backends, src, common, include, vendor, cmake, tools/llama-bench,
+#               tools/batched-bench and the top-level CMake files; about 22 MB)
+#               into DIR and exit.
 #
 # Cache: ${INFER_CACHE_DIR:-~/.cache/infer-compute}/llama.cpp, or
 # $LLAMA_CPP_CACHE_DIR. Extra CMake arguments may be given in
@@ -138,7 +140,7 @@ if [[ -n "$trim_dir" ]]; then
     log "writing a trimmed tree into $trim_dir"
     (
         cd "$src"
-        paths=(CMakeLists.txt LICENSE cmake include src common vendor tools/llama-bench
+        paths=(CMakeLists.txt LICENSE cmake include src common vendor tools/llama-bench tools/batched-bench
                ggml/CMakeLists.txt ggml/cmake ggml/include ggml/src/ggml-cpu ggml/src/ggml-cuda)
         # The files directly in ggml/src (the core), not its other backends.
         while IFS= read -r f; do paths+=("$f"); done < <(find ggml/src -maxdepth 1 -type f)
@@ -147,12 +149,14 @@ if [[ -n "$trim_dir" ]]; then
             printf '%s\0' "$p"
         done | xargs -0 cp -a --parents -t "$trim_dir"
     )
-    # tools/CMakeLists.txt adds every tool; the trimmed tree has llama-bench only.
+    # tools/CMakeLists.txt adds every tool; the trimmed tree has two.
     cat > "$trim_dir/tools/CMakeLists.txt" <<'EOF'
-# Trimmed tree (infer-compute bench/build-llama-cpp.sh --trim): llama-bench only.
+# Trimmed tree (infer-compute bench/build-llama-cpp.sh --trim): llama-bench
+# and llama-batched-bench only.
 find_package(Threads REQUIRED)
 llama_add_compile_flags()
 add_subdirectory(llama-bench)
+add_subdirectory(batched-bench)
 EOF
     [[ -f "$src/../SOURCE" ]] && cp "$src/../SOURCE" "$trim_dir/SOURCE.infer-compute"
     log "trimmed tree: $(du -sh "$trim_dir" | cut -f1); build it with: bench/build-llama-cpp.sh --cuda --src $trim_dir"
@@ -213,7 +217,7 @@ if [[ "$variant" == cpu ]]; then
     )
     log "SIMD: AVX-512 $avx512 (from /proc/cpuinfo; override with LLAMA_CPP_CMAKE_ARGS)"
     cli_candidates=(llama-cli llama-completion llama-simple)
-    optional_targets=(test-backend-ops)
+    optional_targets=(llama-batched-bench test-backend-ops)
 else
     : "${jobs:=16}"
     variant_args=(
@@ -222,7 +226,7 @@ else
         -DLLAMA_BUILD_TESTS=OFF
     )
     cli_candidates=()
-    optional_targets=()
+    optional_targets=(llama-batched-bench)
 fi
 extra_args=()
 if [[ -n "${LLAMA_CPP_CMAKE_ARGS:-}" ]]; then

@@ -74,6 +74,18 @@ pub struct BenchArgs {
     /// Seed of the prompt's random token ids.
     #[arg(long, value_name = "N", default_value_t = 0)]
     seed: u64,
+    /// Batched mode, as llama-batched-bench: for each count of this comma
+    /// list, that many sequences prefill `--npp` tokens each, then
+    /// generate `--ntg` tokens each in steps of one batch (aggregate
+    /// tokens/s; `--json` prints its JSONL rows).
+    #[arg(long = "npl", value_name = "B,B,...", value_delimiter = ',', conflicts_with = "profile")]
+    npl: Vec<usize>,
+    /// Batched mode: prompt tokens per sequence.
+    #[arg(long = "npp", value_name = "N", default_value_t = 128, requires = "npl")]
+    npp: usize,
+    /// Batched mode: generated tokens per sequence.
+    #[arg(long = "ntg", value_name = "N", default_value_t = 128, requires = "npl")]
+    ntg: usize,
 }
 
 /// One test's result, as printed by `--json`.
@@ -365,6 +377,30 @@ pub fn bench(a: BenchArgs) -> CliResult {
         r.samples_ns = samples_ns;
         r
     };
+
+    if !a.npl.is_empty() {
+        let n_kv = a.npp.saturating_add(a.ntg);
+        if n_kv > spec.n_ctx_train {
+            return Err(
+                format!("--npp + --ntg is {n_kv} positions, past the training context {}", spec.n_ctx_train).into()
+            );
+        }
+        let rows = with_spinner("batched", || {
+            crate::bench_batched::run(model.as_mut(), a.npp, a.ntg, &a.npl, threads, a.seed)
+        })?;
+        let what = format!(
+            "{} ({}), backend {} ({}), {} threads",
+            base.model,
+            path.display(),
+            base.backend,
+            base.kernels,
+            threads
+        );
+        let mut out = Out::new();
+        crate::bench_batched::print(&mut out, &rows, &what, a.json)?;
+        out.flush()?;
+        return Ok(());
+    }
 
     let mut results = Vec::new();
     if n_prompt > 0 {

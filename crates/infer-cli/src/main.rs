@@ -18,6 +18,7 @@ macro_rules! eprint {
 }
 
 mod bench;
+mod bench_batched;
 mod chat;
 mod common;
 mod info;

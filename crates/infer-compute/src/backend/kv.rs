@@ -226,7 +226,9 @@ pub fn check_batch(states: &[KvState], model: ModelId, n_vocab: usize, batch: &B
         if std::mem::replace(&mut seen[s.slot], true) {
             return Err(in_batch(s.start, Error::SlotRepeated { slot: s.slot }));
         }
-        state.check_step(model, n_vocab, &tokens[s.start..s.start + s.len], s.pos0).map_err(|e| in_batch(s.start, e))?;
+        state
+            .check_step(model, n_vocab, &tokens[s.start..s.start + s.len], s.pos0)
+            .map_err(|e| in_batch(s.start, e))?;
     }
     Ok(spans)
 }
@@ -311,12 +313,18 @@ mod tests {
             _ => None,
         };
         assert!(matches!(check_batch(&states, m, 10, &Batch::new()), Err(Error::EmptyBatch)));
-        assert!(matches!(check_batch(&states, ModelId::next(), 10, &Batch::seq(0, 0, &[1], Out::Last)), Err(Error::ForeignKvCache)));
+        assert!(matches!(
+            check_batch(&states, ModelId::next(), 10, &Batch::seq(0, 0, &[1], Out::Last)),
+            Err(Error::ForeignKvCache)
+        ));
         let mut b = Batch::seq(1, 2, &[1], Out::Last);
         b.push_seq(0, 0, &[1, 2, 3], Out::Last);
         assert_eq!(check_batch(&states, m, 10, &b).unwrap().len(), 2);
         b.push_seq(3, 0, &[1], Out::Last);
-        assert!(matches!(inner(check_batch(&states, m, 10, &b)), Some((4, Error::SlotOutOfRange { slot: 3, n_slots: 3 }))));
+        assert!(matches!(
+            inner(check_batch(&states, m, 10, &b)),
+            Some((4, Error::SlotOutOfRange { slot: 3, n_slots: 3 }))
+        ));
         let mut b = Batch::seq(0, 0, &[1, 2], Out::Last);
         b.push_seq(2, 1, &[1], Out::Last);
         assert!(matches!(inner(check_batch(&states, m, 10, &b)), Some((2, Error::PositionGap { pos: 1, len: 0 }))));

@@ -23,7 +23,8 @@ use super::team::{Par, Team};
 use super::weight::{products, CpuWeight, ProductScratch, Stacked};
 use super::Precision;
 use crate::backend::{
-    advance_spans, checked_pool, new_states, single_error, Batch, DeviceModel, KvPool, KvState, ModelId, Out, Span, StepProfile,
+    advance_spans, checked_pool, new_states, single_error, Batch, DeviceModel, KvPool, KvState, ModelId, Out, Span,
+    StepProfile,
 };
 use crate::error::Result;
 use crate::pipeline::{Activation, FfnType, LayerSpec, ModelSpec, Norm, NormType};

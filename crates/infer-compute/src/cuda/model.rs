@@ -51,8 +51,8 @@ use cudarc::driver::{CudaGraph, CudaSlice};
 
 use super::buffers::{prefill_chunk, Buffers, Maxima, Params};
 use super::device::{dev_err, Device, PinnedBuf};
-use super::ops;
 use super::kernels::DevPtr;
+use super::ops;
 use crate::backend::{
     advance_spans, checked_pool, new_states, single_error, Batch, DeviceModel, KvPool, KvState, ModelId, Out, Span,
     StepProfile,
@@ -158,7 +158,6 @@ struct DevLayer {
     down: DevWeight,
     post_ffn_norm: Option<DevNorm>,
 }
-
 
 /// Whether the CUDA kernels can run `spec` (see
 /// [`crate::ComputeBackend::supports`]): attention shapes, RMSNorm post- and
@@ -607,9 +606,7 @@ impl CudaModel {
         let kv_dim: Vec<usize> = self.w.layers.iter().map(|l| l.n_kv * l.hd).collect();
         let states = new_states(self.w.id, n_slots, n_ctx, kv_dim.iter().copied().max().unwrap_or(0))?;
         if n_ctx > i32::MAX as usize / 2 {
-            return Err(Error::UnsupportedModel(format!(
-                "a KV cache of {n_ctx} positions exceeds the kernels' range"
-            )));
+            return Err(Error::UnsupportedModel(format!("a KV cache of {n_ctx} positions exceeds the kernels' range")));
         }
         let mut k = Vec::with_capacity(kv_dim.len());
         let mut v = Vec::with_capacity(kv_dim.len());

@@ -543,7 +543,14 @@ fn combine(dev: &Device, args: &AttnArgs) -> Result<()> {
 /// Copies rows `idx[r]` of `src` (rows of `row_bytes` bytes, a multiple of
 /// 4) to consecutive rows `r < n_rows` of `dst`; `idx` is `n_rows` device
 /// `i32` row indices inside `src`.
-pub(crate) fn gather_rows(dev: &Device, src: DevPtr, dst: DevPtr, idx: DevPtr, n_rows: usize, row_bytes: usize) -> Result<()> {
+pub(crate) fn gather_rows(
+    dev: &Device,
+    src: DevPtr,
+    dst: DevPtr,
+    idx: DevPtr,
+    n_rows: usize,
+    row_bytes: usize,
+) -> Result<()> {
     if n_rows == 0 || row_bytes == 0 {
         return Ok(());
     }

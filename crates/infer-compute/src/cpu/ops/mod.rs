@@ -28,8 +28,8 @@ pub mod softmax;
 
 pub use activation::{geglu, gelu_tanh, silu, softcap, swiglu};
 pub use attention::{
-    attention_batch_on, attention_decode, attention_decode_on, attention_prefill, attention_prefill_on, attention_probs,
-    attention_scratch_len, kv_append, AttnParams,
+    attention_batch_on, attention_decode, attention_decode_on, attention_prefill, attention_prefill_on,
+    attention_probs, attention_scratch_len, kv_append, AttnParams,
 };
 pub use norm::{add, add_rms_norm, layer_norm, rms_norm, rms_norm_heads, rms_norm_inplace, scale};
 pub use rope::{rope, rope_tokens, RopeCache};
