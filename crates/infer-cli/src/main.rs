@@ -20,8 +20,10 @@ macro_rules! eprint {
 mod bench;
 mod chat;
 mod common;
+mod ignore_eos;
 mod info;
 mod interrupt;
+mod llama_args;
 mod models;
 mod output;
 mod profile;
@@ -67,7 +69,16 @@ fn main() -> ExitCode {
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
-    let cli = match Cli::try_parse() {
+    // llama.cpp's multi-letter flags (`-ngl 99`) before clap, which would
+    // read them as a short flag and its value (`-n gl`).
+    let args = match llama_args::rewrite_args(std::env::args_os().collect()) {
+        Ok(args) => args,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let cli = match Cli::try_parse_from(args) {
         Ok(cli) => cli,
         Err(e) => return parse_error(e),
     };
