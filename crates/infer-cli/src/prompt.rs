@@ -30,7 +30,7 @@ pub struct PromptArgs {
 impl PromptArgs {
     /// Whether the prompt comes from `-p` or `-f`, whose text llama.cpp
     /// processes escapes in (`-e`).
-    pub fn from_flag(&self) -> bool {
+    pub fn is_flag_text(&self) -> bool {
         self.prompt.is_some() || self.file.is_some()
     }
 

@@ -123,7 +123,7 @@ pub fn tokens(n: usize) -> String {
 pub fn run(a: RunArgs) -> CliResult {
     let max_tokens = n_predict_limit(a.n_predict)?;
     let mut prompt = a.prompt.text()?;
-    if a.prompt.from_flag() {
+    if a.prompt.is_flag_text() {
         prompt = a.text.process(prompt, "-p")?;
     }
     let stops = a.text.stop_strings()?;
