@@ -8,6 +8,13 @@
 //!   only the token comes back), as generated tokens per second; a NaN
 //!   logit fails the test.
 //!
+//! As llama-bench, `-p`, `-n` and `-t` take lists (`128,512`,
+//! `64-512*2`): for each thread count in turn, every prefill test and then
+//! every decode test is a row; `-o md|json|jsonl|csv` prints the rows as
+//! tables or with llama-bench's field names (then this benchmark's own).
+//! The model is loaded once per thread count, through the loading sequence
+//! of `run` and `chat` ([`ModelArgs::load`]).
+//!
 //! Each test is warmed up once (a prefill of P tokens; one decode step) and
 //! then repeated `-r` times with a fresh KV cache, created outside the
 //! timed region; results are mean ± sample standard deviation over the

@@ -23,7 +23,7 @@ pub struct ModelArgs {
     /// Compute backend [default: auto].
     #[arg(long, value_enum)]
     pub backend: Option<BackendKind>,
-    /// llama.cpp's GPU layers, all or nothing (a model runs wholly on one device): 0 runs on the CPU, any other
+    /// llama.cpp's GPU layers (also -ngl), all or nothing (a model runs wholly on one device): 0 runs on the CPU, any other
     /// number (or `all`, or -1) on the GPU, `auto` as --backend says; without a usable GPU, a warning and the CPU.
     #[arg(long = "n-gpu-layers", visible_alias = "gpu-layers", value_name = "N", allow_negative_numbers = true)]
     pub n_gpu_layers: Option<String>,

@@ -52,9 +52,10 @@ enum Command {
     Info(info::InfoArgs),
     /// Measure prefill and decode tokens per second (llama-bench's tests and table).
     Bench(bench::BenchArgs),
-    /// Chat with a model: multi-turn, the KV cache kept between turns, replies streamed.
+    /// Chat with a model (by default the instruction-tuned smollm2-135m): multi-turn, the KV cache kept between
+    /// turns, replies streamed.
     Chat(chat::ChatArgs),
-    /// List the models known by name: size, family, quantization, and whether each is cached.
+    /// List the models known by name: size, family, quantization, base or instruct, and whether each is cached.
     Models(models::ModelsArgs),
     /// Write a GGUF with random weights and a real model's shapes, metadata and tensor types.
     Synth(synth::SynthArgs),
