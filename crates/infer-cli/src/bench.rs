@@ -8,6 +8,13 @@
 //!   only the token comes back), as generated tokens per second; a NaN
 //!   logit fails the test.
 //!
+//! As llama-bench, `-p`, `-n` and `-t` take lists (`128,512`,
+//! `64-512*2`): for each thread count in turn, every prefill test and then
+//! every decode test is a row; `-o md|json|jsonl|csv` prints the rows as
+//! tables or with llama-bench's field names (then this benchmark's own).
+//! The model is loaded once per thread count, through the loading sequence
+//! of `run` and `chat` ([`ModelArgs::load`]).
+//!
 //! Each test is warmed up once (a prefill of P tokens; one decode step) and
 //! then repeated `-r` times with a fresh KV cache, created outside the
 //! timed region; results are mean ± sample standard deviation over the
@@ -23,7 +30,7 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::time::Instant;
 
-use clap::Args;
+use clap::{Args, ValueEnum};
 use infer_compute::pipeline::ModelSpec;
 use infer_compute::{DeviceModel, KvPool};
 use infer_model::gguf::GgufFile;
@@ -31,7 +38,7 @@ use infer_model::synth::{file_type_name, SynthArch};
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
-use crate::common::{fit_context, thread_count, with_spinner, CliResult, ModelArgs, PrecisionArg};
+use crate::common::{fit_context, thread_count, with_spinner, CliResult, Loaded, ModelArgs, PrecisionArg};
 use crate::output::Out;
 use crate::synth::{human_bytes, human_params};
 
@@ -48,17 +55,26 @@ pub struct BenchArgs {
     /// File type of the synthetic model (q4_k_m, q8_0, q4_0).
     #[arg(long, value_name = "TYPE", default_value = "q4_k_m", requires = "synth")]
     synth_quant: String,
-    /// Prompt tokens of the prefill test (0: no prefill test).
-    #[arg(short = 'p', long = "n-prompt", value_name = "N", default_value_t = 512)]
-    n_prompt: usize,
-    /// Generated tokens of the decode test (0: no decode test).
-    #[arg(short = 'n', long = "n-gen", value_name = "N", default_value_t = 128)]
-    n_gen: usize,
+    /// Prompt tokens of the prefill tests, as llama-bench: a comma list of values or ranges `FIRST-LAST[+STEP]`,
+    /// `FIRST-LAST*FACTOR` (0: no prefill test).
+    #[arg(short = 'p', long = "n-prompt", value_name = "N,...", default_value = "512", allow_hyphen_values = true)]
+    n_prompt: String,
+    /// Generated tokens of the decode tests, a list as -p (0: no decode test).
+    #[arg(short = 'n', long = "n-gen", value_name = "N,...", default_value = "128", allow_hyphen_values = true)]
+    n_gen: String,
+    /// CPU threads, a list as -p: each count is a row of every test (default: all cores; at most 4 × the cores,
+    /// larger values are capped with a warning).
+    #[arg(short = 't', long = "threads", value_name = "N,...", allow_hyphen_values = true)]
+    threads: Option<String>,
     /// Repetitions of each test.
     #[arg(short = 'r', long = "repetitions", value_name = "N", default_value_t = 5)]
     reps: usize,
-    /// Print a JSON array of results instead of tables.
-    #[arg(long)]
+    /// Output format, as llama-bench: `md` (tables), `json` (an array), `jsonl` (one object a line), `csv`
+    /// (llama-bench's quoted values, with a header).
+    #[arg(short = 'o', long = "output", value_enum, value_name = "FORMAT")]
+    output: Option<OutputFormat>,
+    /// The same as `-o json`.
+    #[arg(long, conflicts_with = "output")]
     json: bool,
     /// Memory bandwidth in GB/s (10^9 bytes) to compare decode against.
     #[arg(long, value_name = "GBPS", conflicts_with = "measure_bandwidth")]
@@ -88,19 +104,66 @@ pub struct BenchArgs {
     ntg: usize,
 }
 
-/// One test's result, as printed by `--json`.
+/// `-o`: llama-bench's output formats.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OutputFormat {
+    /// Markdown tables.
+    Md,
+    /// A JSON array of results.
+    Json,
+    /// One JSON object per line.
+    Jsonl,
+    /// Comma-separated values, a header line first.
+    Csv,
+}
+
+/// One test's result, as printed by `-o json`: llama-bench's field names
+/// where it has the field, then this benchmark's own.
 #[derive(Serialize, Clone, Debug)]
 pub struct TestResult {
-    /// llama-bench's model description (`gemma3 270M Q4_K - Medium`).
-    pub model: String,
+    /// The processor (`model name` of `/proc/cpuinfo`; the backend's
+    /// description on the CPU).
+    pub cpu_info: String,
+    /// The GPU, when the backend runs on one; empty otherwise.
+    pub gpu_info: String,
+    /// Backend name (`CPU`, `CUDA`).
+    pub backends: String,
     /// Path of the GGUF file.
     pub model_filename: String,
-    /// Bytes of tensor data (llama-bench's `model_size`).
-    pub size_bytes: u64,
+    /// llama-bench's model description (`gemma3 270M Q4_K - Medium`).
+    pub model_type: String,
+    /// Bytes of tensor data.
+    pub model_size: u64,
     /// Parameters (values in all tensors).
-    pub params: u64,
-    /// Backend name (`CPU`, `CUDA`).
-    pub backend: String,
+    pub model_n_params: u64,
+    /// Threads the backend ran with.
+    pub n_threads: usize,
+    /// Layers on the GPU: all of them (the model's layer count) or 0.
+    pub n_gpu_layers: usize,
+    /// Whether the file was memory-mapped (not `--no-mmap`).
+    pub use_mmap: bool,
+    /// Prompt tokens (prefill tests).
+    pub n_prompt: usize,
+    /// Generated tokens (decode tests).
+    pub n_gen: usize,
+    /// Positions in the cache before the test (always 0).
+    pub n_depth: usize,
+    /// When the test started, UTC (`2025-01-31T12:00:00Z`).
+    pub test_time: String,
+    /// Mean nanoseconds per repetition.
+    pub avg_ns: u64,
+    /// Sample standard deviation of the nanoseconds.
+    pub stddev_ns: u64,
+    /// Mean tokens per second.
+    pub avg_ts: f64,
+    /// Sample standard deviation of tokens per second.
+    pub stddev_ts: f64,
+    /// Nanoseconds of each repetition.
+    pub samples_ns: Vec<u64>,
+    /// Tokens per second of each repetition.
+    pub samples_ts: Vec<f64>,
+    /// `ppP` or `tgN`.
+    pub test: String,
     /// The kernels that ran: the CPU's SIMD level (`avx512-vnni`, `avx2`,
     /// `scalar`...) or `cuda`.
     pub kernels: String,
@@ -111,28 +174,8 @@ pub struct TestResult {
     pub synthetic: bool,
     /// The backend's description of its device and kernels.
     pub device: String,
-    /// Threads the backend ran with.
-    pub threads: usize,
-    /// `ppP` or `tgN`.
-    pub test: String,
-    /// Prompt tokens (prefill tests).
-    pub n_prompt: usize,
-    /// Generated tokens (decode tests).
-    pub n_gen: usize,
     /// Timed repetitions.
     pub repetitions: usize,
-    /// Mean tokens per second.
-    pub avg_ts: f64,
-    /// Sample standard deviation of tokens per second.
-    pub stddev_ts: f64,
-    /// Tokens per second of each repetition.
-    pub samples_ts: Vec<f64>,
-    /// Mean nanoseconds per repetition.
-    pub avg_ns: f64,
-    /// Sample standard deviation of the nanoseconds.
-    pub stddev_ns: f64,
-    /// Nanoseconds of each repetition.
-    pub samples_ns: Vec<u64>,
     /// Weight bytes read per decoded token (decode tests only).
     pub bytes_per_token: Option<u64>,
     /// `bytes_per_token · avg_ts` in GB/s (decode tests only).
@@ -296,8 +339,81 @@ fn time_decode(model: &mut dyn DeviceModel, bos: u32, n: usize) -> CliResult<u64
     Ok(t0.elapsed().as_nanos() as u64)
 }
 
+/// llama-bench's integer lists: comma-separated values or ranges
+/// `FIRST-LAST` (step 1), `FIRST-LAST+STEP`, `FIRST-LAST*FACTOR`. `what`
+/// names the option in errors.
+///
+/// # Errors
+/// Anything else, an empty list, a range that does not grow.
+pub fn parse_list(s: &str, what: &str) -> Result<Vec<usize>, String> {
+    let bad = |why: &str| format!("{what} {s}: {why} (give values or ranges as llama-bench: 128,512 or 64-512*2)");
+    let num = |t: &str| t.parse::<usize>().map_err(|_| bad(&format!("'{t}' is not a number >= 0")));
+    let mut out = Vec::new();
+    for item in s.split(',') {
+        let Some((first, rest)) = item.split_once('-') else {
+            out.push(num(item)?);
+            continue;
+        };
+        let first = num(first)?;
+        let (last, op, step) = match rest.find(['+', '*']) {
+            Some(i) => (num(&rest[..i])?, &rest[i..i + 1], num(&rest[i + 1..])?),
+            None => (num(rest)?, "+", 1),
+        };
+        let mut i = first;
+        while i <= last {
+            out.push(i);
+            let next = if op == "+" { i.checked_add(step) } else { i.checked_mul(step) };
+            match next {
+                Some(n) if n > i => i = n,
+                Some(_) => return Err(bad("a range must grow")),
+                None => break,
+            }
+            if out.len() > 4096 {
+                return Err(bad("more than 4096 values"));
+            }
+        }
+    }
+    if out.is_empty() {
+        return Err(bad("no values"));
+    }
+    Ok(out)
+}
+
+/// The current time as RFC 3339 UTC, llama-bench's `test_time`.
+fn utc_now() -> String {
+    let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let (days, rem) = ((secs / 86_400) as i64, secs % 86_400);
+    // Howard Hinnant's civil_from_days.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z", rem / 3600, rem / 60 % 60, rem % 60)
+}
+
+/// The processor's name from `/proc/cpuinfo` (empty when unknown).
+fn cpu_name() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|c| {
+            c.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, v)| v.trim().to_string())
+        })
+        .unwrap_or_default()
+}
+
 pub fn bench(a: BenchArgs) -> CliResult {
-    if a.n_prompt == 0 && a.n_gen == 0 {
+    // llama-bench skips the zeros of its lists.
+    let prompts: Vec<usize> = parse_list(&a.n_prompt, "-p")?.into_iter().filter(|&p| p > 0).collect();
+    let gens: Vec<usize> = parse_list(&a.n_gen, "-n")?.into_iter().filter(|&n| n > 0).collect();
+    if prompts.is_empty() && gens.is_empty() {
         return Err("-p and -n are both 0: nothing to measure".into());
     }
     if a.reps == 0 {
@@ -308,145 +424,235 @@ pub fn bench(a: BenchArgs) -> CliResult {
             return Err(format!("--bandwidth must be a positive number of GB/s, got {bw}").into());
         }
     }
-    let threads = thread_count(a.model.threads)?;
+    let format = if a.json { OutputFormat::Json } else { a.output.unwrap_or(OutputFormat::Md) };
+    // Each thread count given, as given (`None`: all cores).
+    let thread_list: Vec<Option<usize>> = match &a.threads {
+        Some(t) => parse_list(t, "-t")?.into_iter().map(Some).collect(),
+        None => vec![None],
+    };
+    let counts: Vec<usize> = thread_list.iter().map(|&t| thread_count(t)).collect::<CliResult<_>>()?;
     let path = match &a.synth {
-        Some(size) => synth_model(size, &a.synth_quant, threads)?,
+        Some(size) => synth_model(size, &a.synth_quant, counts[0])?,
         None => a.model.resolve_model()?,
     };
-    // The reader's errors name the file already.
-    let gguf =
-        if a.model.no_mmap { GgufFile::read(&path) } else { GgufFile::open(&path) }.map_err(|e| e.to_string())?;
-    let spec = infer_model::model::load_spec(&gguf).map_err(|e| format!("{}: {e}", path.display()))?;
-    // The rule of `run -c`: more positions than the training context are
-    // clamped to it, with a warning.
-    let n_prompt = if a.n_prompt > 0 { fit_context(a.n_prompt, spec.n_ctx_train, "-p") } else { 0 };
-    let n_gen = if a.n_gen > 0 { fit_context(a.n_gen, spec.n_ctx_train, "-n") } else { 0 };
-    let threads_given = a.model.threads.map(|_| threads);
-    let margs = ModelArgs { model: Some(path.clone()), threads: threads_given, ..a.model.clone() };
-    let backend = margs.backend()?;
-    let mut model = with_spinner("loading model", || backend.prepare(&spec))?;
-
-    let size_bytes: u64 = gguf.tensors().iter().map(|t| t.n_bytes as u64).sum();
-    let params: u64 = gguf.tensors().iter().map(|t| t.n_elements()).sum();
-    let desc = model_description(&gguf, params);
-    let bos = gguf.get_u32("tokenizer.ggml.bos_token_id").unwrap_or(0).min(spec.n_vocab as u32 - 1);
-    let exact = a.model.precision == PrecisionArg::Exact;
-    let bytes_per_token = decode_bytes_per_token(&spec, exact);
-    let kernels = if backend.name() == "cpu" {
-        infer_compute::cpu::Kernels::detect().level().name().to_string()
-    } else {
-        backend.name().to_string()
-    };
     let bandwidth = if a.measure_bandwidth {
-        Some(with_spinner("measuring memory bandwidth", || measure_bandwidth(threads)))
+        Some(with_spinner("measuring memory bandwidth", || measure_bandwidth(counts[0])))
     } else {
         a.bandwidth
     };
-    let base = TestResult {
-        model: desc,
-        model_filename: path.display().to_string(),
-        size_bytes,
-        params,
-        backend: backend.name().to_uppercase(),
-        kernels,
-        precision: a.model.precision.name().to_string(),
-        synthetic: is_synthetic(&gguf),
-        device: backend.device_info(),
-        threads,
-        test: String::new(),
-        n_prompt: 0,
-        n_gen: 0,
-        repetitions: a.reps,
-        avg_ts: 0.0,
-        stddev_ts: 0.0,
-        samples_ts: Vec::new(),
-        avg_ns: 0.0,
-        stddev_ns: 0.0,
-        samples_ns: Vec::new(),
-        bytes_per_token: None,
-        effective_gbps: None,
-        bandwidth_gbps: bandwidth,
-        roofline_fraction: None,
-    };
-    let finish = |mut r: TestResult, n_tokens: usize, samples_ns: Vec<u64>| -> TestResult {
-        let ts: Vec<f64> = samples_ns.iter().map(|&ns| n_tokens as f64 * 1e9 / ns.max(1) as f64).collect();
-        let ns: Vec<f64> = samples_ns.iter().map(|&n| n as f64).collect();
-        (r.avg_ts, r.stddev_ts) = mean_std(&ts);
-        (r.avg_ns, r.stddev_ns) = mean_std(&ns);
-        r.samples_ts = ts;
-        r.samples_ns = samples_ns;
-        r
-    };
+    let cpu = cpu_name();
+    let mut results = Vec::new();
+    let mut profile = None;
+    for (&threads_given, &threads) in thread_list.iter().zip(&counts) {
+        let (loaded, ()) = a.model.load(&path, threads_given, |_, _| Ok(()))?;
+        let Loaded { gguf, spec, backend, mut model, .. } = loaded;
+        // The rule of `run -c`: more positions than the training context are
+        // clamped to it, with a warning (once).
+        let first = results.is_empty();
+        let fit =
+            |n: usize, what: &str| if first { fit_context(n, spec.n_ctx_train, what) } else { n.min(spec.n_ctx_train) };
+        let size_bytes: u64 = gguf.tensors().iter().map(|t| t.n_bytes as u64).sum();
+        let params: u64 = gguf.tensors().iter().map(|t| t.n_elements()).sum();
+        let bos = gguf.get_u32("tokenizer.ggml.bos_token_id").unwrap_or(0).min(spec.n_vocab as u32 - 1);
+        let exact = a.model.precision == PrecisionArg::Exact;
+        let bytes_per_token = decode_bytes_per_token(&spec, exact);
+        let on_cpu = backend.name() == "cpu";
+        let kernels = if on_cpu {
+            infer_compute::cpu::Kernels::detect().level().name().to_string()
+        } else {
+            backend.name().to_string()
+        };
+        let base = TestResult {
+            cpu_info: if on_cpu || cpu.is_empty() { backend.device_info() } else { cpu.clone() },
+            gpu_info: if on_cpu { String::new() } else { backend.device_info() },
+            backends: backend.name().to_uppercase(),
+            model_filename: path.display().to_string(),
+            model_type: model_description(&gguf, params),
+            model_size: size_bytes,
+            model_n_params: params,
+            n_threads: threads,
+            n_gpu_layers: if on_cpu { 0 } else { spec.layers.len() },
+            use_mmap: !a.model.no_mmap,
+            n_prompt: 0,
+            n_gen: 0,
+            n_depth: 0,
+            test_time: String::new(),
+            avg_ns: 0,
+            stddev_ns: 0,
+            avg_ts: 0.0,
+            stddev_ts: 0.0,
+            samples_ns: Vec::new(),
+            samples_ts: Vec::new(),
+            test: String::new(),
+            kernels,
+            precision: a.model.precision.name().to_string(),
+            synthetic: is_synthetic(&gguf),
+            device: backend.device_info(),
+            repetitions: a.reps,
+            bytes_per_token: None,
+            effective_gbps: None,
+            bandwidth_gbps: bandwidth,
+            roofline_fraction: None,
+        };
+        if !a.npl.is_empty() {
+            batched(&a, model.as_mut(), &base, &spec, format)?;
+            continue;
+        }
+        let finish = |mut r: TestResult, n_tokens: usize, samples_ns: Vec<u64>| -> TestResult {
+            let ts: Vec<f64> = samples_ns.iter().map(|&ns| n_tokens as f64 * 1e9 / ns.max(1) as f64).collect();
+            let ns: Vec<f64> = samples_ns.iter().map(|&n| n as f64).collect();
+            (r.avg_ts, r.stddev_ts) = mean_std(&ts);
+            let (avg_ns, stddev_ns) = mean_std(&ns);
+            (r.avg_ns, r.stddev_ns) = (avg_ns.round() as u64, stddev_ns.round() as u64);
+            r.samples_ts = ts;
+            r.samples_ns = samples_ns;
+            r
+        };
+        let mut last_tg_ms = None;
+        for &p in &prompts {
+            let n_prompt = fit(p, "-p");
+            let mut rng = rand::rngs::StdRng::seed_from_u64(a.seed);
+            let tokens: Vec<u32> = (0..n_prompt).map(|_| rng.gen_range(0..spec.n_vocab as u32)).collect();
+            let test_time = utc_now();
+            let samples = with_spinner(&format!("pp{n_prompt}, {threads} threads"), || -> CliResult<Vec<u64>> {
+                time_prefill(model.as_mut(), &tokens)?; // warm-up
+                (0..a.reps).map(|_| time_prefill(model.as_mut(), &tokens)).collect()
+            })?;
+            let r = TestResult { test: format!("pp{n_prompt}"), n_prompt, test_time, ..base.clone() };
+            results.push(finish(r, n_prompt, samples));
+        }
+        for &g in &gens {
+            let n_gen = fit(g, "-n");
+            let test_time = utc_now();
+            let samples = with_spinner(&format!("tg{n_gen}, {threads} threads"), || -> CliResult<Vec<u64>> {
+                time_decode(model.as_mut(), bos, 1)?; // warm-up
+                (0..a.reps).map(|_| time_decode(model.as_mut(), bos, n_gen)).collect()
+            })?;
+            let r = TestResult { test: format!("tg{n_gen}"), n_gen, test_time, ..base.clone() };
+            let mut r = finish(r, n_gen, samples);
+            let eff = bytes_per_token as f64 * r.avg_ts / 1e9;
+            r.bytes_per_token = Some(bytes_per_token);
+            r.effective_gbps = Some(eff);
+            r.roofline_fraction = bandwidth.map(|bw| eff / bw);
+            last_tg_ms = Some(1e3 / r.avg_ts);
+            results.push(r);
+        }
+        // The profile of the first thread count's model.
+        if a.profile && profile.is_none() {
+            let steps = gens.first().copied().unwrap_or(128).min(spec.n_ctx_train);
+            let p = with_spinner("profiling decode", || crate::profile::profile_decode(model.as_mut(), bos, steps))?;
+            profile = Some((p, backend.device_info(), last_tg_ms));
+        }
+    }
 
     if !a.npl.is_empty() {
-        let n_kv = a.npp.saturating_add(a.ntg);
-        if n_kv > spec.n_ctx_train {
-            return Err(
-                format!("--npp + --ntg is {n_kv} positions, past the training context {}", spec.n_ctx_train).into()
-            );
-        }
-        let rows = with_spinner("batched", || {
-            crate::bench_batched::run(model.as_mut(), a.npp, a.ntg, &a.npl, threads, a.seed)
-        })?;
-        let what = format!(
-            "{} ({}), backend {} ({}), {} threads",
-            base.model,
-            path.display(),
-            base.backend,
-            base.kernels,
-            threads
-        );
-        let mut out = Out::new();
-        crate::bench_batched::print(&mut out, &rows, &what, a.json)?;
-        out.flush()?;
         return Ok(());
     }
-
-    let mut results = Vec::new();
-    if n_prompt > 0 {
-        let mut rng = rand::rngs::StdRng::seed_from_u64(a.seed);
-        let tokens: Vec<u32> = (0..n_prompt).map(|_| rng.gen_range(0..spec.n_vocab as u32)).collect();
-        let samples = with_spinner(&format!("pp{}", n_prompt), || -> CliResult<Vec<u64>> {
-            time_prefill(model.as_mut(), &tokens)?; // warm-up
-            (0..a.reps).map(|_| time_prefill(model.as_mut(), &tokens)).collect()
-        })?;
-        let r = TestResult { test: format!("pp{}", n_prompt), n_prompt, ..base.clone() };
-        results.push(finish(r, n_prompt, samples));
-    }
-    if n_gen > 0 {
-        let samples = with_spinner(&format!("tg{}", n_gen), || -> CliResult<Vec<u64>> {
-            time_decode(model.as_mut(), bos, 1)?; // warm-up
-            (0..a.reps).map(|_| time_decode(model.as_mut(), bos, n_gen)).collect()
-        })?;
-        let r = TestResult { test: format!("tg{}", n_gen), n_gen, ..base.clone() };
-        let mut r = finish(r, n_gen, samples);
-        let eff = bytes_per_token as f64 * r.avg_ts / 1e9;
-        r.bytes_per_token = Some(bytes_per_token);
-        r.effective_gbps = Some(eff);
-        r.roofline_fraction = bandwidth.map(|bw| eff / bw);
-        results.push(r);
-    }
-
-    let profile = if a.profile {
-        let steps = if n_gen > 0 { n_gen } else { 128 }.min(spec.n_ctx_train);
-        Some(with_spinner("profiling decode", || crate::profile::profile_decode(model.as_mut(), bos, steps))?)
-    } else {
-        None
-    };
-
     let mut out = Out::new();
-    if a.json {
-        writeln!(out, "{}", serde_json::to_string_pretty(&results)?)?;
-        out.flush()?;
-        return Ok(());
-    }
-    print_tables(&mut out, &results)?;
-    if let Some(p) = profile {
-        let tg_ms = results.iter().find(|r| r.n_gen > 0).map(|r| 1e3 / r.avg_ts);
-        writeln!(out)?;
-        crate::profile::print_profile(&mut out, &p, &backend.device_info(), tg_ms)?;
+    match format {
+        OutputFormat::Json => writeln!(out, "{}", serde_json::to_string_pretty(&results)?)?,
+        OutputFormat::Jsonl => {
+            for r in &results {
+                writeln!(out, "{}", serde_json::to_string(r)?)?;
+            }
+        }
+        OutputFormat::Csv => print_csv(&mut out, &results)?,
+        OutputFormat::Md => {
+            print_tables(&mut out, &results)?;
+            if let Some((p, device, tg_ms)) = profile {
+                writeln!(out)?;
+                crate::profile::print_profile(&mut out, &p, &device, tg_ms)?;
+            }
+        }
     }
     out.flush()?;
+    Ok(())
+}
+
+/// The batched mode (`--npl`) on `model`: llama-batched-bench's table, or
+/// its JSONL rows for `-o json|jsonl`.
+fn batched(
+    a: &BenchArgs,
+    model: &mut dyn DeviceModel,
+    base: &TestResult,
+    spec: &ModelSpec,
+    format: OutputFormat,
+) -> CliResult {
+    let n_kv = a.npp.saturating_add(a.ntg);
+    if n_kv > spec.n_ctx_train {
+        return Err(format!("--npp + --ntg is {n_kv} positions, past the training context {}", spec.n_ctx_train).into());
+    }
+    let threads = base.n_threads;
+    let rows = with_spinner(&format!("batched, {threads} threads"), || {
+        crate::bench_batched::run(model, a.npp, a.ntg, &a.npl, threads, a.seed)
+    })?;
+    let what = format!(
+        "{} ({}), backend {} ({}), {threads} threads",
+        base.model_type, base.model_filename, base.backends, base.kernels
+    );
+    let mut out = Out::new();
+    let json = matches!(format, OutputFormat::Json | OutputFormat::Jsonl);
+    crate::bench_batched::print(&mut out, &rows, &what, json)?;
+    out.flush()?;
+    Ok(())
+}
+
+/// The CSV columns: [`TestResult`]'s fields in their order, without the
+/// per-repetition samples (as llama-bench leaves them out).
+const CSV_FIELDS: &[&str] = &[
+    "cpu_info",
+    "gpu_info",
+    "backends",
+    "model_filename",
+    "model_type",
+    "model_size",
+    "model_n_params",
+    "n_threads",
+    "n_gpu_layers",
+    "use_mmap",
+    "n_prompt",
+    "n_gen",
+    "n_depth",
+    "test_time",
+    "avg_ns",
+    "stddev_ns",
+    "avg_ts",
+    "stddev_ts",
+    "test",
+    "kernels",
+    "precision",
+    "synthetic",
+    "device",
+    "repetitions",
+    "bytes_per_token",
+    "effective_gbps",
+    "bandwidth_gbps",
+    "roofline_fraction",
+];
+
+/// llama-bench's CSV: a header of the field names, then one line per test
+/// with every value in double quotes (quotes doubled, booleans as 0 and 1,
+/// an absent value empty).
+fn print_csv(out: &mut Out, results: &[TestResult]) -> CliResult {
+    writeln!(out, "{}", CSV_FIELDS.join(","))?;
+    for r in results {
+        let serde_json::Value::Object(row) = serde_json::to_value(r)? else {
+            return Err("a result is not an object".into());
+        };
+        let values: Vec<String> = CSV_FIELDS
+            .iter()
+            .map(|f| {
+                let v = match row.get(*f) {
+                    Some(serde_json::Value::String(s)) => s.clone(),
+                    Some(serde_json::Value::Bool(b)) => u8::from(*b).to_string(),
+                    Some(serde_json::Value::Null) | None => String::new(),
+                    Some(v) => v.to_string(),
+                };
+                format!("\"{}\"", v.replace('"', "\"\""))
+            })
+            .collect();
+        writeln!(out, "{}", values.join(","))?;
+    }
     Ok(())
 }
 
@@ -467,13 +673,13 @@ fn print_tables(out: &mut Out, results: &[TestResult]) -> std::io::Result<()> {
         writeln!(
             out,
             "| {:<42} | {:>10} | {:>10} | {:<7} | {:<11} | {:<9} | {:>7} | {:>15} | {:>20} |",
-            r.model,
-            human_bytes(r.size_bytes),
-            human_params(r.params),
-            r.backend,
+            r.model_type,
+            human_bytes(r.model_size),
+            human_params(r.model_n_params),
+            r.backends,
             r.kernels,
             r.precision,
-            r.threads,
+            r.n_threads,
             r.test,
             format!("{:.2} ± {:.2}", r.avg_ts, r.stddev_ts)
         )?;
@@ -535,6 +741,61 @@ mod tests {
         assert!(argmax(&v).unwrap_err().contains("index 20"));
         assert_eq!(argmax(&[-3.0, -1.0, -1.0]), Ok(1));
         assert_eq!(argmax(&[f32::NEG_INFINITY; 3]), Ok(0));
+    }
+
+    #[test]
+    fn csv_fields_are_every_scalar_field() {
+        let r = TestResult {
+            cpu_info: String::new(),
+            gpu_info: String::new(),
+            backends: String::new(),
+            model_filename: String::new(),
+            model_type: String::new(),
+            model_size: 0,
+            model_n_params: 0,
+            n_threads: 1,
+            n_gpu_layers: 0,
+            use_mmap: true,
+            n_prompt: 0,
+            n_gen: 0,
+            n_depth: 0,
+            test_time: String::new(),
+            avg_ns: 0,
+            stddev_ns: 0,
+            avg_ts: 0.0,
+            stddev_ts: 0.0,
+            samples_ns: vec![],
+            samples_ts: vec![],
+            test: String::new(),
+            kernels: String::new(),
+            precision: String::new(),
+            synthetic: false,
+            device: String::new(),
+            repetitions: 1,
+            bytes_per_token: None,
+            effective_gbps: None,
+            bandwidth_gbps: None,
+            roofline_fraction: None,
+        };
+        let serde_json::Value::Object(m) = serde_json::to_value(&r).unwrap() else { panic!() };
+        let mut scalar: Vec<&str> = m.iter().filter(|(_, v)| !v.is_array()).map(|(k, _)| k.as_str()).collect();
+        let mut fields = CSV_FIELDS.to_vec();
+        scalar.sort_unstable();
+        fields.sort_unstable();
+        assert_eq!(scalar, fields);
+    }
+
+    #[test]
+    fn lists_and_ranges_as_llama_bench() {
+        assert_eq!(parse_list("512", "-p").unwrap(), [512]);
+        assert_eq!(parse_list("128,512", "-p").unwrap(), [128, 512]);
+        assert_eq!(parse_list("1-4", "-t").unwrap(), [1, 2, 3, 4]);
+        assert_eq!(parse_list("100-400+100,7", "-p").unwrap(), [100, 200, 300, 400, 7]);
+        assert_eq!(parse_list("64-512*2", "-p").unwrap(), [64, 128, 256, 512]);
+        assert!(parse_list("", "-p").unwrap_err().contains("'' is not a number"));
+        assert!(parse_list("0-8*2", "-p").unwrap_err().contains("a range must grow"));
+        assert!(parse_list("4-2", "-p").unwrap_err().contains("no values"));
+        assert!(parse_list("-5", "-n").is_err());
     }
 
     #[test]

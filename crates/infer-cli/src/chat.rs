@@ -1,5 +1,9 @@
 //! `infer chat`: an interactive multi-turn conversation.
 //!
+//! Without `-m`, chat talks to an instruction-tuned model
+//! ([`infer_model::fetch::DEFAULT_CHAT_MODEL_NAME`]); a model without a
+//! chat template, or a known base model, is loaded with a warning.
+//!
 //! Each turn renders the whole conversation with the model's chat template
 //! (`tokenizer.chat_template`, or the documented default) and hands it to
 //! `generate_cached`, which keeps the KV cache between turns and prefills
@@ -15,23 +19,29 @@
 //! Ctrl-C before the flag is cleared ends the process.
 
 use std::io::{BufRead, Write};
-use std::time::Instant;
+use std::path::Path;
 
 use clap::Args;
-use infer_model::chat::{ChatTemplate, Message};
+use infer_model::chat::{ChatTemplate, Message, TemplateSource};
+use infer_model::fetch::KNOWN_MODELS;
 use infer_model::generate::{generate_cached, CachedContext, StopReason};
+use infer_model::gguf::GgufFile;
 use infer_model::sampling::Sampler;
+use infer_model::stop::StopMatcher;
 use infer_model::tokenizer::Tokenizer;
 
-use crate::common::{context_size, n_predict_limit, with_spinner, CliResult, ModelArgs};
+use crate::common::{context_size, n_predict_limit, CliResult, Loaded, ModelArgs, ThreadArgs};
+use crate::prompt::TextArgs;
 use crate::sampling::SamplingArgs;
 
 #[derive(Args)]
 pub struct ChatArgs {
     #[command(flatten)]
     model: ModelArgs,
-    /// System prompt, sent first in every conversation.
-    #[arg(long)]
+    #[command(flatten)]
+    threads: ThreadArgs,
+    /// System prompt, sent first in every conversation (also -sys, --system).
+    #[arg(long = "system-prompt", visible_alias = "system", value_name = "TEXT")]
     system: Option<String>,
     /// Most tokens per reply (-1: until the end of the turn or a full
     /// context).
@@ -39,34 +49,67 @@ pub struct ChatArgs {
     n_predict: i64,
     #[command(flatten)]
     sampling: SamplingArgs,
+    #[command(flatten)]
+    text: TextArgs,
     /// Context length in positions (KV cache) of the whole conversation
     /// [default: 4096, or the model's training context when shorter]; 0 or
     /// more than the training context: the training context (with a
     /// warning when more).
-    #[arg(short = 'c', long, value_name = "N")]
-    ctx_size: Option<usize>,
+    #[arg(short = 'c', long, value_name = "N", allow_negative_numbers = true)]
+    ctx_size: Option<i64>,
+}
+
+/// Whether the model at `path` is instruction-tuned, as far as can be
+/// told: a known model by its cache file, else the file's
+/// `general.finetune` or `general.name` (`Instruct`, `-it`, `chat`).
+fn instruct_tuned(path: &Path, gguf: &GgufFile) -> Option<bool> {
+    let cache = infer_model::fetch::cache_dir();
+    if let Some(m) = KNOWN_MODELS.iter().find(|m| path == cache.join(m.file)) {
+        return Some(m.instruct);
+    }
+    let says_instruct = |s: &str| {
+        let s = s.to_ascii_lowercase();
+        s.contains("instruct") || s.contains("chat") || s.split(|c: char| !c.is_ascii_alphanumeric()).any(|w| w == "it")
+    };
+    if let Ok(f) = gguf.get_str("general.finetune") {
+        return Some(says_instruct(f));
+    }
+    gguf.get_str("general.name").ok().filter(|n| says_instruct(n)).map(|_| true)
 }
 
 pub fn chat(a: ChatArgs) -> CliResult {
     let max_tokens = n_predict_limit(a.n_predict)?;
-    let path = a.model.resolve_model()?;
-    let t0 = Instant::now();
-    let gguf = a.model.open_at(&path)?;
-    let backend = a.model.backend()?;
-    let spec = infer_model::model::load_spec(&gguf)?;
-    let tokenizer = Tokenizer::from_gguf(&gguf)?;
-    let template = ChatTemplate::from_gguf(&gguf, &tokenizer)?;
-    let mut model = with_spinner("loading model", || backend.prepare(&spec))?;
-    let n_ctx = context_size(a.ctx_size, spec.n_ctx_train);
+    let stops = a.text.stop_strings()?;
+    // Without -m (or $INFER_MODEL), an instruction-tuned model: the default
+    // model of `run` is a base model, which continues text.
+    let path = a.model.resolve_model_or(infer_model::fetch::DEFAULT_CHAT_MODEL_NAME)?;
+    let (loaded, (tokenizer, template, n_ctx, cfg)) = a.model.load(&path, a.threads.threads, |gguf, spec| {
+        let tokenizer = Tokenizer::from_gguf(gguf)?;
+        let template = ChatTemplate::from_gguf(gguf, &tokenizer)?;
+        let n_ctx = context_size(a.ctx_size, spec.n_ctx_train)?;
+        let cfg = a.sampling.config(n_ctx)?;
+        if template.source() != TemplateSource::Gguf {
+            eprintln!("warning: {} has no chat template; using {}", path.display(), template.source());
+        }
+        if instruct_tuned(&path, gguf) == Some(false) {
+            eprintln!(
+                "warning: {} is a pre-trained (base) model: it continues text rather than answering (`infer chat` \
+                 without -m uses {}, an instruction-tuned model)",
+                path.display(),
+                infer_model::fetch::DEFAULT_CHAT_MODEL_NAME
+            );
+        }
+        Ok((tokenizer, template, n_ctx, cfg))
+    })?;
+    let Loaded { backend, mut model, load_time, .. } = loaded;
     let mut ctx = CachedContext::new(model.as_ref(), n_ctx)?;
-    let cfg = a.sampling.config(n_ctx)?;
     let mut sampler = Sampler::new(cfg.clone())?;
     eprintln!(
         "{} on {}, loaded in {:.2} s; context {n_ctx} tokens; sampling: seed {}, {}. /reset starts over, /exit (or \
          end of input) leaves, Ctrl-C stops a reply.",
         path.display(),
         backend.device_info(),
-        t0.elapsed().as_secs_f64(),
+        load_time.as_secs_f64(),
         cfg.seed,
         cfg.chain()
     );
@@ -93,7 +136,14 @@ pub fn chat(a: ChatArgs) -> CliResult {
             eprintln!("that line is not valid UTF-8; it was not sent");
             continue;
         };
-        let text = line.trim();
+        let text = match a.text.process(line.trim().to_string(), "the input line") {
+            Ok(t) => t,
+            Err(e) => {
+                eprintln!("{e}; it was not sent");
+                continue;
+            }
+        };
+        let text = text.as_str();
         match text {
             "" => continue,
             "/exit" | "/quit" => break,
@@ -120,19 +170,29 @@ pub fn chat(a: ChatArgs) -> CliResult {
         crate::interrupt::clear();
         let mut reply = String::new();
         let mut write_error: Option<std::io::Error> = None;
-        let stats = generate_cached(model.as_mut(), &mut ctx, &tokenizer, &ids, max_tokens, &mut sampler, |s| {
+        // A stop string ends the reply; it is not shown, nor kept in the
+        // conversation.
+        let mut matcher = StopMatcher::new(stops.iter().cloned());
+        let mut emit = |s: &str, out: &mut crate::output::Out| -> bool {
             reply.push_str(s);
             if let Err(e) = out.write_all(s.as_bytes()).and_then(|_| out.flush()) {
                 write_error = Some(e);
                 return false;
             }
-            !crate::interrupt::requested()
+            true
+        };
+        let stats = generate_cached(model.as_mut(), &mut ctx, &tokenizer, &ids, max_tokens, &mut sampler, |s| {
+            let step = matcher.push(s);
+            emit(&step.text, &mut out) && !step.stopped && !crate::interrupt::requested()
         })?;
+        let tail = matcher.finish();
+        emit(&tail, &mut out);
         if let Some(e) = write_error {
             return Err(format!("writing the output: {e}").into());
         }
         writeln!(out)?;
         let stop = match stats.stop {
+            _ if matcher.is_stopped() => "stop string",
             StopReason::EndOfGeneration => "end of turn",
             StopReason::MaxTokens => "-n reached",
             StopReason::ContextFull => "context full",

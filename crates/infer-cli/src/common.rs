@@ -1,29 +1,36 @@
-//! Options shared by the subcommands: model path, backend, threads, and
-//! the one rule for contexts longer than the model's training context.
+//! Options shared by the subcommands: model path, backend (with llama.cpp's
+//! `-ngl` and `-dev`), threads, the one loading sequence of `run`, `chat`
+//! and `bench`, and the one rule for contexts longer than the model's
+//! training context.
 
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use clap::{Args, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
 use infer_compute::cpu::{CpuBackend, Kernels, Precision};
-use infer_compute::ComputeBackend;
+use infer_compute::pipeline::ModelSpec;
+use infer_compute::{ComputeBackend, DeviceModel};
 use infer_model::gguf::GgufFile;
 
 /// Where the model comes from and what runs it.
 #[derive(Args, Clone, Debug)]
 pub struct ModelArgs {
-    /// Model: a GGUF file, or a known name (`infer models` lists them), fetched, verified and cached on first
-    /// use [default: gemma3-270m, or $INFER_MODEL]
+    /// Model: a GGUF file, or a known name (`infer models` lists them; any case), fetched, verified and cached on
+    /// first use [default: gemma3-270m (chat: smollm2-135m), or $INFER_MODEL]
     #[arg(short, long, value_name = "NAME|FILE")]
     pub model: Option<PathBuf>,
-    /// Compute backend.
-    #[arg(long, value_enum, default_value_t = BackendKind::Auto)]
-    pub backend: BackendKind,
-    /// CPU threads (default: all cores; at most 4 × the cores, larger values
-    /// are capped with a warning).
-    #[arg(short, long, value_name = "N")]
-    pub threads: Option<usize>,
+    /// Compute backend [default: auto].
+    #[arg(long, value_enum)]
+    pub backend: Option<BackendKind>,
+    /// llama.cpp's GPU layers (also -ngl), all or nothing (a model runs wholly on one device): 0 runs on the CPU, any other
+    /// number (or `all`, or -1) on the GPU, `auto` as --backend says; without a usable GPU, a warning and the CPU.
+    #[arg(long = "n-gpu-layers", visible_alias = "gpu-layers", value_name = "N", allow_negative_numbers = true)]
+    pub n_gpu_layers: Option<String>,
+    /// llama.cpp's device: `none` or `cpu` runs on the CPU, `cuda` or `CUDA0` on the first NVIDIA GPU, `auto` as
+    /// --backend says (also -dev).
+    #[arg(long, value_name = "NAME")]
+    pub device: Option<String>,
     /// CPU arithmetic: `quantized` (as ggml: 8-bit activations, integer dot
     /// products with the GGUF blocks) or `exact` (weights dequantized to f32
     /// once, f32 activations).
@@ -34,6 +41,29 @@ pub struct ModelArgs {
     /// in use ends the process with SIGBUS).
     #[arg(long)]
     pub no_mmap: bool,
+}
+
+/// The CPU thread count of `run`, `chat` and `info` (`bench` takes a list).
+#[derive(Args, Clone, Debug, Default)]
+pub struct ThreadArgs {
+    /// CPU threads (default: all cores; at most 4 × the cores, larger values
+    /// are capped with a warning).
+    #[arg(short, long, value_name = "N")]
+    pub threads: Option<usize>,
+}
+
+/// Where a model runs, as asked by `--backend`, `-ngl` and `-dev` together.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Placement {
+    /// Nothing asked: the best device (`--backend auto`).
+    Auto,
+    /// The CPU.
+    Cpu,
+    /// The GPU, required (`--backend cuda`, `-dev cuda`).
+    Gpu,
+    /// The GPU when there is a usable one, else the CPU with a warning
+    /// (llama.cpp's `-ngl N` without a GPU).
+    GpuIfAny,
 }
 
 /// Backend choice.
@@ -54,6 +84,17 @@ pub enum PrecisionArg {
     Quantized,
     /// Weights dequantized to f32 once, f32 activations.
     Exact,
+}
+
+impl BackendKind {
+    /// `auto`, `cpu` or `cuda`.
+    pub fn name(self) -> &'static str {
+        match self {
+            BackendKind::Auto => "auto",
+            BackendKind::Cpu => "cpu",
+            BackendKind::Cuda => "cuda",
+        }
+    }
 }
 
 impl PrecisionArg {
@@ -107,14 +148,16 @@ pub fn thread_count(requested: Option<usize>) -> CliResult<usize> {
     Ok(threads)
 }
 
-/// The token limit of `-n N` (`run`, `chat`): `-1` means no limit (until
-/// the end of generation or a full context).
+/// The token limit of `-n N` (`run`, `chat`): `-1` (and llama.cpp's `-2`)
+/// means no limit (until the end of generation or a full context).
 ///
 /// # Errors
 /// A value below -1.
 pub fn n_predict_limit(n: i64) -> CliResult<usize> {
     match n {
-        -1 => Ok(usize::MAX),
+        // llama.cpp's -2, "until the context is filled", is the same here:
+        // generation ends at a full context either way.
+        -1 | -2 => Ok(usize::MAX),
         n if n >= 0 => Ok(n as usize),
         n => Err(format!("-n {n}: give a number of tokens, or -1 for no limit").into()),
     }
@@ -145,11 +188,20 @@ const DEFAULT_CTX: usize = 4096;
 
 /// The context length of `run` and `chat` from `-c` (see [`fit_context`])
 /// or, without it, [`DEFAULT_CTX`].
-pub fn context_size(requested: Option<usize>, n_ctx_train: usize) -> usize {
-    match requested {
-        Some(c) => fit_context(c, n_ctx_train, "--ctx-size"),
+///
+/// # Errors
+/// A negative `-c`: llama.cpp gives negative sizes no meaning either.
+pub fn context_size(requested: Option<i64>, n_ctx_train: usize) -> CliResult<usize> {
+    Ok(match requested {
+        Some(c) if c < 0 => {
+            return Err(format!(
+                "-c {c}: give a number of positions, or 0 for the model's training context ({n_ctx_train})"
+            )
+            .into())
+        }
+        Some(c) => fit_context(usize::try_from(c).unwrap_or(usize::MAX), n_ctx_train, "--ctx-size"),
         None => DEFAULT_CTX.min(n_ctx_train),
-    }
+    })
 }
 
 pub type CliResult<T = ()> = Result<T, Box<dyn std::error::Error>>;
@@ -169,10 +221,15 @@ impl ModelArgs {
         }
     }
 
-    /// Opens the model file: memory-mapped, or read into memory with
-    /// `--no-mmap`.
-    pub fn open(&self) -> CliResult<GgufFile> {
-        self.open_at(&self.resolve_model()?)
+    /// As [`Self::resolve_model`], with the known model `default` instead
+    /// of the default model when neither `--model` nor `$INFER_MODEL` is
+    /// given (`chat` defaults to an instruction-tuned model).
+    pub fn resolve_model_or(&self, default: &str) -> CliResult<PathBuf> {
+        let env_set = std::env::var_os(infer_model::fetch::MODEL_ENV).is_some_and(|v| !v.is_empty());
+        if self.model.is_none() && !env_set {
+            return Ok(infer_model::fetch::ensure_model(default)?);
+        }
+        self.resolve_model()
     }
 
     /// Opens the model file at `path` (resolved by [`Self::resolve_model`]):
@@ -182,27 +239,147 @@ impl ModelArgs {
         Ok(if self.no_mmap { GgufFile::read(path)? } else { GgufFile::open(path)? })
     }
 
-    /// The backend to run on.
-    pub fn backend(&self) -> CliResult<Box<dyn ComputeBackend>> {
+    /// Where the model runs: `--backend`, `-ngl` and `-dev` combined.
+    ///
+    /// # Errors
+    /// A value none of them takes; two of them that disagree (`--backend cpu
+    /// -ngl 99`), named with their values.
+    pub fn placement(&self) -> CliResult<Placement> {
+        // (what the user wrote, what it asks for); `None`: no preference.
+        let mut asks: Vec<(String, Option<bool>)> = Vec::new();
+        if let Some(b) = self.backend {
+            let gpu = match b {
+                BackendKind::Auto => None,
+                BackendKind::Cpu => Some(false),
+                BackendKind::Cuda => Some(true),
+            };
+            asks.push((format!("--backend {}", b.name()), gpu));
+        }
+        if let Some(n) = &self.n_gpu_layers {
+            let gpu = match n.to_ascii_lowercase().as_str() {
+                "auto" => None,
+                "all" => Some(true),
+                v => match v.parse::<i64>() {
+                    Ok(0) => Some(false),
+                    Ok(_) => Some(true),
+                    Err(_) => {
+                        return Err(format!(
+                            "-ngl {n}: give a number of layers (0: the CPU, any other: the GPU), `all` or `auto`"
+                        )
+                        .into())
+                    }
+                },
+            };
+            asks.push((format!("-ngl {n}"), gpu));
+        }
+        if let Some(d) = &self.device {
+            asks.push((format!("-dev {d}"), device_is_gpu(d)?));
+        }
+        let decided: Vec<&(String, Option<bool>)> = asks.iter().filter(|(_, g)| g.is_some()).collect();
+        if let Some(w) = decided.windows(2).find(|w| w[0].1 != w[1].1) {
+            let (a, b) = (&w[0].0, &w[1].0);
+            return Err(format!(
+                "{a} and {b} disagree: one asks for the CPU, the other for the GPU (-ngl 0, -dev none and --backend \
+                 cpu mean the CPU; any other -ngl, -dev cuda and --backend cuda the GPU)"
+            )
+            .into());
+        }
+        Ok(match decided.first() {
+            None => Placement::Auto,
+            Some((_, Some(false))) => Placement::Cpu,
+            // Only -ngl asked for the GPU: as llama.cpp, the CPU when there is none.
+            Some(_) if decided.iter().all(|(what, _)| what.starts_with("-ngl")) => Placement::GpuIfAny,
+            Some(_) => Placement::Gpu,
+        })
+    }
+
+    /// The backend to run on, with `threads` CPU threads (`None`: all
+    /// cores).
+    pub fn backend(&self, threads: Option<usize>) -> CliResult<Box<dyn ComputeBackend>> {
         let precision = match self.precision {
             PrecisionArg::Quantized => Precision::Quantized,
             PrecisionArg::Exact => Precision::Exact,
         };
-        let threads = thread_count(self.threads)?;
-        match self.backend {
-            BackendKind::Auto if self.threads.is_none() && precision == Precision::Quantized => {
+        let placement = self.placement()?;
+        let count = thread_count(threads)?;
+        match placement {
+            Placement::Auto if threads.is_none() && precision == Precision::Quantized => {
                 warn_simd_env();
                 return Ok(infer_compute::default_backend());
             }
-            BackendKind::Cuda if precision == Precision::Exact => {
+            Placement::Gpu | Placement::GpuIfAny if precision == Precision::Exact => {
                 return Err("--precision exact runs on the CPU only (use --backend cpu)".into());
             }
-            BackendKind::Cuda => return cuda_backend(),
+            Placement::Gpu => return cuda_backend(),
+            Placement::GpuIfAny => match cuda_backend() {
+                Ok(b) => return Ok(b),
+                Err(e) => {
+                    let n = self.n_gpu_layers.as_deref().unwrap_or("");
+                    eprintln!("warning: -ngl {n}: no usable GPU ({e}); running on the CPU");
+                }
+            },
             _ => {}
         }
         warn_simd_env();
-        Ok(Box::new(CpuBackend::with_options(threads, Kernels::detect(), precision)?))
+        Ok(Box::new(CpuBackend::with_options(count, Kernels::detect(), precision)?))
     }
+
+    /// Opens the model at `path` (resolved by [`Self::resolve_model`]),
+    /// reads its architecture, runs `check` on it (the tokenizer, the
+    /// prompt: what can fail before the weights are prepared), creates the
+    /// backend and prepares the model on it, with a spinner. `run`, `chat`
+    /// and `bench` all load through here.
+    ///
+    /// # Errors
+    /// The file's, the architecture's, `check`'s and the backend's errors.
+    pub fn load<T>(
+        &self,
+        path: &Path,
+        threads: Option<usize>,
+        check: impl FnOnce(&GgufFile, &ModelSpec) -> CliResult<T>,
+    ) -> CliResult<(Loaded, T)> {
+        let t0 = Instant::now();
+        let gguf = self.open_at(path)?;
+        let spec = infer_model::model::load_spec(&gguf).map_err(|e| format!("{}: {e}", path.display()))?;
+        let backend = self.backend(threads)?;
+        let checked = check(&gguf, &spec)?;
+        let model = with_spinner("loading model", || backend.prepare(&spec))?;
+        let loaded = Loaded { gguf, spec, backend, model, load_time: t0.elapsed() };
+        Ok((loaded, checked))
+    }
+}
+
+/// A model prepared on its backend ([`ModelArgs::load`]).
+pub struct Loaded {
+    /// The open file (metadata, tokenizer).
+    pub gguf: GgufFile,
+    /// The architecture read from it.
+    pub spec: ModelSpec,
+    /// The backend it runs on.
+    pub backend: Box<dyn ComputeBackend>,
+    /// The prepared model.
+    pub model: Box<dyn DeviceModel>,
+    /// Opening, checking and preparing, without a download.
+    pub load_time: Duration,
+}
+
+/// What `-dev NAME` asks for: `Some(true)` the GPU, `Some(false)` the CPU,
+/// `None` no preference (`auto`).
+///
+/// # Errors
+/// A device this build has no name for, or a GPU other than the first.
+fn device_is_gpu(name: &str) -> CliResult<Option<bool>> {
+    let lower = name.trim().to_ascii_lowercase();
+    match lower.as_str() {
+        "auto" => return Ok(None),
+        "none" | "cpu" => return Ok(Some(false)),
+        "cuda" | "cuda0" | "gpu" => return Ok(Some(true)),
+        _ => {}
+    }
+    if lower.strip_prefix("cuda").is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit())) {
+        return Err(format!("-dev {name}: only the first NVIDIA GPU (CUDA0) can run a model").into());
+    }
+    Err(format!("-dev {name}: unknown device (choose from none, cpu, cuda, CUDA0, auto)").into())
 }
 
 /// Warns when `INFER_CPU_SIMD` names a level this processor lacks (the

@@ -21,8 +21,10 @@ mod bench;
 mod bench_batched;
 mod chat;
 mod common;
+mod ignore_eos;
 mod info;
 mod interrupt;
+mod llama_args;
 mod models;
 mod output;
 mod profile;
@@ -51,9 +53,10 @@ enum Command {
     Info(info::InfoArgs),
     /// Measure prefill and decode tokens per second (llama-bench's tests and table).
     Bench(bench::BenchArgs),
-    /// Chat with a model: multi-turn, the KV cache kept between turns, replies streamed.
+    /// Chat with a model (by default the instruction-tuned smollm2-135m): multi-turn, the KV cache kept between
+    /// turns, replies streamed.
     Chat(chat::ChatArgs),
-    /// List the models known by name: size, family, quantization, and whether each is cached.
+    /// List the models known by name: size, family, quantization, base or instruct, and whether each is cached.
     Models(models::ModelsArgs),
     /// Write a GGUF with random weights and a real model's shapes, metadata and tensor types.
     Synth(synth::SynthArgs),
@@ -68,7 +71,16 @@ fn main() -> ExitCode {
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
-    let cli = match Cli::try_parse() {
+    // llama.cpp's multi-letter flags (`-ngl 99`) before clap, which would
+    // read them as a short flag and its value (`-n gl`).
+    let args = match llama_args::rewrite_args(std::env::args_os().collect()) {
+        Ok(args) => args,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let cli = match Cli::try_parse_from(args) {
         Ok(cli) => cli,
         Err(e) => return parse_error(e),
     };

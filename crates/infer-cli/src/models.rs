@@ -3,7 +3,7 @@
 use std::io::Write;
 
 use clap::Args;
-use infer_model::fetch::{cache_dir, verify, DEFAULT_MODEL_NAME, KNOWN_MODELS};
+use infer_model::fetch::{cache_dir, verify, DEFAULT_CHAT_MODEL_NAME, DEFAULT_MODEL_NAME, KNOWN_MODELS};
 
 use crate::common::CliResult;
 use crate::output::Out;
@@ -13,11 +13,12 @@ use crate::output::Out;
 pub struct ModelsArgs {}
 
 /// Prints one row per known model: name, file size, family, quantization,
-/// and whether a verified copy is in the cache (with its path).
+/// base or instruct, and whether a verified copy is in the cache (with its
+/// path); then a line saying what the model is.
 pub fn models(_a: ModelsArgs) -> CliResult {
     let dir = cache_dir();
     let mut out = Out::new();
-    writeln!(out, "{:<14} {:>9}  {:<7} {:<7} cached", "name", "size", "family", "quant")?;
+    writeln!(out, "{:<15} {:>9}  {:<7} {:<7} {:<9} cached", "name", "size", "family", "quant", "kind")?;
     for m in KNOWN_MODELS {
         let path = dir.join(m.file);
         let cached = if verify::is_vouched(&path, m) {
@@ -27,10 +28,27 @@ pub fn models(_a: ModelsArgs) -> CliResult {
         } else {
             "no (fetched on first use)".to_string()
         };
-        let name = if m.name == DEFAULT_MODEL_NAME { format!("{} *", m.name) } else { m.name.to_string() };
-        writeln!(out, "{name:<14} {:>6.1} MB  {:<7} {:<7} {cached}", m.size as f64 / 1e6, m.family, m.quantization)?;
+        let mark = match m.name {
+            DEFAULT_MODEL_NAME => " *",
+            DEFAULT_CHAT_MODEL_NAME => " **",
+            _ => "",
+        };
+        let name = format!("{}{mark}", m.name);
+        writeln!(
+            out,
+            "{name:<15} {:>6.1} MB  {:<7} {:<7} {:<9} {cached}",
+            m.size as f64 / 1e6,
+            m.family,
+            m.quantization,
+            m.kind()
+        )?;
+        writeln!(out, "    {}", m.description)?;
     }
-    writeln!(out, "\n* default. Use a name with `--model NAME`; cache: {}", dir.display())?;
+    writeln!(
+        out,
+        "\n* default of run, info and bench; ** default of chat. Use a name (any case) with `--model NAME`; cache: {}",
+        dir.display()
+    )?;
     out.flush()?;
     Ok(())
 }

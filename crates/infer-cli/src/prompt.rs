@@ -28,6 +28,12 @@ pub struct PromptArgs {
 }
 
 impl PromptArgs {
+    /// Whether the prompt comes from `-p` or `-f`, whose text llama.cpp
+    /// processes escapes in (`-e`).
+    pub fn is_flag_text(&self) -> bool {
+        self.prompt.is_some() || self.file.is_some()
+    }
+
     /// The prompt text.
     ///
     /// # Errors
@@ -71,4 +77,57 @@ fn drop_final_newline(mut s: String) -> String {
         }
     }
     s
+}
+
+/// llama.cpp's stop strings and escape processing, shared by `run` and
+/// `chat`.
+#[derive(Args, Clone, Debug, Default)]
+pub struct TextArgs {
+    /// Stop when the model writes TEXT (llama.cpp's reverse prompt, a stop string; repeatable): the text before it
+    /// is printed, the stop string is not.
+    #[arg(short = 'r', long = "reverse-prompt", value_name = "TEXT")]
+    pub reverse_prompt: Vec<String>,
+    /// Process escapes (\n, \r, \t, \', \", \\, \xHH) in -p, -f, -r and chat input, as llama.cpp [default: on].
+    #[arg(short = 'e', long = "escape", overrides_with = "no_escape")]
+    pub escape: bool,
+    /// Take -p, -f, -r and chat input as written (no escape processing).
+    #[arg(long = "no-escape", overrides_with = "escape")]
+    pub no_escape: bool,
+}
+
+impl TextArgs {
+    /// Whether escapes are processed (`-e`, the default, unless `--no-escape`).
+    pub fn escapes(&self) -> bool {
+        !self.no_escape
+    }
+
+    /// `text` with its escapes processed when they are on; `what` names it
+    /// in errors.
+    ///
+    /// # Errors
+    /// `\xHH` escapes that do not form UTF-8.
+    pub fn process(&self, text: String, what: &str) -> CliResult<String> {
+        if self.escapes() {
+            Ok(crate::llama_args::process_escapes(&text, what)?)
+        } else {
+            Ok(text)
+        }
+    }
+
+    /// The stop strings of `-r`, escapes processed.
+    ///
+    /// # Errors
+    /// An empty stop string; bad escapes.
+    pub fn stop_strings(&self) -> CliResult<Vec<String>> {
+        self.reverse_prompt
+            .iter()
+            .map(|r| {
+                let s = self.process(r.clone(), "-r")?;
+                if s.is_empty() {
+                    return Err("-r: a stop string cannot be empty".into());
+                }
+                Ok(s)
+            })
+            .collect()
+    }
 }

@@ -1,17 +1,20 @@
 //! `infer run`: generate text.
 
 use std::io::{IsTerminal, Write};
-use std::time::Instant;
 
 use clap::Args;
+use infer_compute::DeviceModel;
 use infer_model::chat::{ChatTemplate, Message};
 use infer_model::generate::{generate_with_progress, StopReason};
 use infer_model::sampling::Sampler;
+use infer_model::stop::StopMatcher;
 use infer_model::tokenizer::Tokenizer;
+use serde::Serialize;
 
-use crate::common::{context_size, n_predict_limit, with_spinner, CliResult, ModelArgs};
+use crate::common::{context_size, n_predict_limit, CliResult, Loaded, ModelArgs, ThreadArgs};
+use crate::ignore_eos::IgnoreEos;
 use crate::output::Out;
-use crate::prompt::PromptArgs;
+use crate::prompt::{PromptArgs, TextArgs};
 use crate::sampling::SamplingArgs;
 
 /// Prompt tokens per prefill pass: progress is shown and Ctrl-C is honoured
@@ -22,7 +25,9 @@ const PREFILL_CHUNK: usize = 512;
 pub struct RunArgs {
     #[command(flatten)]
     model: ModelArgs,
-    /// Tokens to generate (-1: until the end of generation or a full context).
+    #[command(flatten)]
+    threads: ThreadArgs,
+    /// Tokens to generate (-1, or llama.cpp's -2: until the end of generation or a full context).
     #[arg(short = 'n', long, value_name = "N", default_value_t = 64, allow_negative_numbers = true)]
     n_predict: i64,
     #[command(flatten)]
@@ -30,17 +35,80 @@ pub struct RunArgs {
     /// Context length in positions (KV cache) [default: 4096, or the model's
     /// training context when shorter]; 0 or more than the training context:
     /// the training context (with a warning when more).
-    #[arg(short = 'c', long, value_name = "N")]
-    ctx_size: Option<usize>,
+    #[arg(short = 'c', long, value_name = "N", allow_negative_numbers = true)]
+    ctx_size: Option<i64>,
     /// Wrap the prompt in the model's chat template.
     #[arg(long)]
     chat: bool,
+    /// System prompt, sent before the prompt (with --chat; also -sys).
+    #[arg(long = "system-prompt", value_name = "TEXT", requires = "chat")]
+    system_prompt: Option<String>,
+    #[command(flatten)]
+    text: TextArgs,
+    /// Do not print the prompt before the generated text.
+    #[arg(long)]
+    no_display_prompt: bool,
+    /// Never end at an end-of-generation token (llama.cpp: their logits become minus infinity); generate to -n or a
+    /// full context.
+    #[arg(long)]
+    ignore_eos: bool,
+    /// Print the prompt's token ids and pieces on stderr before generating, as llama.cpp.
+    #[arg(long)]
+    verbose_prompt: bool,
+    /// Print one JSON object on stdout at the end instead of the text and statistics: the text, the token counts,
+    /// the stop reason and the timings.
+    #[arg(long)]
+    json: bool,
     /// Print the effective settings (sampler chain, context, model) before
     /// generating.
     #[arg(short = 'v', long)]
     verbose: bool,
     #[command(flatten)]
     prompt: PromptArgs,
+}
+
+/// What `run --json` prints.
+#[derive(Serialize)]
+struct RunJson {
+    model: String,
+    backend: String,
+    prompt: String,
+    text: String,
+    prompt_tokens: usize,
+    generated_tokens: usize,
+    /// `max tokens`, `end of generation`, `stop string`, `context full`,
+    /// `interrupted`.
+    stop: &'static str,
+    stop_string: Option<String>,
+    seed: u64,
+    sampler: String,
+    timings: Timings,
+}
+
+/// Timings of `run --json`, with llama-server's names.
+#[derive(Serialize)]
+struct Timings {
+    load_ms: f64,
+    prompt_n: usize,
+    prompt_ms: f64,
+    prompt_per_second: f64,
+    predicted_n: usize,
+    predicted_ms: f64,
+    predicted_per_second: f64,
+}
+
+/// llama.cpp's `--verbose-prompt` lines: the prompt, its token count and
+/// one `id -> 'piece'` line per token.
+pub fn print_verbose_prompt(prompt: &str, ids: &[u32], tokenizer: &Tokenizer) {
+    eprintln!("prompt: '{prompt}'");
+    eprintln!("number of tokens in prompt = {}", ids.len());
+    for &id in ids {
+        // The token's own bytes, as llama.cpp's `common_token_to_piece`
+        // (a space where SentencePiece has `▁`; part of a character shown
+        // as U+FFFD).
+        let piece = tokenizer.token_bytes(id).map(String::from_utf8_lossy).unwrap_or_default();
+        eprintln!("{id:6} -> '{piece}'");
+    }
 }
 
 /// "1 token", "2 tokens".
@@ -54,39 +122,45 @@ pub fn tokens(n: usize) -> String {
 
 pub fn run(a: RunArgs) -> CliResult {
     let max_tokens = n_predict_limit(a.n_predict)?;
-    let prompt = a.prompt.text()?;
+    let mut prompt = a.prompt.text()?;
+    if a.prompt.is_flag_text() {
+        prompt = a.text.process(prompt, "-p")?;
+    }
+    let stops = a.text.stop_strings()?;
     // A first use fetches the model: its download time is reported on its
     // own line, not counted as load time.
     let path = a.model.resolve_model()?;
-    let t0 = Instant::now();
-    let gguf = a.model.open_at(&path)?;
-    let backend = a.model.backend()?;
-    let spec = infer_model::model::load_spec(&gguf)?;
-    let tokenizer = Tokenizer::from_gguf(&gguf)?;
-    let n_ctx = context_size(a.ctx_size, spec.n_ctx_train);
-    // Validated as given, also when greedy decoding ignores them; at
-    // temperature 0 the penalties still apply (as in llama.cpp), and the
-    // filters cannot change the most likely token.
-    let cfg = a.sampling.config(n_ctx)?;
     // The prompt before the weights: a bad chat template or a prompt too
     // long for the context is reported at once (and a slow template can be
     // stopped by Ctrl-C like any step before the model loads).
-    let ids = if a.chat {
-        ChatTemplate::from_gguf(&gguf, &tokenizer)?.encode(&tokenizer, &[Message::user(prompt.as_str())], true)?
-    } else {
-        tokenizer.encode(&prompt, true)
-    };
-    if ids.len() >= n_ctx {
-        return Err(format!(
-            "the prompt has {} token{}; a context of {n_ctx} position{} leaves no room to generate (raise --ctx-size or shorten the prompt)",
-            ids.len(),
-            if ids.len() == 1 { "" } else { "s" },
-            if n_ctx == 1 { "" } else { "s" }
-        )
-        .into());
-    }
-    let mut model = with_spinner("loading model", || backend.prepare(&spec))?;
-    let load_time = t0.elapsed();
+    let (loaded, (tokenizer, n_ctx, cfg, ids)) = a.model.load(&path, a.threads.threads, |gguf, spec| {
+        let tokenizer = Tokenizer::from_gguf(gguf)?;
+        let n_ctx = context_size(a.ctx_size, spec.n_ctx_train)?;
+        // Validated as given, also when greedy decoding ignores them; at
+        // temperature 0 the penalties still apply (as in llama.cpp), and the
+        // filters cannot change the most likely token.
+        let cfg = a.sampling.config(n_ctx)?;
+        let ids = if a.chat {
+            let mut messages: Vec<Message> = a.system_prompt.iter().map(|s| Message::system(s.as_str())).collect();
+            messages.push(Message::user(prompt.as_str()));
+            ChatTemplate::from_gguf(gguf, &tokenizer)?.encode(&tokenizer, &messages, true)?
+        } else {
+            tokenizer.encode(&prompt, true)
+        };
+        if ids.len() >= n_ctx {
+            return Err(format!(
+                "the prompt has {} token{}; a context of {n_ctx} position{} leaves no room to generate (raise --ctx-size or shorten the prompt)",
+                ids.len(),
+                if ids.len() == 1 { "" } else { "s" },
+                if n_ctx == 1 { "" } else { "s" }
+            )
+            .into());
+        }
+        Ok((tokenizer, n_ctx, cfg, ids))
+    })?;
+    let Loaded { backend, spec, model, load_time, .. } = loaded;
+    let mut model: Box<dyn DeviceModel> =
+        if a.ignore_eos { Box::new(IgnoreEos::new(model, tokenizer.eog_ids())) } else { model };
     // From here on, Ctrl-C stops the prefill or the generation at the next
     // step and the statistics are still printed (a second one exits).
     crate::interrupt::graceful();
@@ -106,10 +180,13 @@ pub fn run(a: RunArgs) -> CliResult {
         eprintln!("sampler chain: {}", cfg.chain());
         eprintln!("sampler params: {cfg}");
     }
+    if a.verbose_prompt {
+        print_verbose_prompt(&prompt, &ids, &tokenizer);
+    }
     let mut sampler = Sampler::new(cfg.clone())?;
 
     let mut out = Out::new();
-    if !a.chat {
+    if !a.chat && !a.no_display_prompt && !a.json {
         write!(out, "{prompt}")?;
     }
     out.flush()?;
@@ -123,9 +200,25 @@ pub fn run(a: RunArgs) -> CliResult {
         }
         !crate::interrupt::requested()
     };
-    // Stop generating at the first failed write (e.g. a closed pipe) or at
-    // Ctrl-C.
+    // Stop generating at a stop string, at the first failed write (e.g. a
+    // closed pipe) or at Ctrl-C. Text that could be the start of a stop
+    // string is held back until it is not.
+    let mut matcher = StopMatcher::new(stops);
+    let mut text = String::new();
     let mut write_error: Option<std::io::Error> = None;
+    let mut emit = |s: &str, out: &mut Out, text: &mut String| -> bool {
+        text.push_str(s);
+        if a.json || s.is_empty() {
+            return true;
+        }
+        match out.write_all(s.as_bytes()).and_then(|_| out.flush()) {
+            Ok(()) => true,
+            Err(e) => {
+                write_error = Some(e);
+                false
+            }
+        }
+    };
     let stats = generate_with_progress(
         model.as_mut(),
         &tokenizer,
@@ -139,13 +232,8 @@ pub fn run(a: RunArgs) -> CliResult {
             if crate::interrupt::requested() {
                 return false;
             }
-            match out.write_all(s.as_bytes()).and_then(|_| out.flush()) {
-                Ok(()) => true,
-                Err(e) => {
-                    write_error = Some(e);
-                    false
-                }
-            }
+            let step = matcher.push(s);
+            emit(&step.text, &mut out, &mut text) && !step.stopped
         },
     );
     if show_progress {
@@ -155,38 +243,69 @@ pub fn run(a: RunArgs) -> CliResult {
     let stats = stats.inspect_err(|_| {
         let _ = writeln!(out).and_then(|_| out.flush());
     })?;
+    // The end of generation releases what was held back.
+    let tail = matcher.finish();
+    emit(&tail, &mut out, &mut text);
     if let Some(e) = write_error {
         return Err(e.into());
     }
-    writeln!(out)?;
-    out.flush()?;
-    let interrupted = crate::interrupt::requested() && stats.stop == StopReason::Stopped;
-    eprintln!();
-    eprintln!("backend:  {}", backend.device_info());
-    eprintln!("load:     {:.2} s", load_time.as_secs_f64());
-    eprintln!(
-        "prefill:  {} in {:.3} s ({:.1} tokens/s)",
-        tokens(stats.prompt_tokens),
-        stats.prefill_time.as_secs_f64(),
-        stats.prefill_tps()
-    );
+    let interrupted = crate::interrupt::requested() && stats.stop == StopReason::Stopped && !matcher.is_stopped();
     // The first generated token comes from the prefill's logits, so the
     // decode rate counts the tokens after it.
     let stop = match stats.stop {
         _ if interrupted => "interrupted",
+        _ if matcher.is_stopped() => "stop string",
         StopReason::MaxTokens => "max tokens",
         StopReason::EndOfGeneration => "end of generation",
         StopReason::ContextFull => "context full",
         StopReason::Stopped => "stopped",
     };
-    eprintln!(
-        "decode:   {} ({} after the first) in {:.3} s ({:.1} tokens/s), stop: {stop}",
-        tokens(stats.generated_tokens),
-        stats.generated_tokens.saturating_sub(1),
-        stats.decode_time.as_secs_f64(),
-        stats.decode_tps(),
-    );
-    eprintln!("sampling: seed {}, {}", cfg.seed, cfg.chain());
+    if a.json {
+        let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
+        let j = RunJson {
+            model: path.display().to_string(),
+            backend: backend.device_info(),
+            prompt,
+            text,
+            prompt_tokens: stats.prompt_tokens,
+            generated_tokens: stats.generated_tokens,
+            stop,
+            stop_string: matcher.matched().map(str::to_string),
+            seed: cfg.seed,
+            sampler: cfg.chain(),
+            timings: Timings {
+                load_ms: ms(load_time),
+                prompt_n: stats.prompt_tokens,
+                prompt_ms: ms(stats.prefill_time),
+                prompt_per_second: stats.prefill_tps(),
+                predicted_n: stats.generated_tokens,
+                predicted_ms: ms(stats.decode_time),
+                predicted_per_second: stats.decode_tps(),
+            },
+        };
+        writeln!(out, "{}", serde_json::to_string_pretty(&j)?)?;
+        out.flush()?;
+    } else {
+        writeln!(out)?;
+        out.flush()?;
+        eprintln!();
+        eprintln!("backend:  {}", backend.device_info());
+        eprintln!("load:     {:.2} s", load_time.as_secs_f64());
+        eprintln!(
+            "prefill:  {} in {:.3} s ({:.1} tokens/s)",
+            tokens(stats.prompt_tokens),
+            stats.prefill_time.as_secs_f64(),
+            stats.prefill_tps()
+        );
+        eprintln!(
+            "decode:   {} ({} after the first) in {:.3} s ({:.1} tokens/s), stop: {stop}",
+            tokens(stats.generated_tokens),
+            stats.generated_tokens.saturating_sub(1),
+            stats.decode_time.as_secs_f64(),
+            stats.decode_tps(),
+        );
+        eprintln!("sampling: seed {}, {}", cfg.seed, cfg.chain());
+    }
     if interrupted {
         return Err(crate::Interrupted.into());
     }

@@ -33,11 +33,11 @@ fn synth_then_bench_json() {
         for (r, test) in rows.iter().zip(["pp16", "tg8"]) {
             assert_eq!(r["test"], test);
             for key in [
-                "model",
-                "size_bytes",
-                "params",
-                "backend",
-                "threads",
+                "model_type",
+                "model_size",
+                "model_n_params",
+                "backends",
+                "n_threads",
                 "n_prompt",
                 "n_gen",
                 "avg_ts",
@@ -46,11 +46,11 @@ fn synth_then_bench_json() {
             ] {
                 assert!(!r[key].is_null(), "{key} missing in {r}");
             }
-            assert_eq!(r["threads"], 1);
+            assert_eq!(r["n_threads"], 1);
             assert_eq!(r["samples_ts"].as_array().unwrap().len(), 2);
             assert!(r["avg_ts"].as_f64().unwrap() > 0.0);
             assert_eq!(r["bandwidth_gbps"], 10.0);
-            assert_eq!(r["model"].as_str().unwrap(), format!("{arch} tiny Q4_K - Medium (synthetic)"), "{r}");
+            assert_eq!(r["model_type"].as_str().unwrap(), format!("{arch} tiny Q4_K - Medium (synthetic)"), "{r}");
             assert_eq!(r["synthetic"], true, "{r}");
             assert_eq!(r["precision"], "quantized", "{r}");
             assert!(!r["kernels"].as_str().unwrap().is_empty(), "{r}");
@@ -61,7 +61,7 @@ fn synth_then_bench_json() {
         assert!(pp["bytes_per_token"].is_null() && pp["roofline_fraction"].is_null());
         let bpt = tg["bytes_per_token"].as_u64().unwrap();
         // Every matrix but the embedding table (an untied Llama has its own output).
-        assert!(bpt > 0 && bpt < tg["size_bytes"].as_u64().unwrap());
+        assert!(bpt > 0 && bpt < tg["model_size"].as_u64().unwrap());
         let frac = tg["roofline_fraction"].as_f64().unwrap();
         let want = bpt as f64 * tg["avg_ts"].as_f64().unwrap() / 1e9 / 10.0;
         assert!((frac - want).abs() <= 1e-9 * want.max(1.0), "{frac} vs {want}");

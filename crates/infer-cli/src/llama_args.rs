@@ -1,0 +1,187 @@
+//! llama.cpp's spellings on the command line: its multi-letter short flags
+//! (`-ngl 99`, `-sys TEXT`, `-dev CUDA0`), which clap cannot declare, and
+//! its escape processing of prompt text (`-e`, on by default).
+//!
+//! Clap reads `-ngl` as `-n gl` (a short flag with its value attached), so
+//! argv is rewritten before parsing: each multi-letter flag that `infer`
+//! has becomes its long form, and each one of llama.cpp's that `infer`
+//! lacks is an error naming it, instead of being taken apart into short
+//! flags (`-fa` as `-f a`, `-hf` as `-h -f`).
+
+use std::ffi::OsString;
+
+/// llama.cpp's multi-letter short flags that `infer` has, and the long
+/// flag each one stands for.
+pub const SHORT_ALIASES: &[(&str, &str)] =
+    &[("-ngl", "--n-gpu-layers"), ("-sys", "--system-prompt"), ("-dev", "--device")];
+
+/// llama.cpp's multi-letter short flags that `infer` does not have, with
+/// their long names: refused by name rather than taken apart by clap.
+const UNSUPPORTED: &[(&str, &str)] = &[
+    ("-hf", "--hf-repo"),
+    ("-hfr", "--hf-repo"),
+    ("-hff", "--hf-file"),
+    ("-hft", "--hf-token"),
+    ("-hfd", "--hf-repo-draft"),
+    ("-hfv", "--hf-repo-v"),
+    ("-fa", "--flash-attn"),
+    ("-ctk", "--cache-type-k"),
+    ("-ctv", "--cache-type-v"),
+    ("-cnv", "--conversation"),
+    ("-no-cnv", "--no-conversation"),
+    ("-st", "--single-turn"),
+    ("-mli", "--multiline-input"),
+    ("-ub", "--ubatch-size"),
+    ("-tb", "--threads-batch"),
+    ("-np", "--parallel"),
+    ("-cb", "--cont-batching"),
+    ("-nocb", "--no-cont-batching"),
+    ("-sm", "--split-mode"),
+    ("-ts", "--tensor-split"),
+    ("-mg", "--main-gpu"),
+    ("-ot", "--override-tensor"),
+    ("-nkvo", "--no-kv-offload"),
+    ("-md", "--model-draft"),
+    ("-mu", "--model-url"),
+    ("-lv", "--verbosity"),
+    ("-co", "--color"),
+    ("-sp", "--special"),
+    ("-cmoe", "--cpu-moe"),
+    ("-ncmoe", "--n-cpu-moe"),
+    ("-kvu", "--kv-unified"),
+    ("-fit", "--fit"),
+    ("-rea", "--reasoning"),
+    ("-ins", "--instruct"),
+    ("-mm", "--mmproj"),
+    ("-ps", "--p-split"),
+    ("-nr", "--no-repack"),
+    ("-dt", "--defrag-thold"),
+    ("-gan", "--grp-attn-n"),
+    ("-gaw", "--grp-attn-w"),
+    ("-dkvc", "--dump-kv-cache"),
+    ("-lcs", "--lookup-cache-static"),
+    ("-lcd", "--lookup-cache-dynamic"),
+    ("-jf", "--json-schema-file"),
+    ("-bs", "--samplers"),
+];
+
+/// Rewrites llama.cpp's multi-letter short flags in `args` (the program
+/// name first) into the long flags clap knows: `-ngl 99` and `-ngl=99`
+/// become `--n-gpu-layers 99` and `--n-gpu-layers=99`. Arguments after
+/// `--` are left alone.
+///
+/// # Errors
+/// One of llama.cpp's multi-letter flags that `infer` lacks, by name.
+pub fn rewrite_args(args: Vec<OsString>) -> Result<Vec<OsString>, String> {
+    let mut out = Vec::with_capacity(args.len());
+    let mut rest = false;
+    for arg in args {
+        let Some(s) = arg.to_str().filter(|s| !rest && s.starts_with('-') && !s.starts_with("--")) else {
+            rest |= arg == "--";
+            out.push(arg);
+            continue;
+        };
+        let (flag, value) = match s.split_once('=') {
+            Some((f, v)) => (f, Some(v)),
+            None => (s, None),
+        };
+        if let Some((_, long)) = SHORT_ALIASES.iter().find(|(short, _)| *short == flag) {
+            out.push(match value {
+                Some(v) => format!("{long}={v}").into(),
+                None => long.into(),
+            });
+            continue;
+        }
+        if let Some((short, long)) = UNSUPPORTED.iter().find(|(short, _)| *short == flag) {
+            return Err(format!(
+                "{short} (llama.cpp's {long}) is not an option of infer; `infer help` lists the options"
+            ));
+        }
+        out.push(arg);
+    }
+    Ok(out)
+}
+
+/// llama.cpp's `string_process_escapes`: `\n`, `\r`, `\t`, `\'`, `\"`,
+/// `\\` and `\xHH` (two hex digits, one byte) are replaced; any other
+/// backslash, and a backslash at the end, stays as it is. `what` names the
+/// text in the error.
+///
+/// # Errors
+/// `\xHH` bytes that do not form UTF-8.
+pub fn process_escapes(text: &str, what: &str) -> Result<String, String> {
+    let b = text.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] != b'\\' || i + 1 == b.len() {
+            out.push(b[i]);
+            i += 1;
+            continue;
+        }
+        let c = b[i + 1];
+        i += 2;
+        match c {
+            b'n' => out.push(b'\n'),
+            b'r' => out.push(b'\r'),
+            b't' => out.push(b'\t'),
+            b'\'' | b'"' | b'\\' => out.push(c),
+            b'x' if i + 1 < b.len() && b[i].is_ascii_hexdigit() && b[i + 1].is_ascii_hexdigit() => {
+                let hex = |d: u8| (d as char).to_digit(16).unwrap_or(0) as u8;
+                out.push(hex(b[i]) << 4 | hex(b[i + 1]));
+                i += 2;
+            }
+            _ => out.extend_from_slice(&[b'\\', c]),
+        }
+    }
+    String::from_utf8(out)
+        .map_err(|_| format!("{what}: its \\x escapes do not form UTF-8 text (give whole characters, or --no-escape)"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rw(args: &[&str]) -> Result<Vec<String>, String> {
+        let out = rewrite_args(args.iter().map(OsString::from).collect())?;
+        Ok(out.into_iter().map(|a| a.into_string().unwrap()).collect())
+    }
+
+    #[test]
+    fn multi_letter_flags_become_long_flags() {
+        assert_eq!(
+            rw(&["infer", "run", "-ngl", "99", "-sys", "be brief", "-dev", "CUDA0", "-n", "5"]).unwrap(),
+            ["infer", "run", "--n-gpu-layers", "99", "--system-prompt", "be brief", "--device", "CUDA0", "-n", "5"]
+        );
+        assert_eq!(rw(&["infer", "-ngl=0"]).unwrap(), ["infer", "--n-gpu-layers=0"]);
+        // Values, long flags, single letters and words are left alone.
+        assert_eq!(
+            rw(&["infer", "run", "-n", "-1", "--top-k", "-5", "-ngl"]).unwrap(),
+            ["infer", "run", "-n", "-1", "--top-k", "-5", "--n-gpu-layers"]
+        );
+        // Not after `--`.
+        assert_eq!(rw(&["infer", "run", "--", "-ngl"]).unwrap(), ["infer", "run", "--", "-ngl"]);
+    }
+
+    #[test]
+    fn llama_cpp_flags_infer_lacks_are_refused_by_name() {
+        let e = rw(&["infer", "run", "-fa", "on"]).unwrap_err();
+        assert!(e.starts_with("-fa (llama.cpp's --flash-attn) is not an option of infer"), "{e}");
+        assert!(rw(&["infer", "run", "-hf", "user/repo"]).unwrap_err().contains("--hf-repo"));
+        assert!(rw(&["infer", "run", "-ctk=q8_0"]).unwrap_err().contains("--cache-type-k"));
+    }
+
+    #[test]
+    fn escapes_as_llama_cpp() {
+        let p = |s: &str| process_escapes(s, "-p").unwrap();
+        assert_eq!(p(r"a\nb\tc\rd"), "a\nb\tc\rd");
+        assert_eq!(p(r#"\'\"\\"#), "'\"\\");
+        assert_eq!(p(r"\x41\x7a!"), "Az!");
+        assert_eq!(p(r"\xC3\xA9"), "é");
+        // Unknown escapes, a short \x and a final backslash stay.
+        assert_eq!(p(r"\q \x4 \xZZ end\"), r"\q \x4 \xZZ end\");
+        assert_eq!(p(r"\\n"), r"\n");
+        assert_eq!(p("ünï\\ncode"), "ünï\ncode");
+        assert!(process_escapes(r"\xff", "-p").unwrap_err().starts_with("-p: its \\x escapes"));
+    }
+}
