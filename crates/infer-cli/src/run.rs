@@ -54,7 +54,9 @@ pub fn tokens(n: usize) -> String {
 
 pub fn run(a: RunArgs) -> CliResult {
     let max_tokens = n_predict_limit(a.n_predict)?;
-    let prompt = a.prompt.text()?;
+    // Where the prompt comes from is checked now; it is read once the
+    // context size is known, only as far as the context can hold it.
+    let source = a.prompt.source()?;
     // A first use fetches the model: its download time is reported on its
     // own line, not counted as load time.
     let path = a.model.resolve_model()?;
@@ -68,11 +70,18 @@ pub fn run(a: RunArgs) -> CliResult {
     // temperature 0 the penalties still apply (as in llama.cpp), and the
     // filters cannot change the most likely token.
     let cfg = a.sampling.config(n_ctx)?;
+    let limit = crate::prompt::byte_limit(n_ctx);
+    let prompt = source.read(limit, n_ctx)?;
     // The prompt before the weights: a bad chat template or a prompt too
     // long for the context is reported at once (and a slow template can be
     // stopped by Ctrl-C like any step before the model loads).
     let ids = if a.chat {
-        ChatTemplate::from_gguf(&gguf, &tokenizer)?.encode(&tokenizer, &[Message::user(prompt.as_str())], true)?
+        let text = ChatTemplate::from_gguf(&gguf, &tokenizer)?.render(&[Message::user(prompt.as_str())], true)?;
+        // A template can make a short prompt long: checked as the prompt is.
+        if text.len() > limit {
+            return Err(crate::prompt::too_long(n_ctx, limit).into());
+        }
+        ChatTemplate::encode_rendered(&tokenizer, &text)
     } else {
         tokenizer.encode(&prompt, true)
     };
