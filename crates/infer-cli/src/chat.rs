@@ -12,6 +12,10 @@
 //! `<end_of_turn>`, EOS...) or at `-n`. After each reply a stats line on
 //! stderr gives the tokens reused and prefilled and the tokens/s.
 //!
+//! A system prompt that leaves no room in the context for a conversation is
+//! an error before the model loads; a line longer than the context can hold
+//! is refused unread past that length (see `prompt::byte_limit`).
+//!
 //! Commands: `/reset` forgets the conversation (the system prompt stays),
 //! `/exit` or end of input leaves. Ctrl-C stops the current reply and keeps
 //! the session (the process's signal handler, `interrupt`, only sets a flag
@@ -88,6 +92,10 @@ pub fn chat(a: ChatArgs) -> CliResult {
         let template = ChatTemplate::from_gguf(gguf, &tokenizer)?;
         let n_ctx = context_size(a.ctx_size, spec.n_ctx_train)?;
         let cfg = a.sampling.config(n_ctx)?;
+        // A system prompt that leaves no room fails before the weights load.
+        if let Some(system) = &a.system {
+            check_system_prompt(&template, &tokenizer, system, n_ctx, crate::prompt::byte_limit(n_ctx))?;
+        }
         if template.source() != TemplateSource::Gguf {
             eprintln!("warning: {} has no chat template; using {}", path.display(), template.source());
         }
@@ -102,6 +110,7 @@ pub fn chat(a: ChatArgs) -> CliResult {
         Ok((tokenizer, template, n_ctx, cfg))
     })?;
     let Loaded { backend, mut model, load_time, .. } = loaded;
+    let limit = crate::prompt::byte_limit(n_ctx);
     let mut ctx = CachedContext::new(model.as_ref(), n_ctx)?;
     let mut sampler = Sampler::new(cfg.clone())?;
     eprintln!(
@@ -124,13 +133,16 @@ pub fn chat(a: ChatArgs) -> CliResult {
     loop {
         write!(out, "> ")?;
         out.flush()?;
-        let mut bytes = Vec::new();
-        match input.read_until(b'\n', &mut bytes) {
-            Ok(0) => break,
-            Ok(_) => {}
+        let bytes = match read_line_at_most(&mut input, limit) {
+            Ok(Line::End) => break,
+            Ok(Line::Text(bytes)) => bytes,
+            Ok(Line::TooLong) => {
+                eprintln!("that line has more than {limit} bytes, more than the {n_ctx} context positions can hold; it was not sent");
+                continue;
+            }
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
             Err(e) => return Err(format!("reading the input: {e}").into()),
-        }
+        };
         // A line that is not UTF-8 is refused; the conversation goes on.
         let Ok(line) = String::from_utf8(bytes) else {
             eprintln!("that line is not valid UTF-8; it was not sent");
@@ -157,16 +169,30 @@ pub fn chat(a: ChatArgs) -> CliResult {
             _ => {}
         }
         messages.push(Message::user(text));
-        let ids = template.encode(&tokenizer, &messages, true)?;
-        if ids.len() >= n_ctx {
-            messages.pop();
-            eprintln!(
-                "the conversation would take {} of the {n_ctx} context positions; /reset to start over (or raise \
-                 --ctx-size)",
-                ids.len()
-            );
-            continue;
-        }
+        let rendered = template.render(&messages, true)?;
+        // Past the byte limit the conversation cannot fit: not tokenized.
+        let n_ids =
+            if rendered.len() > limit { None } else { Some(ChatTemplate::encode_rendered(&tokenizer, &rendered)) };
+        let ids = match n_ids {
+            Some(ids) if ids.len() < n_ctx => ids,
+            _ => {
+                let took = n_ids.as_ref().map_or(format!("more than {n_ctx}"), |ids| ids.len().to_string());
+                messages.pop();
+                if messages.len() == system.len() {
+                    // Nothing to forget: /reset cannot help.
+                    eprintln!(
+                        "this message would take {took} of the {n_ctx} context positions on its own; it was not sent \
+                         (shorten it or raise --ctx-size)"
+                    );
+                } else {
+                    eprintln!(
+                        "the conversation would take {took} of the {n_ctx} context positions; /reset to start over \
+                         (or raise --ctx-size)"
+                    );
+                }
+                continue;
+            }
+        };
         crate::interrupt::clear();
         let mut reply = String::new();
         let mut write_error: Option<std::io::Error> = None;
@@ -209,4 +235,79 @@ pub fn chat(a: ChatArgs) -> CliResult {
         messages.push(Message::assistant(reply.trim()));
     }
     Ok(())
+}
+
+/// Fails when the system prompt alone (with an empty first user message and
+/// the opening of the reply) takes the whole context: no turn could be
+/// sent. A template that refuses the empty message is not checked here;
+/// each turn is checked as it comes.
+fn check_system_prompt(
+    template: &ChatTemplate,
+    tokenizer: &Tokenizer,
+    system: &str,
+    n_ctx: usize,
+    limit: usize,
+) -> CliResult {
+    let too_long = |took: String| {
+        format!(
+            "the system prompt takes {took} of the {n_ctx} context positions, leaving none for the conversation \
+             (shorten --system or raise --ctx-size)"
+        )
+    };
+    if system.len() > limit {
+        return Err(too_long(format!("more than {n_ctx}")).into());
+    }
+    let Ok(text) = template.render(&[Message::system(system), Message::user("")], true) else { return Ok(()) };
+    if text.len() > limit {
+        return Err(too_long(format!("more than {n_ctx}")).into());
+    }
+    let n = ChatTemplate::encode_rendered(tokenizer, &text).len();
+    if n >= n_ctx {
+        return Err(too_long(n.to_string()).into());
+    }
+    Ok(())
+}
+
+/// A line of input, as [`read_line_at_most`] reads it.
+enum Line {
+    /// The line's bytes, with its newline.
+    Text(Vec<u8>),
+    /// A line of more than the limit, skipped up to its newline.
+    TooLong,
+    /// The end of the input.
+    End,
+}
+
+/// Reads one line of at most `limit` bytes (without its newline); a longer
+/// one is read no further than that and skipped to its end, in chunks.
+fn read_line_at_most(input: &mut impl BufRead, limit: usize) -> std::io::Result<Line> {
+    let mut bytes = Vec::new();
+    let n = std::io::Read::take(&mut *input, limit.saturating_add(2) as u64).read_until(b'\n', &mut bytes)?;
+    if n == 0 {
+        return Ok(Line::End);
+    }
+    let body = bytes.strip_suffix(b"\n").map_or(bytes.len(), |b| b.strip_suffix(b"\r").unwrap_or(b).len());
+    if body <= limit {
+        return Ok(Line::Text(bytes));
+    }
+    if !bytes.ends_with(b"\n") {
+        // Skip the rest of the line.
+        loop {
+            let buf = input.fill_buf()?;
+            if buf.is_empty() {
+                break;
+            }
+            match buf.iter().position(|&b| b == b'\n') {
+                Some(pos) => {
+                    input.consume(pos + 1);
+                    break;
+                }
+                None => {
+                    let len = buf.len();
+                    input.consume(len);
+                }
+            }
+        }
+    }
+    Ok(Line::TooLong)
 }

@@ -20,7 +20,6 @@ impl IgnoreEos {
     pub fn new(inner: Box<dyn DeviceModel>, eog: &[u32]) -> IgnoreEos {
         IgnoreEos { inner, eog: eog.to_vec(), logits: Vec::new() }
     }
-
 }
 
 impl DeviceModel for IgnoreEos {

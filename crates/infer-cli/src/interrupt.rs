@@ -2,7 +2,9 @@
 //!
 //! One handler for the whole process (the `ctrlc` crate runs it on its own
 //! thread, outside signal context). It first removes the files registered
-//! with [`remove_on_signal`] (the partial output of `infer synth`). Then,
+//! with [`remove_on_signal`] (the partial output of `infer synth`). A model
+//! fetch in progress is stopped, its processes and work files with it,
+//! before the process exits (`infer_model::fetch::abort_active_fetch`). Then,
 //! while a command has asked for [`graceful`] stops (`infer run`: the
 //! prefill and the generation loop poll [`requested`] between steps), the
 //! first signal only sets the flag; otherwise, and at a second signal, the
@@ -35,6 +37,7 @@ fn on_signal() {
     }
     let again = REQUESTED.swap(true, Ordering::SeqCst);
     if again || !GRACEFUL.load(Ordering::SeqCst) {
+        infer_model::fetch::abort_active_fetch();
         eprintln!("\ninterrupted");
         std::process::exit(EXIT_INTERRUPTED.into());
     }

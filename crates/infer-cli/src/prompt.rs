@@ -2,6 +2,11 @@
 //! users expect: words on the command line (joined by spaces), `-p/--prompt
 //! TEXT`, `-f/--file FILE`, or standard input (`-` as the prompt or the
 //! file, or no prompt at all while standard input is not a terminal).
+//!
+//! A prompt is read only as far as the context can hold it
+//! ([`byte_limit`]): a longer file or standard input is refused after that
+//! many bytes, before anything is tokenized, so that its size costs neither
+//! memory nor time.
 
 use std::io::{IsTerminal, Read};
 use std::path::PathBuf;
@@ -27,6 +32,39 @@ pub struct PromptArgs {
     pub words: Vec<String>,
 }
 
+/// Bytes of prompt per context position beyond which a prompt cannot fit:
+/// a token covers at most as many bytes of text as its own text has, and
+/// text averages 3 to 5 bytes per token; 64 leaves room for vocabularies of
+/// long tokens (runs of spaces, code) while a refused prompt costs at most
+/// this many bytes per position to read.
+pub const BYTES_PER_POSITION: usize = 64;
+
+/// The most bytes of prompt text read for a context of `n_ctx` positions:
+/// [`BYTES_PER_POSITION`] per position and 4 KiB more.
+pub fn byte_limit(n_ctx: usize) -> usize {
+    n_ctx.saturating_mul(BYTES_PER_POSITION).saturating_add(4096)
+}
+
+/// The error for a prompt of more than `limit` bytes: longer than the
+/// context of `n_ctx` positions can hold.
+pub fn too_long(n_ctx: usize, limit: usize) -> String {
+    format!(
+        "the prompt is longer than the context ({n_ctx} positions): it has more than {limit} bytes, {BYTES_PER_POSITION} \
+         per position (raise --ctx-size or shorten the prompt)"
+    )
+}
+
+/// Where the prompt comes from, known before anything is read.
+#[derive(Clone, Debug)]
+pub enum PromptSource {
+    /// Given on the command line.
+    Text(String),
+    /// A file.
+    File(PathBuf),
+    /// Standard input.
+    Stdin,
+}
+
 impl PromptArgs {
     /// Whether the prompt comes from `-p` or `-f`, whose text llama.cpp
     /// processes escapes in (`-e`).
@@ -34,38 +72,76 @@ impl PromptArgs {
         self.prompt.is_some() || self.file.is_some()
     }
 
-    /// The prompt text.
+    /// Where the prompt comes from.
     ///
     /// # Errors
-    /// No prompt given on a terminal; an unreadable file or standard input;
-    /// text that is not UTF-8.
-    pub fn text(&self) -> CliResult<String> {
+    /// No prompt given on a terminal.
+    pub fn source(&self) -> CliResult<PromptSource> {
         if let Some(p) = &self.prompt {
-            return Ok(p.clone());
+            return Ok(PromptSource::Text(p.clone()));
         }
         if let Some(f) = &self.file {
             if f.as_os_str() == "-" {
-                return read_stdin();
+                return Ok(PromptSource::Stdin);
             }
-            let bytes = std::fs::read(f).map_err(|e| format!("cannot read the prompt file {}: {e}", f.display()))?;
-            let text = String::from_utf8(bytes)
-                .map_err(|e| format!("the prompt file {} is not UTF-8 text: {e}", f.display()))?;
-            return Ok(drop_final_newline(text));
+            return Ok(PromptSource::File(f.clone()));
         }
         match self.words.as_slice() {
-            [one] if one == "-" => read_stdin(),
-            [] if !std::io::stdin().is_terminal() => read_stdin(),
+            [one] if one == "-" => Ok(PromptSource::Stdin),
+            [] if !std::io::stdin().is_terminal() => Ok(PromptSource::Stdin),
             [] => Err("no prompt: give it as words, with -p TEXT, with -f FILE, or on standard input".into()),
-            words => Ok(words.join(" ")),
+            words => Ok(PromptSource::Text(words.join(" "))),
         }
     }
 }
 
-fn read_stdin() -> CliResult<String> {
+impl PromptSource {
+    /// The prompt text, read up to `limit` bytes ([`byte_limit`]); `n_ctx`
+    /// is named in the error for a longer one.
+    ///
+    /// # Errors
+    /// A prompt of more than `limit` bytes (the rest is not read); an
+    /// unreadable file or standard input; text that is not UTF-8.
+    pub fn read(self, limit: usize, n_ctx: usize) -> CliResult<String> {
+        let (bytes, what) = match self {
+            PromptSource::Text(t) => {
+                if t.len() > limit {
+                    return Err(too_long(n_ctx, limit).into());
+                }
+                return Ok(t);
+            }
+            PromptSource::File(f) => {
+                let file =
+                    std::fs::File::open(&f).map_err(|e| format!("cannot read the prompt file {}: {e}", f.display()))?;
+                let bytes = read_at_most(file, limit)
+                    .map_err(|e| format!("cannot read the prompt file {}: {e}", f.display()))?;
+                (bytes, format!("the prompt file {}", f.display()))
+            }
+            PromptSource::Stdin => {
+                let bytes = read_at_most(std::io::stdin().lock(), limit)
+                    .map_err(|e| format!("cannot read the prompt from standard input: {e}"))?;
+                (bytes, "the prompt on standard input".to_owned())
+            }
+        };
+        let Some(bytes) = bytes else { return Err(too_long(n_ctx, limit).into()) };
+        let text = String::from_utf8(bytes).map_err(|e| format!("{what} is not UTF-8 text: {e}"))?;
+        Ok(drop_final_newline(text))
+    }
+}
+
+/// Everything `r` holds when it is at most `limit` bytes without one final
+/// newline (which is dropped), else `None` after reading at most
+/// `limit + 3` bytes.
+fn read_at_most(r: impl Read, limit: usize) -> std::io::Result<Option<Vec<u8>>> {
+    let cap = limit.saturating_add(3);
     let mut bytes = Vec::new();
-    std::io::stdin().read_to_end(&mut bytes).map_err(|e| format!("cannot read the prompt from standard input: {e}"))?;
-    let text = String::from_utf8(bytes).map_err(|e| format!("the prompt on standard input is not UTF-8 text: {e}"))?;
-    Ok(drop_final_newline(text))
+    r.take(cap as u64).read_to_end(&mut bytes)?;
+    if bytes.len() >= cap {
+        // More than `limit` bytes even without a final "\r\n".
+        return Ok(None);
+    }
+    let newline = if bytes.ends_with(b"\r\n") { 2 } else { usize::from(bytes.ends_with(b"\n")) };
+    Ok((bytes.len() - newline <= limit).then_some(bytes))
 }
 
 /// `echo hello | infer run` gives `hello`, not `hello\n`.

@@ -122,10 +122,10 @@ pub fn tokens(n: usize) -> String {
 
 pub fn run(a: RunArgs) -> CliResult {
     let max_tokens = n_predict_limit(a.n_predict)?;
-    let mut prompt = a.prompt.text()?;
-    if a.prompt.is_flag_text() {
-        prompt = a.text.process(prompt, "-p")?;
-    }
+    // Where the prompt comes from is checked now; it is read once the
+    // context size is known, only as far as the context can hold it.
+    let source = a.prompt.source()?;
+    let flag_text = a.prompt.is_flag_text();
     let stops = a.text.stop_strings()?;
     // A first use fetches the model: its download time is reported on its
     // own line, not counted as load time.
@@ -133,17 +133,27 @@ pub fn run(a: RunArgs) -> CliResult {
     // The prompt before the weights: a bad chat template or a prompt too
     // long for the context is reported at once (and a slow template can be
     // stopped by Ctrl-C like any step before the model loads).
-    let (loaded, (tokenizer, n_ctx, cfg, ids)) = a.model.load(&path, a.threads.threads, |gguf, spec| {
+    let (loaded, (tokenizer, n_ctx, cfg, ids, prompt)) = a.model.load(&path, a.threads.threads, |gguf, spec| {
         let tokenizer = Tokenizer::from_gguf(gguf)?;
         let n_ctx = context_size(a.ctx_size, spec.n_ctx_train)?;
         // Validated as given, also when greedy decoding ignores them; at
         // temperature 0 the penalties still apply (as in llama.cpp), and the
         // filters cannot change the most likely token.
         let cfg = a.sampling.config(n_ctx)?;
+        let limit = crate::prompt::byte_limit(n_ctx);
+        let mut prompt = source.read(limit, n_ctx)?;
+        if flag_text {
+            prompt = a.text.process(prompt, "-p")?;
+        }
         let ids = if a.chat {
             let mut messages: Vec<Message> = a.system_prompt.iter().map(|s| Message::system(s.as_str())).collect();
             messages.push(Message::user(prompt.as_str()));
-            ChatTemplate::from_gguf(gguf, &tokenizer)?.encode(&tokenizer, &messages, true)?
+            let text = ChatTemplate::from_gguf(gguf, &tokenizer)?.render(&messages, true)?;
+            // A template can make a short prompt long: checked as the prompt is.
+            if text.len() > limit {
+                return Err(crate::prompt::too_long(n_ctx, limit).into());
+            }
+            ChatTemplate::encode_rendered(&tokenizer, &text)
         } else {
             tokenizer.encode(&prompt, true)
         };
@@ -156,7 +166,7 @@ pub fn run(a: RunArgs) -> CliResult {
             )
             .into());
         }
-        Ok((tokenizer, n_ctx, cfg, ids))
+        Ok((tokenizer, n_ctx, cfg, ids, prompt))
     })?;
     let Loaded { backend, spec, model, load_time, .. } = loaded;
     let mut model: Box<dyn DeviceModel> =

@@ -16,7 +16,7 @@ use infer_model::gguf::GgufWriter;
 fn infer_limited(kib: u64, args: &[&str]) -> Output {
     let mut script = format!("ulimit -v {kib} && exec \"$0\"");
     for i in 1..=args.len() {
-        script.push_str(&format!(" \"${i}\""));
+        script.push_str(&format!(" \"${{{i}}}\""));
     }
     Command::new("bash")
         .arg("-c")
@@ -274,4 +274,108 @@ fn no_mmap_holds_no_mapping_of_the_model_file() {
         assert!(o.status.success(), "--no-mmap {no_mmap}: status {:?}, stderr: {err}", o.status);
         assert_eq!(err.matches("[prefill ").count(), 2, "{err}");
     }
+}
+
+/// A tiny synthetic llama model in `dir`, with `template` as its
+/// `tokenizer.chat_template` when given.
+fn tiny_model(dir: &std::path::Path, template: Option<&str>) -> String {
+    let path = dir.join("tiny.gguf");
+    if !path.exists() {
+        let o = Command::new(env!("CARGO_BIN_EXE_infer"))
+            .args(["synth", "--arch", "llama", "--size", "tiny", "--seed", "3", "-t", "2", "-o"])
+            .arg(&path)
+            .output()
+            .expect("run infer synth");
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    }
+    let Some(template) = template else { return path.display().to_string() };
+    let model = infer_model::gguf::GgufFile::open(&path).expect("open");
+    let mut w = GgufWriter::from_gguf(&model).expect("rewrite");
+    w.set_metadata("tokenizer.chat_template", template).unwrap();
+    let out =
+        dir.join(format!("tiny-{:x}.gguf", template.len() * 31 + template.bytes().map(usize::from).sum::<usize>()));
+    w.write_to_path(&out).expect("write");
+    out.display().to_string()
+}
+
+/// Runs `infer args` under `kib` KiB with `input` on standard input (a
+/// command's output: `bash -c` runs `input_cmd | infer ...`).
+fn infer_limited_piped(kib: u64, input_cmd: &str, args: &[&str]) -> Output {
+    let mut script = format!("{input_cmd} | (ulimit -v {kib} && exec \"$0\"");
+    for i in 1..=args.len() {
+        script.push_str(&format!(" \"${{{i}}}\""));
+    }
+    script.push(')');
+    Command::new("bash")
+        .arg("-c")
+        .arg(script)
+        .arg(env!("CARGO_BIN_EXE_infer"))
+        .args(args)
+        .env("RAYON_NUM_THREADS", "2")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run infer under bash")
+}
+
+/// Issue 31 item 2a: chat templates that grow a string (doubled 40 times,
+/// or a message repeated ten million times in a loop) end in the template's
+/// budget error under every limit of a sweep, quickly; they ran 6-18 s,
+/// peaked at 2.6 GB and ended in SIGABRT under 1.5 GB.
+#[test]
+fn chat_templates_that_grow_strings_are_a_clean_error_under_memory_limits() {
+    let tmp = tmpdir();
+    let bombs = [
+        "{% set ns = namespace(s=messages[0].content) %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s }}",
+        "{% for i in range(1000) %}{{ messages[0].content * 10000000 }}{% endfor %}",
+    ];
+    for bomb in bombs {
+        let model = tiny_model(tmp.path(), Some(bomb));
+        for kib in [600_000, 1_000_000, 1_500_000] {
+            let t0 = std::time::Instant::now();
+            let o = infer_limited(kib, &["run", "--model", &model, "--chat", "-n", "1", "-t", "2", "hello"]);
+            assert_clean_error(&o, &["chat template", "did not finish", "MiB of data"]);
+            assert!(t0.elapsed().as_secs() < 20, "{kib} KiB: {:?}", t0.elapsed());
+        }
+    }
+}
+
+/// Issue 31 item 2b: a prompt longer than the context is refused after
+/// reading about as many bytes as the context holds tokens (64 per
+/// position), from a file or standard input, instead of being read and
+/// tokenized whole (`head -c 200000000 /dev/zero | infer run -` aborted
+/// under 6 GB; 48 MB took 1.67 GB and 43 s).
+#[test]
+fn a_prompt_longer_than_the_context_is_refused_unread() {
+    let tmp = tmpdir();
+    let model = tiny_model(tmp.path(), None);
+    // 200 MB of zeros on standard input, under 600 MB.
+    let t0 = std::time::Instant::now();
+    let o = infer_limited_piped(
+        600_000,
+        "head -c 200000000 /dev/zero",
+        &["run", "--model", &model, "-c", "256", "-n", "4", "-"],
+    );
+    assert_clean_error(&o, &["the prompt is longer than the context (256 positions)", "20480 bytes"]);
+    assert!(t0.elapsed().as_secs() < 20, "{:?}", t0.elapsed());
+    // A 200 MB (sparse) file, with the default context of the model.
+    let big = tmp.path().join("big.txt");
+    std::fs::File::create(&big).unwrap().set_len(200_000_000).unwrap();
+    let o = infer_limited(600_000, &["run", "--model", &model, "-n", "4", "-f", big.to_str().unwrap()]);
+    assert_clean_error(&o, &["the prompt is longer than the context (", "positions)"]);
+    // With --chat too (the template does not see it).
+    let o = infer_limited(
+        600_000,
+        &["run", "--model", &model, "--chat", "-c", "64", "-n", "4", "-f", big.to_str().unwrap()],
+    );
+    assert_clean_error(&o, &["the prompt is longer than the context (64 positions)"]);
+    // At the limit (64 bytes per position and 4096, final newline dropped)
+    // a prompt is read and tokenized: here it is too many tokens.
+    let at_limit = tmp.path().join("at-limit.txt");
+    std::fs::write(&at_limit, format!("{}\n", "a b ".repeat((64 * 64 + 4096) / 4))).unwrap();
+    let o =
+        infer_limited(600_000, &["run", "--model", &model, "-c", "64", "-n", "4", "-f", at_limit.to_str().unwrap()]);
+    assert_clean_error(&o, &["the prompt has", "a context of 64 positions"]);
+    // A prompt that fits runs.
+    let o = infer_limited(600_000, &["run", "--model", &model, "-c", "64", "-n", "2", "-t", "2", "hello there"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
 }

@@ -446,3 +446,59 @@ fn chat_skips_a_line_that_is_not_utf8() {
     assert!(err.contains("that line is not valid UTF-8; it was not sent"), "{err}");
     assert_eq!(err.matches("[prefill ").count(), 1, "one turn after the bad line: {err}");
 }
+
+/// Issue 31 item 6: a system prompt that leaves no room in the context is
+/// one error, before any turn (every turn failed with `/reset` advice that
+/// could not help); a message too long on its own is refused without that
+/// advice, and a line longer than the context can hold is refused unread
+/// past the limit; the session goes on after both.
+#[test]
+fn chat_refuses_a_system_prompt_or_a_message_longer_than_the_context() {
+    let dir = tmpdir();
+    let m = synth_tiny(dir.path(), "llama");
+    let m = m.to_str().unwrap();
+    let long = "a b c d ".repeat(40);
+    let args = ["chat", "--model", m, "-t", "1", "-n", "2", "--temp", "0", "-c", "64", "--system", &long];
+    let o = common::infer_stdin(&args, b"hi\nhello\n/exit\n");
+    assert_clean_failure(&o, "system prompt", &["the system prompt takes", "of the 64 context positions"]);
+    assert!(!stderr(&o).contains("[prefill"), "{}", stderr(&o));
+
+    let huge = format!("{}\n", "x ".repeat(200_000));
+    let input = format!("{long}\n{huge}hi\n/exit\n");
+    let args = ["chat", "--model", m, "-t", "1", "-n", "2", "--temp", "0", "-c", "64"];
+    let o = common::infer_stdin(&args, input.as_bytes());
+    let err = stderr(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(err.contains("of the 64 context positions on its own; it was not sent"), "{err}");
+    assert!(!err.contains("/reset to start over"), "{err}");
+    assert!(err.contains("that line has more than 8192 bytes"), "{err}");
+    assert_eq!(err.matches("[prefill ").count(), 1, "one turn after the refused lines: {err}");
+}
+
+/// Issue 31 item 6: a special-token id past the vocabulary is warned about
+/// once on stderr, as llama.cpp does, and the default id is used.
+#[test]
+fn special_token_ids_past_the_vocabulary_are_warned_about_once() {
+    let dir = tmpdir();
+    let model = GgufFile::open(synth_tiny(dir.path(), "llama")).expect("open");
+    let bad = edited(dir.path(), &model, "bad-eos.gguf", |w| {
+        w.set_metadata("tokenizer.ggml.eos_token_id", 999_999u32).unwrap();
+    });
+    let o = common::infer(&["run", "--model", bad.to_str().unwrap(), "-t", "1", "-n", "2", "--temp", "0", "hi"]);
+    let err = stderr(&o);
+    assert!(o.status.success(), "{err}");
+    let warnings: Vec<&str> = err.lines().filter(|l| l.starts_with("warning: bad special token")).collect();
+    assert_eq!(warnings.len(), 1, "{err}");
+    assert!(warnings[0].contains("tokenizer.ggml.eos_token_id = 999999 is past the vocabulary"), "{err}");
+    let o = common::infer(&[
+        "run",
+        "--model",
+        &dir.path().join("llama-tiny.gguf").display().to_string(),
+        "-t",
+        "1",
+        "-n",
+        "1",
+        "hi",
+    ]);
+    assert!(!stderr(&o).contains("warning: bad special token"), "{}", stderr(&o));
+}

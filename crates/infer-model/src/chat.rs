@@ -8,7 +8,26 @@
 //! string methods such as `.strip()` through `minijinja-contrib`'s
 //! `pycompat`). The variables are `messages` (a list of `{role, content}`),
 //! `add_generation_prompt`, `bos_token` and `eos_token`; the functions
-//! `raise_exception(message)` and `strftime_now(format)` are provided.
+//! `raise_exception(message)` and `strftime_now(format)` are provided, and
+//! the filters `tojson` (as `transformers` defines it: Python's
+//! `json.dumps`, nothing escaped for HTML, `ensure_ascii`, `indent`) and
+//! `fromjson`. `{% generation %}…{% endgeneration %}` (the markers of
+//! assistant text some templates carry, SmolLM3's among them) render their
+//! content unchanged, as they do for inference in `transformers`.
+//!
+//! A render is bounded in time and in memory by one budget (minijinja's
+//! fuel, [`RENDER_FUEL`]): each template instruction costs one unit, and each
+//! byte of data the template creates (strings and lists from operators,
+//! filters, functions and literals, and the output) costs 1/64 of one. A
+//! render that runs [`RENDER_FUEL`] instructions or creates
+//! [`RENDER_MEMORY`] bytes fails with [`Error::ChatTemplate`]; a value whose
+//! size is known beforehand (`"x" * n`, `a ~ b`) is refused before it is
+//! allocated, so that no single allocation passes the budget; `join` and
+//! `tojson` (ours, around minijinja's) pay for their output as it grows, so
+//! that a lazy list of many repeats (`[s] * n`) cannot get past it. The
+//! messages themselves are not counted: their size is the caller's to
+//! bound. Not bounded: minijinja 3.1 builds a list made by more than 32
+//! nested concatenations (`l = l + l` 33 times) in full, without a check.
 //!
 //! A file without a template gets a default chosen by architecture
 //! (the registry's [`crate::model::ChatFormat`], [`TemplateSource`]): Gemma's turn format for `gemma*` (the format of
@@ -18,8 +37,10 @@
 
 use std::collections::BTreeMap;
 
-use minijinja::value::Value;
-use minijinja::{Environment, ErrorKind};
+use std::borrow::Cow;
+
+use minijinja::value::{Kwargs, Value, ValueKind};
+use minijinja::{Environment, ErrorKind, State};
 
 use crate::gguf::GgufFile;
 use crate::tokenizer::Tokenizer;
@@ -148,15 +169,28 @@ impl std::fmt::Debug for ChatTemplate {
     }
 }
 
-/// The most template instructions one render may run (minijinja's fuel):
-/// 4000 messages through the Gemma or ChatML template fit in 1% of it
-/// (measured), a runaway loop stops within a few seconds.
-const RENDER_FUEL: u64 = 50_000_000;
+/// The most bytes of data one render may create (see the module's
+/// documentation): a template that doubles a string in a loop, or repeats a
+/// message ten million times, fails after about this much, well before the
+/// machine's memory.
+pub const RENDER_MEMORY: u64 = 256 << 20;
+
+/// Bytes of data per unit of minijinja's fuel (its documented rate).
+const BYTES_PER_FUEL: u64 = 64;
+
+/// The budget of one render (minijinja's fuel): [`RENDER_FUEL`] template
+/// instructions, or [`RENDER_MEMORY`] bytes of data, or a mix. 4000
+/// messages of about 110 bytes take 4.3% of it through the Gemma template
+/// and 2.1% through ChatML (measured: 180 613 and 88 549 units), and a
+/// runaway loop stops within a second.
+pub const RENDER_FUEL: u64 = RENDER_MEMORY / BYTES_PER_FUEL;
 
 fn template_error(what: &str, e: &minijinja::Error) -> Error {
     if e.kind() == ErrorKind::OutOfFuel {
         return Error::ChatTemplate(format!(
-            "{what}: the template did not finish within {RENDER_FUEL} steps (a loop that runs too long?)"
+            "{what}: the template did not finish within its budget of {RENDER_FUEL} steps or {} MiB of data (a \
+             loop that runs too long, or a string or list that grows too large?)",
+            RENDER_MEMORY >> 20
         ));
     }
     let mut msg = format!("{what}: {e}");
@@ -236,6 +270,312 @@ fn strftime(secs: u64, format: &str) -> String {
     out
 }
 
+/// `tojson` as `transformers` defines it for chat templates: Python's
+/// `json.dumps(value, ensure_ascii=False, indent=None)`. minijinja's own
+/// filter escapes `<`, `>`, `&` and `'` for HTML, which `transformers` does
+/// not (a `"<tool_call>"` stays as written); `ensure_ascii=true` escapes
+/// every non-ASCII character as Python does. `sort_keys` is accepted: maps
+/// are sorted by key here in any case (minijinja's maps are ordered by key;
+/// Python keeps the insertion order of a dict made in the template).
+/// `separators` other than Python's defaults are an error.
+fn tojson(
+    state: &State,
+    value: &Value,
+    indent: Option<Value>,
+    kwargs: Kwargs,
+) -> std::result::Result<Value, minijinja::Error> {
+    let indent = match indent {
+        Some(v) => Some(v),
+        None => kwargs.get::<Option<Value>>("indent")?,
+    }
+    .filter(|v| !v.is_none() && !v.is_undefined());
+    let ensure_ascii = kwargs.get::<Option<bool>>("ensure_ascii")?.unwrap_or(false);
+    let _sort_keys = kwargs.get::<Option<bool>>("sort_keys")?;
+    let separators = kwargs.get::<Option<Value>>("separators")?.filter(|v| !v.is_none() && !v.is_undefined());
+    kwargs.assert_all_used()?;
+    if let Some(sep) = separators {
+        let parts: Vec<String> = match sep.try_iter() {
+            Ok(items) => items.map(|v| v.as_str().map(str::to_owned)).collect::<Option<Vec<_>>>().unwrap_or_default(),
+            Err(_) => Vec::new(),
+        };
+        let default: [&str; 2] = if indent.is_some() { [",", ": "] } else { [", ", ": "] };
+        if parts != default {
+            return Err(minijinja::Error::new(
+                ErrorKind::InvalidOperation,
+                format!("tojson: separators {sep} are not supported (only Python's default {default:?})"),
+            ));
+        }
+    }
+    // The value may be a lazy list of far more items than exist (`l * n`,
+    // `l + l`): its size is checked, and paid for, before it is written out.
+    let mut size = 0u64;
+    measure(value, &mut size, 0)?;
+    state.consume_fuel(size.saturating_mul(16).div_ceil(BYTES_PER_FUEL))?;
+    let json = minijinja::filters::tojson(value, indent, Kwargs::from_iter(std::iter::empty::<(&str, Value)>()))?;
+    let json = json.as_str().unwrap_or_default();
+    Ok(Value::from_safe_string(unescape_html_json(json, ensure_ascii)))
+}
+
+/// Adds to `size` an estimate of the bytes `value` takes written out (its
+/// strings' lengths, and 8 per item), failing once that passes
+/// [`RENDER_MEMORY`]: a lazy sequence is visited only that far.
+fn measure(value: &Value, size: &mut u64, depth: usize) -> std::result::Result<(), minijinja::Error> {
+    let too_large = || {
+        minijinja::Error::new(
+            ErrorKind::OutOfFuel,
+            format!("the value would take more than the render's {} MiB", RENDER_MEMORY >> 20),
+        )
+    };
+    *size += 8 + value.as_str().map_or(0, |s| s.len() as u64);
+    if *size > RENDER_MEMORY {
+        return Err(too_large());
+    }
+    if depth > 256 || !matches!(value.kind(), ValueKind::Seq | ValueKind::Map | ValueKind::Iterable) {
+        return Ok(());
+    }
+    let is_map = value.kind() == ValueKind::Map;
+    for item in value.try_iter()? {
+        if is_map {
+            let v = value.get_item(&item)?;
+            measure(&v, size, depth + 1)?;
+        }
+        measure(&item, size, depth + 1)?;
+    }
+    Ok(())
+}
+
+/// `join(d="", attribute=none)` as Jinja's, with the output paid for as it
+/// grows: minijinja's own checks the output's size only with a joiner, so
+/// that joining a lazy list of many repeats of a long string
+/// (`[s] * n`, `l + l`) could grow without bound.
+fn join(
+    state: &State,
+    value: &Value,
+    joiner: Option<&str>,
+    kwargs: Kwargs,
+) -> std::result::Result<Value, minijinja::Error> {
+    let attribute: Option<String> = kwargs.get("attribute")?;
+    kwargs.assert_all_used()?;
+    if value.is_undefined() || value.is_none() {
+        return Ok(Value::from(""));
+    }
+    let joiner = joiner.unwrap_or("");
+    if let Some(s) = value.as_str() {
+        let chars: Vec<&str> = s.split("").filter(|c| !c.is_empty()).collect();
+        let len = s.len() as u64 + (chars.len() as u64).saturating_mul(joiner.len() as u64);
+        state.consume_fuel(len.div_ceil(BYTES_PER_FUEL))?;
+        return Ok(Value::from(chars.join(joiner)));
+    }
+    let mut out = String::new();
+    for (i, item) in value.try_iter()?.enumerate() {
+        let item = match &attribute {
+            Some(path) => path.split('.').try_fold(item, |v, part| match part.parse::<usize>() {
+                Ok(idx) => v.get_item(&Value::from(idx)),
+                Err(_) => v.get_attr(part),
+            })?,
+            None => item,
+        };
+        let before = out.len();
+        if i > 0 {
+            out.push_str(joiner);
+        }
+        use std::fmt::Write;
+        let _ = write!(out, "{item}");
+        // One unit per item, and one per 64 bytes of output.
+        state.consume_fuel(1 + (out.len() - before) as u64 / BYTES_PER_FUEL)?;
+        if out.len() as u64 > RENDER_MEMORY {
+            return Err(minijinja::Error::new(
+                ErrorKind::OutOfFuel,
+                format!("join: the result would take more than the render's {} MiB", RENDER_MEMORY >> 20),
+            ));
+        }
+    }
+    Ok(Value::from(out))
+}
+
+/// Undoes minijinja's HTML escapes (`\u003c`, `\u003e`, `\u0026`, `\u0027`)
+/// in JSON text, leaving every other escape as it is; with `ensure_ascii`,
+/// escapes every non-ASCII character as `\uXXXX` (UTF-16, lower-case hex,
+/// as Python's `json.dumps`). Outside string literals JSON has neither
+/// backslashes nor non-ASCII characters, so the text can be scanned without
+/// parsing it.
+fn unescape_html_json(json: &str, ensure_ascii: bool) -> String {
+    let mut out = String::with_capacity(json.len());
+    let mut rest = json;
+    while let Some(c) = rest.chars().next() {
+        if c == '\\' {
+            let html =
+                ["\\u003c", "\\u003e", "\\u0026", "\\u0027"].iter().zip(['<', '>', '&', '\'']).find_map(|(esc, ch)| {
+                    rest.get(..esc.len()).filter(|p| p.eq_ignore_ascii_case(esc)).map(|_| (esc.len(), ch))
+                });
+            match html {
+                Some((len, ch)) => {
+                    out.push(ch);
+                    rest = &rest[len..];
+                }
+                None => {
+                    // Another escape: the backslash and the character after it
+                    // (an escaped backslash must not start a new escape).
+                    let len = 1 + rest[1..].chars().next().map_or(0, char::len_utf8);
+                    out.push_str(&rest[..len]);
+                    rest = &rest[len..];
+                }
+            }
+            continue;
+        }
+        if ensure_ascii && !c.is_ascii() {
+            let mut units = [0u16; 2];
+            for u in c.encode_utf16(&mut units) {
+                out.push_str(&format!("\\u{u:04x}"));
+            }
+        } else {
+            out.push(c);
+        }
+        rest = &rest[c.len_utf8()..];
+    }
+    out
+}
+
+/// `fromjson`: the value of a JSON text (objects become maps, ordered by
+/// key). The result is charged to the render's budget as 16 bytes per byte
+/// of JSON, which covers its size (a value slot per two bytes at most, as
+/// in `[0,0,…]`).
+fn fromjson(state: &State, text: &str) -> std::result::Result<Value, minijinja::Error> {
+    state.consume_fuel((text.len() as u64).saturating_mul(16).div_ceil(BYTES_PER_FUEL))?;
+    let parsed: serde_json::Value = serde_json::from_str(text).map_err(|e| {
+        minijinja::Error::new(ErrorKind::InvalidOperation, format!("fromjson: the text is not JSON: {e}"))
+    })?;
+    Ok(json_value(parsed))
+}
+
+fn json_value(v: serde_json::Value) -> Value {
+    match v {
+        serde_json::Value::Null => Value::from(()),
+        serde_json::Value::Bool(b) => Value::from(b),
+        serde_json::Value::Number(n) => {
+            if let Some(i) = n.as_i64() {
+                Value::from(i)
+            } else if let Some(u) = n.as_u64() {
+                Value::from(u)
+            } else {
+                Value::from(n.as_f64().unwrap_or(f64::NAN))
+            }
+        }
+        serde_json::Value::String(s) => Value::from(s),
+        serde_json::Value::Array(items) => Value::from(items.into_iter().map(json_value).collect::<Vec<_>>()),
+        serde_json::Value::Object(map) => {
+            Value::from(map.into_iter().map(|(k, v)| (k, json_value(v))).collect::<BTreeMap<String, Value>>())
+        }
+    }
+}
+
+/// The template with its `{% generation %}` and `{% endgeneration %}` block
+/// tags made no-ops: each becomes `{% if true %}` or `{% endif %}` with the
+/// same whitespace control (`-`, `+`), so that the text in between, the
+/// trimming around the tags and an unbalanced pair behave as in
+/// `transformers`. Only block tags are rewritten: the same words in text,
+/// comments, `{{ }}` expressions, string literals or `{% raw %}` blocks stay.
+fn rewrite_generation_tags(src: &str) -> Cow<'_, str> {
+    if !src.contains("generation") {
+        return Cow::Borrowed(src);
+    }
+    let mut out = String::with_capacity(src.len());
+    let mut copied = 0; // src[..copied] is in `out`
+    let mut i = 0;
+    let b = src.as_bytes();
+    while i + 1 < b.len() {
+        if b[i] != b'{' || !matches!(b[i + 1], b'{' | b'%' | b'#') {
+            i += 1;
+            continue;
+        }
+        let open = b[i + 1];
+        if open == b'#' {
+            i = src[i + 2..].find("#}").map_or(b.len(), |k| i + 2 + k + 2);
+            continue;
+        }
+        let close = if open == b'{' { "}}" } else { "%}" };
+        let Some(end) = tag_end(src, i + 2, close) else { break };
+        if open == b'%' {
+            let inner = &src[i + 2..end];
+            let lead = inner.strip_prefix(['-', '+']).map_or("", |_| &inner[..1]);
+            let body = &inner[lead.len()..];
+            let trail = body.strip_suffix(['-', '+']).map_or("", |_| &body[body.len() - 1..]);
+            let word = body[..body.len() - trail.len()].trim();
+            let replacement = match word {
+                "generation" => Some("if true"),
+                "endgeneration" => Some("endif"),
+                "raw" => {
+                    // Everything up to `{% endraw %}` is text.
+                    let after = end + 2;
+                    i = find_endraw(src, after).unwrap_or(b.len());
+                    continue;
+                }
+                _ => None,
+            };
+            if let Some(r) = replacement {
+                out.push_str(&src[copied..i]);
+                out.push_str("{%");
+                out.push_str(lead);
+                out.push(' ');
+                out.push_str(r);
+                out.push(' ');
+                out.push_str(trail);
+                out.push_str("%}");
+                copied = end + 2;
+            }
+        }
+        i = end + 2;
+    }
+    if copied == 0 {
+        return Cow::Borrowed(src);
+    }
+    out.push_str(&src[copied..]);
+    Cow::Owned(out)
+}
+
+/// Where the tag whose contents start at `from` ends: the position of its
+/// `close` delimiter outside string literals.
+fn tag_end(src: &str, from: usize, close: &str) -> Option<usize> {
+    let b = src.as_bytes();
+    let mut i = from;
+    let mut quote: Option<u8> = None;
+    while i < b.len() {
+        match quote {
+            Some(q) => {
+                if b[i] == b'\\' {
+                    i += 1;
+                } else if b[i] == q {
+                    quote = None;
+                }
+            }
+            None => {
+                if b[i] == b'"' || b[i] == b'\'' {
+                    quote = Some(b[i]);
+                } else if src[i..].starts_with(close) {
+                    return Some(i);
+                }
+            }
+        }
+        i += 1;
+    }
+    None
+}
+
+/// The position of the `{%` of the first `{% endraw %}` tag at or after
+/// `from`.
+fn find_endraw(src: &str, from: usize) -> Option<usize> {
+    let mut at = from;
+    while let Some(k) = src[at..].find("{%") {
+        let start = at + k;
+        let end = src[start + 2..].find("%}")? + start + 2;
+        if src[start + 2..end].trim_matches(|c: char| c == '-' || c == '+' || c.is_whitespace()) == "endraw" {
+            return Some(start);
+        }
+        at = start + 2;
+    }
+    None
+}
+
 impl ChatTemplate {
     /// The template of `file`: its `tokenizer.chat_template`, or when it has
     /// none the default for its `general.architecture` (Gemma's turn format
@@ -294,7 +634,10 @@ impl ChatTemplate {
             Err(minijinja::Error::new(ErrorKind::InvalidOperation, msg))
         });
         env.add_function("strftime_now", |format: String| strftime_now(&format));
-        env.add_template_owned(NAME, text.clone())
+        env.add_filter("tojson", tojson);
+        env.add_filter("fromjson", fromjson);
+        env.add_filter("join", join);
+        env.add_template_owned(NAME, rewrite_generation_tags(&text).into_owned())
             .map_err(|e| template_error("the chat template does not parse", &e))?;
         Ok(ChatTemplate { env, text, source, bos_token: bos.to_owned(), eos_token: eos.to_owned() })
     }
@@ -315,8 +658,8 @@ impl ChatTemplate {
     /// # Errors
     /// [`Error::ChatTemplate`] when rendering fails, including a template's
     /// own `raise_exception` (for example Gemma's on roles that do not
-    /// alternate), runs out of its step budget, or turns messages into no
-    /// text.
+    /// alternate), runs out of its budget of steps and memory
+    /// ([`RENDER_FUEL`], [`RENDER_MEMORY`]), or turns messages into no text.
     pub fn render(&self, messages: &[Message], add_generation_prompt: bool) -> Result<String> {
         let n = messages.len();
         let messages: Vec<Value> = messages
@@ -351,13 +694,21 @@ impl ChatTemplate {
     /// Those of [`ChatTemplate::render`].
     pub fn encode(&self, tokenizer: &Tokenizer, messages: &[Message], add_generation_prompt: bool) -> Result<Vec<u32>> {
         let text = self.render(messages, add_generation_prompt)?;
-        let mut ids = tokenizer.encode(&text, true);
+        Ok(ChatTemplate::encode_rendered(tokenizer, &text))
+    }
+
+    /// The tokens of `text`, a render of this template, as
+    /// [`ChatTemplate::encode`] makes them (special tokens parsed, one BOS),
+    /// for a caller that checks the rendered text first (its length, before
+    /// paying for tokenizing it).
+    pub fn encode_rendered(tokenizer: &Tokenizer, text: &str) -> Vec<u32> {
+        let mut ids = tokenizer.encode(text, true);
         if let (true, Some(bos)) = (tokenizer.add_bos(), tokenizer.bos_id()) {
             if ids.len() >= 2 && ids[0] == bos && ids[1] == bos {
                 ids.remove(0);
             }
         }
-        Ok(ids)
+        ids
     }
 }
 
@@ -374,8 +725,23 @@ mod tests {
             })
             .collect();
         for t in [GEMMA_TEMPLATE, CHATML_TEMPLATE] {
-            let text = ChatTemplate::new(t, "<bos>", "<eos>").unwrap().render(&messages, true).unwrap();
+            let template = ChatTemplate::new(t, "<bos>", "<eos>").unwrap();
+            let text = template.render(&messages, true).unwrap();
             assert!(text.contains("message 3999"));
+            // The share of the budget they take (the constant's comment).
+            let ctx: Vec<minijinja::Value> = messages
+                .iter()
+                .map(|m| minijinja::context! { role => m.role.as_str(), content => m.content.as_str() })
+                .collect();
+            let tmpl = template.env.get_template(super::NAME).unwrap();
+            let captured = tmpl
+                .render_captured(
+                    minijinja::context! { messages => ctx, add_generation_prompt => true, bos_token => "<bos>" },
+                )
+                .unwrap();
+            let (used, _) = captured.state().fuel_levels().unwrap();
+            eprintln!("4000 messages: {used} of {} units", super::RENDER_FUEL);
+            assert!(used * 100 < super::RENDER_FUEL * 10, "{used}");
         }
         let loops = "{% for i in range(10000) %}{% for j in range(10000) %}{% for k in range(10000) %}\
                      {% endfor %}{% endfor %}{% endfor %}x";

@@ -14,7 +14,10 @@
 //! 2. **greedy** choice when the temperature is 0 or `top_k` is 1: the
 //!    largest penalized logit, the lowest id among equal ones;
 //! 3. **top-k**: keep the `k` most likely tokens (ties broken towards lower
-//!    ids), found by partial selection, never a sort of the vocabulary;
+//!    ids), found by partial selection, never a sort of the vocabulary
+//!    unless `k` is the vocabulary or more and top-p follows: llama.cpp's
+//!    top-k then sorts the whole row, and top-p sums its probabilities in
+//!    that order;
 //! 4. **top-p** (nucleus): the softmax of the remaining logits at
 //!    temperature one, in `f32`, then the smallest most-likely-first prefix
 //!    whose `f32` running sum is `>=` `top_p` (as an `f32`): llama.cpp's
@@ -471,8 +474,11 @@ impl Sampler {
         // `sorted`: the candidates are in `cands`, most likely first;
         // otherwise they are the whole row.
         let mut sorted = false;
-        if self.cfg.top_k > 0 && self.cfg.top_k < l.len() {
-            self.select_top(l, self.cfg.top_k);
+        if self.cfg.top_k > 0 && (self.cfg.top_k < l.len() || self.cfg.top_p < 1.0) {
+            // A `top_k` of the vocabulary or more keeps every token, but
+            // llama.cpp's top-k sorts them: the top-p after it then sums the
+            // probabilities in that order, not in id order.
+            self.select_top(l, self.cfg.top_k.min(l.len()));
             sorted = true;
         }
         if self.cfg.top_p < 1.0 {

@@ -1,6 +1,8 @@
 //! Chat templates: the real templates of SmolLM2 (ChatML) and Gemma 3
 //! render the expected prompts, the defaults of files without a template,
-//! the prompt ids, and broken templates as errors.
+//! the prompt ids, broken templates as errors, the filters and tags of
+//! `transformers` (`tojson`, `fromjson`, `{% generation %}`), and the
+//! render's memory budget.
 
 use std::path::PathBuf;
 
@@ -280,4 +282,128 @@ fn gemma_file_gets_the_default_template() {
     assert_eq!(ids, tok.encode("<start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\n", true));
     assert_eq!(ids.iter().filter(|&&i| Some(i) == tok.bos_id()).count(), 1);
     assert!(tok.is_eog(tok.token_id("<end_of_turn>").unwrap()));
+}
+
+fn render(src: &str, messages: &[Message]) -> Result<String, Error> {
+    ChatTemplate::new(src, "<s>", "</s>")?.render(messages, false)
+}
+
+/// Issue 31 item 4: `tojson` (an unknown filter before) renders as
+/// `transformers`' filter, Python's `json.dumps`: nothing escaped for HTML,
+/// non-ASCII kept unless `ensure_ascii`, `indent`, Python's separators.
+#[test]
+fn tojson_renders_as_transformers_does() {
+    let m = [Message::user("say \"hi\" <b>é</b> & 'bye'\n\\u003c")];
+    assert_eq!(render("{{ messages[0].content | tojson }}", &m).unwrap(), r#""say \"hi\" <b>é</b> & 'bye'\n\\u003c""#);
+    assert_eq!(
+        render("{{ messages[0].content | tojson(ensure_ascii=true) }}", &m).unwrap(),
+        r#""say \"hi\" <b>\u00e9</b> & 'bye'\n\\u003c""#
+    );
+    // A character outside the BMP is a surrogate pair, as in Python.
+    assert_eq!(render("{{ '😀' | tojson(ensure_ascii=true) }}", &[]).unwrap(), r#""\ud83d\ude00""#);
+    assert_eq!(
+        render("{{ {'b': [1, 2.5, true], 'a': none, 'c': '<x>'} | tojson }}", &[]).unwrap(),
+        r#"{"a": null, "b": [1, 2.5, true], "c": "<x>"}"#
+    );
+    assert_eq!(render("{{ {'a': [1, 2]} | tojson(indent=2) }}", &[]).unwrap(), "{\n  \"a\": [\n    1,\n    2\n  ]\n}");
+    // Whole messages, as tool-calling templates print them.
+    assert_eq!(
+        render("{{ messages | tojson(sort_keys=true) }}", &[Message::assistant("ok")]).unwrap(),
+        r#"[{"content": "ok", "role": "assistant"}]"#
+    );
+    assert_eq!(render("{{ 'x' | tojson(separators=(', ', ': ')) }}", &[]).unwrap(), r#""x""#);
+    let e = render("{{ 'x' | tojson(separators=(',', ':')) }}", &[]).unwrap_err();
+    assert!(e.to_string().contains("separators"), "{e}");
+}
+
+/// Issue 31 item 4: `fromjson` (unknown before) parses JSON into values.
+#[test]
+fn fromjson_parses_json() {
+    let src =
+        r#"{% set d = messages[0].content | fromjson %}{{ d.x[1] }} {{ d.x | length }} {{ d.z is none }} {{ d.s }}"#;
+    let m = [Message::user(r#"{"x": [1, 2.5, "y"], "z": null, "s": "é\n"}"#)];
+    assert_eq!(render(src, &m).unwrap(), "2.5 3 True é\n");
+    assert_eq!(render("{{ ('[1, [2, 3]]' | fromjson)[1][0] + 1 }}", &[]).unwrap(), "3");
+    let e = render("{{ '{\"a\": ' | fromjson }}", &[]).unwrap_err();
+    assert!(e.to_string().contains("fromjson: the text is not JSON"), "{e}");
+}
+
+/// Issue 31 item 4: SmolLM3's `{% generation %}…{% endgeneration %}` (an
+/// unknown tag before) renders its content unchanged, with the whitespace
+/// control of its tags; the same words elsewhere stay text.
+#[test]
+fn generation_tags_render_their_content() {
+    let smollm3 = "{% for m in messages %}<|im_start|>{{ m.role }}\n{% if m.role == 'assistant' %}\
+                   {% generation %}{{ m.content }}{% endgeneration %}{% else %}{{ m.content }}{% endif %}\
+                   <|im_end|>\n{% endfor %}";
+    let conv = [Message::user("hi"), Message::assistant("hello")];
+    assert_eq!(
+        render(smollm3, &conv).unwrap(),
+        "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\nhello<|im_end|>\n"
+    );
+    // As the template without the tags, with trim_blocks and lstrip_blocks
+    // around them.
+    let lines = "{% for m in messages %}\n  {% generation %}\n{{ m.content }}\n  {% endgeneration %}\n{% endfor %}";
+    let without = "{% for m in messages %}\n{{ m.content }}\n{% endfor %}";
+    assert_eq!(render(lines, &conv).unwrap(), render(without, &conv).unwrap());
+    assert_eq!(render(lines, &conv).unwrap(), "hi\nhello\n");
+    // Whitespace control on the tags trims as it would on any block tag.
+    assert_eq!(render("a  {%- generation -%}  b  {%- endgeneration -%}  c", &[]).unwrap(), "abc");
+    // Not block tags: a string, an expression, a comment, a raw block.
+    assert_eq!(
+        render(
+            "{{ '{% generation %}' }}|{# {% generation %} #}|{% raw %}{% generation %}{% endraw %}|{{ 'generation' }}",
+            &[]
+        )
+        .unwrap(),
+        "{% generation %}||{% generation %}|generation"
+    );
+    // Unbalanced tags are an error, as in transformers.
+    let e = ChatTemplate::new("{% generation %}x", "", "").unwrap_err();
+    assert!(e.to_string().contains("parse"), "{e}");
+    // The template's text is kept as written.
+    let t = ChatTemplate::new(smollm3, "", "").unwrap();
+    assert!(t.text().contains("{% generation %}"));
+}
+
+/// Issue 31 item 2a: templates that build huge strings end in an error
+/// within the render's memory budget, quickly, instead of growing until
+/// the allocator aborts (a string doubled 40 times took 6-18 s and 2.6 GB
+/// before the step limit stopped it).
+#[test]
+fn templates_that_grow_strings_stop_within_the_memory_budget() {
+    let bombs = [
+        "{% set ns = namespace(s='xxxxxxxx') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s | length }}",
+        "{% for i in range(1000) %}{{ messages[0].content * 10000000 }}{% endfor %}",
+        "{% set ns = namespace(l=[messages[0].content]) %}{% for i in range(30) %}{% set ns.l = ns.l + ns.l %}{% endfor %}{{ ns.l | join }}",
+        "{% for i in range(100000) %}{{ messages[0].content | replace('a', messages[0].content) }}{% endfor %}",
+        "{% for i in range(100000) %}{% for j in range(100000) %}{{ messages[0].content }}{% endfor %}{% endfor %}",
+        "{{ ([messages[0].content] * 100000000) | join }}",
+        "{{ ([messages[0].content] * 100000000) | tojson }}",
+        "{% set ns = namespace(l=[messages[0].content]) %}{% for i in range(30) %}{% set ns.l = ns.l + ns.l %}{% endfor %}{{ ns.l | tojson }}",
+    ];
+    let m = [Message::user("a".repeat(1000))];
+    for src in bombs {
+        let t0 = std::time::Instant::now();
+        let e = render(src, &m).unwrap_err();
+        let msg = e.to_string();
+        assert!(
+            (msg.contains("did not finish") && msg.contains("MiB of data"))
+                || msg.contains("more than the render's 256 MiB"),
+            "{src}: {msg}"
+        );
+        assert!(t0.elapsed().as_secs_f64() < 5.0, "{src}: stopped after {:?}", t0.elapsed());
+        eprintln!("{:.2} s: {src}", t0.elapsed().as_secs_f64());
+    }
+    // `join` as Jinja's.
+    assert_eq!(
+        render(
+            "{{ ['a', 1, none] | join('-') }}|{{ 'abc' | join(',') }}|{{ messages | join(attribute='role') }}",
+            &[Message::user("x"), Message::assistant("y")]
+        )
+        .unwrap(),
+        "a-1-None|a,b,c|userassistant"
+    );
+    // The budget is the documented one.
+    assert_eq!(infer_model::chat::RENDER_MEMORY, 256 << 20);
 }

@@ -223,3 +223,31 @@ fn fetch_into_an_empty_directory() {
     // A second call finds the verified copy.
     assert_eq!(ensure_in(tmp.path(), model).unwrap(), path);
 }
+
+/// Issue 31 item 3: the work directories of fetches whose process is gone
+/// (killed before it could clean up) are removed; those of running
+/// processes, this one included, and other entries stay.
+#[cfg(unix)]
+#[test]
+fn stale_work_dirs_of_dead_processes_are_removed() {
+    use infer_model::fetch::{remove_stale_work_dirs, WORK_DIR_PREFIX};
+    let tmp = tmpdir("stale");
+    // A process that has exited (and been reaped): its pid is free.
+    let mut child = std::process::Command::new("true").spawn().unwrap();
+    let dead = child.id();
+    child.wait().unwrap();
+    let dead_dir = tmp.path().join(format!("{WORK_DIR_PREFIX}{dead}-abc"));
+    std::fs::create_dir_all(dead_dir.join("wheels/tmp")).unwrap();
+    std::fs::write(dead_dir.join("wheels/x.whl"), b"wheel").unwrap();
+    let own = tmp.path().join(format!("{WORK_DIR_PREFIX}{}-def", std::process::id()));
+    std::fs::create_dir(&own).unwrap();
+    let not_a_pid = tmp.path().join(format!("{WORK_DIR_PREFIX}model-x"));
+    std::fs::create_dir(&not_a_pid).unwrap();
+    let model = tmp.path().join("model.gguf");
+    std::fs::write(&model, b"GGUF").unwrap();
+    assert_eq!(remove_stale_work_dirs(tmp.path()), 1);
+    assert!(!dead_dir.exists());
+    assert!(own.is_dir() && not_a_pid.is_dir() && model.is_file());
+    // A missing cache directory: nothing to do.
+    assert_eq!(remove_stale_work_dirs(&tmp.path().join("missing")), 0);
+}

@@ -471,3 +471,31 @@ fn repetition_penalty() {
     s.sample(&l).unwrap();
     assert_eq!(l, vec![2.0, 1.9]);
 }
+
+/// Issue 31 item 6: with `top_k` at or past the vocabulary, llama.cpp's
+/// top-k keeps every token but sorts them, so top-p sums the probabilities
+/// most likely first. 100 000 tiny tokens before two large ones: in id
+/// order their `f32` sum counts (2·10⁻⁴), most likely first it is lost in
+/// the rounding of 1.25, and the nucleus at 0.7999 is the first token alone
+/// (probability 0.8 exactly in `f32`) rather than two tokens.
+#[test]
+fn top_p_after_a_top_k_of_the_whole_vocabulary_sums_in_sorted_order() {
+    let tiny = 100_000;
+    let mut l = vec![-20.0f32; tiny];
+    l.push(0.0);
+    l.push(0.25f32.ln());
+    let (first, second) = (tiny as u32, tiny as u32 + 1);
+    for top_k in [l.len(), l.len() + 10, 1_000_000] {
+        let mut s = Sampler::new(cfg(1.0, top_k, 0.7999, 0.0, 9)).unwrap();
+        let h = histogram(&mut s, &l, 200);
+        assert_eq!(h[first as usize], 200, "top_k {top_k}: the nucleus is the first token alone");
+        assert_eq!(h[second as usize], 0, "top_k {top_k}");
+    }
+    // The same nucleus as a top-k just below the vocabulary (sorted too).
+    let mut s = Sampler::new(cfg(1.0, l.len() - 1, 0.7999, 0.0, 9)).unwrap();
+    assert_eq!(histogram(&mut s, &l, 200)[first as usize], 200);
+    // Without top-k, llama.cpp's top-p sums in id order: both tokens.
+    let mut s = Sampler::new(cfg(1.0, 0, 0.7999, 0.0, 9)).unwrap();
+    let h = histogram(&mut s, &l, 2000);
+    assert!(h[second as usize] > 0 && h[first as usize] + h[second as usize] == 2000, "{:?}", &h[tiny..]);
+}

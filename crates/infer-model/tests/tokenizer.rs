@@ -403,3 +403,97 @@ fn gemma_long_whitespace_runs() {
         assert!(took < Duration::from_secs(5), "{took:?}");
     }
 }
+
+// ---------------------------------------------------------------------------
+// End-of-generation tokens found by their text (llama.cpp's rules).
+
+/// A SentencePiece vocabulary laid out like Gemma 3's: `<eos>` 1, `<bos>`
+/// 2, `<end_of_turn>` a control token, `</s>` a user-defined token (text,
+/// not EOS), the pieces of `</s>` as text, byte tokens; `extra` tokens
+/// (text, type) at the end.
+fn gemma_like(extra: &[(&str, i32)]) -> SpmVocab {
+    let mut entries: Vec<(&str, i32)> =
+        vec![("<pad>", 3), ("<eos>", 3), ("<bos>", 3), ("<end_of_turn>", 3), ("</s>", 4)];
+    entries.extend([("<", 1), ("/", 1), ("s", 1), (">", 1), ("</", 1), ("x", 1)]);
+    entries.extend_from_slice(extra);
+    let mut v = SpmVocab::default();
+    for &(t, ty) in &entries {
+        v.tokens.push(t.to_string());
+        v.token_types.get_or_insert_with(Vec::new).push(ty);
+        v.scores.get_or_insert_with(Vec::new).push(if ty == 1 { -1.0 } else { 0.0 });
+    }
+    for b in 0..=255u8 {
+        v.tokens.push(format!("<0x{b:02X}>"));
+        v.token_types.as_mut().unwrap().push(6);
+        v.scores.as_mut().unwrap().push(0.0);
+    }
+    v.eos_id = Some(1);
+    v.bos_id = Some(2);
+    v.add_space_prefix = Some(false);
+    v
+}
+
+/// Issue 31 item 5: llama.cpp turns every token whose text is `</s>` into
+/// an end-of-generation control token (Gemma 3's `</s>` is text, not EOS):
+/// generation stops there, and without special parsing the text `</s>` is
+/// tokenized as text (it was one user-defined id here, three in llama.cpp).
+#[test]
+fn a_text_token_spelled_eos_ends_generation_as_in_llama_cpp() {
+    let t = Tokenizer::from_vocab(gemma_like(&[])).unwrap();
+    let s = t.token_id("</s>").unwrap();
+    assert_eq!(t.token_type(s), Some(TokenType::Control));
+    assert!(t.is_eog(s) && t.is_eog(1) && t.is_eog(3), "{:?}", t.eog_ids());
+    assert_eq!(t.eot_id(), Some(3), "<end_of_turn> stays the end-of-turn token");
+    // Parsed as special: one id; as text: its pieces, as llama.cpp does.
+    assert_eq!(t.encode_with("x</s>x", false, true), [10, s, 10]);
+    let plain = t.encode_with("x</s>x", false, false);
+    assert!(!plain.contains(&s), "{:?}", pieces(&t, &plain));
+    assert_eq!(pieces(&t, &plain), ["x", "</", "s", ">", "x"]);
+    // A control token: left out of decoded text unless asked for.
+    assert_eq!(t.decode_with(&[10, s, 10], true), "xx");
+    assert_eq!(t.decode_with(&[10, s, 10], false), "x</s>x");
+}
+
+/// llama.cpp's exceptions: with `<|tool_response>` (Gemma 4) `</s>` is a
+/// normal token and no end of generation; with `<|return|>` and `<|call|>`
+/// (gpt-oss) `<|end|>` is a user-defined token and no end of generation.
+#[test]
+fn llama_cpp_exceptions_to_the_end_of_generation_texts() {
+    let t = Tokenizer::from_vocab(gemma_like(&[("<|tool_response>", 3)])).unwrap();
+    let (s, tool) = (t.token_id("</s>").unwrap(), t.token_id("<|tool_response>").unwrap());
+    assert!(!t.is_eog(s) && t.is_eog(tool), "{:?}", t.eog_ids());
+    assert_eq!(t.token_type(s), Some(TokenType::Normal));
+
+    let t = Tokenizer::from_vocab(gemma_like(&[("<|end|>", 3), ("<|return|>", 3), ("<|call|>", 3)])).unwrap();
+    let end = t.token_id("<|end|>").unwrap();
+    assert!(!t.is_eog(end), "{:?}", t.eog_ids());
+    assert_eq!(t.token_type(end), Some(TokenType::UserDefined));
+    for text in ["<|return|>", "<|call|>", "</s>", "<end_of_turn>"] {
+        assert!(t.is_eog(t.token_id(text).unwrap()), "{text}");
+    }
+    // `<|end|>` alone ends the generation.
+    let t = Tokenizer::from_vocab(gemma_like(&[("<|end|>", 3)])).unwrap();
+    assert!(t.is_eog(t.token_id("<|end|>").unwrap()));
+}
+
+/// Issue 31 item 6: a special-token id past the vocabulary is reported (as
+/// llama.cpp's "bad special token" warning), once, with the id used
+/// instead; a sound file has no warning.
+#[test]
+fn special_ids_past_the_vocabulary_are_warned_about() {
+    let mut v = tiny_vocab();
+    v.bos_id = Some(1_000_000);
+    v.eot_id = Some(5000);
+    let t = Tokenizer::from_vocab(v).unwrap();
+    assert_eq!(t.bos_id(), Some(BOS));
+    assert_eq!(
+        t.warnings(),
+        [
+            "bad special token: tokenizer.ggml.bos_token_id = 1000000 is past the vocabulary of 272 tokens; using the \
+             default id 1",
+            "bad special token: tokenizer.ggml.eot_token_id = 5000 is past the vocabulary of 272 tokens; there is no \
+             such token",
+        ]
+    );
+    assert!(Tokenizer::from_vocab(tiny_vocab()).unwrap().warnings().is_empty());
+}

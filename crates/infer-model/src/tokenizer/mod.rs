@@ -116,7 +116,19 @@ impl Tokenizer {
     ///
     /// The token texts and merges are read in place from the file's
     /// metadata: the tokenizer's tables are the only copies made.
+    ///
+    /// What [`Tokenizer::warnings`] lists (a special-token id past the
+    /// vocabulary) is printed on stderr, one `warning:` line each, as
+    /// llama.cpp logs it when it loads a vocabulary.
     pub fn from_gguf(file: &GgufFile) -> Result<Tokenizer> {
+        let t = Tokenizer::read_gguf(file)?;
+        for w in t.warnings() {
+            eprintln!("warning: {w}");
+        }
+        Ok(t)
+    }
+
+    fn read_gguf(file: &GgufFile) -> Result<Tokenizer> {
         let model = file.get_str(&key("model"))?;
         let tokens = match model {
             "llama" | "gpt2" => file.get_strings(&key("tokens"))?,
@@ -193,6 +205,13 @@ impl Tokenizer {
     pub fn from_bpe_vocab(vocab: BpeVocab) -> Result<Tokenizer> {
         let (vocab, model, add_bos, add_eos) = BpeModel::build(vocab)?;
         Ok(Tokenizer { vocab, model: Model::Bpe(Box::new(model)), add_bos, add_eos })
+    }
+
+    /// What was wrong with the file's special-token ids, one line each: an
+    /// id past the vocabulary, and which id was taken instead (empty for a
+    /// sound file).
+    pub fn warnings(&self) -> &[String] {
+        &self.vocab.warnings
     }
 
     /// Which algorithm this tokenizer runs.

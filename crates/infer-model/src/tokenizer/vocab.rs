@@ -89,9 +89,13 @@ impl TokenType {
     }
 }
 
-/// Texts of tokens that end a turn or the generation in some model
-/// families (the list llama.cpp's `llama_vocab::load` checks); the tokens
-/// found among them join EOS and EOT in [`Vocab::is_eog`].
+/// Texts of tokens that end a turn or the generation (the list of
+/// llama.cpp's `llama_vocab::impl::load` that fills `special_eog_ids`, and
+/// DeepSeek's end of sentence, which llama.cpp finds as an end-of-turn
+/// token): the tokens found among them join EOS and EOT in
+/// [`Vocab::is_eog`] and become control tokens. `</s>` is among them (for
+/// PaddleOCR in llama.cpp): in a vocabulary where it is text, such as Gemma
+/// 3's, it ends the generation too, as in llama.cpp.
 pub(crate) const EOG_TEXTS: &[&str] = &[
     "<end_of_turn>",
     "<|eot_id|>",
@@ -102,8 +106,34 @@ pub(crate) const EOG_TEXTS: &[&str] = &[
     "<|end_of_text|>",
     "<|return|>",
     "<|call|>",
+    "<|flush|>",
+    "<|calls|>",
+    "</s>",
     "<EOT>",
     "_<EOT>",
+    "[EOT]",
+    "[EOS]",
+    "<end_of_utterance>",
+    "<eos>",
+    "<turn|>",
+    "<|tool_response>",
+    "<\u{ff5c}end\u{2581}of\u{2581}sentence\u{ff5c}>",
+];
+
+/// Texts of end-of-turn tokens, for a file without
+/// `tokenizer.ggml.eot_token_id`: the first one present is the EOT token
+/// (llama.cpp's list of the same search, which takes whichever it meets
+/// first, and DeepSeek's end of sentence).
+const EOT_TEXTS: &[&str] = &[
+    "<end_of_turn>",
+    "<|eot_id|>",
+    "<|im_end|>",
+    "<|end|>",
+    "<|endoftext|>",
+    "<|end_of_text|>",
+    "<EOT>",
+    "_<EOT>",
+    "[EOT]",
     "<end_of_utterance>",
     "<\u{ff5c}end\u{2581}of\u{2581}sentence\u{ff5c}>",
 ];
@@ -141,6 +171,9 @@ pub(crate) struct Vocab {
     pub eot: Option<u32>,
     /// End-of-generation tokens, ascending.
     pub eog: Vec<u32>,
+    /// What was wrong with the file's special ids (one line each), for the
+    /// caller to report.
+    pub warnings: Vec<String>,
 }
 
 fn tok_err(m: String) -> Error {
@@ -227,21 +260,49 @@ impl Vocab {
         let lookup = PieceTable::build(n, piece, what("lookup table"))?;
         let find = |s: &str| lookup.get(s, piece);
 
-        let pick = |given: Option<u32>, default: Option<u32>| {
-            given.filter(|&id| (id as usize) < n).or(default.filter(|&id| (id as usize) < n))
+        let mut warnings = Vec::new();
+        let mut pick = |key: &str, given: Option<u32>, default: Option<u32>| {
+            let default = default.filter(|&id| (id as usize) < n);
+            match given {
+                Some(id) if (id as usize) < n => Some(id),
+                Some(id) => {
+                    let instead =
+                        default.map_or("there is no such token".to_owned(), |d| format!("using the default id {d}"));
+                    warnings.push(format!(
+                        "bad special token: tokenizer.ggml.{key} = {id} is past the vocabulary of {n} tokens; {instead}"
+                    ));
+                    default
+                }
+                None => default,
+            }
         };
-        let bos = pick(given.bos, defaults.bos);
-        let eos = pick(given.eos, defaults.eos);
-        let unk = pick(given.unk, defaults.unk);
-        let pad = pick(given.pad, defaults.pad);
-        let eot = pick(given.eot, defaults.eot).or_else(|| EOG_TEXTS.iter().find_map(|t| find(t)));
-        let by_text: Vec<u32> = EOG_TEXTS.iter().filter_map(|t| find(t)).collect();
+        let bos = pick("bos_token_id", given.bos, defaults.bos);
+        let eos = pick("eos_token_id", given.eos, defaults.eos);
+        let unk = pick("unknown_token_id", given.unk, defaults.unk);
+        let pad = pick("padding_token_id", given.pad, defaults.pad);
+        let eot = pick("eot_token_id", given.eot, defaults.eot).or_else(|| EOT_TEXTS.iter().find_map(|t| find(t)));
+        let mut by_text: Vec<u32> = EOG_TEXTS.iter().filter_map(|t| find(t)).collect();
         for &id in &by_text {
             types[id as usize] = TokenType::Control;
         }
+        // llama.cpp's exceptions, applied after EOS and EOT joined the list
+        // (so that they take those out too).
+        by_text.extend(eos);
+        by_text.extend(eot);
         let mut eog = by_text;
-        eog.extend(eos);
-        eog.extend(eot);
+        let has = |eog: &[u32], t: &str| find(t).filter(|id| eog.contains(id));
+        if let Some(end) = has(&eog, "<|end|>") {
+            let harmony = has(&eog, "<|return|>").is_some() && has(&eog, "<|call|>").is_some();
+            let solar = has(&eog, "<|calls|>").is_some() && has(&eog, "<|flush|>").is_some();
+            if harmony || solar {
+                eog.retain(|&id| id != end);
+                types[end as usize] = TokenType::UserDefined;
+            }
+        }
+        if let (Some(s), Some(_)) = (has(&eog, "</s>"), has(&eog, "<|tool_response>")) {
+            eog.retain(|&id| id != s);
+            types[s as usize] = TokenType::Normal;
+        }
         eog.sort_unstable();
         eog.dedup();
 
@@ -262,7 +323,22 @@ impl Vocab {
                 specials.insert(piece(i).as_bytes(), i as u32, what("special-token trie"))?;
             }
         }
-        Ok(Vocab { text, offsets, types, rendered, rendered_offsets, lookup, specials, bos, eos, unk, pad, eot, eog })
+        Ok(Vocab {
+            text,
+            offsets,
+            types,
+            rendered,
+            rendered_offsets,
+            lookup,
+            specials,
+            bos,
+            eos,
+            unk,
+            pad,
+            eot,
+            eog,
+            warnings,
+        })
     }
 
     /// Number of tokens.
