@@ -64,6 +64,12 @@ pub(super) struct Maxima {
 }
 
 impl Maxima {
+    /// Tokens of a pass of `n_tok` whose attention partial sums need room:
+    /// those of the split-K kernels, or of one batched decode launch.
+    pub(super) fn attn_part_tokens(&self, n_tok: usize) -> usize {
+        self.split_k_tokens(n_tok).max(n_tok.min(ops::DECODE_BATCH_MAX))
+    }
+
     /// Tokens of a pass of `n_tok` whose split-K partial sums need room.
     pub(super) fn split_k_tokens(&self, n_tok: usize) -> usize {
         if self.flash {
@@ -135,8 +141,9 @@ pub(super) struct Buffers {
 
 /// Where a step's integers lie in [`Buffers::params`] (`i32` each): the
 /// first position of each of its `n_spans` spans, then its `n` token ids,
-/// then the batch indices of its wanted rows. A one-token step is
-/// `[pos0, token]` at every position, so its captured graph replays.
+/// then the batch indices of its wanted rows (room for `n`), then each
+/// span's slot. A one-token step is `[pos0, token, ...]` at every position,
+/// so its captured graph replays.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Params {
     pub n_spans: usize,
@@ -146,7 +153,7 @@ pub(super) struct Params {
 impl Params {
     /// Values for a step of up to `cap` tokens (as many spans and rows).
     pub fn len(cap: usize) -> usize {
-        3 * cap.max(1)
+        4 * cap.max(1)
     }
     /// Index of span `i`'s first position.
     pub fn pos(&self, i: usize) -> usize {
@@ -156,9 +163,17 @@ impl Params {
     pub fn tokens(&self) -> usize {
         self.n_spans
     }
-    /// Index of the first wanted row's batch index.
+    /// Index of the first wanted row's batch index (room for `n`).
     pub fn outputs(&self) -> usize {
         self.n_spans + self.n
+    }
+    /// Index of span `i`'s slot.
+    pub fn slot(&self, i: usize) -> usize {
+        self.n_spans + 2 * self.n + i
+    }
+    /// Values the step writes.
+    pub fn end(&self) -> usize {
+        self.slot(self.n_spans)
     }
 }
 
@@ -174,6 +189,7 @@ pub(super) struct GemmScratch {
 impl Buffers {
     /// Allocates the buffers of passes of up to `cap` tokens over a cache
     /// of `n_split` attention splits.
+    #[allow(clippy::too_many_arguments)] // sizes, one by one
     pub(super) fn new(
         d: &Device,
         m: &Maxima,
@@ -206,9 +222,9 @@ impl Buffers {
             gate: d.zeros(cap * m.n_ff)?,
             up: d.zeros(cap * m.n_ff)?,
             act: d.zeros(cap * m.n_ff)?,
-            part_o: d.zeros(m.split_k_tokens(cap) * m.heads * n_split * m.hd)?,
-            part_ml: d.zeros(m.split_k_tokens(cap) * m.heads * n_split * 2)?,
-            attn_count: d.zeros(m.heads.max(1))?,
+            part_o: d.zeros(m.attn_part_tokens(cap) * m.heads * n_split * m.hd)?,
+            part_ml: d.zeros(m.attn_part_tokens(cap) * m.heads * n_split * 2)?,
+            attn_count: d.zeros(cap.min(ops::DECODE_BATCH_MAX) * m.heads.max(1))?,
             glu_count: d.zeros((m.n_ff / 32).max(1))?,
             logits: d.zeros(out_cap * n_vocab)?,
             out_h: d.zeros(out_cap * e)?,

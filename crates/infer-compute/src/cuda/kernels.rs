@@ -39,6 +39,9 @@ pub(crate) mod names {
     pub const ATTN_DECODE_HD64: KernelName = KernelName("attn_decode_hd64");
     pub const ATTN_DECODE_HD128: KernelName = KernelName("attn_decode_hd128");
     pub const ATTN_DECODE_HD256: KernelName = KernelName("attn_decode_hd256");
+    pub const ATTN_DECODE_BATCH_HD64: KernelName = KernelName("attn_decode_batch_hd64");
+    pub const ATTN_DECODE_BATCH_HD128: KernelName = KernelName("attn_decode_batch_hd128");
+    pub const ATTN_DECODE_BATCH_HD256: KernelName = KernelName("attn_decode_batch_hd256");
     pub const EMBED_ROWS: KernelName = KernelName("embed_rows");
     pub const GATHER_ROWS: KernelName = KernelName("gather_rows");
     pub const GLU: KernelName = KernelName("glu");
@@ -51,7 +54,7 @@ pub(crate) mod names {
     pub const ATTN_PREFILL_HD256: KernelName = KernelName("attn_prefill_hd256");
 
     /// Every non-mat-vec kernel (loaded when the backend starts).
-    pub const ALL: [KernelName; 21] = [
+    pub const ALL: [KernelName; 24] = [
         QUANTIZE_Q8,
         RESIDUAL_NORM,
         QKV_POST,
@@ -63,6 +66,9 @@ pub(crate) mod names {
         ATTN_DECODE_HD64,
         ATTN_DECODE_HD128,
         ATTN_DECODE_HD256,
+        ATTN_DECODE_BATCH_HD64,
+        ATTN_DECODE_BATCH_HD128,
+        ATTN_DECODE_BATCH_HD256,
         EMBED_ROWS,
         GATHER_ROWS,
         GLU,
@@ -323,8 +329,10 @@ pub(crate) struct AttnQkvArgs {
     pub at: AttnArgs,
     pub qk: QkvArgs,
     pub count: DevPtr,
+    pub slot: DevPtr,
+    pub slot_stride: i64,
 }
-const _: () = assert!(std::mem::size_of::<AttnQkvArgs>() == 240);
+const _: () = assert!(std::mem::size_of::<AttnQkvArgs>() == 256);
 
 // SAFETY: plain #[repr(C)] structs of integers and floats whose layout
 // matches the CUDA declarations (sizes asserted on both sides); kernels

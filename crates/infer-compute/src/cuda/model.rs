@@ -267,9 +267,14 @@ pub struct CudaKvPool {
 }
 
 impl CudaKvPool {
+    /// Cache values (f16) of one slot of layer `li`.
+    fn slot_stride(&self, li: usize) -> usize {
+        self.n_ctx * self.kv_dim[li]
+    }
+
     /// Device addresses of slot `slot`'s K and V caches in layer `li`.
     fn slot_ptrs(&self, li: usize, slot: usize) -> (DevPtr, DevPtr) {
-        let off = (slot * self.n_ctx * self.kv_dim[li] * 2) as u64;
+        let off = (slot * self.slot_stride(li) * 2) as u64;
         (self.dev.ptr(&self.k[li]) + off, self.dev.ptr(&self.v[li]) + off)
     }
 }
@@ -536,6 +541,9 @@ impl CudaModel {
         for (dst, &r) in params[at.outputs()..].iter_mut().zip(&pass.outputs) {
             *dst = r as i32;
         }
+        for (i, s) in pass.spans.iter().enumerate() {
+            params[at.slot(i)] = s.slot as i32;
+        }
         Ok(())
     }
 
@@ -546,7 +554,7 @@ impl CudaModel {
     fn enqueue_io(&mut self, pool: &CudaKvPool, pass: &Pass, greedy: bool, row0: usize) -> Result<()> {
         let b = self.bufs.as_ref().ok_or_else(|| Error::Device("buffers missing".into()))?;
         let at = pass.params();
-        self.dev.enqueue_write(&b.params_host, self.dev.ptr(&b.params), at.outputs() + pass.outputs.len())?;
+        self.dev.enqueue_write(&b.params_host, self.dev.ptr(&b.params), at.end())?;
         self.enqueue(pool, pass, &mut |_, _| Ok(()))?;
         let b = self.bufs.as_ref().ok_or_else(|| Error::Device("buffers missing".into()))?;
         let d = &*self.dev;
@@ -669,7 +677,7 @@ impl DeviceModel for CudaModel {
         self.ensure_buffers(1, 1, pool.n_split)?;
         self.set_params(&batch, 0, &pass)?;
         let b = self.bufs.as_ref().ok_or_else(|| Error::Device("buffers missing".into()))?;
-        self.dev.enqueue_write(&b.params_host, self.dev.ptr(&b.params), pass.params().outputs() + 1)?;
+        self.dev.enqueue_write(&b.params_host, self.dev.ptr(&b.params), pass.params().end())?;
         self.dev.sync()?;
         let mut prof = StepProfile::default();
         let mut last = Instant::now();

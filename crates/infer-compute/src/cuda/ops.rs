@@ -360,7 +360,8 @@ pub(crate) fn qkv_attention(dev: &Device, qkv: &QkvArgs, attn: &AttnArgs, count:
         let floats = ATTN_MAX_G * hd + ATTN_MAX_G * ATTN_SPLIT + 5 * hd + 2 * ATTN_MAX_G;
         let smem = (floats * 4 + ATTN_SPLIT * hd * 2) as u32;
         let grid = (to_u32(n_kv, "kv heads")?, to_u32(attn.n_split as usize, "splits")?, 1);
-        return dev.launch(k, grid, decode_threads(hd), smem, &AttnQkvArgs { at: *attn, qk: *qkv, count });
+        let args = AttnQkvArgs { at: *attn, qk: *qkv, count, slot: 0, slot_stride: 0 };
+        return dev.launch(k, grid, decode_threads(hd), smem, &args);
     }
     let fuse = one && fuse_qkv_setting().unwrap_or(n_kv >= 2);
     if !fuse {
@@ -370,11 +371,64 @@ pub(crate) fn qkv_attention(dev: &Device, qkv: &QkvArgs, attn: &AttnArgs, count:
     check_qkv_shape(qkv)?;
     check_attn_shape(n_head, n_kv, hd)?;
     let smem = ((ATTN_MAX_G * hd + ATTN_MAX_G * ATTN_SPLIT + pv_reduce_len(hd).max(3 * hd)) * 4) as u32;
-    let args = AttnQkvArgs { at: *attn, qk: *qkv, count: 0 };
+    let args = AttnQkvArgs { at: *attn, qk: *qkv, count: 0, slot: 0, slot_stride: 0 };
     let grid = (to_u32(n_kv, "kv heads")?, to_u32(attn.n_split as usize, "splits")?, 1);
     let k = if pv_reduce_len(hd) > 0 { names::ATTN_SPLIT_QKV_GRP } else { names::ATTN_SPLIT_QKV };
     dev.launch(k, grid, ATTN_THREADS as u32, smem, &args)?;
     combine(dev, attn)
+}
+
+/// Most one-token steps of different sequences in one launch of the
+/// batched decode attention ([`qkv_attention_batch`]): the partial sums and
+/// tickets are sized for this many tokens.
+pub(crate) const DECODE_BATCH_MAX: usize = 64;
+
+/// Whether [`qkv_attention_batch`] runs the shape of `attn` (the kernel of
+/// [`qkv_attention`]'s one-token path exists for it).
+pub(crate) fn has_decode_batch(attn: &AttnArgs) -> bool {
+    let (n_head, n_kv) = (attn.n_head as usize, attn.n_kv as usize);
+    decode_kernel(attn.hd as usize).is_some() && n_kv > 0 && n_head / n_kv <= ATTN_MAX_G && decode_enabled()
+}
+
+/// [`qkv_attention`] for `n_tok` one-token steps of different sequences in
+/// one launch (`attn_decode_batch_hd*`, grid z over the tokens): `qkv` and
+/// `attn` describe token 0 with `n_tok` = 1 (its rows, the caches of slot
+/// 0, `pos0` the first of `n_tok` device positions); token `t` reads row
+/// `t` of each activation, position `pos0[t]` and the caches at
+/// `slot[t] · slot_stride` values from slot 0's. `count` holds `n_tok ·
+/// n_kv` zeroed tickets, the partial sums room for `n_tok` tokens.
+///
+/// # Errors
+/// A shape without the kernel (check [`has_decode_batch`]), more than
+/// [`DECODE_BATCH_MAX`] tokens, launch errors.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn qkv_attention_batch(
+    dev: &Device,
+    qkv: &QkvArgs,
+    attn: &AttnArgs,
+    count: DevPtr,
+    slot: DevPtr,
+    slot_stride: usize,
+    n_tok: usize,
+) -> Result<()> {
+    let (n_kv, hd) = (attn.n_kv as usize, attn.hd as usize);
+    let k = match hd {
+        64 => names::ATTN_DECODE_BATCH_HD64,
+        128 => names::ATTN_DECODE_BATCH_HD128,
+        256 => names::ATTN_DECODE_BATCH_HD256,
+        _ => return Err(Error::Device(format!("no batched decode attention for head_dim {hd}"))),
+    };
+    if !has_decode_batch(attn) || n_tok == 0 || n_tok > DECODE_BATCH_MAX || count == 0 || slot == 0 {
+        return Err(Error::Device(format!("batched decode attention of {n_tok} tokens does not apply here")));
+    }
+    check_qkv_shape(qkv)?;
+    check_attn_shape(attn.n_head as usize, n_kv, hd)?;
+    let floats = ATTN_MAX_G * hd + ATTN_MAX_G * ATTN_SPLIT + 5 * hd + 2 * ATTN_MAX_G;
+    let smem = (floats * 4 + ATTN_SPLIT * hd * 2) as u32;
+    let grid = (to_u32(n_kv, "kv heads")?, to_u32(attn.n_split as usize, "splits")?, to_u32(n_tok, "tokens")?);
+    let slot_stride = i64::try_from(slot_stride).map_err(|_| Error::Overflow("KV pool slot stride"))?;
+    let args = AttnQkvArgs { at: *attn, qk: *qkv, count, slot, slot_stride };
+    dev.launch(k, grid, decode_threads(hd), smem, &args)
 }
 
 /// The one-launch decode attention kernel for head dimension `hd`.
@@ -537,9 +591,6 @@ fn combine(dev: &Device, args: &AttnArgs) -> Result<()> {
     Ok(())
 }
 
-/// Dequantizes rows `tokens[t]` of `table` (`ty`, `n` values per row) into
-/// `x[t]`, times `scale`.
-#[allow(clippy::too_many_arguments)] // the kernel's parameters, one by one
 /// Copies rows `idx[r]` of `src` (rows of `row_bytes` bytes, a multiple of
 /// 4) to consecutive rows `r < n_rows` of `dst`; `idx` is `n_rows` device
 /// `i32` row indices inside `src`.
@@ -568,6 +619,9 @@ pub(crate) fn gather_rows(
     }
 }
 
+/// Dequantizes rows `tokens[t]` of `table` (`ty`, `n` values per row) into
+/// `x[t]`, times `scale`.
+#[allow(clippy::too_many_arguments)] // the kernel's parameters, one by one
 pub(crate) fn embed_rows(
     dev: &Device,
     table: DevPtr,

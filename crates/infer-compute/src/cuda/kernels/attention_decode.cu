@@ -237,10 +237,49 @@ __device__ __forceinline__ void attn_decode_impl(const AttnQkvArgs& args) {
     }
 }
 
+// The arguments of token t = blockIdx.z of a batch of one-token steps of
+// different sequences (attn_decode_batch_hd*): its rows of q/k/v, of the
+// output and of the partial sums, its position pos0[t], its slot's caches
+// and its own tickets.
+template <int HD>
+__device__ __forceinline__ AttnQkvArgs batch_token(const AttnQkvArgs& in) {
+    AttnQkvArgs b = in;
+    const int t = blockIdx.z;
+    const size_t qd = (size_t)in.at.n_head * HD, kvd = (size_t)in.at.n_kv * HD;
+    const size_t parts = (size_t)t * in.at.n_head * in.at.n_split;
+    const long long off = (long long)in.slot[t] * in.slot_stride;
+    b.at.q += t * qd;
+    b.qk.q += t * qd;
+    b.qk.k += t * kvd;
+    b.qk.v += t * kvd;
+    b.at.out += t * qd;
+    if (in.at.oq) {
+        b.at.oq += t * qd;
+        b.at.ods += t * qd / 32;
+    }
+    b.at.part_o += parts * HD;
+    b.at.part_ml += parts;
+    b.at.pos0 += t;
+    b.qk.pos0 += t;
+    b.at.kc += off;
+    b.at.vc += off;
+    b.qk.kc += off;
+    b.qk.vc += off;
+    b.count += (size_t)t * in.at.n_kv;
+    return b;
+}
+
+// attn_decode_hd*: one token; attn_decode_batch_hd*: grid z over the tokens
+// of a batch, each of its own sequence (a slot of the KV pool).
 #define ATTN_DECODE(HD)                                                                    \
     extern "C" __global__ void __launch_bounds__(DECODE_THREADS(HD))                       \
         attn_decode_hd##HD(const AttnQkvArgs args) {                                       \
         attn_decode_impl<HD>(args);                                                        \
+    }                                                                                      \
+    extern "C" __global__ void __launch_bounds__(DECODE_THREADS(HD))                       \
+        attn_decode_batch_hd##HD(const AttnQkvArgs args) {                                 \
+        const AttnQkvArgs b = batch_token<HD>(args);                                       \
+        attn_decode_impl<HD>(b);                                                           \
     }
 
 ATTN_DECODE(64)

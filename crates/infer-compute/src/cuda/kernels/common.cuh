@@ -342,9 +342,11 @@ static_assert(sizeof(AttnArgs) == 104, "AttnArgs layout");
 struct AttnQkvArgs {
     AttnArgs at;
     QkvArgs qk;
-    int* count;          // attn_decode: [n_kv] finished spans, zero between launches
+    int* count;          // attn_decode: [n_tok][n_kv] finished spans, zero between launches
+    const int* slot;     // attn_decode_batch: token t's pool slot (pos0[t] its position)
+    long long slot_stride;  // attn_decode_batch: cache values per slot (n_ctx * n_kv * hd)
 };
-static_assert(sizeof(AttnQkvArgs) == 240, "AttnQkvArgs layout");
+static_assert(sizeof(AttnQkvArgs) == 256, "AttnQkvArgs layout");
 
 // Positions per attention split (one block's share of the cache).
 #define ATTN_SPLIT 32

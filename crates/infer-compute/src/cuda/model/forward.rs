@@ -174,9 +174,12 @@ impl CudaModel {
             let (q_dim, kv_dim) = (l.n_head * l.hd, l.n_kv * l.hd);
             let wo_q8 = ops::wants_q8(l.wo.ty)?;
             // Attention per span, against the span's slot: the rows of
-            // q/k/v/attn (and of attn's q8 copy) from the span's start.
-            for (si, s) in pass.spans.iter().enumerate() {
-                let (kc, vc) = pool.slot_ptrs(li, s.slot);
+            // q/k/v/attn (and of attn's q8 copy) from the span's start; the
+            // caches of `slot` (slot 0's for the batched kernel, which adds
+            // each token's slot itself).
+            let args = |si: usize, slot: usize| {
+                let s = &pass.spans[si];
+                let (kc, vc) = pool.slot_ptrs(li, slot);
                 let row = |base: DevPtr, bytes: usize| base + (s.start * bytes) as u64;
                 let qkv = QkvArgs {
                     q: row(p(&b.q), q_dim * 4),
@@ -220,7 +223,24 @@ impl CudaModel {
                     scale: l.scale,
                     softcap: l.softcap.unwrap_or(0.0),
                 };
+                (qkv, attn)
+            };
+            let mut si = 0;
+            while si < pass.spans.len() {
+                // A run of one-token spans (decode steps of different
+                // sequences) in launches of up to DECODE_BATCH_MAX tokens.
+                let run = pass.spans[si..].iter().take_while(|s| s.len == 1).count().min(ops::DECODE_BATCH_MAX);
+                let (qkv, attn) = args(si, 0);
+                if run >= 2 && ops::has_decode_batch(&attn) {
+                    let slots = param(at.slot(si));
+                    let stride = pool.slot_stride(li);
+                    ops::qkv_attention_batch(d, &qkv, &attn, d.ptr(&b.attn_count), slots, stride, run)?;
+                    si += run;
+                    continue;
+                }
+                let (qkv, attn) = args(si, pass.spans[si].slot);
                 ops::qkv_attention(d, &qkv, &attn, d.ptr(&b.attn_count))?;
+                si += 1;
             }
             mark("qkv bias, q/k norm, rope, kv append, attention", &[])?;
             if gemm.is_some() {
