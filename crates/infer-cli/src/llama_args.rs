@@ -12,8 +12,15 @@ use std::ffi::OsString;
 
 /// llama.cpp's multi-letter short flags that `infer` has, and the long
 /// flag each one stands for.
-pub const SHORT_ALIASES: &[(&str, &str)] =
-    &[("-ngl", "--n-gpu-layers"), ("-sys", "--system-prompt"), ("-dev", "--device")];
+pub const SHORT_ALIASES: &[(&str, &str)] = &[
+    ("-ngl", "--n-gpu-layers"),
+    ("-sys", "--system-prompt"),
+    ("-dev", "--device"),
+    // llama-batched-bench's, for `bench`.
+    ("-npp", "--npp"),
+    ("-ntg", "--ntg"),
+    ("-npl", "--npl"),
+];
 
 /// llama.cpp's multi-letter short flags that `infer` does not have, with
 /// their long names: refused by name rather than taken apart by clap.
