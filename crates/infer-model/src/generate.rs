@@ -1,11 +1,13 @@
 //! The generation loop: prefill the prompt, then decode and sample one token
-//! at a time, streaming text as it is produced.
+//! at a time, streaming text as it is produced; one driver over a
+//! [`Sequence`] (which holds the sampler, the decoder and the stop rules).
 
 use std::time::{Duration, Instant};
 
 use infer_compute::{DeviceModel, KvPool};
 
 use crate::sampling::Sampler;
+use crate::sequence::Sequence;
 use crate::tokenizer::Tokenizer;
 use crate::{Error, Result};
 
@@ -214,19 +216,42 @@ pub fn generate_cached_with_progress(
         return Err(infer_compute::Error::ContextOverflow { pos: 0, n_tokens: ids.len(), n_ctx }.into());
     }
     let reused = ctx.keep_prefix_of(ids);
-    let new = &ids[reused..];
+    let mut seq = Sequence::new(tokenizer, ids, reused, sampler.clone(), max_tokens, n_ctx)?;
+    let stats = drive(model, ctx, &mut seq, max_tokens, prefill_chunk, &mut on_prefill, &mut on_text);
+    // The sampler's history goes on with the caller (the next chat turn),
+    // also after an error.
+    *sampler = seq.into_sampler();
+    stats
+}
+
+/// Runs `seq` to its end against `ctx`: its prompt in passes of
+/// `prefill_chunk` tokens, then one token per step (the backend's greedy
+/// token when the sampler is a plain argmax: on a GPU a few bytes come
+/// back instead of the vocabulary's logits).
+fn drive(
+    model: &mut dyn DeviceModel,
+    ctx: &mut CachedContext,
+    seq: &mut Sequence<'_>,
+    max_tokens: usize,
+    prefill_chunk: usize,
+    on_prefill: &mut dyn FnMut(usize, usize) -> bool,
+    on_text: &mut dyn FnMut(&str) -> bool,
+) -> Result<GenerationStats> {
+    let reused = seq.position();
+    let total = seq.next_input(usize::MAX).len();
     let mut stats = GenerationStats { prompt_tokens: 0, reused_tokens: reused, ..Default::default() };
-    for &t in new {
-        sampler.accept(t);
-    }
     let t0 = Instant::now();
-    let n_passes = new.len().div_ceil(prefill_chunk);
     let mut logits: &[f32] = &[];
-    for (i, pass) in new.chunks(prefill_chunk).enumerate() {
-        logits = model.prefill(ctx.kv.as_mut(), pass, reused + stats.prompt_tokens)?;
+    while seq.in_prompt() {
+        let pos = seq.position();
+        let pass = seq.next_input(prefill_chunk);
+        let n = pass.len();
+        logits = model.prefill(ctx.kv.as_mut(), pass, pos)?;
+        // `ctx.tokens` follows the KV cache.
         ctx.tokens.extend_from_slice(pass);
-        stats.prompt_tokens += pass.len();
-        if !on_prefill(stats.prompt_tokens, new.len()) && i + 1 < n_passes {
+        seq.advance(n);
+        stats.prompt_tokens += n;
+        if !on_prefill(stats.prompt_tokens, total) && seq.in_prompt() {
             stats.prefill_time = t0.elapsed();
             stats.stop = StopReason::Stopped;
             return Ok(stats);
@@ -236,48 +261,40 @@ pub fn generate_cached_with_progress(
     if max_tokens == 0 {
         return Ok(stats);
     }
-    let mut next = sampler.sample(logits)?;
-    let mut decoder = tokenizer.decoder(true);
-    let mut pos = ids.len();
+    let mut e = seq.on_logits(logits)?;
     let t1 = Instant::now();
     loop {
-        if tokenizer.is_eog(next) {
+        if e.stop == Some(StopReason::EndOfGeneration) {
             stats.stop = StopReason::EndOfGeneration;
             break;
         }
-        // `sample` already recorded `next` in the sampler's history.
         stats.generated_tokens += 1;
-        if !on_text(&decoder.push(next)) {
+        if !on_text(&e.text) {
             stats.stop = StopReason::Stopped;
             break;
         }
-        if stats.generated_tokens >= max_tokens {
-            stats.stop = StopReason::MaxTokens;
+        if let Some(why) = e.stop {
+            stats.stop = why;
             break;
         }
-        if pos >= n_ctx {
-            stats.stop = StopReason::ContextFull;
-            break;
-        }
-        // `ctx.tokens` follows the KV cache: a token is recorded once its
-        // step has run, even if the draw after it fails.
-        next = if sampler.is_argmax() {
-            // Greedy: the argmax is taken where the logits are (on a GPU,
-            // a few bytes come back instead of the vocabulary's logits).
-            let id = model.decode_greedy(ctx.kv.as_mut(), next, pos)?;
-            ctx.tokens.push(next);
-            sampler.accept(id);
-            id
+        // A token is recorded in `ctx.tokens` once its step has run, even
+        // if the draw after it fails.
+        let pos = seq.position();
+        e = if seq.is_greedy() {
+            let id = model.decode_greedy(ctx.kv.as_mut(), e.token, pos)?;
+            ctx.tokens.push(e.token);
+            seq.advance(1);
+            seq.on_token(id)
         } else {
-            let logits = model.decode_token(ctx.kv.as_mut(), next, pos)?;
-            ctx.tokens.push(next);
-            sampler.sample(logits)?
+            let logits = model.decode_token(ctx.kv.as_mut(), e.token, pos)?;
+            ctx.tokens.push(e.token);
+            seq.advance(1);
+            seq.on_logits(logits)?
         };
-        pos += 1;
     }
     stats.decode_time = t1.elapsed();
     if stats.stop != StopReason::Stopped {
-        on_text(&decoder.finish());
+        on_text(&seq.finish_text());
     }
     Ok(stats)
 }

@@ -13,6 +13,7 @@ mod memory;
 pub mod model;
 pub mod reference;
 pub mod sampling;
+pub mod sequence;
 pub mod stop;
 pub mod synth;
 pub mod tokenizer;

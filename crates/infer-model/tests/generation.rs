@@ -112,3 +112,56 @@ fn a_continued_conversation_prefills_only_the_new_turn() {
         generate_cached(s.model.as_mut(), &mut ctx, &s.tokenizer, &held, 1, &mut Sampler::greedy(), |_| true).unwrap();
     assert_eq!((st4.reused_tokens, st4.prompt_tokens), (held.len() - 1, 1));
 }
+
+/// Three sequences driven together, one `forward` per step over a pool of
+/// three slots (prompts prefilled in one batch, then one token of each per
+/// step), give the texts each gives alone through `generate`.
+#[test]
+fn sequences_stepped_together_through_one_pool_generate_as_alone() {
+    use infer_compute::{Batch, Out};
+    use infer_model::sequence::Sequence;
+    let mut s = smollm2();
+    let questions = ["What is the capital of France?", "Name a primary colour.", "What is 2 + 2?"];
+    let prompts: Vec<Vec<u32>> =
+        questions.iter().map(|q| s.template.encode(&s.tokenizer, &[Message::user(*q)], true).unwrap()).collect();
+    let alone: Vec<String> = prompts
+        .iter()
+        .map(|ids| {
+            let mut text = String::new();
+            generate(s.model.as_mut(), &s.tokenizer, ids, 16, 128, &mut Sampler::greedy(), |t| {
+                text.push_str(t);
+                true
+            })
+            .unwrap();
+            text
+        })
+        .collect();
+    let mut seqs: Vec<Sequence> =
+        prompts.iter().map(|ids| Sequence::new(&s.tokenizer, ids, 0, Sampler::greedy(), 16, 128).unwrap()).collect();
+    let mut texts = vec![String::new(); seqs.len()];
+    let mut pool = s.model.new_kv_pool(seqs.len(), 128).unwrap();
+    let nv = s.model.n_vocab();
+    let mut batch = Batch::new();
+    let mut steps = 0;
+    while seqs.iter().any(|q| q.stop().is_none()) {
+        batch.clear();
+        let live: Vec<usize> = (0..seqs.len()).filter(|&i| seqs[i].stop().is_none()).collect();
+        for &i in &live {
+            let input = seqs[i].next_input(usize::MAX);
+            batch.push_seq(i, seqs[i].position(), input, Out::Last);
+        }
+        let n: Vec<usize> = live.iter().map(|&i| seqs[i].next_input(usize::MAX).len()).collect();
+        let logits = s.model.forward(pool.as_mut(), &batch).unwrap();
+        for (r, &i) in live.iter().enumerate() {
+            seqs[i].advance(n[r]);
+            let e = seqs[i].on_logits(&logits[r * nv..(r + 1) * nv]).unwrap();
+            texts[i].push_str(&e.text);
+        }
+        steps += 1;
+        assert!(steps <= 17, "more steps than the prompt and 16 tokens");
+    }
+    for (i, seq) in seqs.iter_mut().enumerate() {
+        texts[i].push_str(&seq.finish_text());
+        assert_eq!(texts[i], alone[i], "sequence {i}: together {:?}, alone {:?}", texts[i], alone[i]);
+    }
+}

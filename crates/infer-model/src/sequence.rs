@@ -1,0 +1,181 @@
+//! One sequence of generation as a state machine ([`Sequence`]): which
+//! tokens to feed next and at which position ([`Sequence::next_input`]),
+//! and what a step's logits (or its greedy token) mean: the next token, its
+//! text, whether generation stops ([`Sequence::on_logits`],
+//! [`Sequence::on_token`]). It owns the sampler, the streaming decoder and
+//! the stop rules, and no model: a driver runs the steps.
+//! [`crate::generate`] drives one sequence against a one-slot cache; a
+//! scheduler drives many, one KV pool slot each, through one
+//! [`infer_compute::DeviceModel::forward`] per step.
+
+use crate::generate::StopReason;
+use crate::sampling::Sampler;
+use crate::tokenizer::{Decoder, Tokenizer};
+use crate::Result;
+
+/// What one sampled token did to its sequence.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Emitted {
+    /// The token sampled.
+    pub token: u32,
+    /// Its text, as far as it forms whole characters (empty for an
+    /// end-of-generation token).
+    pub text: String,
+    /// Why the sequence ends with this token, if it does.
+    pub stop: Option<StopReason>,
+}
+
+/// A sequence being generated (see the module docs). Positions `0..fed`
+/// of its tokens are in its KV cache; the prompt is fed first (in chunks
+/// of the driver's choosing), then each sampled token.
+pub struct Sequence<'t> {
+    tokenizer: &'t Tokenizer,
+    decoder: Decoder<'t>,
+    sampler: Sampler,
+    /// The prompt, then the generated tokens.
+    tokens: Vec<u32>,
+    prompt_len: usize,
+    fed: usize,
+    max_tokens: usize,
+    generated: usize,
+    n_ctx: usize,
+    stop: Option<StopReason>,
+}
+
+impl<'t> Sequence<'t> {
+    /// A sequence over `prompt` whose first `cached` tokens its cache holds
+    /// already (reused from an earlier turn); the rest is to be fed. The
+    /// sampler records the new prompt tokens (its penalties see them).
+    /// `max_tokens` bounds the generated tokens (`usize::MAX`: until an
+    /// end-of-generation token or a full context of `n_ctx` positions).
+    ///
+    /// # Errors
+    /// [`crate::Error::Tokenizer`] for an empty prompt, or one that leaves
+    /// no position to feed (`cached >= prompt.len()`: the last token must be
+    /// fed, its logits are needed).
+    pub fn new(
+        tokenizer: &'t Tokenizer,
+        prompt: &[u32],
+        cached: usize,
+        mut sampler: Sampler,
+        max_tokens: usize,
+        n_ctx: usize,
+    ) -> Result<Self> {
+        if prompt.is_empty() {
+            return Err(crate::Error::Tokenizer("the prompt is empty".into()));
+        }
+        if cached >= prompt.len() {
+            return Err(crate::Error::Tokenizer(format!(
+                "{cached} cached tokens leave none of the {}-token prompt to feed",
+                prompt.len()
+            )));
+        }
+        for &t in &prompt[cached..] {
+            sampler.accept(t);
+        }
+        Ok(Sequence {
+            tokenizer,
+            decoder: tokenizer.decoder(true),
+            sampler,
+            tokens: prompt.to_vec(),
+            prompt_len: prompt.len(),
+            fed: cached,
+            max_tokens,
+            generated: 0,
+            n_ctx,
+            stop: None,
+        })
+    }
+
+    /// The position of the next token to feed (tokens in the cache).
+    pub fn position(&self) -> usize {
+        self.fed
+    }
+
+    /// Up to `max` tokens to feed next, from [`Sequence::position`]: the
+    /// rest of the prompt, or the last sampled token; nothing once the
+    /// sequence has stopped.
+    pub fn next_input(&self, max: usize) -> &[u32] {
+        if self.stop.is_some() {
+            return &[];
+        }
+        let end = self.tokens.len().min(self.fed.saturating_add(max));
+        &self.tokens[self.fed..end]
+    }
+
+    /// Records that the first `n` tokens of [`Sequence::next_input`] ran.
+    pub fn advance(&mut self, n: usize) {
+        self.fed = (self.fed + n).min(self.tokens.len());
+    }
+
+    /// Whether prompt tokens remain to be fed (their logits are not
+    /// sampled).
+    pub fn in_prompt(&self) -> bool {
+        self.fed < self.prompt_len
+    }
+
+    /// Why the sequence stopped, once it has.
+    pub fn stop(&self) -> Option<StopReason> {
+        self.stop
+    }
+
+    /// Stops the sequence (a caller's decision, e.g. a stop string or a
+    /// disconnected client).
+    pub fn set_stopped(&mut self, why: StopReason) {
+        self.stop.get_or_insert(why);
+    }
+
+    /// Whether the next token is the plain argmax, so that a driver can
+    /// ask the backend for the greedy token instead of the logits.
+    pub fn is_greedy(&self) -> bool {
+        self.sampler.is_argmax()
+    }
+
+    /// Samples the next token from the logits of the last fed token.
+    ///
+    /// # Errors
+    /// Sampling errors (NaN logits).
+    pub fn on_logits(&mut self, logits: &[f32]) -> Result<Emitted> {
+        let id = self.sampler.sample(logits)?;
+        Ok(self.emit(id))
+    }
+
+    /// Takes `id` as the next token (the backend's greedy token, when
+    /// [`Sequence::is_greedy`]).
+    pub fn on_token(&mut self, id: u32) -> Emitted {
+        self.sampler.accept(id);
+        self.emit(id)
+    }
+
+    /// The rest of the text held back by the decoder (an incomplete
+    /// character at the end).
+    pub fn finish_text(&mut self) -> String {
+        self.decoder.finish()
+    }
+
+    /// Generated tokens so far (an end-of-generation token is not counted).
+    pub fn generated(&self) -> usize {
+        self.generated
+    }
+
+    /// The sampler, with the history of this sequence.
+    pub fn into_sampler(self) -> Sampler {
+        self.sampler
+    }
+
+    fn emit(&mut self, id: u32) -> Emitted {
+        if self.tokenizer.is_eog(id) {
+            self.stop = Some(StopReason::EndOfGeneration);
+            return Emitted { token: id, text: String::new(), stop: self.stop };
+        }
+        self.generated += 1;
+        let text = self.decoder.push(id);
+        self.tokens.push(id);
+        if self.generated >= self.max_tokens {
+            self.stop = Some(StopReason::MaxTokens);
+        } else if self.fed >= self.n_ctx {
+            self.stop = Some(StopReason::ContextFull);
+        }
+        Emitted { token: id, text, stop: self.stop }
+    }
+}
