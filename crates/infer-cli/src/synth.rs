@@ -159,20 +159,6 @@ fn partial_path(path: &Path, pid: u32) -> Option<PathBuf> {
     Some(path.with_file_name(format!(".{name}.partial-{pid}")))
 }
 
-/// Whether process `pid` exists (on other systems than Unix: assumed).
-#[cfg(unix)]
-fn process_alive(pid: u32) -> bool {
-    let Ok(pid) = libc::pid_t::try_from(pid) else { return false };
-    // SAFETY: signal 0 only checks that the process exists.
-    let r = unsafe { libc::kill(pid, 0) };
-    r == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
-}
-
-#[cfg(not(unix))]
-fn process_alive(_pid: u32) -> bool {
-    true
-}
-
 /// Removes the partial files of earlier runs for `path` whose process is
 /// gone (killed before it could clean up), saying so on stderr.
 fn remove_stale_partials(path: &Path) {
@@ -186,7 +172,10 @@ fn remove_stale_partials(path: &Path) {
     for e in entries.flatten() {
         let file_name = e.file_name().to_string_lossy().into_owned();
         let Some(pid) = file_name.strip_prefix(&prefix).and_then(|p| p.parse::<u32>().ok()) else { continue };
-        if pid != std::process::id() && !process_alive(pid) && e.file_type().is_ok_and(|t| t.is_file()) {
+        if pid != std::process::id()
+            && !infer_model::fetch::process_alive(pid)
+            && e.file_type().is_ok_and(|t| t.is_file())
+        {
             match std::fs::remove_file(e.path()) {
                 Ok(()) => eprintln!("removed {}, left by an interrupted run", e.path().display()),
                 Err(err) => eprintln!("warning: cannot remove {}: {err}", e.path().display()),

@@ -210,8 +210,11 @@ fn strftime_now(format: &str) -> String {
     strftime(secs, format)
 }
 
-/// Formats `secs` since the Unix epoch (UTC) as [`strftime_now`] does.
-fn strftime(secs: u64, format: &str) -> String {
+/// Formats `secs` since the Unix epoch (UTC) with the directives of
+/// the template function `strftime_now` (`%Y %m %d %H %M %S %b %B %e %j %%`; others stay as
+/// written): `strftime(0, "%Y-%m-%dT%H:%M:%SZ")` is
+/// `1970-01-01T00:00:00Z`.
+pub fn strftime(secs: u64, format: &str) -> String {
     const MONTHS: [&str; 12] = [
         "January",
         "February",

@@ -133,7 +133,7 @@ struct Weights {
     kernels: Kernels,
 }
 
-/// A model prepared for the CPU: shared [`Weights`] and one context's
+/// A model prepared for the CPU: shared weights and one context's
 /// scratch.
 pub struct CpuModel {
     w: Arc<Weights>,

@@ -229,7 +229,7 @@ struct Weights {
     weight_bytes: usize,
 }
 
-/// A model prepared on a CUDA device: shared [`Weights`] and one context
+/// A model prepared on a CUDA device: shared weights and one context
 /// (a stream and cuBLAS handle of its own, scratch buffers, captured
 /// graphs, pinned host buffers).
 pub struct CudaModel {

@@ -76,9 +76,10 @@ fn work_dir(dir: &Path) -> Result<tempfile::TempDir> {
         .map_err(|source| Error::Io { path: dir.to_path_buf(), source })
 }
 
-/// Whether process `pid` exists (on other systems than Unix: assumed).
+/// Whether process `pid` exists (on other systems than Unix: assumed), for
+/// telling a stale work file from one in use.
 #[cfg(unix)]
-fn process_alive(pid: u32) -> bool {
+pub fn process_alive(pid: u32) -> bool {
     let Ok(pid) = libc::pid_t::try_from(pid) else { return false };
     // SAFETY: signal 0 only checks that the process exists.
     let r = unsafe { libc::kill(pid, 0) };
@@ -86,7 +87,7 @@ fn process_alive(pid: u32) -> bool {
 }
 
 #[cfg(not(unix))]
-fn process_alive(_pid: u32) -> bool {
+pub fn process_alive(_pid: u32) -> bool {
     true
 }
 

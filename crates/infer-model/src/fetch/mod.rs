@@ -27,7 +27,9 @@ pub mod verify;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
-pub use download::{abort_active_fetch, remove_stale_work_dirs, run_fetch_script, DownloadStats, WORK_DIR_PREFIX};
+pub use download::{
+    abort_active_fetch, process_alive, remove_stale_work_dirs, run_fetch_script, DownloadStats, WORK_DIR_PREFIX,
+};
 pub use registry::{
     find_model, known_names, KnownModel, DEFAULT_CHAT_MODEL_NAME, DEFAULT_MODEL_NAME, GEMMA3_270M, KNOWN_MODELS,
     SMOLLM2_135M,
