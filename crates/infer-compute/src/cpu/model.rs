@@ -436,8 +436,8 @@ impl DeviceModel for CpuModel {
         let mut v = Vec::new();
         for l in &self.w.layers {
             let len = n_slots * n_ctx * l.spec.n_head_kv * l.spec.head_dim;
-            k.push(crate::memory::zeroed(len, "a KV pool layer (K)")?);
-            v.push(crate::memory::zeroed(len, "a KV pool layer (V)")?);
+            k.push(crate::memory::zeroed(len, "a KV cache layer (K)")?);
+            v.push(crate::memory::zeroed(len, "a KV cache layer (V)")?);
         }
         Ok(Box::new(CpuKvPool { states, n_ctx, k, v }))
     }
