@@ -221,14 +221,26 @@ fn wrappers_case(b: &dyn ComputeBackend) -> Result<Outcome, String> {
         Ok(m) => m,
         Err(skip) => return Ok(skip),
     };
-    let t = tokens(63, 6, spec.n_vocab);
-    let want = alone(m.as_mut(), 8, &[(&t[..5], Out::Last), (&t[5..6], Out::Last)])?;
-    let mut pool: Box<dyn KvPool> = m.new_kv_pool(2, 8).map_err(err("pool"))?;
+    let t = tokens(63, 8, spec.n_vocab);
+    // A one-token step without logits before the one-token steps with them
+    // (a backend that captures and replays one-token steps must not replay
+    // the first for the others).
+    let want = alone(
+        m.as_mut(),
+        12,
+        &[(&t[..5], Out::Last), (&t[5..6], Out::None), (&t[6..7], Out::Last), (&t[7..8], Out::Last)],
+    )?;
+    let mut pool: Box<dyn KvPool> = m.new_kv_pool(2, 12).map_err(err("pool"))?;
     let got = m.prefill(pool.as_mut(), &t[..5], 0).map_err(err("prefill"))?.to_vec();
     same(b, "prefill", &got, &want[0])?;
-    let got = m.decode_token(pool.as_mut(), t[5], 5).map_err(err("decode_token"))?.to_vec();
-    same(b, "decode_token", &got, &want[1])?;
-    match m.decode_token(pool.as_mut(), t[5], 9) {
+    if !m.forward(pool.as_mut(), &Batch::seq(0, 5, &t[5..6], Out::None)).map_err(err("no logits"))?.is_empty() {
+        return Err("a one-token step without wanted logits returned rows".into());
+    }
+    for (i, pos) in [6, 7].into_iter().enumerate() {
+        let got = m.decode_token(pool.as_mut(), t[pos], pos).map_err(err("decode_token"))?.to_vec();
+        same(b, &format!("decode_token at {pos}, after a step without logits"), &got, &want[1 + i])?;
+    }
+    match m.decode_token(pool.as_mut(), t[5], 11) {
         Err(Error::PositionGap { .. }) => Ok(Outcome::Pass(String::new())),
         other => Err(format!("decode_token past the fill: {:?}, want PositionGap (not wrapped)", other.err())),
     }

@@ -334,10 +334,11 @@ impl Pass {
         Params { n_spans: self.spans.len(), n: self.n }
     }
 
-    /// Whether it is one token of one slot (the captured step).
+    /// The slot of a one-token pass whose logits are wanted: the step the
+    /// captured graph runs (it always ends with the vocabulary product).
     fn single(&self) -> Option<usize> {
         match self.spans.as_slice() {
-            [s] if self.n == 1 => Some(s.slot),
+            [s] if self.n == 1 && self.outputs.len() == 1 => Some(s.slot),
             _ => None,
         }
     }
