@@ -258,18 +258,40 @@ pub fn advance_spans(states: &mut [KvState], spans: &[Span]) {
 }
 
 /// `n_slots` empty slots of `n_ctx` positions for `model`, after checking
-/// the pool's total size: `n_slots · n_ctx · row` elements must fit in a
-/// `usize` (`row`: the largest per-position element count of a layer).
+/// the pool's size: `n_slots · n_ctx · row` values of up to 4 bytes must fit
+/// in a `usize` of bytes (`row`: the largest per-position value count of a
+/// layer), and the slots' bookkeeping is allocated fallibly, so an
+/// impossible pool is an error before any layer is allocated.
 ///
 /// # Errors
 /// [`Error::EmptyKvCache`] when `n_slots` or `n_ctx` is 0;
-/// [`Error::Overflow`] when the size overflows.
+/// [`Error::Overflow`] when the size overflows; [`Error::OutOfMemory`].
 pub fn new_states(model: ModelId, n_slots: usize, n_ctx: usize, row: usize) -> Result<Vec<KvState>> {
     if n_slots == 0 {
         return Err(Error::EmptyKvCache);
     }
-    n_slots.checked_mul(n_ctx).and_then(|p| p.checked_mul(row)).ok_or(Error::Overflow("KV pool size"))?;
-    (0..n_slots).map(|_| KvState::new(model, n_ctx)).collect()
+    let first = KvState::new(model, n_ctx)?;
+    n_slots
+        .checked_mul(n_ctx)
+        .and_then(|p| p.checked_mul(row))
+        .and_then(|v| v.checked_mul(4))
+        .ok_or(Error::Overflow("KV pool size"))?;
+    let mut states = Vec::new();
+    states.try_reserve_exact(n_slots).map_err(|_| Error::OutOfMemory {
+        what: "the KV pool's slot states".into(),
+        bytes: (n_slots as u64).saturating_mul(std::mem::size_of::<KvState>() as u64),
+    })?;
+    states.resize(n_slots, first);
+    Ok(states)
+}
+
+/// Forgets what a failed step may have written: every span's slot keeps
+/// only the positions before the span (a failed run may have overwritten
+/// them from there on, in some layers).
+pub fn rollback_spans(states: &mut [KvState], spans: &[Span]) {
+    for s in spans {
+        states[s.slot].truncate(s.pos0);
+    }
 }
 
 #[cfg(test)]
@@ -307,6 +329,8 @@ mod tests {
         let mut states = new_states(m, 3, 8, 4).unwrap();
         assert!(matches!(new_states(m, 0, 8, 4), Err(Error::EmptyKvCache)));
         assert!(matches!(new_states(m, usize::MAX, 8, 4), Err(Error::Overflow(_))));
+        // Fits the size check, not the memory: an error, not an abort.
+        assert!(matches!(new_states(m, 1 << 56, 1, 1), Err(Error::OutOfMemory { .. })));
         states[1].advance(0, 2);
         let inner = |r: Result<Vec<Span>>| match r {
             Err(Error::InBatch { index, source }) => Some((index, *source)),

@@ -23,7 +23,7 @@ mod profile;
 use ndarray::{Array2, ArrayView2};
 
 pub use batch::{Batch, Out, Span};
-pub use kv::{advance_spans, check_batch, checked_pool, new_states, KvPool, KvState, ModelId};
+pub use kv::{advance_spans, check_batch, checked_pool, new_states, rollback_spans, KvPool, KvState, ModelId};
 pub use profile::{OpTiming, StepProfile};
 
 use crate::error::{Error, Result};
@@ -133,7 +133,9 @@ pub trait DeviceModel: Send {
     ///
     /// The whole batch is checked before anything runs ([`check_batch`]):
     /// a failed check changes no slot. On success each span's slot holds
-    /// `pos0 + len` positions.
+    /// `pos0 + len` positions; after an error while running (out of memory,
+    /// a device error) each span's slot keeps its positions before the span
+    /// only.
     ///
     /// # Errors
     /// [`Error::EmptyBatch`]; [`Error::ForeignKvCache`] for a pool of

@@ -23,8 +23,8 @@ use super::team::{Par, Team};
 use super::weight::{products, CpuWeight, ProductScratch, Stacked};
 use super::Precision;
 use crate::backend::{
-    advance_spans, checked_pool, new_states, single_error, Batch, DeviceModel, KvPool, KvState, ModelId, Out, Span,
-    StepProfile,
+    advance_spans, checked_pool, new_states, rollback_spans, single_error, Batch, DeviceModel, KvPool, KvState,
+    ModelId, Out, Span, StepProfile,
 };
 use crate::error::Result;
 use crate::pipeline::{Activation, FfnType, LayerSpec, ModelSpec, Norm, NormType};
@@ -217,9 +217,16 @@ impl CpuModel {
     /// how many rows there are.
     fn step(&mut self, pool: &mut dyn KvPool, batch: &Batch, prof: Option<&mut StepProfile>) -> Result<usize> {
         let (pool, spans) = checked_pool::<CpuKvPool>(pool, self.w.id, self.w.n_vocab, batch)?;
-        let n_out = self.run(pool, batch, &spans, prof)?;
-        advance_spans(&mut pool.states, &spans);
-        Ok(n_out)
+        match self.run(pool, batch, &spans, prof) {
+            Ok(n_out) => {
+                advance_spans(&mut pool.states, &spans);
+                Ok(n_out)
+            }
+            Err(e) => {
+                rollback_spans(&mut pool.states, &spans);
+                Err(e)
+            }
+        }
     }
 
     fn run(

@@ -54,8 +54,8 @@ use super::device::{dev_err, Device, PinnedBuf};
 use super::kernels::DevPtr;
 use super::ops;
 use crate::backend::{
-    advance_spans, checked_pool, new_states, single_error, Batch, DeviceModel, KvPool, KvState, ModelId, Out, Span,
-    StepProfile,
+    advance_spans, checked_pool, new_states, rollback_spans, single_error, Batch, DeviceModel, KvPool, KvState,
+    ModelId, Out, Span, StepProfile,
 };
 use crate::error::{Error, Result};
 use crate::pipeline::{Activation, FfnType, ModelSpec, Norm, NormType, RopeType};
@@ -501,11 +501,24 @@ impl CudaModel {
     /// `self.logits` (`greedy`, for a one-token batch: its greedy token's
     /// key instead); returns the number of rows.
     fn run(&mut self, pool: &mut dyn KvPool, batch: &Batch, greedy: bool) -> Result<usize> {
-        let (pool, _) = checked_pool::<CudaKvPool>(pool, self.w.id, self.w.n_vocab, batch)?;
+        let (pool, spans) = checked_pool::<CudaKvPool>(pool, self.w.id, self.w.n_vocab, batch)?;
+        let r = self.run_passes(pool, batch, greedy);
+        match r {
+            Ok(_) => advance_spans(&mut pool.states, &spans),
+            Err(_) => rollback_spans(&mut pool.states, &spans),
+        }
+        r
+    }
+
+    /// [`CudaModel::run`] after the check: the passes, the logits read
+    /// back.
+    fn run_passes(&mut self, pool: &CudaKvPool, batch: &Batch, greedy: bool) -> Result<usize> {
         let nv = self.w.n_vocab;
         let n_out = batch.n_outputs();
         let rows = n_out.checked_mul(nv).ok_or(Error::Overflow("logits size"))?;
         if self.logits.as_slice().len() < rows {
+            // The captured graphs copy into the old buffer.
+            self.graphs = [None, None];
             self.logits = self.dev.pinned(rows)?;
         }
         let chunk = prefill_chunk(&self.w.max, pool.n_split);
@@ -515,12 +528,12 @@ impl CudaModel {
             self.ensure_buffers(pass.n, pass.outputs.len(), pool.n_split)?;
             // The previous pass was synchronized: no copy reads these.
             self.set_params(batch, start, &pass)?;
+            // The graph writes row 0 of the logits: a batch of one token.
             match pass.single() {
-                Some(slot) if self.use_graph => self.step_graph(pool, slot, greedy, &pass)?,
+                Some(slot) if self.use_graph && batch.len() == 1 => self.step_graph(pool, slot, greedy, &pass)?,
                 _ => self.enqueue_io(pool, &pass, greedy, done)?,
             }
             self.dev.sync()?;
-            advance_spans(&mut pool.states, &pass.spans);
             done += pass.outputs.len();
         }
         Ok(n_out)
@@ -543,7 +556,8 @@ impl CudaModel {
             *dst = r as i32;
         }
         for (i, s) in pass.spans.iter().enumerate() {
-            params[at.slot(i)] = s.slot as i32;
+            params[at.slot(i)] = i32::try_from(s.slot)
+                .map_err(|_| Error::Device(format!("slot {} exceeds the kernels' range", s.slot)))?;
         }
         Ok(())
     }
