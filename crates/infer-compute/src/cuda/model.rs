@@ -316,17 +316,22 @@ struct Pass {
 }
 
 impl Pass {
-    /// Tokens `range` of `batch`.
-    fn of(batch: &Batch, range: std::ops::Range<usize>) -> Self {
-        let mut spans: Vec<Span> = Vec::new();
-        for s in batch.spans() {
+    /// Tokens `range` of `batch`, whose spans are `spans`.
+    fn of(batch: &Batch, spans: &[Span], range: std::ops::Range<usize>) -> Self {
+        let mut pass_spans: Vec<Span> = Vec::new();
+        for s in spans {
             let (a, b) = (s.start.max(range.start), (s.start + s.len).min(range.end));
             if a < b {
-                spans.push(Span { slot: s.slot, pos0: s.pos0 + (a - s.start), start: a - range.start, len: b - a });
+                pass_spans.push(Span {
+                    slot: s.slot,
+                    pos0: s.pos0 + (a - s.start),
+                    start: a - range.start,
+                    len: b - a,
+                });
             }
         }
         let outputs = batch.output_indices().filter(|i| range.contains(i)).map(|i| i - range.start).collect();
-        Pass { spans, n: range.len(), outputs }
+        Pass { spans: pass_spans, n: range.len(), outputs }
     }
 
     /// Where its integers lie in the parameter buffer.
@@ -502,7 +507,7 @@ impl CudaModel {
     /// key instead); returns the number of rows.
     fn run(&mut self, pool: &mut dyn KvPool, batch: &Batch, greedy: bool) -> Result<usize> {
         let (pool, spans) = checked_pool::<CudaKvPool>(pool, self.w.id, self.w.n_vocab, batch)?;
-        let r = self.run_passes(pool, batch, greedy);
+        let r = self.run_passes(pool, batch, &spans, greedy);
         match r {
             Ok(_) => advance_spans(&mut pool.states, &spans),
             Err(_) => rollback_spans(&mut pool.states, &spans),
@@ -512,7 +517,7 @@ impl CudaModel {
 
     /// [`CudaModel::run`] after the check: the passes, the logits read
     /// back.
-    fn run_passes(&mut self, pool: &CudaKvPool, batch: &Batch, greedy: bool) -> Result<usize> {
+    fn run_passes(&mut self, pool: &CudaKvPool, batch: &Batch, spans: &[Span], greedy: bool) -> Result<usize> {
         let nv = self.w.n_vocab;
         let n_out = batch.n_outputs();
         let rows = n_out.checked_mul(nv).ok_or(Error::Overflow("logits size"))?;
@@ -524,7 +529,7 @@ impl CudaModel {
         let chunk = prefill_chunk(&self.w.max, pool.n_split);
         let mut done = 0;
         for start in (0..batch.len()).step_by(chunk) {
-            let pass = Pass::of(batch, start..(start + chunk).min(batch.len()));
+            let pass = Pass::of(batch, spans, start..(start + chunk).min(batch.len()));
             self.ensure_buffers(pass.n, pass.outputs.len(), pool.n_split)?;
             // The previous pass was synchronized: no copy reads these.
             self.set_params(batch, start, &pass)?;
@@ -688,7 +693,7 @@ impl DeviceModel for CudaModel {
         let batch = Batch::seq(0, pos, &[token], Out::Last);
         let (pool, spans) = checked_pool::<CudaKvPool>(kv, self.w.id, self.w.n_vocab, &batch).map_err(single_error)?;
         let t0 = Instant::now();
-        let pass = Pass::of(&batch, 0..1);
+        let pass = Pass::of(&batch, &spans, 0..1);
         self.ensure_buffers(1, 1, pool.n_split)?;
         self.set_params(&batch, 0, &pass)?;
         let b = self.bufs.as_ref().ok_or_else(|| Error::Device("buffers missing".into()))?;

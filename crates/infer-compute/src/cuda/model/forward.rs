@@ -225,13 +225,15 @@ impl CudaModel {
                 };
                 (qkv, attn)
             };
+            // Whether this layer's shape has the batched decode kernel.
+            let batchable = pass.spans.first().is_some_and(|_| ops::has_decode_batch(&args(0, 0).1));
             let mut si = 0;
             while si < pass.spans.len() {
                 // A run of one-token spans (decode steps of different
                 // sequences) in launches of up to DECODE_BATCH_MAX tokens.
                 let run = pass.spans[si..].iter().take_while(|s| s.len == 1).count().min(ops::DECODE_BATCH_MAX);
-                let (qkv, attn) = args(si, 0);
-                if run >= 2 && ops::has_decode_batch(&attn) {
+                if run >= 2 && batchable {
+                    let (qkv, attn) = args(si, 0);
                     let slots = param(at.slot(si));
                     let stride = pool.slot_stride(li);
                     ops::qkv_attention_batch(d, &qkv, &attn, d.ptr(&b.attn_count), slots, stride, run)?;
