@@ -217,7 +217,7 @@ pub fn generate_cached_with_progress(
     }
     let reused = ctx.keep_prefix_of(ids);
     let mut seq = Sequence::new(tokenizer, ids, reused, sampler.clone(), max_tokens, n_ctx)?;
-    let stats = drive(model, ctx, &mut seq, max_tokens, prefill_chunk, &mut on_prefill, &mut on_text);
+    let stats = drive(model, ctx, &mut seq, prefill_chunk, &mut on_prefill, &mut on_text);
     // The sampler's history goes on with the caller (the next chat turn),
     // also after an error.
     *sampler = seq.into_sampler();
@@ -232,7 +232,6 @@ fn drive(
     model: &mut dyn DeviceModel,
     ctx: &mut CachedContext,
     seq: &mut Sequence<'_>,
-    max_tokens: usize,
     prefill_chunk: usize,
     on_prefill: &mut dyn FnMut(usize, usize) -> bool,
     on_text: &mut dyn FnMut(&str) -> bool,
@@ -258,7 +257,7 @@ fn drive(
         }
     }
     stats.prefill_time = t0.elapsed();
-    if max_tokens == 0 {
+    if seq.max_tokens() == 0 {
         return Ok(stats);
     }
     let mut e = seq.on_logits(logits)?;

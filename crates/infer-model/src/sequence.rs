@@ -153,6 +153,11 @@ impl<'t> Sequence<'t> {
         self.decoder.finish()
     }
 
+    /// The most tokens it generates.
+    pub fn max_tokens(&self) -> usize {
+        self.max_tokens
+    }
+
     /// Generated tokens so far (an end-of-generation token is not counted).
     pub fn generated(&self) -> usize {
         self.generated
