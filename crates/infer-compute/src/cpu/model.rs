@@ -1,8 +1,8 @@
 //! The CPU decode pipeline: a [`ModelSpec`] run layer by layer over a
-//! [`Batch`], with an f32 KV pool. Layer matrices are prepared once
+//! [`Batch`], with an f32 KV pool. Layer matrices and the output are prepared once
 //! ([`CpuWeight`]: repacked for the x86-64 packed kernels where they apply,
 //! else the memory-mapped GGUF rows) into [`Weights`], shared by every
-//! context of the model; the output projection reads the mapped rows.
+//! context of the model; the embedding lookups read the mapped rows.
 //!
 //! One forward function serves every batch: a decode step (1 token),
 //! prefill (n tokens of one sequence) and any mix of sequences, all batched
@@ -197,10 +197,13 @@ impl CpuModel {
             embd_scale: spec.embd_scale,
             layers,
             output_norm: PreparedNorm::new(&spec.output_norm)?,
-            // The row dots (four streams per task) read the 49152x576 Q8_0
-            // output of SmolLM2-135M at ~30 GB/s, the packed kernel at ~22;
-            // and a packed copy would double the memory of a tied embedding.
-            output: CpuWeight::unpacked(conv(&spec.output)?)?,
+            // Packed like the layers: a step with several output rows (a
+            // batch of sequences) shares each unpacked weight vector among
+            // its tokens (the row dots take one row and one token at a
+            // time, which made the vocabulary product 60% of a 16-sequence
+            // step of Gemma 3 270M). A tied embedding keeps its GGUF rows
+            // for the lookups, so the packed copy adds its size in memory.
+            output: prep(&spec.output)?,
             final_logit_softcap: spec.final_logit_softcap,
             kernels,
         };
