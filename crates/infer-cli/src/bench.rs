@@ -84,7 +84,8 @@ pub struct BenchArgs {
     #[arg(long)]
     measure_bandwidth: bool,
     /// Also time each op of a decode step (the model's own decode path, op
-    /// by op, over the decode test's positions).
+    /// by op, over the decode test's positions); with `--npl`, of 8
+    /// generation steps of each batch size.
     #[arg(long)]
     profile: bool,
     /// Seed of the prompt's random token ids.
@@ -94,7 +95,7 @@ pub struct BenchArgs {
     /// list, that many sequences prefill `--npp` tokens each, then
     /// generate `--ntg` tokens each in steps of one batch (aggregate
     /// tokens/s; `--json` prints its JSONL rows).
-    #[arg(long = "npl", value_name = "B,B,...", value_delimiter = ',', conflicts_with = "profile")]
+    #[arg(long = "npl", value_name = "B,B,...", value_delimiter = ',')]
     npl: Vec<usize>,
     /// Batched mode: prompt tokens per sequence.
     #[arg(long = "npp", value_name = "N", default_value_t = 128, requires = "npl")]
@@ -582,6 +583,24 @@ fn batched(
     let mut out = Out::new();
     let json = matches!(format, OutputFormat::Json | OutputFormat::Jsonl);
     crate::bench_batched::print(&mut out, &rows, &what, json)?;
+    if a.profile && !json {
+        // One table per batch size: 8 steps after the prompts.
+        for (&pl, r) in a.npl.iter().zip(&rows) {
+            let p = with_spinner(&format!("profiling {pl} sequences"), || {
+                crate::bench_batched::profile(model, a.npp, 8.min(a.ntg.max(1)), pl, a.seed)
+            })?;
+            let heading = format!(
+                "step profile: {} steps of {pl} sequences after {}-token prompts on {}, each op timed as it runs",
+                p.steps,
+                a.npp,
+                if base.gpu_info.is_empty() { &base.cpu_info } else { &base.gpu_info }
+            );
+            writeln!(out)?;
+            crate::profile::print_table(&mut out, &p, &heading, "step")?;
+            let tg_ms = (r.tg > 0).then(|| r.t_tg * 1e3 / r.tg as f64);
+            crate::profile::print_total(&mut out, &p, "step", tg_ms)?;
+        }
+    }
     out.flush()?;
     Ok(())
 }

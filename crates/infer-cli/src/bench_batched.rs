@@ -15,12 +15,13 @@
 use std::io::Write;
 use std::time::Instant;
 
-use infer_compute::{Batch, DeviceModel, Out as Logits};
+use infer_compute::{Batch, DeviceModel, KvPool, Out as Logits};
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
 use crate::common::CliResult;
 use crate::output::Out;
+use crate::profile::Profile;
 
 /// Most prompt tokens per batch (llama.cpp's default `n_ubatch`).
 pub const UBATCH: usize = 512;
@@ -57,13 +58,20 @@ pub struct BatchedResult {
     pub speed: f64,
 }
 
-/// Runs `pl` sequences of `npp` prompt tokens then `ntg` generated ones in
-/// a fresh pool of `pl` slots; returns `(t_pp, t_tg)` in seconds.
-fn run_once(model: &mut dyn DeviceModel, npp: usize, ntg: usize, pl: usize, seed: u64) -> CliResult<(f64, f64)> {
+/// A fresh pool of `pl` slots of `n_ctx` positions, each slot prefilled
+/// with its own `npp` random prompt tokens; returns the pool and the
+/// prefill time in seconds.
+fn prefilled(
+    model: &mut dyn DeviceModel,
+    npp: usize,
+    n_ctx: usize,
+    pl: usize,
+    seed: u64,
+) -> CliResult<(Box<dyn KvPool>, f64)> {
     let n_vocab = model.n_vocab() as u32;
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let prompts: Vec<Vec<u32>> = (0..pl).map(|_| (0..npp).map(|_| rng.gen_range(0..n_vocab)).collect()).collect();
-    let mut pool = model.new_kv_pool(pl, npp + ntg)?;
+    let mut pool = model.new_kv_pool(pl, n_ctx)?;
     let mut batch = Batch::new();
     let t0 = Instant::now();
     // Whole prompts packed into batches of at most UBATCH tokens, a prompt
@@ -90,17 +98,47 @@ fn run_once(model: &mut dyn DeviceModel, npp: usize, ntg: usize, pl: usize, seed
             model.forward(pool.as_mut(), &batch)?;
         }
     }
-    let t_pp = t0.elapsed().as_secs_f64();
+    Ok((pool, t0.elapsed().as_secs_f64()))
+}
+
+/// One generation step of every slot `0..pl` at position `pos`: a fixed
+/// token, as llama-batched-bench feeds.
+fn step_batch(batch: &mut Batch, pl: usize, pos: usize) {
+    batch.clear();
+    for s in 0..pl {
+        batch.push(0, pos, s, true);
+    }
+}
+
+/// Runs `pl` sequences of `npp` prompt tokens then `ntg` generated ones in
+/// a fresh pool of `pl` slots; returns `(t_pp, t_tg)` in seconds.
+fn run_once(model: &mut dyn DeviceModel, npp: usize, ntg: usize, pl: usize, seed: u64) -> CliResult<(f64, f64)> {
+    let (mut pool, t_pp) = prefilled(model, npp, npp + ntg, pl, seed)?;
+    let mut batch = Batch::new();
     let t1 = Instant::now();
     for i in 0..ntg {
-        batch.clear();
-        for s in 0..pl {
-            // A fixed token, as llama-batched-bench feeds.
-            batch.push(0, npp + i, s, true);
-        }
+        step_batch(&mut batch, pl, npp + i);
         model.forward(pool.as_mut(), &batch)?;
     }
     Ok((t_pp, t1.elapsed().as_secs_f64()))
+}
+
+/// The op profile of `steps` generation steps of `pl` sequences after
+/// prompts of `npp` tokens (the backend's `profile_forward`: each op timed
+/// as it runs, so a step is slower than an unprofiled one).
+///
+/// # Errors
+/// The model's errors, including a backend without timing hooks.
+pub fn profile(model: &mut dyn DeviceModel, npp: usize, steps: usize, pl: usize, seed: u64) -> CliResult<Profile> {
+    let steps = steps.max(1);
+    let (mut pool, _) = prefilled(model, npp, npp + steps, pl, seed)?;
+    let mut batch = Batch::new();
+    let mut out = Profile::new();
+    for i in 0..steps {
+        step_batch(&mut batch, pl, npp + i);
+        out.add(model.profile_forward(pool.as_mut(), &batch)?);
+    }
+    Ok(out)
 }
 
 /// The batched benchmark of `model` for each sequence count of `npl`.

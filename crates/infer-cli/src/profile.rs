@@ -6,7 +6,7 @@
 use std::io::Write;
 use std::time::Duration;
 
-use infer_compute::backend::OpTiming;
+use infer_compute::backend::{OpTiming, StepProfile};
 use infer_compute::DeviceModel;
 
 use crate::common::CliResult;
@@ -29,6 +29,29 @@ impl Profile {
     }
 }
 
+impl Profile {
+    /// An empty profile.
+    pub fn new() -> Profile {
+        Profile { steps: 0, ops: Vec::new(), total: Duration::ZERO }
+    }
+
+    /// Adds one profiled step.
+    pub fn add(&mut self, p: StepProfile) {
+        self.steps += 1;
+        self.total += p.total;
+        for o in p.ops {
+            match self.ops.iter_mut().find(|x| x.op == o.op && x.ty == o.ty && x.shape == o.shape) {
+                Some(x) => {
+                    x.calls += o.calls;
+                    x.time += o.time;
+                    x.bytes += o.bytes;
+                }
+                None => self.ops.push(o),
+            }
+        }
+    }
+}
+
 /// Profiles `steps` decode steps of token `token` at positions `0..steps`
 /// with a fresh KV cache.
 ///
@@ -37,20 +60,9 @@ impl Profile {
 pub fn profile_decode(model: &mut dyn DeviceModel, token: u32, steps: usize) -> CliResult<Profile> {
     let steps = steps.max(1);
     let mut kv = model.new_kv_cache(steps)?;
-    let mut out = Profile { steps, ops: Vec::new(), total: Duration::ZERO };
+    let mut out = Profile::new();
     for pos in 0..steps {
-        let p = model.profile_step(kv.as_mut(), token, pos)?;
-        out.total += p.total;
-        for o in p.ops {
-            match out.ops.iter_mut().find(|x| x.op == o.op && x.ty == o.ty && x.shape == o.shape) {
-                Some(x) => {
-                    x.calls += o.calls;
-                    x.time += o.time;
-                    x.bytes += o.bytes;
-                }
-                None => out.ops.push(o),
-            }
-        }
+        out.add(model.profile_step(kv.as_mut(), token, pos)?);
     }
     Ok(out)
 }
@@ -61,14 +73,31 @@ pub fn profile_decode(model: &mut dyn DeviceModel, token: u32, steps: usize) -> 
 /// # Errors
 /// A failed write.
 pub fn print_profile(out: &mut impl Write, p: &Profile, device: &str, tg_ms: Option<f64>) -> std::io::Result<()> {
+    let heading = format!("decode profile: {} step(s) from position 0 on {device}, each op timed as it runs", p.steps);
+    print_table(out, p, &heading, "token")?;
+    print_total(out, p, "token", tg_ms)
+}
+
+/// Writes the op table of `p` under `heading`, times per `unit` (a
+/// token, or a step of a batch).
+///
+/// # Errors
+/// A failed write.
+pub fn print_table(out: &mut impl Write, p: &Profile, heading: &str, unit: &str) -> std::io::Result<()> {
     let step = p.step_ns();
     let n = p.steps.max(1) as f64;
-    writeln!(out, "decode profile: {} step(s) from position 0 on {device}, each op timed as it runs", p.steps)?;
+    writeln!(out, "{heading}")?;
     writeln!(out)?;
     writeln!(
         out,
         "| {:<28} | {:<18} | {:>22} | {:>9} | {:>11} | {:>7} | {:>8} |",
-        "op", "type", "shape", "calls/tok", "µs/token", "% step", "GB/s"
+        "op",
+        "type",
+        "shape",
+        if unit == "token" { "calls/tok".to_string() } else { format!("calls/{unit}") },
+        format!("µs/{unit}"),
+        "% step",
+        "GB/s"
     )?;
     writeln!(
         out,
@@ -93,16 +122,27 @@ pub fn print_profile(out: &mut impl Write, p: &Profile, device: &str, tg_ms: Opt
             gbps
         )?;
     }
-    writeln!(out)?;
+    writeln!(out)
+}
+
+/// Writes the line that sums up `p`: the profiled time per `unit`, the
+/// products' share, the wall time, and the unprofiled time `tg_ms` when
+/// known.
+///
+/// # Errors
+/// A failed write.
+pub fn print_total(out: &mut impl Write, p: &Profile, unit: &str, tg_ms: Option<f64>) -> std::io::Result<()> {
+    let step = p.step_ns();
+    let n = p.steps.max(1) as f64;
     let matvec: u128 = p.ops.iter().filter(|o| o.bytes > 0).map(|o| o.time.as_nanos()).sum();
     writeln!(
         out,
-        "profiled: {:.3} ms/token (products {:.1} %, wall {:.3} ms/token){}",
+        "profiled: {:.3} ms/{unit} (products {:.1} %, wall {:.3} ms/{unit}){}",
         step / 1e6,
         100.0 * matvec as f64 / n / step.max(1.0),
         p.total.as_secs_f64() * 1e3 / n,
         match tg_ms {
-            Some(ms) => format!("; decode_token in the tg test: {ms:.3} ms/token"),
+            Some(ms) => format!("; unprofiled: {ms:.3} ms/{unit}"),
             None => String::new(),
         }
     )?;

@@ -236,8 +236,21 @@ pub trait DeviceModel: Send {
     /// As [`DeviceModel::decode_token`]; [`Error::NotImplemented`] from a
     /// backend without timing hooks.
     fn profile_step(&mut self, kv: &mut dyn KvPool, token: u32, pos: usize) -> Result<StepProfile> {
-        let _ = (kv, token, pos);
-        Err(Error::NotImplemented { op: "profile_step" })
+        self.profile_forward(kv, &Batch::seq(0, pos, &[token], Out::Last)).map_err(single_error)
+    }
+
+    /// Runs `batch` like [`DeviceModel::forward`] (same checks, same effect
+    /// on the pool, the same logits left where `forward` leaves them) while
+    /// timing each op, summed over the batch's passes, and returns the
+    /// timings. Timing serializes the work, so the step is slower than an
+    /// unprofiled one.
+    ///
+    /// # Errors
+    /// As [`DeviceModel::forward`]; [`Error::NotImplemented`] from a
+    /// backend without timing hooks.
+    fn profile_forward(&mut self, pool: &mut dyn KvPool, batch: &Batch) -> Result<StepProfile> {
+        let _ = (pool, batch);
+        Err(Error::NotImplemented { op: "profile_forward" })
     }
 }
 

@@ -23,8 +23,8 @@ use super::team::{Par, Team};
 use super::weight::{products, CpuWeight, ProductScratch, Stacked};
 use super::Precision;
 use crate::backend::{
-    advance_spans, checked_pool, new_states, rollback_spans, single_error, Batch, DeviceModel, KvPool, KvState,
-    ModelId, Out, Span, StepProfile,
+    advance_spans, checked_pool, new_states, rollback_spans, Batch, DeviceModel, KvPool, KvState, ModelId, Span,
+    StepProfile,
 };
 use crate::error::Result;
 use crate::pipeline::{Activation, FfnType, LayerSpec, ModelSpec, Norm, NormType};
@@ -466,10 +466,10 @@ impl DeviceModel for CpuModel {
         }))
     }
 
-    fn profile_step(&mut self, kv: &mut dyn KvPool, token: u32, pos: usize) -> Result<StepProfile> {
+    fn profile_forward(&mut self, pool: &mut dyn KvPool, batch: &Batch) -> Result<StepProfile> {
         let mut prof = StepProfile::default();
         let t0 = Instant::now();
-        self.step(kv, &Batch::seq(0, pos, &[token], Out::Last), Some(&mut prof)).map_err(single_error)?;
+        self.step(pool, batch, Some(&mut prof))?;
         prof.total = t0.elapsed();
         Ok(prof)
     }

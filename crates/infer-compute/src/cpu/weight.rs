@@ -37,15 +37,6 @@ impl CpuWeight {
         }
     }
 
-    /// Keeps `w`'s rows (row-dot kernels), whatever its type.
-    ///
-    /// # Errors
-    /// Inconsistent weight bytes.
-    pub fn unpacked(w: QuantWeight) -> Result<Self> {
-        w.check()?;
-        Ok(CpuWeight::Rows(w))
-    }
-
     /// Output rows.
     pub fn rows(&self) -> usize {
         match self {

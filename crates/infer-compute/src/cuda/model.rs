@@ -544,6 +544,57 @@ impl CudaModel {
         Ok(n_out)
     }
 
+    /// [`DeviceModel::profile_forward`] after the check: each pass's
+    /// kernels launched directly, the stream synchronized after each group
+    /// of launches so that each group is timed alone (slower than a graph
+    /// replay, and PDL overlap between groups is lost, but the same kernels,
+    /// arguments and results), each op's times summed over the passes.
+    fn profile_passes(
+        &mut self,
+        pool: &CudaKvPool,
+        batch: &Batch,
+        spans: &[Span],
+        prof: &mut StepProfile,
+    ) -> Result<()> {
+        let nv = self.w.n_vocab;
+        let rows = batch.n_outputs().checked_mul(nv).ok_or(Error::Overflow("logits size"))?;
+        if self.logits.as_slice().len() < rows {
+            self.graphs = [None, None];
+            self.logits = self.dev.pinned(rows)?;
+        }
+        let chunk = prefill_chunk(&self.w.max, pool.n_split);
+        let mut done = 0;
+        for start in (0..batch.len()).step_by(chunk) {
+            let pass = Pass::of(batch, spans, start..(start + chunk).min(batch.len()));
+            self.ensure_buffers(pass.n, pass.outputs.len(), pool.n_split)?;
+            self.set_params(batch, start, &pass)?;
+            let b = self.bufs.as_ref().ok_or_else(|| Error::Device("buffers missing".into()))?;
+            self.dev.enqueue_write(&b.params_host, self.dev.ptr(&b.params), pass.params().end())?;
+            self.dev.sync()?;
+            let mut last = Instant::now();
+            let dev = self.dev.clone();
+            let mut mark = |op: &str, ws: &[&DevWeight]| -> Result<()> {
+                dev.sync()?;
+                let now = Instant::now();
+                let mut tys: Vec<&str> = ws.iter().map(|w| w.ty.name()).collect();
+                tys.dedup();
+                let shape = ws.iter().map(|w| format!("{}x{}", w.rows, w.cols)).collect::<Vec<_>>().join(",");
+                let bytes = ws.iter().map(|w| w.buf.len() as u64).sum();
+                prof.record(op, &tys.join(","), &shape, now - last, bytes);
+                last = now;
+                Ok(())
+            };
+            self.enqueue(pool, &pass, &mut mark)?;
+            let b = self.bufs.as_ref().ok_or_else(|| Error::Device("buffers missing".into()))?;
+            let src = self.dev.ptr(&b.logits);
+            self.dev.enqueue_read_at(src, &mut self.logits, done * nv, pass.outputs.len() * nv)?;
+            self.dev.sync()?;
+            prof.record("logits to host", "", "", last.elapsed(), 0);
+            done += pass.outputs.len();
+        }
+        Ok(())
+    }
+
     /// Writes a pass's spans' first positions, token ids and wanted rows
     /// into the pinned parameter buffer (see [`Params`]).
     fn set_params(&mut self, batch: &Batch, start: usize, pass: &Pass) -> Result<()> {
@@ -689,37 +740,16 @@ impl DeviceModel for CudaModel {
     /// stream synchronized after each group of launches so that each group
     /// is timed alone: slower than a graph replay, and PDL overlap between
     /// groups is lost, but the same kernels, arguments and results.
-    fn profile_step(&mut self, kv: &mut dyn KvPool, token: u32, pos: usize) -> Result<StepProfile> {
-        let batch = Batch::seq(0, pos, &[token], Out::Last);
-        let (pool, spans) = checked_pool::<CudaKvPool>(kv, self.w.id, self.w.n_vocab, &batch).map_err(single_error)?;
+    fn profile_forward(&mut self, kv: &mut dyn KvPool, batch: &Batch) -> Result<StepProfile> {
+        let (pool, spans) = checked_pool::<CudaKvPool>(kv, self.w.id, self.w.n_vocab, batch)?;
         let t0 = Instant::now();
-        let pass = Pass::of(&batch, &spans, 0..1);
-        self.ensure_buffers(1, 1, pool.n_split)?;
-        self.set_params(&batch, 0, &pass)?;
-        let b = self.bufs.as_ref().ok_or_else(|| Error::Device("buffers missing".into()))?;
-        self.dev.enqueue_write(&b.params_host, self.dev.ptr(&b.params), pass.params().end())?;
-        self.dev.sync()?;
         let mut prof = StepProfile::default();
-        let mut last = Instant::now();
-        let dev = self.dev.clone();
-        let mut mark = |op: &str, ws: &[&DevWeight]| -> Result<()> {
-            dev.sync()?;
-            let now = Instant::now();
-            let mut tys: Vec<&str> = ws.iter().map(|w| w.ty.name()).collect();
-            tys.dedup();
-            let shape = ws.iter().map(|w| format!("{}x{}", w.rows, w.cols)).collect::<Vec<_>>().join(",");
-            let bytes = ws.iter().map(|w| w.buf.len() as u64).sum();
-            prof.record(op, &tys.join(","), &shape, now - last, bytes);
-            last = now;
-            Ok(())
-        };
-        self.enqueue(pool, &pass, &mut mark)?;
-        let b = self.bufs.as_ref().ok_or_else(|| Error::Device("buffers missing".into()))?;
-        let src = self.dev.ptr(&b.logits);
-        self.dev.enqueue_read_at(src, &mut self.logits, 0, self.w.n_vocab)?;
-        self.dev.sync()?;
-        prof.record("logits to host", "", "", last.elapsed(), 0);
-        advance_spans(&mut pool.states, &spans);
+        let r = self.profile_passes(pool, batch, &spans, &mut prof);
+        match r {
+            Ok(()) => advance_spans(&mut pool.states, &spans),
+            Err(_) => rollback_spans(&mut pool.states, &spans),
+        }
+        r?;
         prof.total = t0.elapsed();
         Ok(prof)
     }
