@@ -46,6 +46,7 @@ pub(crate) mod names {
     pub const GATHER_ROWS: KernelName = KernelName("gather_rows");
     pub const GLU: KernelName = KernelName("glu");
     pub const ACT_INPLACE: KernelName = KernelName("act_inplace");
+    pub const SOFTCAP_INPLACE: KernelName = KernelName("softcap_inplace");
     pub const DEQUANT_MATRIX: KernelName = KernelName("dequant_matrix");
     pub const TO_BF16: KernelName = KernelName("to_bf16");
     pub const ARGMAX_LOGITS: KernelName = KernelName("argmax_logits");
@@ -54,7 +55,7 @@ pub(crate) mod names {
     pub const ATTN_PREFILL_HD256: KernelName = KernelName("attn_prefill_hd256");
 
     /// Every non-mat-vec kernel (loaded when the backend starts).
-    pub const ALL: [KernelName; 24] = [
+    pub const ALL: [KernelName; 25] = [
         QUANTIZE_Q8,
         RESIDUAL_NORM,
         QKV_POST,
@@ -73,6 +74,7 @@ pub(crate) mod names {
         GATHER_ROWS,
         GLU,
         ACT_INPLACE,
+        SOFTCAP_INPLACE,
         DEQUANT_MATRIX,
         TO_BF16,
         ARGMAX_LOGITS,

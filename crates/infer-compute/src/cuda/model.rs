@@ -18,7 +18,9 @@
 //!
 //! then the output norm and the vocabulary projection of the wanted rows
 //! (gathered into consecutive rows first unless it is the last token alone;
-//! soft-capped in the mat-vec epilogue when the model says so).
+//! soft-capped in the mat-vec epilogue when the model says so; from
+//! [`GEMM_MIN_TOKENS`](super::buffers::GEMM_MIN_TOKENS) rows on, tensor-core
+//! GEMMs over blocks of the matrix dequantized in turn, then the soft-cap).
 //!
 //! The token ids, each span's first position and the wanted rows live in
 //! device buffers written before each pass ([`Params`]), so the one-token

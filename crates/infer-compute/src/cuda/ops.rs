@@ -716,6 +716,26 @@ pub(crate) fn act_inplace(dev: &Device, x: DevPtr, n: usize, gelu: bool) -> Resu
     }
 }
 
+/// `x[i] = cap · tanh(x[i] / cap)` for `n` floats (the final logit
+/// soft-cap of Gemma 2, after a GEMM).
+pub(crate) fn softcap_inplace(dev: &Device, x: DevPtr, n: usize, cap: f32) -> Result<()> {
+    if n == 0 {
+        return Ok(());
+    }
+    let ni = to_i32(n, "length")?;
+    let cfg = LaunchConfig {
+        grid_dim: (to_u32(n.div_ceil(256), "grid")?, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: x holds n floats.
+    unsafe {
+        dev.launch_with(names::SOFTCAP_INPLACE, cfg, |b| {
+            b.arg(&x).arg(&ni).arg(&cap);
+        })
+    }
+}
+
 /// Input precision of the prefill GEMMs (f32 accumulation in both).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum GemmPrecision {
@@ -736,6 +756,12 @@ impl GemmPrecision {
     }
 }
 
+/// Whether [`dequant_matrix`] takes weights of `ty` (in the repacked layout
+/// when `repacked`).
+pub(crate) fn has_dequant(ty: GgmlType, repacked: bool) -> bool {
+    kernels::matvec_kernels(ty).is_some() && (!repacked || super::repack::has_repacked(ty))
+}
+
 /// Dequantizes a whole `rows × cols` matrix (`stride` bytes per row; GGUF
 /// rows, or the layout of `repack.rs` when `repacked`) to `prec`'s operand
 /// type (f32 or bf16) at `out`.
@@ -751,7 +777,7 @@ pub(crate) fn dequant_matrix(
     prec: GemmPrecision,
     out: DevPtr,
 ) -> Result<()> {
-    if kernels::matvec_kernels(ty).is_none() || (repacked && !super::repack::has_repacked(ty)) {
+    if !has_dequant(ty, repacked) {
         return Err(Error::Unsupported { op: "cuda dequantize", ty });
     }
     if rows == 0 || cols == 0 {
@@ -792,8 +818,9 @@ pub(crate) fn to_bf16(dev: &Device, x: DevPtr, out: DevPtr, n: usize) -> Result<
 
 /// `Y = X·Wᵀ` on the tensor cores with f32 accumulation: `w` is
 /// `rows × cols`, `x` is `n_tok × cols` (both row-major, in `prec`'s
-/// operand type), `y` is `n_tok × rows` row-major f32, on the device's
-/// stream.
+/// operand type), `y` is `n_tok × rows` row-major f32 with rows `ld_y`
+/// floats apart (`ld_y ≥ rows`: a column block of a wider output), on the
+/// device's stream.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn gemm(
     dev: &Device,
@@ -804,12 +831,17 @@ pub(crate) fn gemm(
     rows: usize,
     cols: usize,
     n_tok: usize,
+    ld_y: usize,
 ) -> Result<()> {
     use cudarc::cublas::sys::{self as cb, cublasOperation_t};
     if rows == 0 || cols == 0 || n_tok == 0 {
         return Ok(());
     }
+    if ld_y < rows {
+        return Err(Error::Device(format!("GEMM output stride {ld_y} below its {rows} rows")));
+    }
     let (m, n, k) = (to_i32(rows, "rows")?, to_i32(n_tok, "tokens")?, to_i32(cols, "columns")?);
+    let ldc = to_i32(ld_y, "output stride")?;
     let (alpha, beta) = (1.0f32, 0.0f32);
     let (ab_type, compute, name) = match prec {
         GemmPrecision::Tf32 => {
@@ -819,7 +851,7 @@ pub(crate) fn gemm(
             (cb::cudaDataType::CUDA_R_16BF, cb::cublasComputeType_t::CUBLAS_COMPUTE_32F, "cublas_gemm_bf16")
         }
     };
-    // Column-major view: Y (rows × n_tok, ld rows) = Wᵀ-view (W is
+    // Column-major view: Y (rows × n_tok, ld `ld_y`) = Wᵀ-view (W is
     // cols × rows column-major, transposed) · X-view (cols × n_tok).
     dev.timed(name, || {
         // SAFETY: the handle is the device's, bound to its stream; the
@@ -844,7 +876,7 @@ pub(crate) fn gemm(
                 &beta as *const f32 as *const _,
                 y as usize as *mut std::ffi::c_void,
                 cb::cudaDataType::CUDA_R_32F,
-                m,
+                ldc,
                 compute,
                 cb::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
             )

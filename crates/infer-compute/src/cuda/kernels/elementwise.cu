@@ -59,6 +59,15 @@ extern "C" __global__ void act_inplace(float* x, int n, int act) {
     x[i] = act == 0 ? act_gelu_tanh(x[i]) : act_silu(x[i]);
 }
 
+// x[i] = cap * tanh(x[i] / cap): the final logit soft-cap after a GEMM
+// (the mat-vec kernels apply it in their epilogue, with the same formula).
+extern "C" __global__ void softcap_inplace(float* x, int n, float cap) {
+    PDL_PROLOGUE;
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    x[i] = cap * tanhf(x[i] * (1.0f / cap));
+}
+
 // Decodes chunk c of a repacked row (`repack.rs`; nc chunks per row).
 __device__ __forceinline__ bool load_chunk_repacked(int ty, const u8* row, int c, int nc, WChunk& w) {
     switch (ty) {

@@ -74,7 +74,7 @@ impl CudaModel {
             let repacked = w.repacked_stride != 0;
             let stride = if repacked { w.repacked_stride } else { w.ty.row_bytes(w.cols)? };
             ops::dequant_matrix(d, d.ptr(&w.buf), w.ty, stride, w.rows, w.cols, repacked, prec, wf)?;
-            ops::gemm(d, prec, wf, x, y, w.rows, w.cols, n)
+            ops::gemm(d, prec, wf, x, y, w.rows, w.cols, n, w.rows)
         };
 
         // One token: the residual add + norm before q/k/v waits in
@@ -334,6 +334,12 @@ impl CudaModel {
             }
             (oh, oq, od)
         };
+        if let Some(g) =
+            gemm.filter(|_| n_out >= GEMM_MIN_TOKENS && ops::has_dequant(w.output.ty, w.output.repacked_stride != 0))
+        {
+            self.output_gemm(g, xf, n_out)?;
+            return mark("matvec output", &[&w.output]);
+        }
         // Without a q8 copy (rows not of whole chunks) only float weights
         // can run, and they read the f32 rows.
         let mut call = mv(&w.output, xf, xq, xd, p(&b.logits));
@@ -344,5 +350,40 @@ impl CudaModel {
         }
         ops::matvec(d, &call)?;
         mark("matvec output", &[&w.output])
+    }
+
+    /// The vocabulary product of `n_out` gathered rows `xf` (f32) as
+    /// tensor-core GEMMs: the output matrix dequantized a block of rows at
+    /// a time into the GEMM scratch (sized for the largest layer matrix),
+    /// each block's logits a column block of the `n_out × n_vocab` result;
+    /// then the soft-cap, if any. Several dozen rows amortize the
+    /// dequantization, where the mat-vec kernels would read the matrix once
+    /// per 8 rows.
+    fn output_gemm(&self, (prec, wf, xb): (GemmPrecision, DevPtr, DevPtr), xf: DevPtr, n_out: usize) -> Result<()> {
+        let d = &*self.dev;
+        let w = &*self.w;
+        let b = self.bufs.as_ref().ok_or_else(|| Error::Device("buffers missing".into()))?;
+        let (out, e, nv) = (&w.output, w.n_embd, w.n_vocab);
+        let x = match prec {
+            GemmPrecision::Bf16 => {
+                ops::to_bf16(d, xf, xb, n_out * e)?;
+                xb
+            }
+            GemmPrecision::Tf32 => xf,
+        };
+        let repacked = out.repacked_stride != 0;
+        let stride = if repacked { out.repacked_stride } else { out.ty.row_bytes(out.cols)? };
+        let block = (w.max.mat / e.max(1)).clamp(1, nv.max(1));
+        let logits = d.ptr(&b.logits);
+        for r0 in (0..nv).step_by(block) {
+            let rows = block.min(nv - r0);
+            let src = d.ptr(&out.buf) + (r0 * stride) as u64;
+            ops::dequant_matrix(d, src, out.ty, stride, rows, e, repacked, prec, wf)?;
+            ops::gemm(d, prec, wf, x, logits + (r0 * 4) as u64, rows, e, n_out, nv)?;
+        }
+        match w.final_softcap {
+            Some(c) => ops::softcap_inplace(d, logits, n_out * nv, c),
+            None => Ok(()),
+        }
     }
 }
