@@ -12,10 +12,11 @@
 //!
 //! Prompts are pseudo-random common English words, a different sequence
 //! for every request (so a prompt cache shares no prefix between them),
-//! about `--prompt-tokens` long: a warm-up request first measures how many
-//! tokens the server counts for a given number of words and the word count
-//! is scaled to match; the mean prompt tokens the server reported is in
-//! the output.
+//! about `--prompt-tokens` long: warm-up requests first (at most four, of
+//! at most 4 generated tokens each) read how many prompt tokens the server
+//! counts for a number of words, and the word count is fitted to the target
+//! (within 2 %); the mean prompt tokens the server reported is in the
+//! output.
 //!
 //! Measured per level: its wall time (first request sent to last reply
 //! ended), aggregate generated tokens per second (completion tokens of the
@@ -660,7 +661,8 @@ pub fn bench_serve(a: ServeBenchArgs) -> CliResult {
     if a.requests_per_client == 0 || a.max_tokens == 0 || a.prompt_tokens == 0 {
         return Err("--requests-per-client, --max-tokens and --prompt-tokens must be positive".into());
     }
-    if !(a.timeout > 0.0 && a.timeout.is_finite()) || !(a.connect_timeout > 0.0 && a.connect_timeout.is_finite()) {
+    let seconds = |x: f64| x > 0.0 && x.is_finite();
+    if !seconds(a.timeout) || !seconds(a.connect_timeout) {
         return Err("--timeout and --connect-timeout must be positive seconds".into());
     }
     let base = base_url(&a.url)?;
@@ -696,17 +698,31 @@ async fn run(a: ServeBenchArgs, base: String) -> CliResult {
     let label = a.label.clone().unwrap_or_else(|| ctx.base.clone());
 
     // Warm-up, fitting the words per prompt to the token target.
+    // The server's count is taken as linear in the words (a chat
+    // template adds a constant): the first guess is one token a word, the
+    // second scales by the first count, later ones solve the line through
+    // the last two counts.
     let mut words = a.prompt_tokens;
     if !a.no_warmup {
-        for i in 0..3u64 {
+        let target = a.prompt_tokens as f64;
+        let mut seen: Vec<(f64, f64)> = Vec::new();
+        for i in 0..4u64 {
             let body = ctx.body(prompt_text(seed, u64::MAX, i, 0, words), a.max_tokens.min(4), 0);
             let r = ctx.stream(body).await.map_err(|f| format!("warm-up request: {} ({})", f.message, f.kind))?;
             let Some(p) = r.prompt_tokens.filter(|&p| p > 0) else { break };
-            let off = (p as f64 - a.prompt_tokens as f64).abs() / a.prompt_tokens as f64;
-            if off <= 0.02 {
+            if (p as f64 - target).abs() <= (0.02 * target).max(1.0) || i == 3 {
                 break;
             }
-            words = ((words as f64 * a.prompt_tokens as f64 / p as f64).round() as usize).max(1);
+            seen.push((words as f64, p as f64));
+            let next = match seen[..] {
+                [.., (w1, q1), (w2, q2)] if w1 != w2 && q1 != q2 => {
+                    let slope = (q2 - q1) / (w2 - w1);
+                    w2 + (target - q2) / slope
+                }
+                [.., (w, q)] => w * target / q,
+                [] => unreachable!(),
+            };
+            words = (next.round().max(1.0) as usize).min(a.prompt_tokens * 8);
         }
     }
     eprintln!(
