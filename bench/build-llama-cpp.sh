@@ -7,24 +7,30 @@
 # Usage: bench/build-llama-cpp.sh [--cuda] [--src DIR] [--jobs N] [--force]
 #        bench/build-llama-cpp.sh --trim DIR
 #
-#   (default)   CPU build: llama-bench, a text-generation CLI (llama-cli,
-#               llama-completion or llama-simple, whichever the tree has),
-#               llama-batched-bench and test-backend-ops (each of the last
-#               two skipped with a warning if it fails to build).
+#   (default)   CPU build: llama-bench, a text-generation CLI
+#               (llama-completion, llama-cli or llama-simple, the first the
+#               tree has), llama-batched-bench, llama-server and
+#               test-backend-ops (each of the last three skipped with a
+#               warning if it fails to build). llama-server is built
+#               without its web UI (LLAMA_BUILD_UI=OFF,
+#               LLAMA_USE_PREBUILT_UI=OFF: the source package carries the
+#               UI's sources, not the built assets, and nothing is
+#               downloaded at build time); its API is complete without it.
 #               -DGGML_NATIVE=OFF with explicit AVX2/FMA/F16C/AVX-512/VNNI
 #               flags, each on only where /proc/cpuinfo lists it; AMX
 #               stays off (it faults on some CPUs that list it). -j 2 by
 #               default.
-#   --cuda      CUDA build for an H100/H200 (sm_90): llama-bench and
-#               llama-batched-bench, -j 16 by default.
+#   --cuda      CUDA build for an H100/H200 (sm_90): llama-bench,
+#               llama-batched-bench and llama-server, -j 16 by default.
 #   --src DIR   use the llama.cpp tree in DIR (for instance a --trim copy
 #               carried to a machine without network) instead of fetching it.
 #   --jobs N    parallel build jobs.
 #   --force     rebuild even when the cached build matches.
 #   --trim DIR  write a trimmed copy of the tree (ggml with the CPU and CUDA
 #               backends, src, common, include, vendor, cmake, tools/llama-bench,
-#               tools/batched-bench and the top-level CMake files; about 22 MB)
-#               into DIR and exit.
+#               tools/batched-bench, tools/server with what it needs
+#               (tools/mtmd, the UI's CMake files, scripts/ui-assets.cmake)
+#               and the top-level CMake files; about 26 MB) into DIR and exit.
 #
 # Cache: ${INFER_CACHE_DIR:-~/.cache/infer-compute}/llama.cpp, or
 # $LLAMA_CPP_CACHE_DIR. Extra CMake arguments may be given in
@@ -140,7 +146,12 @@ if [[ -n "$trim_dir" ]]; then
     log "writing a trimmed tree into $trim_dir"
     (
         cd "$src"
+        # llama-server needs tools/mtmd (linked by its core) and the CMake
+        # part of tools/ui (which embeds an empty asset table when the UI is
+        # not built), not the UI's sources.
         paths=(CMakeLists.txt LICENSE cmake include src common vendor tools/llama-bench tools/batched-bench
+               tools/server tools/mtmd tools/ui/CMakeLists.txt tools/ui/ui.h.in tools/ui/ui.cpp.in
+               scripts/ui-assets.cmake
                ggml/CMakeLists.txt ggml/cmake ggml/include ggml/src/ggml-cpu ggml/src/ggml-cuda)
         # The files directly in ggml/src (the core), not its other backends.
         while IFS= read -r f; do paths+=("$f"); done < <(find ggml/src -maxdepth 1 -type f)
@@ -149,14 +160,19 @@ if [[ -n "$trim_dir" ]]; then
             printf '%s\0' "$p"
         done | xargs -0 cp -a --parents -t "$trim_dir"
     )
-    # tools/CMakeLists.txt adds every tool; the trimmed tree has two.
+    # tools/CMakeLists.txt adds every tool; the trimmed tree has three.
     cat > "$trim_dir/tools/CMakeLists.txt" <<'EOF'
-# Trimmed tree (infer-compute bench/build-llama-cpp.sh --trim): llama-bench
-# and llama-batched-bench only.
+# Trimmed tree (infer-compute bench/build-llama-cpp.sh --trim): llama-bench,
+# llama-batched-bench and llama-server only.
 find_package(Threads REQUIRED)
 llama_add_compile_flags()
 add_subdirectory(llama-bench)
 add_subdirectory(batched-bench)
+add_subdirectory(mtmd)
+if (LLAMA_BUILD_SERVER)
+    add_subdirectory(ui)
+    add_subdirectory(server)
+endif()
 EOF
     [[ -f "$src/../SOURCE" ]] && cp "$src/../SOURCE" "$trim_dir/SOURCE.infer-compute"
     log "trimmed tree: $(du -sh "$trim_dir" | cut -f1); build it with: bench/build-llama-cpp.sh --cuda --src $trim_dir"
@@ -180,7 +196,11 @@ common_args=(
     -DGGML_NATIVE=OFF
     -DLLAMA_CURL=OFF
     -DLLAMA_OPENSSL=OFF
-    -DLLAMA_BUILD_SERVER=OFF
+    # llama-server, without the embedded web UI: the package has no built
+    # assets, and the prebuilt ones would be downloaded at build time.
+    -DLLAMA_BUILD_SERVER=ON
+    -DLLAMA_BUILD_UI=OFF
+    -DLLAMA_USE_PREBUILT_UI=OFF
     -DLLAMA_BUILD_APP=OFF
     -DLLAMA_BUILD_EXAMPLES=OFF
     -DLLAMA_BUILD_TOOLS=ON
@@ -216,8 +236,10 @@ if [[ "$variant" == cpu ]]; then
         -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF
     )
     log "SIMD: AVX-512 $avx512 (from /proc/cpuinfo; override with LLAMA_CPP_CMAKE_ARGS)"
-    cli_candidates=(llama-cli llama-completion llama-simple)
-    optional_targets=(llama-batched-bench test-backend-ops)
+    # llama-completion first: with the server built, llama-cli is the
+    # server-based chat client, not the plain completion tool.
+    cli_candidates=(llama-completion llama-cli llama-simple)
+    optional_targets=(llama-batched-bench llama-server test-backend-ops)
 else
     : "${jobs:=16}"
     variant_args=(
@@ -226,7 +248,7 @@ else
         -DLLAMA_BUILD_TESTS=OFF
     )
     cli_candidates=()
-    optional_targets=(llama-batched-bench)
+    optional_targets=(llama-batched-bench llama-server)
 fi
 extra_args=()
 if [[ -n "${LLAMA_CPP_CMAKE_ARGS:-}" ]]; then

@@ -43,7 +43,11 @@ use crate::output::Out;
 use crate::synth::{human_bytes, human_params};
 
 #[derive(Args)]
+#[command(args_conflicts_with_subcommands = true, subcommand_value_name = "SERVE", subcommand_help_heading = "Servers")]
 pub struct BenchArgs {
+    /// `infer bench serve`: load an OpenAI-compatible server instead of a model.
+    #[command(subcommand)]
+    pub command: Option<BenchCommand>,
     #[command(flatten)]
     model: ModelArgs,
     /// Benchmark a synthetic model instead of a file: a size of Gemma 3
@@ -103,6 +107,15 @@ pub struct BenchArgs {
     /// Batched mode: generated tokens per sequence.
     #[arg(long = "ntg", value_name = "N", default_value_t = 128, requires = "npl")]
     ntg: usize,
+}
+
+/// `infer bench`'s subcommands.
+#[derive(clap::Subcommand)]
+pub enum BenchCommand {
+    /// Load an OpenAI-compatible server (`infer serve`, llama-server) with
+    /// concurrent streaming clients: generated tokens/s, requests/s, time to
+    /// first token, inter-token and end-to-end latency per concurrency level.
+    Serve(crate::bench_serve::ServeBenchArgs),
 }
 
 /// `-o`: llama-bench's output formats.

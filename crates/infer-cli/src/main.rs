@@ -19,6 +19,7 @@ macro_rules! eprint {
 
 mod bench;
 mod bench_batched;
+mod bench_serve;
 mod chat;
 mod common;
 mod ignore_eos;
@@ -51,7 +52,8 @@ enum Command {
     Run(run::RunArgs),
     /// Show a model's architecture, shapes, tensor types and the backend in use.
     Info(info::InfoArgs),
-    /// Measure prefill and decode tokens per second (llama-bench's tests and table).
+    /// Measure prefill and decode tokens per second (llama-bench's tests and table); `bench serve` loads an
+    /// OpenAI-compatible server.
     Bench(bench::BenchArgs),
     /// Chat with a model (by default the instruction-tuned smollm2-135m): multi-turn, the KV cache kept between
     /// turns, replies streamed.
@@ -88,7 +90,10 @@ fn main() -> ExitCode {
     let result = output::check_open().map_err(Into::into).and_then(|()| match cli.command {
         Command::Run(a) => run::run(a),
         Command::Info(a) => info::info(a),
-        Command::Bench(a) => bench::bench(a),
+        Command::Bench(mut a) => match a.command.take() {
+            Some(bench::BenchCommand::Serve(s)) => bench_serve::bench_serve(s),
+            None => bench::bench(a),
+        },
         Command::Synth(a) => synth::synth(a),
         Command::Models(a) => models::models(a),
         Command::Chat(a) => chat::chat(a),
