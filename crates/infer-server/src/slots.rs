@@ -115,6 +115,7 @@ mod tests {
         // Extends the cache: all of it is reused.
         let t = c.take(&[1, 2, 4, 4]).unwrap();
         assert_eq!(t, Taken { slot: 0, reused: 2 });
+        assert_eq!(c.take(&[1]), Some(Taken { slot: 1, reused: 0 }));
         assert_eq!(c.take(&[1]), None, "all slots busy");
         assert_eq!(c.n_busy(), 3);
         c.discard(0);

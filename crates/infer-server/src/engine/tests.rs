@@ -118,13 +118,16 @@ fn a_long_prompt_is_prefilled_in_chunks_beside_decoding_sequences() {
     submit(&mut e, b);
     // Each step: a's one decode token, then at most 7 of b's prompt.
     let mut chunks = Vec::new();
-    while e.active.iter().any(|s| s.seq.in_prompt()) {
+    loop {
         assert!(e.step());
         let batch = e.last_batch();
         assert!(batch.len() <= 8, "{}", batch.len());
         assert_eq!(batch.slots()[0], 0, "the decoding sequence comes first");
         chunks.push(batch.len() - 1);
         assert!(batch.n_outputs() >= 1);
+        if !e.active.iter().any(|s| s.seq.in_prompt()) {
+            break;
+        }
     }
     assert_eq!(chunks.iter().sum::<usize>(), 30, "{chunks:?}");
     assert!(chunks.len() >= 5, "{chunks:?}");
