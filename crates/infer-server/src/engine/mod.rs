@@ -15,7 +15,7 @@
 //!    (chunked prefill: a long prompt takes several steps, and the others'
 //!    decoding goes on beside it);
 //! 4. runs one [`DeviceModel::forward`] and hands each output row to its
-//!    sequence ([`Active::on_logits`]), which samples, passes the text
+//!    sequence (`Active::on_logits`), which samples, passes the text
 //!    through its stop strings and sends the events;
 //! 5. frees the slots of finished requests, keeping their caches.
 
