@@ -51,13 +51,18 @@ pub struct ServeArgs {
     /// Largest request body in bytes.
     #[arg(long, value_name = "BYTES", default_value_t = defaults::DEFAULT_MAX_BODY)]
     max_body: usize,
-    /// The model's id in the API (`/v1/models`, the `model` field) [default: the file name without .gguf].
+    /// The model's id in the API (`/v1/models`, the `model` field) [default: a known model's name, else the file name without .gguf].
     #[arg(short = 'a', long, value_name = "NAME")]
     alias: Option<String>,
 }
 
-/// The model id of `path`: its file name without `.gguf`.
+/// The model id of `path`: a known model's name when it is that model's
+/// cache file, else the file name without `.gguf`.
 fn model_id(path: &Path) -> String {
+    let cache = infer_model::fetch::cache_dir();
+    if let Some(m) = infer_model::fetch::KNOWN_MODELS.iter().find(|m| path == cache.join(m.file)) {
+        return m.name.to_string();
+    }
     let name = path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned());
     name.strip_suffix(".gguf").map(str::to_string).unwrap_or(name)
 }
