@@ -37,7 +37,8 @@ pub struct ServerConfig {
     pub n_ctx: usize,
     /// Most tokens per forward step.
     pub n_batch: usize,
-    /// Requests that may wait for a slot.
+    /// Requests that may wait for a slot (at least 1: a request is queued
+    /// until the engine's next step admits it).
     pub max_queue: usize,
     /// Largest request body in bytes.
     pub max_body: usize,
@@ -79,6 +80,7 @@ impl ServerConfig {
             ("--parallel", self.parallel),
             ("--ctx-size", self.n_ctx),
             ("--batch-size", self.n_batch),
+            ("--max-queue", self.max_queue),
             ("--max-body", self.max_body),
             ("--max-tokens", self.max_tokens),
             ("the HTTP thread count", self.http_threads),

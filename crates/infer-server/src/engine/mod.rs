@@ -226,6 +226,9 @@ impl<'t> Engine<'t> {
     pub fn step(&mut self) -> bool {
         self.drop_cancelled();
         self.admit();
+        // Before the forward, so that a client that has its first token
+        // sees its slot counted.
+        self.publish();
         let ran = self.plan() && self.run_batch();
         self.publish();
         ran
