@@ -213,7 +213,7 @@ async fn bad_requests_get_openai_errors_naming_the_field() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_client_dropped_mid_stream_frees_its_slot() {
+async fn a_client_that_goes_away_frees_its_slot() {
     let srv = server(ServerConfig { parallel: 1, n_ctx: 4096, ..config() });
     let c = Client::new(&srv);
     let body = streamed(completion_body(json!("Tell me everything"), 4000));
@@ -228,6 +228,13 @@ async fn a_client_dropped_mid_stream_frees_its_slot() {
     // Its slot serves the next client.
     let v = c.complete(COMPLETIONS, &completion_body(json!("next"), 4)).await;
     assert_eq!(v["usage"]["completion_tokens"], 4);
+    // A client of a whole (non-streamed) reply that gives up waiting.
+    let long = completion_body(json!("Tell me more"), 4000);
+    let url = format!("{}{COMPLETIONS}", c.base);
+    let gave_up = c.http.post(url).body(long.to_string()).timeout(std::time::Duration::from_millis(200)).send().await;
+    assert!(gave_up.is_err(), "the reply came within 200 ms");
+    c.wait_idle().await;
+    assert!(srv.metrics().cancelled.load(std::sync::atomic::Ordering::SeqCst) >= 2);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

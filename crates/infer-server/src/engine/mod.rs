@@ -126,7 +126,11 @@ fn run(engine: &mut Engine<'_>, rx: &Receiver<GenRequest>) {
                 Err(TryRecvError::Disconnected) => break,
             }
         }
-        engine.step();
+        // A bug in a step must not end the engine (and with it every
+        // request to come): the requests of that step fail, the rest go on.
+        if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| engine.step())).is_err() {
+            engine.recover();
+        }
     }
 }
 
@@ -397,6 +401,21 @@ impl<'t> Engine<'t> {
             }
             add(&self.metrics.finished, 1);
         }
+    }
+
+    /// After a step panicked: every admitted request fails and every slot's
+    /// cache is forgotten (what the step wrote is unknown); waiting
+    /// requests stay queued.
+    pub fn recover(&mut self) {
+        for a in self.active.drain(..) {
+            a.fail("internal error in the engine's step".into());
+            add(&self.metrics.finished, 1);
+        }
+        for slot in 0..self.slots.n_slots() {
+            self.slots.discard(slot);
+            let _ = self.pool.reset(slot);
+        }
+        self.publish();
     }
 
     fn publish(&self) {
