@@ -20,6 +20,8 @@ pub const SHORT_ALIASES: &[(&str, &str)] = &[
     ("-npp", "--npp"),
     ("-ntg", "--ntg"),
     ("-npl", "--npl"),
+    // llama-server's, for `serve`.
+    ("-np", "--parallel"),
 ];
 
 /// llama.cpp's multi-letter short flags that `infer` does not have, with
@@ -40,7 +42,6 @@ const UNSUPPORTED: &[(&str, &str)] = &[
     ("-mli", "--multiline-input"),
     ("-ub", "--ubatch-size"),
     ("-tb", "--threads-batch"),
-    ("-np", "--parallel"),
     ("-cb", "--cont-batching"),
     ("-nocb", "--no-cont-batching"),
     ("-sm", "--split-mode"),

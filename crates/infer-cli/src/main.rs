@@ -32,6 +32,7 @@ mod profile;
 mod prompt;
 mod run;
 mod sampling;
+mod serve;
 mod synth;
 
 use std::process::ExitCode;
@@ -60,6 +61,9 @@ enum Command {
     Chat(chat::ChatArgs),
     /// List the models known by name: size, family, quantization, base or instruct, and whether each is cached.
     Models(models::ModelsArgs),
+    /// Serve the model over HTTP with the OpenAI API (chat and text completions, streaming), many requests at once
+    /// (continuous batching over `--parallel` slots).
+    Serve(serve::ServeArgs),
     /// Write a GGUF with random weights and a real model's shapes, metadata and tensor types.
     Synth(synth::SynthArgs),
 }
@@ -97,6 +101,7 @@ fn main() -> ExitCode {
         Command::Synth(a) => synth::synth(a),
         Command::Models(a) => models::models(a),
         Command::Chat(a) => chat::chat(a),
+        Command::Serve(a) => serve::serve(a),
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,

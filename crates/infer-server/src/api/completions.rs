@@ -1,0 +1,104 @@
+//! `POST /v1/completions`: a string prompt or an array of token ids (as
+//! OpenAI takes them), `logprobs` as a count, and the `text_completion`
+//! shape.
+
+use serde_json::{json, Map, Value};
+
+use super::error::{ApiError, ApiResult};
+use super::fields::{wrong, Body};
+use super::params::MAX_TOP_LOGPROBS;
+use super::{ModelInfo, ReplyMeta};
+use crate::engine::{FinishReason, TokenLogprob, Usage};
+
+/// The prompt tokens: a string (tokenized with the model's BOS rule), an
+/// array of token ids, or an array of one of either.
+///
+/// # Errors
+/// A missing prompt, several prompts, ids outside the vocabulary, other types.
+pub fn prompt(body: &Body, model: &ModelInfo) -> ApiResult<Vec<u32>> {
+    let Some(p) = body.get("prompt") else { return Err(ApiError::invalid("prompt", "prompt is required")) };
+    match p {
+        Value::String(s) => Ok(model.tokenizer.encode(s, true)),
+        Value::Array(a) if a.iter().all(Value::is_number) => ids(a, model.n_vocab),
+        Value::Array(a) if a.len() == 1 => match &a[0] {
+            Value::String(s) => Ok(model.tokenizer.encode(s, true)),
+            Value::Array(inner) => ids(inner, model.n_vocab),
+            _ => Err(shape()),
+        },
+        Value::Array(a) if a.len() > 1 && a.iter().all(|x| x.is_string() || x.is_array()) => {
+            Err(ApiError::unsupported("prompt", "more than one prompt per request"))
+        }
+        _ => Err(shape()),
+    }
+}
+
+fn shape() -> ApiError {
+    wrong("prompt", "a string, an array of token ids, or an array of one of either")
+}
+
+/// Token ids below `n_vocab`.
+fn ids(a: &[Value], n_vocab: usize) -> ApiResult<Vec<u32>> {
+    a.iter()
+        .map(|v| match v.as_u64() {
+            Some(id) if (id as usize) < n_vocab => Ok(id as u32),
+            _ => Err(ApiError::invalid("prompt", format!("prompt: {v} is not a token id (0 to {})", n_vocab - 1))),
+        })
+        .collect()
+}
+
+/// `logprobs`: the number of alternatives per token (0 to
+/// [`MAX_TOP_LOGPROBS`]), `None` when absent.
+///
+/// # Errors
+/// Another type or out of range.
+pub fn logprobs(body: &Body) -> ApiResult<Option<usize>> {
+    Ok(body.int("logprobs", 0, MAX_TOP_LOGPROBS)?.map(|n| n as usize))
+}
+
+/// OpenAI's completion `logprobs` object of `tokens`, whose text starts at
+/// byte `offset` of the reply.
+pub fn logprobs_json(tokens: &[TokenLogprob], mut offset: usize) -> Value {
+    let mut text_offset = Vec::new();
+    for t in tokens {
+        text_offset.push(offset);
+        offset += t.token.len();
+    }
+    let top: Vec<Value> = tokens
+        .iter()
+        .map(|t| Value::Object(t.top.iter().map(|(s, _, lp)| (s.clone(), json!(lp))).collect::<Map<_, _>>()))
+        .collect();
+    json!({
+        "tokens": tokens.iter().map(|t| t.token.as_str()).collect::<Vec<_>>(),
+        "token_logprobs": tokens.iter().map(|t| t.logprob).collect::<Vec<_>>(),
+        "top_logprobs": top,
+        "text_offset": text_offset,
+    })
+}
+
+/// A whole `text_completion`, or one chunk of a stream (then `usage` is
+/// left out).
+pub fn completion(
+    meta: &ReplyMeta,
+    text: &str,
+    logprobs: Option<Value>,
+    finish: Option<FinishReason>,
+    usage: Option<&Usage>,
+) -> Value {
+    let mut v = json!({
+        "id": meta.id,
+        "object": "text_completion",
+        "created": meta.created,
+        "model": meta.model,
+        "system_fingerprint": meta.fingerprint,
+        "choices": [{
+            "text": text,
+            "index": 0,
+            "logprobs": logprobs,
+            "finish_reason": finish.map(FinishReason::as_str),
+        }],
+    });
+    if let Some(u) = usage {
+        v["usage"] = super::usage_json(u);
+    }
+    v
+}

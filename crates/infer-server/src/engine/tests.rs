@@ -1,0 +1,199 @@
+//! The engine without HTTP: admission, chunked prefill, slot freeing, and
+//! the same greedy text alone and in a batch.
+
+use std::sync::atomic::AtomicUsize;
+use std::sync::Arc;
+use std::time::Instant;
+
+use infer_compute::cpu::{CpuBackend, Kernels, Precision};
+use infer_compute::ComputeBackend;
+use infer_model::gguf::GgufFile;
+use infer_model::sampling::SamplerConfig;
+use infer_model::synth::{self, SynthArch, SynthOptions, SynthQuant, SynthShape, SynthVocab};
+use infer_model::tokenizer::Tokenizer;
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+
+use super::*;
+
+/// A tiny synthetic Llama, prepared on the CPU, and its tokenizer.
+fn tiny() -> (Box<dyn DeviceModel>, Tokenizer) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tiny.gguf");
+    let shape = SynthShape::preset(SynthArch::Llama, "tiny").unwrap();
+    let opts = SynthOptions { shape, quant: SynthQuant::Q8_0, seed: 5, threads: 1, dequantized: false };
+    synth::write_synthetic(&path, &opts, SynthVocab::Generated, Arc::new(|_| {})).unwrap();
+    let gguf = GgufFile::read(&path).unwrap();
+    let spec = infer_model::model::load_spec(&gguf).unwrap();
+    let backend = CpuBackend::with_options(1, Kernels::detect(), Precision::Quantized).unwrap();
+    (backend.prepare(&spec).unwrap(), Tokenizer::from_gguf(&gguf).unwrap())
+}
+
+/// An engine of `n_slots` slots of 64 positions and steps of `n_batch`.
+fn engine<'t>(model: &dyn DeviceModel, tok: &'t Tokenizer, n_slots: usize, n_batch: usize) -> Engine<'t> {
+    let pool = model.new_kv_pool(n_slots, 64).unwrap();
+    let model = model.new_context().unwrap();
+    Engine::new(model, pool, tok, n_batch, Arc::new(Metrics::default()), Arc::new(AtomicUsize::new(0)))
+}
+
+/// A greedy request for `max_tokens` tokens that ignores end-of-generation.
+fn request(prompt: &[u32], max_tokens: usize) -> (GenRequest, UnboundedReceiver<Event>) {
+    let (tx, rx) = unbounded_channel();
+    let params = GenParams {
+        sampler: SamplerConfig { temperature: 0.0, ..SamplerConfig::default() },
+        max_tokens,
+        stop: Vec::new(),
+        ignore_eos: true,
+        logprobs: None,
+    };
+    (GenRequest { prompt: prompt.to_vec(), params, events: tx, arrived: Instant::now() }, rx)
+}
+
+/// Queues `req` as [`EngineHandle::submit`] would (counted in `queued`).
+fn submit(e: &mut Engine<'_>, req: GenRequest) {
+    e.queued.fetch_add(1, Ordering::SeqCst);
+    e.enqueue(req);
+}
+
+/// Everything `rx` holds: the text and the last event.
+fn drain(rx: &mut UnboundedReceiver<Event>) -> (String, Option<Event>) {
+    let (mut text, mut last) = (String::new(), None);
+    while let Ok(ev) = rx.try_recv() {
+        if let Event::Delta { text: t, .. } = &ev {
+            text.push_str(t);
+        }
+        last = Some(ev);
+    }
+    (text, last)
+}
+
+fn run_to_end(e: &mut Engine<'_>) {
+    for _ in 0..10_000 {
+        if e.is_idle() {
+            return;
+        }
+        e.step();
+    }
+    panic!("the engine did not finish");
+}
+
+#[test]
+fn admission_fills_free_slots_in_order_and_the_rest_waits() {
+    let (model, tok) = tiny();
+    let mut e = engine(model.as_ref(), &tok, 2, 64);
+    let mut rxs = Vec::new();
+    for p in [[1u32, 2, 3], [4, 5, 6], [7, 8, 9]] {
+        let (r, rx) = request(&p, 4);
+        submit(&mut e, r);
+        rxs.push(rx);
+    }
+    assert!(e.step());
+    assert_eq!((e.n_active(), e.n_waiting()), (2, 1));
+    assert_eq!(e.queued.load(Ordering::SeqCst), 1);
+    // Both prompts ran whole in one batch.
+    assert_eq!(e.last_batch().len(), 6);
+    run_to_end(&mut e);
+    for rx in &mut rxs {
+        let (_, last) = drain(rx);
+        match last {
+            Some(Event::Done { finish, usage }) => {
+                assert_eq!(finish, FinishReason::Length);
+                assert_eq!((usage.prompt_tokens, usage.completion_tokens), (3, 4));
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(e.queued.load(Ordering::SeqCst), 0);
+    assert_eq!(e.slots().n_busy(), 0);
+}
+
+#[test]
+fn a_long_prompt_is_prefilled_in_chunks_beside_decoding_sequences() {
+    let (model, tok) = tiny();
+    let mut e = engine(model.as_ref(), &tok, 2, 8);
+    let (a, mut rx_a) = request(&[1, 2, 3], 12);
+    submit(&mut e, a);
+    assert!(e.step());
+    let long: Vec<u32> = (10..40).collect();
+    let (b, mut rx_b) = request(&long, 2);
+    submit(&mut e, b);
+    // Each step: a's one decode token, then at most 7 of b's prompt.
+    let mut chunks = Vec::new();
+    loop {
+        assert!(e.step());
+        let batch = e.last_batch();
+        assert!(batch.len() <= 8, "{}", batch.len());
+        assert_eq!(batch.slots()[0], 0, "the decoding sequence comes first");
+        chunks.push(batch.len() - 1);
+        assert!(batch.n_outputs() >= 1);
+        if !e.active.iter().any(|s| s.seq.in_prompt()) {
+            break;
+        }
+    }
+    assert_eq!(chunks.iter().sum::<usize>(), 30, "{chunks:?}");
+    assert!(chunks.len() >= 5, "{chunks:?}");
+    run_to_end(&mut e);
+    assert!(matches!(drain(&mut rx_a).1, Some(Event::Done { .. })));
+    assert!(matches!(drain(&mut rx_b).1, Some(Event::Done { .. })));
+}
+
+#[test]
+fn a_dropped_receiver_frees_its_slot_at_the_next_step() {
+    let (model, tok) = tiny();
+    let mut e = engine(model.as_ref(), &tok, 1, 64);
+    let (a, rx_a) = request(&[1, 2, 3], 1000);
+    let (b, mut rx_b) = request(&[4, 5], 2);
+    submit(&mut e, a);
+    submit(&mut e, b);
+    e.step();
+    e.step();
+    assert_eq!((e.n_active(), e.n_waiting()), (1, 1));
+    drop(rx_a);
+    e.step();
+    // a is gone; b took its slot in the same step.
+    assert_eq!((e.n_active(), e.n_waiting()), (1, 0));
+    assert_eq!(e.metrics.cancelled.load(Ordering::SeqCst), 1);
+    run_to_end(&mut e);
+    assert!(matches!(drain(&mut rx_b).1, Some(Event::Done { .. })));
+    assert_eq!(e.slots().n_busy(), 0);
+}
+
+#[test]
+fn greedy_text_is_the_same_alone_and_batched_and_the_cache_is_reused() {
+    let (model, tok) = tiny();
+    let prompts: [&[u32]; 3] = [&[1, 2, 3, 4, 5], &[1, 2, 3, 9], &[6, 2, 3, 4, 5]];
+    let alone: Vec<String> = prompts
+        .iter()
+        .map(|p| {
+            let mut e = engine(model.as_ref(), &tok, 1, 64);
+            let (r, mut rx) = request(p, 6);
+            submit(&mut e, r);
+            run_to_end(&mut e);
+            drain(&mut rx).0
+        })
+        .collect();
+    assert!(alone.iter().all(|t| !t.is_empty()), "{alone:?}");
+    // Together, on two slots, after the first prompt warmed slot 0's cache.
+    let mut e = engine(model.as_ref(), &tok, 2, 64);
+    let (r, mut rx) = request(prompts[0], 6);
+    submit(&mut e, r);
+    run_to_end(&mut e);
+    assert_eq!(drain(&mut rx).0, alone[0]);
+    let mut rxs = Vec::new();
+    for p in prompts {
+        let (r, rx) = request(p, 6);
+        submit(&mut e, r);
+        rxs.push(rx);
+    }
+    run_to_end(&mut e);
+    let mut cached = Vec::new();
+    for (rx, want) in rxs.iter_mut().zip(&alone) {
+        let (text, last) = drain(rx);
+        assert_eq!(&text, want);
+        let Some(Event::Done { usage, .. }) = last else { panic!("{last:?}") };
+        cached.push(usage.cached_tokens);
+    }
+    // The same prompt reuses all but its last token; the one differing in
+    // its first token reuses nothing.
+    assert_eq!(cached[0], 4);
+    assert_eq!(cached[2], 0);
+}
