@@ -290,6 +290,10 @@ impl Ctx {
         // (arrival, tokens if the chunk says) of each content chunk.
         let mut chunks: Vec<(Instant, Option<usize>)> = Vec::new();
         let mut usage: Option<(Option<usize>, usize)> = None;
+        // The first chunk with a choice, text or not: the time to first
+        // token of a reply whose tokens all decode to no text (random
+        // weights), counted through its usage.
+        let mut first_choice: Option<Instant> = None;
         let mut done = false;
         let mut handle =
             |data: String, at: Instant, chunks: &mut Vec<(Instant, Option<usize>)>| -> Result<bool, Failure> {
@@ -300,6 +304,9 @@ impl Ctx {
                     .map_err(|e| Failure::new("bad_chunk", format!("{e}: {}", truncate(&data, 200))))?;
                 if let Some(err) = v.get("error") {
                     return Err(Failure::new("stream_error", truncate(&err.to_string(), 300)));
+                }
+                if first_choice.is_none() && v.get("choices").and_then(Value::as_array).is_some_and(|c| !c.is_empty()) {
+                    first_choice = Some(at);
                 }
                 if let Some(c) = content_chunk(&v, self.endpoint) {
                     chunks.push((at, c));
@@ -338,8 +345,10 @@ impl Ctx {
         if !done {
             return Err(Failure::new("broken_stream", "the stream ended without data: [DONE]"));
         }
-        let Some(&(first, _)) = chunks.first() else {
-            return Err(Failure::new("broken_stream", "the stream had no content"));
+        let first = match (chunks.first(), first_choice, usage) {
+            (Some(&(at, _)), _, _) => at,
+            (None, Some(at), Some((_, c))) if c > 0 => at,
+            _ => return Err(Failure::new("broken_stream", "the stream had no content")),
         };
         let counted: usize = chunks.iter().map(|c| c.1.unwrap_or(1)).sum();
         let (prompt_tokens, completion_tokens, has_usage) = match usage {
@@ -347,7 +356,7 @@ impl Ctx {
             None => (None, counted, false),
         };
         // Tokens per chunk where a chunk does not say: the mean.
-        let mean_per_chunk = (completion_tokens as f64 / chunks.len() as f64).max(1e-9);
+        let mean_per_chunk = (completion_tokens as f64 / chunks.len().max(1) as f64).max(1e-9);
         let itl = chunks
             .windows(2)
             .map(|w| {
