@@ -31,6 +31,8 @@ pub struct Active<'t> {
     events: UnboundedSender<Event>,
     arrived: Instant,
     started: bool,
+    /// The masked row when end-of-generation tokens are ignored.
+    scratch: Vec<f32>,
 }
 
 /// The parts of a request [`Active::new`] takes over.
@@ -60,6 +62,7 @@ impl<'t> Active<'t> {
             events: a.events,
             arrived: a.arrived,
             started: false,
+            scratch: Vec::new(),
         }
     }
 
@@ -75,9 +78,16 @@ impl<'t> Active<'t> {
 
     /// Takes the logits of the sequence's last fed token: samples, sends
     /// the text released and returns whether the request is over (its
-    /// [`Event::Done`] or [`Event::Error`] sent). `scratch` holds the
-    /// masked row when end-of-generation tokens are ignored.
-    pub fn on_logits(&mut self, row: &[f32], tokenizer: &Tokenizer, scratch: &mut Vec<f32>, m: &Arc<Metrics>) -> bool {
+    /// [`Event::Done`] or [`Event::Error`] sent).
+    pub fn on_logits(&mut self, row: &[f32], tokenizer: &Tokenizer, m: &Arc<Metrics>) -> bool {
+        let mut scratch = std::mem::take(&mut self.scratch);
+        let done = self.on_row(row, tokenizer, &mut scratch, m);
+        self.scratch = scratch;
+        done
+    }
+
+    /// [`Active::on_logits`] with the scratch for the masked row.
+    fn on_row(&mut self, row: &[f32], tokenizer: &Tokenizer, scratch: &mut Vec<f32>, m: &Arc<Metrics>) -> bool {
         let row = if self.ignore_eos {
             scratch.clear();
             scratch.extend_from_slice(row);

@@ -33,6 +33,7 @@ use infer_compute::{Batch, DeviceModel, KvPool, Out};
 use infer_model::sampling::Sampler;
 use infer_model::sequence::Sequence;
 use infer_model::tokenizer::Tokenizer;
+use rayon::prelude::*;
 
 use crate::metrics::{add, set, Metrics};
 use crate::slots::SlotCache;
@@ -158,7 +159,7 @@ pub struct Engine<'t> {
     active: Vec<Active<'t>>,
     batch: Batch,
     planned: Vec<Planned>,
-    scratch: Vec<f32>,
+
     metrics: Arc<Metrics>,
     queued: Arc<AtomicUsize>,
 }
@@ -189,7 +190,6 @@ impl<'t> Engine<'t> {
             active: Vec::new(),
             batch: Batch::new(),
             planned: Vec::new(),
-            scratch: Vec::new(),
             metrics,
             queued,
         }
@@ -356,20 +356,31 @@ impl<'t> Engine<'t> {
                 return true;
             }
         };
-        let mut done = Vec::new();
+        // Bookkeeping in batch order, then each sequence's row (sampling,
+        // detokenizing, stop strings, events) in parallel: every request
+        // has its own sampler and random stream, so the results do not
+        // depend on the threads.
+        let mut row_of: Vec<Option<usize>> = vec![None; self.active.len()];
         let mut row = 0;
         for p in &self.planned {
             let a = &mut self.active[p.index];
             self.slots.extend(a.slot, &self.batch.tokens()[p.start..p.start + p.len]);
             a.seq.advance(p.len);
             if p.wants {
-                let r = &logits[row * n_vocab..(row + 1) * n_vocab];
+                row_of[p.index] = Some(row);
                 row += 1;
-                if a.on_logits(r, self.tokenizer, &mut self.scratch, &self.metrics) {
-                    done.push(p.index);
-                }
             }
         }
+        let (tokenizer, metrics) = (self.tokenizer, &self.metrics);
+        let done: Vec<usize> = self
+            .active
+            .par_iter_mut()
+            .enumerate()
+            .filter_map(|(i, a)| {
+                let r = row_of[i]?;
+                a.on_logits(&logits[r * n_vocab..(r + 1) * n_vocab], tokenizer, metrics).then_some(i)
+            })
+            .collect();
         self.remove(done, false);
         true
     }
