@@ -17,7 +17,7 @@ use infer_model::gguf::GgufFile;
 #[derive(Args, Clone, Debug)]
 pub struct ModelArgs {
     /// Model: a GGUF file, or a known name (`infer models` lists them; any case), fetched, verified and cached on
-    /// first use [default: gemma3-270m (chat: smollm2-135m), or $INFER_MODEL]
+    /// first use [default: gemma3-270m (chat and serve: smollm2-135m), or $INFER_MODEL]
     #[arg(short, long, value_name = "NAME|FILE")]
     pub model: Option<PathBuf>,
     /// Compute backend [default: auto].

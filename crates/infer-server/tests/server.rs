@@ -207,6 +207,9 @@ async fn bad_requests_get_openai_errors_naming_the_field() {
     assert!(r.json()["error"]["message"].is_string());
     let r = c.get("/v1/nothing").await;
     assert_eq!((r.status, r.json()["error"]["code"].as_str()), (404, Some("unknown_url")));
+    // A known route with another method: 405, in OpenAI's shape too.
+    let r = c.get(COMPLETIONS).await;
+    assert_eq!((r.status, r.json()["error"]["code"].as_str()), (405, Some("method_not_allowed")), "{}", r.text);
     // The server still answers.
     let v = c.complete(COMPLETIONS, &completion_body(json!("still there?"), 3)).await;
     assert_eq!(v["usage"]["completion_tokens"], 3);

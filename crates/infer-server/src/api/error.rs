@@ -109,6 +109,17 @@ impl ApiError {
         }
     }
 
+    /// A route that exists, called with another method (405).
+    pub fn method_not_allowed(method: &str, path: &str) -> ApiError {
+        ApiError {
+            status: StatusCode::METHOD_NOT_ALLOWED,
+            message: format!("{path} does not take {method}"),
+            kind: "invalid_request_error",
+            param: None,
+            code: Some("method_not_allowed"),
+        }
+    }
+
     /// The JSON body (also sent as the last event of a stream that fails).
     pub fn body(&self) -> serde_json::Value {
         json!({"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}})

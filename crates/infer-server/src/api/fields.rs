@@ -66,9 +66,17 @@ impl Body {
     /// Another type (a fraction too), or out of range.
     pub fn int(&self, name: &str, lo: i64, hi: i64) -> ApiResult<Option<i64>> {
         let Some(v) = self.get(name) else { return Ok(None) };
-        let x = match (v.as_i64(), v.as_u64()) {
-            (Some(x), _) => x,
-            (None, Some(_)) => i64::MAX,
+        let x = match (v.as_i64(), v.as_u64(), v.as_f64()) {
+            (Some(x), _, _) => x,
+            (None, Some(_), _) => i64::MAX,
+            // An integer past 64 bits arrives as a float: out of range.
+            (None, None, Some(f)) if f.is_finite() && f.abs() >= 9.2e18 => {
+                if f > 0.0 {
+                    i64::MAX
+                } else {
+                    i64::MIN
+                }
+            }
             _ => return Err(wrong(name, "an integer")),
         };
         if !(lo..=hi).contains(&x) {
@@ -86,6 +94,9 @@ impl Body {
         match (v.as_u64(), v.as_i64()) {
             (Some(x), _) => Ok(Some(x)),
             (None, Some(x)) => Ok(Some(x as u64)),
+            _ if v.as_f64().is_some_and(|f| f.is_finite() && f.abs() >= 1.8e19) => {
+                Err(wrong(name, "an integer of at most 64 bits"))
+            }
             _ => Err(wrong(name, "an integer")),
         }
     }
@@ -110,6 +121,14 @@ mod tests {
         assert_eq!(b.str("a").unwrap_err().param.as_deref(), Some("a"));
         assert_eq!(b.int("c", 0, 1).unwrap(), None);
         assert!(b.int("a", 0, 5).is_err(), "a fraction is not an integer");
+        let big = Body::parse(br#"{"n": 1e30, "m": -1e30}"#).unwrap();
+        for f in ["n", "m"] {
+            let e = big.int(f, 0, 5).unwrap_err();
+            assert!(e.message.contains("must be between"), "{f}: {}", e.message);
+        }
+        assert!(big.u64("n").unwrap_err().message.contains("64 bits"));
+        let float = Body::parse(br#"{"n": 5.0}"#).unwrap();
+        assert!(float.int("n", 0, 9).unwrap_err().message.contains("an integer"));
         assert!(b.int("d", 1, 5).is_err());
         assert!(b.int("f", 1, 5).is_err());
         assert_eq!(b.bool("e").unwrap(), Some(true));
