@@ -22,6 +22,9 @@ pub const DEFAULT_MAX_BODY: usize = 1 << 20;
 pub const DEFAULT_MAX_TOKENS: usize = 4096;
 /// The port of llama-server.
 pub const DEFAULT_PORT: u16 = 8080;
+/// Seconds a connection may take to send a request's headers (a client
+/// that sends them slowly, or never finishes, is dropped after it).
+pub const DEFAULT_HEADER_TIMEOUT_S: u64 = 30;
 
 /// How a server runs. [`ServerConfig::default`] gives the documented
 /// defaults above, bound to `127.0.0.1:8080`, with no API key.
@@ -47,6 +50,9 @@ pub struct ServerConfig {
     /// A Bearer key that every `/v1` route (and `/tokenize`,
     /// `/detokenize`, `/metrics`) requires; `None`: no key.
     pub api_key: Option<String>,
+    /// Longest time to receive a request's headers
+    /// ([`DEFAULT_HEADER_TIMEOUT_S`]).
+    pub header_timeout: std::time::Duration,
     /// Threads of the async runtime that parses requests and streams
     /// replies (the model runs on a thread of its own).
     pub http_threads: usize,
@@ -64,6 +70,7 @@ impl Default for ServerConfig {
             max_body: DEFAULT_MAX_BODY,
             max_tokens: DEFAULT_MAX_TOKENS,
             api_key: None,
+            header_timeout: std::time::Duration::from_secs(DEFAULT_HEADER_TIMEOUT_S),
             http_threads: 2,
         }
     }

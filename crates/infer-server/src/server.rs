@@ -87,6 +87,7 @@ pub fn start(cfg: ServerConfig, served: ServedModel) -> Result<Server, String> {
         next_id: Arc::new(AtomicU64::new(1)),
     };
     let app = router(state, cfg.api_key.as_deref().map(Arc::from), cfg.max_body);
+    let header_timeout = cfg.header_timeout;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(cfg.http_threads)
         .thread_name("infer-http")
@@ -99,11 +100,7 @@ pub fn start(cfg: ServerConfig, served: ServedModel) -> Result<Server, String> {
         .spawn(move || {
             runtime.block_on(async move {
                 let listener = tokio::net::TcpListener::from_std(listener)?;
-                axum::serve(listener, app)
-                    .with_graceful_shutdown(async move {
-                        let _ = stopped.await;
-                    })
-                    .await
+                accept_loop(listener, app, header_timeout, stopped).await
             })
         })
         .map_err(|e| format!("starting the HTTP thread: {e}"))?;
@@ -164,4 +161,45 @@ impl Drop for Server {
     fn drop(&mut self) {
         let _ = self.stop_and_join();
     }
+}
+
+/// Serves `app` on every connection `listener` accepts until `stop`, then
+/// waits for the connections' requests in flight. Each connection is
+/// hyper's HTTP/1 with a deadline on its request headers, so that a client
+/// that never finishes them (slowloris) is dropped instead of holding a
+/// task, and a shutdown, forever (`axum::serve` has no such deadline).
+async fn accept_loop(
+    listener: tokio::net::TcpListener,
+    app: axum::Router,
+    header_timeout: std::time::Duration,
+    mut stop: oneshot::Receiver<()>,
+) -> std::io::Result<()> {
+    use hyper_util::rt::{TokioIo, TokioTimer};
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    loop {
+        let stream = tokio::select! {
+            r = listener.accept() => match r {
+                Ok((stream, _)) => stream,
+                // Out of file descriptors and the like: the listener is
+                // still good; try again shortly.
+                Err(_) => {
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = &mut stop => break,
+        };
+        let _ = stream.set_nodelay(true);
+        let service = hyper_util::service::TowerToHyperService::new(app.clone());
+        let mut http = hyper::server::conn::http1::Builder::new();
+        http.timer(TokioTimer::new()).header_read_timeout(header_timeout);
+        let conn = graceful.watch(http.serve_connection(TokioIo::new(stream), service));
+        tokio::spawn(async move {
+            // A client's broken connection ends only that connection.
+            let _ = conn.await;
+        });
+    }
+    drop(listener);
+    graceful.shutdown().await;
+    Ok(())
 }

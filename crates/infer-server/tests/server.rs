@@ -380,3 +380,29 @@ async fn models_health_tokenize_and_metrics() {
         assert!(text.contains(name), "{name}: {text}");
     }
 }
+
+#[test]
+fn a_request_whose_headers_never_end_is_dropped_and_does_not_hold_up_shutdown() {
+    use std::io::{Read, Write};
+    use std::time::{Duration, Instant};
+    let cfg = ServerConfig { header_timeout: Duration::from_millis(500), ..common::config() };
+    let server = common::server(cfg);
+    let addr = server.local_addr();
+    let partial = |s: &mut std::net::TcpStream| {
+        s.write_all(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n").unwrap();
+    };
+    // The connection is closed once the header deadline passes.
+    let mut slow = std::net::TcpStream::connect(addr).unwrap();
+    partial(&mut slow);
+    slow.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let t = Instant::now();
+    let mut buf = Vec::new();
+    let _ = slow.read_to_end(&mut buf);
+    assert!(t.elapsed() < Duration::from_secs(5), "the half-sent request was held {:?}", t.elapsed());
+    // A shutdown with another one open ends within the deadline too.
+    let mut other = std::net::TcpStream::connect(addr).unwrap();
+    partial(&mut other);
+    let t = Instant::now();
+    server.shutdown().unwrap();
+    assert!(t.elapsed() < Duration::from_secs(5), "shutdown waited {:?}", t.elapsed());
+}
