@@ -60,7 +60,23 @@ pub fn router(state: AppState, api_key: Option<Arc<str>>, max_body: usize) -> Ro
             ApiError::method_not_allowed(method.as_str(), uri.path())
         })
         .layer(DefaultBodyLimit::max(max_body))
+        .layer(axum::middleware::from_fn_with_state(max_body, declared_size))
         .with_state(state)
+}
+
+/// A request whose declared `Content-Length` passes `max` bytes is refused
+/// at once (413), instead of waiting for a body it will refuse anyway.
+async fn declared_size(
+    State(max): State<usize>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let declared = req.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > max as u64) {
+        let message = "the request body is larger than the server's limit (--max-body)".to_string();
+        return ApiError { status: StatusCode::PAYLOAD_TOO_LARGE, ..ApiError::bad_request(message) }.into_response();
+    }
+    next.run(req).await
 }
 
 /// Unix seconds now.

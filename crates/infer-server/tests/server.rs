@@ -382,7 +382,7 @@ async fn models_health_tokenize_and_metrics() {
 }
 
 #[test]
-fn a_request_whose_headers_never_end_is_dropped_and_does_not_hold_up_shutdown() {
+fn half_sent_and_oversized_requests_are_dropped_and_do_not_hold_up_shutdown() {
     use std::io::{Read, Write};
     use std::time::{Duration, Instant};
     let cfg = ServerConfig { header_timeout: Duration::from_millis(500), ..common::config() };
@@ -399,6 +399,15 @@ fn a_request_whose_headers_never_end_is_dropped_and_does_not_hold_up_shutdown() 
     let mut buf = Vec::new();
     let _ = slow.read_to_end(&mut buf);
     assert!(t.elapsed() < Duration::from_secs(5), "the half-sent request was held {:?}", t.elapsed());
+    // A declared body past the limit is refused at once, not waited for.
+    let mut huge = std::net::TcpStream::connect(addr).unwrap();
+    huge.write_all(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000000000\r\n\r\n{}").unwrap();
+    huge.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let t = Instant::now();
+    let mut head = [0u8; 12];
+    huge.read_exact(&mut head).unwrap();
+    assert_eq!(&head, b"HTTP/1.1 413", "{:?}", String::from_utf8_lossy(&head));
+    assert!(t.elapsed() < Duration::from_secs(5), "the 413 took {:?}", t.elapsed());
     // A shutdown with another one open ends within the deadline too.
     let mut other = std::net::TcpStream::connect(addr).unwrap();
     partial(&mut other);
