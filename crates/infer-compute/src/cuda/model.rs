@@ -506,10 +506,17 @@ impl CudaModel {
     /// Checks the step, runs `batch` in passes of at most
     /// [`prefill_chunk`] tokens and reads the wanted rows' logits into
     /// `self.logits` (`greedy`, for a one-token batch: its greedy token's
-    /// key instead); returns the number of rows.
-    fn run(&mut self, pool: &mut dyn KvPool, batch: &Batch, greedy: bool) -> Result<usize> {
+    /// key instead); returns the number of rows. With `prof`, each pass
+    /// runs as [`CudaModel::profile_pass`] and its ops' times add up there.
+    fn run(
+        &mut self,
+        pool: &mut dyn KvPool,
+        batch: &Batch,
+        greedy: bool,
+        prof: Option<&mut StepProfile>,
+    ) -> Result<usize> {
         let (pool, spans) = checked_pool::<CudaKvPool>(pool, self.w.id, self.w.n_vocab, batch)?;
-        let r = self.run_passes(pool, batch, &spans, greedy);
+        let r = self.run_passes(pool, batch, &spans, greedy, prof);
         match r {
             Ok(_) => advance_spans(&mut pool.states, &spans),
             Err(_) => rollback_spans(&mut pool.states, &spans),
@@ -519,7 +526,14 @@ impl CudaModel {
 
     /// [`CudaModel::run`] after the check: the passes, the logits read
     /// back.
-    fn run_passes(&mut self, pool: &CudaKvPool, batch: &Batch, spans: &[Span], greedy: bool) -> Result<usize> {
+    fn run_passes(
+        &mut self,
+        pool: &CudaKvPool,
+        batch: &Batch,
+        spans: &[Span],
+        greedy: bool,
+        mut prof: Option<&mut StepProfile>,
+    ) -> Result<usize> {
         let nv = self.w.n_vocab;
         let n_out = batch.n_outputs();
         let rows = n_out.checked_mul(nv).ok_or(Error::Overflow("logits size"))?;
@@ -536,9 +550,12 @@ impl CudaModel {
             // The previous pass was synchronized: no copy reads these.
             self.set_params(batch, start, &pass)?;
             // The graph writes row 0 of the logits: a batch of one token.
-            match pass.single() {
-                Some(slot) if self.use_graph && batch.len() == 1 => self.step_graph(pool, slot, greedy, &pass)?,
-                _ => self.enqueue_io(pool, &pass, greedy, done)?,
+            match (prof.as_deref_mut(), pass.single()) {
+                (Some(p), _) => self.profile_pass(pool, &pass, done, p)?,
+                (None, Some(slot)) if self.use_graph && batch.len() == 1 => {
+                    self.step_graph(pool, slot, greedy, &pass)?
+                }
+                (None, _) => self.enqueue_io(pool, &pass, greedy, done)?,
             }
             self.dev.sync()?;
             done += pass.outputs.len();
@@ -546,54 +563,35 @@ impl CudaModel {
         Ok(n_out)
     }
 
-    /// [`DeviceModel::profile_forward`] after the check: each pass's
-    /// kernels launched directly, the stream synchronized after each group
-    /// of launches so that each group is timed alone (slower than a graph
-    /// replay, and PDL overlap between groups is lost, but the same kernels,
-    /// arguments and results), each op's times summed over the passes.
-    fn profile_passes(
-        &mut self,
-        pool: &CudaKvPool,
-        batch: &Batch,
-        spans: &[Span],
-        prof: &mut StepProfile,
-    ) -> Result<()> {
+    /// A pass as [`CudaModel::enqueue_io`] runs it without the greedy
+    /// argmax, its kernels launched directly and the stream synchronized
+    /// after each group of launches, so that each group is timed alone into
+    /// `prof` (slower than a graph replay, and PDL overlap between groups is
+    /// lost, but the same kernels, arguments and results).
+    fn profile_pass(&mut self, pool: &CudaKvPool, pass: &Pass, row0: usize, prof: &mut StepProfile) -> Result<()> {
         let nv = self.w.n_vocab;
-        let rows = batch.n_outputs().checked_mul(nv).ok_or(Error::Overflow("logits size"))?;
-        if self.logits.as_slice().len() < rows {
-            self.graphs = [None, None];
-            self.logits = self.dev.pinned(rows)?;
-        }
-        let chunk = prefill_chunk(&self.w.max, pool.n_split);
-        let mut done = 0;
-        for start in (0..batch.len()).step_by(chunk) {
-            let pass = Pass::of(batch, spans, start..(start + chunk).min(batch.len()));
-            self.ensure_buffers(pass.n, pass.outputs.len(), pool.n_split)?;
-            self.set_params(batch, start, &pass)?;
-            let b = self.bufs.as_ref().ok_or_else(|| Error::Device("buffers missing".into()))?;
-            self.dev.enqueue_write(&b.params_host, self.dev.ptr(&b.params), pass.params().end())?;
-            self.dev.sync()?;
-            let mut last = Instant::now();
-            let dev = self.dev.clone();
-            let mut mark = |op: &str, ws: &[&DevWeight]| -> Result<()> {
-                dev.sync()?;
-                let now = Instant::now();
-                let mut tys: Vec<&str> = ws.iter().map(|w| w.ty.name()).collect();
-                tys.dedup();
-                let shape = ws.iter().map(|w| format!("{}x{}", w.rows, w.cols)).collect::<Vec<_>>().join(",");
-                let bytes = ws.iter().map(|w| w.buf.len() as u64).sum();
-                prof.record(op, &tys.join(","), &shape, now - last, bytes);
-                last = now;
-                Ok(())
-            };
-            self.enqueue(pool, &pass, &mut mark)?;
-            let b = self.bufs.as_ref().ok_or_else(|| Error::Device("buffers missing".into()))?;
-            let src = self.dev.ptr(&b.logits);
-            self.dev.enqueue_read_at(src, &mut self.logits, done * nv, pass.outputs.len() * nv)?;
-            self.dev.sync()?;
-            prof.record("logits to host", "", "", last.elapsed(), 0);
-            done += pass.outputs.len();
-        }
+        let b = self.bufs.as_ref().ok_or_else(|| Error::Device("buffers missing".into()))?;
+        self.dev.enqueue_write(&b.params_host, self.dev.ptr(&b.params), pass.params().end())?;
+        self.dev.sync()?;
+        let mut last = Instant::now();
+        let dev = self.dev.clone();
+        let mut mark = |op: &str, ws: &[&DevWeight]| -> Result<()> {
+            dev.sync()?;
+            let now = Instant::now();
+            let mut tys: Vec<&str> = ws.iter().map(|w| w.ty.name()).collect();
+            tys.dedup();
+            let shape = ws.iter().map(|w| format!("{}x{}", w.rows, w.cols)).collect::<Vec<_>>().join(",");
+            let bytes = ws.iter().map(|w| w.buf.len() as u64).sum();
+            prof.record(op, &tys.join(","), &shape, now - last, bytes);
+            last = now;
+            Ok(())
+        };
+        self.enqueue(pool, pass, &mut mark)?;
+        let b = self.bufs.as_ref().ok_or_else(|| Error::Device("buffers missing".into()))?;
+        let src = self.dev.ptr(&b.logits);
+        self.dev.enqueue_read_at(src, &mut self.logits, row0 * nv, pass.outputs.len() * nv)?;
+        self.dev.sync()?;
+        prof.record("logits to host", "", "", last.elapsed(), 0);
         Ok(())
     }
 
@@ -723,7 +721,7 @@ impl DeviceModel for CudaModel {
     }
 
     fn forward(&mut self, pool: &mut dyn KvPool, batch: &Batch) -> Result<&[f32]> {
-        let n_out = self.run(pool, batch, false)?;
+        let n_out = self.run(pool, batch, false, None)?;
         Ok(&self.logits.as_slice()[..n_out * self.w.n_vocab])
     }
 
@@ -734,7 +732,7 @@ impl DeviceModel for CudaModel {
     /// The argmax runs on the device, after the vocabulary product, and
     /// only its 8-byte key comes back (the logits stay on the device).
     fn decode_greedy(&mut self, kv: &mut dyn KvPool, token: u32, pos: usize) -> Result<u32> {
-        self.run(kv, &Batch::seq(0, pos, &[token], Out::Last), true).map_err(single_error)?;
+        self.run(kv, &Batch::seq(0, pos, &[token], Out::Last), true, None).map_err(single_error)?;
         ops::argmax_token(self.token_key.as_slice()[0])
     }
 
@@ -743,15 +741,9 @@ impl DeviceModel for CudaModel {
     /// is timed alone: slower than a graph replay, and PDL overlap between
     /// groups is lost, but the same kernels, arguments and results.
     fn profile_forward(&mut self, kv: &mut dyn KvPool, batch: &Batch) -> Result<StepProfile> {
-        let (pool, spans) = checked_pool::<CudaKvPool>(kv, self.w.id, self.w.n_vocab, batch)?;
         let t0 = Instant::now();
         let mut prof = StepProfile::default();
-        let r = self.profile_passes(pool, batch, &spans, &mut prof);
-        match r {
-            Ok(()) => advance_spans(&mut pool.states, &spans),
-            Err(_) => rollback_spans(&mut pool.states, &spans),
-        }
-        r?;
+        self.run(kv, batch, false, Some(&mut prof))?;
         prof.total = t0.elapsed();
         Ok(prof)
     }

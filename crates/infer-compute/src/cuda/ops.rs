@@ -678,17 +678,18 @@ pub(crate) fn argmax_token(key: u64) -> Result<u32> {
     Ok(!(key as u32))
 }
 
+/// The launch of a kernel with one thread per value of `n` (blocks of 256).
+fn elementwise_cfg(n: usize) -> Result<LaunchConfig> {
+    Ok(LaunchConfig { grid_dim: (to_u32(n.div_ceil(256), "grid")?, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 })
+}
+
 /// `out[i] = act(gate[i]) · up[i]` for `n` values (`gelu`: GELU-tanh, else SiLU).
 pub(crate) fn glu(dev: &Device, gate: DevPtr, up: DevPtr, out: DevPtr, n: usize, gelu: bool) -> Result<()> {
     if n == 0 {
         return Ok(());
     }
     let (ni, act) = (to_i32(n, "length")?, if gelu { 0i32 } else { 1 });
-    let cfg = LaunchConfig {
-        grid_dim: (to_u32(n.div_ceil(256), "grid")?, 1, 1),
-        block_dim: (256, 1, 1),
-        shared_mem_bytes: 0,
-    };
+    let cfg = elementwise_cfg(n)?;
     // SAFETY: all three buffers hold n floats.
     unsafe {
         dev.launch_with(names::GLU, cfg, |b| {
@@ -703,11 +704,7 @@ pub(crate) fn act_inplace(dev: &Device, x: DevPtr, n: usize, gelu: bool) -> Resu
         return Ok(());
     }
     let (ni, act) = (to_i32(n, "length")?, if gelu { 0i32 } else { 1 });
-    let cfg = LaunchConfig {
-        grid_dim: (to_u32(n.div_ceil(256), "grid")?, 1, 1),
-        block_dim: (256, 1, 1),
-        shared_mem_bytes: 0,
-    };
+    let cfg = elementwise_cfg(n)?;
     // SAFETY: x holds n floats.
     unsafe {
         dev.launch_with(names::ACT_INPLACE, cfg, |b| {
@@ -723,11 +720,7 @@ pub(crate) fn softcap_inplace(dev: &Device, x: DevPtr, n: usize, cap: f32) -> Re
         return Ok(());
     }
     let ni = to_i32(n, "length")?;
-    let cfg = LaunchConfig {
-        grid_dim: (to_u32(n.div_ceil(256), "grid")?, 1, 1),
-        block_dim: (256, 1, 1),
-        shared_mem_bytes: 0,
-    };
+    let cfg = elementwise_cfg(n)?;
     // SAFETY: x holds n floats.
     unsafe {
         dev.launch_with(names::SOFTCAP_INPLACE, cfg, |b| {
@@ -803,11 +796,7 @@ pub(crate) fn to_bf16(dev: &Device, x: DevPtr, out: DevPtr, n: usize) -> Result<
         return Ok(());
     }
     let ni = to_i32(n, "length")?;
-    let cfg = LaunchConfig {
-        grid_dim: (to_u32(n.div_ceil(256), "grid")?, 1, 1),
-        block_dim: (256, 1, 1),
-        shared_mem_bytes: 0,
-    };
+    let cfg = elementwise_cfg(n)?;
     // SAFETY: x holds n floats, out n bf16 values.
     unsafe {
         dev.launch_with(names::TO_BF16, cfg, |b| {
