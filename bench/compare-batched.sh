@@ -33,6 +33,8 @@ die() { echo "compare-batched: error: $*" >&2; exit 1; }
 log() { echo "compare-batched: $*" >&2; }
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# shellcheck source=bench/synth-model.sh
+source "$here/synth-model.sh"
 root="$(cd "$here/.." && pwd)"
 
 backend=cuda
@@ -113,15 +115,8 @@ for m in "${names[@]}"; do
     if [[ "$m" == file ]]; then
         f="$model_file"
     else
-        arch="${m%%-*}"
-        size="${m#*-}"
         f="$out/$m-q4_k_m.gguf"
-        if [[ ! -s "$f" ]]; then
-            synth_args=(synth --arch "$arch" --size "$size" -o "$f")
-            [[ -n "$tokenizer" && "$arch" == gemma3 ]] && synth_args+=(--tokenizer-from "$tokenizer")
-            log "$infer ${synth_args[*]}"
-            "$infer" "${synth_args[@]}" >&2 || die "infer synth $m failed"
-        fi
+        synth_model "$m" "$f"
     fi
     for k in $(seq 1 "$rounds"); do
         order=(llama infer)

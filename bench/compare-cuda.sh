@@ -33,6 +33,8 @@ die() { echo "compare-cuda: error: $*" >&2; exit 1; }
 log() { echo "compare-cuda: $*" >&2; }
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# shellcheck source=bench/synth-model.sh
+source "$here/synth-model.sh"
 root="$(cd "$here/.." && pwd)"
 
 llama_bench=""
@@ -87,15 +89,8 @@ out="$(cd "$out" && pwd)"
 log "output: $out"
 
 for m in $models; do
-    arch="${m%%-*}"
-    size="${m#*-}"
     f="$out/$m-q4_k_m.gguf"
-    if [[ ! -s "$f" ]]; then
-        synth_args=(synth --arch "$arch" --size "$size" -o "$f")
-        [[ -n "$tokenizer" && "$arch" == gemma3 ]] && synth_args+=(--tokenizer-from "$tokenizer")
-        log "$infer ${synth_args[*]}"
-        "$infer" "${synth_args[@]}" >&2 || die "infer synth $m failed"
-    fi
+    synth_model "$m" "$f"
     "$here/compare.sh" --cuda --no-build --llama-bench "$llama_bench" --infer "$infer" --model "$f" \
         -p "$n_prompt" -n "$n_gen" -r "$reps" --rounds "$rounds" \
         --infer-args "--backend cuda --bandwidth $bandwidth" --json-out "$out/$m.json" >&2 \
