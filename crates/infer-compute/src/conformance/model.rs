@@ -532,6 +532,56 @@ fn nan_case(b: &dyn ComputeBackend) -> Result<Outcome, String> {
     }
 }
 
+/// Activations far past f16's range (an attention norm weight of 1e7, as
+/// a hostile or broken file may have; keys and values near 1e7) give
+/// finite logits on every path: decode, a prefill long enough for the
+/// tiled attention, and decode after it. Backends that keep an f16 KV
+/// cache saturate it at ±65504 rather than storing infinities.
+fn huge_activation_case(b: &dyn ComputeBackend) -> Result<Outcome, String> {
+    let mut spec = random_model(19, Arch::LlamaBias);
+    let w = vec![1e7f32; spec.n_embd];
+    for l in &mut spec.layers {
+        l.attn_norm = Norm { kind: NormType::RmsNorm, eps: 1e-6, weight: f32_row(&w), bias: None };
+        // Float weights take the activation as f16 (as ggml), which
+        // cannot hold it: only the quantized types are under test here.
+        for m in [&mut l.wq, &mut l.wk, &mut l.wv] {
+            if m.ty == GgmlType::F16 {
+                *m = requantize(m, GgmlType::Q8_0)?;
+            }
+        }
+    }
+    let mut m = match prepare(b, &spec)? {
+        Ok(m) => m,
+        Err(skip) => return Ok(skip),
+    };
+    let toks: Vec<u32> = (0..24).map(|i| (i * 7 % spec.n_vocab) as u32).collect();
+    let finite = |what: &str, l: &[f32]| match l.iter().position(|v| !v.is_finite()) {
+        Some(i) => Err(format!("{what}: logit {i} is {}", l[i])),
+        None => Ok(()),
+    };
+    let mut kv = m.new_kv_cache(32).map_err(err("kv"))?;
+    for (pos, &t) in toks[..4].iter().enumerate() {
+        finite(&format!("decode pos {pos}"), m.decode_token(kv.as_mut(), t, pos).map_err(err("decode"))?)?;
+    }
+    let mut kv = m.new_kv_cache(32).map_err(err("kv"))?;
+    finite("prefill of 20", m.prefill(kv.as_mut(), &toks[..20], 0).map_err(err("prefill"))?)?;
+    for (pos, &t) in toks.iter().enumerate().skip(20) {
+        finite(&format!("decode pos {pos} after prefill"), m.decode_token(kv.as_mut(), t, pos).map_err(err("decode"))?)?;
+    }
+    Ok(Outcome::Pass(String::new()))
+}
+
+/// `w` dequantized and quantized again as `ty`.
+fn requantize(w: &QuantWeight, ty: GgmlType) -> Result<QuantWeight, String> {
+    let f = w.to_f32().map_err(err("dequantize"))?;
+    let rb = ty.row_bytes(w.cols).map_err(err("row bytes"))?;
+    let mut bytes = vec![0u8; w.rows * rb];
+    for (row, out) in f.chunks_exact(w.cols).zip(bytes.chunks_exact_mut(rb)) {
+        crate::quant::quantize_row(ty, row, out).map_err(err("quantize"))?;
+    }
+    QuantWeight::new(ty, w.rows, w.cols, bytes.into()).map_err(err("weight"))
+}
+
 /// The model cases.
 pub fn cases() -> Vec<Case> {
     let mut v = Vec::new();
@@ -550,5 +600,6 @@ pub fn cases() -> Vec<Case> {
     v.push(Case::new("model::concurrent", concurrent_case));
     v.push(Case::new("model::errors", errors_case));
     v.push(Case::new("model::nan_reported", nan_case));
+    v.push(Case::new("model::huge_activations_finite", huge_activation_case));
     v
 }

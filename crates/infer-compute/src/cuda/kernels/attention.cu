@@ -250,8 +250,8 @@ __device__ __forceinline__ void attn_split_qkv_impl(const AttnQkvArgs& args) {
         // Visible to this block's reads of the cache after the barrier.
         const size_t base = (size_t)pos * a.n_kv * hd + (size_t)b.g * hd;
         for (int d = tid; d < hd; d += blockDim.x) {
-            k.kc[base + d] = f32_to_f16(skv[d]);
-            k.vc[base + d] = f32_to_f16(skv[hd + d]);
+            k.kc[base + d] = f32_to_f16_sat(skv[d]);
+            k.vc[base + d] = f32_to_f16_sat(skv[hd + d]);
         }
         __syncthreads();
     }

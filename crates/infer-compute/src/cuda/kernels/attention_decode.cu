@@ -44,7 +44,7 @@ struct DecodeShape {
 __device__ __forceinline__ uint4 pack8_f16(const float* x) {
     u32 w[4];
 #pragma unroll
-    for (int e = 0; e < 4; ++e) w[e] = (u32)f32_to_f16(x[2 * e]) | ((u32)f32_to_f16(x[2 * e + 1]) << 16);
+    for (int e = 0; e < 4; ++e) w[e] = (u32)f32_to_f16_sat(x[2 * e]) | ((u32)f32_to_f16_sat(x[2 * e + 1]) << 16);
     return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
@@ -125,7 +125,7 @@ __device__ __forceinline__ void attn_decode_impl(const AttnQkvArgs& args) {
         const size_t base = (size_t)pos * kv_dim + (size_t)g * HD;
         const int jn = pos - start;
         for (int d = tid; d < HD; d += blockDim.x) {
-            const u16 kh = f32_to_f16(skv[d]), vh = f32_to_f16(skv[HD + d]);
+            const u16 kh = f32_to_f16_sat(skv[d]), vh = f32_to_f16_sat(skv[HD + d]);
             k.kc[base + d] = kh;
             k.vc[base + d] = vh;
             sv[jn * HD + d] = vh;

@@ -97,7 +97,7 @@ __device__ __forceinline__ void attn_prefill(const AttnArgs& a) {
             for (int i = 0; i < 2; ++i) {
                 float2 v = make_float2(0.0f, 0.0f);
                 if (valid[i]) v = *(const float2*)(a.q + qoff[i] + kk * 16 + h * 8 + 2 * tig);
-                qa[kk][i + 2 * h] = pack_f16x2(v.x * a.scale, v.y * a.scale);
+                qa[kk][i + 2 * h] = pack_f16x2(f16_range(v.x * a.scale), f16_range(v.y * a.scale));
             }
 
     float o[ND][4];

@@ -105,6 +105,13 @@ __device__ __forceinline__ u16 f32_to_f16(float f) {
     return h;
 }
 
+// f32 -> f16 for the KV cache: a finite value past f16's range saturates
+// to +-65504 instead of becoming an infinity (a key of 1e7 would otherwise
+// turn its attention scores into inf - inf = NaN); NaN stays NaN.
+__device__ __forceinline__ float f16_range(float f) { return fabsf(f) > 65504.0f ? copysignf(65504.0f, f) : f; }
+
+__device__ __forceinline__ u16 f32_to_f16_sat(float f) { return f32_to_f16(f16_range(f)); }
+
 __device__ __forceinline__ float bf16_to_f32(u16 h) { return __uint_as_float(((u32)h) << 16); }
 
 // Round to nearest even (sm_80+ instruction).

@@ -77,8 +77,8 @@ extern "C" __global__ void __launch_bounds__(QKV_THREADS) qkv_post(const QkvArgs
         if (is_q) {
             src[d] = sx[d];
         } else {
-            a.kc[base + d] = f32_to_f16(sx[d]);
-            a.vc[base + d] = f32_to_f16(vv[k]);
+            a.kc[base + d] = f32_to_f16_sat(sx[d]);
+            a.vc[base + d] = f32_to_f16_sat(vv[k]);
         }
     }
 }
