@@ -258,9 +258,15 @@ fn matmul_quant_batches_match_cpu() {
     let cuda = cuda_or_skip!();
     let mut rng = StdRng::seed_from_u64(2);
     for ty in MV_TYPES {
-        let cols = if ty.block_size() == 1 { 100 } else { 2 * ty.block_size().max(128) };
+        let wide = if ty.block_size() == 1 { 100 } else { 2 * ty.block_size().max(128) };
+        // 7 blocks: a row that ends inside a step of the tensor-core kernels.
+        let narrow = if ty.block_size() == 1 { 7 } else { 7 * ty.block_size() };
         let (mut all_got, mut all_ref) = (Vec::new(), Vec::new());
-        for (rows, n_tok) in [(17usize, 1usize), (33, 5), (130, 13), (7, 40)] {
+        // 2..=64 tokens run the tensor-core kernels (tiles of 8, 16, 32, 64
+        // tokens; rows past a 64-row tile), 1 and 70 the mat-vec kernels.
+        let cases = [(17usize, 1usize, wide), (33, 5, wide), (130, 13, wide), (7, 40, wide), (65, 64, wide)];
+        let more = [(3, 2, narrow), (70, 9, narrow), (5, 70, wide)];
+        for (rows, n_tok, cols) in cases.into_iter().chain(more) {
             let w = rand_weight(&mut rng, ty, rows, cols, 0.01);
             let x = Array2::from_shape_vec((n_tok, cols), rand_vec(&mut rng, n_tok * cols, 1.0)).unwrap();
             let y = cuda.matmul_quant(&w, x.view()).unwrap();
