@@ -259,11 +259,11 @@ fn matmul_quant_batches_match_cpu() {
     let mut rng = StdRng::seed_from_u64(2);
     for ty in MV_TYPES {
         let wide = if ty.block_size() == 1 { 100 } else { 2 * ty.block_size().max(128) };
-        // 7 blocks: a row that ends inside a step of the tensor-core kernels.
+        // 7 blocks: a row of an odd number of chunks.
         let narrow = if ty.block_size() == 1 { 7 } else { 7 * ty.block_size() };
         let (mut all_got, mut all_ref) = (Vec::new(), Vec::new());
-        // 2..=64 tokens run the tensor-core kernels (tiles of 8, 16, 32, 64
-        // tokens; rows past a 64-row tile), 1 and 70 the mat-vec kernels.
+        // 1 token: the one-token kernels; more: the 8-token kernels, the
+        // last pass partial (5, 13, 70) or whole (40, 64).
         let cases = [(17usize, 1usize, wide), (33, 5, wide), (130, 13, wide), (7, 40, wide), (65, 64, wide)];
         let more = [(3, 2, narrow), (70, 9, narrow), (5, 70, wide)];
         for (rows, n_tok, cols) in cases.into_iter().chain(more) {

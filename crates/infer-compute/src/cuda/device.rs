@@ -220,10 +220,7 @@ impl Device {
             .iter()
             .flat_map(|&t| [kernels::matvec_kernels(t), kernels::repacked_matvec_kernels(t)])
             .flatten()
-            .flat_map(|k| {
-                let mmq = k.mmq.into_iter().flatten().map(Some);
-                [Some(k.t1), k.tn, k.t1q, k.t1s, Some(k.t8)].into_iter().chain(mmq)
-            })
+            .flat_map(|k| [Some(k.t1), k.tn, k.t1q, k.t1s, Some(k.t8)])
             .flatten();
         let mixed = kernels::MIXED_NORM_KERNELS.iter().map(|k| k.2);
         for KernelName(name) in names::ALL.into_iter().chain(mv).chain(mixed) {

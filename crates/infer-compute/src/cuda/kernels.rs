@@ -8,11 +8,10 @@ use crate::GgmlType;
 
 /// The `.cu` sources, concatenated in this order into one NVRTC program
 /// (NVRTC gets no include path: the header comes first instead).
-pub(crate) const SOURCES: [(&str, &str); 11] = [
+pub(crate) const SOURCES: [(&str, &str); 10] = [
     ("common.cuh", include_str!("kernels/common.cuh")),
     ("quant.cuh", include_str!("kernels/quant.cuh")),
     ("matvec.cu", include_str!("kernels/matvec.cu")),
-    ("mmq.cu", include_str!("kernels/mmq.cu")),
     ("norm.cu", include_str!("kernels/norm.cu")),
     ("matvec_norm.cu", include_str!("kernels/matvec_norm.cu")),
     ("rope.cu", include_str!("kernels/rope.cu")),
@@ -98,21 +97,10 @@ pub(crate) struct MatvecKernels {
     /// One token, long rows over 2 or 4 warps each (`mv_*_t1s`).
     pub t1s: Option<KernelName>,
     pub t8: KernelName,
-    /// Several tokens on the int8 tensor cores (`mmq_*_{1,2,4,8}`, mmq.cu):
-    /// entry i takes tiles of up to `8 << i` tokens.
-    pub mmq: Option<[KernelName; 4]>,
     /// Whether the kernel takes the q8 activation (else the f32 one).
     pub quantized: bool,
 }
 
-/// Tokens per block of the `mmq_*` kernels (`MMQ_TOK` in mmq.cu; grid y
-/// steps over more).
-pub(crate) const MMQ_TOKENS: usize = 64;
-/// Weight rows per block of the `mmq_*` kernels (`MMQ_ROWS`; GLU: half of
-/// them gate rows, half up rows).
-pub(crate) const MMQ_ROWS: usize = 64;
-/// Warps per block of the `mmq_*` kernels (`MMQ_WARPS`; 16 rows each).
-pub(crate) const MMQ_WARPS: u32 = 4;
 /// Tokens handled per warp pass by the `t8` mat-vec kernels.
 pub(crate) const MV_TOKENS: usize = 8;
 /// Warps (output rows) per mat-vec block (`MV_WARPS` in matvec.cu).
@@ -125,8 +113,7 @@ pub(crate) const ATTN_MAX_G: usize = 8;
 pub(crate) const QKV_MAX_HD: usize = 1024;
 
 /// The kernels of a quantized type named `$n` in the sources
-/// (`MV_KERNELS` / `MVN_KERNEL` / `MMQ_KERNELS`: `mv_$n_t1`, `mvn_$n`, `mv_$n_t1q`, `mv_$n_t1s`,
-/// `mv_$n_t8`, `mmq_$n_{1,2,4,8}`).
+/// (`MV_KERNELS` / `MVN_KERNEL`: `mv_$n_t1`, `mvn_$n`, `mv_$n_t1q`, `mv_$n_t1s`, `mv_$n_t8`).
 macro_rules! quantized_kernels {
     ($n:literal) => {
         Some(MatvecKernels {
@@ -135,12 +122,6 @@ macro_rules! quantized_kernels {
             t1q: Some(KernelName(concat!("mv_", $n, "_t1q"))),
             t1s: Some(KernelName(concat!("mv_", $n, "_t1s"))),
             t8: KernelName(concat!("mv_", $n, "_t8")),
-            mmq: Some([
-                KernelName(concat!("mmq_", $n, "_1")),
-                KernelName(concat!("mmq_", $n, "_2")),
-                KernelName(concat!("mmq_", $n, "_4")),
-                KernelName(concat!("mmq_", $n, "_8")),
-            ]),
             quantized: true,
         })
     };
@@ -151,15 +132,7 @@ macro_rules! quantized_kernels {
 pub(crate) fn matvec_kernels(ty: GgmlType) -> Option<MatvecKernels> {
     use quantized_kernels as q;
     let f = |t1, t8| {
-        Some(MatvecKernels {
-            t1: KernelName(t1),
-            tn: None,
-            t1q: None,
-            t1s: None,
-            t8: KernelName(t8),
-            mmq: None,
-            quantized: false,
-        })
+        Some(MatvecKernels { t1: KernelName(t1), tn: None, t1q: None, t1s: None, t8: KernelName(t8), quantized: false })
     };
     match ty {
         GgmlType::F32 => f("mv_f32_t1", "mv_f32_t8"),

@@ -153,9 +153,6 @@ pub(crate) fn matvec(dev: &Device, m: &Matvec) -> Result<()> {
         return Err(Error::RowNotBlockMultiple { ty: m.ty, cols: m.cols, block_size: 32 });
     }
     let mut args = matvec_args(m)?;
-    if let Some(mmq) = k.mmq.filter(|_| m.n_tok >= 2 && m.n_tok <= mmq_max_tokens()) {
-        return launch_mmq(dev, m, mmq, &args);
-    }
     let (name, gy) = if m.n_tok == 1 { (k.t1, 1) } else { (k.t8, m.n_tok.div_ceil(MV_TOKENS)) };
     let wpr = if m.n_tok == 1 && k.t1s.is_some() { warps_per_row(dev, m.cols, total) } else { 1 };
     args.wpr = wpr as i32;
@@ -165,39 +162,6 @@ pub(crate) fn matvec(dev: &Device, m: &Matvec) -> Result<()> {
     };
     let gx = total.div_ceil(MV_WARPS as usize / wpr);
     dev.launch(name, (to_u32(gx, "grid")?, to_u32(gy, "grid")?, 1), MV_WARPS * 32, 0, &args)
-}
-
-/// The most tokens a quantized product runs on the tensor-core kernels
-/// (`mmq_*`, mmq.cu) rather than the GEMM path (which the caller picks
-/// from [`GEMM_MIN_TOKENS`](super::buffers::GEMM_MIN_TOKENS) tokens on
-/// only above this count). `INFER_CUDA_MMQ_MAX` sets it (0: never, the
-/// 8-token mat-vec kernels instead; to compare).
-pub(crate) fn mmq_max_tokens() -> usize {
-    static MAX: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *MAX.get_or_init(|| {
-        std::env::var("INFER_CUDA_MMQ_MAX").ok().and_then(|v| v.parse().ok()).unwrap_or(kernels::MMQ_TOKENS)
-    })
-}
-
-/// Whether a product of type `ty` (repacked or not) over `n_tok` tokens
-/// runs on the tensor-core kernels.
-pub(crate) fn has_mmq(ty: GgmlType, repacked: bool, n_tok: usize) -> bool {
-    let k = if repacked { kernels::repacked_matvec_kernels(ty) } else { kernels::matvec_kernels(ty) };
-    n_tok >= 2 && n_tok <= mmq_max_tokens() && k.is_some_and(|k| k.mmq.is_some())
-}
-
-/// Launches `m` (2 or more tokens) on the tensor-core kernels: blocks of
-/// `MMQ_ROWS` rows (GLU: half as many output rows) by up to `MMQ_TOKENS`
-/// tokens, the kernel with the fewest 8-token tiles that holds them.
-fn launch_mmq(dev: &Device, m: &Matvec, mmq: [kernels::KernelName; 4], args: &MatvecArgs) -> Result<()> {
-    let per_block = m.n_tok.min(kernels::MMQ_TOKENS);
-    let tiles = per_block.div_ceil(8).next_power_of_two();
-    let name = mmq[tiles.trailing_zeros() as usize];
-    let glu = matches!(m.mode, MvMode::GluGelu | MvMode::GluSilu);
-    let rows_per_block = if glu { kernels::MMQ_ROWS / 2 } else { kernels::MMQ_ROWS };
-    let gx = m.total_rows().div_ceil(rows_per_block);
-    let gy = m.n_tok.div_ceil(kernels::MMQ_TOKENS);
-    dev.launch(name, (to_u32(gx, "grid")?, to_u32(gy, "grid")?, 1), kernels::MMQ_WARPS * 32, 0, args)
 }
 
 /// Whether [`matvec_glu_q8`] can run the one-token product `m`

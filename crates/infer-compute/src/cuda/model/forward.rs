@@ -58,13 +58,7 @@ impl CudaModel {
         };
 
         // Prefill GEMM: dequantize one matrix, then one tensor-core GEMM.
-        // (Not where every layer product runs on the tensor-core kernels
-        // straight from the blocks: up to `ops::mmq_max_tokens` tokens.)
-        let gemm = b
-            .gemm
-            .as_ref()
-            .filter(|_| n >= GEMM_MIN_TOKENS && !self.layers_have_mmq(n))
-            .map(|g| (g.prec, d.ptr(&g.w), d.ptr(&g.x)));
+        let gemm = b.gemm.as_ref().filter(|_| n >= GEMM_MIN_TOKENS).map(|g| (g.prec, d.ptr(&g.w), d.ptr(&g.x)));
         let missing = || Error::Device("prefill GEMM scratch missing".into());
         // The GEMM operand of an f32 input of `cols` values per token
         // (converted once and shared by the products that read it).
@@ -340,12 +334,9 @@ impl CudaModel {
             }
             (oh, oq, od)
         };
-        let out_repacked = w.output.repacked_stride != 0;
-        if let Some(g) = b.gemm.as_ref().map(|g| (g.prec, d.ptr(&g.w), d.ptr(&g.x))).filter(|_| {
-            n_out >= GEMM_MIN_TOKENS
-                && ops::has_dequant(w.output.ty, out_repacked)
-                && !ops::has_mmq(w.output.ty, out_repacked, n_out)
-        }) {
+        if let Some(g) =
+            gemm.filter(|_| n_out >= GEMM_MIN_TOKENS && ops::has_dequant(w.output.ty, w.output.repacked_stride != 0))
+        {
             self.output_gemm(g, xf, n_out)?;
             return mark("matvec output", &[&w.output]);
         }
@@ -359,17 +350,6 @@ impl CudaModel {
         }
         ops::matvec(d, &call)?;
         mark("matvec output", &[&w.output])
-    }
-
-    /// Whether every layer product of `n` tokens runs on the tensor-core
-    /// kernels (`ops::has_mmq`), so that the GEMM path is not needed.
-    fn layers_have_mmq(&self, n: usize) -> bool {
-        self.w.layers.iter().all(|l| {
-            [Some(&l.wq), Some(&l.wk), Some(&l.wv), Some(&l.wo), l.gate.as_ref(), Some(&l.up), Some(&l.down)]
-                .into_iter()
-                .flatten()
-                .all(|w| ops::has_mmq(w.ty, w.repacked_stride != 0, n))
-        })
     }
 
     /// The vocabulary product of `n_out` gathered rows `xf` (f32) as
