@@ -172,7 +172,7 @@ pub fn chat(a: ChatArgs) -> CliResult {
                 continue;
             }
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(format!("reading the input: {e}").into()),
+            Err(e) => return Err(e.into()),
         };
         asked_to_leave = false;
         let text = match a.text.process(raw.trim().to_string(), "the input line") {
@@ -237,10 +237,8 @@ pub fn chat(a: ChatArgs) -> CliResult {
         }
         // A full context during the reply keeps the system prompt (and
         // --keep more) and drops the oldest half of the rest.
-        let keep = match a.shift.n_keep(&ids, &tokenizer)? {
-            Some(k) => Some(k.max(system_ids.iter().zip(&ids).take_while(|(x, y)| x == y).count())),
-            None => None,
-        };
+        let system_len = system_ids.iter().zip(&ids).take_while(|(x, y)| x == y).count();
+        let keep = a.shift.n_keep(&ids, &tokenizer)?.map(|k| k.max(system_len));
         ctx.set_context_shift(keep);
         let reply = reply(model.as_mut(), &mut ctx, &tokenizer, &ids, max_tokens, &mut sampler, &stops, &mut out)?;
         messages.push(Message::assistant(reply.trim()));

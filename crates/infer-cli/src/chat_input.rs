@@ -85,7 +85,8 @@ impl ChatInput {
     /// the prompts to `out`; the editor writes its own.
     ///
     /// # Errors
-    /// A failed read of standard input or write of the prompt.
+    /// A failed read of standard input (`reading the input: ...`) or write
+    /// of the prompt (naming standard output).
     pub fn read(&mut self, out: &mut Out) -> std::io::Result<Input> {
         let mut text = String::new();
         let mut prompt = PROMPT;
@@ -144,13 +145,13 @@ impl ChatInput {
                 Ok(line) => Ok(Line::Text(line)),
                 Err(ReadlineError::Interrupted) => Ok(Line::Interrupted),
                 Err(ReadlineError::Eof) => Ok(Line::End),
-                Err(ReadlineError::Io(e)) => Err(e),
-                Err(e) => Err(std::io::Error::other(e)),
+                Err(ReadlineError::Io(e)) => Err(reading(e)),
+                Err(e) => Err(reading(std::io::Error::other(e))),
             },
             Source::Plain(input) => {
                 write!(out, "{prompt}")?;
                 out.flush()?;
-                match read_line_at_most(input, limit)? {
+                match read_line_at_most(input, limit).map_err(reading)? {
                     PlainLine::End => Ok(Line::End),
                     PlainLine::TooLong => Ok(Line::Refused(format!(
                         "that line has more than {limit} bytes, more than the context can hold"
@@ -163,6 +164,12 @@ impl ChatInput {
             }
         }
     }
+}
+
+/// A failed read of the input, kind kept, saying so (a failed write of the
+/// prompt already names standard output).
+fn reading(e: std::io::Error) -> std::io::Error {
+    std::io::Error::new(e.kind(), format!("reading the input: {e}"))
 }
 
 /// One line as [`ChatInput::read_line`] gives it.

@@ -35,8 +35,7 @@ impl ContextShiftArgs {
             return Ok(None);
         }
         let keep = self.keep.unwrap_or(0);
-        let bos =
-            usize::from(tokenizer.add_bos() && ids.first().is_some() && ids.first().copied() == tokenizer.bos_id());
+        let bos = usize::from(tokenizer.add_bos() && ids.first().is_some_and(|&f| Some(f) == tokenizer.bos_id()));
         Ok(Some(match keep {
             -1 => ids.len(),
             k if k < -1 => {
