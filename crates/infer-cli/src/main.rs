@@ -63,7 +63,8 @@ enum Command {
     /// Chat with a model (by default the instruction-tuned smollm2-135m): multi-turn, the KV cache kept between
     /// turns, replies streamed.
     Chat(chat::ChatArgs),
-    /// List the models known by name: size, family, quantization, base or instruct, and whether each is cached.
+    /// List the models known by name (size, family, quantization, base or instruct, whether each is cached) and the
+    /// Hugging Face models in the cache.
     Models(models::ModelsArgs),
     /// Download a model from Hugging Face (`user/repo[:QUANT]`, default Q4_K_M) or a known model into the cache,
     /// and print its path.
