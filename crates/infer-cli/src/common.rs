@@ -225,6 +225,7 @@ impl ModelArgs {
                 // `-m user/repo[:quant]`, when no such file exists: the hub.
                 Some(s) if !p.exists() && find_model(s).is_none() && HubRef::looks_like(s) => {
                     crate::pull::fetch(&HubRef::parse(s)?)
+                        .map_err(|e| format!("no model file {s}; as a Hugging Face model: {e}").into())
                 }
                 Some(s) => Ok(infer_model::fetch::resolve_model(s)?),
                 None if p.is_file() => Ok(p.clone()),

@@ -136,6 +136,9 @@ fn a_wrong_checksum_a_missing_repository_and_a_missing_quantization_are_one_line
     assert_one_line_error(&o, "not found (404)");
     let o = infer_hub(cache.path(), &hub.url, &["run", "-hf", "owner/q8", "-p", "x"]);
     assert_one_line_error(&o, "no GGUF file of quantization Q4_K_M");
+    // -m names a file first: one that does not exist is then asked of the hub.
+    let o = infer_hub(cache.path(), &hub.url, &["info", "-m", "owner/nothing"]);
+    assert_one_line_error(&o, "no model file owner/nothing; as a Hugging Face model: ");
     let o = infer_hub(cache.path(), &hub.url, &["pull", "not a repo"]);
     assert_one_line_error(&o, "is not a Hugging Face model");
     // Nothing listens there: the error names the address.
