@@ -16,17 +16,22 @@
 //! an error before the model loads; a line longer than the context can hold
 //! is refused unread past that length (see `prompt::byte_limit`).
 //!
-//! Commands: `/reset` forgets the conversation (the system prompt stays),
-//! `/exit` or end of input leaves. Ctrl-C stops the current reply and keeps
-//! the session (the process's signal handler, `interrupt`, only sets a flag
-//! that the streaming callback reads, cleared before each reply); a second
-//! Ctrl-C before the flag is cleared ends the process.
+//! Input comes through [`crate::chat_input`] (a line editor on a terminal,
+//! multi-line messages with a trailing `\`); lines that begin with `/` are
+//! commands ([`crate::chat_commands`]: `/help`, `/reset`, `/save`, `/load`,
+//! `/exit`), never sent to the model. Ctrl-C during a reply stops it and
+//! keeps the session (the process's signal handler, `interrupt`, only sets
+//! a flag that the streaming callback reads, cleared around each reply; a
+//! second Ctrl-C within one reply ends the process). At the prompt Ctrl-C
+//! is a key of the line editor: the first asks, a second in a row leaves;
+//! Ctrl-D or the end of the input leaves with the line ended.
 
-use std::io::{BufRead, Write};
+use std::io::Write;
 use std::path::Path;
 
 use clap::Args;
-use infer_model::chat::{ChatTemplate, Message, TemplateSource};
+use infer_compute::DeviceModel;
+use infer_model::chat::{ChatTemplate, Message, Role, TemplateSource};
 use infer_model::fetch::KNOWN_MODELS;
 use infer_model::generate::{generate_cached, CachedContext, StopReason};
 use infer_model::gguf::GgufFile;
@@ -34,7 +39,10 @@ use infer_model::sampling::Sampler;
 use infer_model::stop::StopMatcher;
 use infer_model::tokenizer::Tokenizer;
 
+use crate::chat_commands::{self, Command};
+use crate::chat_input::{ChatInput, Input};
 use crate::common::{context_size, n_predict_limit, CliResult, Loaded, ModelArgs, ThreadArgs};
+use crate::context_shift::ContextShiftArgs;
 use crate::prompt::TextArgs;
 use crate::sampling::SamplingArgs;
 
@@ -55,6 +63,8 @@ pub struct ChatArgs {
     sampling: SamplingArgs,
     #[command(flatten)]
     text: TextArgs,
+    #[command(flatten)]
+    shift: ContextShiftArgs,
     /// Context length in positions (KV cache) of the whole conversation
     /// [default: 4096, or the model's training context when shorter]; 0 or
     /// more than the training context: the training context (with a
@@ -84,6 +94,7 @@ fn instruct_tuned(path: &Path, gguf: &GgufFile) -> Option<bool> {
 pub fn chat(a: ChatArgs) -> CliResult {
     let max_tokens = n_predict_limit(a.n_predict)?;
     let stops = a.text.stop_strings()?;
+    a.shift.check()?;
     // Without -m (or $INFER_MODEL), an instruction-tuned model: the default
     // model of `run` is a base model, which continues text.
     let path = a.model.resolve_model_or(infer_model::fetch::DEFAULT_CHAT_MODEL_NAME)?;
@@ -126,59 +137,156 @@ pub fn chat(a: ChatArgs) -> CliResult {
 
     let system: Vec<Message> = a.system.iter().map(|s| Message::system(s.as_str())).collect();
     let mut messages = system.clone();
-    let stdin = std::io::stdin();
-    let mut input = stdin.lock();
+    // The tokens of the system prompt alone: the start a context shift keeps.
+    let system_ids = if system.is_empty() {
+        Vec::new()
+    } else {
+        template.render(&system, false).map(|t| ChatTemplate::encode_rendered(&tokenizer, &t)).unwrap_or_default()
+    };
+    let mut input = ChatInput::new(limit);
+    if input.is_terminal() {
+        eprintln!("/help lists the commands; a line that ends in \\ continues on the next.");
+    }
     // Checked writes: a failed one is an error naming standard output.
     let mut out = crate::output::Out::new();
+    // Ctrl-C at an empty prompt asks first; a second one in a row leaves.
+    let mut asked_to_leave = false;
     loop {
-        write!(out, "> ")?;
-        out.flush()?;
-        let bytes = match read_line_at_most(&mut input, limit) {
-            Ok(Line::End) => break,
-            Ok(Line::Text(bytes)) => bytes,
-            Ok(Line::TooLong) => {
-                eprintln!("that line has more than {limit} bytes, more than the {n_ctx} context positions can hold; it was not sent");
+        let raw = match input.read(&mut out) {
+            Ok(Input::Text(t)) => t,
+            Ok(Input::Interrupted) if asked_to_leave => break,
+            Ok(Input::Interrupted) => {
+                eprintln!("(Ctrl-C again, Ctrl-D or /exit leaves)");
+                asked_to_leave = true;
+                continue;
+            }
+            Ok(Input::End) => {
+                // The shell's prompt starts on a line of its own.
+                if !input.is_terminal() {
+                    writeln!(out)?;
+                }
+                break;
+            }
+            Ok(Input::Refused(why)) => {
+                eprintln!("{why}; it was not sent");
                 continue;
             }
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(format!("reading the input: {e}").into()),
+            Err(e) => return Err(e.into()),
         };
-        // A line that is not UTF-8 is refused; the conversation goes on.
-        let Ok(line) = String::from_utf8(bytes) else {
-            eprintln!("that line is not valid UTF-8; it was not sent");
-            continue;
-        };
-        let text = match a.text.process(line.trim().to_string(), "the input line") {
+        asked_to_leave = false;
+        let text = match a.text.process(raw.trim().to_string(), "the input line") {
             Ok(t) => t,
             Err(e) => {
                 eprintln!("{e}; it was not sent");
                 continue;
             }
         };
-        let text = text.as_str();
-        match text {
-            "" => continue,
-            "/exit" | "/quit" => break,
-            "/reset" => {
+        let text = match chat_commands::parse(&text) {
+            Command::Send(t) if t.is_empty() => continue,
+            Command::Send(t) => t,
+            Command::Exit => break,
+            Command::Help => {
+                eprintln!("{}", chat_commands::HELP);
+                continue;
+            }
+            Command::Invalid(why) => {
+                eprintln!("{why}");
+                continue;
+            }
+            Command::Reset => {
                 messages = system.clone();
                 ctx.reset();
                 sampler = Sampler::new(cfg.clone())?;
                 eprintln!("(conversation reset)");
                 continue;
             }
-            _ => {}
-        }
+            Command::Save(file) => {
+                match chat_commands::save(&file, &messages) {
+                    Ok(()) => {
+                        eprintln!("(conversation of {} saved to {})", messages_count(messages.len()), file.display())
+                    }
+                    Err(e) => eprintln!("{e}"),
+                }
+                continue;
+            }
+            Command::Load(file) => {
+                match chat_commands::load(&file, limit) {
+                    Ok(loaded) => {
+                        messages = loaded;
+                        eprintln!(
+                            "(conversation of {} loaded from {})",
+                            messages_count(messages.len()),
+                            file.display()
+                        );
+                    }
+                    Err(e) => eprintln!("{e}"),
+                }
+                continue;
+            }
+        };
         messages.push(Message::user(text));
-        let rendered = template.render(&messages, true)?;
+        let shift = !a.shift.no_context_shift;
+        let Some((ids, dropped)) =
+            fit_conversation(&mut messages, system.len(), &template, &tokenizer, n_ctx, limit, shift)?
+        else {
+            continue;
+        };
+        if dropped > 0 {
+            eprintln!("(context full: the {} oldest were dropped)", messages_count(dropped));
+        }
+        // A full context during the reply keeps the system prompt (and
+        // --keep more) and drops the oldest half of the rest.
+        let system_len = system_ids.iter().zip(&ids).take_while(|(x, y)| x == y).count();
+        let keep = a.shift.n_keep(&ids, &tokenizer)?.map(|k| k.max(system_len));
+        ctx.set_context_shift(keep);
+        let reply = reply(model.as_mut(), &mut ctx, &tokenizer, &ids, max_tokens, &mut sampler, &stops, &mut out)?;
+        messages.push(Message::assistant(reply.trim()));
+    }
+    Ok(())
+}
+
+/// The tokens of the conversation `messages` (its last message the new
+/// user turn), rendered for a reply, and how many of its oldest messages
+/// were dropped to fit: with `shift`, the oldest turns after the
+/// `n_system` system messages go until the conversation takes at most half
+/// the context (Ollama's and llama.cpp's way of going on in a full
+/// context). `None`, with the reason on stderr and the new turn taken back,
+/// when the turn cannot be sent.
+///
+/// # Errors
+/// The template's.
+fn fit_conversation(
+    messages: &mut Vec<Message>,
+    n_system: usize,
+    template: &ChatTemplate,
+    tokenizer: &Tokenizer,
+    n_ctx: usize,
+    limit: usize,
+    shift: bool,
+) -> CliResult<Option<(Vec<u32>, usize)>> {
+    let mut dropped = 0;
+    loop {
+        let rendered = template.render(messages, true)?;
         // Past the byte limit the conversation cannot fit: not tokenized.
-        let n_ids =
-            if rendered.len() > limit { None } else { Some(ChatTemplate::encode_rendered(&tokenizer, &rendered)) };
-        let ids = match n_ids {
-            Some(ids) if ids.len() < n_ctx => ids,
-            _ => {
-                let took = n_ids.as_ref().map_or(format!("more than {n_ctx}"), |ids| ids.len().to_string());
+        let ids = (rendered.len() <= limit).then(|| ChatTemplate::encode_rendered(tokenizer, &rendered));
+        let fits = ids.as_ref().is_some_and(|ids| ids.len() < n_ctx);
+        let roomy = ids.as_ref().is_some_and(|ids| ids.len() <= n_ctx / 2);
+        // The new turn alone is always kept.
+        let can_drop = shift && messages.len() > n_system + 1;
+        match ids {
+            Some(ids) if fits && (roomy || dropped == 0 || !can_drop) => return Ok(Some((ids, dropped))),
+            _ if can_drop => {
+                // The oldest turn: a user message and the reply after it.
+                let n = if messages.get(n_system + 1).is_some_and(|m| m.role == Role::Assistant) { 2 } else { 1 };
+                let n = n.min(messages.len() - n_system - 1);
+                messages.drain(n_system..n_system + n);
+                dropped += n;
+            }
+            ids => {
+                let took = ids.as_ref().map_or(format!("more than {n_ctx}"), |ids| ids.len().to_string());
                 messages.pop();
-                if messages.len() == system.len() {
+                if messages.len() == n_system {
                     // Nothing to forget: /reset cannot help.
                     eprintln!(
                         "this message would take {took} of the {n_ctx} context positions on its own; it was not sent \
@@ -190,51 +298,83 @@ pub fn chat(a: ChatArgs) -> CliResult {
                          (or raise --ctx-size)"
                     );
                 }
-                continue;
+                return Ok(None);
             }
-        };
-        crate::interrupt::clear();
-        let mut reply = String::new();
-        let mut write_error: Option<std::io::Error> = None;
-        // A stop string ends the reply; it is not shown, nor kept in the
-        // conversation.
-        let mut matcher = StopMatcher::new(stops.iter().cloned());
-        let mut emit = |s: &str, out: &mut crate::output::Out| -> bool {
-            reply.push_str(s);
-            if let Err(e) = out.write_all(s.as_bytes()).and_then(|_| out.flush()) {
-                write_error = Some(e);
-                return false;
-            }
-            true
-        };
-        let stats = generate_cached(model.as_mut(), &mut ctx, &tokenizer, &ids, max_tokens, &mut sampler, |s| {
-            let step = matcher.push(s);
-            emit(&step.text, &mut out) && !step.stopped && !crate::interrupt::requested()
-        })?;
-        let tail = matcher.finish();
-        emit(&tail, &mut out);
-        if let Some(e) = write_error {
-            return Err(format!("writing the output: {e}").into());
         }
-        writeln!(out)?;
-        let stop = match stats.stop {
-            _ if matcher.is_stopped() => "stop string",
-            StopReason::EndOfGeneration => "end of turn",
-            StopReason::MaxTokens => "-n reached",
-            StopReason::ContextFull => "context full",
-            StopReason::Stopped => "interrupted",
-        };
-        eprintln!(
-            "[prefill {} ({} reused) at {:.1} tokens/s; {} at {:.1} tokens/s; {stop}]",
-            crate::run::tokens(stats.prompt_tokens),
-            stats.reused_tokens,
-            stats.prefill_tps(),
-            crate::run::tokens(stats.generated_tokens),
-            stats.decode_tps()
-        );
-        messages.push(Message::assistant(reply.trim()));
     }
-    Ok(())
+}
+
+/// "1 message", "2 messages".
+fn messages_count(n: usize) -> String {
+    if n == 1 {
+        "1 message".into()
+    } else {
+        format!("{n} messages")
+    }
+}
+
+/// Generates and streams one reply to the conversation `ids`, then its
+/// stats line on stderr; returns its text (without a stop string).
+/// Ctrl-C stops it (the session goes on).
+#[allow(clippy::too_many_arguments)]
+fn reply(
+    model: &mut dyn DeviceModel,
+    ctx: &mut CachedContext,
+    tokenizer: &Tokenizer,
+    ids: &[u32],
+    max_tokens: usize,
+    sampler: &mut Sampler,
+    stops: &[String],
+    out: &mut crate::output::Out,
+) -> CliResult<String> {
+    crate::interrupt::clear();
+    let mut reply = String::new();
+    let mut write_error: Option<std::io::Error> = None;
+    // A stop string ends the reply; it is not shown, nor kept in the
+    // conversation.
+    let mut matcher = StopMatcher::new(stops.iter().cloned());
+    let mut emit = |s: &str, out: &mut crate::output::Out| -> bool {
+        reply.push_str(s);
+        if let Err(e) = out.write_all(s.as_bytes()).and_then(|_| out.flush()) {
+            write_error = Some(e);
+            return false;
+        }
+        true
+    };
+    let stats = generate_cached(model, ctx, tokenizer, ids, max_tokens, sampler, |s| {
+        let step = matcher.push(s);
+        emit(&step.text, out) && !step.stopped && !crate::interrupt::requested()
+    })?;
+    let tail = matcher.finish();
+    emit(&tail, out);
+    if let Some(e) = write_error {
+        return Err(format!("writing the output: {e}").into());
+    }
+    writeln!(out)?;
+    out.flush()?;
+    let stop = match stats.stop {
+        _ if matcher.is_stopped() => "stop string",
+        StopReason::EndOfGeneration => "end of turn",
+        StopReason::MaxTokens => "-n reached",
+        StopReason::ContextFull => "context full",
+        StopReason::Stopped => "interrupted",
+    };
+    let shifted = match stats.context_shifts {
+        0 => String::new(),
+        1 => "; context shifted once".to_string(),
+        n => format!("; context shifted {n} times"),
+    };
+    eprintln!(
+        "[prefill {} ({} reused) at {:.1} tokens/s; {} at {:.1} tokens/s{shifted}; {stop}]",
+        crate::run::tokens(stats.prompt_tokens),
+        stats.reused_tokens,
+        stats.prefill_tps(),
+        crate::run::tokens(stats.generated_tokens),
+        stats.decode_tps()
+    );
+    // A Ctrl-C that stopped this reply is spent.
+    crate::interrupt::clear();
+    Ok(reply)
 }
 
 /// Fails when the system prompt alone (with an empty first user message and
@@ -266,48 +406,4 @@ fn check_system_prompt(
         return Err(too_long(n.to_string()).into());
     }
     Ok(())
-}
-
-/// A line of input, as [`read_line_at_most`] reads it.
-enum Line {
-    /// The line's bytes, with its newline.
-    Text(Vec<u8>),
-    /// A line of more than the limit, skipped up to its newline.
-    TooLong,
-    /// The end of the input.
-    End,
-}
-
-/// Reads one line of at most `limit` bytes (without its newline); a longer
-/// one is read no further than that and skipped to its end, in chunks.
-fn read_line_at_most(input: &mut impl BufRead, limit: usize) -> std::io::Result<Line> {
-    let mut bytes = Vec::new();
-    let n = std::io::Read::take(&mut *input, limit.saturating_add(2) as u64).read_until(b'\n', &mut bytes)?;
-    if n == 0 {
-        return Ok(Line::End);
-    }
-    let body = bytes.strip_suffix(b"\n").map_or(bytes.len(), |b| b.strip_suffix(b"\r").unwrap_or(b).len());
-    if body <= limit {
-        return Ok(Line::Text(bytes));
-    }
-    if !bytes.ends_with(b"\n") {
-        // Skip the rest of the line.
-        loop {
-            let buf = input.fill_buf()?;
-            if buf.is_empty() {
-                break;
-            }
-            match buf.iter().position(|&b| b == b'\n') {
-                Some(pos) => {
-                    input.consume(pos + 1);
-                    break;
-                }
-                None => {
-                    let len = buf.len();
-                    input.consume(len);
-                }
-            }
-        }
-    }
-    Ok(Line::TooLong)
 }

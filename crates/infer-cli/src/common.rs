@@ -11,6 +11,8 @@ use indicatif::{ProgressBar, ProgressStyle};
 use infer_compute::cpu::{CpuBackend, Kernels, Precision};
 use infer_compute::pipeline::ModelSpec;
 use infer_compute::{ComputeBackend, DeviceModel};
+use infer_model::fetch::find_model;
+use infer_model::fetch::hub::HubRef;
 use infer_model::gguf::GgufFile;
 
 /// Where the model comes from and what runs it.
@@ -18,8 +20,12 @@ use infer_model::gguf::GgufFile;
 pub struct ModelArgs {
     /// Model: a GGUF file, or a known name (`infer models` lists them; any case), fetched, verified and cached on
     /// first use [default: gemma3-270m (chat and serve: smollm2-135m), or $INFER_MODEL]
-    #[arg(short, long, value_name = "NAME|FILE")]
+    #[arg(short, long, value_name = "NAME|FILE|USER/REPO[:QUANT]")]
     pub model: Option<PathBuf>,
+    /// A model from Hugging Face, as llama.cpp's -hf: `user/repo[:QUANT]` (default quantization Q4_K_M), downloaded
+    /// into the cache on first use (resumable, SHA-256 checked; hub address $HF_ENDPOINT, token $HF_TOKEN).
+    #[arg(long = "hf-repo", visible_alias = "hf", value_name = "USER/REPO[:QUANT]", conflicts_with = "model")]
+    pub hf_repo: Option<String>,
     /// Compute backend [default: auto].
     #[arg(long, value_enum)]
     pub backend: Option<BackendKind>,
@@ -207,12 +213,20 @@ pub fn context_size(requested: Option<i64>, n_ctx_train: usize) -> CliResult<usi
 pub type CliResult<T = ()> = Result<T, Box<dyn std::error::Error>>;
 
 impl ModelArgs {
-    /// The model path: `--model` as a file (an existing path wins) or a known
-    /// name (fetched and verified on first use), else `$INFER_MODEL`, else the
-    /// default model.
+    /// The model path: `--hf-repo`, or `--model` as a file (an existing path
+    /// wins), a known name (fetched and verified on first use) or a Hugging
+    /// Face `user/repo[:quant]`, else `$INFER_MODEL`, else the default model.
     pub fn resolve_model(&self) -> CliResult<PathBuf> {
+        if let Some(r) = &self.hf_repo {
+            return crate::pull::fetch(&HubRef::parse(r)?);
+        }
         match &self.model {
             Some(p) => match p.to_str() {
+                // `-m user/repo[:quant]`, when no such file exists: the hub.
+                Some(s) if !p.exists() && find_model(s).is_none() && HubRef::looks_like(s) => {
+                    crate::pull::fetch(&HubRef::parse(s)?)
+                        .map_err(|e| format!("no model file {s}; as a Hugging Face model: {e}").into())
+                }
                 Some(s) => Ok(infer_model::fetch::resolve_model(s)?),
                 None if p.is_file() => Ok(p.clone()),
                 None => Err(format!("model file {} does not exist", p.display()).into()),
@@ -226,7 +240,7 @@ impl ModelArgs {
     /// given (`chat` defaults to an instruction-tuned model).
     pub fn resolve_model_or(&self, default: &str) -> CliResult<PathBuf> {
         let env_set = std::env::var_os(infer_model::fetch::MODEL_ENV).is_some_and(|v| !v.is_empty());
-        if self.model.is_none() && !env_set {
+        if self.model.is_none() && self.hf_repo.is_none() && !env_set {
             return Ok(infer_model::fetch::ensure_model(default)?);
         }
         self.resolve_model()

@@ -16,6 +16,8 @@ pub const SHORT_ALIASES: &[(&str, &str)] = &[
     ("-ngl", "--n-gpu-layers"),
     ("-sys", "--system-prompt"),
     ("-dev", "--device"),
+    ("-hf", "--hf-repo"),
+    ("-hfr", "--hf-repo"),
     // llama-batched-bench's, for `bench`.
     ("-npp", "--npp"),
     ("-ntg", "--ntg"),
@@ -27,8 +29,6 @@ pub const SHORT_ALIASES: &[(&str, &str)] = &[
 /// llama.cpp's multi-letter short flags that `infer` does not have, with
 /// their long names: refused by name rather than taken apart by clap.
 const UNSUPPORTED: &[(&str, &str)] = &[
-    ("-hf", "--hf-repo"),
-    ("-hfr", "--hf-repo"),
     ("-hff", "--hf-file"),
     ("-hft", "--hf-token"),
     ("-hfd", "--hf-repo-draft"),
@@ -175,7 +175,11 @@ mod tests {
     fn llama_cpp_flags_infer_lacks_are_refused_by_name() {
         let e = rw(&["infer", "run", "-fa", "on"]).unwrap_err();
         assert!(e.starts_with("-fa (llama.cpp's --flash-attn) is not an option of infer"), "{e}");
-        assert!(rw(&["infer", "run", "-hf", "user/repo"]).unwrap_err().contains("--hf-repo"));
+        assert!(rw(&["infer", "run", "-hff", "x.gguf"]).unwrap_err().contains("--hf-file"));
+        assert_eq!(
+            rw(&["infer", "run", "-hf", "user/repo:Q8_0"]).unwrap(),
+            ["infer", "run", "--hf-repo", "user/repo:Q8_0"]
+        );
         assert!(rw(&["infer", "run", "-ctk=q8_0"]).unwrap_err().contains("--cache-type-k"));
     }
 

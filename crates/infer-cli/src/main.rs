@@ -21,7 +21,10 @@ mod bench;
 mod bench_batched;
 mod bench_serve;
 mod chat;
+mod chat_commands;
+mod chat_input;
 mod common;
+mod context_shift;
 mod ignore_eos;
 mod info;
 mod interrupt;
@@ -30,6 +33,7 @@ mod models;
 mod output;
 mod profile;
 mod prompt;
+mod pull;
 mod run;
 mod sampling;
 mod serve;
@@ -59,8 +63,14 @@ enum Command {
     /// Chat with a model (by default the instruction-tuned smollm2-135m): multi-turn, the KV cache kept between
     /// turns, replies streamed.
     Chat(chat::ChatArgs),
-    /// List the models known by name: size, family, quantization, base or instruct, and whether each is cached.
+    /// List the models known by name (size, family, quantization, base or instruct, whether each is cached) and the
+    /// Hugging Face models in the cache.
     Models(models::ModelsArgs),
+    /// Download a model from Hugging Face (`user/repo[:QUANT]`, default Q4_K_M) or a known model into the cache,
+    /// and print its path.
+    Pull(pull::PullArgs),
+    /// Remove models from the cache (`user/repo[:QUANT]`, `user/repo`, or a known name).
+    Rm(pull::RmArgs),
     /// Serve the model over HTTP with the OpenAI API (chat and text completions, streaming), many requests at once
     /// (continuous batching over `--parallel` slots).
     Serve(serve::ServeArgs),
@@ -102,6 +112,8 @@ fn main() -> ExitCode {
         Command::Models(a) => models::models(a),
         Command::Chat(a) => chat::chat(a),
         Command::Serve(a) => serve::serve(a),
+        Command::Pull(a) => pull::pull(a),
+        Command::Rm(a) => pull::rm(a),
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,9 +1,10 @@
-//! `infer models`: the models known by name, and which are in the cache.
+//! `infer models`: the models known by name, which are in the cache, and
+//! the models from Hugging Face in the cache.
 
 use std::io::Write;
 
 use clap::Args;
-use infer_model::fetch::{cache_dir, verify, DEFAULT_CHAT_MODEL_NAME, DEFAULT_MODEL_NAME, KNOWN_MODELS};
+use infer_model::fetch::{cache_dir, hub, verify, DEFAULT_CHAT_MODEL_NAME, DEFAULT_MODEL_NAME, KNOWN_MODELS};
 
 use crate::common::CliResult;
 use crate::output::Out;
@@ -49,6 +50,25 @@ pub fn models(_a: ModelsArgs) -> CliResult {
         "\n* default of run, info and bench; ** default of chat. Use a name (any case) with `--model NAME`; cache: {}",
         dir.display()
     )?;
+    let hub = hub::cached_models(&dir);
+    if hub.is_empty() {
+        writeln!(
+            out,
+            "\nNo models from Hugging Face in the cache (`infer pull user/repo[:QUANT]` or `-hf` adds one)."
+        )?;
+    } else {
+        writeln!(out, "\nFrom Hugging Face (use with `-hf user/repo:QUANT`; `infer rm` removes):")?;
+        for m in hub {
+            let state = if m.verified { "" } else { "  (unverified: checked on next use)" };
+            writeln!(
+                out,
+                "{:<50} {:>8.1} MB  {}{state}",
+                format!("{}  {}", m.repo, m.file),
+                m.size as f64 / 1e6,
+                m.path.display()
+            )?;
+        }
+    }
     out.flush()?;
     Ok(())
 }

@@ -5,13 +5,14 @@ use std::io::{IsTerminal, Write};
 use clap::Args;
 use infer_compute::DeviceModel;
 use infer_model::chat::{ChatTemplate, Message};
-use infer_model::generate::{generate_with_progress, StopReason};
+use infer_model::generate::{generate_cached_with_progress, CachedContext, StopReason};
 use infer_model::sampling::Sampler;
 use infer_model::stop::StopMatcher;
 use infer_model::tokenizer::Tokenizer;
 use serde::Serialize;
 
 use crate::common::{context_size, n_predict_limit, CliResult, Loaded, ModelArgs, ThreadArgs};
+use crate::context_shift::ContextShiftArgs;
 use crate::ignore_eos::IgnoreEos;
 use crate::output::Out;
 use crate::prompt::{PromptArgs, TextArgs};
@@ -27,7 +28,8 @@ pub struct RunArgs {
     model: ModelArgs,
     #[command(flatten)]
     threads: ThreadArgs,
-    /// Tokens to generate (-1, or llama.cpp's -2: until the end of generation or a full context).
+    /// Tokens to generate (-1: until the end of generation, shifting a full context; llama.cpp's -2: until the end
+    /// of generation or a full context).
     #[arg(short = 'n', long, value_name = "N", default_value_t = 64, allow_negative_numbers = true)]
     n_predict: i64,
     #[command(flatten)]
@@ -45,6 +47,8 @@ pub struct RunArgs {
     system_prompt: Option<String>,
     #[command(flatten)]
     text: TextArgs,
+    #[command(flatten)]
+    shift: ContextShiftArgs,
     /// Do not print the prompt before the generated text.
     #[arg(long)]
     no_display_prompt: bool,
@@ -80,6 +84,9 @@ struct RunJson {
     /// `interrupted`.
     stop: &'static str,
     stop_string: Option<String>,
+    /// Context shifts (each dropped the oldest half of the tokens after
+    /// `--keep`).
+    context_shifts: usize,
     seed: u64,
     sampler: String,
     timings: Timings,
@@ -122,6 +129,7 @@ pub fn tokens(n: usize) -> String {
 
 pub fn run(a: RunArgs) -> CliResult {
     let max_tokens = n_predict_limit(a.n_predict)?;
+    a.shift.check()?;
     // Where the prompt comes from is checked now; it is read once the
     // context size is known, only as far as the context can hold it.
     let source = a.prompt.source()?;
@@ -229,12 +237,15 @@ pub fn run(a: RunArgs) -> CliResult {
             }
         }
     };
-    let stats = generate_with_progress(
+    let mut ctx = CachedContext::new(model.as_ref(), n_ctx)?;
+    // llama.cpp's -2 stops at a full context; anything else shifts it.
+    ctx.set_context_shift(if a.n_predict == -2 { None } else { a.shift.n_keep(&ids, &tokenizer)? });
+    let stats = generate_cached_with_progress(
         model.as_mut(),
+        &mut ctx,
         &tokenizer,
         &ids,
         max_tokens,
-        n_ctx,
         &mut sampler,
         PREFILL_CHUNK,
         on_prefill,
@@ -281,6 +292,7 @@ pub fn run(a: RunArgs) -> CliResult {
             generated_tokens: stats.generated_tokens,
             stop,
             stop_string: matcher.matched().map(str::to_string),
+            context_shifts: stats.context_shifts,
             seed: cfg.seed,
             sampler: cfg.chain(),
             timings: Timings {
@@ -314,6 +326,14 @@ pub fn run(a: RunArgs) -> CliResult {
             stats.decode_time.as_secs_f64(),
             stats.decode_tps(),
         );
+        if stats.context_shifts > 0 {
+            eprintln!(
+                "context:  shifted {} time{} ({} fed again after the kept start)",
+                stats.context_shifts,
+                if stats.context_shifts == 1 { "" } else { "s" },
+                tokens(stats.shift_tokens)
+            );
+        }
         eprintln!("sampling: seed {}, {}", cfg.seed, cfg.chain());
     }
     if interrupted {

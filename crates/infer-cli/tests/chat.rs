@@ -119,6 +119,46 @@ fn chat_shares_runs_sampling_and_context_rules() {
     let (a, b) = (run(&["-n", "1"], "hi\n"), run(&["-n", "1"], "hi\n"));
     assert!(seed(&a).is_some() && seed(&a) != seed(&b), "two sessions should draw different seeds:\n{a}\n{b}");
     assert!(run(&["-n", "1", "-c", "0"], "hi\n").contains("context 8192 tokens"));
-    let full = run(&["-n", "100", "-c", "50", "--temp", "0"], "Tell me a long story about a dragon\n");
+    // A reply that fills the context shifts it and goes on; without
+    // context shift it ends there.
+    let story = "Tell me a long story about a dragon\n";
+    let shifted = run(&["-n", "100", "-c", "50", "--temp", "0"], story);
+    assert!(shifted.contains("; context shifted"), "{shifted}");
+    let full = run(&["-n", "100", "-c", "50", "--temp", "0", "--no-context-shift"], story);
     assert!(full.contains("; context full]"), "{full}");
+}
+
+/// Commands on piped input: `/load` continues a saved conversation (the next
+/// reply sees it), `/save` writes it back, `/help` and unknown commands are
+/// answered on stderr and never sent; a line ending in `\` continues.
+#[test]
+fn load_and_save_a_conversation_and_commands_stay_local() {
+    let dir = common::tmpdir();
+    let (a, b) = (dir.path().join("a.json"), dir.path().join("b.json"));
+    let earlier =
+        r#"[{"role": "user", "content": "My name is Ada."}, {"role": "assistant", "content": "Hello, Ada!"}]"#;
+    std::fs::write(&a, earlier).unwrap();
+    let input = format!("/help\n/frob\n/load {}\nWhat is\\\nmy name?\n/save {}\n", a.display(), b.display());
+    let (_, err) = chat(&input);
+    assert!(err.contains("/save FILE") && err.contains("unknown command /frob"), "{err}");
+    assert!(err.contains("conversation of 2 messages loaded"), "{err}");
+    let t = turns(&err);
+    assert_eq!(t.len(), 1, "only the question is sent: {err}");
+    // The loaded messages are in the prompt: it is longer than the question's alone.
+    let (_, alone) = chat("What is\\\nmy name?\n");
+    let t_alone = turns(&alone);
+    assert!(
+        t[0].0 > t_alone[0].0 + 8,
+        "prefilled {} tokens with the loaded conversation, {} without",
+        t[0].0,
+        t_alone[0].0
+    );
+    let saved: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&b).unwrap()).unwrap();
+    assert_eq!(saved[0]["content"], "My name is Ada.");
+    assert_eq!(saved[2]["content"], "What is\nmy name?");
+    assert_eq!(saved[3]["role"], "assistant");
+    // A file that is not a conversation is refused; the session goes on.
+    std::fs::write(&a, "{}").unwrap();
+    let (_, err) = chat(&format!("/load {}\n", a.display()));
+    assert!(err.contains("is not a conversation"), "{err}");
 }

@@ -84,9 +84,17 @@ fn gpu_layers_and_device_choose_the_backend_all_or_nothing() {
     // llama.cpp's multi-letter flags that infer lacks are refused by name,
     // not taken apart (`-fa` as `-f a`, `-hf` as help).
     assert_one_line_error(&run_tiny(&m, &["-fa", "on", "hi"]), "-fa (llama.cpp's --flash-attn) is not an option");
-    let o = infer(&["run", "-hf", "user/repo", "hi"]);
-    assert_one_line_error(&o, "-hf (llama.cpp's --hf-repo)");
+    let o = infer(&["run", "-hff", "model.gguf", "hi"]);
+    assert_one_line_error(&o, "-hff (llama.cpp's --hf-file)");
     assert_eq!(o.status.code(), Some(2));
+    // -hf is infer's too (tests/hub.rs): read as --hf-repo, not as -h -f.
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_infer"))
+        .args(["run", "-hf", "user/repo", "hi"])
+        .env("HF_ENDPOINT", "http://127.0.0.1:9")
+        .env("INFER_CACHE_DIR", dir.path())
+        .output()
+        .unwrap();
+    assert_one_line_error(&o, "listing the files of user/repo");
     // -ngl everywhere a model runs.
     let o = infer(&["info", "-m", m.to_str().unwrap(), "-ngl", "0"]);
     assert!(o.status.success() && stdout(&o).contains("backend:      CPU"), "{}", stderr(&o));

@@ -72,3 +72,22 @@ fn a_failed_fetch_says_how_to_proceed() {
     assert!(!err.contains("Collecting") && !err.contains("Looking in indexes"), "raw pip output:\n{err}");
     assert_eq!(std::fs::read_dir(cache.path()).unwrap().count(), 0, "the failed fetch left files in the cache");
 }
+
+/// `infer pull NAME` and `infer rm NAME` take the known names too (in any
+/// case): pull prints the cached path, rm removes the file with its sidecar.
+#[test]
+fn pull_and_rm_take_known_names() {
+    let cache = tmpdir("pull");
+    let real = infer_model::fetch::ensure_model("smollm2-135m").unwrap_or_else(|e| panic!("smollm2-135m: {e}"));
+    let file = cache.path().join(real.file_name().unwrap());
+    std::fs::copy(&real, &file).unwrap();
+    let o = infer_in(&cache, &["pull", "SmolLM2-135M"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), file.display().to_string());
+    let o = infer_in(&cache, &["rm", "smollm2-135m"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(!file.exists(), "the file is still there");
+    assert!(std::fs::read_dir(cache.path()).unwrap().next().is_none(), "the sidecar is still there");
+    let o = infer_in(&cache, &["rm", "smollm2-135m"]);
+    assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("is not in the cache"));
+}

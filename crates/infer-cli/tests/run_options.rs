@@ -164,7 +164,7 @@ fn prompts_from_words_flag_file_and_stdin_agree() {
 fn n_minus_one_runs_to_the_end_and_one_token_is_singular() {
     let dir = tmpdir();
     let m = synth_tiny(dir.path(), "llama");
-    let o = run_tiny(&m, &["-n", "-1", "-c", "24", "--temp", "0", "hello"]);
+    let o = run_tiny(&m, &["-n", "-1", "-c", "24", "--no-context-shift", "--temp", "0", "hello"]);
     assert!(o.status.success(), "{}", stderr(&o));
     let err = stderr(&o);
     assert!(err.contains("stop: context full") || err.contains("stop: end of generation"), "{err}");
@@ -253,4 +253,29 @@ fn greedy_still_applies_the_penalties() {
     assert!(plain.status.success() && penalized.status.success(), "{}", stderr(&penalized));
     assert!(stderr(&penalized).contains("sampler chain: penalties -> greedy"), "{}", stderr(&penalized));
     assert_ne!(stdout(&plain), stdout(&penalized));
+}
+
+/// A generation longer than the context shifts it (llama.cpp's context
+/// shift: --keep tokens stay, the oldest half of the rest goes) and reaches
+/// -n; `--no-context-shift` and llama.cpp's `-n -2` end at the full context.
+#[test]
+fn a_full_context_shifts_unless_told_not_to() {
+    let dir = tmpdir();
+    let m = synth_tiny(dir.path(), "llama");
+    let o = run_tiny(&m, &["-n", "40", "-c", "16", "--keep", "2", "--ignore-eos", "--temp", "0", "--json", "hello"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let j: serde_json::Value = serde_json::from_str(&stdout(&o)).expect("run --json");
+    assert_eq!(j["generated_tokens"], 40, "{j}");
+    assert_eq!(j["stop"], "max tokens", "{j}");
+    assert!(j["context_shifts"].as_u64().unwrap() >= 2, "{j}");
+    let o = run_tiny(&m, &["-n", "40", "-c", "16", "--ignore-eos", "--temp", "0", "hello"]);
+    assert!(stderr(&o).contains("context:  shifted"), "{}", stderr(&o));
+    for off in [&["--no-context-shift", "-n", "40"][..], &["-n", "-2"][..]] {
+        let mut args = vec!["-c", "16", "--ignore-eos", "--temp", "0", "hello"];
+        args.extend_from_slice(off);
+        let o = run_tiny(&m, &args);
+        assert!(stderr(&o).contains("stop: context full"), "{off:?}: {}", stderr(&o));
+        assert!(!stderr(&o).contains("shifted"), "{off:?}: {}", stderr(&o));
+    }
+    assert_one_line_error(&run_tiny(&m, &["--keep", "-2", "hello"]), "--keep -2");
 }

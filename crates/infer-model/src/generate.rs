@@ -21,6 +21,11 @@ pub struct GenerationStats {
     pub prefill_time: Duration,
     pub generated_tokens: usize,
     pub decode_time: Duration,
+    /// Context shifts during the generation ([`CachedContext::set_context_shift`]); a full context without
+    /// room to shift still ends it.
+    pub context_shifts: usize,
+    /// Tokens fed again after the shifts (the kept tail of the context).
+    pub shift_tokens: usize,
     /// Why generation ended.
     pub stop: StopReason,
 }
@@ -33,7 +38,8 @@ pub enum StopReason {
     MaxTokens,
     /// An end-of-generation token (EOS, `<end_of_turn>`) was sampled.
     EndOfGeneration,
-    /// The KV cache is full.
+    /// The KV cache is full (and context shift is off, or left nothing to
+    /// drop).
     ContextFull,
     /// The caller's text callback asked to stop.
     Stopped,
@@ -79,6 +85,8 @@ pub fn generate(
 pub struct CachedContext {
     kv: Box<dyn KvPool>,
     tokens: Vec<u32>,
+    /// Context shift: the tokens kept at the start of a full context.
+    shift_keep: Option<usize>,
 }
 
 impl CachedContext {
@@ -87,7 +95,17 @@ impl CachedContext {
     /// # Errors
     /// The model's cache allocation errors (e.g. out of memory).
     pub fn new(model: &dyn DeviceModel, n_ctx: usize) -> Result<CachedContext> {
-        Ok(CachedContext { kv: model.new_kv_cache(n_ctx)?, tokens: Vec::new() })
+        Ok(CachedContext { kv: model.new_kv_cache(n_ctx)?, tokens: Vec::new(), shift_keep: None })
+    }
+
+    /// Turns context shift on (`Some(n_keep)`) or off: a generation that
+    /// fills the context keeps its first `n_keep` tokens (at most the
+    /// prompt's), drops the oldest half of the rest and goes on, as
+    /// llama.cpp's context shift with `--keep n_keep`. The cache is rebuilt
+    /// by feeding the kept tail again, so it works the same on a cache of
+    /// any type.
+    pub fn set_context_shift(&mut self, n_keep: Option<usize>) {
+        self.shift_keep = n_keep;
     }
 
     /// The tokens in the cache, in position order.
@@ -217,11 +235,38 @@ pub fn generate_cached_with_progress(
     }
     let reused = ctx.keep_prefix_of(ids);
     let mut seq = Sequence::new(tokenizer, ids, reused, sampler.clone(), max_tokens, n_ctx)?;
+    if let Some(keep) = ctx.shift_keep {
+        seq = seq.with_context_shift(keep);
+    }
     let stats = drive(model, ctx, &mut seq, prefill_chunk, &mut on_prefill, &mut on_text);
     // The sampler's history goes on with the caller (the next chat turn),
     // also after an error.
     *sampler = seq.into_sampler();
     stats
+}
+
+/// A context shift of `seq` (see [`Sequence::shift`]): the cache cut to
+/// the kept start, the kept tail and the next token fed again in passes of
+/// `prefill_chunk`; returns what the sampler drew from the last logits.
+fn shift_context(
+    model: &mut dyn DeviceModel,
+    ctx: &mut CachedContext,
+    seq: &mut Sequence<'_>,
+    prefill_chunk: usize,
+    stats: &mut GenerationStats,
+) -> Result<crate::sequence::Emitted> {
+    let keep = seq.shift();
+    ctx.truncate(keep);
+    let refill = seq.tokens_from(keep).to_vec();
+    let mut logits: &[f32] = &[];
+    for (i, pass) in refill.chunks(prefill_chunk).enumerate() {
+        logits = model.prefill(ctx.kv.as_mut(), pass, keep + i * prefill_chunk)?;
+        ctx.tokens.extend_from_slice(pass);
+    }
+    seq.advance(1);
+    stats.context_shifts += 1;
+    stats.shift_tokens += refill.len();
+    seq.on_logits(logits)
 }
 
 /// Runs `seq` to its end against `ctx`: its prompt in passes of
@@ -275,6 +320,10 @@ fn drive(
         if let Some(why) = e.stop {
             stats.stop = why;
             break;
+        }
+        if seq.needs_shift() {
+            e = shift_context(model, ctx, seq, prefill_chunk, &mut stats)?;
+            continue;
         }
         // A token is recorded in `ctx.tokens` once its step has run, even
         // if the draw after it fails.

@@ -40,6 +40,9 @@ pub struct Sequence<'t> {
     generated: usize,
     n_ctx: usize,
     stop: Option<StopReason>,
+    /// Context shift: the tokens kept at the start when the context is full
+    /// (`None`: a full context ends the sequence).
+    shift_keep: Option<usize>,
 }
 
 impl<'t> Sequence<'t> {
@@ -84,7 +87,50 @@ impl<'t> Sequence<'t> {
             generated: 0,
             n_ctx,
             stop: None,
+            shift_keep: None,
         })
+    }
+
+    /// Shifts the context when it is full instead of stopping, as
+    /// llama.cpp's context shift: the first `n_keep` tokens stay (its
+    /// `--keep`, the whole prompt at most) and the oldest half of the rest
+    /// is dropped ([`Sequence::shift`]).
+    pub fn with_context_shift(mut self, n_keep: usize) -> Self {
+        self.shift_keep = Some(n_keep.min(self.prompt_len));
+        self
+    }
+
+    /// Whether the next token, fed at [`Sequence::position`], needs a
+    /// context shift first: shifting is on, the sequence is decoding and
+    /// that position is the last of the context (llama.cpp shifts when
+    /// `n_past + 1 >= n_ctx`), and there is something to drop.
+    pub fn needs_shift(&self) -> bool {
+        self.shift_keep.is_some_and(|keep| {
+            self.stop.is_none()
+                && !self.in_prompt()
+                && self.fed + 1 >= self.n_ctx
+                && (self.fed - keep.min(self.fed)) / 2 > 0
+        })
+    }
+
+    /// The context shift: drops `n_discard = (position - n_keep) / 2` tokens
+    /// after the first `n_keep` (llama.cpp's `n_left / 2`), moving the
+    /// position back by as many. Returns `n_keep`: the cache must then hold
+    /// the first `n_keep` tokens, and [`Sequence::tokens_from`]`(n_keep)`
+    /// are to be fed again (the kept tail and the next token), after which
+    /// [`Sequence::advance`]`(1)`.
+    pub fn shift(&mut self) -> usize {
+        let keep = self.shift_keep.unwrap_or(0).min(self.fed);
+        let discard = (self.fed - keep) / 2;
+        self.tokens.drain(keep..keep + discard);
+        self.fed -= discard;
+        self.prompt_len = self.prompt_len.min(self.fed);
+        keep
+    }
+
+    /// The tokens from position `start` to the next one to feed, inclusive.
+    pub fn tokens_from(&self, start: usize) -> &[u32] {
+        &self.tokens[start.min(self.tokens.len())..]
     }
 
     /// The position of the next token to feed (tokens in the cache).

@@ -165,3 +165,53 @@ fn sequences_stepped_together_through_one_pool_generate_as_alone() {
         assert_eq!(texts[i], alone[i], "sequence {i}: together {:?}, alone {:?}", texts[i], alone[i]);
     }
 }
+
+/// The positions llama.cpp's context shift leaves after `generated` tokens
+/// of a `prompt`-token prompt: before feeding a token at `n_past` with
+/// `n_past + 1 >= n_ctx`, `(n_past - n_keep) / 2` tokens after the first
+/// `n_keep` go. The last sampled token is not fed.
+fn llama_cpp_positions(prompt: usize, generated: usize, n_ctx: usize, n_keep: usize) -> (usize, usize) {
+    let (mut n_past, mut shifts) = (prompt, 0);
+    for _ in 1..generated {
+        if n_past + 1 >= n_ctx {
+            n_past -= (n_past - n_keep) / 2;
+            shifts += 1;
+        }
+        n_past += 1;
+    }
+    (n_past, shifts)
+}
+
+#[test]
+fn a_full_context_shifts_keeping_the_first_tokens_as_llama_cpp_counts() {
+    let mut s = smollm2();
+    let ids = s.tokenizer.encode("Counting: 1, 2, 3, 4, 5, 6, 7,", true);
+    let (n_ctx, n_keep, max) = (40, 4, 70);
+    assert!(ids.len() + 4 < n_ctx && ids.len() > n_keep, "prompt of {} tokens", ids.len());
+    let mut ctx = CachedContext::new(s.model.as_ref(), n_ctx).unwrap();
+    ctx.set_context_shift(Some(n_keep));
+    let mut text = String::new();
+    let mut sampler = Sampler::greedy();
+    let stats = generate_cached(s.model.as_mut(), &mut ctx, &s.tokenizer, &ids, max, &mut sampler, |t| {
+        text.push_str(t);
+        true
+    })
+    .unwrap();
+    println!("{text}");
+    assert_eq!(stats.stop, StopReason::MaxTokens, "{text}");
+    assert_eq!(stats.generated_tokens, max);
+    let (positions, shifts) = llama_cpp_positions(ids.len(), max, n_ctx, n_keep);
+    assert_eq!(stats.context_shifts, shifts);
+    assert!(shifts >= 2, "{shifts} shifts");
+    assert_eq!(ctx.tokens().len(), positions, "positions in the cache after the shifts");
+    assert_eq!(&ctx.tokens()[..n_keep], &ids[..n_keep], "the kept start");
+    // The text goes on counting across the shifts.
+    assert!(text.contains("20"), "{text}");
+
+    // Without shift, the same generation ends at the full context.
+    let mut ctx = CachedContext::new(s.model.as_ref(), n_ctx).unwrap();
+    let stats =
+        generate_cached(s.model.as_mut(), &mut ctx, &s.tokenizer, &ids, max, &mut Sampler::greedy(), |_| true).unwrap();
+    assert_eq!(stats.stop, StopReason::ContextFull);
+    assert_eq!(stats.context_shifts, 0);
+}

@@ -21,6 +21,8 @@
 //!   `~/.cache/infer-compute`).
 
 mod download;
+pub mod hub;
+pub mod hub_download;
 mod registry;
 pub mod verify;
 

@@ -64,10 +64,24 @@ fn fingerprint(meta: &std::fs::Metadata) -> String {
 /// model's, without hashing.
 pub fn is_vouched(path: &Path, model: &KnownModel) -> bool {
     let Ok(meta) = std::fs::metadata(path) else { return false };
-    meta.is_file()
-        && meta.len() == model.size
-        && std::fs::read_to_string(sidecar_path(path))
-            .is_ok_and(|s| s.trim_end() == format!("{} {}", model.sha256, fingerprint(&meta)))
+    meta.is_file() && meta.len() == model.size && vouched_sha256(path).is_some_and(|h| h == model.sha256)
+}
+
+/// The SHA-256 that the sidecar of `path` vouches for, when it still
+/// matches the file's size, modification time and inode (no hashing).
+pub fn vouched_sha256(path: &Path) -> Option<String> {
+    let meta = std::fs::metadata(path).ok().filter(|m| m.is_file())?;
+    let sidecar = std::fs::read_to_string(sidecar_path(path)).ok()?;
+    let (hash, print) = sidecar.trim_end().split_once(' ')?;
+    (print == fingerprint(&meta)).then(|| hash.to_string())
+}
+
+/// Writes the sidecar of `path`, a file whose SHA-256 `sha256` was just
+/// checked (best effort, as in [`check_cached`]).
+pub fn vouch(path: &Path, sha256: &str) {
+    if let Ok(meta) = std::fs::metadata(path) {
+        write_sidecar(&sidecar_path(path), &format!("{sha256} {}", fingerprint(&meta)));
+    }
 }
 
 /// Checks the cached copy of `model` at `path`, hashing it when its sidecar
@@ -77,6 +91,15 @@ pub fn is_vouched(path: &Path, model: &KnownModel) -> bool {
 /// [`Error::Io`] when the file exists but cannot be read. A sidecar that
 /// cannot be written is not an error (the file is hashed again next time).
 pub fn check_cached(path: &Path, model: &KnownModel) -> Result<CacheState> {
+    check_cached_as(path, model.size, model.sha256)
+}
+
+/// [`check_cached`] for a file of `size` bytes and SHA-256 `sha256` (a
+/// model from the hub).
+///
+/// # Errors
+/// As [`check_cached`].
+pub fn check_cached_as(path: &Path, size: u64, sha256: &str) -> Result<CacheState> {
     let meta = match std::fs::metadata(path) {
         Ok(m) => m,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(CacheState::Missing),
@@ -85,17 +108,17 @@ pub fn check_cached(path: &Path, model: &KnownModel) -> Result<CacheState> {
     if !meta.is_file() {
         return Ok(CacheState::Corrupt("not a regular file".into()));
     }
-    if meta.len() != model.size {
-        return Ok(CacheState::Corrupt(format!("{} bytes, expected {}", meta.len(), model.size)));
+    if meta.len() != size {
+        return Ok(CacheState::Corrupt(format!("{} bytes, expected {}", meta.len(), size)));
     }
-    let expected = format!("{} {}", model.sha256, fingerprint(&meta));
+    let expected = format!("{} {}", sha256, fingerprint(&meta));
     let sidecar = sidecar_path(path);
     if std::fs::read_to_string(&sidecar).is_ok_and(|s| s.trim_end() == expected) {
         return Ok(CacheState::Verified);
     }
     let digest = sha256_file(path)?;
-    if digest != model.sha256 {
-        return Ok(CacheState::Corrupt(format!("sha256 {digest}, expected {}", model.sha256)));
+    if digest != sha256 {
+        return Ok(CacheState::Corrupt(format!("sha256 {digest}, expected {}", sha256)));
     }
     write_sidecar(&sidecar, &expected);
     Ok(CacheState::Verified)

@@ -1,0 +1,172 @@
+//! The commands of `infer chat`: input lines that begin with `/` are
+//! handled by `infer` and never sent to the model (`//` sends a line that
+//! begins with `/`), and the conversation files of `/save` and `/load`.
+//!
+//! A conversation file is a JSON array of messages in the OpenAI shape,
+//! `[{"role": "system"|"user"|"assistant", "content": "..."}]`, the body's
+//! `messages` of a `/v1/chat/completions` request.
+
+use std::path::{Path, PathBuf};
+
+use infer_model::chat::{Message, Role};
+use serde::{Deserialize, Serialize};
+
+use crate::common::CliResult;
+
+/// What an input line asks for.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Command {
+    /// Send this text to the model.
+    Send(String),
+    /// `/help` or `/?`: list the commands.
+    Help,
+    /// `/reset` or `/clear`: forget the conversation (the system prompt stays).
+    Reset,
+    /// `/exit`, `/quit` or `/bye`: leave.
+    Exit,
+    /// `/save FILE`: write the conversation as JSON.
+    Save(PathBuf),
+    /// `/load FILE`: replace the conversation by one saved with `/save`.
+    Load(PathBuf),
+    /// A command used wrongly or unknown: the message to show.
+    Invalid(String),
+}
+
+/// The text of `/help`.
+pub const HELP: &str = "\
+commands:
+  /help             this list
+  /reset            forget the conversation (the system prompt stays)
+  /save FILE        write the conversation to FILE as JSON (OpenAI's messages)
+  /load FILE        continue a conversation written by /save
+  /exit             leave (also /quit, /bye, Ctrl-D)
+  //TEXT            send /TEXT to the model
+keys: a line that ends in \\ continues on the next; up and down recall earlier messages; Ctrl-C stops a reply, and at \
+an empty prompt asks to leave (Ctrl-C again leaves)";
+
+/// Reads what an input line (already trimmed) asks for.
+pub fn parse(line: &str) -> Command {
+    if let Some(text) = line.strip_prefix("//") {
+        return Command::Send(format!("/{text}"));
+    }
+    let Some(rest) = line.strip_prefix('/') else { return Command::Send(line.to_string()) };
+    let (name, arg) = match rest.split_once(char::is_whitespace) {
+        Some((n, a)) => (n, a.trim()),
+        None => (rest, ""),
+    };
+    let no_arg = |c: Command| if arg.is_empty() { c } else { Command::Invalid(format!("/{name} takes no argument")) };
+    let file = |c: fn(PathBuf) -> Command| {
+        if arg.is_empty() {
+            Command::Invalid(format!("/{name} needs a file name: /{name} FILE"))
+        } else {
+            c(PathBuf::from(arg))
+        }
+    };
+    match name {
+        "help" | "?" => no_arg(Command::Help),
+        "reset" | "clear" => no_arg(Command::Reset),
+        "exit" | "quit" | "bye" => no_arg(Command::Exit),
+        "save" => file(Command::Save),
+        "load" => file(Command::Load),
+        _ => Command::Invalid(format!(
+            "unknown command /{name} (/help lists the commands; start the line with // to send it as it is)"
+        )),
+    }
+}
+
+/// One message of a conversation file.
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileMessage {
+    role: String,
+    content: String,
+}
+
+/// Writes `messages` to `path` as a JSON array.
+///
+/// # Errors
+/// The file cannot be written (named with the path).
+pub fn save(path: &Path, messages: &[Message]) -> CliResult {
+    let list: Vec<FileMessage> =
+        messages.iter().map(|m| FileMessage { role: m.role.as_str().into(), content: m.content.clone() }).collect();
+    let mut text = serde_json::to_string_pretty(&list)?;
+    text.push('\n');
+    std::fs::write(path, text).map_err(|e| format!("/save: cannot write {}: {e}", path.display()))?;
+    Ok(())
+}
+
+/// Reads a conversation written by [`save`] from `path`, of at most `limit`
+/// bytes.
+///
+/// # Errors
+/// A file that cannot be read, is longer than `limit`, is not such a JSON
+/// array, or has a role other than system, user and assistant (or a system
+/// message after the first).
+pub fn load(path: &Path, limit: usize) -> CliResult<Vec<Message>> {
+    let what = path.display();
+    let len = std::fs::metadata(path).map_err(|e| format!("/load: cannot read {what}: {e}"))?.len();
+    if len > limit as u64 {
+        return Err(format!("/load: {what} has {len} bytes, more than the context can hold ({limit})").into());
+    }
+    let text = std::fs::read_to_string(path).map_err(|e| format!("/load: cannot read {what}: {e}"))?;
+    let list: Vec<FileMessage> = serde_json::from_str(&text).map_err(|e| {
+        format!("/load: {what} is not a conversation (a JSON array of {{\"role\", \"content\"}} objects): {e}")
+    })?;
+    list.into_iter()
+        .enumerate()
+        .map(|(i, m)| {
+            let role = match m.role.as_str() {
+                "system" if i == 0 => Role::System,
+                "system" => {
+                    return Err(format!("/load: {what}: message {} is a system message; only the first may be", i + 1))
+                }
+                "user" => Role::User,
+                "assistant" => Role::Assistant,
+                r => {
+                    return Err(format!("/load: {what}: message {} has role '{r}' (system, user or assistant)", i + 1))
+                }
+            };
+            Ok(Message::new(role, m.content))
+        })
+        .collect::<Result<_, String>>()
+        .map_err(Into::into)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn commands_are_read_and_the_rest_is_sent() {
+        assert_eq!(parse("/help"), Command::Help);
+        assert_eq!(parse("/exit"), Command::Exit);
+        assert_eq!(parse("/bye"), Command::Exit);
+        assert_eq!(parse("/reset"), Command::Reset);
+        assert_eq!(parse("/save  chat.json"), Command::Save("chat.json".into()));
+        assert_eq!(parse("/load a b.json"), Command::Load("a b.json".into()));
+        assert_eq!(parse("hello /help"), Command::Send("hello /help".into()));
+        assert_eq!(parse("//help"), Command::Send("/help".into()));
+        assert!(matches!(parse("/save"), Command::Invalid(m) if m.contains("needs a file name")));
+        assert!(matches!(parse("/exit now"), Command::Invalid(m) if m.contains("takes no argument")));
+        assert!(matches!(parse("/frobnicate"), Command::Invalid(m) if m.starts_with("unknown command /frobnicate")));
+    }
+
+    #[test]
+    fn a_saved_conversation_loads_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.json");
+        let messages = vec![Message::system("be brief"), Message::user("hi \"there\"\n"), Message::assistant("Hello.")];
+        save(&path, &messages).unwrap();
+        assert_eq!(load(&path, 1 << 20).unwrap(), messages);
+        let e = load(&path, 10).unwrap_err().to_string();
+        assert!(e.contains("more than the context can hold"), "{e}");
+        std::fs::write(&path, r#"[{"role": "tool", "content": "x"}]"#).unwrap();
+        assert!(load(&path, 1 << 20).unwrap_err().to_string().contains("role 'tool'"));
+        std::fs::write(&path, r#"{"messages": []}"#).unwrap();
+        assert!(load(&path, 1 << 20).unwrap_err().to_string().contains("is not a conversation"));
+        assert!(load(&dir.path().join("none.json"), 1 << 20)
+            .unwrap_err()
+            .to_string()
+            .starts_with("/load: cannot read"));
+    }
+}

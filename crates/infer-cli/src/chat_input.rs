@@ -1,0 +1,275 @@
+//! The input of `infer chat`: a line editor on a terminal, plain line reads
+//! otherwise.
+//!
+//! On a terminal (standard input and output both) lines are read with
+//! rustyline: arrow keys move in the line, up and down walk the history of
+//! this session, and Ctrl-C and Ctrl-D arrive as keys (the terminal is in
+//! raw mode while a line is edited, so Ctrl-C is no signal there). From a
+//! pipe or a file, lines are read as they are, at most [`ChatInput`]'s
+//! byte limit each (a longer one is skipped unread to its end).
+//!
+//! Either way, a line that ends in a backslash continues on the next one
+//! (llama.cpp's multi-line input): the backslash is dropped and the lines
+//! are joined with a newline.
+
+use std::io::{BufRead, IsTerminal, Write};
+
+use rustyline::error::ReadlineError;
+use rustyline::DefaultEditor;
+
+use crate::output::Out;
+
+/// The prompt of a new message.
+pub const PROMPT: &str = "> ";
+/// The prompt of a continuation line (after a line that ends in `\`).
+pub const CONTINUATION: &str = "... ";
+
+/// What one read gave.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Input {
+    /// A message or a command: its lines, joined with newlines, without the
+    /// continuation backslashes and the final newline.
+    Text(String),
+    /// Ctrl-C at the prompt (a terminal only); what was typed is dropped.
+    Interrupted,
+    /// Ctrl-D on an empty line, or the end of the input.
+    End,
+    /// A message that cannot be sent, and why (longer than the limit, not
+    /// UTF-8); the session goes on.
+    Refused(String),
+}
+
+/// Where the lines come from.
+enum Source {
+    /// A terminal: rustyline, with this session's history.
+    Editor(Box<DefaultEditor>),
+    /// A pipe or a file.
+    Plain(std::io::StdinLock<'static>),
+}
+
+/// The input of a chat session ([`ChatInput::read`] gives one message at a
+/// time).
+pub struct ChatInput {
+    source: Source,
+    /// The most bytes of one message.
+    limit: usize,
+}
+
+impl ChatInput {
+    /// The line editor when standard input and output are a terminal
+    /// (plain reads when it cannot be set up, with a warning), else plain
+    /// reads of standard input; messages of more than `limit` bytes are
+    /// refused.
+    pub fn new(limit: usize) -> ChatInput {
+        let plain = || Source::Plain(std::io::stdin().lock());
+        let source = if std::io::stdin().is_terminal() && std::io::stdout().is_terminal() {
+            match DefaultEditor::new() {
+                Ok(editor) => Source::Editor(Box::new(editor)),
+                Err(e) => {
+                    eprintln!("warning: no line editor ({e}); reading plain lines");
+                    plain()
+                }
+            }
+        } else {
+            plain()
+        };
+        ChatInput { source, limit }
+    }
+
+    /// Whether lines come from the line editor (a terminal).
+    pub fn is_terminal(&self) -> bool {
+        matches!(self.source, Source::Editor(_))
+    }
+
+    /// Reads one message, with its continuation lines. Plain reads write
+    /// the prompts to `out`; the editor writes its own.
+    ///
+    /// # Errors
+    /// A failed read of standard input (`reading the input: ...`) or write
+    /// of the prompt (naming standard output).
+    pub fn read(&mut self, out: &mut Out) -> std::io::Result<Input> {
+        let mut text = String::new();
+        let mut prompt = PROMPT;
+        loop {
+            out.flush()?;
+            let line = match self.read_line(prompt, out)? {
+                Line::Text(line) => line,
+                Line::Interrupted => return Ok(Input::Interrupted),
+                // The end of the input in the middle of a message sends
+                // what there is.
+                Line::End if !text.is_empty() => return Ok(self.finish(text)),
+                Line::End => return Ok(Input::End),
+                Line::Refused(why) => return Ok(Input::Refused(why)),
+            };
+            if text.len() + line.len() > self.limit {
+                if let Source::Plain(input) = &mut self.source {
+                    // The rest of the message is not read.
+                    skip_continuations(input, &line)?;
+                }
+                return Ok(Input::Refused(self.too_long()));
+            }
+            match line.strip_suffix('\\') {
+                Some(head) => {
+                    text.push_str(head);
+                    text.push('\n');
+                    prompt = CONTINUATION;
+                }
+                None => {
+                    text.push_str(&line);
+                    return Ok(self.finish(text));
+                }
+            }
+        }
+    }
+
+    /// A whole message: kept in the editor's history.
+    fn finish(&mut self, text: String) -> Input {
+        if let Source::Editor(editor) = &mut self.source {
+            if !text.trim().is_empty() {
+                // A history entry that cannot be added only loses recall.
+                let _ = editor.add_history_entry(text.as_str());
+            }
+        }
+        Input::Text(text)
+    }
+
+    fn too_long(&self) -> String {
+        format!("that message has more than {} bytes, more than the context can hold", self.limit)
+    }
+
+    /// One line, without its newline.
+    fn read_line(&mut self, prompt: &str, out: &mut Out) -> std::io::Result<Line> {
+        let limit = self.limit;
+        match &mut self.source {
+            Source::Editor(editor) => match editor.readline(prompt) {
+                Ok(line) => Ok(Line::Text(line)),
+                Err(ReadlineError::Interrupted) => Ok(Line::Interrupted),
+                Err(ReadlineError::Eof) => Ok(Line::End),
+                Err(ReadlineError::Io(e)) => Err(reading(e)),
+                Err(e) => Err(reading(std::io::Error::other(e))),
+            },
+            Source::Plain(input) => {
+                write!(out, "{prompt}")?;
+                out.flush()?;
+                match read_line_at_most(input, limit).map_err(reading)? {
+                    PlainLine::End => Ok(Line::End),
+                    PlainLine::TooLong => Ok(Line::Refused(format!(
+                        "that line has more than {limit} bytes, more than the context can hold"
+                    ))),
+                    PlainLine::Text(bytes) => match String::from_utf8(bytes) {
+                        Ok(s) => Ok(Line::Text(s)),
+                        Err(_) => Ok(Line::Refused("that line is not valid UTF-8".into())),
+                    },
+                }
+            }
+        }
+    }
+}
+
+/// A failed read of the input, kind kept, saying so (a failed write of the
+/// prompt already names standard output).
+fn reading(e: std::io::Error) -> std::io::Error {
+    std::io::Error::new(e.kind(), format!("reading the input: {e}"))
+}
+
+/// One line as [`ChatInput::read_line`] gives it.
+enum Line {
+    Text(String),
+    Interrupted,
+    End,
+    Refused(String),
+}
+
+/// Skips the continuation lines of a refused message whose last line read
+/// was `line`: up to a line that does not end in a backslash.
+fn skip_continuations(input: &mut impl BufRead, line: &str) -> std::io::Result<()> {
+    let mut continued = line.ends_with('\\');
+    while continued {
+        let mut bytes = Vec::new();
+        if input.read_until(b'\n', &mut bytes)? == 0 {
+            break;
+        }
+        let body = bytes.strip_suffix(b"\n").unwrap_or(&bytes);
+        continued = body.strip_suffix(b"\r").unwrap_or(body).ends_with(b"\\");
+    }
+    Ok(())
+}
+
+/// A line of input, as [`read_line_at_most`] reads it.
+enum PlainLine {
+    /// The line's bytes, without its newline (`\n` or `\r\n`).
+    Text(Vec<u8>),
+    /// A line of more than the limit, skipped up to its newline.
+    TooLong,
+    /// The end of the input.
+    End,
+}
+
+/// Reads one line of at most `limit` bytes (without its newline); a longer
+/// one is read no further than that and skipped to its end, in chunks.
+fn read_line_at_most(input: &mut impl BufRead, limit: usize) -> std::io::Result<PlainLine> {
+    let mut bytes = Vec::new();
+    let n = std::io::Read::take(&mut *input, limit.saturating_add(2) as u64).read_until(b'\n', &mut bytes)?;
+    if n == 0 {
+        return Ok(PlainLine::End);
+    }
+    let ended = bytes.ends_with(b"\n");
+    let body = bytes.strip_suffix(b"\n").map_or(bytes.len(), |b| b.strip_suffix(b"\r").unwrap_or(b).len());
+    if body <= limit {
+        bytes.truncate(body);
+        return Ok(PlainLine::Text(bytes));
+    }
+    if !ended {
+        // Skip the rest of the line.
+        loop {
+            let buf = input.fill_buf()?;
+            if buf.is_empty() {
+                break;
+            }
+            match buf.iter().position(|&b| b == b'\n') {
+                Some(pos) => {
+                    input.consume(pos + 1);
+                    break;
+                }
+                None => {
+                    let len = buf.len();
+                    input.consume(len);
+                }
+            }
+        }
+    }
+    Ok(PlainLine::TooLong)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lines(input: &str, limit: usize) -> Vec<String> {
+        let mut r = std::io::Cursor::new(input.as_bytes().to_vec());
+        let mut got = Vec::new();
+        loop {
+            match read_line_at_most(&mut r, limit).unwrap() {
+                PlainLine::End => return got,
+                PlainLine::TooLong => got.push("<too long>".into()),
+                PlainLine::Text(b) => got.push(String::from_utf8(b).unwrap()),
+            }
+        }
+    }
+
+    #[test]
+    fn plain_lines_lose_their_newline_and_long_ones_are_skipped() {
+        assert_eq!(lines("ab\r\ncd\n\nlast", 4), ["ab", "cd", "", "last"]);
+        assert_eq!(lines("abcdefgh\nok\n", 4), ["<too long>", "ok"]);
+        assert_eq!(lines("abcd\n", 4), ["abcd"]);
+    }
+
+    #[test]
+    fn a_refused_message_skips_its_continuation_lines() {
+        let mut r = std::io::Cursor::new(b"two\\\nthree\nnext\n".to_vec());
+        skip_continuations(&mut r, "one\\").unwrap();
+        let mut rest = String::new();
+        std::io::Read::read_to_string(&mut r, &mut rest).unwrap();
+        assert_eq!(rest, "next\n");
+    }
+}

@@ -1,0 +1,127 @@
+//! `infer chat` on a terminal, driven through a pseudo-terminal with the
+//! real SmolLM2 135M Instruct (fetched and cached by name on first use): the
+//! line editor's keys (arrows, history), multi-line input, commands handled
+//! locally, Ctrl-C at the prompt and during a reply, Ctrl-D.
+#![cfg(unix)]
+
+mod common;
+
+use std::process::Command;
+use std::time::Duration;
+
+use rexpect::process::WaitStatus;
+use rexpect::session::PtySession;
+
+/// The escape sequences a terminal sends for these keys.
+const LEFT: &str = "\x1b[D";
+const UP: &str = "\x1b[A";
+
+/// `infer chat` on a new pseudo-terminal, greedy, at most `n` tokens per
+/// reply, waiting (30 s at most per step) until its first prompt.
+fn chat_on_terminal(n: &str) -> PtySession {
+    infer_model::fetch::ensure_model("smollm2-135m").unwrap_or_else(|e| panic!("smollm2-135m: {e}"));
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_infer"));
+    cmd.args(["chat", "-m", "smollm2-135m", "--temp", "0", "-n", n, "-t", "2"]);
+    cmd.env("TERM", "xterm").env_remove("INFER_MODEL");
+    let mut p = rexpect::session::spawn_command(cmd, Some(60_000)).expect("spawn infer chat on a pty");
+    p.exp_string("/help lists the commands").expect("the session's hint");
+    p.exp_string("> ").expect("the first prompt");
+    p
+}
+
+/// Types `text` (sent at once, as a terminal sends a key's bytes).
+fn keys(p: &mut PtySession, text: &str) {
+    p.send(text).unwrap();
+    p.flush().unwrap();
+}
+
+/// Waits for the stats line that ends a reply and returns its stop reason.
+fn reply_stop(p: &mut PtySession) -> String {
+    let (_, stop) = p.exp_regex(r"tokens/s; [a-z -]+\]").expect("a reply's stats line");
+    p.exp_string("> ").expect("the prompt after the reply");
+    stop
+}
+
+/// Saves the conversation through `/save` and returns its messages as
+/// (role, content) pairs.
+fn saved(p: &mut PtySession, dir: &std::path::Path) -> Vec<(String, String)> {
+    let file = dir.join("conversation.json");
+    p.send_line(&format!("/save {}", file.display())).unwrap();
+    p.exp_string("saved to").expect("the /save confirmation");
+    p.exp_string("> ").unwrap();
+    let text = std::fs::read_to_string(&file).expect("the saved conversation");
+    let list: Vec<serde_json::Value> = serde_json::from_str(&text).expect("a JSON array");
+    list.iter().map(|m| (m["role"].as_str().unwrap().to_string(), m["content"].as_str().unwrap().to_string())).collect()
+}
+
+/// The exit code of the session's process once it ends.
+fn exit_code(p: &PtySession) -> i32 {
+    match p.process().wait().expect("wait for infer chat") {
+        WaitStatus::Exited(_, code) => code,
+        other => panic!("infer chat ended with {other:?}"),
+    }
+}
+
+#[test]
+fn arrow_keys_edit_the_line_and_up_recalls_the_last_message() {
+    let dir = common::tmpdir();
+    let mut p = chat_on_terminal("24");
+    // A typo mended with the left arrow: the model gets the mended line.
+    keys(&mut p, "What is the capital of Frace?");
+    keys(&mut p, &LEFT.repeat(3));
+    keys(&mut p, "n\r");
+    reply_stop(&mut p);
+    // Up recalls it; Enter sends it again.
+    keys(&mut p, UP);
+    keys(&mut p, "\r");
+    reply_stop(&mut p);
+    let messages = saved(&mut p, dir.path());
+    let user: Vec<&str> = messages.iter().filter(|(r, _)| r == "user").map(|(_, c)| c.as_str()).collect();
+    assert_eq!(user, ["What is the capital of France?", "What is the capital of France?"], "{messages:?}");
+    p.send_line("/exit").unwrap();
+    p.exp_eof().unwrap();
+    assert_eq!(exit_code(&p), 0);
+}
+
+#[test]
+fn a_trailing_backslash_continues_the_message_and_commands_stay_local() {
+    let dir = common::tmpdir();
+    let mut p = chat_on_terminal("8");
+    p.send_line("/help").unwrap();
+    p.exp_string("/save FILE").expect("the command list");
+    p.exp_string("> ").unwrap();
+    p.send_line("/nonsense").unwrap();
+    p.exp_string("unknown command /nonsense").unwrap();
+    p.exp_string("> ").unwrap();
+    p.send_line("Say hello\\").unwrap();
+    p.exp_string("... ").expect("the continuation prompt");
+    p.send_line("in French.").unwrap();
+    reply_stop(&mut p);
+    let messages = saved(&mut p, dir.path());
+    // The commands were never sent; the two lines are one message.
+    assert_eq!(messages.len(), 2, "{messages:?}");
+    assert_eq!(messages[0], ("user".to_string(), "Say hello\nin French.".to_string()));
+    // Ctrl-D ends the session with the line ended.
+    p.send_control('d').unwrap();
+    let rest = p.exp_eof().unwrap();
+    assert!(rest.ends_with('\n'), "the output ends without a newline: {rest:?}");
+    assert_eq!(exit_code(&p), 0);
+}
+
+#[test]
+fn ctrl_c_stops_a_reply_then_asks_before_leaving() {
+    let mut p = chat_on_terminal("-1");
+    p.send_line("Write a very long story about a dragon who learns to cook, with many chapters.").unwrap();
+    // Some of the reply, then Ctrl-C: the reply stops, the session stays.
+    p.exp_string("chapters.").expect("the line's echo");
+    p.exp_regex(r"[A-Za-z]{3}").expect("the reply begins");
+    std::thread::sleep(Duration::from_millis(300));
+    p.send_control('c').unwrap();
+    assert_eq!(reply_stop(&mut p), "tokens/s; interrupted]");
+    // At the prompt the first Ctrl-C asks, the second leaves.
+    p.send_control('c').unwrap();
+    p.exp_string("Ctrl-C again").expect("the question");
+    p.send_control('c').unwrap();
+    p.exp_eof().unwrap();
+    assert_eq!(exit_code(&p), 0);
+}

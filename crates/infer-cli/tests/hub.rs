@@ -1,0 +1,147 @@
+//! `infer pull`, `-hf`, `infer models` and `infer rm` against a local server
+//! that serves a tiny GGUF the way the Hugging Face hub does (the hub
+//! itself cannot be reached from the test machines): the file listing, the
+//! quantization picked by name, redirected and ranged downloads, a dropped
+//! connection resumed, a wrong checksum and a 404.
+
+mod common;
+#[path = "common/hub_server.rs"]
+mod hub_server;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::Arc;
+
+use common::{assert_one_line_error, stderr, stdout, synth_tiny, tmpdir};
+use hub_server::{sha256_hex, Fault, HubServer};
+
+/// Runs `infer` with its cache in `cache` and the hub at `endpoint`.
+fn infer_hub(cache: &Path, endpoint: &str, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_infer"))
+        .args(args)
+        .env("INFER_CACHE_DIR", cache)
+        .env("HF_ENDPOINT", endpoint)
+        .env_remove("HF_TOKEN")
+        .env_remove("INFER_MODEL")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run infer")
+}
+
+/// A tiny real model (Llama architecture, random weights), as bytes.
+fn tiny_gguf() -> Arc<Vec<u8>> {
+    let dir = tmpdir();
+    let path = synth_tiny(dir.path(), "llama");
+    Arc::new(std::fs::read(path).expect("read the tiny model"))
+}
+
+/// Where `infer pull` puts `file` of `repo` in `cache`.
+fn cached(cache: &Path, repo: &str, file: &str) -> PathBuf {
+    cache.join("hf").join(repo).join(file)
+}
+
+#[test]
+fn pull_picks_q4_k_m_follows_the_redirect_and_checks_the_file() {
+    let gguf = tiny_gguf();
+    let hub = HubServer::start();
+    hub.add("owner/tiny-GGUF", "tiny-Q4_K_M.gguf", gguf.clone(), Fault::None);
+    hub.add("owner/tiny-GGUF", "tiny-Q8_0.gguf", Arc::new(b"GGUF other".to_vec()), Fault::None);
+    hub.add("owner/tiny-GGUF", "mmproj-tiny-Q4_K_M.gguf", Arc::new(b"GGUF projector".to_vec()), Fault::None);
+    let cache = tmpdir();
+    let o = infer_hub(cache.path(), &hub.url, &["pull", "owner/tiny-GGUF"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let path = cached(cache.path(), "owner/tiny-GGUF", "tiny-Q4_K_M.gguf");
+    assert_eq!(stdout(&o).trim(), path.display().to_string());
+    assert!(stderr(&o).contains("download:") && stderr(&o).contains("sha256 checked"), "{}", stderr(&o));
+    assert_eq!(sha256_hex(&std::fs::read(&path).unwrap()), sha256_hex(&gguf));
+    let paths: Vec<String> = hub.log().into_iter().map(|l| l.path).collect();
+    assert!(paths.contains(&"/api/models/owner/tiny-GGUF/tree/main".to_string()), "{paths:?}");
+    assert!(paths.contains(&"/owner/tiny-GGUF/resolve/main/tiny-Q4_K_M.gguf".to_string()), "{paths:?}");
+    assert!(paths.contains(&"/cdn/owner/tiny-GGUF/tiny-Q4_K_M.gguf".to_string()), "{paths:?}");
+    assert!(!paths.iter().any(|p| p.contains("Q8_0") || p.contains("mmproj")), "{paths:?}");
+
+    // Cached: `-hf` runs it without asking the hub (here: a closed port).
+    let offline = "http://127.0.0.1:9";
+    let o = infer_hub(
+        cache.path(),
+        offline,
+        &["run", "-hf", "owner/tiny-GGUF:q4_k_m", "-n", "3", "--temp", "0", "--ignore-eos", "-p", "Hi"],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stderr(&o).contains("decode:   3 tokens"), "{}", stderr(&o));
+    // So does -m with the same reference, and `infer models` lists it.
+    let o = infer_hub(cache.path(), offline, &["info", "-m", "owner/tiny-GGUF"]);
+    assert!(o.status.success() && stdout(&o).contains("llama"), "{}", stderr(&o));
+    let o = infer_hub(cache.path(), offline, &["models"]);
+    assert!(stdout(&o).contains("owner/tiny-GGUF  tiny-Q4_K_M.gguf"), "{}", stdout(&o));
+
+    // Another quantization is fetched by name; `rm` removes one, then all.
+    let o = infer_hub(cache.path(), &hub.url, &["pull", "hf.co/owner/tiny-GGUF:Q8_0"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = infer_hub(cache.path(), offline, &["rm", "owner/tiny-GGUF:Q4_K_M"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(!path.exists() && cached(cache.path(), "owner/tiny-GGUF", "tiny-Q8_0.gguf").exists());
+    let o = infer_hub(cache.path(), offline, &["rm", "owner/tiny-GGUF"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = infer_hub(cache.path(), offline, &["models"]);
+    assert!(!stdout(&o).contains("owner/tiny-GGUF"), "{}", stdout(&o));
+    let o = infer_hub(cache.path(), offline, &["rm", "owner/tiny-GGUF"]);
+    assert_one_line_error(&o, "is not in the cache");
+}
+
+#[test]
+fn a_partial_file_and_a_dropped_connection_are_resumed_with_ranges() {
+    let gguf = Arc::new((0..300_000u32).map(|i| (i * 7 % 251) as u8).collect::<Vec<u8>>());
+    let hub = HubServer::start();
+    hub.add("owner/big", "big-Q4_K_M.gguf", gguf.clone(), Fault::DropOnce);
+    hub.add("owner/part", "part-Q4_K_M.gguf", gguf.clone(), Fault::None);
+    let cache = tmpdir();
+
+    // The connection drops halfway: the download goes on from there.
+    let o = infer_hub(cache.path(), &hub.url, &["pull", "owner/big"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let path = cached(cache.path(), "owner/big", "big-Q4_K_M.gguf");
+    assert_eq!(std::fs::read(&path).unwrap(), *gguf);
+    let cdn: Vec<Option<String>> =
+        hub.log().into_iter().filter(|l| l.path.starts_with("/cdn/owner/big/")).map(|l| l.range).collect();
+    assert_eq!(cdn, [None, Some(format!("bytes={}-", gguf.len() / 2))], "the second request resumes at the half");
+
+    // A partial file left by an earlier run is continued, not started over.
+    let dest = cached(cache.path(), "owner/part", "part-Q4_K_M.gguf");
+    std::fs::create_dir_all(dest.parent().unwrap()).unwrap();
+    std::fs::write(format!("{}.partial", dest.display()), &gguf[..100_000]).unwrap();
+    let o = infer_hub(cache.path(), &hub.url, &["pull", "owner/part:Q4_K_M"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stderr(&o).contains("resumed at 0.1 MB"), "{}", stderr(&o));
+    assert_eq!(std::fs::read(&dest).unwrap(), *gguf);
+    let ranges: Vec<Option<String>> =
+        hub.log().into_iter().filter(|l| l.path.starts_with("/cdn/owner/part/")).map(|l| l.range).collect();
+    assert_eq!(ranges, [Some("bytes=100000-".to_string())]);
+}
+
+#[test]
+fn a_wrong_checksum_a_missing_repository_and_a_missing_quantization_are_one_line_errors() {
+    let hub = HubServer::start();
+    hub.add("owner/liar", "liar-Q4_K_M.gguf", Arc::new(b"GGUF not what the listing says".to_vec()), Fault::WrongSha);
+    hub.add("owner/q8", "q8-Q8_0.gguf", Arc::new(b"GGUF".to_vec()), Fault::None);
+    hub.add("owner/q8", "q8-Q6_K.gguf", Arc::new(b"GGUF".to_vec()), Fault::None);
+    let cache = tmpdir();
+
+    let o = infer_hub(cache.path(), &hub.url, &["pull", "owner/liar"]);
+    assert_one_line_error(&o, "is not the one the hub lists");
+    let dest = cached(cache.path(), "owner/liar", "liar-Q4_K_M.gguf");
+    assert!(!dest.exists() && !Path::new(&format!("{}.partial", dest.display())).exists(), "the bad file stays");
+
+    let o = infer_hub(cache.path(), &hub.url, &["pull", "owner/nothing"]);
+    assert_one_line_error(&o, "not found (404)");
+    let o = infer_hub(cache.path(), &hub.url, &["run", "-hf", "owner/q8", "-p", "x"]);
+    assert_one_line_error(&o, "no GGUF file of quantization Q4_K_M");
+    // -m names a file first: one that does not exist is then asked of the hub.
+    let o = infer_hub(cache.path(), &hub.url, &["info", "-m", "owner/nothing"]);
+    assert_one_line_error(&o, "no model file owner/nothing; as a Hugging Face model: ");
+    let o = infer_hub(cache.path(), &hub.url, &["pull", "not a repo"]);
+    assert_one_line_error(&o, "is not a Hugging Face model");
+    // Nothing listens there: the error names the address.
+    let o = infer_hub(cache.path(), "http://127.0.0.1:9", &["pull", "owner/q8:Q8_0"]);
+    assert_one_line_error(&o, "127.0.0.1:9");
+}
