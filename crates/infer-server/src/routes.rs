@@ -65,7 +65,10 @@ pub fn router(state: AppState, api_key: Option<Arc<str>>, max_body: usize) -> Ro
 }
 
 /// A request whose declared `Content-Length` passes `max` bytes is refused
-/// at once (413), instead of waiting for a body it will refuse anyway.
+/// at once (413), instead of waiting for a body it will refuse anyway. The
+/// unread body makes the connection unusable for a next request, so the
+/// answer says `Connection: close`: a client's pool would otherwise send
+/// its next request on a connection the server is closing.
 async fn declared_size(
     State(max): State<usize>,
     req: axum::extract::Request,
@@ -74,7 +77,9 @@ async fn declared_size(
     let declared = req.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
     if declared.is_some_and(|n| n > max as u64) {
         let message = "the request body is larger than the server's limit (--max-body)".to_string();
-        return ApiError { status: StatusCode::PAYLOAD_TOO_LARGE, ..ApiError::bad_request(message) }.into_response();
+        let mut r = ApiError { status: StatusCode::PAYLOAD_TOO_LARGE, ..ApiError::bad_request(message) }.into_response();
+        r.headers_mut().insert(header::CONNECTION, header::HeaderValue::from_static("close"));
+        return r;
     }
     next.run(req).await
 }
