@@ -170,23 +170,26 @@ pub fn chat(a: ChatArgs) -> CliResult {
         }
         messages.push(Message::user(text));
         let rendered = template.render(&messages, true)?;
-        // Past the byte limit the conversation cannot fit: not tokenized.
-        let n_ids =
-            if rendered.len() > limit { None } else { Some(ChatTemplate::encode_rendered(&tokenizer, &rendered)) };
-        let ids = match n_ids {
-            Some(ids) if ids.len() < n_ctx => ids,
-            _ => {
-                let took = n_ids.as_ref().map_or(format!("more than {n_ctx}"), |ids| ids.len().to_string());
+        // Past the byte limit the conversation cannot fit: not tokenized;
+        // else tokenized only until it is known not to fit.
+        let ids = if rendered.len() > limit {
+            None
+        } else {
+            ChatTemplate::encode_rendered_at_most(&tokenizer, &rendered, n_ctx.saturating_sub(1))
+        };
+        let ids = match ids {
+            Some(ids) => ids,
+            None => {
                 messages.pop();
                 if messages.len() == system.len() {
                     // Nothing to forget: /reset cannot help.
                     eprintln!(
-                        "this message would take {took} of the {n_ctx} context positions on its own; it was not sent \
+                        "this message would take all of the {n_ctx} context positions on its own; it was not sent \
                          (shorten it or raise --ctx-size)"
                     );
                 } else {
                     eprintln!(
-                        "the conversation would take {took} of the {n_ctx} context positions; /reset to start over \
+                        "the conversation would take all of the {n_ctx} context positions; /reset to start over \
                          (or raise --ctx-size)"
                     );
                 }
@@ -248,22 +251,19 @@ fn check_system_prompt(
     n_ctx: usize,
     limit: usize,
 ) -> CliResult {
-    let too_long = |took: String| {
+    let too_long = || {
         format!(
-            "the system prompt takes {took} of the {n_ctx} context positions, leaving none for the conversation \
+            "the system prompt takes all of the {n_ctx} context positions, leaving none for the conversation \
              (shorten --system or raise --ctx-size)"
         )
     };
     if system.len() > limit {
-        return Err(too_long(format!("more than {n_ctx}")).into());
+        return Err(too_long().into());
     }
     let Ok(text) = template.render(&[Message::system(system), Message::user("")], true) else { return Ok(()) };
-    if text.len() > limit {
-        return Err(too_long(format!("more than {n_ctx}")).into());
-    }
-    let n = ChatTemplate::encode_rendered(tokenizer, &text).len();
-    if n >= n_ctx {
-        return Err(too_long(n.to_string()).into());
+    if text.len() > limit || ChatTemplate::encode_rendered_at_most(tokenizer, &text, n_ctx.saturating_sub(1)).is_none()
+    {
+        return Err(too_long().into());
     }
     Ok(())
 }
