@@ -16,7 +16,21 @@
 //! [`infer_model::reference::DECISIVE_MARGIN`]: does each quantized pass
 //! pick that top-1? And over llama.cpp's top-20 ids at every position, the
 //! mean |Δlogit| of each from the F32 pass.
+//!
+//! Measured on the stored cases (AVX2, 2026-12-02): Gemma 3 270M, 173
+//! decisive positions, both 172 (99.4%), mean |Δ| ours 0.231, llama.cpp
+//! 0.222; SmolLM2 135M (packed Q4_1), 191 positions, both 189 (99.0%),
+//! mean |Δ| ours 0.157, llama.cpp 0.159; four SmolLM2 prompts outside
+//! `testdata/` (a story, a chat turn, a short fact, code; llama.cpp's logits from
+//! `bench/llama-logits`, `INFER_TESTDATA` pointing at them), 252 positions,
+//! ours 249 (98.8%), llama.cpp 251 (99.6%), mean |Δ| ours 0.163, llama.cpp
+//! 0.159. Neither pass is closer to the F32 pass than the other: where they disagree with each other (the top-1
+//! bound of `model_logits.rs` against llama.cpp), each is about as far from
+//! the F32 pass, so the bound that says what our quantized path computes is
+//! this one, against the F32 pass.
 
+// The shared helpers; this test uses a few of them.
+#[allow(dead_code)]
 mod real_refs;
 
 use infer_compute::cpu::{CpuBackend, Kernels, Precision};
@@ -128,4 +142,9 @@ fn our_quantized_path_is_as_close_to_the_f32_pass_as_llama_cpps() {
     }
     println!("all: {}", all.line());
     assert!(all.decisive > 0, "no decisive positions compared");
+    // The bound against the F32 pass: the top-1 at 97% of its decisive
+    // positions, and within one point of llama.cpp's own quantized run.
+    let rate = |n: usize| n as f64 / all.decisive as f64;
+    assert!(rate(all.ours_agree) >= 0.97, "{}", all.line());
+    assert!(rate(all.ours_agree) + 0.01 >= rate(all.llama_agree), "{}", all.line());
 }
