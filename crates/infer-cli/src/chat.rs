@@ -268,9 +268,14 @@ fn fit_conversation(
     let mut dropped = 0;
     loop {
         let rendered = template.render(messages, true)?;
-        // Past the byte limit the conversation cannot fit: not tokenized.
-        let ids = (rendered.len() <= limit).then(|| ChatTemplate::encode_rendered(tokenizer, &rendered));
-        let fits = ids.as_ref().is_some_and(|ids| ids.len() < n_ctx);
+        // Past the byte limit the conversation cannot fit: not tokenized;
+        // else tokenized only until it is known not to fit.
+        let ids = if rendered.len() > limit {
+            None
+        } else {
+            ChatTemplate::encode_rendered_at_most(tokenizer, &rendered, n_ctx.saturating_sub(1))
+        };
+        let fits = ids.is_some();
         let roomy = ids.as_ref().is_some_and(|ids| ids.len() <= n_ctx / 2);
         // The new turn alone is always kept.
         let can_drop = shift && messages.len() > n_system + 1;
@@ -283,18 +288,17 @@ fn fit_conversation(
                 messages.drain(n_system..n_system + n);
                 dropped += n;
             }
-            ids => {
-                let took = ids.as_ref().map_or(format!("more than {n_ctx}"), |ids| ids.len().to_string());
+            _ => {
                 messages.pop();
                 if messages.len() == n_system {
                     // Nothing to forget: /reset cannot help.
                     eprintln!(
-                        "this message would take {took} of the {n_ctx} context positions on its own; it was not sent \
+                        "this message would take all of the {n_ctx} context positions on its own; it was not sent \
                          (shorten it or raise --ctx-size)"
                     );
                 } else {
                     eprintln!(
-                        "the conversation would take {took} of the {n_ctx} context positions; /reset to start over \
+                        "the conversation would take all of the {n_ctx} context positions; /reset to start over \
                          (or raise --ctx-size)"
                     );
                 }
@@ -388,22 +392,19 @@ fn check_system_prompt(
     n_ctx: usize,
     limit: usize,
 ) -> CliResult {
-    let too_long = |took: String| {
+    let too_long = || {
         format!(
-            "the system prompt takes {took} of the {n_ctx} context positions, leaving none for the conversation \
+            "the system prompt takes all of the {n_ctx} context positions, leaving none for the conversation \
              (shorten --system or raise --ctx-size)"
         )
     };
     if system.len() > limit {
-        return Err(too_long(format!("more than {n_ctx}")).into());
+        return Err(too_long().into());
     }
     let Ok(text) = template.render(&[Message::system(system), Message::user("")], true) else { return Ok(()) };
-    if text.len() > limit {
-        return Err(too_long(format!("more than {n_ctx}")).into());
-    }
-    let n = ChatTemplate::encode_rendered(tokenizer, &text).len();
-    if n >= n_ctx {
-        return Err(too_long(n.to_string()).into());
+    if text.len() > limit || ChatTemplate::encode_rendered_at_most(tokenizer, &text, n_ctx.saturating_sub(1)).is_none()
+    {
+        return Err(too_long().into());
     }
     Ok(())
 }

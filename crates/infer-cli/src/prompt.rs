@@ -4,11 +4,11 @@
 //! file, or no prompt at all while standard input is not a terminal).
 //!
 //! A prompt is read only as far as the context can hold it
-//! ([`byte_limit`]): a longer file or standard input is refused after that
-//! many bytes, before anything is tokenized, so that its size costs neither
-//! memory nor time.
+//! ([`byte_limit`], [`infer_model::prompt`]): a longer file or standard
+//! input is refused after that many bytes, before anything is tokenized, so
+//! that its size costs neither memory nor time.
 
-use std::io::{IsTerminal, Read};
+use std::io::IsTerminal;
 use std::path::PathBuf;
 
 use clap::Args;
@@ -32,18 +32,7 @@ pub struct PromptArgs {
     pub words: Vec<String>,
 }
 
-/// Bytes of prompt per context position beyond which a prompt cannot fit:
-/// a token covers at most as many bytes of text as its own text has, and
-/// text averages 3 to 5 bytes per token; 64 leaves room for vocabularies of
-/// long tokens (runs of spaces, code) while a refused prompt costs at most
-/// this many bytes per position to read.
-pub const BYTES_PER_POSITION: usize = 64;
-
-/// The most bytes of prompt text read for a context of `n_ctx` positions:
-/// [`BYTES_PER_POSITION`] per position and 4 KiB more.
-pub fn byte_limit(n_ctx: usize) -> usize {
-    n_ctx.saturating_mul(BYTES_PER_POSITION).saturating_add(4096)
-}
+pub use infer_model::prompt::{byte_limit, BYTES_PER_POSITION};
 
 /// The error for a prompt of more than `limit` bytes: longer than the
 /// context of `n_ctx` positions can hold.
@@ -113,12 +102,12 @@ impl PromptSource {
             PromptSource::File(f) => {
                 let file =
                     std::fs::File::open(&f).map_err(|e| format!("cannot read the prompt file {}: {e}", f.display()))?;
-                let bytes = read_at_most(file, limit)
+                let bytes = infer_model::prompt::read_at_most(file, limit)
                     .map_err(|e| format!("cannot read the prompt file {}: {e}", f.display()))?;
                 (bytes, format!("the prompt file {}", f.display()))
             }
             PromptSource::Stdin => {
-                let bytes = read_at_most(std::io::stdin().lock(), limit)
+                let bytes = infer_model::prompt::read_at_most(std::io::stdin().lock(), limit)
                     .map_err(|e| format!("cannot read the prompt from standard input: {e}"))?;
                 (bytes, "the prompt on standard input".to_owned())
             }
@@ -127,21 +116,6 @@ impl PromptSource {
         let text = String::from_utf8(bytes).map_err(|e| format!("{what} is not UTF-8 text: {e}"))?;
         Ok(drop_final_newline(text))
     }
-}
-
-/// Everything `r` holds when it is at most `limit` bytes without one final
-/// newline (which is dropped), else `None` after reading at most
-/// `limit + 3` bytes.
-fn read_at_most(r: impl Read, limit: usize) -> std::io::Result<Option<Vec<u8>>> {
-    let cap = limit.saturating_add(3);
-    let mut bytes = Vec::new();
-    r.take(cap as u64).read_to_end(&mut bytes)?;
-    if bytes.len() >= cap {
-        // More than `limit` bytes even without a final "\r\n".
-        return Ok(None);
-    }
-    let newline = if bytes.ends_with(b"\r\n") { 2 } else { usize::from(bytes.ends_with(b"\n")) };
-    Ok((bytes.len() - newline <= limit).then_some(bytes))
 }
 
 /// `echo hello | infer run` gives `hello`, not `hello\n`.

@@ -161,19 +161,20 @@ pub fn run(a: RunArgs) -> CliResult {
             if text.len() > limit {
                 return Err(crate::prompt::too_long(n_ctx, limit).into());
             }
-            ChatTemplate::encode_rendered(&tokenizer, &text)
+            ChatTemplate::encode_rendered_at_most(&tokenizer, &text, n_ctx.saturating_sub(1))
         } else {
-            tokenizer.encode(&prompt, true)
+            // Tokenized only until it is known not to fit.
+            tokenizer.encode_at_most(&prompt, true, true, n_ctx.saturating_sub(1))
         };
-        if ids.len() >= n_ctx {
+        let Some(ids) = ids else {
             return Err(format!(
-                "the prompt has {} token{}; a context of {n_ctx} position{} leaves no room to generate (raise --ctx-size or shorten the prompt)",
-                ids.len(),
-                if ids.len() == 1 { "" } else { "s" },
+                "the prompt has more than {} token{}; a context of {n_ctx} position{} leaves no room to generate (raise --ctx-size or shorten the prompt)",
+                n_ctx.saturating_sub(1),
+                if n_ctx == 2 { "" } else { "s" },
                 if n_ctx == 1 { "" } else { "s" }
             )
             .into());
-        }
+        };
         Ok((tokenizer, n_ctx, cfg, ids, prompt))
     })?;
     let Loaded { backend, spec, model, load_time, .. } = loaded;

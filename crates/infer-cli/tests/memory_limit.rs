@@ -379,3 +379,31 @@ fn a_prompt_longer_than_the_context_is_refused_unread() {
     let o = infer_limited(600_000, &["run", "--model", &model, "-c", "64", "-n", "2", "-t", "2", "hello there"]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
 }
+
+/// Issue 31 item 2b, the token bound: a prompt within the byte limit of a
+/// long context (64 MiB for 2^20 positions) but of more tokens than the
+/// context is refused after tokenizing about as much text as the context
+/// holds, under every limit of a sweep. Tokenized whole first (about 22
+/// bytes per byte of text, 1.4 GB here), it ended in SIGABRT under them.
+#[test]
+fn a_prompt_of_more_tokens_than_a_long_context_is_refused_under_memory_limits() {
+    let tmp = tmpdir();
+    let tiny = tiny_model(tmp.path(), None);
+    let n_ctx: u32 = 1 << 20;
+    let model = infer_model::gguf::GgufFile::open(&tiny).expect("open");
+    let mut w = GgufWriter::from_gguf(&model).expect("rewrite");
+    w.set_metadata("llama.context_length", n_ctx).unwrap();
+    let long = tmp.path().join("long-context.gguf");
+    w.write_to_path(&long).expect("write");
+    // Just under the byte limit of the context (64 bytes per position).
+    let text = tmp.path().join("words.txt");
+    let words = "hello world, this is some text ";
+    std::fs::write(&text, words.repeat(64 * n_ctx as usize / words.len())).unwrap();
+    let (model, text) = (long.to_str().unwrap(), text.to_str().unwrap());
+    for kib in [700_000, 1_000_000, 1_500_000] {
+        let t0 = std::time::Instant::now();
+        let o = infer_limited(kib, &["run", "--model", model, "-c", "0", "-n", "4", "-t", "2", "-f", text]);
+        assert_clean_error(&o, &["the prompt has more than 1048575 tokens", "a context of 1048576 positions"]);
+        assert!(t0.elapsed().as_secs() < 30, "{kib} KiB: {:?}", t0.elapsed());
+    }
+}

@@ -705,13 +705,21 @@ impl ChatTemplate {
     /// for a caller that checks the rendered text first (its length, before
     /// paying for tokenizing it).
     pub fn encode_rendered(tokenizer: &Tokenizer, text: &str) -> Vec<u32> {
-        let mut ids = tokenizer.encode(text, true);
+        ChatTemplate::encode_rendered_at_most(tokenizer, text, usize::MAX).unwrap_or_default()
+    }
+
+    /// [`ChatTemplate::encode_rendered`] for a render that must fit in
+    /// `max` tokens: `None` when it has more, found out without tokenizing
+    /// all of it ([`Tokenizer::encode_at_most`]).
+    pub fn encode_rendered_at_most(tokenizer: &Tokenizer, text: &str, max: usize) -> Option<Vec<u32>> {
+        // One more, for the BOS that may be dropped.
+        let mut ids = tokenizer.encode_at_most(text, true, true, max.saturating_add(1))?;
         if let (true, Some(bos)) = (tokenizer.add_bos(), tokenizer.bos_id()) {
             if ids.len() >= 2 && ids[0] == bos && ids[1] == bos {
                 ids.remove(0);
             }
         }
-        ids
+        (ids.len() <= max).then_some(ids)
     }
 }
 

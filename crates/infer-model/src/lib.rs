@@ -11,6 +11,7 @@ pub mod generate;
 pub mod gguf;
 mod memory;
 pub mod model;
+pub mod prompt;
 pub mod reference;
 pub mod sampling;
 pub mod sequence;

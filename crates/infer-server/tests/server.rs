@@ -201,6 +201,27 @@ async fn bad_requests_get_openai_errors_naming_the_field() {
     assert_eq!(r.json()["error"]["code"], "model_not_found");
     let r = c.post(COMPLETIONS, json!({"prompt": "x ".repeat(100)}).to_string()).await;
     assert_eq!(r.json()["error"]["code"], "context_length_exceeded");
+    // Past a slot's context, found before all of it is tokenized: a
+    // completion's string (within and past the byte limit of the context)
+    // and a chat's rendered messages.
+    for prompt in ["x ".repeat(2000), "x".repeat(20_000)] {
+        let r = c.post(COMPLETIONS, json!({"prompt": prompt}).to_string()).await;
+        assert_eq!(
+            (r.status, r.json()["error"]["code"].as_str()),
+            (400, Some("context_length_exceeded")),
+            "{}",
+            r.text
+        );
+        assert_eq!(r.json()["error"]["param"], "prompt", "{}", r.text);
+        let r = c.post(CHAT, chat_body(&prompt, 4).to_string()).await;
+        assert_eq!(
+            (r.status, r.json()["error"]["code"].as_str()),
+            (400, Some("context_length_exceeded")),
+            "{}",
+            r.text
+        );
+        assert_eq!(r.json()["error"]["param"], "messages", "{}", r.text);
+    }
     // Past the body limit: 413, still in OpenAI's shape.
     let r = c.post(COMPLETIONS, json!({"prompt": "x".repeat(100_000)}).to_string()).await;
     assert_eq!(r.status, 413, "{}", r.text);

@@ -20,6 +20,7 @@
 
 use std::cmp::Ordering;
 use std::collections::{BinaryHeap, HashMap};
+use std::ops::ControlFlow;
 
 use super::pretokenize::{PreTokenizer, Splitter};
 use super::vocab::{SpecialIds, Texts, TokenType, Vocab};
@@ -208,8 +209,7 @@ impl BpeModel {
 
 /// Scratch space for encoding, reused across words and fragments.
 #[derive(Default)]
-pub(crate) struct BpeSession<'t> {
-    words: Vec<&'t str>,
+pub(crate) struct BpeSession {
     mapped: String,
     symbols: Vec<Symbol>,
     queue: BinaryHeap<Candidate>,
@@ -251,20 +251,31 @@ impl Ord for Candidate {
     }
 }
 
-impl<'t> BpeSession<'t> {
+impl BpeSession {
     /// Appends the tokens of `text` (a fragment without special tokens) to
-    /// `out`.
+    /// `out`, word by word, stopping (with `Break`) after the first word
+    /// that takes `out` past `max` tokens: the rest of `text` is neither
+    /// split nor merged.
     ///
     /// A byte whose character is not a token (SmolLM2's vocabulary lacks a
     /// few control and non-UTF-8 bytes) is left out, as llama.cpp and
     /// Hugging Face `tokenizers` do: the model has no way to see it.
-    pub fn encode(&mut self, vocab: &Vocab, m: &BpeModel, text: &'t str, out: &mut Vec<u32>) {
-        self.words.clear();
-        m.splitter.split(text, &mut self.words);
-        for i in 0..self.words.len() {
-            let word = self.words[i];
+    pub fn encode(
+        &mut self,
+        vocab: &Vocab,
+        m: &BpeModel,
+        text: &str,
+        max: usize,
+        out: &mut Vec<u32>,
+    ) -> ControlFlow<()> {
+        m.splitter.each_word(text, &mut |word| {
             self.encode_word(vocab, m, word, out);
-        }
+            if out.len() > max {
+                ControlFlow::Break(())
+            } else {
+                ControlFlow::Continue(())
+            }
+        })
     }
 
     fn encode_word(&mut self, vocab: &Vocab, m: &BpeModel, word: &str, out: &mut Vec<u32>) {

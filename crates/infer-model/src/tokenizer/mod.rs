@@ -36,6 +36,8 @@ pub use pretokenize::PreTokenizer;
 pub use sentencepiece::SpmVocab;
 pub use vocab::TokenType;
 
+use std::ops::ControlFlow;
+
 use crate::gguf::GgufFile;
 use crate::{Error, Result};
 use bpe::{BpeModel, BpeSession};
@@ -348,42 +350,65 @@ impl Tokenizer {
     /// is none). Byte-level BPE: a byte whose character is not a token is
     /// left out (as llama.cpp does).
     pub fn encode_with(&self, text: &str, add_special: bool, parse_special: bool) -> Vec<u32> {
-        let mut out = Vec::with_capacity(text.len() / 2 + 2);
+        self.encode_at_most(text, add_special, parse_special, usize::MAX).unwrap_or_default()
+    }
+
+    /// [`Tokenizer::encode_with`] for a text that must fit in `max` tokens
+    /// (a context): `None` when it has more, found out without encoding all
+    /// of it. The text is encoded in order, each word (byte-level BPE) or
+    /// piece of a run of text (SentencePiece, cut before a space where the
+    /// vocabulary allows it, see [`sentencepiece`]) in turn, and encoding
+    /// stops at the first one past `max`; a text with more than `max`
+    /// special tokens is refused before anything is merged. The tokens of a
+    /// text that fits are exactly [`Tokenizer::encode_with`]'s.
+    ///
+    /// What is not bounded by `max`: finding the special tokens, which
+    /// scans the whole text (linear time, and a list of the runs between
+    /// them); and a SentencePiece run without spaces, or of a vocabulary
+    /// whose tokens join text to a following space, which is merged whole.
+    /// A caller bounds the text's length first ([`crate::prompt`]).
+    pub fn encode_at_most(&self, text: &str, add_special: bool, parse_special: bool, max: usize) -> Option<Vec<u32>> {
+        let mut out = Vec::new();
         if add_special && self.add_bos {
             out.extend(self.vocab.bos);
         }
         let frags = self.vocab.partition(text, parse_special);
-        match &self.model {
+        let specials = frags.iter().filter(|f| matches!(f, Fragment::Token(_))).count();
+        if out.len().saturating_add(specials) > max {
+            return None;
+        }
+        out.reserve(text.len().min(max.saturating_mul(8)) / 2 + 2);
+        let flow = match &self.model {
             Model::Spm(m) => {
                 let mut prev_special = true;
                 let mut session = SpmSession::default();
-                for frag in frags {
-                    match frag {
-                        Fragment::Text(s) => {
-                            session.encode(&self.vocab, m, s, m.add_space_prefix && prev_special, &mut out);
-                            prev_special = false;
-                        }
-                        Fragment::Token(id) => {
-                            out.push(id);
-                            prev_special = true;
-                        }
+                frags.into_iter().try_for_each(|frag| match frag {
+                    Fragment::Text(s) => {
+                        let prefix = m.add_space_prefix && prev_special;
+                        prev_special = false;
+                        session.encode(&self.vocab, m, s, prefix, max, &mut out)
                     }
-                }
+                    Fragment::Token(id) => {
+                        prev_special = true;
+                        push_within(&mut out, id, max)
+                    }
+                })
             }
             Model::Bpe(m) => {
                 let mut session = BpeSession::default();
-                for frag in frags {
-                    match frag {
-                        Fragment::Text(s) => session.encode(&self.vocab, m, s, &mut out),
-                        Fragment::Token(id) => out.push(id),
-                    }
-                }
+                frags.into_iter().try_for_each(|frag| match frag {
+                    Fragment::Text(s) => session.encode(&self.vocab, m, s, max, &mut out),
+                    Fragment::Token(id) => push_within(&mut out, id, max),
+                })
             }
+        };
+        if flow.is_break() {
+            return None;
         }
         if add_special && self.add_eos {
             out.extend(self.vocab.eos);
         }
-        out
+        (out.len() <= max).then_some(out)
     }
 
     /// Decodes `ids` to text, control tokens included (as their text, e.g.
@@ -420,5 +445,15 @@ impl Tokenizer {
     /// A streaming decoder (see [`Decoder`]).
     pub fn decoder(&self, skip_special: bool) -> Decoder<'_> {
         Decoder::new(self, skip_special)
+    }
+}
+
+/// Pushes `id`, breaking when `out` then has more than `max` tokens.
+fn push_within(out: &mut Vec<u32>, id: u32, max: usize) -> ControlFlow<()> {
+    out.push(id);
+    if out.len() > max {
+        ControlFlow::Break(())
+    } else {
+        ControlFlow::Continue(())
     }
 }

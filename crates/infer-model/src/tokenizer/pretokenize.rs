@@ -9,6 +9,8 @@
 //! lost. llama.cpp rewrites `(?i:'s|'t|...)` as `'[sS]|'[tT]|...`, which
 //! means the same; `(?!\S)` needs look-ahead, hence `fancy-regex`.
 
+use std::ops::ControlFlow;
+
 use fancy_regex::Regex;
 
 use crate::{Error, Result};
@@ -141,36 +143,40 @@ impl Splitter {
         Ok(Splitter { regexes })
     }
 
-    /// Appends the words of `text` to `words`, in order; their
-    /// concatenation is `text`.
+    /// Calls `f` with each word of `text`, in order, until it breaks (then
+    /// returns `Break`): each expression is applied to the pieces the
+    /// previous one left, one piece at a time, so that the words come as
+    /// they are found and none is kept. Their concatenation is `text`.
     ///
     /// Should an expression's matcher give up (fancy-regex limits how far
     /// it backtracks), the rest of that piece is kept as one word: the
     /// tokens then still spell the text, only split differently.
-    pub fn split<'t>(&self, text: &'t str, words: &mut Vec<&'t str>) {
-        let start = words.len();
-        words.push(text);
-        let mut next = Vec::new();
-        for re in &self.regexes {
-            next.clear();
-            for &piece in &words[start..] {
-                let mut pos = 0;
-                for m in re.find_iter(piece) {
-                    let Ok(m) = m else { break };
-                    if m.start() > pos {
-                        next.push(&piece[pos..m.start()]);
-                    }
-                    if m.end() > m.start() {
-                        next.push(m.as_str());
-                    }
-                    pos = m.end();
-                }
-                if pos < piece.len() {
-                    next.push(&piece[pos..]);
-                }
+    pub fn each_word<'t>(&self, text: &'t str, f: &mut dyn FnMut(&'t str) -> ControlFlow<()>) -> ControlFlow<()> {
+        self.split_at_level(0, text, f)
+    }
+
+    /// [`Splitter::each_word`] from expression `level` on.
+    fn split_at_level<'t>(
+        &self,
+        level: usize,
+        piece: &'t str,
+        f: &mut dyn FnMut(&'t str) -> ControlFlow<()>,
+    ) -> ControlFlow<()> {
+        let Some(re) = self.regexes.get(level) else { return f(piece) };
+        let mut pos = 0;
+        for m in re.find_iter(piece) {
+            let Ok(m) = m else { break };
+            if m.start() > pos {
+                self.split_at_level(level + 1, &piece[pos..m.start()], f)?;
             }
-            words.truncate(start);
-            words.extend_from_slice(&next);
+            if m.end() > m.start() {
+                self.split_at_level(level + 1, m.as_str(), f)?;
+            }
+            pos = m.end();
         }
+        if pos < piece.len() {
+            self.split_at_level(level + 1, &piece[pos..], f)?;
+        }
+        ControlFlow::Continue(())
     }
 }

@@ -17,6 +17,7 @@
 
 use std::cmp::Ordering;
 use std::collections::BinaryHeap;
+use std::ops::ControlFlow;
 
 use super::vocab::{SpecialIds, Texts, TokenType, Vocab};
 use crate::{memory, Error, Result};
@@ -63,6 +64,26 @@ pub(crate) struct SpmModel {
     /// The token for each byte value in byte fallback.
     byte_tokens: [Option<u32>; 256],
     pub add_space_prefix: bool,
+    /// Whether no token's text (but a user-defined token's, which merging
+    /// never makes) has a `▁` right after another character
+    /// ([`crosses_a_space`]): then no merge joins the text before a space to
+    /// the space, and a fragment can be encoded in pieces cut before its
+    /// spaces, each as the whole would encode it.
+    cut_at_spaces: bool,
+}
+
+/// Whether `piece` has a `▁` right after a character other than `▁`
+/// (`a▁b`, `a▁`): a token that, merged, would join a space to the text
+/// before it.
+fn crosses_a_space(piece: &str) -> bool {
+    let mut prev_other = false;
+    for c in piece.chars() {
+        if c == '\u{2581}' && prev_other {
+            return true;
+        }
+        prev_other = c != '\u{2581}';
+    }
+    false
 }
 
 /// Parses `<0xXX>` (either case of hex digit).
@@ -145,6 +166,11 @@ impl SpmModel {
             },
             byte_tokens,
             add_space_prefix: v.add_space_prefix.unwrap_or(true),
+            // A user-defined token is cut out of the text before merging
+            // (always, `Vocab::partition`): no merge makes one.
+            cut_at_spaces: !(0..vocab.len()).any(|i| {
+                vocab.token_type(i as u32) != Some(TokenType::UserDefined) && crosses_a_space(vocab.piece_at(i))
+            }),
         };
         Ok((vocab, model, v.add_bos.unwrap_or(true), v.add_eos.unwrap_or(false)))
     }
@@ -200,10 +226,46 @@ impl Ord for Candidate {
     }
 }
 
+/// The fewest bytes of a piece of a fragment encoded at once when the
+/// fragment may be cut ([`SpmSession::encode`]).
+const PIECE_BYTES: usize = 4096;
+
 impl SpmSession {
     /// Appends the tokens of `text` (a fragment without special tokens) to
-    /// `out`, with a `▁` in front when `space_prefix` is set.
-    pub fn encode(&mut self, vocab: &Vocab, m: &SpmModel, text: &str, space_prefix: bool, out: &mut Vec<u32>) {
+    /// `out`, with a `▁` in front when `space_prefix` is set, stopping (with
+    /// `Break`) once `out` has more than `max` tokens.
+    ///
+    /// When the vocabulary allows it (`cut_at_spaces`), a long fragment is
+    /// encoded in pieces of about [`PIECE_BYTES`] cut before a space (or
+    /// `▁`) that follows another character: no token spans such a cut, so
+    /// every merge of the whole fragment happens inside one piece and the
+    /// pieces' tokens are the whole's. The pieces after the one that passes
+    /// `max` are not encoded. Otherwise the fragment is encoded whole.
+    pub fn encode(
+        &mut self,
+        vocab: &Vocab,
+        m: &SpmModel,
+        text: &str,
+        space_prefix: bool,
+        max: usize,
+        out: &mut Vec<u32>,
+    ) -> ControlFlow<()> {
+        let mut rest = text;
+        let mut prefix = space_prefix;
+        while !rest.is_empty() {
+            let cut = if m.cut_at_spaces { next_cut(rest, PIECE_BYTES) } else { rest.len() };
+            self.encode_piece(vocab, m, &rest[..cut], prefix, out);
+            if out.len() > max {
+                return ControlFlow::Break(());
+            }
+            rest = &rest[cut..];
+            prefix = false;
+        }
+        ControlFlow::Continue(())
+    }
+
+    /// Encodes `text` whole (see [`SpmSession::encode`]).
+    fn encode_piece(&mut self, vocab: &Vocab, m: &SpmModel, text: &str, space_prefix: bool, out: &mut Vec<u32>) {
         self.escaped.clear();
         if space_prefix {
             self.escaped.push('\u{2581}');
@@ -272,4 +334,18 @@ impl SpmSession {
             self.queue.push(Candidate { score: m.scores[id as usize], left, right, len: l.len + r.len });
         }
     }
+}
+
+/// Where the first piece of `text` ends: at the first space or `▁` that
+/// follows another character at or past byte `at_least`, or at the end.
+fn next_cut(text: &str, at_least: usize) -> usize {
+    let is_space = |c: char| c == ' ' || c == '\u{2581}';
+    let mut prev_other = false;
+    for (i, c) in text.char_indices() {
+        if i >= at_least && prev_other && is_space(c) {
+            return i;
+        }
+        prev_other = !is_space(c);
+    }
+    text.len()
 }

@@ -7,7 +7,7 @@ use serde_json::{json, Value};
 
 use super::error::{ApiError, ApiResult};
 use super::fields::{wrong, Body};
-use super::params::MAX_TOP_LOGPROBS;
+use super::params::{self, MAX_TOP_LOGPROBS};
 use super::{ModelInfo, ReplyMeta};
 use crate::engine::{FinishReason, TokenLogprob, Usage};
 
@@ -15,8 +15,9 @@ use crate::engine::{FinishReason, TokenLogprob, Usage};
 ///
 /// # Errors
 /// A missing or empty `messages`, a message of the wrong shape, a role or
-/// content this server does not take (tools, images), or a template that
-/// refuses the conversation.
+/// content this server does not take (tools, images), a template that
+/// refuses the conversation, or a conversation of more tokens than a slot
+/// holds.
 pub fn prompt(body: &Body, model: &ModelInfo) -> ApiResult<Vec<u32>> {
     let Some(list) = body.get("messages") else { return Err(ApiError::invalid("messages", "messages is required")) };
     let list = list.as_array().ok_or_else(|| wrong("messages", "an array of messages"))?;
@@ -25,7 +26,13 @@ pub fn prompt(body: &Body, model: &ModelInfo) -> ApiResult<Vec<u32>> {
     }
     let messages = list.iter().enumerate().map(|(i, m)| message(i, m)).collect::<ApiResult<Vec<_>>>()?;
     let text = model.template.render(&messages, true).map_err(|e| ApiError::invalid("messages", e.to_string()))?;
-    Ok(ChatTemplate::encode_rendered(&model.tokenizer, &text))
+    // Tokenized only while it may fit a slot (`infer_model::prompt`).
+    let n_ctx = model.limits.n_ctx;
+    let too_long = || params::prompt_too_long("messages", &model.limits);
+    if text.len() > infer_model::prompt::byte_limit(n_ctx) {
+        return Err(too_long());
+    }
+    ChatTemplate::encode_rendered_at_most(&model.tokenizer, &text, n_ctx).ok_or_else(too_long)
 }
 
 /// Message `i` of `messages`.

@@ -6,22 +6,24 @@ use serde_json::{json, Map, Value};
 
 use super::error::{ApiError, ApiResult};
 use super::fields::{wrong, Body};
-use super::params::MAX_TOP_LOGPROBS;
+use super::params::{self, MAX_TOP_LOGPROBS};
 use super::{ModelInfo, ReplyMeta};
 use crate::engine::{FinishReason, TokenLogprob, Usage};
 
-/// The prompt tokens: a string (tokenized with the model's BOS rule), an
-/// array of token ids, or an array of one of either.
+/// The prompt tokens: a string (tokenized with the model's BOS rule, only
+/// until it is known to pass a slot's context), an array of token ids, or
+/// an array of one of either.
 ///
 /// # Errors
-/// A missing prompt, several prompts, ids outside the vocabulary, other types.
+/// A missing prompt, several prompts, ids outside the vocabulary, a string
+/// of more tokens than a slot holds, other types.
 pub fn prompt(body: &Body, model: &ModelInfo) -> ApiResult<Vec<u32>> {
     let Some(p) = body.get("prompt") else { return Err(ApiError::invalid("prompt", "prompt is required")) };
     match p {
-        Value::String(s) => Ok(model.tokenizer.encode(s, true)),
+        Value::String(s) => text(s, model),
         Value::Array(a) if a.iter().all(Value::is_number) => ids(a, model.n_vocab),
         Value::Array(a) if a.len() == 1 => match &a[0] {
-            Value::String(s) => Ok(model.tokenizer.encode(s, true)),
+            Value::String(s) => text(s, model),
             Value::Array(inner) => ids(inner, model.n_vocab),
             _ => Err(shape()),
         },
@@ -30,6 +32,16 @@ pub fn prompt(body: &Body, model: &ModelInfo) -> ApiResult<Vec<u32>> {
         }
         _ => Err(shape()),
     }
+}
+
+/// The tokens of a string prompt, with the model's BOS rule.
+fn text(s: &str, model: &ModelInfo) -> ApiResult<Vec<u32>> {
+    let n_ctx = model.limits.n_ctx;
+    let too_long = || params::prompt_too_long("prompt", &model.limits);
+    if s.len() > infer_model::prompt::byte_limit(n_ctx) {
+        return Err(too_long());
+    }
+    model.tokenizer.encode_at_most(s, true, true, n_ctx).ok_or_else(too_long)
 }
 
 fn shape() -> ApiError {

@@ -183,6 +183,16 @@ pub fn check_prompt_len(param: &str, n: usize, limits: &Limits) -> ApiResult<()>
     Ok(())
 }
 
+/// The 400 of a prompt found to have more tokens than a slot holds before
+/// all of it was tokenized (`param` names the field).
+pub fn prompt_too_long(param: &str, limits: &Limits) -> ApiError {
+    ApiError::invalid(
+        param,
+        format!("the prompt has more tokens than the {} positions of a slot's context", limits.n_ctx),
+    )
+    .with_code("context_length_exceeded")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
