@@ -1,10 +1,12 @@
 //! The conformance suite ([`infer_compute::conformance`]) on every backend
 //! this machine has: the CPU backend at each SIMD level the processor
-//! supports, and CUDA when built with `--features cuda`.
+//! supports, CUDA when built with `--features cuda`, and wgpu when built
+//! with `--features wgpu` (with subgroup reductions and, where the adapter
+//! has those, again with the workgroup-memory fallback as `wgpu_shared`).
 //!
 //! A backend this machine lacks (no GPU, no driver) has its cases reported
 //! as ignored with the reason, never as passed; with `INFER_REQUIRE_CUDA=1`
-//! they fail instead. A case that meets a feature the backend reports as
+//! (`INFER_REQUIRE_WGPU=1`) they fail instead. A case that meets a feature the backend reports as
 //! unsupported is ignored at run time with the backend's reason.
 //!
 //! Adding a backend: one entry in `backends()`.
@@ -29,7 +31,32 @@ fn backends() -> Vec<Candidate> {
         v.push((format!("cpu_{}", level.name()), b));
     }
     v.push(("cuda".into(), cuda()));
+    v.extend(wgpu());
     v
+}
+
+/// The wgpu backend on the best adapter (lavapipe in CI), with the
+/// reductions the adapter offers and once more with the workgroup-memory
+/// fallback.
+#[cfg(feature = "wgpu")]
+fn wgpu() -> Vec<Candidate> {
+    use infer_compute::wgpu::{Options, WgpuBackend};
+    let required = std::env::var("INFER_REQUIRE_WGPU").is_ok_and(|v| v == "1");
+    let open =
+        |opts: Options| WgpuBackend::with_options(opts).map_err(|e| (format!("no wgpu adapter here ({e})"), required));
+    let first = open(Options::default());
+    let subgroups = first.as_ref().is_ok_and(|b| b.uses_subgroups());
+    let mut v = vec![("wgpu".to_string(), first)];
+    if subgroups {
+        v.push(("wgpu_shared".to_string(), open(Options { no_subgroups: true, ..Default::default() })));
+    }
+    v.into_iter().map(|(n, b)| (n, b.map(|b| Arc::new(b) as Arc<dyn ComputeBackend>))).collect()
+}
+
+#[cfg(not(feature = "wgpu"))]
+fn wgpu() -> Vec<Candidate> {
+    let required = std::env::var("INFER_REQUIRE_WGPU").is_ok_and(|v| v == "1");
+    vec![("wgpu".into(), Err(("built without the `wgpu` feature".into(), required)))]
 }
 
 #[cfg(feature = "cuda")]
