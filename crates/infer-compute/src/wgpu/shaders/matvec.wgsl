@@ -3,7 +3,8 @@
 // tile of TT tokens; each invocation dequantizes chunks of 32 weights
 // (`load_chunk` of the weight type, composed in front of this file) and
 // dots each with the tile's activations, in f32; the workgroup then sums
-// (`wg_sum`). Each dequantized chunk is reused for TT tokens.
+// (`wg_sum4`, the tile's four sums in one reduction). Each dequantized
+// chunk is reused for TT tokens.
 //
 // Rows are numbered wid.x + wid.y · nwg.x (a grid of more than 65 535 rows
 // spans two dimensions); wid.z is the token tile. The result row of token t
@@ -35,7 +36,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     if row >= p.rows {
         return;
     }
-    var acc = array<f32, TT>(0.0, 0.0, 0.0, 0.0);
+    var acc = vec4<f32>(0.0);
     let n_chunks = (p.cols + 31u) / 32u;
     let rbase = row * p.row_bytes;
     for (var c = lanes.lid; c < n_chunks; c += WG) {
@@ -52,10 +53,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             }
         }
     }
+    let totals = wg_sum4(acc, lanes);
     for (var t = 0u; t < TT; t++) {
-        let total = wg_sum(acc[t], lanes);
         if lanes.lid == 0u && t0 + t < p.n_tok {
-            var r = total;
+            var r = totals[t];
             if p.cap > 0.0 {
                 r = p.cap * tanh(r / p.cap);
             }

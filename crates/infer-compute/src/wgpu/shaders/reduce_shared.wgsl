@@ -37,3 +37,20 @@ fn wg_max(v: f32, lanes: Lanes) -> f32 {
     workgroupBarrier();
     return m;
 }
+
+var<workgroup> red_part4: array<vec4<f32>, WG>;
+
+// Four sums at once (one per token of a product's tile).
+fn wg_sum4(v: vec4<f32>, lanes: Lanes) -> vec4<f32> {
+    red_part4[lanes.lid] = v;
+    workgroupBarrier();
+    for (var s = WG / 2u; s > 0u; s >>= 1u) {
+        if lanes.lid < s {
+            red_part4[lanes.lid] += red_part4[lanes.lid + s];
+        }
+        workgroupBarrier();
+    }
+    let total = red_part4[0];
+    workgroupBarrier();
+    return total;
+}

@@ -44,3 +44,22 @@ fn wg_max(v: f32, lanes: Lanes) -> f32 {
     workgroupBarrier();
     return m;
 }
+
+var<workgroup> red_part4: array<vec4<f32>, WG>;
+
+// Four sums at once (one per token of a product's tile).
+fn wg_sum4(v: vec4<f32>, lanes: Lanes) -> vec4<f32> {
+    red_part4[lanes.lid] = vec4<f32>(0.0);
+    workgroupBarrier();
+    let s = subgroupAdd(v);
+    if lanes.sgi == 0u {
+        red_part4[lanes.lid] = s;
+    }
+    workgroupBarrier();
+    var total = vec4<f32>(0.0);
+    for (var i = 0u; i < WG; i++) {
+        total += red_part4[i];
+    }
+    workgroupBarrier();
+    return total;
+}
