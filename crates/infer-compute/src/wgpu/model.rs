@@ -28,7 +28,7 @@ use std::sync::Arc;
 use super::context::Gpu;
 use super::weights::{binding_limit, check_type, DevWeight};
 use crate::backend::{
-    advance_spans, checked_pool, new_states, rollback_spans, Batch, DeviceModel, KvPool, KvState, ModelId,
+    advance_spans, checked_pool, new_states, rollback_spans, Batch, DeviceModel, KvPool, KvState, ModelId, StepProfile,
 };
 use crate::error::{Error, Result};
 use crate::pipeline::{Activation, FfnType, ModelSpec, Norm, NormType, RopeType};
@@ -342,9 +342,9 @@ impl WgpuModel {
 
     /// Checks the step, runs it pass by pass, and records the outcome in the
     /// pool (advanced on success, rolled back on error).
-    fn run(&mut self, pool: &mut dyn KvPool, batch: &Batch) -> Result<usize> {
+    fn run(&mut self, pool: &mut dyn KvPool, batch: &Batch, prof: Option<&mut StepProfile>) -> Result<usize> {
         let (pool, spans) = checked_pool::<WgpuKvPool>(pool, self.w.id, self.w.n_vocab, batch)?;
-        let r = self.run_passes(pool, batch);
+        let r = self.run_passes(pool, batch, prof);
         match r {
             Ok(_) => advance_spans(&mut pool.states, &spans),
             Err(_) => rollback_spans(&mut pool.states, &spans),
@@ -363,8 +363,18 @@ impl DeviceModel for WgpuModel {
     }
 
     fn forward(&mut self, pool: &mut dyn KvPool, batch: &Batch) -> Result<&[f32]> {
-        let n_out = self.run(pool, batch)?;
+        let n_out = self.run(pool, batch, None)?;
         Ok(&self.logits[..n_out * self.w.n_vocab])
+    }
+
+    /// Each dispatch submitted alone and waited for (wall time per
+    /// dispatch, named by op and weight), the same kernels and results.
+    fn profile_forward(&mut self, pool: &mut dyn KvPool, batch: &Batch) -> Result<StepProfile> {
+        let t0 = std::time::Instant::now();
+        let mut prof = StepProfile::default();
+        self.run(pool, batch, Some(&mut prof))?;
+        prof.total = t0.elapsed();
+        Ok(prof)
     }
 
     fn new_context(&self) -> Result<Box<dyn DeviceModel>> {

@@ -36,7 +36,18 @@ impl From<f32> for P {
     }
 }
 
+/// What a dispatch is, for profiles: op, weight type, weight shape, weight
+/// bytes read.
+#[derive(Clone, Debug, Default)]
+pub struct Tag {
+    pub op: String,
+    pub ty: String,
+    pub shape: String,
+    pub bytes: u64,
+}
+
 struct Item {
+    tag: Tag,
     pipeline: wgpu::ComputePipeline,
     bufs: Vec<(u32, wgpu::Buffer)>,
     param_slot: u32,
@@ -49,12 +60,18 @@ pub struct Step<'g> {
     pub gpu: &'g Gpu,
     params: Vec<[u32; MAX_PARAMS]>,
     items: Vec<Item>,
+    next_tag: Option<Tag>,
 }
 
 impl<'g> Step<'g> {
     /// An empty step on `gpu`.
     pub fn new(gpu: &'g Gpu) -> Self {
-        Step { gpu, params: Vec::new(), items: Vec::new() }
+        Step { gpu, params: Vec::new(), items: Vec::new(), next_tag: None }
+    }
+
+    /// Names the next dispatch in profiles (else it is named by its kernel).
+    pub fn tag(&mut self, tag: Tag) {
+        self.next_tag = Some(tag);
     }
 
     /// Records `kernel` (for weight type `ty`) over `groups` workgroups,
@@ -84,7 +101,9 @@ impl<'g> Step<'g> {
             };
         }
         self.params.push(words);
+        let tag = self.next_tag.take().unwrap_or_else(|| Tag { op: kernel.name().into(), ..Default::default() });
         self.items.push(Item {
+            tag,
             pipeline,
             bufs: bufs.iter().map(|&(i, b)| (i, b.clone())).collect(),
             param_slot,
@@ -108,6 +127,46 @@ impl<'g> Step<'g> {
     /// # Errors
     /// Device errors creating the parameter buffer or the bind groups.
     pub fn encode(self) -> Result<wgpu::CommandEncoder> {
+        let gpu = self.gpu;
+        let (items, groups) = self.bind()?;
+        let mut enc = gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("step") });
+        {
+            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
+            for (it, bg) in items.iter().zip(&groups) {
+                pass.set_pipeline(&it.pipeline);
+                pass.set_bind_group(0, bg, &[]);
+                pass.dispatch_workgroups(it.groups[0], it.groups[1], it.groups[2]);
+            }
+        }
+        Ok(enc)
+    }
+
+    /// Each dispatch in a command buffer of its own with its tag, for
+    /// timing one at a time.
+    ///
+    /// # Errors
+    /// As [`Step::encode`].
+    pub fn encode_each(self) -> Result<Vec<(Tag, wgpu::CommandBuffer)>> {
+        let gpu = self.gpu;
+        let (items, groups) = self.bind()?;
+        Ok(items
+            .into_iter()
+            .zip(&groups)
+            .map(|(it, bg)| {
+                let mut enc = gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
+                {
+                    let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
+                    pass.set_pipeline(&it.pipeline);
+                    pass.set_bind_group(0, bg, &[]);
+                    pass.dispatch_workgroups(it.groups[0], it.groups[1], it.groups[2]);
+                }
+                (it.tag, enc.finish())
+            })
+            .collect())
+    }
+
+    /// The parameter buffer and each dispatch's bind group.
+    fn bind(self) -> Result<(Vec<Item>, Vec<wgpu::BindGroup>)> {
         let gpu = self.gpu;
         gpu.scoped("recording a step", || {
             let align = gpu.caps.uniform_align.max(4 * MAX_PARAMS as u64) as usize;
@@ -144,16 +203,7 @@ impl<'g> Step<'g> {
                     })
                 })
                 .collect();
-            let mut enc = gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("step") });
-            {
-                let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
-                for (it, bg) in self.items.iter().zip(&groups) {
-                    pass.set_pipeline(&it.pipeline);
-                    pass.set_bind_group(0, bg, &[]);
-                    pass.dispatch_workgroups(it.groups[0], it.groups[1], it.groups[2]);
-                }
-            }
-            Ok(enc)
+            Ok((self.items, groups))
         })
     }
 }

@@ -5,7 +5,7 @@
 
 use super::context::Gpu;
 use super::shaders::{Kernel, WEIGHT_TYPES};
-use super::step::{Step, P};
+use super::step::{Step, Tag, P};
 use crate::error::{shape_err, Error, Result};
 use crate::weight::QuantWeight;
 use crate::GgmlType;
@@ -124,6 +124,12 @@ pub fn record_matvec(step: &mut Step<'_>, w: &DevWeight, io: ProductIo<'_>) -> R
             P::U(u32_of(io.y_stride, "result stride")?),
             P::F(io.cap),
         ];
+        step.tag(Tag {
+            op: "matvec".into(),
+            ty: w.ty.name().into(),
+            shape: format!("{}x{}", w.rows, w.cols),
+            bytes: (part.rows * w.row_bytes) as u64,
+        });
         step.dispatch(Kernel::Matvec, Some(w.ty), &[(0, &part.buf), (1, io.x), (2, io.y)], 3, &params, [gx, gy, z])?;
     }
     Ok(())

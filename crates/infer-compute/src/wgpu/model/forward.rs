@@ -4,7 +4,7 @@
 //! in the parent module's documentation) and the wanted logits read back.
 
 use super::{DevNorm, WgpuKvPool, WgpuModel, PASS_TOKENS};
-use crate::backend::Batch;
+use crate::backend::{Batch, StepProfile};
 use crate::error::{Error, Result};
 use crate::wgpu::context::Gpu;
 use crate::wgpu::shaders::Kernel;
@@ -94,7 +94,12 @@ impl WgpuModel {
 
     /// The passes of a checked step; the wanted rows' logits land in
     /// `self.logits`. Returns their count.
-    pub(super) fn run_passes(&mut self, pool: &WgpuKvPool, batch: &Batch) -> Result<usize> {
+    pub(super) fn run_passes(
+        &mut self,
+        pool: &WgpuKvPool,
+        batch: &Batch,
+        mut prof: Option<&mut StepProfile>,
+    ) -> Result<usize> {
         let nv = self.w.n_vocab;
         let n_out = batch.n_outputs();
         let total = n_out.checked_mul(nv).ok_or(Error::Overflow("logits size"))?;
@@ -114,7 +119,10 @@ impl WgpuModel {
             let gpu = self.gpu.clone();
             let step = self.record(&gpu, pool, end - start, outputs.len())?;
             let s = self.scratch.as_ref().ok_or_else(|| Error::Device("scratch missing".into()))?;
-            let enc = step.encode()?;
+            let enc = match prof.as_deref_mut() {
+                Some(p) => profile_step(&gpu, step, p)?,
+                None => step.encode()?,
+            };
             let dst = &mut self.logits[row * nv..(row + outputs.len()) * nv];
             gpu.scoped("forward pass", || gpu.read_back(enc, &s.logits, 0, dst))?;
             row += outputs.len();
@@ -278,4 +286,18 @@ impl WgpuModel {
         ];
         st.dispatch(Kernel::ResidualNorm, None, &bufs, 6, &params, [nt, 1, 1])
     }
+}
+
+/// Runs each dispatch of `step` alone, waiting for it, and adds its wall
+/// time to `prof` under its tag; returns an empty encoder for the read-back.
+fn profile_step(gpu: &Gpu, step: Step<'_>, prof: &mut StepProfile) -> Result<wgpu::CommandEncoder> {
+    for (tag, cb) in step.encode_each()? {
+        let t0 = std::time::Instant::now();
+        gpu.queue.submit([cb]);
+        gpu.device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map_err(|e| Error::Device(format!("waiting for {}: {e}", tag.op)))?;
+        prof.record(&tag.op, &tag.ty, &tag.shape, t0.elapsed(), tag.bytes);
+    }
+    Ok(gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("read-back") }))
 }
