@@ -9,7 +9,10 @@ use super::shaders;
 
 fn validate(name: &str, src: &str, subgroups: bool) -> (naga::Module, naga::valid::ModuleInfo) {
     let module = naga::front::wgsl::parse_str(src).unwrap_or_else(|e| panic!("{name}: {}", e.emit_to_string(src)));
-    let caps = if subgroups { Capabilities::SUBGROUP } else { Capabilities::empty() };
+    // `unpack2x16float` (core WGSL) is a capability in naga; Metal, DX12
+    // and Vulkan all have it, and wgpu enables it there.
+    let base = Capabilities::SHADER_FLOAT16_IN_FLOAT32;
+    let caps = if subgroups { base | Capabilities::SUBGROUP } else { base };
     let mut v = Validator::new(ValidationFlags::all(), caps);
     if subgroups {
         v.subgroup_stages(ShaderStages::COMPUTE).subgroup_operations(SubgroupOperationSet::all());
