@@ -81,6 +81,9 @@ pub enum BackendKind {
     Cpu,
     /// The first NVIDIA GPU (needs a build with `--features cuda`).
     Cuda,
+    /// The best Vulkan, Metal or DirectX 12 adapter through wgpu, a software
+    /// one (lavapipe) when there is no other (needs `--features wgpu`).
+    Wgpu,
 }
 
 /// CPU arithmetic.
@@ -93,12 +96,13 @@ pub enum PrecisionArg {
 }
 
 impl BackendKind {
-    /// `auto`, `cpu` or `cuda`.
+    /// `auto`, `cpu`, `cuda` or `wgpu`.
     pub fn name(self) -> &'static str {
         match self {
             BackendKind::Auto => "auto",
             BackendKind::Cpu => "cpu",
             BackendKind::Cuda => "cuda",
+            BackendKind::Wgpu => "wgpu",
         }
     }
 }
@@ -265,7 +269,7 @@ impl ModelArgs {
             let gpu = match b {
                 BackendKind::Auto => None,
                 BackendKind::Cpu => Some(false),
-                BackendKind::Cuda => Some(true),
+                BackendKind::Cuda | BackendKind::Wgpu => Some(true),
             };
             asks.push((format!("--backend {}", b.name()), gpu));
         }
@@ -323,6 +327,9 @@ impl ModelArgs {
             }
             Placement::Gpu | Placement::GpuIfAny if precision == Precision::Exact => {
                 return Err("--precision exact runs on the CPU only (use --backend cpu)".into());
+            }
+            Placement::Gpu if self.backend == Some(BackendKind::Wgpu) => {
+                return Ok(infer_compute::backend_by_name("wgpu").map_err(|e| format!("--backend wgpu: {e}"))?);
             }
             Placement::Gpu => return cuda_backend(),
             Placement::GpuIfAny => match cuda_backend() {

@@ -25,6 +25,8 @@ mod memory;
 pub mod pipeline;
 pub mod quant;
 pub mod weight;
+#[cfg(feature = "wgpu")]
+pub mod wgpu;
 
 pub use backend::{greedy_token, Batch, ComputeBackend, DeviceModel, KvPool, Out, SeqStep, Span, StepProfile};
 pub use device::{backend_by_name, default_backend};

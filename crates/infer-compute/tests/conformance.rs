@@ -1,10 +1,12 @@
 //! The conformance suite ([`infer_compute::conformance`]) on every backend
 //! this machine has: the CPU backend at each SIMD level the processor
-//! supports, and CUDA when built with `--features cuda`.
+//! supports, CUDA when built with `--features cuda`, and wgpu when built
+//! with `--features wgpu` (with subgroup reductions and, where the adapter
+//! has those, again with the workgroup-memory fallback as `wgpu_shared`).
 //!
 //! A backend this machine lacks (no GPU, no driver) has its cases reported
 //! as ignored with the reason, never as passed; with `INFER_REQUIRE_CUDA=1`
-//! they fail instead. A case that meets a feature the backend reports as
+//! (`INFER_REQUIRE_WGPU=1`) they fail instead. A case that meets a feature the backend reports as
 //! unsupported is ignored at run time with the backend's reason.
 //!
 //! Adding a backend: one entry in `backends()`.
@@ -29,7 +31,32 @@ fn backends() -> Vec<Candidate> {
         v.push((format!("cpu_{}", level.name()), b));
     }
     v.push(("cuda".into(), cuda()));
+    v.extend(wgpu());
     v
+}
+
+/// The wgpu backend on the best adapter (lavapipe in CI), with the
+/// reductions the adapter offers and once more with the workgroup-memory
+/// fallback.
+#[cfg(feature = "wgpu")]
+fn wgpu() -> Vec<Candidate> {
+    use infer_compute::wgpu::{Options, WgpuBackend};
+    let required = std::env::var("INFER_REQUIRE_WGPU").is_ok_and(|v| v == "1");
+    let open =
+        |opts: Options| WgpuBackend::with_options(opts).map_err(|e| (format!("no wgpu adapter here ({e})"), required));
+    let first = open(Options::default());
+    let subgroups = first.as_ref().is_ok_and(|b| b.uses_subgroups());
+    let mut v = vec![("wgpu".to_string(), first)];
+    if subgroups {
+        v.push(("wgpu_shared".to_string(), open(Options { no_subgroups: true, ..Default::default() })));
+    }
+    v.into_iter().map(|(n, b)| (n, b.map(|b| Arc::new(b) as Arc<dyn ComputeBackend>))).collect()
+}
+
+#[cfg(not(feature = "wgpu"))]
+fn wgpu() -> Vec<Candidate> {
+    let required = std::env::var("INFER_REQUIRE_WGPU").is_ok_and(|v| v == "1");
+    vec![("wgpu".into(), Err(("built without the `wgpu` feature".into(), required)))]
 }
 
 #[cfg(feature = "cuda")]
@@ -46,13 +73,25 @@ fn cuda() -> Result<Arc<dyn ComputeBackend>, (String, bool)> {
     Err(("built without the `cuda` feature".into(), required))
 }
 
+/// Whether `backend` runs `case`: every case, except that the wgpu
+/// workgroup-memory fallback (`wgpu_shared`, the same kernels with other
+/// reductions) runs the op cases and one model of each kind, since the
+/// whole suite on lavapipe twice would take most of a CI run.
+fn runs_on(backend: &str, case: &str) -> bool {
+    backend != "wgpu_shared"
+        || case.starts_with("ops::")
+        || ["model::gemma2_caps::decode", "model::llama_bias::prefill", "batch::gemma3::mixed"]
+            .iter()
+            .any(|c| case.starts_with(c))
+}
+
 fn main() {
     let args = Arguments::from_args();
     let mut trials = Vec::new();
     for (name, backend) in backends() {
         match backend {
             Ok(b) => {
-                for case in cases() {
+                for case in cases().into_iter().filter(|c| runs_on(&name, &c.name)) {
                     let b = b.clone();
                     trials.push(Trial::ignorable_test(format!("{name}::{}", case.name), move || {
                         match case.run(b.as_ref()) {

@@ -1,0 +1,383 @@
+//! The wgpu pipeline: a [`ModelSpec`] uploaded once ([`Weights`], shared by
+//! every context), an f32 KV pool on the device ([`WgpuKvPool`]), and one
+//! command buffer per pass of a forward step (`forward.rs`).
+//!
+//! A [`Batch`] runs in passes of at most the scratch capacity (64 tokens,
+//! fewer where a binding would pass the adapter's limit); each token
+//! carries its own position and slot into the kernels, so decode steps and
+//! prompt chunks of different slots mix freely in one pass. Per layer:
+//!
+//! | step | kernel |
+//! | --- | --- |
+//! | residual add (+ post-norm) fused with the next norm | `residual_norm` |
+//! | q, k, v projections | `matvec` (per weight type) |
+//! | bias, q/k RMSNorm, RoPE, K/V append | `rope` |
+//! | GQA attention over the slot (softcap, sliding window) | `attention` |
+//! | output projection | `matvec` |
+//! | gate and up, gated activation | `matvec` ×2, `glu` (or `matvec`, `act`) |
+//! | down projection | `matvec` |
+//!
+//! then the wanted rows gathered (`gather`) and the vocabulary product
+//! (`matvec` over the row blocks of the output matrix, soft-capped in its
+//! epilogue). KV pool: f32 `[n_slots][n_ctx][n_head_kv][head_dim]` per
+//! layer, the CPU's layout.
+
+use std::any::Any;
+use std::sync::Arc;
+
+use super::context::Gpu;
+use super::weights::{binding_limit, check_type, DevWeight};
+use crate::backend::{
+    advance_spans, checked_pool, new_states, rollback_spans, Batch, DeviceModel, KvPool, KvState, ModelId, StepProfile,
+};
+use crate::error::{Error, Result};
+use crate::pipeline::{Activation, FfnType, ModelSpec, Norm, NormType, RopeType};
+
+mod forward;
+
+/// Tokens per pass at most (fewer when a scratch binding would not fit).
+pub const PASS_TOKENS: usize = 64;
+/// Largest head_dim of the kernels (`MAX_HD` in `rope.wgsl`).
+const MAX_HEAD_DIM: usize = 512;
+
+/// A norm's weights (and bias) in f32 on the device.
+pub(super) struct DevNorm {
+    pub layer_norm: bool,
+    pub eps: f32,
+    pub w: wgpu::Buffer,
+    pub b: Option<wgpu::Buffer>,
+}
+
+impl DevNorm {
+    fn new(gpu: &Gpu, n: &Norm, what: &str) -> Result<Self> {
+        let b = n.bias.as_ref().map(|b| gpu.upload_f32(what, &b.to_f32()?)).transpose()?;
+        Ok(DevNorm {
+            layer_norm: n.kind == NormType::LayerNorm,
+            eps: n.eps,
+            w: gpu.upload_f32(what, &n.weight.to_f32()?)?,
+            b,
+        })
+    }
+}
+
+pub(super) struct DevLayer {
+    pub n_head: usize,
+    pub n_kv: usize,
+    pub hd: usize,
+    pub n_rot: usize,
+    pub neox: bool,
+    pub theta_scale: f32,
+    pub freq_scale: f32,
+    /// 0: global attention.
+    pub window: u32,
+    /// 0: none.
+    pub softcap: f32,
+    pub scale: f32,
+    pub attn_norm: DevNorm,
+    pub wq: DevWeight,
+    pub wk: DevWeight,
+    pub wv: DevWeight,
+    pub wo: DevWeight,
+    /// q, k and v biases end to end (zeros for an absent one).
+    pub bias: Option<wgpu::Buffer>,
+    pub q_norm: Option<DevNorm>,
+    pub k_norm: Option<DevNorm>,
+    pub post_attn_norm: Option<DevNorm>,
+    pub ffn_norm: DevNorm,
+    pub gelu: bool,
+    pub gate: Option<DevWeight>,
+    pub up: DevWeight,
+    pub down: DevWeight,
+    pub post_ffn_norm: Option<DevNorm>,
+}
+
+/// A model's weights on the device, shared (read-only) by every context.
+pub(super) struct Weights {
+    pub id: ModelId,
+    pub n_embd: usize,
+    pub n_vocab: usize,
+    pub token_embd: DevWeight,
+    pub embd_scale: f32,
+    pub layers: Vec<DevLayer>,
+    pub output_norm: DevNorm,
+    pub output: DevWeight,
+    /// 0: none.
+    pub final_softcap: f32,
+    pub max_q: usize,
+    pub max_kv: usize,
+    pub max_ff: usize,
+    pub max_heads: usize,
+    /// Bytes of the matrices one token reads.
+    pub weight_bytes: usize,
+}
+
+/// Whether the kernels can run `spec` on `gpu` (see
+/// [`crate::ComputeBackend::supports`]): every matrix's type has a kernel,
+/// post-norms and q/k norms are RMSNorms without bias, head_dim is at most
+/// 512, and a row of logits fits one binding.
+///
+/// # Errors
+/// [`Error::UnsupportedModel`] naming the first tensor or limit.
+pub(super) fn supports(gpu: &Gpu, spec: &ModelSpec) -> Result<()> {
+    let unsupported = |t: &str, what: &str| Err(Error::UnsupportedModel(format!("{t}: the wgpu backend {what}")));
+    let typed = |name: &str, ty| match check_type(ty) {
+        Ok(()) => Ok(()),
+        Err(_) => unsupported(name, &format!("has no kernel for {}", crate::GgmlType::name(ty))),
+    };
+    for (i, l) in spec.layers.iter().enumerate() {
+        let p = |s: &str| format!("blk.{i}.{s}");
+        if l.head_dim > MAX_HEAD_DIM {
+            return unsupported(&p("attn_q"), &format!("supports head_dim up to {MAX_HEAD_DIM}"));
+        }
+        for (name, n) in [("post_attention_norm", &l.post_attn_norm), ("post_ffw_norm", &l.post_ffn_norm)] {
+            if n.as_ref().is_some_and(|n| n.kind != NormType::RmsNorm || n.bias.is_some()) {
+                return unsupported(&p(name), "supports RMSNorm post-norms only");
+            }
+        }
+        for (name, n) in [("attn_q_norm", &l.q_norm), ("attn_k_norm", &l.k_norm)] {
+            if n.as_ref().is_some_and(|n| n.kind != NormType::RmsNorm || n.bias.is_some()) {
+                return unsupported(&p(name), "supports RMSNorm q/k norms only");
+            }
+        }
+        let mats =
+            [("attn_q", Some(&l.wq)), ("attn_k", Some(&l.wk)), ("attn_v", Some(&l.wv)), ("attn_output", Some(&l.wo))];
+        let ffn = [("ffn_up", Some(&l.ffn_up)), ("ffn_down", Some(&l.ffn_down)), ("ffn_gate", l.ffn_gate.as_ref())];
+        for (name, w) in mats.into_iter().chain(ffn) {
+            if let Some(w) = w {
+                typed(&p(name), w.ty)?;
+            }
+        }
+    }
+    typed("token_embd", spec.token_embd.ty)?;
+    typed("output", spec.output.ty)?;
+    if (spec.n_vocab as u64) * 4 > binding_limit(gpu) {
+        return Err(Error::UnsupportedModel(format!(
+            "a row of {} logits exceeds the adapter's max_storage_buffer_binding_size of {} bytes",
+            spec.n_vocab, gpu.caps.max_storage_binding
+        )));
+    }
+    Ok(())
+}
+
+/// The KV pool of a [`WgpuModel`]: per layer, K and V as f32
+/// `[n_slots][n_ctx][n_head_kv][head_dim]` in one buffer each.
+pub struct WgpuKvPool {
+    gpu: Arc<Gpu>,
+    states: Vec<KvState>,
+    n_ctx: usize,
+    pub(super) k: Vec<wgpu::Buffer>,
+    pub(super) v: Vec<wgpu::Buffer>,
+    /// `n_head_kv · head_dim` of each layer.
+    kv_dim: Vec<usize>,
+}
+
+impl KvPool for WgpuKvPool {
+    fn states(&self) -> &[KvState] {
+        &self.states
+    }
+    fn states_mut(&mut self) -> &mut [KvState] {
+        &mut self.states
+    }
+    fn as_any_mut(&mut self) -> &mut dyn Any {
+        self
+    }
+    /// Through a temporary buffer per layer (wgpu copies between two
+    /// buffers, never within one), all layers in one submit.
+    fn copy_positions(&mut self, from: usize, to: usize, n: usize) -> Result<()> {
+        let g = &*self.gpu;
+        let max = self.kv_dim.iter().max().copied().unwrap_or(0);
+        if n == 0 || max == 0 {
+            return Ok(());
+        }
+        let tmp = g.storage("KV copy", (n * max * 4) as u64)?;
+        g.scoped("copying KV positions", || {
+            let mut enc = g.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("kv copy") });
+            for li in 0..self.k.len() {
+                let d = self.kv_dim[li] as u64;
+                let bytes = n as u64 * d * 4;
+                let (src, dst) = (from as u64 * self.n_ctx as u64 * d * 4, to as u64 * self.n_ctx as u64 * d * 4);
+                for buf in [&self.k[li], &self.v[li]] {
+                    enc.copy_buffer_to_buffer(buf, src, &tmp, 0, bytes);
+                    enc.copy_buffer_to_buffer(&tmp, 0, buf, dst, bytes);
+                }
+            }
+            g.queue.submit([enc.finish()]);
+            g.device
+                .poll(wgpu::PollType::wait_indefinitely())
+                .map_err(|e| Error::Device(format!("waiting for the KV copy: {e}")))?;
+            Ok(())
+        })
+    }
+}
+
+/// A model prepared on a wgpu device: shared weights and one context's
+/// scratch and logits.
+pub struct WgpuModel {
+    pub(super) gpu: Arc<Gpu>,
+    pub(super) w: Arc<Weights>,
+    pub(super) scratch: Option<forward::Scratch>,
+    pub(super) logits: Vec<f32>,
+}
+
+fn opt_norm(gpu: &Gpu, n: &Option<Norm>, what: &str) -> Result<Option<DevNorm>> {
+    n.as_ref().map(|n| DevNorm::new(gpu, n, what)).transpose()
+}
+
+impl WgpuModel {
+    /// Validates `spec` and uploads its weights.
+    pub(super) fn new(gpu: Arc<Gpu>, spec: &ModelSpec) -> Result<Self> {
+        spec.validate()?;
+        supports(&gpu, spec)?;
+        let g = &*gpu;
+        let mut layers = Vec::with_capacity(spec.layers.len());
+        let (mut max_q, mut max_kv, mut max_ff, mut max_heads) = (0, 0, 0, 0);
+        let mut weight_bytes = 0;
+        for (i, l) in spec.layers.iter().enumerate() {
+            let p = |s: &str| format!("blk.{i}.{s}");
+            let (q_dim, kv_dim) = (l.n_head * l.head_dim, l.n_head_kv * l.head_dim);
+            max_q = max_q.max(q_dim);
+            max_kv = max_kv.max(kv_dim);
+            max_ff = max_ff.max(l.ffn_up.rows);
+            max_heads = max_heads.max(l.n_head);
+            let bias = if l.bq.is_some() || l.bk.is_some() || l.bv.is_some() {
+                let mut b = Vec::with_capacity(q_dim + 2 * kv_dim);
+                for (bias, n) in [(&l.bq, q_dim), (&l.bk, kv_dim), (&l.bv, kv_dim)] {
+                    match bias {
+                        Some(w) => b.extend(w.to_f32()?),
+                        None => b.resize(b.len() + n, 0.0),
+                    }
+                }
+                Some(g.upload_f32(&p("attn_qkv.bias"), &b)?)
+            } else {
+                None
+            };
+            let mat = |w, name: &str| DevWeight::upload(g, w, &p(name));
+            let gated = l.ffn == FfnType::Gated;
+            let layer = DevLayer {
+                n_head: l.n_head,
+                n_kv: l.n_head_kv,
+                hd: l.head_dim,
+                n_rot: l.rope.n_rot,
+                neox: l.rope.kind == RopeType::NeoX,
+                theta_scale: l.rope.base.powf(-2.0f32 / l.rope.n_rot.max(1) as f32),
+                freq_scale: l.rope.freq_scale,
+                window: l.sliding_window.map_or(0, |w| w.min(u32::MAX as usize) as u32),
+                softcap: l.attn_softcap.unwrap_or(0.0),
+                scale: l.attn_scale,
+                attn_norm: DevNorm::new(g, &l.attn_norm, &p("attn_norm"))?,
+                wq: mat(&l.wq, "attn_q")?,
+                wk: mat(&l.wk, "attn_k")?,
+                wv: mat(&l.wv, "attn_v")?,
+                wo: mat(&l.wo, "attn_output")?,
+                bias,
+                q_norm: opt_norm(g, &l.q_norm, &p("attn_q_norm"))?,
+                k_norm: opt_norm(g, &l.k_norm, &p("attn_k_norm"))?,
+                post_attn_norm: opt_norm(g, &l.post_attn_norm, &p("post_attention_norm"))?,
+                ffn_norm: DevNorm::new(g, &l.ffn_norm, &p("ffn_norm"))?,
+                gelu: l.activation == Activation::GeluTanh,
+                gate: if gated { l.ffn_gate.as_ref().map(|w| mat(w, "ffn_gate")).transpose()? } else { None },
+                up: mat(&l.ffn_up, "ffn_up")?,
+                down: mat(&l.ffn_down, "ffn_down")?,
+                post_ffn_norm: opt_norm(g, &l.post_ffn_norm, &p("post_ffw_norm"))?,
+            };
+            weight_bytes += [&layer.wq, &layer.wk, &layer.wv, &layer.wo, &layer.up, &layer.down]
+                .iter()
+                .map(|w| w.bytes)
+                .sum::<usize>()
+                + layer.gate.as_ref().map_or(0, |w| w.bytes);
+            layers.push(layer);
+        }
+        let output = DevWeight::upload(g, &spec.output, "output")?;
+        weight_bytes += output.bytes;
+        let w = Weights {
+            id: ModelId::next(),
+            n_embd: spec.n_embd,
+            n_vocab: spec.n_vocab,
+            token_embd: DevWeight::upload(g, &spec.token_embd, "token_embd")?,
+            embd_scale: spec.embd_scale,
+            layers,
+            output_norm: DevNorm::new(g, &spec.output_norm, "output_norm")?,
+            output,
+            final_softcap: spec.final_logit_softcap.unwrap_or(0.0),
+            max_q,
+            max_kv,
+            max_ff,
+            max_heads,
+            weight_bytes,
+        };
+        Ok(WgpuModel { gpu, w: Arc::new(w), scratch: None, logits: Vec::new() })
+    }
+
+    /// Bytes of weight matrices one decode step reads.
+    pub fn weight_bytes_per_token(&self) -> usize {
+        self.w.weight_bytes
+    }
+
+    /// Creates an empty f32 KV pool of `n_slots` sequences of `n_ctx`
+    /// positions.
+    ///
+    /// # Errors
+    /// `n_slots` or `n_ctx` of 0; [`Error::UnsupportedModel`] naming
+    /// `max_storage_buffer_binding_size` when one layer's cache does not
+    /// fit one binding; out of memory.
+    pub fn new_wgpu_kv_pool(&self, n_slots: usize, n_ctx: usize) -> Result<WgpuKvPool> {
+        let kv_dim: Vec<usize> = self.w.layers.iter().map(|l| l.n_kv * l.hd).collect();
+        let max = kv_dim.iter().copied().max().unwrap_or(0);
+        let states = new_states(self.w.id, n_slots, n_ctx, max)?;
+        let bytes = (n_slots * n_ctx * max * 4) as u64;
+        if bytes > binding_limit(&self.gpu) {
+            return Err(Error::UnsupportedModel(format!(
+                "a KV cache layer of {n_slots} x {n_ctx} positions ({bytes} bytes) exceeds the adapter's max_storage_buffer_binding_size of {} bytes",
+                self.gpu.caps.max_storage_binding
+            )));
+        }
+        let mut k = Vec::with_capacity(kv_dim.len());
+        let mut v = Vec::with_capacity(kv_dim.len());
+        for &d in &kv_dim {
+            k.push(self.gpu.storage("K cache", (n_slots * n_ctx * d * 4) as u64)?);
+            v.push(self.gpu.storage("V cache", (n_slots * n_ctx * d * 4) as u64)?);
+        }
+        Ok(WgpuKvPool { gpu: self.gpu.clone(), states, n_ctx, k, v, kv_dim })
+    }
+
+    /// Checks the step, runs it pass by pass, and records the outcome in the
+    /// pool (advanced on success, rolled back on error).
+    fn run(&mut self, pool: &mut dyn KvPool, batch: &Batch, prof: Option<&mut StepProfile>) -> Result<usize> {
+        let (pool, spans) = checked_pool::<WgpuKvPool>(pool, self.w.id, self.w.n_vocab, batch)?;
+        let r = self.run_passes(pool, batch, prof);
+        match r {
+            Ok(_) => advance_spans(&mut pool.states, &spans),
+            Err(_) => rollback_spans(&mut pool.states, &spans),
+        }
+        r
+    }
+}
+
+impl DeviceModel for WgpuModel {
+    fn n_vocab(&self) -> usize {
+        self.w.n_vocab
+    }
+
+    fn new_kv_pool(&self, n_slots: usize, n_ctx: usize) -> Result<Box<dyn KvPool>> {
+        Ok(Box::new(self.new_wgpu_kv_pool(n_slots, n_ctx)?))
+    }
+
+    fn forward(&mut self, pool: &mut dyn KvPool, batch: &Batch) -> Result<&[f32]> {
+        let n_out = self.run(pool, batch, None)?;
+        Ok(&self.logits[..n_out * self.w.n_vocab])
+    }
+
+    /// Each dispatch submitted alone and waited for (wall time per
+    /// dispatch, named by op and weight), the same kernels and results.
+    fn profile_forward(&mut self, pool: &mut dyn KvPool, batch: &Batch) -> Result<StepProfile> {
+        let t0 = std::time::Instant::now();
+        let mut prof = StepProfile::default();
+        self.run(pool, batch, Some(&mut prof))?;
+        prof.total = t0.elapsed();
+        Ok(prof)
+    }
+
+    fn new_context(&self) -> Result<Box<dyn DeviceModel>> {
+        Ok(Box::new(WgpuModel { gpu: self.gpu.clone(), w: self.w.clone(), scratch: None, logits: Vec::new() }))
+    }
+}

@@ -1,0 +1,303 @@
+//! One pass of a forward step: the scratch it runs in ([`Scratch`]), the
+//! per-token inputs written before it (ids, positions, slots, wanted rows),
+//! its dispatches recorded in order into one command buffer (the table is
+//! in the parent module's documentation) and the wanted logits read back.
+
+use super::{DevNorm, WgpuKvPool, WgpuModel, PASS_TOKENS};
+use crate::backend::{Batch, StepProfile};
+use crate::error::{Error, Result};
+use crate::wgpu::context::Gpu;
+use crate::wgpu::shaders::Kernel;
+use crate::wgpu::step::{Step, P};
+use crate::wgpu::weights::{binding_limit, record_matvec, DevWeight, ProductIo};
+
+/// Buffers of passes of up to `cap` tokens over pools of up to `n_ctx`
+/// positions, allocated once per capacity.
+pub(in crate::wgpu) struct Scratch {
+    cap: usize,
+    n_ctx: usize,
+    x: wgpu::Buffer,
+    h: wgpu::Buffer,
+    o: wgpu::Buffer,
+    q: wgpu::Buffer,
+    k: wgpu::Buffer,
+    v: wgpu::Buffer,
+    attn: wgpu::Buffer,
+    gate: wgpu::Buffer,
+    up: wgpu::Buffer,
+    scores: wgpu::Buffer,
+    out_h: wgpu::Buffer,
+    logits: wgpu::Buffer,
+    ids: wgpu::Buffer,
+    pos: wgpu::Buffer,
+    slot: wgpu::Buffer,
+    out_idx: wgpu::Buffer,
+}
+
+fn u(v: usize) -> Result<u32> {
+    u32::try_from(v).map_err(|_| Error::Overflow("a kernel parameter past 32 bits"))
+}
+
+impl WgpuModel {
+    /// Tokens per pass over a pool of `n_ctx` positions: [`PASS_TOKENS`],
+    /// fewer where a scratch buffer would pass one binding.
+    fn pass_cap(&self, n_ctx: usize) -> Result<usize> {
+        let w = &*self.w;
+        let limit = binding_limit(&self.gpu) as usize;
+        let per_token =
+            [w.max_heads * n_ctx, w.max_ff, w.max_q, w.n_vocab, w.n_embd].into_iter().max().unwrap_or(1) * 4;
+        let cap = (limit / per_token.max(1)).min(PASS_TOKENS);
+        if cap == 0 {
+            return Err(Error::UnsupportedModel(format!(
+                "one token's attention scores over {n_ctx} positions exceed the adapter's max_storage_buffer_binding_size of {} bytes",
+                self.gpu.caps.max_storage_binding
+            )));
+        }
+        Ok(cap)
+    }
+
+    /// Scratch for passes over a pool of `n_ctx` positions (kept when the
+    /// current one is large enough).
+    fn ensure_scratch(&mut self, n_ctx: usize) -> Result<usize> {
+        if let Some(s) = &self.scratch {
+            if s.n_ctx >= n_ctx {
+                return Ok(s.cap);
+            }
+        }
+        let cap = self.pass_cap(n_ctx)?;
+        self.scratch = None;
+        let g = &*self.gpu;
+        let w = &*self.w;
+        let f = |what: &str, n: usize| g.storage(what, (cap * n * 4) as u64);
+        self.scratch = Some(Scratch {
+            cap,
+            n_ctx,
+            x: f("x", w.n_embd)?,
+            h: f("h", w.n_embd)?,
+            o: f("o", w.n_embd)?,
+            q: f("q", w.max_q)?,
+            k: f("k", w.max_kv)?,
+            v: f("v", w.max_kv)?,
+            attn: f("attn", w.max_q)?,
+            gate: f("gate", w.max_ff)?,
+            up: f("up", w.max_ff)?,
+            scores: f("scores", w.max_heads * n_ctx)?,
+            out_h: f("out_h", w.n_embd)?,
+            logits: f("logits", w.n_vocab)?,
+            ids: f("ids", 1)?,
+            pos: f("pos", 1)?,
+            slot: f("slot", 1)?,
+            out_idx: f("out_idx", 1)?,
+        });
+        Ok(cap)
+    }
+
+    /// The passes of a checked step; the wanted rows' logits land in
+    /// `self.logits`. Returns their count.
+    pub(super) fn run_passes(
+        &mut self,
+        pool: &WgpuKvPool,
+        batch: &Batch,
+        mut prof: Option<&mut StepProfile>,
+    ) -> Result<usize> {
+        let nv = self.w.n_vocab;
+        let n_out = batch.n_outputs();
+        let total = n_out.checked_mul(nv).ok_or(Error::Overflow("logits size"))?;
+        if self.logits.len() < total {
+            self.logits
+                .try_reserve_exact(total - self.logits.len())
+                .map_err(|_| Error::OutOfMemory { what: "the step's logits".into(), bytes: total as u64 * 4 })?;
+            self.logits.resize(total, 0.0);
+        }
+        let cap = self.ensure_scratch(pool.n_ctx)?;
+        let wanted = batch.wants_logits();
+        let mut row = 0;
+        for start in (0..batch.len()).step_by(cap) {
+            let end = (start + cap).min(batch.len());
+            let outputs: Vec<u32> = (start..end).filter(|&i| wanted[i]).map(|i| (i - start) as u32).collect();
+            self.write_inputs(batch, start..end, &outputs)?;
+            let gpu = self.gpu.clone();
+            let step = self.record(&gpu, pool, end - start, outputs.len())?;
+            let s = self.scratch.as_ref().ok_or_else(|| Error::Device("scratch missing".into()))?;
+            let enc = match prof.as_deref_mut() {
+                Some(p) => profile_step(&gpu, step, p)?,
+                None => step.encode()?,
+            };
+            let dst = &mut self.logits[row * nv..(row + outputs.len()) * nv];
+            gpu.scoped("forward pass", || gpu.read_back(enc, &s.logits, 0, dst))?;
+            row += outputs.len();
+        }
+        Ok(n_out)
+    }
+
+    /// Writes the pass's token ids, positions, slots and wanted rows.
+    fn write_inputs(&self, batch: &Batch, range: std::ops::Range<usize>, outputs: &[u32]) -> Result<()> {
+        let s = self.scratch.as_ref().ok_or_else(|| Error::Device("scratch missing".into()))?;
+        let q = &self.gpu.queue;
+        let pos: Vec<u32> = batch.positions()[range.clone()].iter().map(|&p| u(p)).collect::<Result<_>>()?;
+        let slot: Vec<u32> = batch.slots()[range.clone()].iter().map(|&p| u(p)).collect::<Result<_>>()?;
+        q.write_buffer(&s.ids, 0, bytemuck::cast_slice(&batch.tokens()[range]));
+        q.write_buffer(&s.pos, 0, bytemuck::cast_slice(&pos));
+        q.write_buffer(&s.slot, 0, bytemuck::cast_slice(&slot));
+        if !outputs.is_empty() {
+            q.write_buffer(&s.out_idx, 0, bytemuck::cast_slice(outputs));
+        }
+        Ok(())
+    }
+
+    /// Records the pass of `n` tokens with `n_out` wanted rows.
+    fn record<'g>(&self, gpu: &'g Gpu, pool: &WgpuKvPool, n: usize, n_out: usize) -> Result<Step<'g>> {
+        let w = &*self.w;
+        let s = self.scratch.as_ref().ok_or_else(|| Error::Device("scratch missing".into()))?;
+        let mut st = Step::new(gpu);
+        let e = w.n_embd;
+        let nt = u(n)?;
+        let mv = |st: &mut Step<'g>, m: &DevWeight, x: &wgpu::Buffer, y: &wgpu::Buffer, n_tok: usize, cap: f32| {
+            let io = ProductIo { x, x_off: 0, x_stride: m.cols, n_tok, y, y_off: 0, y_stride: m.rows, cap };
+            record_matvec(st, m, io)
+        };
+        // Embedding, one dispatch per row block of the matrix.
+        for part in &w.token_embd.parts {
+            let params = [
+                P::U(u(e)?),
+                P::U(u(w.token_embd.row_bytes)?),
+                P::F(w.embd_scale),
+                P::U(u(part.row0)?),
+                P::U(u(part.rows)?),
+            ];
+            st.dispatch(
+                Kernel::Embed,
+                Some(w.token_embd.ty),
+                &[(0, &part.buf), (1, &s.ids), (2, &s.x)],
+                3,
+                &params,
+                [nt, 1, 1],
+            )?;
+        }
+        let first = w.layers.first().map_or(&w.output_norm, |l| &l.attn_norm);
+        self.norm(&mut st, s, nt, None, None, first)?;
+        for (li, l) in w.layers.iter().enumerate() {
+            mv(&mut st, &l.wq, &s.h, &s.q, n, 0.0)?;
+            mv(&mut st, &l.wk, &s.h, &s.k, n, 0.0)?;
+            mv(&mut st, &l.wv, &s.h, &s.v, n, 0.0)?;
+            let flags = l.bias.is_some() as u32 | (l.q_norm.is_some() as u32) << 1 | (l.k_norm.is_some() as u32) << 2;
+            let dummy = &gpu.dummy;
+            let rope = [
+                P::U(u(l.n_head)?),
+                P::U(u(l.n_kv)?),
+                P::U(u(l.hd)?),
+                P::U(u(l.n_rot)?),
+                P::U(l.neox as u32),
+                P::U(u(pool.n_ctx)?),
+                P::U(flags),
+                P::F(l.theta_scale),
+                P::F(l.freq_scale),
+                P::F(l.q_norm.as_ref().map_or(0.0, |n| n.eps)),
+                P::F(l.k_norm.as_ref().map_or(0.0, |n| n.eps)),
+            ];
+            let bufs = [
+                (0, &s.q),
+                (1, &s.k),
+                (2, &s.v),
+                (3, l.bias.as_ref().unwrap_or(dummy)),
+                (4, l.q_norm.as_ref().map_or(dummy, |n| &n.w)),
+                (5, l.k_norm.as_ref().map_or(dummy, |n| &n.w)),
+                (6, &pool.k[li]),
+                (7, &pool.v[li]),
+                (8, &s.pos),
+                (9, &s.slot),
+            ];
+            st.dispatch(Kernel::Rope, None, &bufs, 10, &rope, [u(l.n_head + 2 * l.n_kv)?, nt, 1])?;
+            let attn = [
+                P::U(u(l.n_head)?),
+                P::U(u(l.n_kv)?),
+                P::U(u(l.hd)?),
+                P::U(u(pool.n_ctx)?),
+                P::U(l.window),
+                P::F(l.scale),
+                P::F(l.softcap),
+            ];
+            let bufs = [
+                (0, &s.q),
+                (1, &pool.k[li]),
+                (2, &pool.v[li]),
+                (3, &s.scores),
+                (4, &s.attn),
+                (5, &s.pos),
+                (6, &s.slot),
+            ];
+            st.dispatch(Kernel::Attention, None, &bufs, 7, &attn, [u(l.n_head)?, nt, 1])?;
+            mv(&mut st, &l.wo, &s.attn, &s.o, n, 0.0)?;
+            self.norm(&mut st, s, nt, Some(&s.o), l.post_attn_norm.as_ref(), &l.ffn_norm)?;
+            let n_ff = l.up.rows;
+            let ew = |st: &mut Step<'g>, k: Kernel, bufs: &[(u32, &wgpu::Buffer)]| {
+                let [gx, gy] = st.grid((n * n_ff).div_ceil(64));
+                st.dispatch(k, None, bufs, 3, &[P::U(u(n * n_ff)?), P::U(l.gelu as u32), P::U(0)], [gx, gy, 1])
+            };
+            mv(&mut st, &l.up, &s.h, &s.up, n, 0.0)?;
+            match &l.gate {
+                Some(g) => {
+                    mv(&mut st, g, &s.h, &s.gate, n, 0.0)?;
+                    ew(&mut st, Kernel::Glu, &[(0, &s.gate), (1, &s.up)])?;
+                }
+                None => ew(&mut st, Kernel::Act, &[(1, &s.up)])?,
+            }
+            mv(&mut st, &l.down, &s.up, &s.o, n, 0.0)?;
+            let next = w.layers.get(li + 1).map_or(&w.output_norm, |nl| &nl.attn_norm);
+            self.norm(&mut st, s, nt, Some(&s.o), l.post_ffn_norm.as_ref(), next)?;
+        }
+        if n_out > 0 {
+            let [gx, gy] = st.grid((n_out * e).div_ceil(64));
+            let params = [P::U(u(n_out * e)?), P::U(0), P::U(u(e)?)];
+            st.dispatch(Kernel::Gather, None, &[(0, &s.h), (1, &s.out_h), (2, &s.out_idx)], 3, &params, [gx, gy, 1])?;
+            mv(&mut st, &w.output, &s.out_h, &s.logits, n_out, w.final_softcap)?;
+        }
+        Ok(st)
+    }
+
+    /// Records `x += add_norm(add)` (when `add`), then `h = norm(x)`.
+    fn norm<'g>(
+        &self,
+        st: &mut Step<'g>,
+        s: &Scratch,
+        nt: u32,
+        add: Option<&wgpu::Buffer>,
+        add_norm: Option<&DevNorm>,
+        norm: &DevNorm,
+    ) -> Result<()> {
+        let gpu: &Gpu = st.gpu;
+        let dummy = &gpu.dummy;
+        let params = [
+            P::U(u(self.w.n_embd)?),
+            P::U(add.is_some() as u32),
+            P::U(add_norm.is_some() as u32),
+            P::U(norm.layer_norm as u32),
+            P::U(norm.b.is_some() as u32),
+            P::F(norm.eps),
+            P::F(add_norm.map_or(0.0, |n| n.eps)),
+        ];
+        let bufs = [
+            (0, &s.x),
+            (1, add.unwrap_or(dummy)),
+            (2, add_norm.map_or(dummy, |n| &n.w)),
+            (3, &norm.w),
+            (4, norm.b.as_ref().unwrap_or(dummy)),
+            (5, &s.h),
+        ];
+        st.dispatch(Kernel::ResidualNorm, None, &bufs, 6, &params, [nt, 1, 1])
+    }
+}
+
+/// Runs each dispatch of `step` alone, waiting for it, and adds its wall
+/// time to `prof` under its tag; returns an empty encoder for the read-back.
+fn profile_step(gpu: &Gpu, step: Step<'_>, prof: &mut StepProfile) -> Result<wgpu::CommandEncoder> {
+    for (tag, cb) in step.encode_each()? {
+        let t0 = std::time::Instant::now();
+        gpu.queue.submit([cb]);
+        gpu.device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map_err(|e| Error::Device(format!("waiting for {}: {e}", tag.op)))?;
+        prof.record(&tag.op, &tag.ty, &tag.shape, t0.elapsed(), tag.bytes);
+    }
+    Ok(gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("read-back") }))
+}

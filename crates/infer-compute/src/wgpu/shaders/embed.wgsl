@@ -1,0 +1,35 @@
+// Embedding lookup: out[t, :] = scale · dequantize(W[ids[t], :]), one
+// workgroup per token, chunks of 32 values through the weight type's
+// `load_chunk` (composed in front of this file). The matrix may be split
+// in row blocks (one binding each): this dispatch holds rows
+// row0..row0 + rows and skips tokens of other blocks.
+
+struct Params {
+    n_embd: u32,
+    row_bytes: u32,
+    scale: f32,
+    row0: u32,
+    rows: u32,
+}
+
+@group(0) @binding(1) var<storage, read> ids: array<u32>;
+@group(0) @binding(2) var<storage, read_write> out: array<f32>;
+@group(0) @binding(3) var<uniform> p: Params;
+
+@compute @workgroup_size(64)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
+    let t = wid.x;
+    let id = ids[t];
+    if id < p.row0 || id >= p.row0 + p.rows {
+        return;
+    }
+    let rbase = (id - p.row0) * p.row_bytes;
+    let n_chunks = (p.n_embd + 31u) / 32u;
+    for (var c = lanes.lid; c < n_chunks; c += WG) {
+        let v = load_chunk(rbase, c, p.n_embd);
+        let n = min(32u, p.n_embd - c * 32u);
+        for (var j = 0u; j < n; j++) {
+            out[t * p.n_embd + c * 32u + j] = p.scale * v[j];
+        }
+    }
+}

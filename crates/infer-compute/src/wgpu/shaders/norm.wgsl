@@ -1,0 +1,71 @@
+// The residual add fused with the next normalization, one workgroup per
+// token row of n values:
+//   a = add_norm ? rms_norm(add) · add_w : add   (a post-norm, Gemma)
+//   x += a                                      (when has_add)
+//   out = norm(x) · w (+ b)
+// norm: RMSNorm x / sqrt(mean(x²) + eps) (Zhang & Sennrich 2019) or
+// LayerNorm (x − mean) / sqrt(var + eps) (Ba et al. 2016). Sums in f32.
+// Unused operands are bound to a dummy buffer and never read.
+
+struct Params {
+    n: u32,
+    has_add: u32,
+    add_norm: u32,
+    layer_norm: u32,
+    has_bias: u32,
+    eps: f32,
+    add_eps: f32,
+}
+
+@group(0) @binding(0) var<storage, read_write> x: array<f32>;
+@group(0) @binding(1) var<storage, read> add: array<f32>;
+@group(0) @binding(2) var<storage, read> add_w: array<f32>;
+@group(0) @binding(3) var<storage, read> nw: array<f32>;
+@group(0) @binding(4) var<storage, read> nb: array<f32>;
+@group(0) @binding(5) var<storage, read_write> out: array<f32>;
+@group(0) @binding(6) var<uniform> p: Params;
+
+@compute @workgroup_size(64)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
+    let base = wid.x * p.n;
+    let lid = lanes.lid;
+    if p.has_add == 1u {
+        var add_scale = 1.0;
+        if p.add_norm == 1u {
+            var ss = 0.0;
+            for (var i = lid; i < p.n; i += WG) {
+                let a = add[base + i];
+                ss += a * a;
+            }
+            add_scale = 1.0 / sqrt(wg_sum(ss, lanes) / f32(p.n) + p.add_eps);
+        }
+        for (var i = lid; i < p.n; i += WG) {
+            var a = add[base + i];
+            if p.add_norm == 1u {
+                a = a * add_scale * add_w[i];
+            }
+            x[base + i] = x[base + i] + a;
+        }
+    }
+    var mean = 0.0;
+    if p.layer_norm == 1u {
+        var s = 0.0;
+        for (var i = lid; i < p.n; i += WG) {
+            s += x[base + i];
+        }
+        mean = wg_sum(s, lanes) / f32(p.n);
+    }
+    var ss = 0.0;
+    for (var i = lid; i < p.n; i += WG) {
+        let v = x[base + i] - mean;
+        ss += v * v;
+    }
+    let inv = 1.0 / sqrt(wg_sum(ss, lanes) / f32(p.n) + p.eps);
+    for (var i = lid; i < p.n; i += WG) {
+        var v = (x[base + i] - mean) * inv * nw[i];
+        if p.has_bias == 1u {
+            v += nb[i];
+        }
+        out[base + i] = v;
+    }
+}

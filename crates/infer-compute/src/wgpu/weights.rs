@@ -1,0 +1,147 @@
+//! Weight matrices on the device ([`DevWeight`]): GGUF blocks as they are,
+//! split into row blocks of at most `max_storage_buffer_binding_size` bytes
+//! (a 262 144 × n_embd output matrix passes the 128 MiB to 2 GiB bindings
+//! of most adapters), and the product over them ([`record_matvec`]).
+
+use super::context::Gpu;
+use super::shaders::{Kernel, WEIGHT_TYPES};
+use super::step::{Step, Tag, P};
+use crate::error::{shape_err, Error, Result};
+use crate::weight::QuantWeight;
+use crate::GgmlType;
+
+/// Tokens per workgroup of the product (`TT` in `matvec.wgsl`).
+const TT: usize = 4;
+
+/// Byte offsets are u32 in the kernels: no binding larger than this.
+const MAX_KERNEL_BYTES: u64 = 1 << 31;
+
+/// Row block `row0..row0 + rows` of a matrix in a buffer of its own.
+pub struct Part {
+    pub buf: wgpu::Buffer,
+    pub row0: usize,
+    pub rows: usize,
+}
+
+/// A `rows × cols` matrix of `ty` on the device.
+pub struct DevWeight {
+    pub ty: GgmlType,
+    pub rows: usize,
+    pub cols: usize,
+    pub row_bytes: usize,
+    pub parts: Vec<Part>,
+    /// Bytes uploaded.
+    pub bytes: usize,
+}
+
+/// [`Error::Unsupported`] unless `ty` has a kernel here.
+pub fn check_type(ty: GgmlType) -> Result<()> {
+    if WEIGHT_TYPES.contains(&ty) {
+        Ok(())
+    } else {
+        Err(Error::Unsupported { op: "wgpu product", ty })
+    }
+}
+
+/// The largest binding the kernels may use on `gpu`, in bytes.
+pub fn binding_limit(gpu: &Gpu) -> u64 {
+    gpu.caps.max_storage_binding.min(gpu.caps.max_buffer).min(MAX_KERNEL_BYTES)
+}
+
+impl DevWeight {
+    /// Uploads `w` (checked) in row blocks that fit one binding.
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`] for a type without a kernel; the errors of
+    /// [`QuantWeight::check`]; [`Error::UnsupportedModel`] naming
+    /// `max_storage_buffer_binding_size` when one row does not fit a
+    /// binding; out of memory.
+    pub fn upload(gpu: &Gpu, w: &QuantWeight, what: &str) -> Result<Self> {
+        check_type(w.ty)?;
+        w.check()?;
+        let rb = w.row_bytes();
+        let limit = binding_limit(gpu).saturating_sub(8);
+        let per_part = if rb == 0 { w.rows.max(1) } else { (limit / rb as u64) as usize };
+        if per_part == 0 {
+            return Err(Error::UnsupportedModel(format!(
+                "{what}: a row of {rb} bytes exceeds the adapter's max_storage_buffer_binding_size of {} bytes",
+                gpu.caps.max_storage_binding
+            )));
+        }
+        let bytes = w.data.as_bytes();
+        let mut parts = Vec::new();
+        let mut row0 = 0;
+        while row0 < w.rows || parts.is_empty() {
+            let rows = per_part.min(w.rows - row0);
+            let buf = gpu.upload(what, &bytes[row0 * rb..(row0 + rows) * rb])?;
+            parts.push(Part { buf, row0, rows });
+            row0 += rows;
+            if rows == 0 {
+                break;
+            }
+        }
+        Ok(DevWeight { ty: w.ty, rows: w.rows, cols: w.cols, row_bytes: rb, parts, bytes: bytes.len() })
+    }
+}
+
+/// Where the activations of a product are and where its results go: `n_tok`
+/// rows of `x` from value `x_off` every `x_stride` values; results of token
+/// `t`, row `r` at `y[y_off + t · y_stride + r]`, soft-capped by `cap`
+/// when positive.
+#[derive(Clone, Copy)]
+pub struct ProductIo<'a> {
+    pub x: &'a wgpu::Buffer,
+    pub x_off: usize,
+    pub x_stride: usize,
+    pub n_tok: usize,
+    pub y: &'a wgpu::Buffer,
+    pub y_off: usize,
+    pub y_stride: usize,
+    pub cap: f32,
+}
+
+fn u32_of(v: usize, what: &'static str) -> Result<u32> {
+    u32::try_from(v).map_err(|_| Error::Overflow(what))
+}
+
+/// Records `Y = X · Wᵀ` over every row block of `w` (one dispatch each).
+///
+/// # Errors
+/// [`Error::Overflow`] for offsets past the kernels' 32-bit indices; those
+/// of [`Step::dispatch`].
+pub fn record_matvec(step: &mut Step<'_>, w: &DevWeight, io: ProductIo<'_>) -> Result<()> {
+    let z = u32_of(io.n_tok.div_ceil(TT), "token tiles")?;
+    for part in &w.parts {
+        let [gx, gy] = step.grid(part.rows);
+        let params = [
+            P::U(u32_of(part.rows, "rows")?),
+            P::U(u32_of(w.cols, "cols")?),
+            P::U(u32_of(io.n_tok, "tokens")?),
+            P::U(u32_of(w.row_bytes, "row bytes")?),
+            P::U(u32_of(io.x_off, "activation offset")?),
+            P::U(u32_of(io.x_stride, "activation stride")?),
+            P::U(u32_of(io.y_off + part.row0, "result offset")?),
+            P::U(u32_of(io.y_stride, "result stride")?),
+            P::F(io.cap),
+        ];
+        step.tag(Tag {
+            op: "matvec".into(),
+            ty: w.ty.name().into(),
+            shape: format!("{}x{}", w.rows, w.cols),
+            bytes: (part.rows * w.row_bytes) as u64,
+        });
+        step.dispatch(Kernel::Matvec, Some(w.ty), &[(0, &part.buf), (1, io.x), (2, io.y)], 3, &params, [gx, gy, z])?;
+    }
+    Ok(())
+}
+
+/// Checks a product's operands: `x` of `n_tok × w.cols` values.
+///
+/// # Errors
+/// [`Error::Shape`].
+pub fn check_x(w: &QuantWeight, x_len: usize, n_tok: usize, op: &'static str) -> Result<()> {
+    if n_tok.checked_mul(w.cols) != Some(x_len) {
+        return Err(shape_err(op, format!("x has {x_len} values, want {n_tok} x {}", w.cols)));
+    }
+    Ok(())
+}
