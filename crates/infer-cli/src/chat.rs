@@ -34,6 +34,7 @@ use infer_model::sampling::Sampler;
 use infer_model::stop::StopMatcher;
 use infer_model::tokenizer::Tokenizer;
 
+use crate::cache_type::CacheTypeArgs;
 use crate::common::{context_size, n_predict_limit, CliResult, Loaded, ModelArgs, ThreadArgs};
 use crate::prompt::TextArgs;
 use crate::sampling::SamplingArgs;
@@ -61,6 +62,8 @@ pub struct ChatArgs {
     /// warning when more).
     #[arg(short = 'c', long, value_name = "N", allow_negative_numbers = true)]
     ctx_size: Option<i64>,
+    #[command(flatten)]
+    cache: CacheTypeArgs,
 }
 
 /// Whether the model at `path` is instruction-tuned, as far as can be
@@ -111,7 +114,7 @@ pub fn chat(a: ChatArgs) -> CliResult {
     })?;
     let Loaded { backend, mut model, load_time, .. } = loaded;
     let limit = crate::prompt::byte_limit(n_ctx);
-    let mut ctx = CachedContext::new(model.as_ref(), n_ctx)?;
+    let mut ctx = CachedContext::with_types(model.as_ref(), n_ctx, a.cache.types())?;
     let mut sampler = Sampler::new(cfg.clone())?;
     eprintln!(
         "{} on {}, loaded in {:.2} s; context {n_ctx} tokens; sampling: seed {}, {}. /reset starts over, /exit (or \

@@ -20,6 +20,7 @@ macro_rules! eprint {
 mod bench;
 mod bench_batched;
 mod bench_serve;
+mod cache_type;
 mod chat;
 mod common;
 mod ignore_eos;
@@ -28,6 +29,7 @@ mod interrupt;
 mod llama_args;
 mod models;
 mod output;
+mod perplexity;
 mod profile;
 mod prompt;
 mod run;
@@ -64,6 +66,9 @@ enum Command {
     /// Serve the model over HTTP with the OpenAI API (chat and text completions, streaming), many requests at once
     /// (continuous batching over `--parallel` slots).
     Serve(serve::ServeArgs),
+    /// Perplexity of a model over a text file, computed as llama.cpp's llama-perplexity (chunks of -c tokens, each
+    /// scored over its second half).
+    Perplexity(perplexity::PerplexityArgs),
     /// Write a GGUF with random weights and a real model's shapes, metadata and tensor types.
     Synth(synth::SynthArgs),
 }
@@ -102,6 +107,7 @@ fn main() -> ExitCode {
         Command::Models(a) => models::models(a),
         Command::Chat(a) => chat::chat(a),
         Command::Serve(a) => serve::serve(a),
+        Command::Perplexity(a) => perplexity::perplexity(a),
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,

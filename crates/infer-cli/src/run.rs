@@ -5,12 +5,13 @@ use std::io::{IsTerminal, Write};
 use clap::Args;
 use infer_compute::DeviceModel;
 use infer_model::chat::{ChatTemplate, Message};
-use infer_model::generate::{generate_with_progress, StopReason};
+use infer_model::generate::{generate_cached_with_progress, CachedContext, StopReason};
 use infer_model::sampling::Sampler;
 use infer_model::stop::StopMatcher;
 use infer_model::tokenizer::Tokenizer;
 use serde::Serialize;
 
+use crate::cache_type::CacheTypeArgs;
 use crate::common::{context_size, n_predict_limit, CliResult, Loaded, ModelArgs, ThreadArgs};
 use crate::ignore_eos::IgnoreEos;
 use crate::output::Out;
@@ -65,6 +66,8 @@ pub struct RunArgs {
     verbose: bool,
     #[command(flatten)]
     prompt: PromptArgs,
+    #[command(flatten)]
+    cache: CacheTypeArgs,
 }
 
 /// What `run --json` prints.
@@ -229,12 +232,13 @@ pub fn run(a: RunArgs) -> CliResult {
             }
         }
     };
-    let stats = generate_with_progress(
+    let mut ctx = CachedContext::with_types(model.as_ref(), n_ctx, a.cache.types())?;
+    let stats = generate_cached_with_progress(
         model.as_mut(),
+        &mut ctx,
         &tokenizer,
         &ids,
         max_tokens,
-        n_ctx,
         &mut sampler,
         PREFILL_CHUNK,
         on_prefill,

@@ -54,6 +54,8 @@ pub struct ServeArgs {
     /// The model's id in the API (`/v1/models`, the `model` field) [default: a known model's name, else the file name without .gguf].
     #[arg(short = 'a', long, value_name = "NAME")]
     alias: Option<String>,
+    #[command(flatten)]
+    cache: crate::cache_type::CacheTypeArgs,
 }
 
 /// The model id of `path`: a known model's name when it is that model's
@@ -74,6 +76,7 @@ pub fn serve(a: ServeArgs) -> CliResult {
         port: a.port,
         parallel: a.parallel,
         n_batch: a.batch_size,
+        kv_types: a.cache.types(),
         max_queue: a.max_queue,
         max_body: a.max_body,
         max_tokens: a.max_tokens,

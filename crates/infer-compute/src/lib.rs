@@ -20,14 +20,17 @@ pub mod cuda;
 pub mod device;
 pub mod error;
 pub mod ggml_type;
+pub mod kv_type;
 pub mod linalg;
 mod memory;
 pub mod pipeline;
 pub mod quant;
+pub mod turboquant;
 pub mod weight;
 
 pub use backend::{greedy_token, Batch, ComputeBackend, DeviceModel, KvPool, Out, SeqStep, Span, StepProfile};
 pub use device::{backend_by_name, default_backend};
 pub use error::{Error, Result};
 pub use ggml_type::GgmlType;
+pub use kv_type::{KvCacheType, KvTypes};
 pub use weight::{QuantWeight, WeightBytes};
