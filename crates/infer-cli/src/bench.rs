@@ -467,7 +467,7 @@ pub fn bench(a: BenchArgs) -> CliResult {
         let bos = gguf.get_u32("tokenizer.ggml.bos_token_id").unwrap_or(0).min(spec.n_vocab as u32 - 1);
         let exact = a.model.precision == PrecisionArg::Exact;
         let bytes_per_token = decode_bytes_per_token(&spec, exact);
-        let kv_types = a.cache.types();
+        let kv_types = a.cache.types_for(model.as_ref());
         let on_cpu = backend.name() == "cpu";
         let kernels = if on_cpu {
             infer_compute::cpu::Kernels::detect().level().name().to_string()

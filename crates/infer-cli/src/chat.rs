@@ -114,7 +114,7 @@ pub fn chat(a: ChatArgs) -> CliResult {
     })?;
     let Loaded { backend, mut model, load_time, .. } = loaded;
     let limit = crate::prompt::byte_limit(n_ctx);
-    let mut ctx = CachedContext::with_types(model.as_ref(), n_ctx, a.cache.types())?;
+    let mut ctx = CachedContext::with_types(model.as_ref(), n_ctx, a.cache.types_for(model.as_ref()))?;
     let mut sampler = Sampler::new(cfg.clone())?;
     eprintln!(
         "{} on {}, loaded in {:.2} s; context {n_ctx} tokens; sampling: seed {}, {}. /reset starts over, /exit (or \

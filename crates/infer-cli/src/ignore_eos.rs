@@ -27,6 +27,10 @@ impl DeviceModel for IgnoreEos {
         self.inner.n_vocab()
     }
 
+    fn default_kv_types(&self) -> KvTypes {
+        self.inner.default_kv_types()
+    }
+
     fn new_kv_pool_typed(&self, n_slots: usize, n_ctx: usize, types: KvTypes) -> Result<Box<dyn KvPool>> {
         self.inner.new_kv_pool_typed(n_slots, n_ctx, types)
     }

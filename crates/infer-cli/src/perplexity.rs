@@ -149,7 +149,7 @@ pub fn perplexity(a: PerplexityArgs) -> CliResult {
     }
     let n_chunk = n_chunks(tokens.len(), n_ctx, a.chunks);
     let n_batch = a.batch_size.min(n_ctx).min(UBATCH);
-    let types = a.cache.types();
+    let types = a.cache.types_for(model.as_ref());
     let mut kv = model.new_kv_cache_typed(n_ctx, types)?;
     eprintln!("backend: {}", backend.device_info());
     eprintln!(

@@ -232,7 +232,7 @@ pub fn run(a: RunArgs) -> CliResult {
             }
         }
     };
-    let mut ctx = CachedContext::with_types(model.as_ref(), n_ctx, a.cache.types())?;
+    let mut ctx = CachedContext::with_types(model.as_ref(), n_ctx, a.cache.types_for(model.as_ref()))?;
     let stats = generate_cached_with_progress(
         model.as_mut(),
         &mut ctx,

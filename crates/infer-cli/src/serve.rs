@@ -76,7 +76,6 @@ pub fn serve(a: ServeArgs) -> CliResult {
         port: a.port,
         parallel: a.parallel,
         n_batch: a.batch_size,
-        kv_types: a.cache.types(),
         max_queue: a.max_queue,
         max_body: a.max_body,
         max_tokens: a.max_tokens,
@@ -93,6 +92,7 @@ pub fn serve(a: ServeArgs) -> CliResult {
         Ok((n_ctx, tokenizer, template))
     })?;
     let Loaded { backend, model, load_time, .. } = loaded;
+    cfg.kv_types = a.cache.types_for(model.as_ref());
     let id = a.alias.clone().unwrap_or_else(|| model_id(&path));
     let served = ServedModel { id: id.clone(), model, tokenizer, template };
     let server = infer_server::start(cfg.clone(), served)?;

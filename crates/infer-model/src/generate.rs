@@ -87,7 +87,7 @@ impl CachedContext {
     /// # Errors
     /// The model's cache allocation errors (e.g. out of memory).
     pub fn new(model: &dyn DeviceModel, n_ctx: usize) -> Result<CachedContext> {
-        Self::with_types(model, n_ctx, KvTypes::default())
+        Self::with_types(model, n_ctx, model.default_kv_types())
     }
 
     /// An empty context of `n_ctx` positions for `model`, its keys and

@@ -127,13 +127,18 @@ pub trait DeviceModel: Send {
     /// it does not fit.
     fn new_kv_pool_typed(&self, n_slots: usize, n_ctx: usize, types: KvTypes) -> Result<Box<dyn KvPool>>;
 
-    /// [`DeviceModel::new_kv_pool_typed`] with the default types (f16
-    /// keys and values).
+    /// The cache types of [`DeviceModel::new_kv_pool`]: f16 keys and
+    /// values unless the backend says otherwise (the CPU's exact mode: f32).
+    fn default_kv_types(&self) -> KvTypes {
+        KvTypes::default()
+    }
+
+    /// [`DeviceModel::new_kv_pool_typed`] with [`DeviceModel::default_kv_types`].
     ///
     /// # Errors
     /// As [`DeviceModel::new_kv_pool_typed`].
     fn new_kv_pool(&self, n_slots: usize, n_ctx: usize) -> Result<Box<dyn KvPool>> {
-        self.new_kv_pool_typed(n_slots, n_ctx, KvTypes::default())
+        self.new_kv_pool_typed(n_slots, n_ctx, self.default_kv_types())
     }
 
     /// Runs one forward step over `batch` (any mix of decode steps and

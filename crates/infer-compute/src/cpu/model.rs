@@ -136,6 +136,9 @@ struct Weights {
     output: CpuWeight,
     final_logit_softcap: Option<f32>,
     kernels: Kernels,
+    /// The pool types of [`DeviceModel::new_kv_pool`]: f16, or f32 in
+    /// [`Precision::Exact`] (so the exact forward pass stays exact).
+    default_kv: KvTypes,
 }
 
 /// A model prepared for the CPU: shared weights and one context's
@@ -211,6 +214,10 @@ impl CpuModel {
             output: prep(&spec.output)?,
             final_logit_softcap: spec.final_logit_softcap,
             kernels,
+            default_kv: match precision {
+                Precision::Quantized => KvTypes::default(),
+                Precision::Exact => KvTypes::both(crate::KvCacheType::F32),
+            },
         };
         Ok(CpuModel {
             logits: crate::memory::zeroed(spec.n_vocab, "the logits")?,
@@ -438,6 +445,11 @@ impl DeviceModel for CpuModel {
         self.w.n_vocab
     }
 
+    /// f16 keys and values, or f32 in [`Precision::Exact`].
+    fn default_kv_types(&self) -> KvTypes {
+        self.w.default_kv
+    }
+
     fn new_kv_pool_typed(&self, n_slots: usize, n_ctx: usize, types: KvTypes) -> Result<Box<dyn KvPool>> {
         for l in &self.w.layers {
             types.k.check_head_dim(l.spec.head_dim)?;
@@ -551,8 +563,10 @@ fn attention_spans(
         let (t0, t1) = (s.start, s.start + s.len);
         let (q, out) = (&q[t0 * qd..t1 * qd], &mut attn[t0 * qd..t1 * qd]);
         let (kc, vc) = (kp.sub(s.slot * slot_len, slot_len), vp.sub(s.slot * slot_len, slot_len));
+        // The span's own slot, as slot 0 of a one-slot view.
+        let zero = vec![0; s.len];
         if s.len < TILE_MIN_TOKENS {
-            ops::attention_batch_on(par, q, kc, vc, slot_len, &slot[t0..t1], &pos[t0..t1], p, out);
+            ops::attention_batch_on(par, q, kc, vc, slot_len, &zero, &pos[t0..t1], p, out);
             continue;
         }
         // Positions first..end: what the span's tokens attend to.
@@ -562,7 +576,6 @@ fn attention_spans(
         crate::memory::resize(&mut tile.1, n, 0.0, "the attention tile (V)")?;
         kc.to_f32(first * kvd, &mut tile.0[first * kvd..n]);
         vc.to_f32(first * kvd, &mut tile.1[first * kvd..n]);
-        let zero = vec![0; s.len];
         let (kt, vt) = (KvData::F32(&tile.0[..n]), KvData::F32(&tile.1[..n]));
         ops::attention_batch_on(par, q, kt, vt, n, &zero, &pos[t0..t1], p, out);
     }
