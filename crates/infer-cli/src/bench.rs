@@ -32,7 +32,7 @@ use std::time::Instant;
 
 use clap::{Args, ValueEnum};
 use infer_compute::pipeline::ModelSpec;
-use infer_compute::{DeviceModel, KvPool};
+use infer_compute::{DeviceModel, KvPool, KvTypes};
 use infer_model::gguf::GgufFile;
 use infer_model::synth::{file_type_name, SynthArch};
 use rand::{Rng, SeedableRng};
@@ -107,6 +107,8 @@ pub struct BenchArgs {
     /// Batched mode: generated tokens per sequence.
     #[arg(long = "ntg", value_name = "N", default_value_t = 128, requires = "npl")]
     ntg: usize,
+    #[command(flatten)]
+    cache: crate::cache_type::CacheTypeArgs,
 }
 
 /// `infer bench`'s subcommands.
@@ -198,6 +200,12 @@ pub struct TestResult {
     pub bandwidth_gbps: Option<f64>,
     /// `effective_gbps / bandwidth_gbps` (decode tests with a bandwidth).
     pub roofline_fraction: Option<f64>,
+    /// KV cache type of the keys (llama-bench's `type_k`: `f16`, `q8_0`...).
+    pub type_k: String,
+    /// KV cache type of the values (llama-bench's `type_v`).
+    pub type_v: String,
+    /// KV cache bytes per position, keys and values of every layer.
+    pub kv_bytes_per_token: u64,
 }
 
 /// Mean and sample standard deviation (0 for fewer than two values).
@@ -333,8 +341,8 @@ pub fn measure_bandwidth(threads: usize) -> f64 {
 }
 
 /// Runs the prefill test once; returns nanoseconds.
-fn time_prefill(model: &mut dyn DeviceModel, tokens: &[u32]) -> CliResult<u64> {
-    let mut kv: Box<dyn KvPool> = model.new_kv_cache(tokens.len())?;
+fn time_prefill(model: &mut dyn DeviceModel, tokens: &[u32], types: KvTypes) -> CliResult<u64> {
+    let mut kv: Box<dyn KvPool> = model.new_kv_cache_typed(tokens.len(), types)?;
     let t0 = Instant::now();
     let logits = model.prefill(kv.as_mut(), tokens, 0)?;
     let ns = t0.elapsed().as_nanos() as u64;
@@ -343,8 +351,8 @@ fn time_prefill(model: &mut dyn DeviceModel, tokens: &[u32]) -> CliResult<u64> {
 }
 
 /// Runs the decode test once (`n` steps from BOS); returns nanoseconds.
-fn time_decode(model: &mut dyn DeviceModel, bos: u32, n: usize) -> CliResult<u64> {
-    let mut kv: Box<dyn KvPool> = model.new_kv_cache(n)?;
+fn time_decode(model: &mut dyn DeviceModel, bos: u32, n: usize, types: KvTypes) -> CliResult<u64> {
+    let mut kv: Box<dyn KvPool> = model.new_kv_cache_typed(n, types)?;
     let mut token = bos;
     let t0 = Instant::now();
     for pos in 0..n {
@@ -459,6 +467,7 @@ pub fn bench(a: BenchArgs) -> CliResult {
         let bos = gguf.get_u32("tokenizer.ggml.bos_token_id").unwrap_or(0).min(spec.n_vocab as u32 - 1);
         let exact = a.model.precision == PrecisionArg::Exact;
         let bytes_per_token = decode_bytes_per_token(&spec, exact);
+        let kv_types = a.cache.types_for(model.as_ref());
         let on_cpu = backend.name() == "cpu";
         let kernels = if on_cpu {
             infer_compute::cpu::Kernels::detect().level().name().to_string()
@@ -496,6 +505,9 @@ pub fn bench(a: BenchArgs) -> CliResult {
             effective_gbps: None,
             bandwidth_gbps: bandwidth,
             roofline_fraction: None,
+            type_k: kv_types.k.name().into(),
+            type_v: kv_types.v.name().into(),
+            kv_bytes_per_token: model.new_kv_cache_typed(1, kv_types)?.bytes_per_token(),
         };
         if !a.npl.is_empty() {
             batched(&a, model.as_mut(), &base, &spec, format)?;
@@ -518,8 +530,8 @@ pub fn bench(a: BenchArgs) -> CliResult {
             let tokens: Vec<u32> = (0..n_prompt).map(|_| rng.gen_range(0..spec.n_vocab as u32)).collect();
             let test_time = utc_now();
             let samples = with_spinner(&format!("pp{n_prompt}, {threads} threads"), || -> CliResult<Vec<u64>> {
-                time_prefill(model.as_mut(), &tokens)?; // warm-up
-                (0..a.reps).map(|_| time_prefill(model.as_mut(), &tokens)).collect()
+                time_prefill(model.as_mut(), &tokens, kv_types)?; // warm-up
+                (0..a.reps).map(|_| time_prefill(model.as_mut(), &tokens, kv_types)).collect()
             })?;
             let r = TestResult { test: format!("pp{n_prompt}"), n_prompt, test_time, ..base.clone() };
             results.push(finish(r, n_prompt, samples));
@@ -528,8 +540,8 @@ pub fn bench(a: BenchArgs) -> CliResult {
             let n_gen = fit(g, "-n");
             let test_time = utc_now();
             let samples = with_spinner(&format!("tg{n_gen}, {threads} threads"), || -> CliResult<Vec<u64>> {
-                time_decode(model.as_mut(), bos, 1)?; // warm-up
-                (0..a.reps).map(|_| time_decode(model.as_mut(), bos, n_gen)).collect()
+                time_decode(model.as_mut(), bos, 1, kv_types)?; // warm-up
+                (0..a.reps).map(|_| time_decode(model.as_mut(), bos, n_gen, kv_types)).collect()
             })?;
             let r = TestResult { test: format!("tg{n_gen}"), n_gen, test_time, ..base.clone() };
             let mut r = finish(r, n_gen, samples);
@@ -649,6 +661,9 @@ const CSV_FIELDS: &[&str] = &[
     "effective_gbps",
     "bandwidth_gbps",
     "roofline_fraction",
+    "type_k",
+    "type_v",
+    "kv_bytes_per_token",
 ];
 
 /// llama-bench's CSV: a header of the field names, then one line per test
@@ -797,6 +812,9 @@ mod tests {
             effective_gbps: None,
             bandwidth_gbps: None,
             roofline_fraction: None,
+            type_k: "f16".into(),
+            type_v: "f16".into(),
+            kv_bytes_per_token: 0,
         };
         let serde_json::Value::Object(m) = serde_json::to_value(&r).unwrap() else { panic!() };
         let mut scalar: Vec<&str> = m.iter().filter(|(_, v)| !v.is_array()).map(|(k, _)| k.as_str()).collect();

@@ -41,6 +41,7 @@ use infer_model::tokenizer::Tokenizer;
 
 use crate::chat_commands::{self, Command};
 use crate::chat_input::{ChatInput, Input};
+use crate::cache_type::CacheTypeArgs;
 use crate::common::{context_size, n_predict_limit, CliResult, Loaded, ModelArgs, ThreadArgs};
 use crate::context_shift::ContextShiftArgs;
 use crate::prompt::TextArgs;
@@ -71,6 +72,8 @@ pub struct ChatArgs {
     /// warning when more).
     #[arg(short = 'c', long, value_name = "N", allow_negative_numbers = true)]
     ctx_size: Option<i64>,
+    #[command(flatten)]
+    cache: CacheTypeArgs,
 }
 
 /// Whether the model at `path` is instruction-tuned, as far as can be
@@ -122,7 +125,7 @@ pub fn chat(a: ChatArgs) -> CliResult {
     })?;
     let Loaded { backend, mut model, load_time, .. } = loaded;
     let limit = crate::prompt::byte_limit(n_ctx);
-    let mut ctx = CachedContext::new(model.as_ref(), n_ctx)?;
+    let mut ctx = CachedContext::with_types(model.as_ref(), n_ctx, a.cache.types_for(model.as_ref()))?;
     let mut sampler = Sampler::new(cfg.clone())?;
     eprintln!(
         "{} on {}, loaded in {:.2} s; context {n_ctx} tokens; sampling: seed {}, {}. /reset starts over, /exit (or \

@@ -6,7 +6,7 @@
 //! logits in a copy of every row; the generation loop then never samples
 //! them.
 
-use infer_compute::{Batch, DeviceModel, KvPool, Result, StepProfile};
+use infer_compute::{Batch, DeviceModel, KvPool, KvTypes, Result, StepProfile};
 
 /// A model whose end-of-generation logits are minus infinity.
 pub struct IgnoreEos {
@@ -27,8 +27,12 @@ impl DeviceModel for IgnoreEos {
         self.inner.n_vocab()
     }
 
-    fn new_kv_pool(&self, n_slots: usize, n_ctx: usize) -> Result<Box<dyn KvPool>> {
-        self.inner.new_kv_pool(n_slots, n_ctx)
+    fn default_kv_types(&self) -> KvTypes {
+        self.inner.default_kv_types()
+    }
+
+    fn new_kv_pool_typed(&self, n_slots: usize, n_ctx: usize, types: KvTypes) -> Result<Box<dyn KvPool>> {
+        self.inner.new_kv_pool_typed(n_slots, n_ctx, types)
     }
 
     /// Every row of the step, masked.

@@ -146,6 +146,9 @@ struct Info {
     shapes: Option<Shapes>,
     /// Runs of equal layers: `N × local(W, rope B)` or `global(rope B)`.
     attention: Vec<String>,
+    /// KV cache bytes per position (keys and values of every layer) for
+    /// each cache type, f32 to q4_0.
+    kv_bytes_per_token: Vec<(String, u64)>,
     /// Why the file does not run here, when it does not.
     not_runnable: Option<String>,
     backend: String,
@@ -208,6 +211,7 @@ pub fn info(a: InfoArgs) -> CliResult {
         chat_template,
         shapes: None,
         attention: Vec::new(),
+        kv_bytes_per_token: Vec::new(),
         not_runnable: None,
         backend: backend.device_info(),
     };
@@ -244,6 +248,14 @@ pub fn info(a: InfoArgs) -> CliResult {
             }
             info.attention =
                 runs.iter().map(|&(n, w)| if n == 1 { w.to_string() } else { format!("{n} × {w}") }).collect();
+            let kv_dims: Vec<usize> = spec.layers.iter().map(|l| l.n_head_kv * l.head_dim).collect();
+            info.kv_bytes_per_token = infer_compute::KvCacheType::ALL
+                .into_iter()
+                .filter_map(|t| {
+                    let b = infer_compute::KvTypes::both(t).bytes_per_token(kv_dims.iter().copied()).ok()?;
+                    Some((t.name().to_string(), b))
+                })
+                .collect();
         }
         // A GGUF file that is not a model this build runs (no architecture,
         // another architecture, a feature it refuses) is still described.
@@ -323,6 +335,10 @@ fn print_text(out: &mut Out, info: &Info, failed: bool) -> std::io::Result<()> {
             s.n_embd, s.n_layer, s.n_head, s.n_head_kv, s.head_dim, s.n_ff, s.n_vocab, s.n_ctx_train
         )?;
         writeln!(out, "attention:    {} (layers in order)", info.attention.join(", "))?;
+        let kv: Vec<String> = info.kv_bytes_per_token.iter().map(|(t, b)| format!("{t} {b}")).collect();
+        if !kv.is_empty() {
+            writeln!(out, "KV cache:     bytes per token (K and V, all layers): {}", kv.join(", "))?;
+        }
     }
     if let Some(e) = &info.not_runnable {
         writeln!(out, "pipeline:     not runnable here: {e}")?;

@@ -24,6 +24,9 @@ pub const SHORT_ALIASES: &[(&str, &str)] = &[
     ("-npl", "--npl"),
     // llama-server's, for `serve`.
     ("-np", "--parallel"),
+    // The KV cache's element types.
+    ("-ctk", "--cache-type-k"),
+    ("-ctv", "--cache-type-v"),
 ];
 
 /// llama.cpp's multi-letter short flags that `infer` does not have, with
@@ -34,8 +37,6 @@ const UNSUPPORTED: &[(&str, &str)] = &[
     ("-hfd", "--hf-repo-draft"),
     ("-hfv", "--hf-repo-v"),
     ("-fa", "--flash-attn"),
-    ("-ctk", "--cache-type-k"),
-    ("-ctv", "--cache-type-v"),
     ("-cnv", "--conversation"),
     ("-no-cnv", "--no-conversation"),
     ("-st", "--single-turn"),
@@ -162,6 +163,10 @@ mod tests {
             ["infer", "run", "--n-gpu-layers", "99", "--system-prompt", "be brief", "--device", "CUDA0", "-n", "5"]
         );
         assert_eq!(rw(&["infer", "-ngl=0"]).unwrap(), ["infer", "--n-gpu-layers=0"]);
+        assert_eq!(
+            rw(&["infer", "-ctk", "q8_0", "-ctv=q4_0"]).unwrap(),
+            ["infer", "--cache-type-k", "q8_0", "--cache-type-v=q4_0"]
+        );
         // Values, long flags, single letters and words are left alone.
         assert_eq!(
             rw(&["infer", "run", "-n", "-1", "--top-k", "-5", "-ngl"]).unwrap(),
@@ -180,7 +185,7 @@ mod tests {
             rw(&["infer", "run", "-hf", "user/repo:Q8_0"]).unwrap(),
             ["infer", "run", "--hf-repo", "user/repo:Q8_0"]
         );
-        assert!(rw(&["infer", "run", "-ctk=q8_0"]).unwrap_err().contains("--cache-type-k"));
+        assert!(rw(&["infer", "run", "-kvu"]).unwrap_err().contains("--kv-unified"));
     }
 
     #[test]

@@ -20,6 +20,7 @@ macro_rules! eprint {
 mod bench;
 mod bench_batched;
 mod bench_serve;
+mod cache_type;
 mod chat;
 mod chat_commands;
 mod chat_input;
@@ -31,6 +32,7 @@ mod interrupt;
 mod llama_args;
 mod models;
 mod output;
+mod perplexity;
 mod profile;
 mod prompt;
 mod pull;
@@ -74,6 +76,9 @@ enum Command {
     /// Serve the model over HTTP with the OpenAI API (chat and text completions, streaming), many requests at once
     /// (continuous batching over `--parallel` slots).
     Serve(serve::ServeArgs),
+    /// Perplexity of a model over a text file, computed as llama.cpp's llama-perplexity (chunks of -c tokens, each
+    /// scored over its second half).
+    Perplexity(perplexity::PerplexityArgs),
     /// Write a GGUF with random weights and a real model's shapes, metadata and tensor types.
     Synth(synth::SynthArgs),
 }
@@ -114,6 +119,7 @@ fn main() -> ExitCode {
         Command::Serve(a) => serve::serve(a),
         Command::Pull(a) => pull::pull(a),
         Command::Rm(a) => pull::rm(a),
+        Command::Perplexity(a) => perplexity::perplexity(a),
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -11,6 +11,7 @@ use infer_model::stop::StopMatcher;
 use infer_model::tokenizer::Tokenizer;
 use serde::Serialize;
 
+use crate::cache_type::CacheTypeArgs;
 use crate::common::{context_size, n_predict_limit, CliResult, Loaded, ModelArgs, ThreadArgs};
 use crate::context_shift::ContextShiftArgs;
 use crate::ignore_eos::IgnoreEos;
@@ -69,6 +70,8 @@ pub struct RunArgs {
     verbose: bool,
     #[command(flatten)]
     prompt: PromptArgs,
+    #[command(flatten)]
+    cache: CacheTypeArgs,
 }
 
 /// What `run --json` prints.
@@ -238,7 +241,7 @@ pub fn run(a: RunArgs) -> CliResult {
             }
         }
     };
-    let mut ctx = CachedContext::new(model.as_ref(), n_ctx)?;
+    let mut ctx = CachedContext::with_types(model.as_ref(), n_ctx, a.cache.types_for(model.as_ref()))?;
     // llama.cpp's -2 stops at a full context; anything else shifts it.
     ctx.set_context_shift(if a.n_predict == -2 { None } else { a.shift.n_keep(&ids, &tokenizer)? });
     let stats = generate_cached_with_progress(

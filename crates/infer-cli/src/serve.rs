@@ -54,6 +54,8 @@ pub struct ServeArgs {
     /// The model's id in the API (`/v1/models`, the `model` field) [default: a known model's name, else the file name without .gguf].
     #[arg(short = 'a', long, value_name = "NAME")]
     alias: Option<String>,
+    #[command(flatten)]
+    cache: crate::cache_type::CacheTypeArgs,
 }
 
 /// The model id of `path`: a known model's name when it is that model's
@@ -90,6 +92,7 @@ pub fn serve(a: ServeArgs) -> CliResult {
         Ok((n_ctx, tokenizer, template))
     })?;
     let Loaded { backend, model, load_time, .. } = loaded;
+    cfg.kv_types = a.cache.types_for(model.as_ref());
     let id = a.alias.clone().unwrap_or_else(|| model_id(&path));
     let served = ServedModel { id: id.clone(), model, tokenizer, template };
     let server = infer_server::start(cfg.clone(), served)?;

@@ -1,5 +1,6 @@
 //! The error type of infer-compute.
 
+use crate::kv_type::KvCacheType;
 use crate::GgmlType;
 
 /// Result alias used throughout the crate.
@@ -43,6 +44,13 @@ pub enum Error {
     /// A step with no tokens.
     #[error("a step needs at least one token")]
     EmptyBatch,
+    /// A KV cache type name that is not one of [`KvCacheType::ALL`].
+    #[error("unknown KV cache type '{0}' (expected f32, f16, q8_0 or q4_0)")]
+    UnknownKvCacheType(String),
+    /// A KV cache type this backend, or this model's head size, cannot
+    /// store.
+    #[error("KV cache type {ty} is not supported: {reason}")]
+    UnsupportedKvCache { ty: KvCacheType, reason: String },
     /// A KV cache of zero positions.
     #[error("a KV cache needs at least one position")]
     EmptyKvCache,

@@ -20,10 +20,12 @@ pub mod cuda;
 pub mod device;
 pub mod error;
 pub mod ggml_type;
+pub mod kv_type;
 pub mod linalg;
 mod memory;
 pub mod pipeline;
 pub mod quant;
+pub mod turboquant;
 pub mod weight;
 #[cfg(feature = "wgpu")]
 pub mod wgpu;
@@ -32,4 +34,5 @@ pub use backend::{greedy_token, Batch, ComputeBackend, DeviceModel, KvPool, Out,
 pub use device::{backend_by_name, default_backend};
 pub use error::{Error, Result};
 pub use ggml_type::GgmlType;
+pub use kv_type::{KvCacheType, KvTypes};
 pub use weight::{QuantWeight, WeightBytes};

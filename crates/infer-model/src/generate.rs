@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use infer_compute::{DeviceModel, KvPool};
+use infer_compute::{DeviceModel, KvPool, KvTypes};
 
 use crate::sampling::Sampler;
 use crate::sequence::Sequence;
@@ -95,7 +95,17 @@ impl CachedContext {
     /// # Errors
     /// The model's cache allocation errors (e.g. out of memory).
     pub fn new(model: &dyn DeviceModel, n_ctx: usize) -> Result<CachedContext> {
-        Ok(CachedContext { kv: model.new_kv_cache(n_ctx)?, tokens: Vec::new(), shift_keep: None })
+        Self::with_types(model, n_ctx, model.default_kv_types())
+    }
+
+    /// An empty context of `n_ctx` positions for `model`, its keys and
+    /// values stored as `types` say.
+    ///
+    /// # Errors
+    /// The model's cache allocation errors (out of memory, a type the
+    /// backend does not store).
+    pub fn with_types(model: &dyn DeviceModel, n_ctx: usize, types: KvTypes) -> Result<CachedContext> {
+        Ok(CachedContext { kv: model.new_kv_cache_typed(n_ctx, types)?, tokens: Vec::new(), shift_keep: None })
     }
 
     /// Turns context shift on (`Some(n_keep)`) or off: a generation that

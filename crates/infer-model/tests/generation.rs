@@ -113,6 +113,44 @@ fn a_continued_conversation_prefills_only_the_new_turn() {
     assert_eq!((st4.reused_tokens, st4.prompt_tokens), (held.len() - 1, 1));
 }
 
+/// Chat's cache reuse over quantized caches (K q8_0, V q4_0): the second
+/// turn reuses the first turn's positions and replies as the same
+/// conversation run from an empty cache of the same types.
+#[test]
+fn a_continued_conversation_over_a_quantized_cache_replies_as_from_scratch() {
+    use infer_compute::{KvCacheType, KvTypes};
+    let mut s = smollm2();
+    let types = KvTypes { k: KvCacheType::Q8_0, v: KvCacheType::Q4_0 };
+    let mut ctx = CachedContext::with_types(s.model.as_ref(), 512, types).unwrap();
+    let mut messages = vec![Message::user(QUESTION)];
+    let turn1 = s.template.encode(&s.tokenizer, &messages, true).unwrap();
+    let mut reply = String::new();
+    generate_cached(s.model.as_mut(), &mut ctx, &s.tokenizer, &turn1, 32, &mut Sampler::greedy(), |t| {
+        reply.push_str(t);
+        true
+    })
+    .unwrap();
+    assert!(reply.contains("Paris"), "{reply:?}");
+    messages.push(Message::assistant(reply.trim()));
+    messages.push(Message::user("And of Germany?"));
+    let turn2 = s.template.encode(&s.tokenizer, &messages, true).unwrap();
+    let mut reply2 = String::new();
+    let st2 = generate_cached(s.model.as_mut(), &mut ctx, &s.tokenizer, &turn2, 32, &mut Sampler::greedy(), |t| {
+        reply2.push_str(t);
+        true
+    })
+    .unwrap();
+    assert!(st2.reused_tokens > turn1.len(), "{} reused", st2.reused_tokens);
+    let mut fresh_ctx = CachedContext::with_types(s.model.as_ref(), 512, types).unwrap();
+    let mut fresh = String::new();
+    generate_cached(s.model.as_mut(), &mut fresh_ctx, &s.tokenizer, &turn2, 32, &mut Sampler::greedy(), |t| {
+        fresh.push_str(t);
+        true
+    })
+    .unwrap();
+    assert_eq!(reply2, fresh);
+}
+
 /// Three sequences driven together, one `forward` per step over a pool of
 /// three slots (prompts prefilled in one batch, then one token of each per
 /// step), give the texts each gives alone through `generate`.

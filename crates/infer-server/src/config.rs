@@ -40,6 +40,8 @@ pub struct ServerConfig {
     pub n_ctx: usize,
     /// Most tokens per forward step.
     pub n_batch: usize,
+    /// Element types of the KV pool's keys and values (`-ctk`, `-ctv`).
+    pub kv_types: infer_compute::KvTypes,
     /// Requests that may wait for a slot (at least 1: a request is queued
     /// until the engine's next step admits it).
     pub max_queue: usize,
@@ -66,6 +68,7 @@ impl Default for ServerConfig {
             parallel: DEFAULT_PARALLEL,
             n_ctx: DEFAULT_CTX,
             n_batch: DEFAULT_BATCH,
+            kv_types: infer_compute::KvTypes::default(),
             max_queue: DEFAULT_MAX_QUEUE,
             max_body: DEFAULT_MAX_BODY,
             max_tokens: DEFAULT_MAX_TOKENS,

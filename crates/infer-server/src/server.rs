@@ -64,9 +64,9 @@ pub struct Server {
 pub fn start(cfg: ServerConfig, served: ServedModel) -> Result<Server, String> {
     cfg.validate()?;
     let ServedModel { id, model, tokenizer, template } = served;
-    let pool = model
-        .new_kv_pool(cfg.parallel, cfg.n_ctx)
-        .map_err(|e| format!("a KV pool of {} slots x {} positions: {e}", cfg.parallel, cfg.n_ctx))?;
+    let pool = model.new_kv_pool_typed(cfg.parallel, cfg.n_ctx, cfg.kv_types).map_err(|e| {
+        format!("a KV pool of {} slots x {} positions ({}): {e}", cfg.parallel, cfg.n_ctx, cfg.kv_types)
+    })?;
     let listener =
         TcpListener::bind((cfg.host, cfg.port)).map_err(|e| format!("binding {}:{}: {e}", cfg.host, cfg.port))?;
     listener.set_nonblocking(true).map_err(|e| format!("the listening socket: {e}"))?;

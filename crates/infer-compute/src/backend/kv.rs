@@ -15,10 +15,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::batch::{Batch, Span};
 use crate::error::{Error, Result};
+use crate::kv_type::KvTypes;
 
 /// A backend's KV cache of `n_slots` sequences of up to `n_ctx` positions
 /// each, one allocation per layer (`[n_slots][n_ctx][n_head_kv][head_dim]`
-/// in the backend's element type). Opaque to callers except for its
+/// values of the pool's [`KvTypes`]). Opaque to callers except for its
 /// bookkeeping; created by [`super::DeviceModel::new_kv_pool`]. A pool of one
 /// slot is the cache of one sequence ([`super::DeviceModel::new_kv_cache`]).
 pub trait KvPool: Send {
@@ -35,6 +36,12 @@ pub trait KvPool: Send {
     /// # Errors
     /// Device errors.
     fn copy_positions(&mut self, from: usize, to: usize, n: usize) -> Result<()>;
+
+    /// The element types of its keys and values.
+    fn types(&self) -> KvTypes;
+    /// Bytes one position of one slot takes, keys and values of every
+    /// layer (see [`KvTypes::bytes_per_token`]).
+    fn bytes_per_token(&self) -> u64;
 
     /// Sequences the pool holds.
     fn n_slots(&self) -> usize {

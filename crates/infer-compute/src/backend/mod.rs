@@ -27,6 +27,7 @@ pub use kv::{advance_spans, check_batch, checked_pool, new_states, rollback_span
 pub use profile::{OpTiming, StepProfile};
 
 use crate::error::{Error, Result};
+use crate::kv_type::KvTypes;
 use crate::pipeline::ModelSpec;
 use crate::weight::QuantWeight;
 
@@ -115,13 +116,30 @@ pub trait DeviceModel: Send {
 
     /// Creates an empty KV pool of `n_slots` sequences of `n_ctx`
     /// positions each on this device (one allocation per layer, sized
-    /// once: a serving engine creates it at start).
+    /// once: a serving engine creates it at start), its keys and values
+    /// stored as `types` say (llama.cpp's `-ctk`, `-ctv`).
     ///
     /// # Errors
     /// [`Error::EmptyKvCache`] when `n_slots` or `n_ctx` is 0;
+    /// [`Error::UnsupportedKvCache`] for a type this backend does not
+    /// store, or one whose blocks do not divide the model's `head_dim`;
     /// [`Error::Overflow`], [`Error::OutOfMemory`] or a device error when
     /// it does not fit.
-    fn new_kv_pool(&self, n_slots: usize, n_ctx: usize) -> Result<Box<dyn KvPool>>;
+    fn new_kv_pool_typed(&self, n_slots: usize, n_ctx: usize, types: KvTypes) -> Result<Box<dyn KvPool>>;
+
+    /// The cache types of [`DeviceModel::new_kv_pool`]: f16 keys and
+    /// values unless the backend says otherwise (the CPU's exact mode: f32).
+    fn default_kv_types(&self) -> KvTypes {
+        KvTypes::default()
+    }
+
+    /// [`DeviceModel::new_kv_pool_typed`] with [`DeviceModel::default_kv_types`].
+    ///
+    /// # Errors
+    /// As [`DeviceModel::new_kv_pool_typed`].
+    fn new_kv_pool(&self, n_slots: usize, n_ctx: usize) -> Result<Box<dyn KvPool>> {
+        self.new_kv_pool_typed(n_slots, n_ctx, self.default_kv_types())
+    }
 
     /// Runs one forward step over `batch` (any mix of decode steps and
     /// prompt chunks of distinct slots of `pool`; see [`Batch`]) and
@@ -160,6 +178,14 @@ pub trait DeviceModel: Send {
     /// As [`DeviceModel::new_kv_pool`].
     fn new_kv_cache(&self, n_ctx: usize) -> Result<Box<dyn KvPool>> {
         self.new_kv_pool(1, n_ctx)
+    }
+
+    /// A KV cache of one sequence with `types`: a pool of one slot.
+    ///
+    /// # Errors
+    /// As [`DeviceModel::new_kv_pool_typed`].
+    fn new_kv_cache_typed(&self, n_ctx: usize, types: KvTypes) -> Result<Box<dyn KvPool>> {
+        self.new_kv_pool_typed(1, n_ctx, types)
     }
 
     /// Runs one token at position `pos` of slot 0 (0-based; the slot must

@@ -16,7 +16,10 @@
 //!   same work one sequence at a time (bit for bit on the CPU), slot reset
 //!   and reuse, prefix copies, rows without logits, the typed errors of bad
 //!   tokens (leaving the other slots untouched), and contexts sharing one
-//!   model's weights.
+//!   model's weights;
+//! - [`kv_types`]: decodes and prefills over caches of every
+//!   [`crate::KvCacheType`] within each type's bound of the f16 cache, and
+//!   the typed errors of caches that do not fit or that a backend lacks.
 //!
 //! A backend runs the suite by adding one line to
 //! `crates/infer-compute/tests/conformance.rs`. A case that meets a feature
@@ -26,6 +29,7 @@
 
 pub mod batch;
 mod compare;
+pub mod kv_types;
 pub mod model;
 pub mod ops;
 mod rng;
@@ -72,5 +76,6 @@ pub fn cases() -> Vec<Case> {
     let mut v = ops::cases();
     v.extend(model::cases());
     v.extend(batch::cases());
+    v.extend(kv_types::cases());
     v
 }

@@ -5,6 +5,7 @@
 
 pub mod gemm;
 pub mod kernels;
+pub mod kv_cache;
 pub mod matvec;
 pub(crate) mod model;
 pub mod ops;

@@ -1,5 +1,5 @@
 //! The CPU decode pipeline: a [`ModelSpec`] run layer by layer over a
-//! [`Batch`], with an f32 KV pool. Layer matrices and the output are prepared once
+//! [`Batch`], with a KV pool of any [`KvTypes`] (f16 by default). Layer matrices and the output are prepared once
 //! ([`CpuWeight`]: repacked for the x86-64 packed kernels where they apply,
 //! else the memory-mapped GGUF rows) into [`Weights`], shared by every
 //! context of the model; the embedding lookups read the mapped rows.
@@ -18,6 +18,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::kernels::Kernels;
+use super::kv_cache::{KvBuf, KvData};
 use super::ops;
 use super::team::{Par, Team};
 use super::weight::{products, CpuWeight, ProductScratch, Stacked};
@@ -27,6 +28,7 @@ use crate::backend::{
     StepProfile,
 };
 use crate::error::Result;
+use crate::kv_type::KvTypes;
 use crate::pipeline::{Activation, FfnType, LayerSpec, ModelSpec, Norm, NormType};
 use crate::weight::QuantWeight;
 use crate::GgmlType;
@@ -110,6 +112,9 @@ struct Buffers {
     stacked: Vec<f32>,
     tmp: Vec<f32>,
     scores: Vec<f32>,
+    /// K and V of one prompt chunk's slot converted to f32 (see
+    /// [`attention_spans`]).
+    tile: (Vec<f32>, Vec<f32>),
     prod: ProductScratch,
 }
 
@@ -131,6 +136,9 @@ struct Weights {
     output: CpuWeight,
     final_logit_softcap: Option<f32>,
     kernels: Kernels,
+    /// The pool types of [`DeviceModel::new_kv_pool`]: f16, or f32 in
+    /// [`Precision::Exact`] (so the exact forward pass stays exact).
+    default_kv: KvTypes,
 }
 
 /// A model prepared for the CPU: shared weights and one context's
@@ -206,6 +214,10 @@ impl CpuModel {
             output: prep(&spec.output)?,
             final_logit_softcap: spec.final_logit_softcap,
             kernels,
+            default_kv: match precision {
+                Precision::Quantized => KvTypes::default(),
+                Precision::Exact => KvTypes::both(crate::KvCacheType::F32),
+            },
         };
         Ok(CpuModel {
             logits: crate::memory::zeroed(spec.n_vocab, "the logits")?,
@@ -297,33 +309,27 @@ impl CpuModel {
                 for t in 0..n {
                     ops::rope(&mut q[t * qd..(t + 1) * qd], l.n_head, l.head_dim, pos[t], &l.rope);
                     ops::rope(&mut kk[t * kvd..(t + 1) * kvd], l.n_head_kv, l.head_dim, pos[t], &l.rope);
-                    let r = slot[t] * slot_len..(slot[t] + 1) * slot_len;
-                    ops::kv_append(
-                        &mut pool.k[li][r.clone()],
-                        &mut pool.v[li][r],
-                        &kk[t * kvd..(t + 1) * kvd],
-                        &v[t * kvd..(t + 1) * kvd],
-                        pos[t],
-                        kvd,
-                    );
+                    let at = slot[t] * slot_len + pos[t] * kvd;
+                    pool.k[li].write_row(at, &kk[t * kvd..(t + 1) * kvd]);
+                    pool.v[li].write_row(at, &v[t * kvd..(t + 1) * kvd]);
                 }
             });
             let p = ops::AttnParams::from_layer(l);
             let attn = fit(&mut b.attn, n * qd)?;
             let scores = fit(&mut b.scores, if n == 1 { l.n_head * n_ctx } else { 0 })?;
-            let (kp, vp) = (&pool.k[li], &pool.v[li]);
+            let (kp, vp) = (pool.k[li].view(), pool.v[li].view());
             timed(prof, "attention", "", || {
                 if let [s] = spans {
                     if s.len == 1 {
                         // One token: the decode kernel (no allocation), the
                         // same per-head code as the batched one.
-                        let r = s.slot * slot_len..(s.slot + 1) * slot_len;
-                        ops::attention_decode_on(par, q, &kp[r.clone()], &vp[r], s.pos0, &p, scores, attn);
-                        return;
+                        let (kc, vc) = (kp.sub(s.slot * slot_len, slot_len), vp.sub(s.slot * slot_len, slot_len));
+                        ops::attention_decode_on(par, q, kc, vc, s.pos0, &p, scores, attn);
+                        return Ok(());
                     }
                 }
-                ops::attention_batch_on(par, q, kp, vp, slot_len, slot, pos, &p, attn);
-            });
+                attention_spans(par, q, (kp, vp), slot_len, (slot, pos), spans, &p, attn, &mut b.tile)
+            })?;
             let o = fit(&mut b.o, n * e)?;
             timed_products(prof, "attn_output", std::slice::from_ref(&layer.wo), || {
                 products(k, par, &mut [(&layer.wo, o)], attn, n, &mut b.prod)
@@ -439,17 +445,27 @@ impl DeviceModel for CpuModel {
         self.w.n_vocab
     }
 
-    fn new_kv_pool(&self, n_slots: usize, n_ctx: usize) -> Result<Box<dyn KvPool>> {
-        let max_kvd = self.w.layers.iter().map(|l| l.spec.n_head_kv * l.spec.head_dim).max().unwrap_or(0);
-        let states = new_states(self.w.id, n_slots, n_ctx, max_kvd)?;
+    /// f16 keys and values, or f32 in [`Precision::Exact`].
+    fn default_kv_types(&self) -> KvTypes {
+        self.w.default_kv
+    }
+
+    fn new_kv_pool_typed(&self, n_slots: usize, n_ctx: usize, types: KvTypes) -> Result<Box<dyn KvPool>> {
+        for l in &self.w.layers {
+            types.k.check_head_dim(l.spec.head_dim)?;
+            types.v.check_head_dim(l.spec.head_dim)?;
+        }
+        let kv_dims = self.w.layers.iter().map(|l| l.spec.n_head_kv * l.spec.head_dim);
+        let states = new_states(self.w.id, n_slots, n_ctx, kv_dims.clone().max().unwrap_or(0))?;
+        let bytes_per_token = types.bytes_per_token(kv_dims)?;
         let mut k = Vec::new();
         let mut v = Vec::new();
         for l in &self.w.layers {
             let len = n_slots * n_ctx * l.spec.n_head_kv * l.spec.head_dim;
-            k.push(crate::memory::zeroed(len, "a KV cache layer (K)")?);
-            v.push(crate::memory::zeroed(len, "a KV cache layer (V)")?);
+            k.push(KvBuf::zeroed(types.k, len, "a KV cache layer (K)")?);
+            v.push(KvBuf::zeroed(types.v, len, "a KV cache layer (V)")?);
         }
-        Ok(Box::new(CpuKvPool { states, n_ctx, k, v }))
+        Ok(Box::new(CpuKvPool { states, n_ctx, types, bytes_per_token, k, v }))
     }
 
     fn forward(&mut self, pool: &mut dyn KvPool, batch: &Batch) -> Result<&[f32]> {
@@ -476,12 +492,15 @@ impl DeviceModel for CpuModel {
 }
 
 /// The CPU's KV pool: per layer, K and V as `[n_slots][n_ctx][n_head_kv]
-/// [head_dim]` f32 (slot `s` at `s · n_ctx · kv_dim`).
+/// [head_dim]` values of `types.k`, `types.v` (slot `s` at value
+/// `s · n_ctx · kv_dim`; see [`KvBuf`] for the types' layouts).
 pub struct CpuKvPool {
     states: Vec<KvState>,
     n_ctx: usize,
-    k: Vec<Vec<f32>>,
-    v: Vec<Vec<f32>>,
+    types: KvTypes,
+    bytes_per_token: u64,
+    k: Vec<KvBuf>,
+    v: Vec<KvBuf>,
 }
 
 impl KvPool for CpuKvPool {
@@ -497,10 +516,68 @@ impl KvPool for CpuKvPool {
     fn copy_positions(&mut self, from: usize, to: usize, n: usize) -> Result<()> {
         let n_slots = self.states.len();
         for layer in self.k.iter_mut().chain(self.v.iter_mut()) {
-            let slot_len = layer.len() / n_slots;
+            let slot_len = layer.view().len() / n_slots;
             let row = slot_len / self.n_ctx;
-            layer.copy_within(from * slot_len..from * slot_len + n * row, to * slot_len);
+            layer.copy_within(from * slot_len, n * row, to * slot_len);
         }
         Ok(())
     }
+    fn types(&self) -> KvTypes {
+        self.types
+    }
+    fn bytes_per_token(&self) -> u64 {
+        self.bytes_per_token
+    }
+}
+
+/// Spans of at least this many tokens over a cache that is not f32 read
+/// their slot converted to f32 once ([`attention_spans`]).
+const TILE_MIN_TOKENS: usize = 16;
+
+/// Attention of a batch over the pool's caches `kv` (`slot_len` values per
+/// slot), as [`ops::attention_batch_on`] computes it. A prompt chunk (a
+/// span of [`TILE_MIN_TOKENS`] tokens or more) over a cache that is not f32
+/// first converts the positions its tokens attend to f32 into `tile`, once
+/// for all its tokens and heads, instead of once per (token, head): the
+/// conversion is exact, so the bits are those of the streamed cache.
+#[allow(clippy::too_many_arguments)]
+fn attention_spans(
+    par: Par<'_>,
+    q: &[f32],
+    kv: (KvData<'_>, KvData<'_>),
+    slot_len: usize,
+    (slot, pos): (&[usize], &[usize]),
+    spans: &[Span],
+    p: &ops::AttnParams,
+    attn: &mut [f32],
+    tile: &mut (Vec<f32>, Vec<f32>),
+) -> Result<()> {
+    let (kp, vp) = kv;
+    let all_f32 = matches!((kp, vp), (KvData::F32(_), KvData::F32(_)));
+    if all_f32 || spans.iter().all(|s| s.len < TILE_MIN_TOKENS) {
+        ops::attention_batch_on(par, q, kp, vp, slot_len, slot, pos, p, attn);
+        return Ok(());
+    }
+    let (qd, kvd) = (p.q_dim(), p.kv_dim());
+    for s in spans {
+        let (t0, t1) = (s.start, s.start + s.len);
+        let (q, out) = (&q[t0 * qd..t1 * qd], &mut attn[t0 * qd..t1 * qd]);
+        let (kc, vc) = (kp.sub(s.slot * slot_len, slot_len), vp.sub(s.slot * slot_len, slot_len));
+        // The span's own slot, as slot 0 of a one-slot view.
+        let zero = vec![0; s.len];
+        if s.len < TILE_MIN_TOKENS {
+            ops::attention_batch_on(par, q, kc, vc, slot_len, &zero, &pos[t0..t1], p, out);
+            continue;
+        }
+        // Positions first..end: what the span's tokens attend to.
+        let (first, end) = (p.first_pos(s.pos0), s.pos0 + s.len);
+        let n = end * kvd;
+        crate::memory::resize(&mut tile.0, n, 0.0, "the attention tile (K)")?;
+        crate::memory::resize(&mut tile.1, n, 0.0, "the attention tile (V)")?;
+        kc.to_f32(first * kvd, &mut tile.0[first * kvd..n]);
+        vc.to_f32(first * kvd, &mut tile.1[first * kvd..n]);
+        let (kt, vt) = (KvData::F32(&tile.0[..n]), KvData::F32(&tile.1[..n]));
+        ops::attention_batch_on(par, q, kt, vt, n, &zero, &pos[t0..t1], p, out);
+    }
+    Ok(())
 }

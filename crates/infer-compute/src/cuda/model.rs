@@ -60,6 +60,7 @@ use crate::backend::{
     ModelId, Out, Span, StepProfile,
 };
 use crate::error::{Error, Result};
+use crate::kv_type::{KvCacheType, KvTypes};
 use crate::pipeline::{Activation, FfnType, ModelSpec, Norm, NormType, RopeType};
 use crate::weight::QuantWeight;
 use crate::GgmlType;
@@ -290,6 +291,12 @@ impl KvPool for CudaKvPool {
     }
     fn as_any_mut(&mut self) -> &mut dyn Any {
         self
+    }
+    fn types(&self) -> KvTypes {
+        KvTypes::both(KvCacheType::F16)
+    }
+    fn bytes_per_token(&self) -> u64 {
+        self.kv_dim.iter().map(|&d| 4 * d as u64).sum()
     }
     fn copy_positions(&mut self, from: usize, to: usize, n: usize) -> Result<()> {
         for li in 0..self.k.len() {
@@ -716,7 +723,14 @@ impl DeviceModel for CudaModel {
         self.w.n_vocab
     }
 
-    fn new_kv_pool(&self, n_slots: usize, n_ctx: usize) -> Result<Box<dyn KvPool>> {
+    /// f16 keys and values only, for now: any other type is
+    /// [`Error::UnsupportedKvCache`].
+    fn new_kv_pool_typed(&self, n_slots: usize, n_ctx: usize, types: KvTypes) -> Result<Box<dyn KvPool>> {
+        for ty in [types.k, types.v] {
+            if ty != KvCacheType::F16 {
+                return Err(Error::UnsupportedKvCache { ty, reason: "the CUDA backend stores f16 caches only".into() });
+            }
+        }
         Ok(Box::new(self.new_cuda_kv_pool(n_slots, n_ctx)?))
     }
 

@@ -1,4 +1,4 @@
-//! Scaled dot-product attention over an f32 KV cache (Vaswani et al. 2017),
+//! Scaled dot-product attention over a KV cache (Vaswani et al. 2017),
 //! with grouped-query attention (Ainslie et al. 2023), sliding windows
 //! (Beltagy et al. 2020; Gemma 2/3 local layers) and logit soft-capping
 //! (Gemma 2).
@@ -21,8 +21,18 @@
 //! at all rather than set to `-inf`, so they cannot leak through the cap
 //! and cost nothing.
 //!
-//! Cache layout (both caches): `[n_ctx, n_head_kv, head_dim]`, position-major,
-//! f32; one position is `kv_dim = n_head_kv · head_dim` contiguous values.
+//! Cache layout (both caches): `[n_ctx, n_head_kv, head_dim]`, position-major;
+//! one position is `kv_dim = n_head_kv · head_dim` contiguous values of the
+//! cache's [`crate::KvCacheType`] (see [`KvData`]). An f32 cache is read in
+//! place; any other type is read a head row at a time, converted exactly to
+//! f32 into a buffer on the stack ([`KvData::to_f32`]), and that row then
+//! goes through the same f32 code: the cache is streamed once per head, and
+//! a cache of another type gives the bits an f32 cache holding the same
+//! (converted) values gives (for `head_dim <= 512`; longer heads dot in
+//! chunks of 512). This is llama.cpp's flash-attention CPU path
+//! (`ggml_compute_forward_flash_attn_ext_f16`: `v_to_float` of each V row,
+//! `ggml_vec_mad_f32`), except that K rows are converted too instead of the
+//! query being quantized to K's `vec_dot_type`, which keeps the query exact.
 //!
 //! The q·k dot and the p·v accumulation are written to vectorize (16
 //! accumulators in the dot, four cache rows per pass in p·v).
@@ -33,6 +43,7 @@ use crate::cpu::team::Par;
 
 use super::dot;
 use super::softmax::softmax;
+use crate::cpu::kv_cache::KvData;
 use crate::pipeline::LayerSpec;
 
 /// Shape and options of one attention layer.
@@ -111,11 +122,31 @@ const PAR_MIN_WORK: usize = 1 << 16;
 /// Logits of one head: `scores[j - first] = cap(scale · q_h · k[j, g])` for
 /// `j` in `first..=pos`.
 #[inline(always)]
-fn head_logits<const W: u8>(qh: &[f32], k_cache: &[f32], g: usize, first: usize, p: &AttnParams, scores: &mut [f32]) {
+fn head_logits<const W: u8>(
+    qh: &[f32],
+    k_cache: KvData<'_>,
+    g: usize,
+    first: usize,
+    p: &AttnParams,
+    scores: &mut [f32],
+) {
     let (hd, stride) = (p.head_dim, p.kv_dim());
-    for (s, j) in scores.iter_mut().zip(first..) {
-        let k = &k_cache[j * stride + g * hd..][..hd];
-        *s = p.scale * dot_any::<W>(qh, k);
+    if let KvData::F32(k_cache) = k_cache {
+        for (s, j) in scores.iter_mut().zip(first..) {
+            let k = &k_cache[j * stride + g * hd..][..hd];
+            *s = p.scale * dot_any::<W>(qh, k);
+        }
+    } else {
+        let mut buf = [0.0f32; ROW_CHUNK];
+        for (s, j) in scores.iter_mut().zip(first..) {
+            let mut d = 0.0f32;
+            for c in (0..hd).step_by(ROW_CHUNK) {
+                let n = ROW_CHUNK.min(hd - c);
+                k_cache.to_f32(j * stride + g * hd + c, &mut buf[..n]);
+                d += dot_any::<W>(&qh[c..c + n], &buf[..n]);
+            }
+            *s = p.scale * d;
+        }
     }
     if let Some(c) = p.softcap {
         let inv = 1.0 / c;
@@ -125,26 +156,73 @@ fn head_logits<const W: u8>(qh: &[f32], k_cache: &[f32], g: usize, first: usize,
     }
 }
 
-/// `out = Σ_j probs[j - first] · v[j, g]`, four cache rows per pass.
+/// Values of a head row converted at a time by [`head_logits`] and
+/// [`head_pv`] for a cache that is not f32 (a stack buffer).
+const ROW_CHUNK: usize = 512;
+
+/// `out = Σ_j probs[j - first] · v[j, g]`, four cache rows per pass. A
+/// cache that is not f32 is converted four rows at a time, in column
+/// chunks of [`ROW_CHUNK`] (columns are independent, so the chunking does
+/// not change a bit).
 #[inline(always)]
-fn head_pv(probs: &[f32], v_cache: &[f32], g: usize, first: usize, p: &AttnParams, out: &mut [f32]) {
+fn head_pv(probs: &[f32], v_cache: KvData<'_>, g: usize, first: usize, p: &AttnParams, out: &mut [f32]) {
     let (hd, stride) = (p.head_dim, p.kv_dim());
-    let row = |j: usize| &v_cache[j * stride + g * hd..][..hd];
+    if let KvData::F32(v_cache) = v_cache {
+        let row = |j: usize| &v_cache[j * stride + g * hd..][..hd];
+        pv_rows(probs, first, out, row);
+        return;
+    }
+    let mut buf = [[0.0f32; ROW_CHUNK]; 4];
+    for c in (0..hd).step_by(ROW_CHUNK) {
+        let n = ROW_CHUNK.min(hd - c);
+        let out = &mut out[c..c + n];
+        out.fill(0.0);
+        let mut quads = probs.chunks_exact(4);
+        let mut j = first;
+        for w in &mut quads {
+            for (r, b) in buf.iter_mut().enumerate() {
+                v_cache.to_f32((j + r) * stride + g * hd + c, &mut b[..n]);
+            }
+            acc4(out, w, [&buf[0][..n], &buf[1][..n], &buf[2][..n], &buf[3][..n]]);
+            j += 4;
+        }
+        for &w in quads.remainder() {
+            v_cache.to_f32(j * stride + g * hd + c, &mut buf[0][..n]);
+            acc1(out, w, &buf[0][..n]);
+            j += 1;
+        }
+    }
+}
+
+/// [`head_pv`] over f32 rows `row(j)`.
+#[inline(always)]
+fn pv_rows<'a>(probs: &[f32], first: usize, out: &mut [f32], row: impl Fn(usize) -> &'a [f32]) {
     out.fill(0.0);
     let mut quads = probs.chunks_exact(4);
     let mut j = first;
     for w in &mut quads {
-        let (v0, v1, v2, v3) = (row(j), row(j + 1), row(j + 2), row(j + 3));
-        for ((((o, &a), &b), &c), &d) in out.iter_mut().zip(v0).zip(v1).zip(v2).zip(v3) {
-            *o += w[0] * a + w[1] * b + w[2] * c + w[3] * d;
-        }
+        acc4(out, w, [row(j), row(j + 1), row(j + 2), row(j + 3)]);
         j += 4;
     }
     for &w in quads.remainder() {
-        for (o, &a) in out.iter_mut().zip(row(j)) {
-            *o += w * a;
-        }
+        acc1(out, w, row(j));
         j += 1;
+    }
+}
+
+/// `out += w[0]·v[0] + w[1]·v[1] + w[2]·v[2] + w[3]·v[3]`.
+#[inline(always)]
+fn acc4(out: &mut [f32], w: &[f32], v: [&[f32]; 4]) {
+    for ((((o, &a), &b), &c), &d) in out.iter_mut().zip(v[0]).zip(v[1]).zip(v[2]).zip(v[3]) {
+        *o += w[0] * a + w[1] * b + w[2] * c + w[3] * d;
+    }
+}
+
+/// `out += w · v`.
+#[inline(always)]
+fn acc1(out: &mut [f32], w: f32, v: &[f32]) {
+    for (o, &a) in out.iter_mut().zip(v) {
+        *o += w * a;
     }
 }
 
@@ -159,8 +237,8 @@ fn head_pv(probs: &[f32], v_cache: &[f32], g: usize, first: usize, p: &AttnParam
 #[allow(clippy::too_many_arguments)]
 fn attend_head(
     qh: &[f32],
-    k_cache: &[f32],
-    v_cache: &[f32],
+    k_cache: KvData<'_>,
+    v_cache: KvData<'_>,
     h: usize,
     pos: usize,
     p: &AttnParams,
@@ -194,8 +272,8 @@ fn attend_head(
 #[allow(clippy::too_many_arguments)]
 unsafe fn attend_head_avx2(
     qh: &[f32],
-    k_cache: &[f32],
-    v_cache: &[f32],
+    k_cache: KvData<'_>,
+    v_cache: KvData<'_>,
     h: usize,
     pos: usize,
     p: &AttnParams,
@@ -214,8 +292,8 @@ unsafe fn attend_head_avx2(
 #[allow(clippy::too_many_arguments)]
 unsafe fn attend_head_avx512(
     qh: &[f32],
-    k_cache: &[f32],
-    v_cache: &[f32],
+    k_cache: KvData<'_>,
+    v_cache: KvData<'_>,
     h: usize,
     pos: usize,
     p: &AttnParams,
@@ -251,8 +329,8 @@ fn dot_any<const W: u8>(a: &[f32], b: &[f32]) -> f32 {
 #[allow(clippy::too_many_arguments)]
 fn attend_head_portable<const W: u8>(
     qh: &[f32],
-    k_cache: &[f32],
-    v_cache: &[f32],
+    k_cache: KvData<'_>,
+    v_cache: KvData<'_>,
     h: usize,
     pos: usize,
     p: &AttnParams,
@@ -267,7 +345,7 @@ fn attend_head_portable<const W: u8>(
     head_pv(scores, v_cache, g, first, p, out_h);
 }
 
-fn debug_check_cache(k_cache: &[f32], v_cache: &[f32], last_pos: usize, p: &AttnParams) {
+fn debug_check_cache(k_cache: KvData<'_>, v_cache: KvData<'_>, last_pos: usize, p: &AttnParams) {
     let kv = p.kv_dim();
     debug_assert_eq!(k_cache.len() % kv, 0, "k_cache must be [n_ctx, n_head_kv, head_dim]");
     debug_assert_eq!(v_cache.len(), k_cache.len(), "k and v caches differ in size");
@@ -298,7 +376,7 @@ pub fn attention_decode(
     scratch: &mut [f32],
     out: &mut [f32],
 ) {
-    attention_decode_on(Par::Rayon, q, k_cache, v_cache, pos, p, scratch, out)
+    attention_decode_on(Par::Rayon, q, KvData::F32(k_cache), KvData::F32(v_cache), pos, p, scratch, out)
 }
 
 /// Work below which a loop on `par` is not worth splitting: rayon wakes
@@ -310,13 +388,14 @@ fn par_min_work(par: Par<'_>) -> usize {
     }
 }
 
-/// [`attention_decode`] with its heads run on `par`.
+/// [`attention_decode`] over caches of any [`crate::KvCacheType`], with its
+/// heads run on `par`.
 #[allow(clippy::too_many_arguments)]
 pub fn attention_decode_on(
     par: Par<'_>,
     q: &[f32],
-    k_cache: &[f32],
-    v_cache: &[f32],
+    k_cache: KvData<'_>,
+    v_cache: KvData<'_>,
     pos: usize,
     p: &AttnParams,
     scratch: &mut [f32],
@@ -379,7 +458,7 @@ pub fn attention_prefill_on(
 ) {
     let pos: Vec<usize> = (pos0..pos0 + n_tokens).collect();
     let slot = vec![0; n_tokens];
-    attention_batch_on(par, q, k_cache, v_cache, k_cache.len(), &slot, &pos, p, out);
+    attention_batch_on(par, q, KvData::F32(k_cache), KvData::F32(v_cache), k_cache.len(), &slot, &pos, p, out);
 }
 
 /// Attention of a batch of tokens of several sequences (a
@@ -389,8 +468,9 @@ pub fn attention_prefill_on(
 /// same bits), parallel over (token, head) on `par`.
 ///
 /// Shapes: `q`, `out`: `[n_tokens, n_head, head_dim]`; `k_pool`, `v_pool`:
-/// `[n_slots][slot_len]`, each slot a cache as in [`attention_decode`]
-/// (`slot_len = n_ctx · kv_dim`, the entries at each token's position
+/// `[n_slots][slot_len]` values of any [`crate::KvCacheType`], each slot a
+/// cache as in [`attention_decode`]
+/// (`slot_len = n_ctx · kv_dim` values, the entries at each token's position
 /// already appended). Allocates one score row (`≤ n_ctx` floats) per
 /// parallel task.
 ///
@@ -400,8 +480,8 @@ pub fn attention_prefill_on(
 pub fn attention_batch_on(
     par: Par<'_>,
     q: &[f32],
-    k_pool: &[f32],
-    v_pool: &[f32],
+    k_pool: KvData<'_>,
+    v_pool: KvData<'_>,
     slot_len: usize,
     slot: &[usize],
     pos: &[usize],
@@ -416,10 +496,7 @@ pub fn attention_batch_on(
     if n_tokens == 0 {
         return;
     }
-    let cache = |t: usize| {
-        let r = slot[t] * slot_len..(slot[t] + 1) * slot_len;
-        (&k_pool[r.clone()], &v_pool[r])
-    };
+    let cache = |t: usize| (k_pool.sub(slot[t] * slot_len, slot_len), v_pool.sub(slot[t] * slot_len, slot_len));
     for t in 0..n_tokens {
         let (k, v) = cache(t);
         debug_check_cache(k, v, pos[t], p);
@@ -447,6 +524,7 @@ pub fn attention_batch_on(
 ///
 /// Contract (debug-asserted): as [`attention_decode`]; `probs.len() == n_head · (pos + 1)`.
 pub fn attention_probs(q: &[f32], k_cache: &[f32], pos: usize, p: &AttnParams, probs: &mut [f32]) {
+    let k_cache = KvData::F32(k_cache);
     p.debug_check();
     debug_check_cache(k_cache, k_cache, pos, p);
     debug_assert_eq!(q.len(), p.q_dim());
@@ -720,7 +798,16 @@ mod tests {
         let mut serial = vec![0.0f32; p.q_dim()];
         let mut scores = vec![0.0f32; n_ctx];
         for h in 0..8 {
-            attend_head(&q[h * 64..][..64], &kc, &vc, h, n_ctx - 1, &p, &mut scores, &mut serial[h * 64..][..64]);
+            attend_head(
+                &q[h * 64..][..64],
+                KvData::F32(&kc),
+                KvData::F32(&vc),
+                h,
+                n_ctx - 1,
+                &p,
+                &mut scores,
+                &mut serial[h * 64..][..64],
+            );
         }
         assert_eq!(out, serial);
     }

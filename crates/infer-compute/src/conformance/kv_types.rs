@@ -1,0 +1,152 @@
+//! KV cache element types ([`KvTypes`]): a decode over a cache of each
+//! type against the same backend's f16 cache, within the type's bound; a
+//! prompt prefilled into a quantized cache against the same tokens decoded
+//! one by one; a cache that does not fit; a head size a type cannot store.
+//! A backend may refuse a type it does not store, with
+//! [`Error::UnsupportedKvCache`] naming it (the case then skips, saying
+//! so); any other refusal fails.
+//!
+//! Bounds (cosine of the logits against the f16 cache's, every step, on
+//! the random models of [`super::model`]): f32 and a q8_0 cache as
+//! [`check_logits`] (cosine ≥ 0.999, same top token unless a near-tie);
+//! q4_0 cosine ≥ 0.99. The Gemma 3 model's sliding window of 5 is far
+//! behind at the 40 positions decoded, so its local layers mask quantized
+//! positions out.
+
+use super::compare::{check_logits, cosine};
+use super::model::{err, prepare, random_model, random_model_heads, tokens, Arch};
+use super::{Case, Outcome};
+use crate::backend::{ComputeBackend, DeviceModel, KvPool};
+use crate::{Error, KvCacheType, KvTypes};
+
+/// The pool of `types`, or why the backend refuses it: `Ok(Err(skip))` for
+/// [`Error::UnsupportedKvCache`] of one of `types`; any other error fails.
+fn typed_pool(m: &dyn DeviceModel, n_ctx: usize, types: KvTypes) -> Result<Result<Box<dyn KvPool>, Outcome>, String> {
+    match m.new_kv_cache_typed(n_ctx, types) {
+        Ok(kv) if kv.types() == types => Ok(Ok(kv)),
+        Ok(kv) => Err(format!("asked for a cache of {types}, got {}", kv.types())),
+        Err(Error::UnsupportedKvCache { ty, reason }) if ty == types.k || ty == types.v => {
+            Ok(Err(Outcome::Skip(format!("{types}: {reason}"))))
+        }
+        Err(e) => Err(format!("a cache of {types}: {e}")),
+    }
+}
+
+/// Whether logits `got` (a cache of `ty`) are within `ty`'s bound of
+/// `want` (the f16 cache's).
+fn within(what: &str, ty: KvCacheType, got: &[f32], want: &[f32]) -> Result<(), String> {
+    match ty {
+        KvCacheType::Q4_0 => {
+            let cos = cosine(got, want);
+            if got.iter().any(|v| !v.is_finite()) || cos < 0.99 {
+                return Err(format!("{what}: cosine {cos:.6} < 0.99 against the f16 cache"));
+            }
+            Ok(())
+        }
+        _ => check_logits(what, got, want),
+    }
+}
+
+/// The coarser of the two types (the one whose bound applies).
+fn coarser(t: KvTypes) -> KvCacheType {
+    let rank = |ty: KvCacheType| KvCacheType::ALL.iter().position(|&x| x == ty).unwrap_or(0);
+    if rank(t.k) >= rank(t.v) {
+        t.k
+    } else {
+        t.v
+    }
+}
+
+/// 40 tokens decoded over a cache of `types` and over an f16 cache, step
+/// by step within the bound; then the same tokens prefilled at once into a
+/// cache of `types` against the last decode step of that cache.
+fn decode_case(b: &dyn ComputeBackend, arch: Arch, types: KvTypes) -> Result<Outcome, String> {
+    let spec = random_model(41, arch);
+    let mut m = match prepare(b, &spec)? {
+        Ok(m) => m,
+        Err(skip) => return Ok(skip),
+    };
+    let mut kv = match typed_pool(m.as_ref(), 48, types)? {
+        Ok(kv) => kv,
+        Err(skip) => return Ok(skip),
+    };
+    let mut base = m.new_kv_cache_typed(48, KvTypes::default()).map_err(err("f16 cache"))?;
+    let toks = tokens(42, 40, spec.n_vocab);
+    let ty = coarser(types);
+    let mut last = Vec::new();
+    for (pos, &t) in toks.iter().enumerate() {
+        let got = m.decode_token(kv.as_mut(), t, pos).map_err(err("decode_token"))?.to_vec();
+        let want = m.decode_token(base.as_mut(), t, pos).map_err(err("decode_token (f16)"))?;
+        within(&format!("{types}, pos {pos}"), ty, &got, want)?;
+        last = got;
+    }
+    let mut kv2 = match typed_pool(m.as_ref(), 48, types)? {
+        Ok(kv) => kv,
+        Err(skip) => return Ok(skip),
+    };
+    let got = m.prefill(kv2.as_mut(), &toks, 0).map_err(err("prefill"))?.to_vec();
+    check_logits(&format!("{types}: prefill of 40 against decode"), &got, &last)?;
+    Ok(Outcome::Pass(String::new()))
+}
+
+/// A cache too large for memory, in each type the backend stores, is
+/// [`Error::OutOfMemory`] or [`Error::Overflow`], not an abort; a head size
+/// that is not a whole number of a type's blocks is
+/// [`Error::UnsupportedKvCache`].
+fn limits_case(b: &dyn ComputeBackend) -> Result<Outcome, String> {
+    let spec = random_model(43, Arch::LlamaBias);
+    let m = match prepare(b, &spec)? {
+        Ok(m) => m,
+        Err(skip) => return Ok(skip),
+    };
+    let mut stored = Vec::new();
+    for ty in KvCacheType::ALL {
+        let types = KvTypes::both(ty);
+        if typed_pool(m.as_ref(), 4, types)?.is_err() {
+            continue;
+        }
+        stored.push(ty.name());
+        for n_ctx in [1usize << 40, usize::MAX / 2] {
+            match m.new_kv_cache_typed(n_ctx, types) {
+                Err(Error::OutOfMemory { .. } | Error::Overflow(_)) => {}
+                Err(e) => return Err(format!("{types}, n_ctx {n_ctx}: {e}, want out of memory")),
+                Ok(_) => return Err(format!("{types}: a cache of {n_ctx} positions was allocated")),
+            }
+        }
+    }
+    // head_dim 48: not a multiple of the 32-value blocks (16 heads, so
+    // that the q rows, 768, are whole k-quant blocks).
+    let odd = random_model_heads(44, Arch::LlamaBias, 256, 16, 2, 48);
+    let m = match prepare(b, &odd)? {
+        Ok(m) => m,
+        Err(skip) => return Ok(skip),
+    };
+    for ty in [KvCacheType::Q8_0, KvCacheType::Q4_0] {
+        match m.new_kv_cache_typed(8, KvTypes { k: KvCacheType::F16, v: ty }) {
+            Err(Error::UnsupportedKvCache { ty: t, .. }) if t == ty => {}
+            Err(e) => return Err(format!("V {ty} with head_dim 48: {e}, want UnsupportedKvCache")),
+            Ok(_) => return Err(format!("V {ty} with head_dim 48 was accepted")),
+        }
+    }
+    Ok(Outcome::Pass(format!("stores {}", stored.join(", "))))
+}
+
+/// The KV cache type cases.
+pub fn cases() -> Vec<Case> {
+    use KvCacheType as T;
+    let mut v = Vec::new();
+    let kinds = [
+        ("f32", KvTypes::both(T::F32)),
+        ("q8_0", KvTypes::both(T::Q8_0)),
+        ("q4_0", KvTypes::both(T::Q4_0)),
+        ("k_q8_0_v_f16", KvTypes { k: T::Q8_0, v: T::F16 }),
+        ("k_f16_v_q4_0", KvTypes { k: T::F16, v: T::Q4_0 }),
+    ];
+    for (arch, arch_name) in [(Arch::Gemma3, "gemma3"), (Arch::LlamaBias, "llama_bias")] {
+        for (name, types) in kinds {
+            v.push(Case::new(&format!("kv::{arch_name}::decode_{name}"), move |b| decode_case(b, arch, types)));
+        }
+    }
+    v.push(Case::new("kv::limits", limits_case));
+    v
+}
