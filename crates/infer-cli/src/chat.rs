@@ -39,9 +39,9 @@ use infer_model::sampling::Sampler;
 use infer_model::stop::StopMatcher;
 use infer_model::tokenizer::Tokenizer;
 
+use crate::cache_type::CacheTypeArgs;
 use crate::chat_commands::{self, Command};
 use crate::chat_input::{ChatInput, Input};
-use crate::cache_type::CacheTypeArgs;
 use crate::common::{context_size, n_predict_limit, CliResult, Loaded, ModelArgs, ThreadArgs};
 use crate::context_shift::ContextShiftArgs;
 use crate::prompt::TextArgs;

@@ -77,7 +77,8 @@ async fn declared_size(
     let declared = req.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
     if declared.is_some_and(|n| n > max as u64) {
         let message = "the request body is larger than the server's limit (--max-body)".to_string();
-        let mut r = ApiError { status: StatusCode::PAYLOAD_TOO_LARGE, ..ApiError::bad_request(message) }.into_response();
+        let mut r =
+            ApiError { status: StatusCode::PAYLOAD_TOO_LARGE, ..ApiError::bad_request(message) }.into_response();
         r.headers_mut().insert(header::CONNECTION, header::HeaderValue::from_static("close"));
         return r;
     }

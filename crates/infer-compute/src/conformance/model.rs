@@ -566,7 +566,10 @@ fn huge_activation_case(b: &dyn ComputeBackend) -> Result<Outcome, String> {
     let mut kv = m.new_kv_cache(32).map_err(err("kv"))?;
     finite("prefill of 20", m.prefill(kv.as_mut(), &toks[..20], 0).map_err(err("prefill"))?)?;
     for (pos, &t) in toks.iter().enumerate().skip(20) {
-        finite(&format!("decode pos {pos} after prefill"), m.decode_token(kv.as_mut(), t, pos).map_err(err("decode"))?)?;
+        finite(
+            &format!("decode pos {pos} after prefill"),
+            m.decode_token(kv.as_mut(), t, pos).map_err(err("decode"))?,
+        )?;
     }
     Ok(Outcome::Pass(String::new()))
 }

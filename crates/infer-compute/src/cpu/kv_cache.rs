@@ -7,7 +7,8 @@
 //! ggml blocks (`BlockQ8_0`, `BlockQ4_0`: 34 and 18 bytes), the blocks of
 //! head `g` being `g · head_dim / 32 ..` of the row. Writing a row converts
 //! it as ggml's `ggml_cpy` / `set_rows` does (`f32_to_f16`,
-//! `quantize_row_q8_0_ref`, `quantize_row_q4_0_ref`, bit-exact); reading
+//! `quantize_row_q8_0_ref`, `quantize_row_q4_0_ref`, bit-exact), except
+//! that f16 values past ±65 504 saturate instead of becoming ±inf; reading
 //! converts one head's row back to f32 exactly (`dequantize_row_*`), a row
 //! at a time, so attention never holds a dequantized copy of the cache.
 
@@ -76,8 +77,10 @@ impl KvBuf {
         match self {
             KvBuf::F32(c) => c[at..at + x.len()].copy_from_slice(x),
             KvBuf::F16(c) => {
+                // Saturated at ±65 504, where ggml stores ±inf (whose
+                // attention scores become inf - inf = NaN); NaN stays NaN.
                 for (o, &v) in c[at..at + x.len()].iter_mut().zip(x) {
-                    *o = f32_to_f16(v);
+                    *o = f32_to_f16(v.clamp(-65504.0, 65504.0));
                 }
             }
             KvBuf::Q8_0(c) => BlockQ8_0::quantize_row_ref(x, &mut c[at / QK..(at + x.len()) / QK]),

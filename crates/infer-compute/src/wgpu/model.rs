@@ -32,6 +32,7 @@ use crate::backend::{
 };
 use crate::error::{Error, Result};
 use crate::pipeline::{Activation, FfnType, ModelSpec, Norm, NormType, RopeType};
+use crate::{KvCacheType, KvTypes};
 
 mod forward;
 
@@ -180,6 +181,12 @@ impl KvPool for WgpuKvPool {
     }
     fn as_any_mut(&mut self) -> &mut dyn Any {
         self
+    }
+    fn types(&self) -> KvTypes {
+        KvTypes::both(KvCacheType::F32)
+    }
+    fn bytes_per_token(&self) -> u64 {
+        self.kv_dim.iter().map(|&d| 8 * d as u64).sum()
     }
     /// Through a temporary buffer per layer (wgpu copies between two
     /// buffers, never within one), all layers in one submit.
@@ -358,8 +365,19 @@ impl DeviceModel for WgpuModel {
         self.w.n_vocab
     }
 
-    fn new_kv_pool(&self, n_slots: usize, n_ctx: usize) -> Result<Box<dyn KvPool>> {
+    /// The wgpu pool stores f32 keys and values only: any other type is
+    /// [`Error::UnsupportedKvCache`].
+    fn new_kv_pool_typed(&self, n_slots: usize, n_ctx: usize, types: KvTypes) -> Result<Box<dyn KvPool>> {
+        for ty in [types.k, types.v] {
+            if ty != KvCacheType::F32 {
+                return Err(Error::UnsupportedKvCache { ty, reason: "the wgpu backend stores f32 caches only".into() });
+            }
+        }
         Ok(Box::new(self.new_wgpu_kv_pool(n_slots, n_ctx)?))
+    }
+
+    fn default_kv_types(&self) -> KvTypes {
+        KvTypes::both(KvCacheType::F32)
     }
 
     fn forward(&mut self, pool: &mut dyn KvPool, batch: &Batch) -> Result<&[f32]> {
