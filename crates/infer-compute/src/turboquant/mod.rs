@@ -69,7 +69,7 @@ impl TurboQuant {
     /// A coder whose rotation's signs come from `seed`.
     ///
     /// # Errors
-    /// [`Error::Shape`] unless `dim` is a power of two of at least 2 and
+    /// [`Error::Shape`](crate::Error::Shape) unless `dim` is a power of two of at least 2 and
     /// `bits` is 1 to 8.
     pub fn with_seed(dim: usize, bits: u32, seed: u64) -> Result<Self> {
         if dim < 2 || !dim.is_power_of_two() {
@@ -121,7 +121,7 @@ impl TurboQuant {
     /// [`TurboQuant::dot_rotated`].
     ///
     /// # Errors
-    /// [`Error::Shape`] unless both have `dim` values.
+    /// [`Error::Shape`](crate::Error::Shape) unless both have `dim` values.
     pub fn rotate(&self, x: &[f32], out: &mut [f32]) -> Result<()> {
         if x.len() != self.dim || out.len() != self.dim {
             return Err(shape_err(
@@ -137,7 +137,7 @@ impl TurboQuant {
     /// vector codes as norm 0; a non-finite value gives a NaN norm.
     ///
     /// # Errors
-    /// [`Error::Shape`] for `x` not of `dim` values or `code` not of
+    /// [`Error::Shape`](crate::Error::Shape) for `x` not of `dim` values or `code` not of
     /// [`TurboQuant::code_bytes`] bytes.
     pub fn encode(&self, x: &[f32], code: &mut [u8]) -> Result<()> {
         self.check("TurboQuant::encode", x.len(), code.len())?;

@@ -16,7 +16,7 @@
 //!   with f32 activations (no activation quantization), each chunk reused
 //!   for four tokens; f32 accumulation.
 //! - Every result comes back through one checked function
-//!   ([`context::Gpu::read_back`]: length and alignment checked, errors not
+//!   (`Gpu::read_back`: length and alignment checked, errors not
 //!   panics); validation and out-of-memory reports of wgpu are caught by
 //!   error scopes and returned as [`Error`]s.
 //! - The pipeline ([`WgpuModel`]) uploads the weights once, allocates its
