@@ -70,10 +70,28 @@ fn a_quantized_model_or_kv_cache_that_does_not_fit_is_a_clean_error() {
     let model = default_model();
     let o = infer_limited(450_000, &["run", "--model", &model, "-n", "2", "--threads", "2", "--temp", "0", "Hi"]);
     assert_clean_error(&o, &["out of memory", "needs", "bytes"]);
-    // Weights that fit and a KV cache that does not (32 768 positions).
+    // Weights that fit and a KV cache that does not (32 768 positions of
+    // f32 keys and values, 1.2 GB; the f16 default would take half).
     let o = infer_limited(
-        800_000,
-        &["run", "--model", &model, "-c", "32768", "-n", "2", "--threads", "2", "--temp", "0", "Hi"],
+        1_100_000,
+        &[
+            "run",
+            "--model",
+            &model,
+            "-c",
+            "32768",
+            "-ctk",
+            "f32",
+            "-ctv",
+            "f32",
+            "-n",
+            "2",
+            "--threads",
+            "2",
+            "--temp",
+            "0",
+            "Hi",
+        ],
     );
     assert_clean_error(&o, &["out of memory: a KV cache layer", "bytes"]);
 }
