@@ -759,5 +759,5 @@ fn main() {
         ("device_info_names_the_device", device_info_names_the_device),
     ];
     let unavailable = CudaBackend::new(0).err().map(|e| format!("no CUDA device here ({e})"));
-    gpu_tests::run(tests, unavailable)
+    gpu_tests::run(tests, unavailable, "INFER_REQUIRE_CUDA")
 }

@@ -118,5 +118,5 @@ fn main() {
         ),
     ];
     let unavailable = CudaBackend::new(0).err().map(|e| format!("no CUDA device here ({e})"));
-    gpu_tests::run(tests, unavailable)
+    gpu_tests::run(tests, unavailable, "INFER_REQUIRE_CUDA")
 }

@@ -100,28 +100,10 @@ fn real_models_greedy_matches_llama_cpp_up_to_the_first_near_tie() {
     assert!(compared > 0, "no greedy tokens compared");
 }
 
-/// Runs `tests` as libtest-mimic trials: ignored with the reason when
-/// `unavailable` says why there is no adapter, failed instead under
-/// `INFER_REQUIRE_WGPU=1`.
-fn run(tests: Vec<(&'static str, fn())>, unavailable: Option<String>) -> ! {
-    let args = libtest_mimic::Arguments::from_args();
-    let required = std::env::var("INFER_REQUIRE_WGPU").as_deref() == Ok("1");
-    let trials = tests
-        .into_iter()
-        .map(|(name, f)| {
-            let why = unavailable.clone();
-            libtest_mimic::Trial::ignorable_test(name, move || match why {
-                None => {
-                    f();
-                    Ok(libtest_mimic::Completion::Completed)
-                }
-                Some(why) if required => Err(format!("INFER_REQUIRE_WGPU=1: {why}").into()),
-                Some(why) => Ok(libtest_mimic::Completion::ignored_with(why)),
-            })
-        })
-        .collect();
-    libtest_mimic::run(&args, trials).exit()
-}
+/// The tests above, run when there is a wgpu adapter; otherwise each is
+/// ignored with the reason, or fails under `INFER_REQUIRE_WGPU=1`.
+#[path = "../../infer-compute/tests/support/gpu_tests.rs"]
+mod gpu_tests;
 
 fn main() {
     let tests: Vec<(&'static str, fn())> = vec![
@@ -140,5 +122,5 @@ fn main() {
         ),
     ];
     let unavailable = WgpuBackend::new().err().map(|e| format!("no wgpu adapter here ({e})"));
-    run(tests, unavailable)
+    gpu_tests::run(tests, unavailable, "INFER_REQUIRE_WGPU")
 }
