@@ -13,6 +13,7 @@
 //! [`linalg`] and [`conformance`] stand beside them.
 
 pub mod backend;
+pub mod cache_dir;
 pub mod conformance;
 pub mod cpu;
 #[cfg(feature = "cuda")]

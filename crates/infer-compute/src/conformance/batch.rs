@@ -7,7 +7,7 @@
 //! was, and a second context on the same weights computes the same.
 
 use super::compare::check_logits;
-use super::model::{err, fill, prepare, random_model, tokens, Arch};
+use super::model::{err, fill, prepare, random_model, random_model_heads, tokens, Arch};
 use super::{Case, Outcome};
 use crate::backend::{Batch, ComputeBackend, DeviceModel, KvPool, Out};
 use crate::Error;
@@ -45,15 +45,19 @@ fn alone(m: &mut dyn DeviceModel, n_ctx: usize, chunks: &[(&[u32], Out)]) -> Res
 /// (with all its logits) and a fourth's chunk without logits in one step,
 /// then one more step of all four, against each sequence alone with the
 /// same chunks; for chunks of 6 and 30 tokens (GPU backends run passes of
-/// the latter through their prefill GEMMs).
+/// the latter through their prefill GEMMs and tiled attention), with heads
+/// of 64 values in GQA and of 96 without (Phi-3's shape).
 fn mixed_case(b: &dyn ComputeBackend, arch: Arch) -> Result<Outcome, String> {
-    let spec = random_model(41, arch);
-    let mut m = match prepare(b, &spec)? {
-        Ok(m) => m,
-        Err(skip) => return Ok(skip),
-    };
-    for p in [6, 30] {
-        mixed_step(b, m.as_mut(), p).map_err(|e| format!("a prompt chunk of {p}: {e}"))?;
+    for (spec, heads) in
+        [(random_model(41, arch), "4/2 heads of 64"), (random_model_heads(46, arch, 256, 4, 4, 96), "4/4 heads of 96")]
+    {
+        let mut m = match prepare(b, &spec)? {
+            Ok(m) => m,
+            Err(skip) => return Ok(skip),
+        };
+        for p in [6, 30] {
+            mixed_step(b, m.as_mut(), p).map_err(|e| format!("{heads}, a prompt chunk of {p}: {e}"))?;
+        }
     }
     Ok(Outcome::Pass(String::new()))
 }

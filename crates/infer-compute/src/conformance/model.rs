@@ -228,10 +228,10 @@ fn prefill_case(b: &dyn ComputeBackend, arch: Arch) -> Result<Outcome, String> {
 
 /// Prefills long enough for the tiled attention of GPU backends (several
 /// query tiles and key tiles, the sliding window of 5 far behind): 70
-/// tokens at once, then as 30 + 40, for head dimensions 64, 128 and 256
-/// over 2 to 4 query heads per KV head.
+/// tokens at once, then as 30 + 40, for head dimensions 64, 96 (Phi-3,
+/// without GQA), 128 and 256 over 1 to 4 query heads per KV head.
 fn long_prefill_case(b: &dyn ComputeBackend, arch: Arch) -> Result<Outcome, String> {
-    for (seed, nh, nkv, hd) in [(20, 4, 2, 64), (21, 8, 2, 128), (22, 4, 1, 256)] {
+    for (seed, nh, nkv, hd) in [(20, 4, 2, 64), (23, 4, 4, 96), (21, 8, 2, 128), (22, 4, 1, 256)] {
         let spec = random_model_heads(seed, arch, 256, nh, nkv, hd);
         let mut m = match prepare(b, &spec)? {
             Ok(m) => m,
@@ -257,12 +257,12 @@ fn long_prefill_case(b: &dyn ComputeBackend, arch: Arch) -> Result<Outcome, Stri
 
 /// Decodes of 70 tokens, every step against the reference: attention over
 /// several of a GPU backend's 32-position spans (the sliding window of 5
-/// far behind), head dimensions 64, 128 and 256 with 1 to 8 query heads
-/// per KV head, and rows of 256 and 768 values (norms in registers or
-/// streamed by a small block).
+/// far behind), head dimensions 64, 96, 128 and 256 with 1 to 8 query
+/// heads per KV head, and rows of 256 and 768 values (norms in registers
+/// or streamed by a small block).
 fn long_decode_case(b: &dyn ComputeBackend, arch: Arch) -> Result<Outcome, String> {
     for (seed, e, nh, nkv, hd) in
-        [(30, 256, 4, 2, 64), (31, 768, 8, 2, 128), (32, 768, 4, 1, 256), (33, 256, 16, 2, 64)]
+        [(30, 256, 4, 2, 64), (31, 768, 8, 2, 128), (32, 768, 4, 1, 256), (33, 256, 16, 2, 64), (34, 256, 4, 4, 96)]
     {
         let spec = random_model_heads(seed, arch, e, nh, nkv, hd);
         let mut m = match prepare(b, &spec)? {

@@ -1,10 +1,11 @@
 //! One CUDA device as the backend uses it: the context, one stream (all
 //! work is ordered on it, so no cross-stream events are needed and event
 //! tracking is switched off), cuBLAS, and the kernel module compiled from
-//! the embedded sources by NVRTC once per process and architecture.
+//! the embedded sources by NVRTC (`compile.rs`: once per machine and
+//! architecture, cached on disk).
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use cudarc::cublas::CudaBlas;
@@ -13,8 +14,8 @@ use cudarc::driver::{
     result, CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchArgs, LaunchConfig,
     ValidAsZeroBits,
 };
-use cudarc::nvrtc::{CompileOptions, Ptx};
 
+use super::compile;
 use super::kernels::{self, names, DevPtr, KernelName};
 use crate::error::{Error, Result};
 use crate::GgmlType;
@@ -35,40 +36,6 @@ pub struct DeviceInfo {
     /// Threads one multiprocessor holds at once (2048 on sm_80 and sm_90,
     /// 1536 on sm_86 and sm_89).
     pub max_threads_per_multiprocessor: i32,
-}
-
-/// Compiled PTX by compute capability.
-type PtxCache = Mutex<HashMap<(i32, i32), Arc<String>>>;
-
-/// PTX per compute capability, compiled once per process.
-fn ptx_for(cc: (i32, i32)) -> Result<Arc<String>> {
-    static CACHE: OnceLock<PtxCache> = OnceLock::new();
-    let cache = CACHE.get_or_init(|| Mutex::new(HashMap::new()));
-    let mut map = cache.lock().map_err(|_| Error::Device("PTX cache lock poisoned".into()))?;
-    if let Some(p) = map.get(&cc) {
-        return Ok(p.clone());
-    }
-    let src: String = kernels::SOURCES.iter().map(|(_, s)| format!("{s}\n")).collect();
-    // A virtual architecture: the driver compiles the PTX for the exact
-    // device when the module is loaded. INFER_CUDA_NVRTC_OPTS adds options
-    // (tuning: e.g. -DMV_T1S_MIN_BLOCKS=8 in matvec.cu without a rebuild).
-    let opts = CompileOptions {
-        options: [format!("--gpu-architecture=compute_{}{}", cc.0, cc.1), "--std=c++17".into()]
-            .into_iter()
-            .chain(std::env::var("INFER_CUDA_NVRTC_OPTS").unwrap_or_default().split_whitespace().map(String::from))
-            .collect(),
-        name: Some("infer_compute.cu".into()),
-        ..Default::default()
-    };
-    let ptx = cudarc::nvrtc::compile_ptx_with_opts(src, opts).map_err(|e| match e {
-        cudarc::nvrtc::CompileError::CompileError { log, .. } => {
-            Error::Device(format!("NVRTC failed to compile the kernels:\n{}", log.to_string_lossy()))
-        }
-        other => Error::Device(format!("NVRTC: {other}")),
-    })?;
-    let p = Arc::new(ptx.to_src());
-    map.insert(cc, p.clone());
-    Ok(p)
 }
 
 /// Serializes, across the process, graph captures with the driver and
@@ -213,8 +180,18 @@ impl Device {
         if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
             return Err(Error::Device("NVRTC (libnvrtc) not found".into()));
         }
-        let ptx = ptx_for(info.compute_capability)?;
-        let module = ctx.load_module(Ptx::from_src(ptx.as_str())).map_err(dev_err("loading the kernel module"))?;
+        let cc = info.compute_capability;
+        // The cached or freshly compiled CUBIN; PTX when that fails.
+        let module = match compile::cubin(cc)
+            .and_then(|img| ctx.load_module(img.to_ptx()).map_err(dev_err("loading the CUBIN")))
+        {
+            Ok(m) => m,
+            Err(e) => {
+                eprintln!("warning: {e}; compiling the CUDA kernels as PTX instead");
+                compile::forget_cubin(cc);
+                ctx.load_module(compile::ptx(cc)?.to_ptx()).map_err(dev_err("loading the kernel module"))?
+            }
+        };
         let mut funcs = HashMap::new();
         let mv = GgmlType::ALL
             .iter()

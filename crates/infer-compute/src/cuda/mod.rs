@@ -23,6 +23,7 @@
 //! formats: [`Error::Unsupported`]).
 
 mod buffers;
+mod compile;
 mod device;
 pub(crate) mod kernels;
 mod model;

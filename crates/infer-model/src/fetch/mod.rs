@@ -48,29 +48,11 @@ pub const DEFAULT_MODEL_SIZE: u64 = GEMMA3_270M.size;
 pub const DEFAULT_MODEL_SHA256: &str = GEMMA3_270M.sha256;
 /// Environment variable naming a model file that replaces the default one.
 pub const MODEL_ENV: &str = "INFER_MODEL";
-/// Environment variable naming the cache directory.
-pub const CACHE_DIR_ENV: &str = "INFER_CACHE_DIR";
+pub use infer_compute::cache_dir::{cache_dir, CACHE_DIR_ENV};
 
 /// Serializes checks and downloads within this process, so that concurrent
 /// callers (parallel tests) hash and fetch a model once.
 static FETCH_LOCK: Mutex<()> = Mutex::new(());
-
-/// Reads a non-empty environment variable.
-fn env_path(name: &str) -> Option<PathBuf> {
-    std::env::var_os(name).filter(|v| !v.is_empty()).map(PathBuf::from)
-}
-
-/// The cache directory: `$INFER_CACHE_DIR`, else `$HOME/.cache/infer-compute`,
-/// else `infer-compute` in the system's temporary directory.
-pub fn cache_dir() -> PathBuf {
-    if let Some(dir) = env_path(CACHE_DIR_ENV) {
-        return dir;
-    }
-    match env_path("HOME") {
-        Some(home) => home.join(".cache").join("infer-compute"),
-        None => std::env::temp_dir().join("infer-compute"),
-    }
-}
 
 /// The path of the known model `name` in [`cache_dir`], verified; fetched,
 /// verified and cached first when it is missing, corrupted or replaced.

@@ -214,5 +214,6 @@ __device__ __forceinline__ void attn_prefill(const AttnArgs& a) {
     }
 
 ATTN_PREFILL_KERNEL(64)
+ATTN_PREFILL_KERNEL(96)
 ATTN_PREFILL_KERNEL(128)
 ATTN_PREFILL_KERNEL(256)
