@@ -49,7 +49,7 @@ fn alone(m: &mut dyn DeviceModel, n_ctx: usize, chunks: &[(&[u32], Out)]) -> Res
 /// of 64 values in GQA and of 96 without (Phi-3's shape).
 fn mixed_case(b: &dyn ComputeBackend, arch: Arch) -> Result<Outcome, String> {
     for (spec, heads) in
-        [(random_model(41, arch), "4/2 heads of 64"), (random_model_heads(46, arch, 256, 4, 4, 96), "4/4 heads of 96")]
+        [(random_model(41, arch), "4/2 heads of 64"), (random_model_heads(46, arch, 256, 8, 8, 96), "8/8 heads of 96")]
     {
         let mut m = match prepare(b, &spec)? {
             Ok(m) => m,
