@@ -101,40 +101,43 @@ pub fn chat(a: ChatArgs) -> CliResult {
     // Without -m (or $INFER_MODEL), an instruction-tuned model: the default
     // model of `run` is a base model, which continues text.
     let path = a.model.resolve_model_or(infer_model::fetch::DEFAULT_CHAT_MODEL_NAME)?;
-    let (loaded, (tokenizer, template, n_ctx, cfg)) = a.model.load(&path, a.threads.threads, |gguf, spec| {
-        let tokenizer = Tokenizer::from_gguf(gguf)?;
-        let template = ChatTemplate::from_gguf(gguf, &tokenizer)?;
-        let n_ctx = context_size(a.ctx_size, spec.n_ctx_train)?;
-        let cfg = a.sampling.config(n_ctx)?;
-        // A system prompt that leaves no room fails before the weights load.
-        if let Some(system) = &a.system {
-            check_system_prompt(&template, &tokenizer, system, n_ctx, crate::prompt::byte_limit(n_ctx))?;
-        }
-        if template.source() != TemplateSource::Gguf {
-            eprintln!("warning: {} has no chat template; using {}", path.display(), template.source());
-        }
-        if instruct_tuned(&path, gguf) == Some(false) {
-            eprintln!(
-                "warning: {} is a pre-trained (base) model: it continues text rather than answering (`infer chat` \
+    let (loaded, (tokenizer, template, n_ctx, (cfg, from_model))) =
+        a.model.load(&path, a.threads.threads, |gguf, spec| {
+            let tokenizer = Tokenizer::from_gguf(gguf)?;
+            let template = ChatTemplate::from_gguf(gguf, &tokenizer)?;
+            let n_ctx = context_size(a.ctx_size, spec.n_ctx_train)?;
+            let model_sampling = infer_model::sampling::SamplingDefaults::from_gguf(gguf);
+            let cfg = (a.sampling.config(n_ctx, &model_sampling)?, a.sampling.taken_from_model(&model_sampling));
+            // A system prompt that leaves no room fails before the weights load.
+            if let Some(system) = &a.system {
+                check_system_prompt(&template, &tokenizer, system, n_ctx, crate::prompt::byte_limit(n_ctx))?;
+            }
+            if template.source() != TemplateSource::Gguf {
+                eprintln!("warning: {} has no chat template; using {}", path.display(), template.source());
+            }
+            if instruct_tuned(&path, gguf) == Some(false) {
+                eprintln!(
+                    "warning: {} is a pre-trained (base) model: it continues text rather than answering (`infer chat` \
                  without -m uses {}, an instruction-tuned model)",
-                path.display(),
-                infer_model::fetch::DEFAULT_CHAT_MODEL_NAME
-            );
-        }
-        Ok((tokenizer, template, n_ctx, cfg))
-    })?;
+                    path.display(),
+                    infer_model::fetch::DEFAULT_CHAT_MODEL_NAME
+                );
+            }
+            Ok((tokenizer, template, n_ctx, cfg))
+        })?;
     let Loaded { backend, mut model, load_time, .. } = loaded;
     let limit = crate::prompt::byte_limit(n_ctx);
     let mut ctx = CachedContext::with_types(model.as_ref(), n_ctx, a.cache.types_for(model.as_ref()))?;
     let mut sampler = Sampler::new(cfg.clone())?;
     eprintln!(
-        "{} on {}, loaded in {:.2} s; context {n_ctx} tokens; sampling: seed {}, {}. /reset starts over, /exit (or \
-         end of input) leaves, Ctrl-C stops a reply.",
+        "{} on {}, loaded in {:.2} s; context {n_ctx} tokens; sampling: seed {}, {}{}. /reset starts over, /exit \
+         (or end of input) leaves, Ctrl-C stops a reply.",
         path.display(),
         backend.device_info(),
         load_time.as_secs_f64(),
         cfg.seed,
-        cfg.chain()
+        cfg.chain(),
+        crate::sampling::model_settings_note(&from_model)
     );
     crate::interrupt::graceful();
 

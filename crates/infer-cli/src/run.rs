@@ -144,13 +144,14 @@ pub fn run(a: RunArgs) -> CliResult {
     // The prompt before the weights: a bad chat template or a prompt too
     // long for the context is reported at once (and a slow template can be
     // stopped by Ctrl-C like any step before the model loads).
-    let (loaded, (tokenizer, n_ctx, cfg, ids, prompt)) = a.model.load(&path, a.threads.threads, |gguf, spec| {
+    let (loaded, (tokenizer, n_ctx, (cfg, from_model), ids, prompt)) = a.model.load(&path, a.threads.threads, |gguf, spec| {
         let tokenizer = Tokenizer::from_gguf(gguf)?;
         let n_ctx = context_size(a.ctx_size, spec.n_ctx_train)?;
         // Validated as given, also when greedy decoding ignores them; at
         // temperature 0 the penalties still apply (as in llama.cpp), and the
         // filters cannot change the most likely token.
-        let cfg = a.sampling.config(n_ctx)?;
+        let model_sampling = infer_model::sampling::SamplingDefaults::from_gguf(gguf);
+        let cfg = (a.sampling.config(n_ctx, &model_sampling)?, a.sampling.taken_from_model(&model_sampling));
         let limit = crate::prompt::byte_limit(n_ctx);
         let mut prompt = source.read(limit, n_ctx)?;
         if flag_text {
@@ -201,6 +202,9 @@ pub fn run(a: RunArgs) -> CliResult {
         eprintln!("prompt:   {}", tokens(ids.len()));
         eprintln!("sampler chain: {}", cfg.chain());
         eprintln!("sampler params: {cfg}");
+        if !from_model.is_empty() {
+            eprintln!("sampler params from the model (not given here): {from_model}");
+        }
     }
     if a.verbose_prompt {
         print_verbose_prompt(&prompt, &ids, &tokenizer);
@@ -338,7 +342,7 @@ pub fn run(a: RunArgs) -> CliResult {
                 tokens(stats.shift_tokens)
             );
         }
-        eprintln!("sampling: seed {}, {}", cfg.seed, cfg.chain());
+        eprintln!("sampling: seed {}, {}{}", cfg.seed, cfg.chain(), crate::sampling::model_settings_note(&from_model));
     }
     if interrupted {
         return Err(crate::Interrupted.into());

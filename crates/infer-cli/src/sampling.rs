@@ -3,33 +3,38 @@
 //! does, in this order: penalties, top-k, top-p, min-p, temperature, draw).
 
 use clap::Args;
-use infer_model::sampling::SamplerConfig;
+use infer_model::sampling::{SamplerConfig, SamplingDefaults};
 
 use crate::common::CliResult;
 
-/// Sampling options, named and defaulted as llama.cpp's `llama-cli`.
+/// Sampling options, named and defaulted as llama.cpp's `llama-cli`. A
+/// setting not given is the model's when its GGUF has one (the
+/// `general.sampling.*` keys, read by
+/// [`SamplingDefaults::from_gguf`]), else llama.cpp's default.
 #[derive(Args, Clone, Debug)]
 pub struct SamplingArgs {
     /// Temperature, applied after the filters; 0 (or below, as llama.cpp) is greedy (the most likely token,
-    /// deterministic).
-    #[arg(long, value_name = "T", default_value_t = 0.8, allow_negative_numbers = true)]
-    pub temp: f32,
-    /// Keep the K most likely tokens (0 or below: off, as llama.cpp).
-    #[arg(long, value_name = "K", default_value_t = 40, allow_negative_numbers = true)]
-    pub top_k: i64,
-    /// Keep the most likely tokens whose probabilities sum to P, compared in f32 as llama.cpp does (1: off).
-    #[arg(long, value_name = "P", default_value_t = 0.95, allow_negative_numbers = true)]
-    pub top_p: f32,
-    /// Drop tokens less likely than P × the most likely one (0 or below: off).
-    #[arg(long, value_name = "P", default_value_t = 0.05, allow_negative_numbers = true)]
-    pub min_p: f32,
-    /// Divide the positive (multiply the negative) logits of the recent tokens by X (1: off).
-    #[arg(long, value_name = "X", default_value_t = 1.0, allow_negative_numbers = true)]
-    pub repeat_penalty: f32,
+    /// deterministic) [default: 0.8, or the model's].
+    #[arg(long, value_name = "T", allow_negative_numbers = true)]
+    pub temp: Option<f32>,
+    /// Keep the K most likely tokens (0 or below: off, as llama.cpp) [default: 40, or the model's].
+    #[arg(long, value_name = "K", allow_negative_numbers = true)]
+    pub top_k: Option<i64>,
+    /// Keep the most likely tokens whose probabilities sum to P, compared in f32 as llama.cpp does (1: off)
+    /// [default: 0.95, or the model's].
+    #[arg(long, value_name = "P", allow_negative_numbers = true)]
+    pub top_p: Option<f32>,
+    /// Drop tokens less likely than P × the most likely one (0 or below: off) [default: 0.05, or the model's].
+    #[arg(long, value_name = "P", allow_negative_numbers = true)]
+    pub min_p: Option<f32>,
+    /// Divide the positive (multiply the negative) logits of the recent tokens by X (1: off) [default: 1, or
+    /// the model's].
+    #[arg(long, value_name = "X", allow_negative_numbers = true)]
+    pub repeat_penalty: Option<f32>,
     /// How many recent tokens (prompt and output) the penalties look at (0: off, -1 or more than the
-    /// context: the context size).
-    #[arg(long, value_name = "N", default_value_t = 64, allow_negative_numbers = true)]
-    pub repeat_last_n: i64,
+    /// context: the context size) [default: 64, or the model's].
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
+    pub repeat_last_n: Option<i64>,
     /// Subtract X once from the logit of every recent token (0: off).
     #[arg(long, value_name = "X", default_value_t = 0.0, allow_negative_numbers = true)]
     pub presence_penalty: f32,
@@ -42,43 +47,71 @@ pub struct SamplingArgs {
 }
 
 impl SamplingArgs {
-    /// The sampler settings for a context of `n_ctx` positions; a random
-    /// seed when none (or -1) was given.
+    /// The sampler settings for a context of `n_ctx` positions: each
+    /// setting as given, else the model's (`model`), else llama.cpp's
+    /// default; a random seed when none (or -1) was given.
     ///
     /// # Errors
     /// A setting out of its range (also when greedy decoding ignores it),
-    /// a seed below -1, `--repeat-last-n` below -1.
-    pub fn config(&self, n_ctx: usize) -> CliResult<SamplerConfig> {
+    /// a seed below -1, `--repeat-last-n` below -1 (naming the model's
+    /// metadata when the value came from there).
+    pub fn config(&self, n_ctx: usize, model: &SamplingDefaults) -> CliResult<SamplerConfig> {
         let seed = match self.seed {
             None | Some(-1) => u64::from(rand::random::<u32>()),
             Some(s) if s >= 0 => s as u64,
             Some(s) => return Err(format!("--seed {s}: must be a number >= 0, or -1 for a random seed").into()),
         };
-        // The window never holds more than the context: a larger one is the
-        // context (and would only reserve memory).
-        let repeat_last_n = match self.repeat_last_n {
-            -1 => n_ctx,
-            n if n >= 0 => (n as u64).min(n_ctx as u64) as usize,
-            n => return Err(format!("--repeat-last-n {n}: must be >= 0, or -1 for the context size").into()),
-        };
-        // llama.cpp's readings of negative values: a temperature below 0 is
-        // greedy, a top-k or a min-p below 0 is off. NaN stays, to be refused
-        // by `validate`.
-        let temperature = if self.temp < 0.0 { 0.0 } else { self.temp };
-        let top_k = usize::try_from(self.top_k.max(0)).unwrap_or(usize::MAX);
-        let min_p = if self.min_p < 0.0 { 0.0 } else { self.min_p };
-        let cfg = SamplerConfig {
-            temperature,
-            top_k,
+        if let Some(n) = self.repeat_last_n.filter(|&n| n < -1) {
+            return Err(format!("--repeat-last-n {n}: must be >= 0, or -1 for the context size").into());
+        }
+        let given = SamplingDefaults {
+            temperature: self.temp,
+            top_k: self.top_k,
             top_p: self.top_p,
-            min_p,
+            min_p: self.min_p,
             repetition_penalty: self.repeat_penalty,
-            repeat_last_n,
+            repeat_last_n: self.repeat_last_n,
+        };
+        let base = SamplerConfig {
             presence_penalty: self.presence_penalty,
             frequency_penalty: self.frequency_penalty,
             seed,
+            ..SamplerConfig::default()
         };
-        cfg.validate()?;
+        // A bad value that came from the model (the command line's are
+        // checked above or named by the sampler) says so.
+        let used = self.taken_from_model(model);
+        let cfg = given.or(*model).apply(base, n_ctx).map_err(|e| {
+            if used.is_empty() {
+                e.to_string()
+            } else {
+                format!("{e} (the model sets {used})")
+            }
+        })?;
         Ok(cfg)
+    }
+
+    /// The settings of `model` that [`SamplingArgs::config`] uses, those
+    /// not given on the command line; empty when it uses none.
+    pub fn taken_from_model(&self, model: &SamplingDefaults) -> SamplingDefaults {
+        SamplingDefaults {
+            temperature: model.temperature.filter(|_| self.temp.is_none()),
+            top_k: model.top_k.filter(|_| self.top_k.is_none()),
+            top_p: model.top_p.filter(|_| self.top_p.is_none()),
+            min_p: model.min_p.filter(|_| self.min_p.is_none()),
+            repetition_penalty: model.repetition_penalty.filter(|_| self.repeat_penalty.is_none()),
+            repeat_last_n: model.repeat_last_n.filter(|_| self.repeat_last_n.is_none()),
+        }
+    }
+}
+
+/// What a `sampling:` line adds for the model's settings in use (`used`,
+/// from [`SamplingArgs::taken_from_model`]): `"; the model's temp = 0.2, top_p =
+/// 0.9"`, or nothing.
+pub fn model_settings_note(used: &SamplingDefaults) -> String {
+    if used.is_empty() {
+        String::new()
+    } else {
+        format!("; the model's {used}")
     }
 }

@@ -87,6 +87,7 @@ pub fn serve(a: ServeArgs) -> CliResult {
         let tokenizer = infer_model::tokenizer::Tokenizer::from_gguf(gguf)?;
         let template = infer_model::chat::ChatTemplate::from_gguf(gguf, &tokenizer)?;
         cfg.n_ctx = n_ctx;
+        cfg.sampling = infer_model::sampling::SamplingDefaults::from_gguf(gguf);
         // Every size is checked before the weights are prepared.
         cfg.validate()?;
         Ok((n_ctx, tokenizer, template))
@@ -97,12 +98,17 @@ pub fn serve(a: ServeArgs) -> CliResult {
     let served = ServedModel { id: id.clone(), model, tokenizer, template };
     let server = infer_server::start(cfg.clone(), served)?;
     eprintln!(
-        "{} as `{id}` on {}, loaded in {:.2} s; {} slots x {n_ctx} positions, steps of up to {} tokens{}",
+        "{} as `{id}` on {}, loaded in {:.2} s; {} slots x {n_ctx} positions, steps of up to {} tokens{}{}",
         path.display(),
         backend.device_info(),
         load_time.as_secs_f64(),
         cfg.parallel,
         cfg.n_batch,
+        if cfg.sampling.is_empty() {
+            String::new()
+        } else {
+            format!("; sampling defaults from the model: {}", cfg.sampling)
+        },
         if cfg.api_key.is_some() { "; API key required" } else { "" }
     );
     eprintln!("listening on {}", server.url());

@@ -279,3 +279,73 @@ fn a_full_context_shifts_unless_told_not_to() {
     }
     assert_one_line_error(&run_tiny(&m, &["--keep", "-2", "hello"]), "--keep -2");
 }
+
+/// `path` with `general.sampling.*` keys added (`(key suffix, value)`),
+/// written to `out`.
+fn with_sampling_keys(path: &Path, out: &Path, keys: &[(&str, infer_model::gguf::Value)]) {
+    let g = infer_model::gguf::GgufFile::open(path).unwrap();
+    let mut w = infer_model::gguf::GgufWriter::from_gguf(&g).unwrap();
+    for (k, v) in keys {
+        w.set_metadata(format!("general.sampling.{k}"), v.clone()).unwrap();
+    }
+    w.write_to_path(out).unwrap();
+}
+
+#[test]
+fn the_files_sampling_keys_are_defaults_under_the_flags() {
+    use infer_model::gguf::Value;
+    let dir = tmpdir();
+    let m = synth_tiny(dir.path(), "llama");
+    let keyed = dir.path().join("keyed.gguf");
+    with_sampling_keys(
+        &m,
+        &keyed,
+        &[
+            ("temp", Value::F32(0.0)),
+            ("top_k", Value::I32(7)),
+            ("min_p", Value::String("0.1".into())),
+            ("penalty_repeat", Value::F32(1.1)),
+            ("penalty_last_n", Value::I32(-1)),
+            // No such stage here: ignored, as a mirostat key would be.
+            ("xtc_probability", Value::F32(0.5)),
+        ],
+    );
+    let o = run_tiny(&keyed, &["-n", "2", "-v", "-c", "100", "hello"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let err = stderr(&o);
+    for key in [
+        "sampler chain: penalties -> greedy",
+        "repeat_last_n = 100",
+        "repeat_penalty = 1.100",
+        "top_k = 7",
+        "top_p = 0.950",
+        "min_p = 0.100",
+        "temp = 0.000",
+        "sampler params from the model (not given here): temp = 0, top_k = 7, min_p = 0.1, repeat_penalty = 1.1, \
+         repeat_last_n = -1",
+        "sampling: seed ",
+        "; the model's temp = 0, top_k = 7",
+    ] {
+        assert!(err.contains(key), "stderr lacks {key}: {err}");
+    }
+    // The flags win; only the settings not given come from the file.
+    let o = run_tiny(&keyed, &["-n", "2", "-v", "--temp", "0.7", "--top-k", "3", "--repeat-penalty", "1", "hello"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let err = stderr(&o);
+    for key in [
+        "sampler chain: top-k -> top-p -> min-p -> temperature -> dist",
+        "temp = 0.700",
+        "top_k = 3",
+        "min_p = 0.100",
+        "sampler params from the model (not given here): min_p = 0.1, repeat_last_n = -1",
+    ] {
+        assert!(err.contains(key), "stderr lacks {key}: {err}");
+    }
+    // A file without the keys: llama.cpp's defaults, nothing said.
+    let o = run_tiny(&m, &["-n", "2", "hello"]);
+    assert!(o.status.success() && !stderr(&o).contains("the model's"), "{}", stderr(&o));
+    // A bad value from the file is an error that names it.
+    let bad = dir.path().join("bad.gguf");
+    with_sampling_keys(&m, &bad, &[("top_p", Value::F32(0.0))]);
+    assert_one_line_error(&run_tiny(&bad, &["hi"]), "the model sets top_p = 0");
+}

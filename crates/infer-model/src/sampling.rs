@@ -50,6 +50,8 @@ use std::collections::{BinaryHeap, VecDeque};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
+use crate::gguf::{GgufFile, Value};
+
 /// Why a token could not be sampled or a sampler not built.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
 pub enum SamplingError {
@@ -217,6 +219,161 @@ impl std::fmt::Display for SamplerConfig {
             self.temperature,
             self.seed
         )
+    }
+}
+
+/// Sampling settings that come with a model, to be used where the user set
+/// none: the `general.sampling.*` keys of its GGUF, which llama.cpp reads
+/// the same way (`common_init_sampler_from_model`: each key under the
+/// command line's setting, above the built-in default). `None` leaves the
+/// setting to llama.cpp's default.
+///
+/// Values are taken as llama.cpp's command line takes them: a temperature
+/// below 0 is greedy, a top-k or a min-p below 0 is off, a penalty window
+/// of -1 is the context; [`SamplerConfig::validate`] still judges the
+/// result.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct SamplingDefaults {
+    /// `general.sampling.temp`.
+    pub temperature: Option<f32>,
+    /// `general.sampling.top_k`.
+    pub top_k: Option<i64>,
+    /// `general.sampling.top_p`.
+    pub top_p: Option<f32>,
+    /// `general.sampling.min_p`.
+    pub min_p: Option<f32>,
+    /// `general.sampling.penalty_repeat`.
+    pub repetition_penalty: Option<f32>,
+    /// `general.sampling.penalty_last_n`.
+    pub repeat_last_n: Option<i64>,
+}
+
+impl SamplingDefaults {
+    /// No setting: llama.cpp's defaults throughout.
+    pub const NONE: SamplingDefaults = SamplingDefaults {
+        temperature: None,
+        top_k: None,
+        top_p: None,
+        min_p: None,
+        repetition_penalty: None,
+        repeat_last_n: None,
+    };
+
+    /// The `general.sampling.*` keys of `file` that this sampler has a stage
+    /// for (temp, top_k, top_p, min_p, penalty_repeat, penalty_last_n). As
+    /// llama.cpp, a key is read whatever its type, a number or a string
+    /// holding one; a key whose value is not a number is ignored, as are
+    /// the keys of stages this sampler lacks (sequence, xtc, mirostat).
+    pub fn from_gguf(file: &GgufFile) -> SamplingDefaults {
+        let number = |key: &str| -> Option<f64> {
+            match file.get(&format!("general.sampling.{key}"))? {
+                Value::String(s) => s.trim().parse::<f64>().ok(),
+                Value::Bool(_) | Value::Array(_) => None,
+                v => v.as_f64().or_else(|| v.as_i128().map(|n| n as f64)),
+            }
+            .filter(|x| x.is_finite())
+        };
+        // llama.cpp parses integer keys with strtol: a fraction is cut.
+        let int = |key: &str| number(key).map(|x| x.trunc().clamp(i64::MIN as f64, i64::MAX as f64) as i64);
+        let float = |key: &str| number(key).map(|x| x as f32);
+        SamplingDefaults {
+            temperature: float("temp"),
+            top_k: int("top_k"),
+            top_p: float("top_p"),
+            min_p: float("min_p"),
+            repetition_penalty: float("penalty_repeat"),
+            repeat_last_n: int("penalty_last_n"),
+        }
+    }
+
+    /// These settings, each missing one taken from `fallback`.
+    pub fn or(self, fallback: SamplingDefaults) -> SamplingDefaults {
+        SamplingDefaults {
+            temperature: self.temperature.or(fallback.temperature),
+            top_k: self.top_k.or(fallback.top_k),
+            top_p: self.top_p.or(fallback.top_p),
+            min_p: self.min_p.or(fallback.min_p),
+            repetition_penalty: self.repetition_penalty.or(fallback.repetition_penalty),
+            repeat_last_n: self.repeat_last_n.or(fallback.repeat_last_n),
+        }
+    }
+
+    /// Whether no setting is given.
+    pub fn is_empty(&self) -> bool {
+        *self == SamplingDefaults::NONE
+    }
+
+    /// `base` with the settings given here put in, read as llama.cpp reads
+    /// its options: a temperature below 0 is 0 (greedy), a top-k or a
+    /// min-p below 0 is 0 (off), a penalty window of -1 is the context
+    /// (`n_ctx`) and any window is at most the context (a longer one would
+    /// only reserve memory). Then the whole is validated.
+    ///
+    /// # Errors
+    /// [`SamplingError::InvalidConfig`] for a penalty window below -1, and
+    /// [`SamplerConfig::validate`]'s.
+    pub fn apply(&self, base: SamplerConfig, n_ctx: usize) -> Result<SamplerConfig, SamplingError> {
+        let mut c = base;
+        if let Some(t) = self.temperature {
+            // NaN stays, to be refused by `validate`.
+            c.temperature = if t < 0.0 { 0.0 } else { t };
+        }
+        if let Some(k) = self.top_k {
+            c.top_k = usize::try_from(k.max(0)).unwrap_or(usize::MAX);
+        }
+        if let Some(p) = self.top_p {
+            c.top_p = p;
+        }
+        if let Some(p) = self.min_p {
+            c.min_p = if p < 0.0 { 0.0 } else { p };
+        }
+        if let Some(r) = self.repetition_penalty {
+            c.repetition_penalty = r;
+        }
+        c.repeat_last_n = match self.repeat_last_n {
+            None => c.repeat_last_n,
+            Some(-1) => n_ctx,
+            Some(n) if n >= 0 => usize::try_from(n).unwrap_or(usize::MAX),
+            Some(n) => {
+                return Err(SamplingError::InvalidConfig(format!(
+                    "repeat_last_n {n} (must be >= 0, or -1 for the context size)"
+                )))
+            }
+        };
+        c.repeat_last_n = c.repeat_last_n.min(n_ctx);
+        c.validate()?;
+        Ok(c)
+    }
+}
+
+impl std::fmt::Display for SamplingDefaults {
+    /// The settings given, with llama.cpp's option names: `temp = 0.2,
+    /// top_p = 0.9`; `none` when there is none.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut parts = Vec::new();
+        if let Some(v) = self.temperature {
+            parts.push(format!("temp = {v}"));
+        }
+        if let Some(v) = self.top_k {
+            parts.push(format!("top_k = {v}"));
+        }
+        if let Some(v) = self.top_p {
+            parts.push(format!("top_p = {v}"));
+        }
+        if let Some(v) = self.min_p {
+            parts.push(format!("min_p = {v}"));
+        }
+        if let Some(v) = self.repetition_penalty {
+            parts.push(format!("repeat_penalty = {v}"));
+        }
+        if let Some(v) = self.repeat_last_n {
+            parts.push(format!("repeat_last_n = {v}"));
+        }
+        if parts.is_empty() {
+            f.write_str("none")
+        } else {
+            f.write_str(&parts.join(", "))
+        }
     }
 }
 

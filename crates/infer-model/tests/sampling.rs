@@ -499,3 +499,88 @@ fn top_p_after_a_top_k_of_the_whole_vocabulary_sums_in_sorted_order() {
     let h = histogram(&mut s, &l, 2000);
     assert!(h[second as usize] > 0 && h[first as usize] + h[second as usize] == 2000, "{:?}", &h[tiny..]);
 }
+
+/// A GGUF holding only the metadata `kv`.
+fn gguf_with(kv: Vec<(&str, infer_model::gguf::Value)>) -> infer_model::gguf::GgufFile {
+    let mut w = infer_model::gguf::GgufWriter::new();
+    w.add_metadata("general.architecture", "llama").unwrap();
+    for (k, v) in kv {
+        w.add_metadata(k, v).unwrap();
+    }
+    infer_model::gguf::GgufFile::from_bytes(w.to_bytes().unwrap()).unwrap()
+}
+
+#[test]
+fn sampling_defaults_read_the_general_sampling_keys_as_llama_cpp() {
+    use infer_model::gguf::Value;
+    use infer_model::sampling::SamplingDefaults;
+    // No keys: nothing.
+    assert!(SamplingDefaults::from_gguf(&gguf_with(vec![])).is_empty());
+    // Any numeric type, or a string holding a number (llama.cpp reads every
+    // value through its text); integer keys cut a fraction as strtol does.
+    let d = SamplingDefaults::from_gguf(&gguf_with(vec![
+        ("general.sampling.temp", Value::F64(0.25)),
+        ("general.sampling.top_k", Value::F32(20.9)),
+        ("general.sampling.top_p", Value::String(" 0.9".into())),
+        ("general.sampling.min_p", Value::U8(0)),
+        ("general.sampling.penalty_repeat", Value::F32(1.5)),
+        ("general.sampling.penalty_last_n", Value::I64(-1)),
+        ("general.sampling.mirostat", Value::I32(2)),
+    ]));
+    let want = SamplingDefaults {
+        temperature: Some(0.25),
+        top_k: Some(20),
+        top_p: Some(0.9),
+        min_p: Some(0.0),
+        repetition_penalty: Some(1.5),
+        repeat_last_n: Some(-1),
+    };
+    assert_eq!(d, want);
+    assert_eq!(
+        d.to_string(),
+        "temp = 0.25, top_k = 20, top_p = 0.9, min_p = 0, repeat_penalty = 1.5, repeat_last_n = -1"
+    );
+    // Values that are not numbers are ignored.
+    let d = SamplingDefaults::from_gguf(&gguf_with(vec![
+        ("general.sampling.temp", Value::String("warm".into())),
+        ("general.sampling.top_k", Value::Bool(true)),
+        ("general.sampling.top_p", Value::F32(f32::NAN)),
+    ]));
+    assert!(d.is_empty(), "{d:?}");
+    assert_eq!(d.to_string(), "none");
+}
+
+#[test]
+fn sampling_defaults_fill_in_and_apply_with_llama_cpp_readings() {
+    use infer_model::sampling::SamplingDefaults;
+    let file = SamplingDefaults { temperature: Some(0.2), top_p: Some(0.9), ..SamplingDefaults::NONE };
+    let given = SamplingDefaults { temperature: Some(0.7), ..SamplingDefaults::NONE };
+    let both = given.or(file);
+    assert_eq!((both.temperature, both.top_p, both.top_k), (Some(0.7), Some(0.9), None));
+    // Unset settings keep the base.
+    let base = SamplerConfig { seed: 5, presence_penalty: 0.5, ..SamplerConfig::default() };
+    assert_eq!(SamplingDefaults::NONE.apply(base.clone(), 4096).unwrap(), base);
+    let c = both.apply(base.clone(), 4096).unwrap();
+    assert_eq!((c.temperature, c.top_p, c.top_k, c.min_p, c.seed), (0.7, 0.9, 40, 0.05, 5));
+    // Negative temperature: greedy; negative top-k, min-p: off; window -1:
+    // the context, and never past it.
+    let neg = SamplingDefaults {
+        temperature: Some(-1.0),
+        top_k: Some(-5),
+        min_p: Some(-0.5),
+        repeat_last_n: Some(-1),
+        ..SamplingDefaults::NONE
+    };
+    let c = neg.apply(base.clone(), 300).unwrap();
+    assert_eq!((c.temperature, c.top_k, c.min_p, c.repeat_last_n), (0.0, 0, 0.0, 300));
+    let long = SamplingDefaults { repeat_last_n: Some(1 << 40), ..SamplingDefaults::NONE };
+    assert_eq!(long.apply(base.clone(), 300).unwrap().repeat_last_n, 300);
+    // Out of range: the sampler's errors.
+    for bad in [
+        SamplingDefaults { repeat_last_n: Some(-2), ..SamplingDefaults::NONE },
+        SamplingDefaults { top_p: Some(0.0), ..SamplingDefaults::NONE },
+        SamplingDefaults { repetition_penalty: Some(0.0), ..SamplingDefaults::NONE },
+    ] {
+        assert!(matches!(bad.apply(base.clone(), 300), Err(SamplingError::InvalidConfig(_))), "{bad:?}");
+    }
+}

@@ -58,6 +58,10 @@ pub struct ServerConfig {
     /// Threads of the async runtime that parses requests and streams
     /// replies (the model runs on a thread of its own).
     pub http_threads: usize,
+    /// The model's sampling settings (its GGUF's `general.sampling.*`
+    /// keys): the defaults of what a request does not set, in place of
+    /// llama-server's built-in ones, as llama-server does.
+    pub sampling: infer_model::sampling::SamplingDefaults,
 }
 
 impl Default for ServerConfig {
@@ -75,6 +79,7 @@ impl Default for ServerConfig {
             api_key: None,
             header_timeout: std::time::Duration::from_secs(DEFAULT_HEADER_TIMEOUT_S),
             http_threads: 2,
+            sampling: infer_model::sampling::SamplingDefaults::NONE,
         }
     }
 }
@@ -106,6 +111,9 @@ impl ServerConfig {
         }
         if self.api_key.as_deref() == Some("") {
             return Err("--api-key is empty".into());
+        }
+        if let Err(e) = self.sampling.apply(infer_model::sampling::SamplerConfig::default(), self.n_ctx) {
+            return Err(format!("the model's sampling settings ({}): {e}", self.sampling));
         }
         Ok(())
     }

@@ -73,7 +73,8 @@ pub fn start(cfg: ServerConfig, served: ServedModel) -> Result<Server, String> {
     let addr = listener.local_addr().map_err(|e| format!("the listening socket: {e}"))?;
     let metrics = Arc::new(Metrics::default());
     let tokenizer = Arc::new(tokenizer);
-    let limits = Limits { n_ctx: cfg.n_ctx, max_tokens: cfg.max_tokens, n_vocab: model.n_vocab() };
+    let limits =
+        Limits { n_ctx: cfg.n_ctx, max_tokens: cfg.max_tokens, n_vocab: model.n_vocab(), sampling: cfg.sampling };
     let info =
         ModelInfo { id, tokenizer: tokenizer.clone(), template: Arc::new(template), n_vocab: model.n_vocab(), limits };
     let (engine, engine_thread) =

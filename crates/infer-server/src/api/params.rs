@@ -8,7 +8,7 @@ use serde_json::Value;
 use super::error::{ApiError, ApiResult};
 use super::fields::{wrong, Body};
 use crate::engine::GenParams;
-use infer_model::sampling::SamplerConfig;
+use infer_model::sampling::{SamplerConfig, SamplingDefaults};
 
 /// What a request may ask for, from the server's configuration.
 #[derive(Clone, Copy, Debug)]
@@ -19,6 +19,9 @@ pub struct Limits {
     pub max_tokens: usize,
     /// Vocabulary size (token ids of a prompt are below it).
     pub n_vocab: usize,
+    /// The model's sampling settings, the defaults of what a request does
+    /// not set.
+    pub sampling: SamplingDefaults,
 }
 
 /// Most stop strings per request (OpenAI allows 4).
@@ -103,15 +106,16 @@ pub fn stream_flags(body: &Body) -> ApiResult<(bool, bool)> {
     Ok((stream, usage))
 }
 
-/// The generation settings of `body` (defaults as llama-server's:
-/// temperature 0.8, top_k 40, top_p 0.95, min_p 0.05, no penalties, a
-/// random seed, up to `limits.max_tokens` tokens); `logprobs` as the
-/// endpoint read it.
+/// The generation settings of `body` (defaults as llama-server's: the
+/// model's settings in `limits.sampling`, else temperature 0.8, top_k 40,
+/// top_p 0.95, min_p 0.05, no penalties; a random seed, up to
+/// `limits.max_tokens` tokens); `logprobs` as the endpoint read it.
 ///
 /// # Errors
 /// A field of the wrong type or out of range, naming it.
 pub fn gen_params(body: &Body, limits: &Limits, logprobs: Option<usize>) -> ApiResult<GenParams> {
-    let d = SamplerConfig::default();
+    // The model's settings were checked when the server started.
+    let d = limits.sampling.apply(SamplerConfig::default(), limits.n_ctx).unwrap_or_default();
     let positive = |name: &str, v: Option<f64>| match v {
         Some(x) if x <= 0.0 => Err(ApiError::invalid(name, format!("{name} is {x}; it must be above 0"))),
         _ => Ok(v),
@@ -197,10 +201,30 @@ pub fn prompt_too_long(param: &str, limits: &Limits) -> ApiError {
 mod tests {
     use super::*;
 
-    const L: Limits = Limits { n_ctx: 100, max_tokens: 50, n_vocab: 10 };
+    const L: Limits = Limits { n_ctx: 100, max_tokens: 50, n_vocab: 10, sampling: SamplingDefaults::NONE };
 
     fn params(json: &str) -> ApiResult<GenParams> {
         gen_params(&Body::parse(json.as_bytes()).unwrap(), &L, None)
+    }
+
+    #[test]
+    fn the_models_sampling_settings_are_the_defaults_of_a_request() {
+        let model = SamplingDefaults {
+            temperature: Some(0.2),
+            top_k: Some(-1),
+            repeat_last_n: Some(-1),
+            ..SamplingDefaults::NONE
+        };
+        let limits = Limits { sampling: model, ..L };
+        let get = |json: &str| gen_params(&Body::parse(json.as_bytes()).unwrap(), &limits, None).unwrap().sampler;
+        let s = get("{}");
+        // llama.cpp's readings: top_k -1 off, window -1 the context.
+        assert_eq!((s.temperature, s.top_k, s.top_p, s.repeat_last_n), (0.2, 0, 0.95, 100));
+        let s = get(r#"{"temperature": 0.9, "top_k": 5}"#);
+        assert_eq!((s.temperature, s.top_k), (0.9, 5));
+        // Without the model's settings, llama-server's defaults.
+        let s = params("{}").unwrap().sampler;
+        assert_eq!((s.temperature, s.top_k, s.top_p, s.min_p), (0.8, 40, 0.95, 0.05));
     }
 
     #[test]
