@@ -37,11 +37,9 @@ pub(crate) mod names {
     pub const ATTN_SPLIT_QKV_GRP: KernelName = KernelName("attn_split_qkv_grp");
     pub const ATTN_COMBINE: KernelName = KernelName("attn_combine");
     pub const ATTN_DECODE_HD64: KernelName = KernelName("attn_decode_hd64");
-    pub const ATTN_DECODE_HD96: KernelName = KernelName("attn_decode_hd96");
     pub const ATTN_DECODE_HD128: KernelName = KernelName("attn_decode_hd128");
     pub const ATTN_DECODE_HD256: KernelName = KernelName("attn_decode_hd256");
     pub const ATTN_DECODE_BATCH_HD64: KernelName = KernelName("attn_decode_batch_hd64");
-    pub const ATTN_DECODE_BATCH_HD96: KernelName = KernelName("attn_decode_batch_hd96");
     pub const ATTN_DECODE_BATCH_HD128: KernelName = KernelName("attn_decode_batch_hd128");
     pub const ATTN_DECODE_BATCH_HD256: KernelName = KernelName("attn_decode_batch_hd256");
     pub const EMBED_ROWS: KernelName = KernelName("embed_rows");
@@ -58,7 +56,7 @@ pub(crate) mod names {
     pub const ATTN_PREFILL_HD256: KernelName = KernelName("attn_prefill_hd256");
 
     /// Every non-mat-vec kernel (loaded when the backend starts).
-    pub const ALL: [KernelName; 28] = [
+    pub const ALL: [KernelName; 26] = [
         QUANTIZE_Q8,
         RESIDUAL_NORM,
         QKV_POST,
@@ -68,11 +66,9 @@ pub(crate) mod names {
         ATTN_SPLIT_QKV_GRP,
         ATTN_COMBINE,
         ATTN_DECODE_HD64,
-        ATTN_DECODE_HD96,
         ATTN_DECODE_HD128,
         ATTN_DECODE_HD256,
         ATTN_DECODE_BATCH_HD64,
-        ATTN_DECODE_BATCH_HD96,
         ATTN_DECODE_BATCH_HD128,
         ATTN_DECODE_BATCH_HD256,
         EMBED_ROWS,

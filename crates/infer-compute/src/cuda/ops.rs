@@ -336,7 +336,7 @@ pub(crate) fn qkv_post(dev: &Device, args: &QkvArgs) -> Result<()> {
 
 /// The q/k/v post-processing ([`qkv_post`]) and then [`attention`].
 ///
-/// One token whose head dimension is 64, 96, 128 or 256, with at most
+/// One token whose head dimension is 64, 128 or 256, with at most
 /// [`ATTN_MAX_G`] query heads per kv head, runs all of it as one kernel
 /// (`attn_decode_hd*`, attention_decode.cu), which needs `count`: `n_kv`
 /// zeroed ints that it leaves zeroed. `INFER_CUDA_ATTN_DECODE=0` turns it
@@ -414,7 +414,6 @@ pub(crate) fn qkv_attention_batch(
     let (n_kv, hd) = (attn.n_kv as usize, attn.hd as usize);
     let k = match hd {
         64 => names::ATTN_DECODE_BATCH_HD64,
-        96 => names::ATTN_DECODE_BATCH_HD96,
         128 => names::ATTN_DECODE_BATCH_HD128,
         256 => names::ATTN_DECODE_BATCH_HD256,
         _ => return Err(Error::Device(format!("no batched decode attention for head_dim {hd}"))),
@@ -436,7 +435,6 @@ pub(crate) fn qkv_attention_batch(
 fn decode_kernel(hd: usize) -> Option<kernels::KernelName> {
     match hd {
         64 => Some(names::ATTN_DECODE_HD64),
-        96 => Some(names::ATTN_DECODE_HD96),
         128 => Some(names::ATTN_DECODE_HD128),
         256 => Some(names::ATTN_DECODE_HD256),
         _ => None,

@@ -1,4 +1,4 @@
-// Decode attention in one launch (one token, head_dim 64, 96, 128 or 256, at
+// Decode attention in one launch (one token, head_dim 64, 128 or 256, at
 // most ATTN_MAX_G query heads per kv head): the q/k/v post-processing of
 // qkv_post (bias, q/k RMSNorm, RoPE, KV append), split-K attention over
 // spans of ATTN_SPLIT positions, and the merge of the spans with the q8
@@ -283,6 +283,5 @@ __device__ __forceinline__ AttnQkvArgs batch_token(const AttnQkvArgs& in) {
     }
 
 ATTN_DECODE(64)
-ATTN_DECODE(96)
 ATTN_DECODE(128)
 ATTN_DECODE(256)
