@@ -106,8 +106,7 @@ pub fn chat(a: ChatArgs) -> CliResult {
             let tokenizer = Tokenizer::from_gguf(gguf)?;
             let template = ChatTemplate::from_gguf(gguf, &tokenizer)?;
             let n_ctx = context_size(a.ctx_size, spec.n_ctx_train)?;
-            let model_sampling = infer_model::sampling::SamplingDefaults::from_gguf(gguf);
-            let cfg = (a.sampling.config(n_ctx, &model_sampling)?, a.sampling.taken_from_model(&model_sampling));
+            let cfg = a.sampling.config(n_ctx, gguf)?;
             // A system prompt that leaves no room fails before the weights load.
             if let Some(system) = &a.system {
                 check_system_prompt(&template, &tokenizer, system, n_ctx, crate::prompt::byte_limit(n_ctx))?;

@@ -150,8 +150,7 @@ pub fn run(a: RunArgs) -> CliResult {
         // Validated as given, also when greedy decoding ignores them; at
         // temperature 0 the penalties still apply (as in llama.cpp), and the
         // filters cannot change the most likely token.
-        let model_sampling = infer_model::sampling::SamplingDefaults::from_gguf(gguf);
-        let cfg = (a.sampling.config(n_ctx, &model_sampling)?, a.sampling.taken_from_model(&model_sampling));
+        let cfg = a.sampling.config(n_ctx, gguf)?;
         let limit = crate::prompt::byte_limit(n_ctx);
         let mut prompt = source.read(limit, n_ctx)?;
         if flag_text {

@@ -3,6 +3,7 @@
 //! does, in this order: penalties, top-k, top-p, min-p, temperature, draw).
 
 use clap::Args;
+use infer_model::gguf::GgufFile;
 use infer_model::sampling::{SamplerConfig, SamplingDefaults};
 
 use crate::common::CliResult;
@@ -48,14 +49,16 @@ pub struct SamplingArgs {
 
 impl SamplingArgs {
     /// The sampler settings for a context of `n_ctx` positions: each
-    /// setting as given, else the model's (`model`), else llama.cpp's
-    /// default; a random seed when none (or -1) was given.
+    /// setting as given, else the model's (`general.sampling.*` of `gguf`,
+    /// [`SamplingDefaults::from_gguf`]), else llama.cpp's default; a random
+    /// seed when none (or -1) was given. Also the model's settings it used
+    /// (those not given here), for the `sampling:` line.
     ///
     /// # Errors
     /// A setting out of its range (also when greedy decoding ignores it),
     /// a seed below -1, `--repeat-last-n` below -1 (naming the model's
     /// metadata when the value came from there).
-    pub fn config(&self, n_ctx: usize, model: &SamplingDefaults) -> CliResult<SamplerConfig> {
+    pub fn config(&self, n_ctx: usize, gguf: &GgufFile) -> CliResult<(SamplerConfig, SamplingDefaults)> {
         let seed = match self.seed {
             None | Some(-1) => u64::from(rand::random::<u32>()),
             Some(s) if s >= 0 => s as u64,
@@ -78,35 +81,23 @@ impl SamplingArgs {
             seed,
             ..SamplerConfig::default()
         };
+        let model = SamplingDefaults::from_gguf(gguf);
+        let used = model.under(given);
         // A bad value that came from the model (the command line's are
         // checked above or named by the sampler) says so.
-        let used = self.taken_from_model(model);
-        let cfg = given.or(*model).apply(base, n_ctx).map_err(|e| {
+        let cfg = given.or(model).apply(base, n_ctx).map_err(|e| {
             if used.is_empty() {
                 e.to_string()
             } else {
                 format!("{e} (the model sets {used})")
             }
         })?;
-        Ok(cfg)
-    }
-
-    /// The settings of `model` that [`SamplingArgs::config`] uses, those
-    /// not given on the command line; empty when it uses none.
-    pub fn taken_from_model(&self, model: &SamplingDefaults) -> SamplingDefaults {
-        SamplingDefaults {
-            temperature: model.temperature.filter(|_| self.temp.is_none()),
-            top_k: model.top_k.filter(|_| self.top_k.is_none()),
-            top_p: model.top_p.filter(|_| self.top_p.is_none()),
-            min_p: model.min_p.filter(|_| self.min_p.is_none()),
-            repetition_penalty: model.repetition_penalty.filter(|_| self.repeat_penalty.is_none()),
-            repeat_last_n: model.repeat_last_n.filter(|_| self.repeat_last_n.is_none()),
-        }
+        Ok((cfg, used))
     }
 }
 
 /// What a `sampling:` line adds for the model's settings in use (`used`,
-/// from [`SamplingArgs::taken_from_model`]): `"; the model's temp = 0.2, top_p =
+/// from [`SamplingArgs::config`]): `"; the model's temp = 0.2, top_p =
 /// 0.9"`, or nothing.
 pub fn model_settings_note(used: &SamplingDefaults) -> String {
     if used.is_empty() {

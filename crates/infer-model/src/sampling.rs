@@ -286,6 +286,19 @@ impl SamplingDefaults {
         }
     }
 
+    /// These settings less those `over` sets: what `over.or(self)` takes
+    /// from here.
+    pub fn under(self, over: SamplingDefaults) -> SamplingDefaults {
+        SamplingDefaults {
+            temperature: self.temperature.filter(|_| over.temperature.is_none()),
+            top_k: self.top_k.filter(|_| over.top_k.is_none()),
+            top_p: self.top_p.filter(|_| over.top_p.is_none()),
+            min_p: self.min_p.filter(|_| over.min_p.is_none()),
+            repetition_penalty: self.repetition_penalty.filter(|_| over.repetition_penalty.is_none()),
+            repeat_last_n: self.repeat_last_n.filter(|_| over.repeat_last_n.is_none()),
+        }
+    }
+
     /// These settings, each missing one taken from `fallback`.
     pub fn or(self, fallback: SamplingDefaults) -> SamplingDefaults {
         SamplingDefaults {
