@@ -66,6 +66,10 @@ pub struct BenchArgs {
     /// Generated tokens of the decode tests, a list as -p (0: no decode test).
     #[arg(short = 'n', long = "n-gen", value_name = "N,...", default_value = "128", allow_hyphen_values = true)]
     n_gen: String,
+    /// Positions already in the cache when each test starts, a list as -p (llama-bench's `-d`): the test runs after
+    /// an untimed prefill of that many random tokens and is named `pp512 @ d4096`.
+    #[arg(short = 'd', long = "n-depth", value_name = "N,...", default_value = "0", allow_hyphen_values = true)]
+    n_depth: String,
     /// CPU threads, a list as -p: each count is a row of every test (default: all cores; at most 4 × the cores,
     /// larger values are capped with a warning).
     #[arg(short = 't', long = "threads", value_name = "N,...", allow_hyphen_values = true)]
@@ -162,7 +166,7 @@ pub struct TestResult {
     pub n_prompt: usize,
     /// Generated tokens (decode tests).
     pub n_gen: usize,
-    /// Positions in the cache before the test (always 0).
+    /// Positions in the cache before the test (`-d`).
     pub n_depth: usize,
     /// When the test started, UTC (`2025-01-31T12:00:00Z`).
     pub test_time: String,
@@ -340,25 +344,65 @@ pub fn measure_bandwidth(threads: usize) -> f64 {
     BYTES as f64 / best / 1e9
 }
 
-/// Runs the prefill test once; returns nanoseconds.
-fn time_prefill(model: &mut dyn DeviceModel, tokens: &[u32], types: KvTypes) -> CliResult<u64> {
-    let mut kv: Box<dyn KvPool> = model.new_kv_cache_typed(tokens.len(), types)?;
+/// Runs the prefill test once after an untimed prefill of `depth`;
+/// returns nanoseconds.
+fn time_prefill(model: &mut dyn DeviceModel, depth: &[u32], tokens: &[u32], types: KvTypes) -> CliResult<u64> {
+    let mut kv: Box<dyn KvPool> = model.new_kv_cache_typed(depth.len() + tokens.len(), types)?;
+    fill_depth(model, kv.as_mut(), depth)?;
     let t0 = Instant::now();
-    let logits = model.prefill(kv.as_mut(), tokens, 0)?;
+    let logits = model.prefill(kv.as_mut(), tokens, depth.len())?;
     let ns = t0.elapsed().as_nanos() as u64;
     argmax(logits)?;
     Ok(ns)
 }
 
-/// Runs the decode test once (`n` steps from BOS); returns nanoseconds.
-fn time_decode(model: &mut dyn DeviceModel, bos: u32, n: usize, types: KvTypes) -> CliResult<u64> {
-    let mut kv: Box<dyn KvPool> = model.new_kv_cache_typed(n, types)?;
+/// Runs the decode test once (`n` steps from BOS, after an untimed
+/// prefill of `depth`); returns nanoseconds.
+fn time_decode(model: &mut dyn DeviceModel, depth: &[u32], bos: u32, n: usize, types: KvTypes) -> CliResult<u64> {
+    let mut kv: Box<dyn KvPool> = model.new_kv_cache_typed(depth.len() + n, types)?;
+    fill_depth(model, kv.as_mut(), depth)?;
     let mut token = bos;
     let t0 = Instant::now();
-    for pos in 0..n {
+    for pos in depth.len()..depth.len() + n {
         token = model.decode_greedy(kv.as_mut(), token, pos)?;
     }
     Ok(t0.elapsed().as_nanos() as u64)
+}
+
+/// The untimed part of a test at depth: `depth` prefilled from position 0.
+fn fill_depth(model: &mut dyn DeviceModel, kv: &mut dyn KvPool, depth: &[u32]) -> CliResult {
+    if !depth.is_empty() {
+        model.prefill(kv, depth, 0)?;
+    }
+    Ok(())
+}
+
+/// `n` random token ids below `n_vocab` from `seed` (the prompt and depth tokens).
+fn random_tokens(seed: u64, n: usize, n_vocab: usize) -> Vec<u32> {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    (0..n).map(|_| rng.gen_range(0..n_vocab as u32)).collect()
+}
+
+/// A test of `n` tokens at depth `d` needs `d + n` positions of the
+/// model's training context.
+fn check_depth(d: usize, n: usize, n_ctx_train: usize) -> CliResult {
+    if d > 0 && d + n > n_ctx_train {
+        return Err(format!(
+            "-d {d} with a test of {n} tokens needs {} positions; the model's context is {n_ctx_train}",
+            d + n
+        )
+        .into());
+    }
+    Ok(())
+}
+
+/// llama-bench's test name: `pp512`, or `pp512 @ d4096` at depth.
+fn test_name(kind: &str, n: usize, depth: usize) -> String {
+    if depth == 0 {
+        format!("{kind}{n}")
+    } else {
+        format!("{kind}{n} @ d{depth}")
+    }
 }
 
 /// llama-bench's integer lists: comma-separated values or ranges
@@ -424,6 +468,7 @@ pub fn bench(a: BenchArgs) -> CliResult {
     // llama-bench skips the zeros of its lists.
     let prompts: Vec<usize> = parse_list(&a.n_prompt, "-p")?.into_iter().filter(|&p| p > 0).collect();
     let gens: Vec<usize> = parse_list(&a.n_gen, "-n")?.into_iter().filter(|&n| n > 0).collect();
+    let depths: Vec<usize> = parse_list(&a.n_depth, "-d")?;
     if prompts.is_empty() && gens.is_empty() {
         return Err("-p and -n are both 0: nothing to measure".into());
     }
@@ -524,33 +569,41 @@ pub fn bench(a: BenchArgs) -> CliResult {
             r
         };
         let mut last_tg_ms = None;
-        for &p in &prompts {
-            let n_prompt = fit(p, "-p");
-            let mut rng = rand::rngs::StdRng::seed_from_u64(a.seed);
-            let tokens: Vec<u32> = (0..n_prompt).map(|_| rng.gen_range(0..spec.n_vocab as u32)).collect();
-            let test_time = utc_now();
-            let samples = with_spinner(&format!("pp{n_prompt}, {threads} threads"), || -> CliResult<Vec<u64>> {
-                time_prefill(model.as_mut(), &tokens, kv_types)?; // warm-up
-                (0..a.reps).map(|_| time_prefill(model.as_mut(), &tokens, kv_types)).collect()
-            })?;
-            let r = TestResult { test: format!("pp{n_prompt}"), n_prompt, test_time, ..base.clone() };
-            results.push(finish(r, n_prompt, samples));
-        }
-        for &g in &gens {
-            let n_gen = fit(g, "-n");
-            let test_time = utc_now();
-            let samples = with_spinner(&format!("tg{n_gen}, {threads} threads"), || -> CliResult<Vec<u64>> {
-                time_decode(model.as_mut(), bos, 1, kv_types)?; // warm-up
-                (0..a.reps).map(|_| time_decode(model.as_mut(), bos, n_gen, kv_types)).collect()
-            })?;
-            let r = TestResult { test: format!("tg{n_gen}"), n_gen, test_time, ..base.clone() };
-            let mut r = finish(r, n_gen, samples);
-            let eff = bytes_per_token as f64 * r.avg_ts / 1e9;
-            r.bytes_per_token = Some(bytes_per_token);
-            r.effective_gbps = Some(eff);
-            r.roofline_fraction = bandwidth.map(|bw| eff / bw);
-            last_tg_ms = Some(1e3 / r.avg_ts);
-            results.push(r);
+        for &d in &depths {
+            let depth = random_tokens(a.seed.wrapping_add(1), d, spec.n_vocab);
+            for &p in &prompts {
+                let n_prompt = fit(p, "-p");
+                check_depth(d, n_prompt, spec.n_ctx_train)?;
+                let tokens = random_tokens(a.seed, n_prompt, spec.n_vocab);
+                let test_time = utc_now();
+                let name = test_name("pp", n_prompt, d);
+                let samples = with_spinner(&format!("{name}, {threads} threads"), || -> CliResult<Vec<u64>> {
+                    time_prefill(model.as_mut(), &[], &tokens, kv_types)?; // warm-up
+                    (0..a.reps).map(|_| time_prefill(model.as_mut(), &depth, &tokens, kv_types)).collect()
+                })?;
+                let r = TestResult { test: name, n_prompt, n_depth: d, test_time, ..base.clone() };
+                results.push(finish(r, n_prompt, samples));
+            }
+            for &g in &gens {
+                let n_gen = fit(g, "-n");
+                check_depth(d, n_gen, spec.n_ctx_train)?;
+                let test_time = utc_now();
+                let name = test_name("tg", n_gen, d);
+                let samples = with_spinner(&format!("{name}, {threads} threads"), || -> CliResult<Vec<u64>> {
+                    time_decode(model.as_mut(), &[], bos, 1, kv_types)?; // warm-up
+                    (0..a.reps).map(|_| time_decode(model.as_mut(), &depth, bos, n_gen, kv_types)).collect()
+                })?;
+                let r = TestResult { test: name, n_gen, n_depth: d, test_time, ..base.clone() };
+                let mut r = finish(r, n_gen, samples);
+                let eff = bytes_per_token as f64 * r.avg_ts / 1e9;
+                r.bytes_per_token = Some(bytes_per_token);
+                r.effective_gbps = Some(eff);
+                r.roofline_fraction = bandwidth.map(|bw| eff / bw);
+                if d == 0 {
+                    last_tg_ms = Some(1e3 / r.avg_ts);
+                }
+                results.push(r);
+            }
         }
         // The profile of the first thread count's model.
         if a.profile && profile.is_none() {
@@ -835,6 +888,18 @@ mod tests {
         assert!(parse_list("0-8*2", "-p").unwrap_err().contains("a range must grow"));
         assert!(parse_list("4-2", "-p").unwrap_err().contains("no values"));
         assert!(parse_list("-5", "-n").is_err());
+    }
+
+    #[test]
+    fn depth_tests_are_named_and_bounded_as_llama_bench() {
+        assert_eq!(test_name("pp", 512, 0), "pp512");
+        assert_eq!(test_name("tg", 128, 4096), "tg128 @ d4096");
+        assert!(check_depth(0, 9000, 8192).is_ok(), "depth 0 keeps the -p rule (clamped elsewhere)");
+        assert!(check_depth(4096, 4096, 8192).is_ok());
+        let e = check_depth(4096, 4097, 8192).unwrap_err().to_string();
+        assert!(e.contains("8193") && e.contains("8192"), "{e}");
+        assert_eq!(random_tokens(7, 5, 10), random_tokens(7, 5, 10));
+        assert!(random_tokens(7, 100, 10).iter().all(|&t| t < 10));
     }
 
     #[test]

@@ -93,33 +93,42 @@ fn quantized_greedy_generation_matches_llama_cpp_up_to_the_first_near_tie() {
     assert!(greedy_matches(Precision::Quantized, "logits", 0.5) > 0, "no greedy tokens compared");
 }
 
+/// A prompt's prefill and its token-by-token decode compute the same
+/// formula; prompt chunks run the tiled attention kernel, which sums in
+/// another order than the per-token one. In exact mode that is rounding
+/// (relative L2 within 1e-5); the quantized path re-quantizes activations
+/// to 8 bits in every layer, which turns such rounding differences into
+/// flipped quanta (chaotic, as the note above says), so it is held to the
+/// logit cosine of the llama.cpp bounds instead.
 #[test]
 fn prefill_equals_token_by_token_decode() {
-    for name in models() {
-        let mut model = prepare(&name, Precision::Quantized);
-        for case in cases(&name, "logits") {
-            let ids = &case.prompt_ids;
-            let mut kv = model.new_kv_cache(ids.len() + 1).unwrap();
-            let batched = model.prefill(kv.as_mut(), ids, 0).unwrap().to_vec();
-            let mut kv = model.new_kv_cache(ids.len() + 1).unwrap();
-            let mut stepped = vec![];
-            for (pos, &t) in ids.iter().enumerate() {
-                stepped = model.decode_token(kv.as_mut(), t, pos).unwrap().to_vec();
+    for (precision, max_rel, max_cos_gap) in [(Precision::Exact, 1e-5, 1e-9), (Precision::Quantized, 5e-2, 3e-3)] {
+        for name in models() {
+            let mut model = prepare(&name, precision);
+            for case in cases(&name, "logits") {
+                let ids = &case.prompt_ids;
+                let mut kv = model.new_kv_cache(ids.len() + 1).unwrap();
+                let batched = model.prefill(kv.as_mut(), ids, 0).unwrap().to_vec();
+                let mut kv = model.new_kv_cache(ids.len() + 1).unwrap();
+                let mut stepped = vec![];
+                for (pos, &t) in ids.iter().enumerate() {
+                    stepped = model.decode_token(kv.as_mut(), t, pos).unwrap().to_vec();
+                }
+                let norm = |v: &[f32]| v.iter().map(|x| (*x as f64).powi(2)).sum::<f64>().sqrt();
+                let diff: Vec<f32> = batched.iter().zip(&stepped).map(|(a, b)| a - b).collect();
+                let rel = norm(&diff) / norm(&stepped);
+                let dot: f64 = batched.iter().zip(&stepped).map(|(&a, &b)| a as f64 * b as f64).sum();
+                let cos = dot / (norm(&batched) * norm(&stepped));
+                println!(
+                    "{name} {precision:?} prefill vs decode {}: relative L2 {rel:.2e}, cosine {cos:.8}",
+                    case.name
+                );
+                assert!(
+                    rel <= max_rel && 1.0 - cos <= max_cos_gap,
+                    "{name} {precision:?} {}: prefill and decode differ (relative L2 {rel:.2e}, cosine {cos})",
+                    case.name
+                );
             }
-            let scale = stepped.iter().fold(0f32, |m, x| m.max(x.abs()));
-            let max_diff = batched.iter().zip(&stepped).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
-            let norm = |v: &[f32]| v.iter().map(|x| (*x as f64).powi(2)).sum::<f64>().sqrt();
-            let diff: Vec<f32> = batched.iter().zip(&stepped).map(|(a, b)| a - b).collect();
-            let rel = norm(&diff) / norm(&stepped);
-            println!(
-                "{name} prefill vs decode {}: relative L2 {rel:.2e}, max |d| {max_diff:.2e} (scale {scale:.2})",
-                case.name
-            );
-            assert!(
-                rel <= 1e-3 && max_diff <= 1e-3 * scale,
-                "{name} {}: prefill and decode differ (relative L2 {rel:.2e}, max |d| {max_diff})",
-                case.name
-            );
         }
     }
 }

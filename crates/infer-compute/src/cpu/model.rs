@@ -112,9 +112,6 @@ struct Buffers {
     stacked: Vec<f32>,
     tmp: Vec<f32>,
     scores: Vec<f32>,
-    /// K and V of one prompt chunk's slot converted to f32 (see
-    /// [`attention_spans`]).
-    tile: (Vec<f32>, Vec<f32>),
     prod: ProductScratch,
 }
 
@@ -320,7 +317,7 @@ impl CpuModel {
             let (kp, vp) = (pool.k[li].view(), pool.v[li].view());
             timed(prof, "attention", "", || {
                 if let [s] = spans {
-                    if s.len == 1 {
+                    if s.len == 1 && !ops::attn_tiled::runs_tiled(&p, s.pos0, 1) {
                         // One token: the decode kernel (no allocation), the
                         // same per-head code as the batched one.
                         let (kc, vc) = (kp.sub(s.slot * slot_len, slot_len), vp.sub(s.slot * slot_len, slot_len));
@@ -328,7 +325,8 @@ impl CpuModel {
                         return Ok(());
                     }
                 }
-                attention_spans(par, q, (kp, vp), slot_len, (slot, pos), spans, &p, attn, &mut b.tile)
+                attention_spans(par, q, (kp, vp), slot_len, (slot, pos), spans, &p, attn);
+                Ok(())
             })?;
             let o = fit(&mut b.o, n * e)?;
             timed_products(prof, "attn_output", std::slice::from_ref(&layer.wo), || {
@@ -530,16 +528,12 @@ impl KvPool for CpuKvPool {
     }
 }
 
-/// Spans of at least this many tokens over a cache that is not f32 read
-/// their slot converted to f32 once ([`attention_spans`]).
-const TILE_MIN_TOKENS: usize = 16;
-
 /// Attention of a batch over the pool's caches `kv` (`slot_len` values per
-/// slot), as [`ops::attention_batch_on`] computes it. A prompt chunk (a
-/// span of [`TILE_MIN_TOKENS`] tokens or more) over a cache that is not f32
-/// first converts the positions its tokens attend to f32 into `tile`, once
-/// for all its tokens and heads, instead of once per (token, head): the
-/// conversion is exact, so the bits are those of the streamed cache.
+/// slot). A prompt chunk, or a token deep in its cache
+/// ([`ops::attn_tiled::runs_tiled`]), runs the tiled kernel, which reads
+/// each key block once for all its tokens and the heads of a kv group; the
+/// other tokens run the per-token code of [`ops::attention_batch_on`], all
+/// together when no span runs tiled.
 #[allow(clippy::too_many_arguments)]
 fn attention_spans(
     par: Par<'_>,
@@ -550,34 +544,22 @@ fn attention_spans(
     spans: &[Span],
     p: &ops::AttnParams,
     attn: &mut [f32],
-    tile: &mut (Vec<f32>, Vec<f32>),
-) -> Result<()> {
+) {
     let (kp, vp) = kv;
-    let all_f32 = matches!((kp, vp), (KvData::F32(_), KvData::F32(_)));
-    if all_f32 || spans.iter().all(|s| s.len < TILE_MIN_TOKENS) {
+    let long = |s: &Span| ops::attn_tiled::runs_tiled(p, s.pos0, s.len);
+    if !spans.iter().any(long) {
         ops::attention_batch_on(par, q, kp, vp, slot_len, slot, pos, p, attn);
-        return Ok(());
+        return;
     }
-    let (qd, kvd) = (p.q_dim(), p.kv_dim());
+    let qd = p.q_dim();
     for s in spans {
         let (t0, t1) = (s.start, s.start + s.len);
         let (q, out) = (&q[t0 * qd..t1 * qd], &mut attn[t0 * qd..t1 * qd]);
-        let (kc, vc) = (kp.sub(s.slot * slot_len, slot_len), vp.sub(s.slot * slot_len, slot_len));
-        // The span's own slot, as slot 0 of a one-slot view.
-        let zero = vec![0; s.len];
-        if s.len < TILE_MIN_TOKENS {
-            ops::attention_batch_on(par, q, kc, vc, slot_len, &zero, &pos[t0..t1], p, out);
-            continue;
+        if long(s) {
+            let (kc, vc) = (kp.sub(s.slot * slot_len, slot_len), vp.sub(s.slot * slot_len, slot_len));
+            ops::attention_tiled_on(par, q, kc, vc, s.pos0, s.len, p, out);
+        } else {
+            ops::attention_batch_on(par, q, kp, vp, slot_len, &slot[t0..t1], &pos[t0..t1], p, out);
         }
-        // Positions first..end: what the span's tokens attend to.
-        let (first, end) = (p.first_pos(s.pos0), s.pos0 + s.len);
-        let n = end * kvd;
-        crate::memory::resize(&mut tile.0, n, 0.0, "the attention tile (K)")?;
-        crate::memory::resize(&mut tile.1, n, 0.0, "the attention tile (V)")?;
-        kc.to_f32(first * kvd, &mut tile.0[first * kvd..n]);
-        vc.to_f32(first * kvd, &mut tile.1[first * kvd..n]);
-        let (kt, vt) = (KvData::F32(&tile.0[..n]), KvData::F32(&tile.1[..n]));
-        ops::attention_batch_on(par, q, kt, vt, n, &zero, &pos[t0..t1], p, out);
     }
-    Ok(())
 }

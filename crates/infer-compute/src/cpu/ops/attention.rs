@@ -304,9 +304,9 @@ unsafe fn attend_head_avx512(
 }
 
 /// Builds of the per-head code (`W`): portable, AVX2, AVX-512.
-const PORTABLE: u8 = 0;
-const AVX2: u8 = 1;
-const AVX512: u8 = 2;
+pub(super) const PORTABLE: u8 = 0;
+pub(super) const AVX2: u8 = 1;
+pub(super) const AVX512: u8 = 2;
 
 /// [`dot`], or its AVX2 or AVX-512 form (`W`: only inside
 /// [`attend_head_avx2`] and [`attend_head_avx512`]), which give the same bits.
@@ -423,12 +423,13 @@ pub fn attention_decode_on(
 
 /// Prefill attention: `n_tokens` queries at positions `pos0..pos0 + n_tokens`,
 /// each causal over the cache (which already holds these tokens' k/v) and
-/// restricted to its window. Exactly [`attention_decode`] per position
-/// (the same per-head code), parallel over (token, head) on rayon.
+/// restricted to its window: [`attention_decode`] per position, to rounding.
+/// Long chunks and chunks deep in the cache ([`super::attn_tiled::runs_tiled`])
+/// run the tiled kernel ([`super::attention_tiled_on`]), others the
+/// per-token code, parallel over (token, head) on rayon.
 ///
 /// Shapes: `q`, `out`: `[n_tokens, n_head, head_dim]`; caches as in
-/// [`attention_decode`]. Allocates one score row (`≤ n_ctx` floats) per
-/// parallel task.
+/// [`attention_decode`]. Allocates scratch per parallel task.
 ///
 /// Contract (debug-asserted): as [`attention_decode`] with
 /// `pos0 + n_tokens <= n_ctx`, and `q.len() == out.len() == n_tokens · n_head · head_dim`.
@@ -444,7 +445,7 @@ pub fn attention_prefill(
     attention_prefill_on(Par::Rayon, q, k_cache, v_cache, pos0, n_tokens, p, out)
 }
 
-/// [`attention_prefill`] with its (token, head) pairs run on `par`.
+/// [`attention_prefill`] with its tasks run on `par`.
 #[allow(clippy::too_many_arguments)]
 pub fn attention_prefill_on(
     par: Par<'_>,
@@ -456,9 +457,14 @@ pub fn attention_prefill_on(
     p: &AttnParams,
     out: &mut [f32],
 ) {
+    let (k, v) = (KvData::F32(k_cache), KvData::F32(v_cache));
+    if super::attn_tiled::runs_tiled(p, pos0, n_tokens) {
+        super::attention_tiled_on(par, q, k, v, pos0, n_tokens, p, out);
+        return;
+    }
     let pos: Vec<usize> = (pos0..pos0 + n_tokens).collect();
     let slot = vec![0; n_tokens];
-    attention_batch_on(par, q, KvData::F32(k_cache), KvData::F32(v_cache), k_cache.len(), &slot, &pos, p, out);
+    attention_batch_on(par, q, k, v, k_cache.len(), &slot, &pos, p, out);
 }
 
 /// Attention of a batch of tokens of several sequences (a
@@ -762,11 +768,14 @@ mod tests {
 
     #[test]
     fn prefill_equals_decode_per_position() {
+        // Short chunks (per-token code) and long ones (tiled), against the
+        // f64 reference and the decode path of each position.
         let cases = [
             (params(4, 1, 64, None, None), 0usize, 7usize),
             (params(8, 2, 7, Some(50.0), Some(5)), 633, 9),
             (params(6, 3, 80, Some(1.0), Some(512)), 500, 40),
             (params(2, 2, 16, None, None), 0, 1),
+            (params(4, 2, 32, None, Some(20)), 3, 64),
         ];
         for (k, (p, pos0, n_tok)) in cases.into_iter().enumerate() {
             let n_ctx = pos0 + n_tok + 3;
@@ -776,11 +785,12 @@ mod tests {
             attention_prefill(&q, &kc, &vc, pos0, n_tok, &p, &mut out);
             let qd = p.q_dim();
             for t in 0..n_tok {
-                let want = decode(&q[t * qd..(t + 1) * qd], &kc, &vc, pos0 + t, &p);
+                let qt = &q[t * qd..(t + 1) * qd];
+                let (_, want) = attn_ref(qt, &kc, &vc, pos0 + t, &p);
                 let got = &out[t * qd..(t + 1) * qd];
-                for (i, (&g, &w)) in got.iter().zip(&want).enumerate() {
-                    assert!((g - w).abs() <= 1e-6, "case {k} token {t} [{i}]: prefill {g} decode {w}");
-                }
+                assert_close(&format!("case {k} token {t}"), got, &want, 2e-5, 1e-6);
+                let dec: Vec<f64> = decode(qt, &kc, &vc, pos0 + t, &p).iter().map(|&x| x as f64).collect();
+                assert_close(&format!("case {k} token {t} vs decode"), got, &dec, 2e-5, 1e-6);
             }
         }
     }

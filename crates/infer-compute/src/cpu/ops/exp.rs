@@ -25,8 +25,12 @@ pub fn exp(x: f32) -> f32 {
     p = p * r + 1.666_666_5e-1;
     p = p * r + 0.5;
     let y = p * r * r + r + 1.0;
-    // `n` in -150..=129; NaN becomes 0 here, and `y` is already NaN.
-    let n = n as i32;
+    // `n` in -150..=129, an integer: adding 1.5 · 2^23 puts it in the low
+    // mantissa bits, read without `as i32` (whose saturating NaN rule keeps
+    // the compiler from vectorizing this function). For NaN it is some
+    // integer, and `y` is already NaN.
+    const MAGIC: f32 = 12_582_912.0;
+    let n = (n + MAGIC).to_bits() as i32 - MAGIC.to_bits() as i32;
     let (n1, n2) = (n / 2, n - n / 2);
     let two = |k: i32| f32::from_bits(((k + 127) as u32) << 23);
     y * two(n1) * two(n2)

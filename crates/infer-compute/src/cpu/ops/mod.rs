@@ -13,14 +13,17 @@
 //! | [`mod@rope`] | [`rope()`], [`RopeCache`] | `ggml_rope_ext` (modes NORM and NEOX, no YaRN) |
 //! | [`mod@softmax`] | [`softmax()`] | `ggml_soft_max` |
 //! | [`attention`] | [`attention_decode`], [`attention_prefill`], [`kv_append`] | `mul_mat(k, q)` → softcap → `soft_max_ext` with causal/SWA mask → `mul_mat(v, kq)` |
+//! | [`attn_tiled`] | [`attention_tiled_on`] (prompt chunks) | `ggml_compute_forward_flash_attn_ext_f16` (tiled, online softmax) |
 //!
 //! The loops that carry the decode time (sum of squares, residual add, q·k
 //! dot, p·v accumulation) are written in chunked form with independent
 //! accumulators so that the compiler vectorizes them; nothing here uses
-//! explicit SIMD, so each function is its own scalar reference.
+//! explicit SIMD, so each function is its own scalar reference (the tiled
+//! kernel's portable build is that of its AVX2 and AVX-512 builds).
 
 pub mod activation;
 pub mod attention;
+pub mod attn_tiled;
 pub mod exp;
 pub mod norm;
 pub mod rope;
@@ -31,6 +34,7 @@ pub use attention::{
     attention_batch_on, attention_decode, attention_decode_on, attention_prefill, attention_prefill_on,
     attention_probs, attention_scratch_len, kv_append, AttnParams,
 };
+pub use attn_tiled::attention_tiled_on;
 pub use norm::{add, add_rms_norm, layer_norm, rms_norm, rms_norm_heads, rms_norm_inplace, scale};
 pub use rope::{rope, rope_tokens, RopeCache};
 pub use softmax::softmax;
