@@ -7,7 +7,7 @@
 //! The formula is [`super::attention`]'s; only the order of the arithmetic
 //! differs. A task takes a block of query tokens of one span and, for each kv
 //! head `g`, the rows `(token, query head of g)`: they all read the same
-//! keys, so each block of [`BK`] cache positions is loaded (converted to f32
+//! keys, so each block of 32 cache positions is loaded (converted to f32
 //! and transposed) once for all of them. For each key block:
 //!
 //! ```text
