@@ -99,12 +99,17 @@ pub fn attention_tiled_on(
     let job = Job { q, k, v, pos0, p, plan };
     let task_len = plan.rows * (p.head_dim + 2);
     let n_tasks = n_tok.div_ceil(plan.bq) * p.n_head_kv * plan.n_split;
-    STAGING.with(|staging| {
-        let mut staging = staging.borrow_mut();
-        fit(&mut staging, n_tasks * task_len);
+    let mut go = |staging: &mut Vec<f32>| {
+        fit(staging, n_tasks * task_len);
         let staging = &mut staging[..n_tasks * task_len];
         par.for_each_chunk_mut(staging, task_len, |i, buf| job.run(i, buf));
         job.merge(staging, task_len, out);
+    };
+    // A rayon thread that waits inside this call may run another one (work
+    // stealing); that nested call takes a buffer of its own.
+    STAGING.with(|staging| match staging.try_borrow_mut() {
+        Ok(mut staging) => go(&mut staging),
+        Err(_) => go(&mut Vec::new()),
     });
 }
 
@@ -181,7 +186,12 @@ impl Job<'_> {
         // The scratch is borrowed here, outside the builds below: a closure
         // inside them would be compiled without their features.
         SCRATCH.with(|sc| {
-            let sc = &mut *sc.borrow_mut();
+            // Nested on this thread (see `attention_tiled_on`): fresh scratch.
+            let (mut guard, mut fresh) = (sc.try_borrow_mut().ok(), None);
+            let sc: &mut Scratch = match guard.as_deref_mut() {
+                Some(sc) => sc,
+                None => fresh.insert(Scratch::default()),
+            };
             #[cfg(target_arch = "x86_64")]
             if std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("fma") && env_allows_x86(true)
             {
@@ -810,5 +820,32 @@ mod tests {
                 assert_close(&format!("{ty} {p:?}"), &got, &want, 1e-6, 1e-7);
             }
         }
+    }
+
+    /// A call on a thread whose buffers are in use (a rayon thread running
+    /// another call while it waits) takes buffers of its own: same result,
+    /// no panic.
+    #[test]
+    fn a_nested_call_uses_buffers_of_its_own() {
+        let p = params(8, 2, 64, None, None);
+        let (pos0, n) = (300usize, 20usize);
+        let kc = rand_vec(5, (pos0 + n) * p.kv_dim(), 2.0);
+        let vc = rand_vec(6, (pos0 + n) * p.kv_dim(), 1.0);
+        let q = rand_vec(7, n * p.q_dim(), 2.0);
+        let one = Team::new(1).unwrap();
+        let run = || {
+            let mut out = vec![f32::NAN; n * p.q_dim()];
+            attention_tiled_on(Par::Team(&one), &q, KvData::F32(&kc), KvData::F32(&vc), pos0, n, &p, &mut out);
+            out
+        };
+        let free = run();
+        let held = STAGING.with(|st| {
+            let _staging = st.borrow_mut();
+            SCRATCH.with(|sc| {
+                let _scratch = sc.borrow_mut();
+                run()
+            })
+        });
+        assert_eq!(free, held);
     }
 }

@@ -1,8 +1,9 @@
 //! Elementwise and attention ops of the decode pipeline, on f32 slices.
 //!
 //! Every op is a plain function over caller-owned buffers; none allocates
-//! on the decode path (prefill attention allocates one scratch row per rayon
-//! work split). Lengths are the caller's contract: they are checked with
+//! on a warm decode path (the per-token prefill attention allocates one
+//! scratch row per rayon work split; the tiled kernel keeps thread-local
+//! scratch that grows once). Lengths are the caller's contract: they are checked with
 //! `debug_assert!` only, because these are inner-loop hot paths that the
 //! backend calls after validating the model once ([`crate::pipeline::ModelSpec::validate`]).
 //!
