@@ -711,37 +711,6 @@ mod tests {
     use crate::cpu::team::Team;
     use crate::KvCacheType;
 
-    /// f64 reference of token `pos`'s attention output (all heads).
-    fn reference(q: &[f32], kc: &[f32], vc: &[f32], pos: usize, p: &AttnParams) -> Vec<f64> {
-        let (hd, kvd, group) = (p.head_dim, p.kv_dim(), p.n_head / p.n_head_kv);
-        let mut out = vec![0.0f64; p.q_dim()];
-        for h in 0..p.n_head {
-            let g = h / group;
-            let keys: Vec<usize> = (p.first_pos(pos)..=pos).collect();
-            let l: Vec<f64> = keys
-                .iter()
-                .map(|&j| {
-                    let d: f64 = (0..hd).map(|d| q[h * hd + d] as f64 * kc[j * kvd + g * hd + d] as f64).sum();
-                    let x = p.scale as f64 * d;
-                    p.softcap.map_or(x, |c| c as f64 * (x / c as f64).tanh())
-                })
-                .collect();
-            let mx = l.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-            let e: Vec<f64> = l.iter().map(|x| (x - mx).exp()).collect();
-            let sum: f64 = e.iter().sum();
-            for (&j, &w) in keys.iter().zip(&e) {
-                for d in 0..hd {
-                    out[h * hd + d] += w / sum * vc[j * kvd + g * hd + d] as f64;
-                }
-            }
-        }
-        out
-    }
-
-    fn params(n_head: usize, n_head_kv: usize, head_dim: usize, cap: Option<f32>, win: Option<usize>) -> AttnParams {
-        AttnParams { n_head, n_head_kv, head_dim, scale: 1.0 / (head_dim as f32).sqrt(), softcap: cap, window: win }
-    }
-
     /// Awkward shapes (head_dim 7 and 80, odd groups, windows shorter and
     /// longer than a key block, chunks starting mid-cache, split keys) on
     /// rayon and on a team of two, against the f64 reference.
@@ -781,7 +750,7 @@ mod tests {
                 attention_tiled_on(par, &q, KvData::F32(&kc), KvData::F32(&vc), pos0, n, &p, &mut out);
                 let qd = p.q_dim();
                 for t in 0..n {
-                    let want = reference(&q[t * qd..(t + 1) * qd], &kc, &vc, pos0 + t, &p);
+                    let (_, want) = attn_ref(&q[t * qd..(t + 1) * qd], &kc, &vc, pos0 + t, &p);
                     assert_close(&format!("case {k} token {t} {p:?}"), &out[t * qd..(t + 1) * qd], &want, 2e-5, 1e-6);
                 }
             }

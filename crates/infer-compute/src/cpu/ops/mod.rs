@@ -140,6 +140,7 @@ pub(crate) unsafe fn dot_avx2(a: &[f32], b: &[f32]) -> f32 {
 /// Shared helpers of the op tests: seeded inputs and error reports.
 #[cfg(test)]
 pub(crate) mod test_util {
+    use super::AttnParams;
     use rand::rngs::StdRng;
     use rand::{Rng, SeedableRng};
 
@@ -169,6 +170,49 @@ pub(crate) mod test_util {
             })
             .collect();
         assert!(bad.is_empty(), "{what}: n={} mismatches:\n{}", got.len(), bad.join("\n"));
+    }
+
+    /// f64 reference of one decode step of attention (the formula of
+    /// [`super::attention`]): `(probs [n_head, pos + 1], out [n_head, head_dim])`.
+    pub fn attn_ref(q: &[f32], kc: &[f32], vc: &[f32], pos: usize, p: &AttnParams) -> (Vec<f64>, Vec<f64>) {
+        let (hd, kvd) = (p.head_dim, p.kv_dim());
+        let group = p.n_head / p.n_head_kv;
+        let mut probs = vec![0.0f64; p.n_head * (pos + 1)];
+        let mut out = vec![0.0f64; p.q_dim()];
+        for h in 0..p.n_head {
+            let g = h / group;
+            let visible = |j: usize| p.window.is_none_or(|w| pos - j < w);
+            let mut l = vec![f64::NEG_INFINITY; pos + 1];
+            for j in (0..=pos).filter(|&j| visible(j)) {
+                let d: f64 = (0..hd).map(|d| q[h * hd + d] as f64 * kc[j * kvd + g * hd + d] as f64).sum();
+                let mut x = p.scale as f64 * d;
+                if let Some(c) = p.softcap {
+                    x = c as f64 * (x / c as f64).tanh();
+                }
+                l[j] = x;
+            }
+            let m = l.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let e: Vec<f64> = l.iter().map(|&x| if x == f64::NEG_INFINITY { 0.0 } else { (x - m).exp() }).collect();
+            let s: f64 = e.iter().sum();
+            for j in 0..=pos {
+                let pj = e[j] / s;
+                probs[h * (pos + 1) + j] = pj;
+                for d in 0..hd {
+                    out[h * hd + d] += pj * vc[j * kvd + g * hd + d] as f64;
+                }
+            }
+        }
+        (probs, out)
+    }
+
+    pub fn params(
+        n_head: usize,
+        n_head_kv: usize,
+        head_dim: usize,
+        softcap: Option<f32>,
+        window: Option<usize>,
+    ) -> AttnParams {
+        AttnParams { n_head, n_head_kv, head_dim, scale: 1.0 / (head_dim as f32).sqrt(), softcap, window }
     }
 }
 
