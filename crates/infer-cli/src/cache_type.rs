@@ -8,10 +8,10 @@ use infer_compute::{DeviceModel, KvCacheType, KvTypes};
 /// The KV cache's element types.
 #[derive(Args, Clone, Copy, Debug, Default)]
 pub struct CacheTypeArgs {
-    /// KV cache type of the keys: f32, f16, q8_0 or q4_0 (also -ctk) [default: f16; f32 with --precision exact].
+    /// KV cache type of the keys: f32, f16, q8_0, q4_0, or TurboQuant tq4 or tq3 (also -ctk) [default: f16; f32 with --precision exact].
     #[arg(long = "cache-type-k", value_name = "TYPE", value_parser = parse_type)]
     pub cache_type_k: Option<KvCacheType>,
-    /// KV cache type of the values: f32, f16, q8_0 or q4_0 (also -ctv) [default: f16; f32 with --precision exact].
+    /// KV cache type of the values: f32, f16, q8_0, q4_0, or TurboQuant tq4 or tq3 (also -ctv) [default: f16; f32 with --precision exact].
     #[arg(long = "cache-type-v", value_name = "TYPE", value_parser = parse_type)]
     pub cache_type_v: Option<KvCacheType>,
 }

@@ -248,11 +248,11 @@ pub fn info(a: InfoArgs) -> CliResult {
             }
             info.attention =
                 runs.iter().map(|&(n, w)| if n == 1 { w.to_string() } else { format!("{n} × {w}") }).collect();
-            let kv_dims: Vec<usize> = spec.layers.iter().map(|l| l.n_head_kv * l.head_dim).collect();
+            let heads: Vec<(usize, usize)> = spec.layers.iter().map(|l| (l.n_head_kv, l.head_dim)).collect();
             info.kv_bytes_per_token = infer_compute::KvCacheType::ALL
                 .into_iter()
                 .filter_map(|t| {
-                    let b = infer_compute::KvTypes::both(t).bytes_per_token(kv_dims.iter().copied()).ok()?;
+                    let b = infer_compute::KvTypes::both(t).bytes_per_token(heads.iter().copied()).ok()?;
                     Some((t.name().to_string(), b))
                 })
                 .collect();

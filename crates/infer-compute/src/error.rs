@@ -45,7 +45,7 @@ pub enum Error {
     #[error("a step needs at least one token")]
     EmptyBatch,
     /// A KV cache type name that is not one of [`KvCacheType::ALL`].
-    #[error("unknown KV cache type '{0}' (expected f32, f16, q8_0 or q4_0)")]
+    #[error("unknown KV cache type '{0}' (expected f32, f16, q8_0, q4_0, tq4 or tq3)")]
     UnknownKvCacheType(String),
     /// A KV cache type this backend, or this model's head size, cannot
     /// store.

@@ -9,6 +9,11 @@
 //! ggml's blocks of 32 consecutive values (`quant::q8_0`, `quant::q4_0`,
 //! bit-exact with ggml's `quantize_row_q8_0_ref` / `quantize_row_q4_0_ref`),
 //! so a block never straddles two heads when `head_dim` is a multiple of 32.
+//! The TurboQuant types (`tq3`, `tq4`; [`crate::turboquant`]) code each
+//! head's `head_dim` values as one vector: its f16 norm, then `head_dim`
+//! indices of 3 or 4 bits ([`crate::turboquant`]'s code layout, rotation
+//! seed [`crate::turboquant::DEFAULT_SEED`]), so `head_dim` must be a power
+//! of two (its Walsh–Hadamard rotation).
 
 use std::fmt;
 use std::str::FromStr;
@@ -30,66 +35,102 @@ pub enum KvCacheType {
     /// ggml Q4_0: blocks of 32 values, an f16 scale and 32 4-bit codes
     /// offset by 8 (18 bytes per 32 values, 4.5 bits per value).
     Q4_0,
+    /// TurboQuant, 3-bit indices: per head, an f16 norm and `head_dim`
+    /// 3-bit indices (`2 + 3·head_dim/8` bytes, `3 + 16/head_dim` bits per
+    /// value: 3.25 at head_dim 64, 3.0625 at 256).
+    Tq3,
+    /// TurboQuant, 4-bit indices: per head, an f16 norm and `head_dim`
+    /// 4-bit indices (`2 + head_dim/2` bytes, `4 + 16/head_dim` bits per
+    /// value: 4.25 at head_dim 64, 4.0625 at 256).
+    Tq4,
 }
 
 impl KvCacheType {
     /// Every type, in the order of [`KvCacheType::name`]'s help text.
-    pub const ALL: [KvCacheType; 4] = [KvCacheType::F32, KvCacheType::F16, KvCacheType::Q8_0, KvCacheType::Q4_0];
+    pub const ALL: [KvCacheType; 6] =
+        [KvCacheType::F32, KvCacheType::F16, KvCacheType::Q8_0, KvCacheType::Q4_0, KvCacheType::Tq3, KvCacheType::Tq4];
 
-    /// llama.cpp's name (`f32`, `f16`, `q8_0`, `q4_0`).
+    /// llama.cpp's name (`f32`, `f16`, `q8_0`, `q4_0`), and `tq3`, `tq4`.
     pub fn name(self) -> &'static str {
         match self {
             KvCacheType::F32 => "f32",
             KvCacheType::F16 => "f16",
             KvCacheType::Q8_0 => "q8_0",
             KvCacheType::Q4_0 => "q4_0",
+            KvCacheType::Tq3 => "tq3",
+            KvCacheType::Tq4 => "tq4",
         }
     }
 
-    /// The ggml type whose layout this cache type uses.
-    pub fn ggml_type(self) -> GgmlType {
+    /// The ggml type whose layout this cache type uses (`None` for the
+    /// TurboQuant types, which ggml does not have).
+    pub fn ggml_type(self) -> Option<GgmlType> {
         match self {
-            KvCacheType::F32 => GgmlType::F32,
-            KvCacheType::F16 => GgmlType::F16,
-            KvCacheType::Q8_0 => GgmlType::Q8_0,
-            KvCacheType::Q4_0 => GgmlType::Q4_0,
+            KvCacheType::F32 => Some(GgmlType::F32),
+            KvCacheType::F16 => Some(GgmlType::F16),
+            KvCacheType::Q8_0 => Some(GgmlType::Q8_0),
+            KvCacheType::Q4_0 => Some(GgmlType::Q4_0),
+            KvCacheType::Tq3 | KvCacheType::Tq4 => None,
         }
     }
 
-    /// Values per block (1 for the float types, 32 for the block types):
-    /// `head_dim` must be a multiple of it.
-    pub fn block_size(self) -> usize {
-        self.ggml_type().block_size()
+    /// The index bits of a TurboQuant type (3, 4), `None` for the others.
+    pub fn turboquant_bits(self) -> Option<u32> {
+        match self {
+            KvCacheType::Tq3 => Some(3),
+            KvCacheType::Tq4 => Some(4),
+            _ => None,
+        }
     }
 
-    /// Bytes of `n` values.
+    /// Bytes of one head's row of `head_dim` values.
     ///
     /// # Errors
-    /// [`Error::RowNotBlockMultiple`] when `n` is not a multiple of the
-    /// block size; [`Error::Overflow`].
-    pub fn row_bytes(self, n: usize) -> Result<usize> {
-        self.ggml_type().row_bytes(n)
+    /// As [`KvCacheType::check_head_dim`].
+    pub fn head_bytes(self, head_dim: usize) -> Result<usize> {
+        self.check_head_dim(head_dim)?;
+        match (self.ggml_type(), self.turboquant_bits()) {
+            (Some(t), _) => t.row_bytes(head_dim),
+            (None, Some(b)) => Ok(2 + head_dim * b as usize / 8),
+            (None, None) => unreachable!("every cache type is a ggml type or a TurboQuant one"),
+        }
     }
 
-    /// Storage bits per value, scales included (32, 16, 8.5, 4.5).
-    pub fn bits_per_value(self) -> f64 {
-        let t = self.ggml_type();
-        (t.type_size() * 8) as f64 / t.block_size() as f64
+    /// Bytes of one cache position of `n_head_kv` heads of `head_dim`
+    /// values.
+    ///
+    /// # Errors
+    /// As [`KvCacheType::check_head_dim`]; [`Error::Overflow`].
+    pub fn row_bytes(self, n_head_kv: usize, head_dim: usize) -> Result<usize> {
+        self.head_bytes(head_dim)?.checked_mul(n_head_kv).ok_or(Error::Overflow("the bytes of a KV cache row"))
+    }
+
+    /// Storage bits per value of heads of `head_dim` values, scales and
+    /// norms included (32, 16, 8.5, 4.5; TurboQuant `b + 16/head_dim`), or
+    /// `None` when such a head cannot be stored.
+    pub fn bits_per_value(self, head_dim: usize) -> Option<f64> {
+        Some((self.head_bytes(head_dim).ok()? * 8) as f64 / head_dim as f64)
     }
 
     /// Whether a head of `head_dim` values can be stored: a whole number of
-    /// blocks.
+    /// blocks, or for the TurboQuant types a power of two of at least 16
+    /// (the rotation is a Walsh–Hadamard transform; the CPU decodes 16
+    /// indices at a time).
     ///
     /// # Errors
     /// [`Error::UnsupportedKvCache`] saying why not.
     pub fn check_head_dim(self, head_dim: usize) -> Result<()> {
-        if head_dim == 0 || !head_dim.is_multiple_of(self.block_size()) {
-            return Err(Error::UnsupportedKvCache {
-                ty: self,
-                reason: format!("head_dim {head_dim} is not a multiple of its block size {}", self.block_size()),
-            });
-        }
-        Ok(())
+        let reason = match self.ggml_type() {
+            Some(t) if head_dim == 0 || !head_dim.is_multiple_of(t.block_size()) => {
+                format!("head_dim {head_dim} is not a multiple of its block size {}", t.block_size())
+            }
+            None if head_dim < 16 || !head_dim.is_power_of_two() => format!(
+                "head_dim {head_dim} is not a power of two of at least 16 (TurboQuant rotates each head by a \
+                 Walsh–Hadamard transform)"
+            ),
+            _ => return Ok(()),
+        };
+        Err(Error::UnsupportedKvCache { ty: self, reason })
     }
 }
 
@@ -128,15 +169,15 @@ impl KvTypes {
     }
 
     /// Bytes one cache position takes over all layers, keys and values:
-    /// `Σ_layers row_bytes_k(kv_dim) + row_bytes_v(kv_dim)` for the layers'
-    /// `kv_dim = n_head_kv · head_dim`.
+    /// `Σ_layers row_bytes_k + row_bytes_v` for the layers' `(n_head_kv,
+    /// head_dim)`.
     ///
     /// # Errors
     /// As [`KvCacheType::row_bytes`].
-    pub fn bytes_per_token(self, kv_dims: impl IntoIterator<Item = usize>) -> Result<u64> {
+    pub fn bytes_per_token(self, layers: impl IntoIterator<Item = (usize, usize)>) -> Result<u64> {
         let mut total = 0u64;
-        for d in kv_dims {
-            total += (self.k.row_bytes(d)? + self.v.row_bytes(d)?) as u64;
+        for (n_head_kv, head_dim) in layers {
+            total += (self.k.row_bytes(n_head_kv, head_dim)? + self.v.row_bytes(n_head_kv, head_dim)?) as u64;
         }
         Ok(total)
     }
@@ -159,18 +200,25 @@ mod tests {
             assert_eq!(t.name().to_uppercase().parse::<KvCacheType>().unwrap(), t);
         }
         assert!(matches!("q4_k".parse::<KvCacheType>(), Err(Error::UnknownKvCacheType(s)) if s == "q4_k"));
-        let bits: Vec<f64> = KvCacheType::ALL.iter().map(|t| t.bits_per_value()).collect();
-        assert_eq!(bits, [32.0, 16.0, 8.5, 4.5]);
-        assert_eq!(KvCacheType::Q8_0.row_bytes(64).unwrap(), 68);
-        assert_eq!(KvCacheType::Q4_0.row_bytes(64).unwrap(), 36);
-        assert!(KvCacheType::Q4_0.row_bytes(48).is_err());
+        let bits: Vec<f64> = KvCacheType::ALL.iter().map(|t| t.bits_per_value(64).unwrap()).collect();
+        assert_eq!(bits, [32.0, 16.0, 8.5, 4.5, 3.25, 4.25]);
+        assert_eq!(KvCacheType::Tq4.bits_per_value(256), Some(4.0625));
+        assert_eq!(KvCacheType::Q8_0.row_bytes(1, 64).unwrap(), 68);
+        assert_eq!(KvCacheType::Q4_0.row_bytes(2, 32).unwrap(), 36);
+        assert_eq!(KvCacheType::Tq3.row_bytes(2, 64).unwrap(), 2 * 26);
+        assert_eq!(KvCacheType::Tq4.head_bytes(128).unwrap(), 66);
+        assert!(KvCacheType::Q4_0.row_bytes(1, 48).is_err());
         assert!(KvCacheType::Q8_0.check_head_dim(80).is_err());
         assert!(KvCacheType::F16.check_head_dim(80).is_ok());
         assert!(KvCacheType::F16.check_head_dim(0).is_err());
+        for hd in [0, 8, 96, 80] {
+            assert!(matches!(KvCacheType::Tq4.check_head_dim(hd), Err(Error::UnsupportedKvCache { .. })), "{hd}");
+        }
+        assert_eq!(KvCacheType::Tq3.bits_per_value(96), None);
         assert_eq!(KvTypes::default(), KvTypes::both(KvCacheType::F16));
         let t = KvTypes { k: KvCacheType::Q8_0, v: KvCacheType::F16 };
-        // Two layers of kv_dim 64: (68 + 128) · 2.
-        assert_eq!(t.bytes_per_token([64, 64]).unwrap(), 392);
+        // Two layers of one 64-value head: (68 + 128) · 2.
+        assert_eq!(t.bytes_per_token([(1, 64), (1, 64)]).unwrap(), 392);
         assert_eq!(t.to_string(), "K q8_0, V f16");
     }
 }

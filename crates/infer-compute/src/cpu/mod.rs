@@ -6,6 +6,7 @@
 pub mod gemm;
 pub mod kernels;
 pub mod kv_cache;
+pub mod kv_rotation;
 pub mod matvec;
 pub(crate) mod model;
 pub mod ops;
@@ -16,6 +17,7 @@ pub mod packed;
 #[doc(hidden)]
 pub mod simd;
 pub mod team;
+pub mod tq;
 pub(crate) mod weight;
 
 use std::sync::Arc;

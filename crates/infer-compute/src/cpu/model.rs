@@ -19,6 +19,7 @@ use std::time::Instant;
 
 use super::kernels::Kernels;
 use super::kv_cache::{KvBuf, KvData};
+use super::kv_rotation::KvRotation;
 use super::ops;
 use super::team::{Par, Team};
 use super::weight::{products, CpuWeight, ProductScratch, Stacked};
@@ -302,10 +303,20 @@ impl CpuModel {
                 });
             }
             let slot_len = n_ctx * kvd;
+            let (k_rot, v_rot) = (&pool.k_rot[li], &pool.v_rot[li]);
             timed(prof, "rope, kv append", "", || {
                 for t in 0..n {
                     ops::rope(&mut q[t * qd..(t + 1) * qd], l.n_head, l.head_dim, pos[t], &l.rope);
                     ops::rope(&mut kk[t * kvd..(t + 1) * kvd], l.n_head_kv, l.head_dim, pos[t], &l.rope);
+                    // A quantized cache's rows, and the queries meeting
+                    // them, in its rotated basis (`kv_rotation`).
+                    if let Some(r) = k_rot {
+                        r.rotate(&mut q[t * qd..(t + 1) * qd]);
+                        r.rotate(&mut kk[t * kvd..(t + 1) * kvd]);
+                    }
+                    if let Some(r) = v_rot {
+                        r.rotate(&mut v[t * kvd..(t + 1) * kvd]);
+                    }
                     let at = slot[t] * slot_len + pos[t] * kvd;
                     pool.k[li].write_row(at, &kk[t * kvd..(t + 1) * kvd]);
                     pool.v[li].write_row(at, &v[t * kvd..(t + 1) * kvd]);
@@ -316,18 +327,12 @@ impl CpuModel {
             let scores = fit(&mut b.scores, if n == 1 { l.n_head * n_ctx } else { 0 })?;
             let (kp, vp) = (pool.k[li].view(), pool.v[li].view());
             timed(prof, "attention", "", || {
-                if let [s] = spans {
-                    if s.len == 1 && !ops::attn_tiled::runs_tiled(&p, s.pos0, 1) {
-                        // One token: the decode kernel (no allocation), the
-                        // same per-head code as the batched one.
-                        let (kc, vc) = (kp.sub(s.slot * slot_len, slot_len), vp.sub(s.slot * slot_len, slot_len));
-                        ops::attention_decode_on(par, q, kc, vc, s.pos0, &p, scores, attn);
-                        return Ok(());
-                    }
+                attend(par, q, (kp, vp), slot_len, (slot, pos), spans, &p, scores, attn);
+                // Rotated values sum to a rotated output: back to the model's basis.
+                if let Some(r) = v_rot {
+                    r.unrotate(attn);
                 }
-                attention_spans(par, q, (kp, vp), slot_len, (slot, pos), spans, &p, attn);
-                Ok(())
-            })?;
+            });
             let o = fit(&mut b.o, n * e)?;
             timed_products(prof, "attn_output", std::slice::from_ref(&layer.wo), || {
                 products(k, par, &mut [(&layer.wo, o)], attn, n, &mut b.prod)
@@ -453,17 +458,22 @@ impl DeviceModel for CpuModel {
             types.k.check_head_dim(l.spec.head_dim)?;
             types.v.check_head_dim(l.spec.head_dim)?;
         }
-        let kv_dims = self.w.layers.iter().map(|l| l.spec.n_head_kv * l.spec.head_dim);
-        let states = new_states(self.w.id, n_slots, n_ctx, kv_dims.clone().max().unwrap_or(0))?;
-        let bytes_per_token = types.bytes_per_token(kv_dims)?;
-        let mut k = Vec::new();
-        let mut v = Vec::new();
+        let heads = self.w.layers.iter().map(|l| (l.spec.n_head_kv, l.spec.head_dim));
+        let states = new_states(self.w.id, n_slots, n_ctx, heads.clone().map(|(n, d)| n * d).max().unwrap_or(0))?;
+        let bytes_per_token = types.bytes_per_token(heads)?;
+        let (mut k, mut v, mut k_rot, mut v_rot) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for l in &self.w.layers {
-            let len = n_slots * n_ctx * l.spec.n_head_kv * l.spec.head_dim;
-            k.push(KvBuf::zeroed(types.k, len, "a KV cache layer (K)")?);
-            v.push(KvBuf::zeroed(types.v, len, "a KV cache layer (V)")?);
+            let (hd, len) = (l.spec.head_dim, n_slots * n_ctx * l.spec.n_head_kv * l.spec.head_dim);
+            let (kb, vb) = (
+                KvBuf::zeroed(types.k, len, hd, "a KV cache layer (K)")?,
+                KvBuf::zeroed(types.v, len, hd, "a KV cache layer (V)")?,
+            );
+            k_rot.push(KvRotation::for_keys(types.k, hd, kb.turboquant()));
+            v_rot.push(KvRotation::for_values(types.v, hd, vb.turboquant()));
+            k.push(kb);
+            v.push(vb);
         }
-        Ok(Box::new(CpuKvPool { states, n_ctx, types, bytes_per_token, k, v }))
+        Ok(Box::new(CpuKvPool { states, n_ctx, types, bytes_per_token, k, v, k_rot, v_rot }))
     }
 
     fn forward(&mut self, pool: &mut dyn KvPool, batch: &Batch) -> Result<&[f32]> {
@@ -491,7 +501,8 @@ impl DeviceModel for CpuModel {
 
 /// The CPU's KV pool: per layer, K and V as `[n_slots][n_ctx][n_head_kv]
 /// [head_dim]` values of `types.k`, `types.v` (slot `s` at value
-/// `s · n_ctx · kv_dim`; see [`KvBuf`] for the types' layouts).
+/// `s · n_ctx · kv_dim`; see [`KvBuf`] for the types' layouts), the rows
+/// of a quantized type stored rotated ([`KvRotation`]).
 pub struct CpuKvPool {
     states: Vec<KvState>,
     n_ctx: usize,
@@ -499,6 +510,9 @@ pub struct CpuKvPool {
     bytes_per_token: u64,
     k: Vec<KvBuf>,
     v: Vec<KvBuf>,
+    /// Per layer, how K and V rows are rotated before they are stored.
+    k_rot: Vec<Option<KvRotation>>,
+    v_rot: Vec<Option<KvRotation>>,
 }
 
 impl KvPool for CpuKvPool {
@@ -529,13 +543,15 @@ impl KvPool for CpuKvPool {
 }
 
 /// Attention of a batch over the pool's caches `kv` (`slot_len` values per
-/// slot). A prompt chunk, or a token deep in its cache
-/// ([`ops::attn_tiled::runs_tiled`]), runs the tiled kernel, which reads
-/// each key block once for all its tokens and the heads of a kv group; the
-/// other tokens run the per-token code of [`ops::attention_batch_on`], all
+/// slot). One token not deep in its cache runs the decode kernel (no
+/// allocation; `scores` holds its logits). A prompt chunk, or a token deep
+/// in its cache ([`ops::attn_tiled::runs_tiled`]), runs the tiled kernel,
+/// which reads each key block once for all its tokens and the heads of a kv
+/// group; the other tokens run the per-token code of
+/// [`ops::attention_batch_on`] (the decode kernel's per-head code), all
 /// together when no span runs tiled.
 #[allow(clippy::too_many_arguments)]
-fn attention_spans(
+fn attend(
     par: Par<'_>,
     q: &[f32],
     kv: (KvData<'_>, KvData<'_>),
@@ -543,10 +559,18 @@ fn attention_spans(
     (slot, pos): (&[usize], &[usize]),
     spans: &[Span],
     p: &ops::AttnParams,
+    scores: &mut [f32],
     attn: &mut [f32],
 ) {
     let (kp, vp) = kv;
     let long = |s: &Span| ops::attn_tiled::runs_tiled(p, s.pos0, s.len);
+    if let [s] = spans {
+        if s.len == 1 && !long(s) {
+            let (kc, vc) = (kp.sub(s.slot * slot_len, slot_len), vp.sub(s.slot * slot_len, slot_len));
+            ops::attention_decode_on(par, q, kc, vc, s.pos0, p, scores, attn);
+            return;
+        }
+    }
     if !spans.iter().any(long) {
         ops::attention_batch_on(par, q, kp, vp, slot_len, slot, pos, p, attn);
         return;

@@ -32,10 +32,17 @@
 //! byte: `2 + ⌈d·b/8⌉` bytes, `b + 16/d` bits per value (tq4 with `d =
 //! 128`: 66 bytes, 4.125 bits per value). `d` must be a power of two
 //! (the Walsh–Hadamard transform); the rotation is fixed by a 64-bit seed
-//! ([`DEFAULT_SEED`] unless another is given).
+//! ([`DEFAULT_SEED`] unless another is given). A norm past f16's range
+//! is stored as 65 504 (the largest f16), never as infinity.
+//!
+//! This module is the format and its scalar reference; the CPU's SIMD
+//! kernels are `cpu::tq`, and the KV cache types `tq3`/`tq4`
+//! ([`crate::KvCacheType`]) store one code per head.
 
 pub mod codebook;
 pub mod rotation;
+
+use std::sync::{Arc, Mutex};
 
 use half::f16;
 
@@ -64,6 +71,23 @@ impl TurboQuant {
     /// As [`TurboQuant::with_seed`].
     pub fn new(dim: usize, bits: u32) -> Result<Self> {
         Self::with_seed(dim, bits, DEFAULT_SEED)
+    }
+
+    /// The coder of `(dim, bits)` with [`DEFAULT_SEED`], built once per
+    /// process and shared (building one runs Lloyd's iteration: tens of
+    /// milliseconds).
+    ///
+    /// # Errors
+    /// As [`TurboQuant::with_seed`].
+    pub fn shared(dim: usize, bits: u32) -> Result<Arc<TurboQuant>> {
+        static CODERS: Mutex<Vec<Arc<TurboQuant>>> = Mutex::new(Vec::new());
+        let mut coders = CODERS.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(c) = coders.iter().find(|c| c.dim == dim && c.bits == bits) {
+            return Ok(c.clone());
+        }
+        let c = Arc::new(TurboQuant::new(dim, bits)?);
+        coders.push(c.clone());
+        Ok(c)
     }
 
     /// A coder whose rotation's signs come from `seed`.
@@ -141,18 +165,58 @@ impl TurboQuant {
     /// [`TurboQuant::code_bytes`] bytes.
     pub fn encode(&self, x: &[f32], code: &mut [u8]) -> Result<()> {
         self.check("TurboQuant::encode", x.len(), code.len())?;
-        let norm = x.iter().map(|&v| v as f64 * v as f64).sum::<f64>().sqrt() as f32;
-        let mut y = vec![0.0f32; self.dim];
-        rotation::rotate(&self.signs, x, &mut y);
+        self.encode_with(x, code, &mut vec![0.0f32; self.dim]);
+        Ok(())
+    }
+
+    /// [`TurboQuant::encode`] with the rotated vector built in `y` (`dim`
+    /// values) instead of an allocation.
+    ///
+    /// Contract: lengths as [`TurboQuant::encode`] checks them (asserted).
+    pub fn encode_with(&self, x: &[f32], code: &mut [u8], y: &mut [f32]) {
+        assert!(x.len() == self.dim && y.len() == self.dim);
+        rotation::rotate(&self.signs, x, y);
+        self.encode_rotated(y, code);
+    }
+
+    /// Codes a vector given already rotated (`y = Π x`, as
+    /// [`TurboQuant::rotate`] makes it): the code of `x`, with the norm
+    /// taken of `y` (equal to `‖x‖` but for rounding).
+    ///
+    /// Contract: `y` has `dim` values and `code` [`TurboQuant::code_bytes`]
+    /// bytes (asserted).
+    pub fn encode_rotated(&self, y: &[f32], code: &mut [u8]) {
+        assert!(y.len() == self.dim && code.len() == self.code_bytes());
+        let norm = y.iter().map(|&v| v as f64 * v as f64).sum::<f64>().sqrt() as f32;
         let inv = if norm > 0.0 { 1.0 / norm } else { 0.0 };
-        code[..2].copy_from_slice(&f16::from_f32(norm).to_le_bytes());
+        let stored = if norm > 65504.0 { 65504.0 } else { norm };
+        code[..2].copy_from_slice(&f16::from_f32(stored).to_le_bytes());
         let bits = &mut code[2..];
         bits.fill(0);
-        for (i, &v) in y.iter().enumerate() {
-            let idx = self.bounds.partition_point(|&b| b < v * inv) as u32;
-            put(bits, i, self.bits, idx);
+        // Index = the number of boundaries below the value (branch-free,
+        // vectorized across 8 values); 8 indices of `b ≤ 4` bits make one
+        // word of `b` bytes.
+        let b = self.bits as usize;
+        let mut groups = y.chunks_exact(8);
+        for (g, vals) in (&mut groups).enumerate() {
+            let mut idx = [0u32; 8];
+            for &bound in &self.bounds {
+                for (i, &v) in idx.iter_mut().zip(vals) {
+                    *i += (bound < v * inv) as u32;
+                }
+            }
+            if b <= 4 {
+                let w = idx.iter().enumerate().fold(0u32, |w, (j, &i)| w | i << (b * j));
+                bits[g * b..g * b + b].copy_from_slice(&w.to_le_bytes()[..b]);
+            } else {
+                idx.iter().enumerate().for_each(|(j, &i)| put(bits, 8 * g + j, self.bits, i));
+            }
         }
-        Ok(())
+        let done = y.len() - groups.remainder().len();
+        for (i, &v) in groups.remainder().iter().enumerate() {
+            let idx = self.bounds.iter().filter(|&&bound| bound < v * inv).count() as u32;
+            put(bits, done + i, self.bits, idx);
+        }
     }
 
     /// Decodes `code` into `out`: `n · Π⁻¹ c[idx]`.
@@ -161,12 +225,38 @@ impl TurboQuant {
     /// As [`TurboQuant::encode`].
     pub fn decode(&self, code: &[u8], out: &mut [f32]) -> Result<()> {
         self.check("TurboQuant::decode", out.len(), code.len())?;
-        let norm = f16::from_le_bytes([code[0], code[1]]).to_f32();
-        for (i, o) in out.iter_mut().enumerate() {
-            *o = norm * self.centroids[get(&code[2..], i, self.bits) as usize];
-        }
+        decode_rotated_ref(&self.centroids, self.bits, code, out);
         rotation::unrotate(&self.signs, out);
         Ok(())
+    }
+
+    /// `y = Π x̂`, the decoded vector left in the rotated basis: `y_i = n ·
+    /// c[idx_i]` (what attention over a rotated query reads; `Π⁻¹ y`,
+    /// [`TurboQuant::unrotate`], is [`TurboQuant::decode`]).
+    ///
+    /// # Errors
+    /// As [`TurboQuant::encode`].
+    pub fn decode_rotated(&self, code: &[u8], out: &mut [f32]) -> Result<()> {
+        self.check("TurboQuant::decode_rotated", out.len(), code.len())?;
+        decode_rotated_ref(&self.centroids, self.bits, code, out);
+        Ok(())
+    }
+
+    /// `y ← Π y`, in place (the rotation of [`TurboQuant::rotate`]).
+    ///
+    /// Contract: `y` has `dim` values (asserted).
+    pub fn rotate_in_place(&self, y: &mut [f32]) {
+        assert_eq!(y.len(), self.dim);
+        rotation::rotate_in_place(&self.signs, y);
+    }
+
+    /// `y ← Π⁻¹ y`, in place: a sum of vectors decoded by
+    /// [`TurboQuant::decode_rotated`] back in the original basis.
+    ///
+    /// Contract: `y` has `dim` values (asserted).
+    pub fn unrotate(&self, y: &mut [f32]) {
+        assert_eq!(y.len(), self.dim);
+        rotation::unrotate(&self.signs, y);
     }
 
     /// `⟨q, x̂⟩` of the decoded `code` with a query given rotated
@@ -201,6 +291,15 @@ pub fn dot_rotated_ref(centroids: &[f32], bits: u32, code: &[u8], q_rot: &[f32])
         s += q * centroids[get(idx, i, bits) as usize];
     }
     norm * s
+}
+
+/// The scalar reference of [`TurboQuant::decode_rotated`] (lengths
+/// checked by the caller): `out[i] = n · centroids[idx_i]`.
+pub fn decode_rotated_ref(centroids: &[f32], bits: u32, code: &[u8], out: &mut [f32]) {
+    let norm = f16::from_le_bytes([code[0], code[1]]).to_f32();
+    for (i, o) in out.iter_mut().enumerate() {
+        *o = norm * centroids[get(&code[2..], i, bits) as usize];
+    }
 }
 
 /// Writes index `v` (`bits` bits) as value `i` of the bit stream `buf`

@@ -65,6 +65,16 @@ pub fn rotate(signs: &[f32], x: &[f32], out: &mut [f32]) {
     out.iter_mut().for_each(|o| *o *= scale);
 }
 
+/// `y ← Π y`, in place.
+pub fn rotate_in_place(signs: &[f32], y: &mut [f32]) {
+    let scale = 1.0 / (y.len() as f32).sqrt();
+    for (v, &s) in y.iter_mut().zip(signs) {
+        *v *= s;
+    }
+    fwht(y);
+    y.iter_mut().for_each(|v| *v *= scale);
+}
+
 /// `x = Π⁻¹ y`, in place.
 pub fn unrotate(signs: &[f32], y: &mut [f32]) {
     let scale = 1.0 / (y.len() as f32).sqrt();
