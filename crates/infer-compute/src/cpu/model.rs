@@ -317,6 +317,16 @@ impl CpuModel {
                     if let Some(r) = v_rot {
                         r.rotate(&mut v[t * kvd..(t + 1) * kvd]);
                     }
+                    if let Some(c) = pool.k_center[li].as_mut() {
+                        // TurboQuant keys are stored less their slot's first
+                        // key: every logit of a query moves by the same
+                        // q · k₀, which the softmax does not see.
+                        let (c, row) = (&mut c[slot[t] * kvd..][..kvd], &mut kk[t * kvd..(t + 1) * kvd]);
+                        if pos[t] == 0 {
+                            c.copy_from_slice(row);
+                        }
+                        row.iter_mut().zip(c.iter()).for_each(|(x, &m)| *x -= m);
+                    }
                     let at = slot[t] * slot_len + pos[t] * kvd;
                     pool.k[li].write_row(at, &kk[t * kvd..(t + 1) * kvd]);
                     pool.v[li].write_row(at, &v[t * kvd..(t + 1) * kvd]);
@@ -461,7 +471,8 @@ impl DeviceModel for CpuModel {
         let heads = self.w.layers.iter().map(|l| (l.spec.n_head_kv, l.spec.head_dim));
         let states = new_states(self.w.id, n_slots, n_ctx, heads.clone().map(|(n, d)| n * d).max().unwrap_or(0))?;
         let bytes_per_token = types.bytes_per_token(heads)?;
-        let (mut k, mut v, mut k_rot, mut v_rot) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let (mut k, mut v, mut k_rot, mut v_rot, mut k_center) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for l in &self.w.layers {
             let (hd, len) = (l.spec.head_dim, n_slots * n_ctx * l.spec.n_head_kv * l.spec.head_dim);
             let (kb, vb) = (
@@ -469,11 +480,17 @@ impl DeviceModel for CpuModel {
                 KvBuf::zeroed(types.v, len, hd, "a KV cache layer (V)")?,
             );
             k_rot.push(KvRotation::for_keys(types.k, hd, kb.turboquant()));
+            let centred = kb.turboquant().is_some() && l.spec.attn_softcap.is_none();
+            k_center.push(if centred {
+                Some(crate::memory::zeroed(n_slots * l.spec.n_head_kv * hd, "key centres")?)
+            } else {
+                None
+            });
             v_rot.push(KvRotation::for_values(types.v, hd, vb.turboquant()));
             k.push(kb);
             v.push(vb);
         }
-        Ok(Box::new(CpuKvPool { states, n_ctx, types, bytes_per_token, k, v, k_rot, v_rot }))
+        Ok(Box::new(CpuKvPool { states, n_ctx, types, bytes_per_token, k, v, k_rot, v_rot, k_center }))
     }
 
     fn forward(&mut self, pool: &mut dyn KvPool, batch: &Batch) -> Result<&[f32]> {
@@ -513,6 +530,9 @@ pub struct CpuKvPool {
     /// Per layer, how K and V rows are rotated before they are stored.
     k_rot: Vec<Option<KvRotation>>,
     v_rot: Vec<Option<KvRotation>>,
+    /// Per layer, for a TurboQuant K cache: each slot's key at position 0
+    /// (rotated), subtracted from every key the slot stores.
+    k_center: Vec<Option<Vec<f32>>>,
 }
 
 impl KvPool for CpuKvPool {
@@ -531,6 +551,12 @@ impl KvPool for CpuKvPool {
             let slot_len = layer.view().len() / n_slots;
             let row = slot_len / self.n_ctx;
             layer.copy_within(from * slot_len, n * row, to * slot_len);
+        }
+        if n > 0 {
+            for c in self.k_center.iter_mut().flatten() {
+                let d = c.len() / n_slots;
+                c.copy_within(from * d..(from + 1) * d, to * d);
+            }
         }
         Ok(())
     }
