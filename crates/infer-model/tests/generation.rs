@@ -119,8 +119,19 @@ fn a_continued_conversation_prefills_only_the_new_turn() {
 #[test]
 fn a_continued_conversation_over_a_quantized_cache_replies_as_from_scratch() {
     use infer_compute::{KvCacheType, KvTypes};
+    continued_conversation(KvTypes { k: KvCacheType::Q8_0, v: KvCacheType::Q4_0 });
+}
+
+/// The same over TurboQuant caches (K tq4, V tq3): rotated, keys centred
+/// on the slot's first key, which the reused positions keep.
+#[test]
+fn a_continued_conversation_over_a_turboquant_cache_replies_as_from_scratch() {
+    use infer_compute::{KvCacheType, KvTypes};
+    continued_conversation(KvTypes { k: KvCacheType::Tq4, v: KvCacheType::Tq3 });
+}
+
+fn continued_conversation(types: infer_compute::KvTypes) {
     let mut s = smollm2();
-    let types = KvTypes { k: KvCacheType::Q8_0, v: KvCacheType::Q4_0 };
     let mut ctx = CachedContext::with_types(s.model.as_ref(), 512, types).unwrap();
     let mut messages = vec![Message::user(QUESTION)];
     let turn1 = s.template.encode(&s.tokenizer, &messages, true).unwrap();
@@ -130,7 +141,7 @@ fn a_continued_conversation_over_a_quantized_cache_replies_as_from_scratch() {
         true
     })
     .unwrap();
-    assert!(reply.contains("Paris"), "{reply:?}");
+    assert!(reply.contains("Paris"), "{types}: {reply:?}");
     messages.push(Message::assistant(reply.trim()));
     messages.push(Message::user("And of Germany?"));
     let turn2 = s.template.encode(&s.tokenizer, &messages, true).unwrap();
@@ -148,7 +159,7 @@ fn a_continued_conversation_over_a_quantized_cache_replies_as_from_scratch() {
         true
     })
     .unwrap();
-    assert_eq!(reply2, fresh);
+    assert_eq!(reply2, fresh, "{types}");
 }
 
 /// Three sequences driven together, one `forward` per step over a pool of

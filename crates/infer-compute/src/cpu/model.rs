@@ -303,33 +303,13 @@ impl CpuModel {
                 });
             }
             let slot_len = n_ctx * kvd;
-            let (k_rot, v_rot) = (&pool.k_rot[li], &pool.v_rot[li]);
             timed(prof, "rope, kv append", "", || {
                 for t in 0..n {
-                    ops::rope(&mut q[t * qd..(t + 1) * qd], l.n_head, l.head_dim, pos[t], &l.rope);
-                    ops::rope(&mut kk[t * kvd..(t + 1) * kvd], l.n_head_kv, l.head_dim, pos[t], &l.rope);
-                    // A quantized cache's rows, and the queries meeting
-                    // them, in its rotated basis (`kv_rotation`).
-                    if let Some(r) = k_rot {
-                        r.rotate(&mut q[t * qd..(t + 1) * qd]);
-                        r.rotate(&mut kk[t * kvd..(t + 1) * kvd]);
-                    }
-                    if let Some(r) = v_rot {
-                        r.rotate(&mut v[t * kvd..(t + 1) * kvd]);
-                    }
-                    if let Some(c) = pool.k_center[li].as_mut() {
-                        // TurboQuant keys are stored less their slot's first
-                        // key: every logit of a query moves by the same
-                        // q · k₀, which the softmax does not see.
-                        let (c, row) = (&mut c[slot[t] * kvd..][..kvd], &mut kk[t * kvd..(t + 1) * kvd]);
-                        if pos[t] == 0 {
-                            c.copy_from_slice(row);
-                        }
-                        row.iter_mut().zip(c.iter()).for_each(|(x, &m)| *x -= m);
-                    }
-                    let at = slot[t] * slot_len + pos[t] * kvd;
-                    pool.k[li].write_row(at, &kk[t * kvd..(t + 1) * kvd]);
-                    pool.v[li].write_row(at, &v[t * kvd..(t + 1) * kvd]);
+                    let q = &mut q[t * qd..(t + 1) * qd];
+                    let (kr, vr) = (&mut kk[t * kvd..(t + 1) * kvd], &mut v[t * kvd..(t + 1) * kvd]);
+                    ops::rope(q, l.n_head, l.head_dim, pos[t], &l.rope);
+                    ops::rope(kr, l.n_head_kv, l.head_dim, pos[t], &l.rope);
+                    pool.append(li, q, kr, vr, slot[t], pos[t]);
                 }
             });
             let p = ops::AttnParams::from_layer(l);
@@ -339,7 +319,7 @@ impl CpuModel {
             timed(prof, "attention", "", || {
                 attend(par, q, (kp, vp), slot_len, (slot, pos), spans, &p, scores, attn);
                 // Rotated values sum to a rotated output: back to the model's basis.
-                if let Some(r) = v_rot {
+                if let Some(r) = &pool.v_rot[li] {
                     r.unrotate(attn);
                 }
             });
@@ -533,6 +513,35 @@ pub struct CpuKvPool {
     /// Per layer, for a TurboQuant K cache: each slot's key at position 0
     /// (rotated), subtracted from every key the slot stores.
     k_center: Vec<Option<Vec<f32>>>,
+}
+
+impl CpuKvPool {
+    /// Stores one token's key and value rows (after RoPE) at `pos` of
+    /// `slot` in layer `li`, in the cache's basis: rotated for a quantized
+    /// type, with the query that meets them (`q`, rotated in place too); a
+    /// TurboQuant key less its slot's key at position 0 (which `pos == 0`
+    /// sets): every logit of a query then moves by the same `q · k₀`, which
+    /// the softmax does not see, and the coded vectors are shorter.
+    fn append(&mut self, li: usize, q: &mut [f32], k: &mut [f32], v: &mut [f32], slot: usize, pos: usize) {
+        if let Some(r) = &self.k_rot[li] {
+            r.rotate(q);
+            r.rotate(k);
+        }
+        if let Some(r) = &self.v_rot[li] {
+            r.rotate(v);
+        }
+        let kvd = k.len();
+        if let Some(c) = self.k_center[li].as_mut() {
+            let c = &mut c[slot * kvd..][..kvd];
+            if pos == 0 {
+                c.copy_from_slice(k);
+            }
+            k.iter_mut().zip(c.iter()).for_each(|(x, &m)| *x -= m);
+        }
+        let at = (slot * self.n_ctx + pos) * kvd;
+        self.k[li].write_row(at, k);
+        self.v[li].write_row(at, v);
+    }
 }
 
 impl KvPool for CpuKvPool {
