@@ -11,8 +11,10 @@
 //! Other widths, and dimensions that are not a multiple of 16, run the
 //! scalar reference.
 
+#[cfg(target_arch = "x86_64")]
 use half::f16;
 
+#[cfg(target_arch = "x86_64")]
 use crate::cpu::kernels::env_allows_x86;
 use crate::turboquant::{decode_rotated_ref, dot_rotated_ref, TurboQuant};
 
@@ -24,12 +26,8 @@ use crate::turboquant::{decode_rotated_ref, dot_rotated_ref, TurboQuant};
 /// [`TurboQuant::dim`] values (asserted).
 pub fn decode_rotated(tq: &TurboQuant, code: &[u8], out: &mut [f32]) {
     assert!(code.len() == tq.code_bytes() && out.len() == tq.dim());
-    let Some(table) = Table::new(tq, code) else {
-        decode_rotated_ref(tq.centroids(), tq.bits(), code, out);
-        return;
-    };
     #[cfg(target_arch = "x86_64")]
-    {
+    if let Some(table) = Table::new(tq, code) {
         let bits = &code[2..];
         if std::is_x86_feature_detected!("avx512f") && env_allows_x86(true) {
             // SAFETY: the processor supports AVX-512 F; lengths as asserted.
@@ -52,7 +50,6 @@ pub fn decode_rotated(tq: &TurboQuant, code: &[u8], out: &mut [f32]) {
             return;
         }
     }
-    let _ = table;
     decode_rotated_ref(tq.centroids(), tq.bits(), code, out);
 }
 
@@ -89,8 +86,10 @@ pub fn dot_rotated(tq: &TurboQuant, code: &[u8], q_rot: &[f32]) -> f32 {
 
 /// The centroids times the code's norm, padded to 16 entries, when the
 /// SIMD kernels take the code (3 or 4 bits, `dim` a multiple of 16).
+#[cfg(target_arch = "x86_64")]
 struct Table([f32; 16]);
 
+#[cfg(target_arch = "x86_64")]
 impl Table {
     fn new(tq: &TurboQuant, code: &[u8]) -> Option<Table> {
         if !matches!(tq.bits(), 3 | 4) || !tq.dim().is_multiple_of(16) {
@@ -107,6 +106,7 @@ impl Table {
 
 /// The `B` bytes of index group `g` (indices `8g .. 8g + 8`) as one
 /// little-endian word.
+#[cfg(target_arch = "x86_64")]
 #[inline(always)]
 fn group_word<const B: usize>(bits: &[u8], g: usize) -> i32 {
     let b = &bits[g * B..g * B + B];
@@ -132,7 +132,9 @@ mod x86 {
         _mm512_and_si512(_mm512_srlv_epi32(v, shifts), mask)
     }
 
-    fn shifts16<const B: usize>() -> [i32; 16] {
+    /// The right shifts of `N` lanes that take 8 indices of `B` bits out
+    /// of a broadcast word (repeated every 8 lanes).
+    fn shifts<const B: usize, const N: usize>() -> [i32; N] {
         std::array::from_fn(|l| (B * (l % 8)) as i32)
     }
 
@@ -144,7 +146,7 @@ mod x86 {
     #[target_feature(enable = "avx512f")]
     pub unsafe fn decode_avx512<const B: usize>(table: &[f32; 16], bits: &[u8], out: &mut [f32]) {
         let t = _mm512_loadu_ps(table.as_ptr());
-        let shifts = _mm512_loadu_si512(shifts16::<B>().as_ptr().cast());
+        let shifts = _mm512_loadu_si512(shifts::<B, 16>().as_ptr().cast());
         let mask = _mm512_set1_epi32((1 << B) - 1);
         for (i, o) in out.chunks_exact_mut(16).enumerate() {
             let x = _mm512_permutexvar_ps(idx16::<B>(bits, i, shifts, mask), t);
@@ -160,7 +162,7 @@ mod x86 {
     #[target_feature(enable = "avx512f")]
     pub unsafe fn dot_avx512<const B: usize>(table: &[f32; 16], bits: &[u8], q: &[f32]) -> f32 {
         let t = _mm512_loadu_ps(table.as_ptr());
-        let shifts = _mm512_loadu_si512(shifts16::<B>().as_ptr().cast());
+        let shifts = _mm512_loadu_si512(shifts::<B, 16>().as_ptr().cast());
         let mask = _mm512_set1_epi32((1 << B) - 1);
         let mut acc = _mm512_setzero_ps();
         for (i, qc) in q.chunks_exact(16).enumerate() {
@@ -193,16 +195,7 @@ mod x86 {
     #[target_feature(enable = "avx2")]
     pub unsafe fn decode_avx2<const B: usize>(table: &[f32; 16], bits: &[u8], out: &mut [f32]) {
         let (lo, hi) = (_mm256_loadu_ps(table.as_ptr()), _mm256_loadu_ps(table[8..].as_ptr()));
-        let shifts = _mm256_setr_epi32(
-            0,
-            B as i32,
-            2 * B as i32,
-            3 * B as i32,
-            4 * B as i32,
-            5 * B as i32,
-            6 * B as i32,
-            7 * B as i32,
-        );
+        let shifts = _mm256_loadu_si256(shifts::<B, 8>().as_ptr().cast());
         for (g, o) in out.chunks_exact_mut(8).enumerate() {
             // SAFETY: `o` is 8 values.
             unsafe { _mm256_storeu_ps(o.as_mut_ptr(), vals8::<B>(bits, g, lo, hi, shifts)) };
@@ -216,16 +209,7 @@ mod x86 {
     #[target_feature(enable = "avx2,fma")]
     pub unsafe fn dot_avx2<const B: usize>(table: &[f32; 16], bits: &[u8], q: &[f32]) -> f32 {
         let (lo, hi) = (_mm256_loadu_ps(table.as_ptr()), _mm256_loadu_ps(table[8..].as_ptr()));
-        let shifts = _mm256_setr_epi32(
-            0,
-            B as i32,
-            2 * B as i32,
-            3 * B as i32,
-            4 * B as i32,
-            5 * B as i32,
-            6 * B as i32,
-            7 * B as i32,
-        );
+        let shifts = _mm256_loadu_si256(shifts::<B, 8>().as_ptr().cast());
         let mut acc = _mm256_setzero_ps();
         for (g, qc) in q.chunks_exact(8).enumerate() {
             // SAFETY: `qc` is 8 values.
@@ -258,24 +242,18 @@ mod tests {
                     let q = rng.normals(dim, 1.0);
                     let mut code = vec![0u8; tq.code_bytes()];
                     tq.encode(&x, &mut code).unwrap();
-                    let mut want = vec![0.0f32; dim];
-                    tq.decode_rotated(&code, &mut want).unwrap();
+                    let mut y = vec![0.0f32; dim];
+                    tq.decode_rotated(&code, &mut y).unwrap();
                     let mut got = vec![f32::NAN; dim];
                     decode_rotated(&tq, &code, &mut got);
-                    assert_eq!(got, want, "dim {dim}, {bits} bits, scale {scale}");
+                    assert_eq!(got, y, "dim {dim}, {bits} bits, scale {scale}");
                     assert!(got.iter().all(|v| v.is_finite()), "dim {dim}, {bits} bits, scale {scale}");
                     let want = tq.dot_rotated(&code, &q).unwrap();
                     let got = dot_rotated(&tq, &code, &q);
-                    let mag: f32 = q.iter().zip(&want_abs(&tq, &code)).map(|(a, b)| (a * b).abs()).sum();
+                    let mag: f32 = q.iter().zip(&y).map(|(a, b)| (a * b).abs()).sum();
                     assert!((got - want).abs() <= 1e-5 * mag, "dim {dim}, {bits} bits: {got} vs {want}");
                 }
             }
         }
-    }
-
-    fn want_abs(tq: &TurboQuant, code: &[u8]) -> Vec<f32> {
-        let mut y = vec![0.0f32; tq.dim()];
-        tq.decode_rotated(code, &mut y).unwrap();
-        y
     }
 }
