@@ -3,7 +3,7 @@
 # synthetic Q4_K_M files, in one command, on a machine without network.
 #
 # Usage: bench/compare-cuda.sh [--llama-bench PATH | --llama-src DIR] [--infer PATH]
-#            [--tokenizer-from F] [--models "gemma3-270m gemma3-1b gemma3-4b llama-1b"]
+#            [--backend cuda|wgpu] [--tokenizer-from F] [--models "gemma3-270m gemma3-1b gemma3-4b llama-1b"]
 #            [--rounds 2] [-p 512] [-n 128] [-r 3] [--bandwidth 4300] [--out DIR]
 #
 #   --llama-bench PATH  a built llama-bench (CUDA); otherwise it is built with
@@ -11,6 +11,11 @@
 #                       --llama-src names a tree, e.g. a --trim copy).
 #   --infer PATH        the infer binary, built with --features cuda
 #                       (default: $CARGO_TARGET_DIR or target/, release).
+#   --backend NAME      infer's backend (default cuda; wgpu, built with
+#                       --features wgpu, runs through Vulkan: on the H200
+#                       with the loader of gpu/vulkan/ and an ICD file naming
+#                       libEGL_nvidia.so.0, see BENCHMARKS.md). llama-bench
+#                       is the same CUDA build either way.
 #   --tokenizer-from F  GGUF holding the Gemma 3 tokenizer (the default model,
 #                       or a tensor-less copy of its tokenizer.* keys); needed
 #                       for Gemma 3 sizes on a machine that cannot fetch it.
@@ -23,7 +28,7 @@
 #                       table go (default: a temporary directory, kept).
 #
 # Each model runs `llama-bench -m F -ngl 99 -fa 1 -p P -n N -r R` and
-# `infer bench --model F --backend cuda -p P -n N -r R` through
+# `infer bench --model F --backend cuda -p P -n N -r R` (or --backend) through
 # bench/compare.sh; the combined table is printed last and written to
 # DIR/table.md, the raw output of both engines to DIR/ARCH-SIZE.json.
 
@@ -46,6 +51,7 @@ rounds=2
 n_prompt=512
 n_gen=128
 reps=3
+backend=cuda
 bandwidth=4300
 out=""
 need() { [[ $# -ge 2 && -n "$2" ]] || die "$1 needs a value"; }
@@ -54,6 +60,7 @@ while [[ $# -gt 0 ]]; do
         --llama-bench) need "$@"; llama_bench="$2"; shift ;;
         --llama-src) need "$@"; llama_src="$2"; shift ;;
         --infer) need "$@"; infer="$2"; shift ;;
+        --backend) need "$@"; backend="$2"; shift ;;
         --tokenizer-from) need "$@"; tokenizer="$2"; shift ;;
         --models) need "$@"; models="$2"; shift ;;
         --rounds) need "$@"; rounds="$2"; shift ;;
@@ -93,7 +100,7 @@ for m in $models; do
     synth_model "$m" "$f"
     "$here/compare.sh" --cuda --no-build --llama-bench "$llama_bench" --infer "$infer" --model "$f" \
         -p "$n_prompt" -n "$n_gen" -r "$reps" --rounds "$rounds" \
-        --infer-args "--backend cuda --bandwidth $bandwidth" --json-out "$out/$m.json" >&2 \
+        --infer-args "--backend $backend --bandwidth $bandwidth" --json-out "$out/$m.json" >&2 \
         || die "bench/compare.sh failed for $m"
 done
 

@@ -4,7 +4,8 @@
 //!
 //! Cases of the robustness issue: a Q4_1 row of zeros dotted with
 //! 32 × 3000.0 (`d · Σq` = 96 000 overflows Q8_1's `s`), Q4_0 and Q8_0 at
-//! |x| = 10⁷ (Q8_0's `d` = 78 740 overflows). Paths: GEMV
+//! |x| = 10⁷ (Q8_0's `d` = 78 740 overflows), F16 weights (their F16
+//! activation holds at most 65 504), on rows of 96 and 70 values. Paths: GEMV
 //! (`matvec::matvec`) and prefill (`matvec::matmul_quant`); the products of
 //! the prepared (repacked) weights the CPU model runs are covered by the
 //! unit tests of `quant::overflow`.
@@ -78,13 +79,21 @@ fn cases() -> Vec<Case> {
             }
         })
         .collect();
-    for ty in [GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q5_0, GgmlType::IQ4_NL, GgmlType::Q5_1] {
+    // F16 (activation F16: any value past 65 504) as well.
+    for ty in [GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q5_0, GgmlType::IQ4_NL, GgmlType::Q5_1, GgmlType::F16] {
         out.push(Case {
             name: ty.name(),
             w: weight(ty, 20, cols, |r, c| ((r * 5 + c) % 13) as f32 * 0.05 - 0.3),
             x: x1e7.clone(),
         });
     }
+    // F16 rows of 70 values: the overflowing value in the short last block.
+    let x70: Vec<f32> = (0..140).map(|i| if i % 70 == 66 { 1e5 } else { 0.25 }).collect();
+    out.push(Case {
+        name: "F16 · 70 values",
+        w: weight(GgmlType::F16, 9, 70, |r, c| ((r * 3 + c) % 7) as f32 * 0.125 - 0.5),
+        x: x70,
+    });
     out
 }
 

@@ -20,6 +20,12 @@
 //! which its codes were made. Q8_K keeps its scale in f32
 //! and its block sums in i16 (at most 16 · 127), so it cannot overflow for
 //! finite inputs.
+//!
+//! F16 weights take their activation as F16 (ggml's `vec_dot_type`), so a
+//! value past 65504 becomes infinite there. The same fallback applies with
+//! "block" meaning 32 consecutive values (the last one shorter when the row
+//! is not a multiple of 32): a block holding such a value is zeroed and its
+//! product added exactly in f32.
 
 use half::f16;
 
@@ -27,17 +33,36 @@ use super::{blocks, blocks_mut, BlockQ8_0, BlockQ8_1, QK};
 use crate::error::{Error, Result};
 use crate::GgmlType;
 
+/// Values `b·32 ..` of the block `b` of a row of `n` values (32 per block,
+/// the last block shorter when 32 does not divide `n`).
+fn block_range(b: usize, n: usize) -> std::ops::Range<usize> {
+    (b * QK).min(n)..((b + 1) * QK).min(n)
+}
+
 /// Indices of the blocks of the activation `act` (of type `act_ty`,
-/// quantized from `x`) whose f16 scale overflowed although their inputs
-/// are finite. Empty (no allocation) in the common case; always empty for
-/// types other than Q8_0 and Q8_1.
+/// quantized from `x`) whose f16 scale (for F16: one of whose values)
+/// overflowed although their inputs are finite. Empty (no allocation) in
+/// the common case; always empty for types other than Q8_0, Q8_1 and F16.
 ///
 /// # Errors
 /// `act` not a whole number of blocks, or not as many blocks as `x` has.
 pub fn overflowed_blocks(act_ty: GgmlType, act: &[u8], x: &[f32]) -> Result<Vec<usize>> {
     let over = |s: f16| s.is_infinite();
-    let finite = |b: usize| x[b * QK..(b + 1) * QK].iter().all(|v| v.is_finite());
+    let finite = |b: usize| x[block_range(b, x.len())].iter().all(|v| v.is_finite());
     let flags: Vec<bool> = match act_ty {
+        GgmlType::F16 => {
+            let a = blocks::<f16>(act)?;
+            if a.len() != x.len() {
+                return Err(crate::error::shape_err(
+                    "activation overflow check",
+                    format!("{} values for {}", a.len(), x.len()),
+                ));
+            }
+            if !a.iter().any(|&v| over(v)) {
+                return Ok(Vec::new());
+            }
+            a.chunks(QK).map(|c| c.iter().any(|&v| over(v))).collect()
+        }
         GgmlType::Q8_0 => {
             let bl = blocks::<BlockQ8_0>(act)?;
             check_len(bl.len(), x)?;
@@ -90,28 +115,49 @@ pub fn zero_blocks(act_ty: GgmlType, act: &mut [u8], which: &[usize]) -> Result<
                 *bl.get_mut(b).ok_or_else(|| bad(b))? = bytemuck::Zeroable::zeroed();
             }
         }
+        GgmlType::F16 => {
+            let a = blocks_mut::<f16>(act)?;
+            for &b in which {
+                let r = block_range(b, a.len());
+                if r.is_empty() {
+                    return Err(bad(b));
+                }
+                a[r].fill(f16::ZERO);
+            }
+        }
         _ if which.is_empty() => {}
         ty => return Err(Error::Unsupported { op: "activation overflow fallback", ty }),
     }
     Ok(())
 }
 
-/// The exact product of block `b` of a weight row of type `w_ty` (32
-/// values per block) with the same 32 values of `x`: the weight block
-/// dequantized to f32, multiplied and summed in f32, in order.
+/// The exact product of block `b` of a weight row of type `w_ty` with the
+/// same values of `x`: the weight block dequantized to f32, multiplied and
+/// summed in f32, in order. A block is one ggml block of 32 values, or for
+/// F16 weights (one value per ggml block) the values `32·b ..` up to 32 of
+/// them ([`block_range`]).
 ///
 /// # Errors
-/// A weight type whose block is not 32 values; bytes too short.
+/// A weight type whose block is neither 32 values nor F16; bytes too short.
 pub fn block_product(w_ty: GgmlType, w_row: &[u8], b: usize, x: &[f32]) -> Result<f32> {
-    if w_ty.block_size() != QK {
-        return Err(Error::Unsupported { op: "activation overflow fallback", ty: w_ty });
-    }
-    let tb = w_ty.type_size();
-    let (Some(wb), Some(xb)) = (w_row.get(b * tb..(b + 1) * tb), x.get(b * QK..(b + 1) * QK)) else {
-        return Err(crate::error::shape_err("block_product", format!("block {b} past the end of the row")));
+    let past_end = || crate::error::shape_err("block_product", format!("block {b} past the end of the row"));
+    let (wb, xb) = match w_ty.block_size() {
+        QK => {
+            let tb = w_ty.type_size();
+            (w_row.get(b * tb..(b + 1) * tb), x.get(b * QK..(b + 1) * QK))
+        }
+        1 if w_ty == GgmlType::F16 => {
+            let r = block_range(b, x.len());
+            (w_row.get(2 * r.start..2 * r.end), x.get(r))
+        }
+        _ => return Err(Error::Unsupported { op: "activation overflow fallback", ty: w_ty }),
     };
+    let (Some(wb), Some(xb)) = (wb, xb) else { return Err(past_end()) };
+    if xb.is_empty() {
+        return Err(past_end());
+    }
     let mut w = [0f32; QK];
-    super::dequantize_row(w_ty, wb, &mut w)?;
+    super::dequantize_row(w_ty, wb, &mut w[..xb.len()])?;
     Ok(w.iter().zip(xb).fold(0f32, |acc, (&w, &x)| acc + w * x))
 }
 
@@ -180,6 +226,7 @@ mod tests {
                 (GgmlType::IQ4_NL, &x),
                 (GgmlType::Q4_1, &x3000),
                 (GgmlType::Q5_1, &x3000),
+                (GgmlType::F16, &x),
             ] {
                 let w = weight(ty, 20, cols);
                 let wf = w.to_f32().unwrap();
