@@ -48,7 +48,9 @@ fn wgpu() -> Vec<Candidate> {
     let subgroups = first.as_ref().is_ok_and(|b| b.uses_subgroups());
     let mut v = vec![("wgpu".to_string(), first)];
     if subgroups {
-        v.push(("wgpu_shared".to_string(), open(Options { no_subgroups: true, ..Default::default() })));
+        // Passes of 8 tokens, so that its prompts run in several passes.
+        let opts = Options { no_subgroups: true, pass_tokens: Some(8), ..Default::default() };
+        v.push(("wgpu_shared".to_string(), open(opts)));
     }
     v.into_iter().map(|(n, b)| (n, b.map(|b| Arc::new(b) as Arc<dyn ComputeBackend>))).collect()
 }
@@ -75,8 +77,9 @@ fn cuda() -> Result<Arc<dyn ComputeBackend>, (String, bool)> {
 
 /// Whether `backend` runs `case`: every case, except that the wgpu
 /// workgroup-memory fallback (`wgpu_shared`, the same kernels with other
-/// reductions) runs the op cases and one model of each kind, since the
-/// whole suite on lavapipe twice would take most of a CI run.
+/// reductions, in passes of 8 tokens) runs the op cases and one model of
+/// each kind, since the whole suite on lavapipe twice would take most of
+/// a CI run.
 fn runs_on(backend: &str, case: &str) -> bool {
     backend != "wgpu_shared"
         || case.starts_with("ops::")

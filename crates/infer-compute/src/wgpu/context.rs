@@ -40,6 +40,10 @@ pub struct Caps {
     pub max_groups: u32,
     /// Alignment of a uniform binding's offset, in bytes.
     pub uniform_align: u64,
+    /// Timestamp queries at compute-pass boundaries (`timestamp-query`):
+    /// profiles time each dispatch on the device's clock when on, by wall
+    /// time around a submit of each dispatch otherwise.
+    pub timestamps: bool,
 }
 
 /// How to open the device.
@@ -50,6 +54,9 @@ pub struct Options {
     pub no_subgroups: bool,
     /// Accept only a hardware adapter (what `default_backend` asks).
     pub hardware_only: bool,
+    /// Tokens per forward pass at most, below the default (`PASS_TOKENS`);
+    /// small values make short prompts run in several passes (tests).
+    pub pass_tokens: Option<usize>,
 }
 
 /// An open wgpu device with its queue, capabilities and pipelines.
@@ -59,6 +66,8 @@ pub struct Gpu {
     pub caps: Caps,
     /// Whether the kernels were composed with the subgroup reductions.
     pub subgroups: bool,
+    /// [`Options::pass_tokens`].
+    pub pass_tokens: Option<usize>,
     pipelines: Mutex<HashMap<(Kernel, Option<GgmlType>), wgpu::ComputePipeline>>,
     /// A small storage buffer bound where a kernel's optional operand is absent.
     pub dummy: wgpu::Buffer,
@@ -131,11 +140,15 @@ impl Gpu {
             max_buffer: limits.max_buffer_size,
             max_groups: limits.max_compute_workgroups_per_dimension,
             uniform_align: limits.min_uniform_buffer_offset_alignment as u64,
+            timestamps: features.contains(wgpu::Features::TIMESTAMP_QUERY),
         };
         let subgroups = caps.subgroups && !opts.no_subgroups;
         let mut required_features = wgpu::Features::empty();
         if subgroups {
             required_features |= wgpu::Features::SUBGROUP;
+        }
+        if caps.timestamps {
+            required_features |= wgpu::Features::TIMESTAMP_QUERY;
         }
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
             label: Some("infer-compute"),
@@ -158,7 +171,16 @@ impl Gpu {
             usage: wgpu::BufferUsages::STORAGE,
             mapped_at_creation: false,
         });
-        Ok(Gpu { device, queue, caps, subgroups, pipelines: Mutex::new(HashMap::new()), dummy, stray })
+        Ok(Gpu {
+            device,
+            queue,
+            caps,
+            subgroups,
+            pass_tokens: opts.pass_tokens,
+            pipelines: Mutex::new(HashMap::new()),
+            dummy,
+            stray,
+        })
     }
 
     /// One line: adapter, type, API, driver, the reductions in use.

@@ -13,14 +13,16 @@
 //!   ([`shaders::compose`]). A naga test validates every composition and
 //!   translates it to MSL and HLSL, so a shader Metal would reject fails CI.
 //! - Products dequantize 32 weights at a time in the shader and dot them
-//!   with f32 activations (no activation quantization), each chunk reused
-//!   for four tokens; f32 accumulation.
+//!   with f32 activations (no activation quantization), f32 accumulation:
+//!   a workgroup per row and tile of four tokens below eight tokens, and
+//!   from eight on 16 rows × 16 tokens per workgroup (four invocations per
+//!   row) with the activations staged in workgroup memory.
 //! - Every result comes back through one checked function
 //!   (`Gpu::read_back`: length and alignment checked, errors not
 //!   panics); validation and out-of-memory reports of wgpu are caught by
 //!   error scopes and returned as [`Error`]s.
 //! - The pipeline ([`WgpuModel`]) uploads the weights once, allocates its
-//!   scratch once per capacity, keeps an f32 KV pool on the device, and
+//!   scratch once per capacity, keeps an f16 (default) or f32 KV pool on the device, and
 //!   records each pass of a forward step into one command buffer with one
 //!   submit; only the wanted logits come back.
 //!

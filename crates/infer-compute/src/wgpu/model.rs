@@ -1,8 +1,8 @@
 //! The wgpu pipeline: a [`ModelSpec`] uploaded once ([`Weights`], shared by
-//! every context), an f32 KV pool on the device ([`WgpuKvPool`]), and one
+//! every context), an f16 or f32 KV pool on the device ([`WgpuKvPool`]), and one
 //! command buffer per pass of a forward step (`forward.rs`).
 //!
-//! A [`Batch`] runs in passes of at most the scratch capacity (64 tokens,
+//! A [`Batch`] runs in passes of at most the scratch capacity (256 tokens,
 //! fewer where a binding would pass the adapter's limit); each token
 //! carries its own position and slot into the kernels, so decode steps and
 //! prompt chunks of different slots mix freely in one pass. Per layer:
@@ -10,7 +10,7 @@
 //! | step | kernel |
 //! | --- | --- |
 //! | residual add (+ post-norm) fused with the next norm | `residual_norm` |
-//! | q, k, v projections | `matvec` (per weight type) |
+//! | q, k, v projections | `matvec` (per weight type; GEMV, small-batch or tiled prefill shape by token count) |
 //! | bias, q/k RMSNorm, RoPE, K/V append | `rope` |
 //! | GQA attention over the slot (softcap, sliding window) | `attention` |
 //! | output projection | `matvec` |
@@ -19,8 +19,8 @@
 //!
 //! then the wanted rows gathered (`gather`) and the vocabulary product
 //! (`matvec` over the row blocks of the output matrix, soft-capped in its
-//! epilogue). KV pool: f32 `[n_slots][n_ctx][n_head_kv][head_dim]` per
-//! layer, the CPU's layout.
+//! epilogue). KV pool: f16 (the default) or f32
+//! `[n_slots][n_ctx][n_head_kv][head_dim]` per layer, the CPU's layout.
 
 use std::any::Any;
 use std::sync::Arc;
@@ -32,12 +32,14 @@ use crate::backend::{
 };
 use crate::error::{Error, Result};
 use crate::pipeline::{Activation, FfnType, ModelSpec, Norm, NormType, RopeType};
-use crate::{KvCacheType, KvTypes};
+use crate::{GgmlType, KvCacheType, KvTypes};
 
 mod forward;
 
-/// Tokens per pass at most (fewer when a scratch binding would not fit).
-pub const PASS_TOKENS: usize = 64;
+/// Tokens per pass at most (fewer when a scratch binding would not fit):
+/// enough workgroups of the tiled product (64 rows × 16 tokens each) to
+/// fill a large GPU; 64 left most of the H200's 132 SMs idle.
+pub const PASS_TOKENS: usize = 256;
 /// Largest head_dim of the kernels (`MAX_HD` in `rope.wgsl`).
 const MAX_HEAD_DIM: usize = 512;
 
@@ -123,12 +125,13 @@ pub(super) fn supports(gpu: &Gpu, spec: &ModelSpec) -> Result<()> {
     let unsupported = |t: &str, what: &str| Err(Error::UnsupportedModel(format!("{t}: the wgpu backend {what}")));
     let typed = |name: &str, ty| match check_type(ty) {
         Ok(()) => Ok(()),
-        Err(_) => unsupported(name, &format!("has no kernel for {}", crate::GgmlType::name(ty))),
+        Err(_) => unsupported(name, &format!("has no kernel for {}", GgmlType::name(ty))),
     };
     for (i, l) in spec.layers.iter().enumerate() {
         let p = |s: &str| format!("blk.{i}.{s}");
-        if l.head_dim > MAX_HEAD_DIM {
-            return unsupported(&p("attn_q"), &format!("supports head_dim up to {MAX_HEAD_DIM}"));
+        if l.head_dim > MAX_HEAD_DIM || l.head_dim % 2 == 1 {
+            // The cache holds values in pairs (`shaders/kv/`).
+            return unsupported(&p("attn_q"), &format!("supports even head_dim up to {MAX_HEAD_DIM}"));
         }
         for (name, n) in [("post_attention_norm", &l.post_attn_norm), ("post_ffw_norm", &l.post_ffn_norm)] {
             if n.as_ref().is_some_and(|n| n.kind != NormType::RmsNorm || n.bias.is_some()) {
@@ -160,12 +163,15 @@ pub(super) fn supports(gpu: &Gpu, spec: &ModelSpec) -> Result<()> {
     Ok(())
 }
 
-/// The KV pool of a [`WgpuModel`]: per layer, K and V as f32
-/// `[n_slots][n_ctx][n_head_kv][head_dim]` in one buffer each.
+/// The KV pool of a [`WgpuModel`]: per layer, K and V as
+/// `[n_slots][n_ctx][n_head_kv][head_dim]` values of one element type (f16
+/// or f32) in one buffer each.
 pub struct WgpuKvPool {
     gpu: Arc<Gpu>,
     states: Vec<KvState>,
     n_ctx: usize,
+    /// The element type of K and V (`shaders::KV_TYPES`).
+    pub(super) elem: GgmlType,
     pub(super) k: Vec<wgpu::Buffer>,
     pub(super) v: Vec<wgpu::Buffer>,
     /// `n_head_kv · head_dim` of each layer.
@@ -183,10 +189,10 @@ impl KvPool for WgpuKvPool {
         self
     }
     fn types(&self) -> KvTypes {
-        KvTypes::both(KvCacheType::F32)
+        KvTypes::both(if self.elem == GgmlType::F16 { KvCacheType::F16 } else { KvCacheType::F32 })
     }
     fn bytes_per_token(&self) -> u64 {
-        self.kv_dim.iter().map(|&d| 8 * d as u64).sum()
+        self.kv_dim.iter().map(|&d| 2 * (d * self.elem.type_size()) as u64).sum()
     }
     /// Through a temporary buffer per layer (wgpu copies between two
     /// buffers, never within one), all layers in one submit.
@@ -196,13 +202,15 @@ impl KvPool for WgpuKvPool {
         if n == 0 || max == 0 {
             return Ok(());
         }
-        let tmp = g.storage("KV copy", (n * max * 4) as u64)?;
+        let es = self.elem.type_size() as u64;
+        let tmp = g.storage("KV copy", n as u64 * max as u64 * es)?;
         g.scoped("copying KV positions", || {
             let mut enc = g.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("kv copy") });
             for li in 0..self.k.len() {
-                let d = self.kv_dim[li] as u64;
-                let bytes = n as u64 * d * 4;
-                let (src, dst) = (from as u64 * self.n_ctx as u64 * d * 4, to as u64 * self.n_ctx as u64 * d * 4);
+                // Row bytes: a multiple of 4, as copies need (head_dim is even).
+                let d = self.kv_dim[li] as u64 * es;
+                let bytes = n as u64 * d;
+                let (src, dst) = (from as u64 * self.n_ctx as u64 * d, to as u64 * self.n_ctx as u64 * d);
                 for buf in [&self.k[li], &self.v[li]] {
                     enc.copy_buffer_to_buffer(buf, src, &tmp, 0, bytes);
                     enc.copy_buffer_to_buffer(&tmp, 0, buf, dst, bytes);
@@ -223,6 +231,8 @@ pub struct WgpuModel {
     pub(super) gpu: Arc<Gpu>,
     pub(super) w: Arc<Weights>,
     pub(super) scratch: Option<forward::Scratch>,
+    /// The last pass's bind groups, reused by the next identical pass.
+    pub(super) binds: super::step::BindCache,
     pub(super) logits: Vec<f32>,
 }
 
@@ -312,7 +322,7 @@ impl WgpuModel {
             max_heads,
             weight_bytes,
         };
-        Ok(WgpuModel { gpu, w: Arc::new(w), scratch: None, logits: Vec::new() })
+        Ok(WgpuModel { gpu, w: Arc::new(w), scratch: None, binds: Default::default(), logits: Vec::new() })
     }
 
     /// Bytes of weight matrices one decode step reads.
@@ -320,18 +330,23 @@ impl WgpuModel {
         self.w.weight_bytes
     }
 
-    /// Creates an empty f32 KV pool of `n_slots` sequences of `n_ctx`
-    /// positions.
+    /// Creates an empty KV pool of `n_slots` sequences of `n_ctx`
+    /// positions, of `elem` values (F32 or F16, `shaders::KV_TYPES`).
     ///
     /// # Errors
     /// `n_slots` or `n_ctx` of 0; [`Error::UnsupportedModel`] naming
     /// `max_storage_buffer_binding_size` when one layer's cache does not
     /// fit one binding; out of memory.
-    pub fn new_wgpu_kv_pool(&self, n_slots: usize, n_ctx: usize) -> Result<WgpuKvPool> {
+    pub fn new_wgpu_kv_pool(&self, n_slots: usize, n_ctx: usize, elem: GgmlType) -> Result<WgpuKvPool> {
         let kv_dim: Vec<usize> = self.w.layers.iter().map(|l| l.n_kv * l.hd).collect();
         let max = kv_dim.iter().copied().max().unwrap_or(0);
         let states = new_states(self.w.id, n_slots, n_ctx, max)?;
-        let bytes = (n_slots * n_ctx * max * 4) as u64;
+        let es = elem.type_size();
+        let bytes = n_slots
+            .checked_mul(n_ctx)
+            .and_then(|v| v.checked_mul(max))
+            .and_then(|v| v.checked_mul(es))
+            .ok_or(Error::Overflow("KV cache size"))? as u64;
         if bytes > binding_limit(&self.gpu) {
             return Err(Error::UnsupportedModel(format!(
                 "a KV cache layer of {n_slots} x {n_ctx} positions ({bytes} bytes) exceeds the adapter's max_storage_buffer_binding_size of {} bytes",
@@ -341,10 +356,10 @@ impl WgpuModel {
         let mut k = Vec::with_capacity(kv_dim.len());
         let mut v = Vec::with_capacity(kv_dim.len());
         for &d in &kv_dim {
-            k.push(self.gpu.storage("K cache", (n_slots * n_ctx * d * 4) as u64)?);
-            v.push(self.gpu.storage("V cache", (n_slots * n_ctx * d * 4) as u64)?);
+            k.push(self.gpu.storage("K cache", (n_slots * n_ctx * d * es) as u64)?);
+            v.push(self.gpu.storage("V cache", (n_slots * n_ctx * d * es) as u64)?);
         }
-        Ok(WgpuKvPool { gpu: self.gpu.clone(), states, n_ctx, k, v, kv_dim })
+        Ok(WgpuKvPool { gpu: self.gpu.clone(), states, n_ctx, elem, k, v, kv_dim })
     }
 
     /// Checks the step, runs it pass by pass, and records the outcome in the
@@ -365,19 +380,28 @@ impl DeviceModel for WgpuModel {
         self.w.n_vocab
     }
 
-    /// The wgpu pool stores f32 keys and values only: any other type is
+    /// The wgpu pool stores f16 or f32 keys and values, both of one type:
+    /// any other type, or K and V of two types, is
     /// [`Error::UnsupportedKvCache`].
     fn new_kv_pool_typed(&self, n_slots: usize, n_ctx: usize, types: KvTypes) -> Result<Box<dyn KvPool>> {
-        for ty in [types.k, types.v] {
-            if ty != KvCacheType::F32 {
-                return Err(Error::UnsupportedKvCache { ty, reason: "the wgpu backend stores f32 caches only".into() });
-            }
+        let elem = |ty: KvCacheType| match ty {
+            KvCacheType::F32 => Ok(GgmlType::F32),
+            KvCacheType::F16 => Ok(GgmlType::F16),
+            ty => Err(Error::UnsupportedKvCache { ty, reason: "the wgpu backend stores f16 and f32 caches".into() }),
+        };
+        let (k, v) = (elem(types.k)?, elem(types.v)?);
+        if k != v {
+            return Err(Error::UnsupportedKvCache {
+                ty: types.v,
+                reason: "the wgpu backend stores K and V of one type".into(),
+            });
         }
-        Ok(Box::new(self.new_wgpu_kv_pool(n_slots, n_ctx)?))
+        Ok(Box::new(self.new_wgpu_kv_pool(n_slots, n_ctx, k)?))
     }
 
+    /// f16, as the CPU and CUDA backends.
     fn default_kv_types(&self) -> KvTypes {
-        KvTypes::both(KvCacheType::F32)
+        KvTypes::both(KvCacheType::F16)
     }
 
     fn forward(&mut self, pool: &mut dyn KvPool, batch: &Batch) -> Result<&[f32]> {
@@ -396,6 +420,12 @@ impl DeviceModel for WgpuModel {
     }
 
     fn new_context(&self) -> Result<Box<dyn DeviceModel>> {
-        Ok(Box::new(WgpuModel { gpu: self.gpu.clone(), w: self.w.clone(), scratch: None, logits: Vec::new() }))
+        Ok(Box::new(WgpuModel {
+            gpu: self.gpu.clone(),
+            w: self.w.clone(),
+            scratch: None,
+            binds: Default::default(),
+            logits: Vec::new(),
+        }))
     }
 }

@@ -1,6 +1,8 @@
 //! The WGSL kernels (`shaders/`, one file per op family, one per weight
 //! type under `shaders/types/`) and how a module is composed from them:
-//! `reduction + [weight access + the type's load_chunk] + kernel`. Kernels are named by [`Kernel`], never by strings.
+//! `reduction + [weight access + the type's load_chunk | the KV cache's
+//! element type] + kernel`. Kernels are named by [`Kernel`], never by
+//! strings.
 //!
 //! The reductions (`wg_sum`, `wg_max`, and the `Lanes` builtins struct) come
 //! in two interchangeable files: `reduce_subgroup.wgsl` (subgroup
@@ -35,6 +37,22 @@ pub const WEIGHT_TYPES: [GgmlType; 14] = [
     GgmlType::Q6_K,
 ];
 
+/// Element types of the KV cache (`shaders/kv/`), for the kernels that
+/// write or read it ([`Kernel::kv_typed`]).
+pub const KV_TYPES: [GgmlType; 2] = [GgmlType::F32, GgmlType::F16];
+
+/// The `KvPair` source of a cache of `ty`.
+///
+/// # Errors
+/// [`Error::Unsupported`] for a type other than F32 and F16.
+fn kv_source(ty: GgmlType) -> Result<&'static str> {
+    match ty {
+        GgmlType::F32 => Ok(include_str!("shaders/kv/f32.wgsl")),
+        GgmlType::F16 => Ok(include_str!("shaders/kv/f16.wgsl")),
+        ty => Err(Error::Unsupported { op: "wgpu KV cache", ty }),
+    }
+}
+
 /// The `load_chunk` source of `ty`.
 ///
 /// # Errors
@@ -63,8 +81,12 @@ fn type_source(ty: GgmlType) -> Result<String> {
 /// Every kernel: a file and an entry point.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Kernel {
-    /// Quantized product of rows and token tiles (`matvec.wgsl`), per weight type.
+    /// Quantized product of rows and token tiles of 4 (`matvec.wgsl`
+    /// `main`), per weight type.
     Matvec,
+    /// Prefill product of 64 rows × 16 tokens per workgroup (`matvec.wgsl`
+    /// `main_tiled`), per weight type.
+    MatvecTiled,
     /// Embedding lookup (`embed.wgsl`), per weight type.
     Embed,
     /// Dense f32 GEMM (`gemm.wgsl`).
@@ -84,8 +106,9 @@ pub enum Kernel {
 }
 
 /// Every kernel, for [`all_modules`].
-pub const KERNELS: [Kernel; 9] = [
+pub const KERNELS: [Kernel; 10] = [
     Kernel::Matvec,
+    Kernel::MatvecTiled,
     Kernel::Embed,
     Kernel::Gemm,
     Kernel::ResidualNorm,
@@ -101,6 +124,7 @@ impl Kernel {
     pub fn name(self) -> &'static str {
         match self {
             Kernel::Matvec => "matvec",
+            Kernel::MatvecTiled => "matvec_tiled",
             Kernel::Embed => "embed",
             Kernel::Gemm => "gemm",
             Kernel::ResidualNorm => "residual_norm",
@@ -115,6 +139,7 @@ impl Kernel {
     /// The entry point in its file.
     pub fn entry(self) -> &'static str {
         match self {
+            Kernel::MatvecTiled => "main_tiled",
             Kernel::Glu => "glu",
             Kernel::Act => "act_inplace",
             Kernel::Gather => "gather",
@@ -122,14 +147,32 @@ impl Kernel {
         }
     }
 
+    /// Whether the kernel writes or reads the KV cache (composed per
+    /// element type of [`KV_TYPES`]).
+    pub fn kv_typed(self) -> bool {
+        matches!(self, Kernel::Rope | Kernel::Attention)
+    }
+
+    /// The types a module of the kernel is composed for: weight types,
+    /// KV cache types, or none.
+    fn types(self) -> Vec<Option<GgmlType>> {
+        if self.typed() {
+            WEIGHT_TYPES.iter().map(|&t| Some(t)).collect()
+        } else if self.kv_typed() {
+            KV_TYPES.iter().map(|&t| Some(t)).collect()
+        } else {
+            vec![None]
+        }
+    }
+
     /// Whether the kernel reads weight blocks (composed per type).
     pub fn typed(self) -> bool {
-        matches!(self, Kernel::Matvec | Kernel::Embed)
+        matches!(self, Kernel::Matvec | Kernel::MatvecTiled | Kernel::Embed)
     }
 
     fn source(self) -> &'static str {
         match self {
-            Kernel::Matvec => include_str!("shaders/matvec.wgsl"),
+            Kernel::Matvec | Kernel::MatvecTiled => include_str!("shaders/matvec.wgsl"),
             Kernel::Embed => include_str!("shaders/embed.wgsl"),
             Kernel::Gemm => include_str!("shaders/gemm.wgsl"),
             Kernel::ResidualNorm => include_str!("shaders/norm.wgsl"),
@@ -141,11 +184,12 @@ impl Kernel {
 }
 
 /// The WGSL module of `kernel` (for weight type `ty` when the kernel is
-/// typed), with subgroup or workgroup-memory reductions.
+/// typed, for the KV cache's element type `ty` when it is KV-typed), with
+/// subgroup or workgroup-memory reductions.
 ///
 /// # Errors
-/// [`Error::Unsupported`] for a typed kernel without `ty` or a type
-/// without a `load_chunk`.
+/// [`Error::Unsupported`] for a typed or KV-typed kernel without `ty` or
+/// with a type it has no source for.
 pub fn compose(kernel: Kernel, ty: Option<GgmlType>, subgroups: bool) -> Result<String> {
     // naga takes subgroup operations without WGSL's `enable subgroups;`
     // (which it refuses as not yet implemented); the device feature
@@ -156,13 +200,17 @@ pub fn compose(kernel: Kernel, ty: Option<GgmlType>, subgroups: bool) -> Result<
         let ty = ty.ok_or(Error::Unsupported { op: "wgpu kernel without a weight type", ty: GgmlType::F32 })?;
         s.push_str(WEIGHTS);
         s.push_str(&type_source(ty)?);
+    } else if kernel.kv_typed() {
+        let ty = ty.ok_or(Error::Unsupported { op: "wgpu kernel without a KV cache type", ty: GgmlType::F32 })?;
+        s.push_str(kv_source(ty)?);
     }
     s.push_str(kernel.source());
     Ok(s)
 }
 
 /// Every module the backend can build: each kernel (each typed one for
-/// every type of [`WEIGHT_TYPES`]), with each reduction, named
+/// every type of [`WEIGHT_TYPES`], each KV-typed one for every type of
+/// [`KV_TYPES`]), with each reduction, named
 /// `kernel[_type]_(subgroup|shared)`.
 ///
 /// # Errors
@@ -170,9 +218,7 @@ pub fn compose(kernel: Kernel, ty: Option<GgmlType>, subgroups: bool) -> Result<
 pub fn all_modules() -> Result<Vec<(String, Kernel, String)>> {
     let mut v = Vec::new();
     for k in KERNELS {
-        let tys: Vec<Option<GgmlType>> =
-            if k.typed() { WEIGHT_TYPES.iter().map(|&t| Some(t)).collect() } else { vec![None] };
-        for ty in tys {
+        for ty in k.types() {
             for sg in [true, false] {
                 let name = format!(
                     "{}{}_{}",

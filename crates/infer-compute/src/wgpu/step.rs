@@ -2,7 +2,8 @@
 //! names its kernel, its buffers by binding index and its parameter words;
 //! [`Step::encode`] uploads every dispatch's parameters as one uniform
 //! buffer (one block per dispatch at the adapter's offset alignment),
-//! creates the bind groups and records one compute pass. Dispatches see the
+//! creates the bind groups (or reuses those of the previous step,
+//! [`BindCache`]) and records one compute pass. Dispatches see the
 //! writes of the ones before them (WebGPU orders storage accesses between
 //! dispatches of a pass).
 
@@ -53,6 +54,15 @@ struct Item {
     param_slot: u32,
     param_block: usize,
     groups: [u32; 3],
+}
+
+impl Item {
+    /// The dispatch into `pass`, with its bind group `bg`.
+    fn record(&self, pass: &mut wgpu::ComputePass<'_>, bg: &wgpu::BindGroup) {
+        pass.set_pipeline(&self.pipeline);
+        pass.set_bind_group(0, bg, &[]);
+        pass.dispatch_workgroups(self.groups[0], self.groups[1], self.groups[2]);
+    }
 }
 
 /// The dispatches of one command buffer, in order.
@@ -121,24 +131,71 @@ impl<'g> Step<'g> {
         [x as u32, n.div_ceil(x.max(1)) as u32]
     }
 
+    /// The number of dispatches recorded.
+    pub fn len(&self) -> usize {
+        self.items.len()
+    }
+
+    /// Whether no dispatch was recorded.
+    pub fn is_empty(&self) -> bool {
+        self.items.is_empty()
+    }
+
     /// The command encoder holding every recorded dispatch in one compute
     /// pass (submitted by the caller, usually through [`Gpu::read_back`]).
     ///
     /// # Errors
     /// Device errors creating the parameter buffer or the bind groups.
     pub fn encode(self) -> Result<wgpu::CommandEncoder> {
-        let gpu = self.gpu;
-        let (items, groups) = self.bind()?;
-        let mut enc = gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("step") });
+        self.encode_cached(&mut BindCache::default())
+    }
+
+    /// [`Step::encode`] with the bind groups of `cache` when it holds
+    /// those of the same dispatches, else new ones, which replace them.
+    ///
+    /// # Errors
+    /// As [`Step::encode`].
+    pub fn encode_cached(self, cache: &mut BindCache) -> Result<wgpu::CommandEncoder> {
+        let key = self.key();
+        if cache.key != key {
+            *cache = BindCache { groups: self.bind()?, key };
+        }
+        let mut enc = self.gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("step") });
         {
             let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
-            for (it, bg) in items.iter().zip(&groups) {
-                pass.set_pipeline(&it.pipeline);
-                pass.set_bind_group(0, bg, &[]);
-                pass.dispatch_workgroups(it.groups[0], it.groups[1], it.groups[2]);
+            for (it, bg) in self.items.iter().zip(&cache.groups) {
+                it.record(&mut pass, bg);
             }
         }
         Ok(enc)
+    }
+
+    /// Each dispatch in a compute pass of its own that writes the device's
+    /// timestamps at its start and end (queries `2i` and `2i + 1` of
+    /// `queries`, which holds at least `2 · len()`), all in one command
+    /// encoder; with each dispatch's tag, in order.
+    ///
+    /// # Errors
+    /// As [`Step::encode`]; [`Error::Overflow`](crate::Error::Overflow)
+    /// past 2³¹ dispatches.
+    pub fn encode_timed(self, queries: &wgpu::QuerySet) -> Result<(Vec<Tag>, wgpu::CommandEncoder)> {
+        let gpu = self.gpu;
+        let groups = self.bind()?;
+        let items = self.items;
+        let mut enc = gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("timed step") });
+        for (i, (it, bg)) in items.iter().zip(&groups).enumerate() {
+            let q = u32::try_from(2 * i).map_err(|_| crate::Error::Overflow("timestamp queries"))?;
+            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: None,
+                timestamp_writes: Some(wgpu::ComputePassTimestampWrites {
+                    query_set: queries,
+                    beginning_of_pass_write_index: Some(q),
+                    end_of_pass_write_index: Some(q + 1),
+                }),
+            });
+            it.record(&mut pass, bg);
+        }
+        Ok((items.into_iter().map(|it| it.tag).collect(), enc))
     }
 
     /// Each dispatch in a command buffer of its own with its tag, for
@@ -148,25 +205,25 @@ impl<'g> Step<'g> {
     /// As [`Step::encode`].
     pub fn encode_each(self) -> Result<Vec<(Tag, wgpu::CommandBuffer)>> {
         let gpu = self.gpu;
-        let (items, groups) = self.bind()?;
-        Ok(items
+        let groups = self.bind()?;
+        Ok(self
+            .items
             .into_iter()
             .zip(&groups)
             .map(|(it, bg)| {
                 let mut enc = gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
                 {
                     let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
-                    pass.set_pipeline(&it.pipeline);
-                    pass.set_bind_group(0, bg, &[]);
-                    pass.dispatch_workgroups(it.groups[0], it.groups[1], it.groups[2]);
+                    it.record(&mut pass, bg);
                 }
                 (it.tag, enc.finish())
             })
             .collect())
     }
 
-    /// The parameter buffer and each dispatch's bind group.
-    fn bind(self) -> Result<(Vec<Item>, Vec<wgpu::BindGroup>)> {
+    /// The parameter buffer (held by the bind groups) and each dispatch's
+    /// bind group.
+    fn bind(&self) -> Result<Vec<wgpu::BindGroup>> {
         let gpu = self.gpu;
         gpu.scoped("recording a step", || {
             let align = gpu.caps.uniform_align.max(4 * MAX_PARAMS as u64) as usize;
@@ -179,7 +236,7 @@ impl<'g> Step<'g> {
                 contents: &bytes,
                 usage: wgpu::BufferUsages::UNIFORM,
             });
-            let groups: Vec<wgpu::BindGroup> = self
+            Ok(self
                 .items
                 .iter()
                 .map(|it| {
@@ -202,8 +259,41 @@ impl<'g> Step<'g> {
                         entries: &entries,
                     })
                 })
-                .collect();
-            Ok((self.items, groups))
+                .collect())
         })
     }
+
+    /// What the bind groups of this step depend on, per dispatch.
+    fn key(&self) -> Vec<BindKey> {
+        self.items
+            .iter()
+            .map(|it| BindKey {
+                pipeline: it.pipeline.clone(),
+                bufs: it.bufs.clone(),
+                param_slot: it.param_slot,
+                params: self.params[it.param_block],
+            })
+            .collect()
+    }
+}
+
+/// What one dispatch's bind group was made for.
+#[derive(PartialEq, Eq)]
+struct BindKey {
+    pipeline: wgpu::ComputePipeline,
+    bufs: Vec<(u32, wgpu::Buffer)>,
+    param_slot: u32,
+    params: [u32; MAX_PARAMS],
+}
+
+/// The bind groups of the last step encoded through it, with what they
+/// were made for, reused by the next step that records the same
+/// dispatches with the same parameters. Decode steps of one shape do
+/// (token ids, positions and slots live in buffers), so a steady decode
+/// creates no bind group and no parameter buffer. It keeps the buffers of
+/// that step alive until a different step replaces it.
+#[derive(Default)]
+pub struct BindCache {
+    key: Vec<BindKey>,
+    groups: Vec<wgpu::BindGroup>,
 }

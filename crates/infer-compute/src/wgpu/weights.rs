@@ -10,8 +10,21 @@ use crate::error::{shape_err, Error, Result};
 use crate::weight::QuantWeight;
 use crate::GgmlType;
 
-/// Tokens per workgroup of the product (`TT` in `matvec.wgsl`).
+/// Tokens per workgroup of `matvec.wgsl`'s `main` (`TT`).
 const TT: usize = 4;
+/// Rows and tokens per workgroup of `main_tiled` (`TM`, `TN`).
+const TM: usize = 16;
+const TN: usize = 16;
+
+/// The product kernel for `n_tok` tokens, with its rows and tokens per
+/// workgroup: 4-token tiles below 8 tokens, the tiled prefill product
+/// from 8 on (fewer would leave most of its 16-token tile empty).
+fn product_kernel(n_tok: usize) -> (Kernel, usize, usize) {
+    match n_tok {
+        0..=7 => (Kernel::Matvec, 1, TT),
+        _ => (Kernel::MatvecTiled, TM, TN),
+    }
+}
 
 /// Byte offsets are u32 in the kernels: no binding larger than this.
 const MAX_KERNEL_BYTES: u64 = 1 << 31;
@@ -110,9 +123,10 @@ fn u32_of(v: usize, what: &'static str) -> Result<u32> {
 /// [`Error::Overflow`] for offsets past the kernels' 32-bit indices; those
 /// of [`Step::dispatch`].
 pub fn record_matvec(step: &mut Step<'_>, w: &DevWeight, io: ProductIo<'_>) -> Result<()> {
-    let z = u32_of(io.n_tok.div_ceil(TT), "token tiles")?;
+    let (kernel, rows_per_group, toks_per_group) = product_kernel(io.n_tok);
+    let z = u32_of(io.n_tok.div_ceil(toks_per_group), "token tiles")?;
     for part in &w.parts {
-        let [gx, gy] = step.grid(part.rows);
+        let [gx, gy] = step.grid(part.rows.div_ceil(rows_per_group));
         let params = [
             P::U(u32_of(part.rows, "rows")?),
             P::U(u32_of(w.cols, "cols")?),
@@ -130,7 +144,7 @@ pub fn record_matvec(step: &mut Step<'_>, w: &DevWeight, io: ProductIo<'_>) -> R
             shape: format!("{}x{}", w.rows, w.cols),
             bytes: (part.rows * w.row_bytes) as u64,
         });
-        step.dispatch(Kernel::Matvec, Some(w.ty), &[(0, &part.buf), (1, io.x), (2, io.y)], 3, &params, [gx, gy, z])?;
+        step.dispatch(kernel, Some(w.ty), &[(0, &part.buf), (1, io.x), (2, io.y)], 3, &params, [gx, gy, z])?;
     }
     Ok(())
 }

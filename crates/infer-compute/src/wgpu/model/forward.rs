@@ -39,14 +39,16 @@ fn u(v: usize) -> Result<u32> {
 }
 
 impl WgpuModel {
-    /// Tokens per pass over a pool of `n_ctx` positions: [`PASS_TOKENS`],
-    /// fewer where a scratch buffer would pass one binding.
+    /// Tokens per pass over a pool of `n_ctx` positions: [`PASS_TOKENS`]
+    /// (or the device's `pass_tokens` option, at least 1), fewer where a
+    /// scratch buffer would pass one binding.
     fn pass_cap(&self, n_ctx: usize) -> Result<usize> {
         let w = &*self.w;
         let limit = binding_limit(&self.gpu) as usize;
         let per_token =
             [w.max_heads * n_ctx, w.max_ff, w.max_q, w.n_vocab, w.n_embd].into_iter().max().unwrap_or(1) * 4;
-        let cap = (limit / per_token.max(1)).min(PASS_TOKENS);
+        let most = self.gpu.pass_tokens.map_or(PASS_TOKENS, |n| n.clamp(1, PASS_TOKENS));
+        let cap = (limit / per_token.max(1)).min(most);
         if cap == 0 {
             return Err(Error::UnsupportedModel(format!(
                 "one token's attention scores over {n_ctx} positions exceed the adapter's max_storage_buffer_binding_size of {} bytes",
@@ -121,7 +123,7 @@ impl WgpuModel {
             let s = self.scratch.as_ref().ok_or_else(|| Error::Device("scratch missing".into()))?;
             let enc = match prof.as_deref_mut() {
                 Some(p) => profile_step(&gpu, step, p)?,
-                None => step.encode()?,
+                None => step.encode_cached(&mut self.binds)?,
             };
             let dst = &mut self.logits[row * nv..(row + outputs.len()) * nv];
             gpu.scoped("forward pass", || gpu.read_back(enc, &s.logits, 0, dst))?;
@@ -207,7 +209,7 @@ impl WgpuModel {
                 (8, &s.pos),
                 (9, &s.slot),
             ];
-            st.dispatch(Kernel::Rope, None, &bufs, 10, &rope, [u(l.n_head + 2 * l.n_kv)?, nt, 1])?;
+            st.dispatch(Kernel::Rope, Some(pool.elem), &bufs, 10, &rope, [u(l.n_head + 2 * l.n_kv)?, nt, 1])?;
             let attn = [
                 P::U(u(l.n_head)?),
                 P::U(u(l.n_kv)?),
@@ -226,7 +228,7 @@ impl WgpuModel {
                 (5, &s.pos),
                 (6, &s.slot),
             ];
-            st.dispatch(Kernel::Attention, None, &bufs, 7, &attn, [u(l.n_head)?, nt, 1])?;
+            st.dispatch(Kernel::Attention, Some(pool.elem), &bufs, 7, &attn, [u(l.n_head)?, nt, 1])?;
             mv(&mut st, &l.wo, &s.attn, &s.o, n, 0.0)?;
             self.norm(&mut st, s, nt, Some(&s.o), l.post_attn_norm.as_ref(), &l.ffn_norm)?;
             let n_ff = l.up.rows;
@@ -288,9 +290,15 @@ impl WgpuModel {
     }
 }
 
-/// Runs each dispatch of `step` alone, waiting for it, and adds its wall
-/// time to `prof` under its tag; returns an empty encoder for the read-back.
+/// Times each dispatch of `step` and adds it to `prof` under its tag: on
+/// the device's clock (timestamp queries around each dispatch, all in one
+/// submit) where the adapter has them, else by the wall time of submitting
+/// each alone and waiting for it. Returns an empty encoder for the read-back.
 fn profile_step(gpu: &Gpu, step: Step<'_>, prof: &mut StepProfile) -> Result<wgpu::CommandEncoder> {
+    let queries = 2 * step.len();
+    if gpu.caps.timestamps && !step.is_empty() && queries <= wgpu::QUERY_SET_MAX_QUERIES as usize {
+        return profile_timed(gpu, step, prof, queries as u32);
+    }
     for (tag, cb) in step.encode_each()? {
         let t0 = std::time::Instant::now();
         gpu.queue.submit([cb]);
@@ -298,6 +306,35 @@ fn profile_step(gpu: &Gpu, step: Step<'_>, prof: &mut StepProfile) -> Result<wgp
             .poll(wgpu::PollType::wait_indefinitely())
             .map_err(|e| Error::Device(format!("waiting for {}: {e}", tag.op)))?;
         prof.record(&tag.op, &tag.ty, &tag.shape, t0.elapsed(), tag.bytes);
+    }
+    Ok(gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("read-back") }))
+}
+
+/// [`profile_step`] by timestamp queries (`n` of them, two per dispatch).
+fn profile_timed(gpu: &Gpu, step: Step<'_>, prof: &mut StepProfile, n: u32) -> Result<wgpu::CommandEncoder> {
+    let (queries, resolved) = gpu.scoped("profile timestamp queries", || {
+        let q = gpu.device.create_query_set(&wgpu::QuerySetDescriptor {
+            label: Some("profile"),
+            ty: wgpu::QueryType::Timestamp,
+            count: n,
+        });
+        let b = gpu.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("profile timestamps"),
+            size: 8 * u64::from(n),
+            usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+            mapped_at_creation: false,
+        });
+        Ok((q, b))
+    })?;
+    let (tags, mut enc) = step.encode_timed(&queries)?;
+    enc.resolve_query_set(&queries, 0..n, &resolved, 0);
+    let mut ticks = vec![0u64; n as usize];
+    gpu.read_back(enc, &resolved, 0, &mut ticks)?;
+    // Nanoseconds per tick.
+    let period = f64::from(gpu.queue.get_timestamp_period());
+    for (tag, t) in tags.iter().zip(ticks.chunks_exact(2)) {
+        let ns = (t[1].saturating_sub(t[0]) as f64 * period).round() as u64;
+        prof.record(&tag.op, &tag.ty, &tag.shape, std::time::Duration::from_nanos(ns), tag.bytes);
     }
     Ok(gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("read-back") }))
 }

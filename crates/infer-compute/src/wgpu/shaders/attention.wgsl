@@ -5,7 +5,9 @@
 //   out = Σ_p softmax(s)_p · v_p.
 // Three phases: scores into `scores` (this workgroup's row of n_ctx) with
 // the running maximum, exponentials and their sum, then each invocation
-// sums its dimensions of out over the positions. f32 throughout.
+// sums its pairs of dimensions of out over the positions. The cache's
+// element type comes from the `kv/` file composed in front (`KvPair`: two
+// values); arithmetic in f32.
 
 struct Params {
     n_head: u32,
@@ -18,8 +20,8 @@ struct Params {
 }
 
 @group(0) @binding(0) var<storage, read> q: array<f32>;
-@group(0) @binding(1) var<storage, read> kc: array<f32>;
-@group(0) @binding(2) var<storage, read> vc: array<f32>;
+@group(0) @binding(1) var<storage, read> kc: array<KvPair>;
+@group(0) @binding(2) var<storage, read> vc: array<KvPair>;
 @group(0) @binding(3) var<storage, read_write> scores: array<f32>;
 @group(0) @binding(4) var<storage, read_write> out: array<f32>;
 @group(0) @binding(5) var<storage, read> tok_pos: array<u32>;
@@ -45,10 +47,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
     let srow = (t * p.n_head + h) * p.n_ctx;
     var m = -3.0e38;
     for (var j = lo + lid; j <= pos; j += WG) {
-        let kb = cache0 + j * kv_dim;
+        let kb = (cache0 + j * kv_dim) / 2u;
         var s = 0.0;
-        for (var d = 0u; d < hd; d++) {
-            s += q[qb + d] * kc[kb + d];
+        for (var d = 0u; d < hd / 2u; d++) {
+            let kk = kv_unpack(kc[kb + d]);
+            s += q[qb + 2u * d] * kk.x + q[qb + 2u * d + 1u] * kk.y;
         }
         s *= p.scale;
         if p.softcap > 0.0 {
@@ -67,11 +70,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
     l = wg_sum(l, lanes);
     storageBarrier();
     let inv = 1.0 / l;
-    for (var d = lid; d < hd; d += WG) {
-        var acc = 0.0;
+    for (var d = lid; d < hd / 2u; d += WG) {
+        var acc = vec2<f32>(0.0);
         for (var j = lo; j <= pos; j++) {
-            acc += scores[srow + j] * vc[cache0 + j * kv_dim + d];
+            acc += scores[srow + j] * kv_unpack(vc[(cache0 + j * kv_dim) / 2u + d]);
         }
-        out[qb + d] = acc * inv;
+        out[qb + 2u * d] = acc.x * inv;
+        out[qb + 2u * d + 1u] = acc.y * inv;
     }
 }

@@ -1,17 +1,31 @@
-// Quantized matrix products `y[t, r] = Σ_i W[r, i] · x[t, i]` (GEMV for
-// one token, the prefill product for several): one workgroup per row and
-// tile of TT tokens; each invocation dequantizes chunks of 32 weights
-// (`load_chunk` of the weight type, composed in front of this file) and
-// dots each with the tile's activations, in f32; the workgroup then sums
-// (`wg_sum4`, the tile's four sums in one reduction). Each dequantized
-// chunk is reused for TT tokens.
+// Quantized matrix products `y[t, r] = Σ_i W[r, i] · x[t, i]`, in f32 from
+// chunks of 32 weights dequantized by the weight type's `load_chunk`
+// (composed in front of this file). Two shapes of work, one entry point
+// each, chosen by the number of tokens (`weights.rs`):
 //
-// Rows are numbered wid.x + wid.y · nwg.x (a grid of more than 65 535 rows
-// spans two dimensions); wid.z is the token tile. The result row of token t
-// is written at y[y_off + t · y_stride + r], soft-capped (c · tanh(y / c))
-// when `cap` > 0.
+// - `main` (GEMV and small batches): a workgroup per row and tile of TT
+//   tokens; invocation i takes chunks c ≡ i (mod WG), each dequantized
+//   chunk serves the TT tokens, and one workgroup reduction gives the TT
+//   sums. (Four rows per workgroup instead, with the activations in
+//   registers, ran 3-5x slower on the H200: a quarter of the
+//   invocations, each with four times the dependent loads.)
+// - `main_tiled` (prefill): a workgroup per TM rows and TN tokens, SK
+//   invocations per row, each taking every SK-th chunk of it; per step
+//   the SK chunks' TN × 32 activations are staged in workgroup memory and
+//   each invocation dots its chunk with them, so a weight is dequantized
+//   once per TN tokens and an activation read once per TM rows; the SK
+//   partial sums are added at the end. (One invocation per row, TM = 64,
+//   left most SMs of the H200 idle on 2048-row matrices.)
+//
+// Rows are numbered from wid.x + wid.y · nwg.x (a grid of more than 65 535
+// workgroups spans two dimensions); wid.z is the token (tile). The result
+// of token t and row r is written at y[y_off + t · y_stride + r],
+// soft-capped (c · tanh(y / c)) when `cap` > 0.
 
 const TT: u32 = 4u;
+const TM: u32 = 16u;
+const TN: u32 = 16u;
+const SK: u32 = 4u;
 
 struct Params {
     rows: u32,
@@ -28,6 +42,13 @@ struct Params {
 @group(0) @binding(1) var<storage, read> x: array<f32>;
 @group(0) @binding(2) var<storage, read_write> y: array<f32>;
 @group(0) @binding(3) var<uniform> p: Params;
+
+fn capped(v: f32) -> f32 {
+    if p.cap > 0.0 {
+        return p.cap * tanh(v / p.cap);
+    }
+    return v;
+}
 
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, lanes: Lanes) {
@@ -56,11 +77,94 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let totals = wg_sum4(acc, lanes);
     for (var t = 0u; t < TT; t++) {
         if lanes.lid == 0u && t0 + t < p.n_tok {
-            var r = totals[t];
-            if p.cap > 0.0 {
-                r = p.cap * tanh(r / p.cap);
+            y[p.y_off + (t0 + t) * p.y_stride + row] = capped(totals[t]);
+        }
+    }
+}
+
+// The activations of one step of `main_tiled`: SK chunks of 32 values for
+// each of TN tokens, as 8 vec4 per (chunk, token).
+var<workgroup> xs: array<vec4<f32>, 512>;
+// The SK partial sums of each (row, token), reduced at the end.
+var<workgroup> part_acc: array<f32, 1024>;
+
+@compute @workgroup_size(64)
+fn main_tiled(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) lid: u32,
+) {
+    // Invocation lid takes row lid / SK of the tile and, of each group of
+    // SK consecutive chunks, chunk lid % SK.
+    let rr = lid / SK;
+    let part = lid % SK;
+    let row = (wid.x + wid.y * nwg.x) * TM + rr;
+    let t0 = wid.z * TN;
+    let n_chunks = (p.cols + 31u) / 32u;
+    var acc: array<f32, 16>;
+    for (var g = 0u; g < n_chunks; g += SK) {
+        // Stage chunks g .. g + SK of the tile's tokens (zero past the
+        // tokens and the row).
+        for (var i = lid; i < SK * TN * 8u; i += 64u) {
+            let ck = i / (TN * 8u);
+            let t = (i / 8u) % TN;
+            let j = (i % 8u) * 4u;
+            let c = g + ck;
+            var q = vec4<f32>(0.0);
+            if t0 + t < p.n_tok && c < n_chunks {
+                let n = min(32u, p.cols - c * 32u);
+                let xb = p.x_off + (t0 + t) * p.x_stride + c * 32u + j;
+                for (var e = 0u; e < 4u; e++) {
+                    if j + e < n {
+                        q[e] = x[xb + e];
+                    }
+                }
             }
-            y[p.y_off + (t0 + t) * p.y_stride + row] = r;
+            xs[i] = q;
+        }
+        workgroupBarrier();
+        let c = g + part;
+        if row < p.rows && c < n_chunks {
+            let n = min(32u, p.cols - c * 32u);
+            let v = load_chunk(row * p.row_bytes, c, p.cols);
+            var w4: array<vec4<f32>, 8>;
+            for (var k = 0u; k < 8u; k++) {
+                // Values past `cols` (a partial last chunk) count as zero.
+                let b = 4u * k;
+                w4[k] = vec4<f32>(
+                    select(0.0, v[b], b < n),
+                    select(0.0, v[b + 1u], b + 1u < n),
+                    select(0.0, v[b + 2u], b + 2u < n),
+                    select(0.0, v[b + 3u], b + 3u < n),
+                );
+            }
+            let xb = part * TN * 8u;
+            for (var t = 0u; t < TN; t++) {
+                var s = 0.0;
+                for (var k = 0u; k < 8u; k++) {
+                    s += dot(w4[k], xs[xb + t * 8u + k]);
+                }
+                acc[t] += s;
+            }
+        }
+        workgroupBarrier();
+    }
+    for (var t = 0u; t < TN; t++) {
+        part_acc[lid * TN + t] = acc[t];
+    }
+    workgroupBarrier();
+    // Invocation lid sums (row lid / TN, token lid % TN) for each of the
+    // TM · TN / 64 outputs it owns.
+    for (var o = lid; o < TM * TN; o += 64u) {
+        let r = o / TN;
+        let t = o % TN;
+        var total = 0.0;
+        for (var k = 0u; k < SK; k++) {
+            total += part_acc[(r * SK + k) * TN + t];
+        }
+        let out_row = (wid.x + wid.y * nwg.x) * TM + r;
+        if out_row < p.rows && t0 + t < p.n_tok {
+            y[p.y_off + (t0 + t) * p.y_stride + out_row] = capped(total);
         }
     }
 }

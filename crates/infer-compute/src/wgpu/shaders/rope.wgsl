@@ -6,7 +6,8 @@
 // (i, i + n_rot/2), dimensions past n_rot unrotated), then q in place and
 // k, v into the token's slot of the KV cache at its position.
 //
-// Cache layout (f32): [n_slots][n_ctx][n_head_kv][head_dim].
+// Cache layout: [n_slots][n_ctx][n_head_kv][head_dim] of the element type
+// of the `kv/` file composed in front (`KvPair`: two values).
 
 struct Params {
     n_head: u32,
@@ -29,14 +30,16 @@ struct Params {
 @group(0) @binding(3) var<storage, read> bias: array<f32>;
 @group(0) @binding(4) var<storage, read> qn_w: array<f32>;
 @group(0) @binding(5) var<storage, read> kn_w: array<f32>;
-@group(0) @binding(6) var<storage, read_write> kc: array<f32>;
-@group(0) @binding(7) var<storage, read_write> vc: array<f32>;
+@group(0) @binding(6) var<storage, read_write> kc: array<KvPair>;
+@group(0) @binding(7) var<storage, read_write> vc: array<KvPair>;
 @group(0) @binding(8) var<storage, read> tok_pos: array<u32>;
 @group(0) @binding(9) var<storage, read> tok_slot: array<u32>;
 @group(0) @binding(10) var<uniform> p: Params;
 
 const MAX_HD: u32 = 512u;
 var<workgroup> hv: array<f32, MAX_HD>;
+// A k or v head's final values, packed in pairs into the cache.
+var<workgroup> out_kv: array<f32, MAX_HD>;
 
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
@@ -127,10 +130,19 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
         }
         if is_q {
             q[src + i] = val;
-        } else if is_k {
-            kc[dst + i] = val;
         } else {
-            vc[dst + i] = val;
+            out_kv[i] = val;
+        }
+    }
+    workgroupBarrier();
+    if !is_q {
+        for (var i = lid; i < hd / 2u; i += WG) {
+            let pair = kv_pack(vec2<f32>(out_kv[2u * i], out_kv[2u * i + 1u]));
+            if is_k {
+                kc[dst / 2u + i] = pair;
+            } else {
+                vc[dst / 2u + i] = pair;
+            }
         }
     }
 }
