@@ -7,7 +7,9 @@
 //! - [`ops`]: f32 GEMM, quantized GEMV and prefill products of every weight
 //!   type on awkward shapes (each output within 1% of its row's `Σ|w·x|`,
 //!   and NMSE ≤ 5e-4 over a case's outputs as `test-backend-ops`; 1e-7 for
-//!   f32), and the errors of bad operands;
+//!   f32), the same products with activations past f16's range (finite,
+//!   within the same row bound, where ggml gives NaN), and the errors of
+//!   bad operands;
 //! - [`model`]: decode, whole and chunked prefill, batched decode, cache
 //!   truncation and profiling of small random models of three architecture
 //!   shapes (cosine ≥ 0.999 and the same top token unless the reference has a

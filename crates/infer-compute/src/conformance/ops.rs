@@ -1,7 +1,8 @@
 //! The single ops of [`ComputeBackend`]: f32 GEMM, quantized GEMV and the
 //! batched product of every weight type, on awkward shapes, against scalar
-//! references (f64 sums; [`quant::vec_dot`], ggml's CPU semantics), and the
-//! errors bad operands must give.
+//! references (f64 sums; [`quant::vec_dot`], ggml's CPU semantics), the
+//! same products with activations past f16's range (finite where ggml
+//! gives NaN), and the errors bad operands must give.
 
 use std::sync::Arc;
 
@@ -259,6 +260,68 @@ fn op_errors(b: &dyn ComputeBackend) -> Result<Outcome, String> {
 }
 
 /// The op cases.
+/// The f64 product of the dequantized rows of `w` with `x` (no rounding
+/// of the activation, unlike [`quant::vec_dot`]).
+fn exact_matvec(w: &QuantWeight, x: &[f32]) -> Vec<f32> {
+    let mut row = vec![0f32; w.cols];
+    (0..w.rows)
+        .map(|r| {
+            quant::dequantize_row(w.ty, w.row(r), &mut row).expect("dequantize");
+            row.iter().zip(x).map(|(&a, &b)| a as f64 * b as f64).sum::<f64>() as f32
+        })
+        .collect()
+}
+
+/// Activations past f16's range (1e5: F16 weights take their activation
+/// as f16 in ggml) and past what an 8-bit block with an f16 scale holds
+/// (−1e7: Q8_0's scale would be 78 740), on which ggml returns NaN, give
+/// finite products within [`ROW_QUANT`] of the f64 product, through the
+/// GEMV and the batched product (3 and 20 tokens, the big values in
+/// different tokens' blocks).
+fn huge_activation_case(b: &dyn ComputeBackend, ty: GgmlType) -> Result<Outcome, String> {
+    let mut rng = Rng::new(0x4855 + ty.id() as u64);
+    let cols = 8 * ty.block_size().max(32);
+    let w = random_weight(&mut rng, ty, 9, cols);
+    let token = |t: usize, rng: &mut Rng| {
+        // 1e5 in the first half, −1e7 in the second: a 256-value block
+        // (Q8_K's) holding both would lose the 1e5 values to its 8-bit
+        // codes, in ggml as here, which is rounding, not the overflow this
+        // case is about.
+        let mut x = rng.normals(cols, 1.0);
+        for (i, v) in x[..cols / 2].iter_mut().enumerate() {
+            if i % 61 == (5 + 7 * t) % 61 {
+                *v = 1e5;
+            }
+        }
+        x[cols / 2 + (32 * t) % (cols / 2)] = -1e7;
+        x
+    };
+    let x = token(0, &mut rng);
+    let mut y = vec![f32::NAN; w.rows];
+    match b.matvec(&w, &x, &mut y) {
+        Ok(()) => {}
+        Err(e) if unsupported(&e) => return Ok(Outcome::Skip(format!("{ty}: {e}"))),
+        Err(e) => return Err(format!("{ty} GEMV: {e}")),
+    }
+    let mut all = (Vec::new(), Vec::new());
+    check_rows(&format!("{ty} GEMV"), &y, &exact_matvec(&w, &x), &abs_sums(&w, &x), &mut all)?;
+    for n_tok in [3, 20] {
+        let xs: Vec<Vec<f32>> = (0..n_tok).map(|t| token(t, &mut rng)).collect();
+        let x2 = Array2::from_shape_vec((n_tok, cols), xs.concat()).expect("shape");
+        let y = match b.matmul_quant(&w, x2.view()) {
+            Ok(y) => y,
+            Err(e) if unsupported(&e) => return Ok(Outcome::Skip(format!("{ty}: {e}"))),
+            Err(e) => return Err(format!("{ty}, {n_tok} tokens: {e}")),
+        };
+        for (t, xt) in xs.iter().enumerate() {
+            let got: Vec<f32> = y.row(t).to_vec();
+            let what = format!("{ty}, token {t} of {n_tok}");
+            check_rows(&what, &got, &exact_matvec(&w, xt), &abs_sums(&w, xt), &mut all)?;
+        }
+    }
+    Ok(Outcome::Pass(format!("{} outputs finite and within the bound", all.0.len())))
+}
+
 pub fn cases() -> Vec<Case> {
     let mut v = vec![
         Case::new("ops::matmul", |b| matmul_case(b, false)),
@@ -268,6 +331,7 @@ pub fn cases() -> Vec<Case> {
     for ty in WEIGHT_TYPES {
         v.push(Case::new(&format!("ops::matvec::{}", ty.name()), move |b| matvec_case(b, ty)));
         v.push(Case::new(&format!("ops::matmul_quant::{}", ty.name()), move |b| matmul_quant_case(b, ty)));
+        v.push(Case::new(&format!("ops::huge_activations::{}", ty.name()), move |b| huge_activation_case(b, ty)));
     }
     v
 }
