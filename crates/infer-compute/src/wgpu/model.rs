@@ -409,8 +409,9 @@ impl DeviceModel for WgpuModel {
         Ok(&self.logits[..n_out * self.w.n_vocab])
     }
 
-    /// Each dispatch submitted alone and waited for (wall time per
-    /// dispatch, named by op and weight), the same kernels and results.
+    /// Each dispatch timed (device timestamps where the adapter has
+    /// `timestamp-query`, else the wall time of submitting it alone),
+    /// named by op and weight; the same kernels and results.
     fn profile_forward(&mut self, pool: &mut dyn KvPool, batch: &Batch) -> Result<StepProfile> {
         let t0 = std::time::Instant::now();
         let mut prof = StepProfile::default();

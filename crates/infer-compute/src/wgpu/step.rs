@@ -221,8 +221,8 @@ impl<'g> Step<'g> {
             .collect())
     }
 
-    /// The parameter buffer (held by the bind groups) and each dispatch's
-    /// bind group.
+    /// Each dispatch's bind group, over one new parameter buffer (which
+    /// the bind groups keep alive).
     fn bind(&self) -> Result<Vec<wgpu::BindGroup>> {
         let gpu = self.gpu;
         gpu.scoped("recording a step", || {
