@@ -135,7 +135,7 @@ pub fn zero_blocks(act_ty: GgmlType, act: &mut [u8], which: &[usize]) -> Result<
 /// same values of `x`: the weight block dequantized to f32, multiplied and
 /// summed in f32, in order. A block is one ggml block of 32 values, or for
 /// F16 weights (one value per ggml block) the values `32·b ..` up to 32 of
-/// them ([`block_range`]).
+/// them (the last block shorter when 32 does not divide the row).
 ///
 /// # Errors
 /// A weight type whose block is neither 32 values nor F16; bytes too short.
