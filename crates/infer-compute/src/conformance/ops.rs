@@ -92,15 +92,20 @@ fn reference_matvec(w: &QuantWeight, x: &[f32]) -> Vec<f32> {
     (0..w.rows).map(|r| quant::vec_dot(w.ty, w.row(r), x).expect("reference dot")).collect()
 }
 
-/// `Σ_i |w[r,i]·x_i|` of each row, with the weights dequantized.
-fn abs_sums(w: &QuantWeight, x: &[f32]) -> Vec<f64> {
+/// `Σ_i f(w[r,i]·x_i)` of each row in f64, with the weights dequantized.
+fn row_sums(w: &QuantWeight, x: &[f32], f: impl Fn(f64) -> f64) -> Vec<f64> {
     let mut row = vec![0f32; w.cols];
     (0..w.rows)
         .map(|r| {
             quant::dequantize_row(w.ty, w.row(r), &mut row).expect("dequantize");
-            row.iter().zip(x).map(|(&a, &b)| (a as f64 * b as f64).abs()).sum()
+            row.iter().zip(x).map(|(&a, &b)| f(a as f64 * b as f64)).sum()
         })
         .collect()
+}
+
+/// `Σ_i |w[r,i]·x_i|` of each row, with the weights dequantized.
+fn abs_sums(w: &QuantWeight, x: &[f32]) -> Vec<f64> {
+    row_sums(w, x, f64::abs)
 }
 
 /// Checks each output against the reference within [`ROW_QUANT`] of its
@@ -259,17 +264,10 @@ fn op_errors(b: &dyn ComputeBackend) -> Result<Outcome, String> {
     Ok(Outcome::Pass(String::new()))
 }
 
-/// The op cases.
 /// The f64 product of the dequantized rows of `w` with `x` (no rounding
 /// of the activation, unlike [`quant::vec_dot`]).
 fn exact_matvec(w: &QuantWeight, x: &[f32]) -> Vec<f32> {
-    let mut row = vec![0f32; w.cols];
-    (0..w.rows)
-        .map(|r| {
-            quant::dequantize_row(w.ty, w.row(r), &mut row).expect("dequantize");
-            row.iter().zip(x).map(|(&a, &b)| a as f64 * b as f64).sum::<f64>() as f32
-        })
-        .collect()
+    row_sums(w, x, |p| p).into_iter().map(|s| s as f32).collect()
 }
 
 /// Activations past f16's range (1e5: F16 weights take their activation
@@ -322,6 +320,7 @@ fn huge_activation_case(b: &dyn ComputeBackend, ty: GgmlType) -> Result<Outcome,
     Ok(Outcome::Pass(format!("{} outputs finite and within the bound", all.0.len())))
 }
 
+/// The op cases.
 pub fn cases() -> Vec<Case> {
     let mut v = vec![
         Case::new("ops::matmul", |b| matmul_case(b, false)),

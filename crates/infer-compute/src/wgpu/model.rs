@@ -10,7 +10,7 @@
 //! | step | kernel |
 //! | --- | --- |
 //! | residual add (+ post-norm) fused with the next norm | `residual_norm` |
-//! | q, k, v projections | `matvec` (per weight type; GEMV, small-batch or tiled prefill shape by token count) |
+//! | q, k, v projections | `matvec` (per weight type; tiles of 4 tokens, or `matvec_tiled` from 8 tokens) |
 //! | bias, q/k RMSNorm, RoPE, K/V append | `rope` |
 //! | GQA attention over the slot (softcap, sliding window) | `attention` |
 //! | output projection | `matvec` |
@@ -37,7 +37,7 @@ use crate::{GgmlType, KvCacheType, KvTypes};
 mod forward;
 
 /// Tokens per pass at most (fewer when a scratch binding would not fit):
-/// enough workgroups of the tiled product (64 rows × 16 tokens each) to
+/// enough workgroups of the tiled product (16 rows × 16 tokens each) to
 /// fill a large GPU; 64 left most of the H200's 132 SMs idle.
 pub const PASS_TOKENS: usize = 256;
 /// Largest head_dim of the kernels (`MAX_HD` in `rope.wgsl`).

@@ -84,7 +84,7 @@ pub enum Kernel {
     /// Quantized product of rows and token tiles of 4 (`matvec.wgsl`
     /// `main`), per weight type.
     Matvec,
-    /// Prefill product of 64 rows × 16 tokens per workgroup (`matvec.wgsl`
+    /// Prefill product of 16 rows × 16 tokens per workgroup (`matvec.wgsl`
     /// `main_tiled`), per weight type.
     MatvecTiled,
     /// Embedding lookup (`embed.wgsl`), per weight type.
