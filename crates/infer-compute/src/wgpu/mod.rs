@@ -8,13 +8,14 @@
 //!   naming it (`max_storage_buffer_binding_size`, ...).
 //! - Kernels are the `.wgsl` files of `shaders/`, one per op family, the
 //!   products and the embedding composed per weight type with the type's
-//!   `load_chunk` (`shaders/types/`), and with subgroup reductions where the
+//!   `load4` (four consecutive weights, `shaders/types/`), and with subgroup reductions where the
 //!   adapter has them or workgroup-memory ones otherwise
 //!   ([`shaders::compose`]). A naga test validates every composition and
 //!   translates it to MSL and HLSL, so a shader Metal would reject fails CI.
-//! - Products dequantize 32 weights at a time in the shader and dot them
-//!   with f32 activations (no activation quantization), f32 accumulation:
-//!   a workgroup per row and tile of four tokens below eight tokens, and
+//! - Products dequantize four weights at a time in the shader and dot
+//!   them with f32 activations (no activation quantization), f32
+//!   accumulation: a workgroup per row and tile of four tokens below eight
+//!   tokens (neighbouring invocations on neighbouring words), and
 //!   from eight on 16 rows × 16 tokens per workgroup (four invocations per
 //!   row) with the activations staged in workgroup memory.
 //! - Every result comes back through one checked function

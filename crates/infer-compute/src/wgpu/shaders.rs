@@ -1,6 +1,6 @@
 //! The WGSL kernels (`shaders/`, one file per op family, one per weight
 //! type under `shaders/types/`) and how a module is composed from them:
-//! `reduction + [weight access + the type's load_chunk | the KV cache's
+//! `reduction + [weight access + the type's load4 | the KV cache's
 //! element type] + kernel`. Kernels are named by [`Kernel`], never by
 //! strings.
 //!
@@ -18,7 +18,7 @@ const REDUCE_SHARED: &str = include_str!("shaders/reduce_shared.wgsl");
 const WEIGHTS: &str = include_str!("shaders/weights.wgsl");
 const K_SCALE: &str = include_str!("shaders/types/k_scale.wgsl");
 
-/// Weight types with a `load_chunk` here (the product, embedding and
+/// Weight types with a `load4` here (the product, embedding and
 /// dequantization kernels take them).
 pub const WEIGHT_TYPES: [GgmlType; 14] = [
     GgmlType::F32,
@@ -53,7 +53,7 @@ fn kv_source(ty: GgmlType) -> Result<&'static str> {
     }
 }
 
-/// The `load_chunk` source of `ty`.
+/// The `load4` source of `ty`.
 ///
 /// # Errors
 /// [`Error::Unsupported`] for a type without one.

@@ -17,11 +17,12 @@ const TM: usize = 16;
 const TN: usize = 16;
 
 /// The product kernel for `n_tok` tokens, with its rows and tokens per
-/// workgroup: 4-token tiles below 8 tokens, the tiled prefill product
-/// from 8 on (fewer would leave most of its 16-token tile empty).
-fn product_kernel(n_tok: usize) -> (Kernel, usize, usize) {
+/// workgroup: 4-token tiles of `matvec_rows` rows below 8 tokens, the
+/// tiled prefill product from 8 on (fewer would leave most of its
+/// 16-token tile empty).
+fn product_kernel(n_tok: usize, matvec_rows: u32) -> (Kernel, usize, usize) {
     match n_tok {
-        0..=7 => (Kernel::Matvec, 1, TT),
+        0..=7 => (Kernel::Matvec, matvec_rows as usize, TT),
         _ => (Kernel::MatvecTiled, TM, TN),
     }
 }
@@ -123,7 +124,7 @@ fn u32_of(v: usize, what: &'static str) -> Result<u32> {
 /// [`Error::Overflow`] for offsets past the kernels' 32-bit indices; those
 /// of [`Step::dispatch`].
 pub fn record_matvec(step: &mut Step<'_>, w: &DevWeight, io: ProductIo<'_>) -> Result<()> {
-    let (kernel, rows_per_group, toks_per_group) = product_kernel(io.n_tok);
+    let (kernel, rows_per_group, toks_per_group) = product_kernel(io.n_tok, step.gpu.matvec_rows);
     let z = u32_of(io.n_tok.div_ceil(toks_per_group), "token tiles")?;
     for part in &w.parts {
         let [gx, gy] = step.grid(part.rows.div_ceil(rows_per_group));

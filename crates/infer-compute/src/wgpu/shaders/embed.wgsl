@@ -1,6 +1,6 @@
 // Embedding lookup: out[t, :] = scale · dequantize(W[ids[t], :]), one
-// workgroup per token, chunks of 32 values through the weight type's
-// `load_chunk` (composed in front of this file). The matrix may be split
+// workgroup per token, four values at a time through the weight type's
+// `load4` (composed in front of this file). The matrix may be split
 // in row blocks (one binding each): this dispatch holds rows
 // row0..row0 + rows and skips tokens of other blocks.
 
@@ -24,12 +24,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
         return;
     }
     let rbase = (id - p.row0) * p.row_bytes;
-    let n_chunks = (p.n_embd + 31u) / 32u;
-    for (var c = lanes.lid; c < n_chunks; c += WG) {
-        let v = load_chunk(rbase, c, p.n_embd);
-        let n = min(32u, p.n_embd - c * 32u);
-        for (var j = 0u; j < n; j++) {
-            out[t * p.n_embd + c * 32u + j] = p.scale * v[j];
+    let n_quarters = (p.n_embd + 3u) / 4u;
+    for (var s = lanes.lid; s < n_quarters; s += WG) {
+        let v = p.scale * load4(rbase, s >> 3u, s & 7u, p.n_embd);
+        let i = 4u * s;
+        for (var e = 0u; e < 4u; e++) {
+            if i + e < p.n_embd {
+                out[t * p.n_embd + i + e] = v[e];
+            }
         }
     }
 }

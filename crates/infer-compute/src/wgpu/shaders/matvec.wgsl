@@ -1,14 +1,16 @@
 // Quantized matrix products `y[t, r] = Σ_i W[r, i] · x[t, i]`, in f32 from
-// chunks of 32 weights dequantized by the weight type's `load_chunk`
-// (composed in front of this file). Two shapes of work, one entry point
-// each, chosen by the number of tokens (`weights.rs`):
+// quarters of 32-value chunks (four consecutive weights) dequantized by the
+// weight type's `load4` (composed in front of this file). Two shapes of
+// work, one entry point each, chosen by the number of tokens
+// (`weights.rs`):
 //
-// - `main` (GEMV and small batches): a workgroup per row and tile of TT
-//   tokens; invocation i takes chunks c ≡ i (mod WG), each dequantized
-//   chunk serves the TT tokens, and one workgroup reduction gives the TT
-//   sums. (Four rows per workgroup instead, with the activations in
-//   registers, ran 3-5x slower on the H200: a quarter of the
-//   invocations, each with four times the dependent loads.)
+// - `main` (GEMV and small batches): a workgroup per MR rows and tile of
+//   TT tokens; invocation i takes quarters s ≡ i (mod WG) of the rows, so a
+//   subgroup reads consecutive words of the blocks and consecutive vec4 of
+//   the activations, and each quarter serves the TT tokens; one workgroup
+//   reduction gives the TT sums. (A whole chunk per invocation, in an
+//   array indexed at run time, ran at 30–100 GB/s on the H200: drivers keep
+//   such arrays in local memory.)
 // - `main_tiled` (prefill): a workgroup per TM rows and TN tokens, SK
 //   invocations per row, each taking every SK-th chunk of it; per step
 //   the SK chunks' TN × 32 activations are staged in workgroup memory and
@@ -50,34 +52,70 @@ fn capped(v: f32) -> f32 {
     return v;
 }
 
+// Activations i .. i + 3 of the token whose row starts at x[b], zero past
+// `cols` (where the weights are zero too, but an activation there may be
+// another token's, or past the buffer).
+fn x4(b: u32, i: u32) -> vec4<f32> {
+    let v = vec4<f32>(x[b + i], x[b + i + 1u], x[b + i + 2u], x[b + i + 3u]);
+    if i + 4u <= p.cols {
+        return v;
+    }
+    return select(vec4<f32>(0.0), v, vec4<u32>(i) + vec4<u32>(0u, 1u, 2u, 3u) < vec4<u32>(p.cols));
+}
+
+// Rows per workgroup of `main` (a pipeline constant, 1 to 4; `weights.rs`
+// sizes the grid with the same value): each activation quarter read is
+// used for MR rows.
+override MR: u32 = 1u;
+
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, lanes: Lanes) {
-    let row = wid.x + wid.y * nwg.x;
+    let row0 = (wid.x + wid.y * nwg.x) * MR;
     let t0 = wid.z * TT;
-    if row >= p.rows {
+    if row0 >= p.rows {
         return;
     }
-    var acc = vec4<f32>(0.0);
-    let n_chunks = (p.cols + 31u) / 32u;
-    let rbase = row * p.row_bytes;
-    for (var c = lanes.lid; c < n_chunks; c += WG) {
-        let v = load_chunk(rbase, c, p.cols);
-        let n = min(32u, p.cols - c * 32u);
-        for (var t = 0u; t < TT; t++) {
-            if t0 + t < p.n_tok {
-                let xb = p.x_off + (t0 + t) * p.x_stride + c * 32u;
-                var s = 0.0;
-                for (var j = 0u; j < n; j++) {
-                    s += v[j] * x[xb + j];
-                }
-                acc[t] += s;
+    // Tile tokens past n_tok read token t0's activations (always present)
+    // and are not written.
+    let xb0 = p.x_off + t0 * p.x_stride;
+    let xb1 = select(xb0, xb0 + p.x_stride, t0 + 1u < p.n_tok);
+    let xb2 = select(xb0, xb0 + 2u * p.x_stride, t0 + 2u < p.n_tok);
+    let xb3 = select(xb0, xb0 + 3u * p.x_stride, t0 + 3u < p.n_tok);
+    let multi = t0 + 1u < p.n_tok;
+    var acc: array<vec4<f32>, 4>;
+    let n_quarters = (p.cols + 3u) / 4u;
+    for (var s = lanes.lid; s < n_quarters; s += WG) {
+        let i = 4u * s;
+        let x0 = x4(xb0, i);
+        var x1 = vec4<f32>(0.0);
+        var x2 = vec4<f32>(0.0);
+        var x3 = vec4<f32>(0.0);
+        if multi {
+            x1 = x4(xb1, i);
+            x2 = x4(xb2, i);
+            x3 = x4(xb3, i);
+        }
+        for (var r = 0u; r < MR; r++) {
+            // Rows past the matrix (its last workgroup) repeat its last
+            // row and are not written.
+            let row = min(row0 + r, p.rows - 1u);
+            let wv = load4(row * p.row_bytes, s >> 3u, s & 7u, p.cols);
+            acc[r].x += dot(wv, x0);
+            if multi {
+                acc[r].y += dot(wv, x1);
+                acc[r].z += dot(wv, x2);
+                acc[r].w += dot(wv, x3);
             }
         }
     }
-    let totals = wg_sum4(acc, lanes);
-    for (var t = 0u; t < TT; t++) {
-        if lanes.lid == 0u && t0 + t < p.n_tok {
-            y[p.y_off + (t0 + t) * p.y_stride + row] = capped(totals[t]);
+    for (var r = 0u; r < MR; r++) {
+        let totals = wg_sum4(acc[r], lanes);
+        if lanes.lid == 0u && row0 + r < p.rows {
+            for (var t = 0u; t < TT; t++) {
+                if t0 + t < p.n_tok {
+                    y[p.y_off + (t0 + t) * p.y_stride + row0 + r] = capped(totals[t]);
+                }
+            }
         }
     }
 }
@@ -125,18 +163,10 @@ fn main_tiled(
         workgroupBarrier();
         let c = g + part;
         if row < p.rows && c < n_chunks {
-            let n = min(32u, p.cols - c * 32u);
-            let v = load_chunk(row * p.row_bytes, c, p.cols);
+            // Values past `cols` (a partial last chunk) are zero.
             var w4: array<vec4<f32>, 8>;
             for (var k = 0u; k < 8u; k++) {
-                // Values past `cols` (a partial last chunk) count as zero.
-                let b = 4u * k;
-                w4[k] = vec4<f32>(
-                    select(0.0, v[b], b < n),
-                    select(0.0, v[b + 1u], b + 1u < n),
-                    select(0.0, v[b + 2u], b + 2u < n),
-                    select(0.0, v[b + 3u], b + 3u < n),
-                );
+                w4[k] = load4(row * p.row_bytes, c, k, p.cols);
             }
             let xb = part * TN * 8u;
             for (var t = 0u; t < TN; t++) {

@@ -40,7 +40,8 @@ fn wg_max(v: f32, lanes: Lanes) -> f32 {
 
 var<workgroup> red_part4: array<vec4<f32>, WG>;
 
-// Four sums at once (one per token of a product's tile).
+// Four sums at once (one per token of a product's tile); every
+// invocation gets them (the subgroup version promises invocation 0 only).
 fn wg_sum4(v: vec4<f32>, lanes: Lanes) -> vec4<f32> {
     red_part4[lanes.lid] = v;
     workgroupBarrier();

@@ -47,18 +47,19 @@ fn wg_max(v: f32, lanes: Lanes) -> f32 {
 
 var<workgroup> red_part4: array<vec4<f32>, WG>;
 
-// Four sums at once (one per token of a product's tile).
+// Four sums at once (one per token of a product's tile), valid in
+// invocation 0 only: the products need no broadcast, and one invocation
+// reading the WG partials costs a workgroup far less than all of them
+// reading them.
 fn wg_sum4(v: vec4<f32>, lanes: Lanes) -> vec4<f32> {
-    red_part4[lanes.lid] = vec4<f32>(0.0);
-    workgroupBarrier();
     let s = subgroupAdd(v);
-    if lanes.sgi == 0u {
-        red_part4[lanes.lid] = s;
-    }
+    red_part4[lanes.lid] = select(vec4<f32>(0.0), s, lanes.sgi == 0u);
     workgroupBarrier();
     var total = vec4<f32>(0.0);
-    for (var i = 0u; i < WG; i++) {
-        total += red_part4[i];
+    if lanes.lid == 0u {
+        for (var i = 0u; i < WG; i++) {
+            total += red_part4[i];
+        }
     }
     workgroupBarrier();
     return total;

@@ -1,11 +1,7 @@
-// F16 rows: chunk `c` is values 32c..32c+32 of the row, zero past `cols`.
-fn load_chunk(row_byte: u32, c: u32, cols: u32) -> array<f32, 32> {
-    var v: array<f32, 32>;
-    for (var j = 0u; j < 32u; j += 2u) {
-        let i = c * 32u + j;
-        let pair = unpack2x16float(wword(row_byte + 2u * i));
-        v[j] = select(0.0, pair.x, i < cols);
-        v[j + 1u] = select(0.0, pair.y, i + 1u < cols);
-    }
-    return v;
+// F16 rows: values 32c + 4q .. + 3 of the row, zero past `cols`.
+fn load4(row_byte: u32, c: u32, q: u32, cols: u32) -> vec4<f32> {
+    let i = c * 32u + 4u * q;
+    let a = row_byte + 2u * i;
+    let v = vec4<f32>(unpack2x16float(wword(a)), unpack2x16float(wword(a + 4u)));
+    return select(vec4<f32>(0.0), v, vec4<u32>(i) + vec4<u32>(0u, 1u, 2u, 3u) < vec4<u32>(cols));
 }

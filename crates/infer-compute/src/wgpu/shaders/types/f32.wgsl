@@ -1,10 +1,7 @@
-// F32 rows: chunk `c` is values 32c..32c+32 of the row, zero past `cols`.
-fn load_chunk(row_byte: u32, c: u32, cols: u32) -> array<f32, 32> {
-    var v: array<f32, 32>;
-    let base = row_byte >> 2u;
-    for (var j = 0u; j < 32u; j++) {
-        let i = c * 32u + j;
-        v[j] = select(0.0, bitcast<f32>(w[base + i]), i < cols);
-    }
-    return v;
+// F32 rows: values 32c + 4q .. + 3 of the row, zero past `cols`.
+fn load4(row_byte: u32, c: u32, q: u32, cols: u32) -> vec4<f32> {
+    let i = c * 32u + 4u * q;
+    let b = (row_byte >> 2u) + i;
+    let v = vec4<f32>(bitcast<f32>(w[b]), bitcast<f32>(w[b + 1u]), bitcast<f32>(w[b + 2u]), bitcast<f32>(w[b + 3u]));
+    return select(vec4<f32>(0.0), v, vec4<u32>(i) + vec4<u32>(0u, 1u, 2u, 3u) < vec4<u32>(cols));
 }

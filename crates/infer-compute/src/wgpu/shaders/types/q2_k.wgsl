@@ -4,24 +4,12 @@
 // (qs[32h + k] >> 2s) & 3, value = d·(sc & 15)·q − dmin·(sc >> 4) with sc
 // the byte of its 16-value group. Chunk `c` is group c % 8 of super-block
 // c / 8.
-fn load_chunk(row_byte: u32, c: u32, cols: u32) -> array<f32, 32> {
-    var v: array<f32, 32>;
+fn load4(row_byte: u32, c: u32, q: u32, cols: u32) -> vec4<f32> {
     let base = row_byte + 84u * (c >> 3u);
     let g = c & 7u;
-    let d = wf16(base + 80u);
-    let dmin = wf16(base + 82u);
-    let shift = 2u * (g & 3u);
+    let dm = wf16x2(base + 80u);
+    let sc = wbyte(base + 2u * g + (q >> 2u));
     let qs = base + 16u + 32u * (g >> 2u);
-    for (var half = 0u; half < 2u; half++) {
-        let sc = wbyte(base + 2u * g + half);
-        let dl = d * f32(sc & 15u);
-        let ml = dmin * f32(sc >> 4u);
-        for (var k = 0u; k < 4u; k++) {
-            let q = wword(qs + 16u * half + 4u * k);
-            for (var b = 0u; b < 4u; b++) {
-                v[16u * half + 4u * k + b] = dl * f32((byte_of(q, b) >> shift) & 3u) - ml;
-            }
-        }
-    }
-    return v;
+    let n = (bytes4(wword(qs + 4u * q)) >> vec4<u32>(2u * (g & 3u))) & vec4<u32>(3u);
+    return dm.x * f32(sc & 15u) * vec4<f32>(n) - dm.y * f32(sc >> 4u);
 }

@@ -15,24 +15,13 @@ fn q3k_scale(s: u32, gs: u32) -> f32 {
     return f32(i32(low | (high << 4u)) - 32);
 }
 
-fn load_chunk(row_byte: u32, c: u32, cols: u32) -> array<f32, 32> {
-    var v: array<f32, 32>;
+fn load4(row_byte: u32, c: u32, q: u32, cols: u32) -> vec4<f32> {
     let base = row_byte + 110u * (c >> 3u);
     let g = c & 7u;
-    let d = wf16(base + 108u);
-    let shift = 2u * (g & 3u);
+    let dl = wf16(base + 108u) * q3k_scale(base + 96u, 2u * g + (q >> 2u));
     let qs = base + 32u + 32u * (g >> 2u);
-    for (var half = 0u; half < 2u; half++) {
-        let dl = d * q3k_scale(base + 96u, 2u * g + half);
-        for (var k = 0u; k < 4u; k++) {
-            let q = wword(qs + 16u * half + 4u * k);
-            let h = wword(base + 16u * half + 4u * k);
-            for (var b = 0u; b < 4u; b++) {
-                let high = (byte_of(h, b) >> g) & 1u;
-                let code = i32((byte_of(q, b) >> shift) & 3u) - select(4, 0, high == 1u);
-                v[16u * half + 4u * k + b] = dl * f32(code);
-            }
-        }
-    }
-    return v;
+    let low = (bytes4(wword(qs + 4u * q)) >> vec4<u32>(2u * (g & 3u))) & vec4<u32>(3u);
+    let high = (bytes4(wword(base + 4u * q)) >> vec4<u32>(g)) & vec4<u32>(1u);
+    let code = vec4<i32>(low) - select(vec4<i32>(4), vec4<i32>(0), high == vec4<u32>(1u));
+    return dl * vec4<f32>(code);
 }
