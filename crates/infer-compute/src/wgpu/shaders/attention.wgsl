@@ -9,6 +9,9 @@
 // element type comes from the `kv/` file composed in front (`KvPair`: two
 // values); arithmetic in f32.
 
+// Invocations per workgroup (the reductions' size too).
+const WG: u32 = 64u;
+
 struct Params {
     n_head: u32,
     n_kv: u32,
@@ -28,7 +31,7 @@ struct Params {
 @group(0) @binding(6) var<storage, read> tok_slot: array<u32>;
 @group(0) @binding(7) var<uniform> p: Params;
 
-@compute @workgroup_size(64)
+@compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
     let h = wid.x;
     let t = wid.y;

@@ -7,6 +7,9 @@
 // act: SiLU x / (1 + e^−x), or GELU's tanh approximation evaluated as ggml
 // through 0.5 · (1 + tanh z) = 1 / (1 + e^−2z), z = √(2/π)·(x + 0.044715·x³).
 
+// Invocations per workgroup (the reductions' size too).
+const WG: u32 = 64u;
+
 struct Params {
     n: u32,
     gelu: u32,
@@ -32,7 +35,7 @@ fn index(gid: vec3<u32>, nwg: vec3<u32>) -> u32 {
 
 // Each entry point binds only the buffers it uses.
 // glu: src holds gate, dst holds up on entry and the product on exit.
-@compute @workgroup_size(64)
+@compute @workgroup_size(WG)
 fn glu(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let i = index(gid, nwg);
     if i < p.n {
@@ -40,7 +43,7 @@ fn glu(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) n
     }
 }
 
-@compute @workgroup_size(64)
+@compute @workgroup_size(WG)
 fn act_inplace(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let i = index(gid, nwg);
     if i < p.n {
@@ -48,7 +51,7 @@ fn act_inplace(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workg
     }
 }
 
-@compute @workgroup_size(64)
+@compute @workgroup_size(WG)
 fn gather(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let i = index(gid, nwg);
     if i < p.n {

@@ -4,6 +4,9 @@
 // in row blocks (one binding each): this dispatch holds rows
 // row0..row0 + rows and skips tokens of other blocks.
 
+// Invocations per workgroup (the reductions' size too).
+const WG: u32 = 64u;
+
 struct Params {
     n_embd: u32,
     row_bytes: u32,
@@ -16,7 +19,7 @@ struct Params {
 @group(0) @binding(2) var<storage, read_write> out: array<f32>;
 @group(0) @binding(3) var<uniform> p: Params;
 
-@compute @workgroup_size(64)
+@compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
     let t = wid.x;
     let id = ids[t];

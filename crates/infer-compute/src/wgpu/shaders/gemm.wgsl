@@ -3,6 +3,9 @@
 // output, the k dimension in steps of 16 through workgroup tiles of a and
 // b, f32 accumulation.
 
+// Invocations per workgroup (the reductions' size too; 16 × 16).
+const WG: u32 = 256u;
+
 const TILE: u32 = 16u;
 
 struct Params {

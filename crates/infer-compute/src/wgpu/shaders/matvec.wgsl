@@ -24,6 +24,9 @@
 // of token t and row r is written at y[y_off + t · y_stride + r],
 // soft-capped (c · tanh(y / c)) when `cap` > 0.
 
+// Invocations per workgroup (the reductions' size too).
+const WG: u32 = 64u;
+
 const TT: u32 = 4u;
 const TM: u32 = 16u;
 const TN: u32 = 16u;
@@ -68,7 +71,7 @@ fn x4(b: u32, i: u32) -> vec4<f32> {
 // used for MR rows.
 override MR: u32 = 1u;
 
-@compute @workgroup_size(64)
+@compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, lanes: Lanes) {
     let row0 = (wid.x + wid.y * nwg.x) * MR;
     let t0 = wid.z * TT;
@@ -126,7 +129,7 @@ var<workgroup> xs: array<vec4<f32>, 512>;
 // The SK partial sums of each (row, token), reduced at the end.
 var<workgroup> part_acc: array<f32, 1024>;
 
-@compute @workgroup_size(64)
+@compute @workgroup_size(WG)
 fn main_tiled(
     @builtin(workgroup_id) wid: vec3<u32>,
     @builtin(num_workgroups) nwg: vec3<u32>,

@@ -7,6 +7,10 @@
 // LayerNorm (x − mean) / sqrt(var + eps) (Ba et al. 2016). Sums in f32.
 // Unused operands are bound to a dummy buffer and never read.
 
+// Invocations per workgroup (the reductions' size too): 256, so a row of
+// a few thousand values takes each invocation a few steps per pass.
+const WG: u32 = 256u;
+
 struct Params {
     n: u32,
     has_add: u32,
@@ -25,7 +29,7 @@ struct Params {
 @group(0) @binding(5) var<storage, read_write> out: array<f32>;
 @group(0) @binding(6) var<uniform> p: Params;
 
-@compute @workgroup_size(64)
+@compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
     let base = wid.x * p.n;
     let lid = lanes.lid;

@@ -1,8 +1,7 @@
 // Workgroup sums and maxima through workgroup memory: a tree of halving
 // steps with a barrier each (the fallback where the adapter lacks
-// subgroups). Every invocation gets the result.
-
-const WG: u32 = 64u;
+// subgroups). Every invocation gets the result. WG, the workgroup size (a
+// power of two), is the kernel file's.
 
 struct Lanes {
     @builtin(local_invocation_index) lid: u32,

@@ -1,10 +1,9 @@
 // Workgroup sums and maxima through subgroup reductions: each subgroup
 // reduces in registers, its first lane writes one partial to workgroup
 // memory (at its own invocation index, so no subgroup numbering is
-// assumed), and every invocation sums the partials. Needs the `subgroups`
-// feature of the device.
-
-const WG: u32 = 64u;
+// assumed), and every invocation sums the partials, four at a time. Needs
+// the `subgroups` feature of the device. WG, the workgroup size (a
+// multiple of 4), is the kernel file's.
 
 struct Lanes {
     @builtin(local_invocation_index) lid: u32,
@@ -14,35 +13,27 @@ struct Lanes {
 var<workgroup> red_part: array<f32, WG>;
 
 fn wg_sum(v: f32, lanes: Lanes) -> f32 {
-    red_part[lanes.lid] = 0.0;
-    workgroupBarrier();
     let s = subgroupAdd(v);
-    if lanes.sgi == 0u {
-        red_part[lanes.lid] = s;
+    red_part[lanes.lid] = select(0.0, s, lanes.sgi == 0u);
+    workgroupBarrier();
+    var t = vec4<f32>(0.0);
+    for (var i = 0u; i < WG; i += 4u) {
+        t += vec4<f32>(red_part[i], red_part[i + 1u], red_part[i + 2u], red_part[i + 3u]);
     }
     workgroupBarrier();
-    var total = 0.0;
-    for (var i = 0u; i < WG; i++) {
-        total += red_part[i];
-    }
-    workgroupBarrier();
-    return total;
+    return (t.x + t.y) + (t.z + t.w);
 }
 
 fn wg_max(v: f32, lanes: Lanes) -> f32 {
-    red_part[lanes.lid] = -3.0e38;
-    workgroupBarrier();
     let s = subgroupMax(v);
-    if lanes.sgi == 0u {
-        red_part[lanes.lid] = s;
+    red_part[lanes.lid] = select(-3.0e38, s, lanes.sgi == 0u);
+    workgroupBarrier();
+    var m = vec4<f32>(-3.0e38);
+    for (var i = 0u; i < WG; i += 4u) {
+        m = max(m, vec4<f32>(red_part[i], red_part[i + 1u], red_part[i + 2u], red_part[i + 3u]));
     }
     workgroupBarrier();
-    var m = -3.0e38;
-    for (var i = 0u; i < WG; i++) {
-        m = max(m, red_part[i]);
-    }
-    workgroupBarrier();
-    return m;
+    return max(max(m.x, m.y), max(m.z, m.w));
 }
 
 var<workgroup> red_part4: array<vec4<f32>, WG>;

@@ -9,6 +9,9 @@
 // Cache layout: [n_slots][n_ctx][n_head_kv][head_dim] of the element type
 // of the `kv/` file composed in front (`KvPair`: two values).
 
+// Invocations per workgroup (the reductions' size too).
+const WG: u32 = 64u;
+
 struct Params {
     n_head: u32,
     n_kv: u32,
@@ -41,7 +44,7 @@ var<workgroup> hv: array<f32, MAX_HD>;
 // A k or v head's final values, packed in pairs into the cache.
 var<workgroup> out_kv: array<f32, MAX_HD>;
 
-@compute @workgroup_size(64)
+@compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
     let head = wid.x;
     let t = wid.y;
