@@ -171,7 +171,7 @@ fn matmul_quant_case(b: &dyn ComputeBackend, ty: GgmlType) -> Result<Outcome, St
     let mut rng = Rng::new(0x6D71 + ty.id() as u64);
     let mut all = (Vec::new(), Vec::new());
     let cols = *cols_for(ty).last().unwrap_or(&ty.block_size());
-    for (rows, n_tokens) in [(17, 2), (65, 7), (3, 33), (130, 20)] {
+    for (rows, n_tokens) in [(17, 2), (65, 7), (3, 33), (130, 20), (70, 67)] {
         let w = random_weight(&mut rng, ty, rows, cols);
         let x = Array2::from_shape_vec((n_tokens, cols), rng.normals(n_tokens * cols, 1.0)).expect("shape");
         let y = match b.matmul_quant(&w, x.view()) {

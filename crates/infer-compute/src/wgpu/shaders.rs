@@ -87,6 +87,9 @@ pub enum Kernel {
     /// Prefill product of 16 rows × 16 tokens per workgroup (`matvec.wgsl`
     /// `main_tiled`), per weight type.
     MatvecTiled,
+    /// Register-tiled prefill GEMM of 64 rows × 64 tokens per workgroup
+    /// (`matmul_quant.wgsl`), per weight type.
+    MatmulQuant,
     /// Embedding lookup (`embed.wgsl`), per weight type.
     Embed,
     /// Dense f32 GEMM (`gemm.wgsl`).
@@ -106,9 +109,10 @@ pub enum Kernel {
 }
 
 /// Every kernel, for [`all_modules`].
-pub const KERNELS: [Kernel; 10] = [
+pub const KERNELS: [Kernel; 11] = [
     Kernel::Matvec,
     Kernel::MatvecTiled,
+    Kernel::MatmulQuant,
     Kernel::Embed,
     Kernel::Gemm,
     Kernel::ResidualNorm,
@@ -125,6 +129,7 @@ impl Kernel {
         match self {
             Kernel::Matvec => "matvec",
             Kernel::MatvecTiled => "matvec_tiled",
+            Kernel::MatmulQuant => "matmul_quant",
             Kernel::Embed => "embed",
             Kernel::Gemm => "gemm",
             Kernel::ResidualNorm => "residual_norm",
@@ -167,12 +172,13 @@ impl Kernel {
 
     /// Whether the kernel reads weight blocks (composed per type).
     pub fn typed(self) -> bool {
-        matches!(self, Kernel::Matvec | Kernel::MatvecTiled | Kernel::Embed)
+        matches!(self, Kernel::Matvec | Kernel::MatvecTiled | Kernel::MatmulQuant | Kernel::Embed)
     }
 
     fn source(self) -> &'static str {
         match self {
             Kernel::Matvec | Kernel::MatvecTiled => include_str!("shaders/matvec.wgsl"),
+            Kernel::MatmulQuant => include_str!("shaders/matmul_quant.wgsl"),
             Kernel::Embed => include_str!("shaders/embed.wgsl"),
             Kernel::Gemm => include_str!("shaders/gemm.wgsl"),
             Kernel::ResidualNorm => include_str!("shaders/norm.wgsl"),

@@ -15,15 +15,19 @@ const TT: usize = 4;
 /// Rows and tokens per workgroup of `main_tiled` (`TM`, `TN`).
 const TM: usize = 16;
 const TN: usize = 16;
+/// Rows and tokens per workgroup of `matmul_quant.wgsl` (`BM`, `BN`).
+const BM: usize = 64;
+const BN: usize = 64;
 
 /// The product kernel for `n_tok` tokens, with its rows and tokens per
 /// workgroup: 4-token tiles of `matvec_rows` rows below 8 tokens, the
-/// tiled prefill product from 8 on (fewer would leave most of its
-/// 16-token tile empty).
+/// 16 × 16 tiled product from 8 and the 64 × 64 GEMM from 64 (fewer
+/// tokens would leave most of a tile empty).
 fn product_kernel(n_tok: usize, matvec_rows: u32) -> (Kernel, usize, usize) {
     match n_tok {
         0..=7 => (Kernel::Matvec, matvec_rows as usize, TT),
-        _ => (Kernel::MatvecTiled, TM, TN),
+        8..=63 => (Kernel::MatvecTiled, TM, TN),
+        _ => (Kernel::MatmulQuant, BM, BN),
     }
 }
 
