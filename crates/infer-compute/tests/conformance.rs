@@ -48,10 +48,8 @@ fn wgpu() -> Vec<Candidate> {
     let subgroups = first.as_ref().is_ok_and(|b| b.uses_subgroups());
     let mut v = vec![("wgpu".to_string(), first)];
     if subgroups {
-        // Passes of 8 tokens, so that its prompts run in several passes,
-        // and three GEMV rows per workgroup, so that some matrices end in
-        // a part-filled workgroup.
-        let opts = Options { no_subgroups: true, pass_tokens: Some(8), matvec_rows: Some(3), ..Default::default() };
+        // Passes of 8 tokens, so that its prompts run in several passes.
+        let opts = Options { no_subgroups: true, pass_tokens: Some(8), ..Default::default() };
         v.push(("wgpu_shared".to_string(), open(opts)));
     }
     v.into_iter().map(|(n, b)| (n, b.map(|b| Arc::new(b) as Arc<dyn ComputeBackend>))).collect()

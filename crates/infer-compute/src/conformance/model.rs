@@ -181,6 +181,13 @@ fn mixed_qkv_case(b: &dyn ComputeBackend, arch: Arch) -> Result<Outcome, String>
     decode_spec(b, &model_with_qkv(11, arch, (256, 4, 2, 64), qkv))
 }
 
+/// [`decode_case`] on a Gemma 3 model of 4352 values per token: past the
+/// 4096 that a GPU norm may hold in registers, so its looping path runs
+/// (sandwich norms included).
+fn wide_embd_case(b: &dyn ComputeBackend) -> Result<Outcome, String> {
+    decode_spec(b, &random_model_heads(13, Arch::Gemma3, 4352, 4, 2, 64))
+}
+
 fn decode_spec(b: &dyn ComputeBackend, spec: &ModelSpec) -> Result<Outcome, String> {
     let mut m = match prepare(b, spec)? {
         Ok(m) => m,
@@ -596,6 +603,7 @@ pub fn cases() -> Vec<Case> {
     }
     v.push(Case::new("model::llama_bias::mixed_qkv", |b| mixed_qkv_case(b, Arch::LlamaBias)));
     v.push(Case::new("model::gemma3::mixed_qkv", |b| mixed_qkv_case(b, Arch::Gemma3)));
+    v.push(Case::new("model::gemma3::wide_embd", wide_embd_case));
     v.push(Case::new("model::decode_batch", batch_case));
     v.push(Case::new("model::truncate", truncate_case));
     v.push(Case::new("model::profile_step", profile_case));

@@ -57,14 +57,7 @@ pub struct Options {
     /// Tokens per forward pass at most, below the default (`PASS_TOKENS`);
     /// small values make short prompts run in several passes (tests).
     pub pass_tokens: Option<usize>,
-    /// Rows per workgroup of the GEMV (`matvec.wgsl` `main`'s `MR`, 1 to
-    /// 4); `None` takes `INFER_WGPU_MATVEC_ROWS` or else [`MATVEC_ROWS`].
-    pub matvec_rows: Option<u32>,
 }
-
-/// Rows per workgroup of the GEMV unless [`Options::matvec_rows`] says
-/// otherwise.
-pub const MATVEC_ROWS: u32 = 1;
 
 /// An open wgpu device with its queue, capabilities and pipelines.
 pub struct Gpu {
@@ -75,32 +68,11 @@ pub struct Gpu {
     pub subgroups: bool,
     /// [`Options::pass_tokens`].
     pub pass_tokens: Option<usize>,
-    /// Rows per workgroup of the GEMV ([`Options::matvec_rows`]), 1 to 4.
-    pub matvec_rows: u32,
     pipelines: Mutex<HashMap<(Kernel, Option<GgmlType>), wgpu::ComputePipeline>>,
     /// A small storage buffer bound where a kernel's optional operand is absent.
     pub dummy: wgpu::Buffer,
     /// Uncaptured errors (outside any scope), reported by the next scope.
     stray: Arc<Mutex<Vec<String>>>,
-}
-
-/// The GEMV's rows per workgroup: `opt`, else `INFER_WGPU_MATVEC_ROWS`,
-/// else [`MATVEC_ROWS`].
-///
-/// # Errors
-/// [`Error::Device`] for a value outside 1 to 4.
-fn matvec_rows(opt: Option<u32>) -> Result<u32> {
-    let env = std::env::var("INFER_WGPU_MATVEC_ROWS").ok();
-    let n = match (opt, env.as_deref()) {
-        (Some(n), _) => n,
-        (None, Some(v)) => v.trim().parse().unwrap_or(0),
-        (None, None) => MATVEC_ROWS,
-    };
-    if !(1..=4).contains(&n) {
-        let got = opt.map_or_else(|| format!("INFER_WGPU_MATVEC_ROWS={}", env.unwrap_or_default()), |n| n.to_string());
-        return Err(Error::Device(format!("wgpu GEMV rows per workgroup must be 1 to 4, got {got}")));
-    }
-    Ok(n)
 }
 
 fn device_type_name(t: wgpu::DeviceType) -> &'static str {
@@ -205,7 +177,6 @@ impl Gpu {
             caps,
             subgroups,
             pass_tokens: opts.pass_tokens,
-            matvec_rows: matvec_rows(opts.matvec_rows)?,
             pipelines: Mutex::new(HashMap::new()),
             dummy,
             stray,
@@ -317,7 +288,6 @@ impl Gpu {
             return Ok(p.clone());
         }
         let src = shaders::compose(kernel, ty, self.subgroups)?;
-        let constants: &[(&str, f64)] = if kernel == Kernel::Matvec { &[("MR", self.matvec_rows as f64)] } else { &[] };
         let p = self.scoped(kernel.name(), || {
             let module = self.device.create_shader_module(wgpu::ShaderModuleDescriptor {
                 label: Some(kernel.name()),
@@ -328,7 +298,7 @@ impl Gpu {
                 layout: None,
                 module: &module,
                 entry_point: Some(kernel.entry()),
-                compilation_options: wgpu::PipelineCompilationOptions { constants, ..Default::default() },
+                compilation_options: Default::default(),
                 cache: None,
             }))
         })?;

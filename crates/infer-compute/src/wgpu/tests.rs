@@ -34,11 +34,6 @@ fn every_shader_validates_and_translates_to_msl_and_hlsl() {
             kernel.entry()
         );
 
-        // Pipeline constants (the GEMV's `MR`) at their defaults, as wgpu
-        // substitutes them before translating.
-        let (module, info) =
-            naga::back::pipeline_constants::process_overrides(&module, &info, None, &Default::default())
-                .unwrap_or_else(|e| panic!("{name}: overrides: {e}"));
         let msl_opts = naga::back::msl::Options { lang_version: (2, 4), ..Default::default() };
         let (msl, _) = naga::back::msl::write_string(&module, &info, &msl_opts, &Default::default())
             .unwrap_or_else(|e| panic!("{name}: MSL: {e}"));

@@ -20,12 +20,12 @@ const BM: usize = 64;
 const BN: usize = 64;
 
 /// The product kernel for `n_tok` tokens, with its rows and tokens per
-/// workgroup: 4-token tiles of `matvec_rows` rows below 8 tokens, the
+/// workgroup: a row and 4-token tiles below 8 tokens, the
 /// 16 × 16 tiled product from 8 and the 64 × 64 GEMM from 64 (fewer
 /// tokens would leave most of a tile empty).
-fn product_kernel(n_tok: usize, matvec_rows: u32) -> (Kernel, usize, usize) {
+fn product_kernel(n_tok: usize) -> (Kernel, usize, usize) {
     match n_tok {
-        0..=7 => (Kernel::Matvec, matvec_rows as usize, TT),
+        0..=7 => (Kernel::Matvec, 1, TT),
         8..=63 => (Kernel::MatvecTiled, TM, TN),
         _ => (Kernel::MatmulQuant, BM, BN),
     }
@@ -128,7 +128,7 @@ fn u32_of(v: usize, what: &'static str) -> Result<u32> {
 /// [`Error::Overflow`] for offsets past the kernels' 32-bit indices; those
 /// of [`Step::dispatch`].
 pub fn record_matvec(step: &mut Step<'_>, w: &DevWeight, io: ProductIo<'_>) -> Result<()> {
-    let (kernel, rows_per_group, toks_per_group) = product_kernel(io.n_tok, step.gpu.matvec_rows);
+    let (kernel, rows_per_group, toks_per_group) = product_kernel(io.n_tok);
     let z = u32_of(io.n_tok.div_ceil(toks_per_group), "token tiles")?;
     for part in &w.parts {
         let [gx, gy] = step.grid(part.rows.div_ceil(rows_per_group));

@@ -4,13 +4,14 @@
 // work, one entry point each, chosen by the number of tokens
 // (`weights.rs`):
 //
-// - `main` (GEMV and small batches): a workgroup per MR rows and tile of
-//   TT tokens; invocation i takes quarters s ≡ i (mod WG) of the rows, so a
+// - `main` (GEMV and small batches): a workgroup per row and tile of TT
+//   tokens; invocation i takes quarters s ≡ i (mod WG) of the row, so a
 //   subgroup reads consecutive words of the blocks and consecutive vec4 of
 //   the activations, and each quarter serves the TT tokens; one workgroup
 //   reduction gives the TT sums. (A whole chunk per invocation, in an
 //   array indexed at run time, ran at 30–100 GB/s on the H200: drivers keep
-//   such arrays in local memory.)
+//   such arrays in local memory. Two or four rows per workgroup ran
+//   10-30% slower than one.)
 // - `main_tiled` (prefill): a workgroup per TM rows and TN tokens, SK
 //   invocations per row, each taking every SK-th chunk of it; per step
 //   the SK chunks' TN × 32 activations are staged in workgroup memory and
@@ -66,58 +67,62 @@ fn x4(b: u32, i: u32) -> vec4<f32> {
     return select(vec4<f32>(0.0), v, vec4<u32>(i) + vec4<u32>(0u, 1u, 2u, 3u) < vec4<u32>(p.cols));
 }
 
-// Rows per workgroup of `main` (a pipeline constant, 1 to 4; `weights.rs`
-// sizes the grid with the same value): each activation quarter read is
-// used for MR rows.
-override MR: u32 = 1u;
+// The dot products of the weight quarter `wv` (values i .. i + 3 of the
+// row) with each token of the tile whose activation rows start at xb (the
+// first only unless `multi`).
+fn tile_dots(wv: vec4<f32>, i: u32, xb: vec4<u32>, multi: bool) -> vec4<f32> {
+    var d = vec4<f32>(dot(wv, x4(xb.x, i)), 0.0, 0.0, 0.0);
+    if multi {
+        d.y = dot(wv, x4(xb.y, i));
+        d.z = dot(wv, x4(xb.z, i));
+        d.w = dot(wv, x4(xb.w, i));
+    }
+    return d;
+}
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, lanes: Lanes) {
-    let row0 = (wid.x + wid.y * nwg.x) * MR;
+    let row = wid.x + wid.y * nwg.x;
     let t0 = wid.z * TT;
-    if row0 >= p.rows {
+    if row >= p.rows {
         return;
     }
     // Tile tokens past n_tok read token t0's activations (always present)
     // and are not written.
     let xb0 = p.x_off + t0 * p.x_stride;
-    let xb1 = select(xb0, xb0 + p.x_stride, t0 + 1u < p.n_tok);
-    let xb2 = select(xb0, xb0 + 2u * p.x_stride, t0 + 2u < p.n_tok);
-    let xb3 = select(xb0, xb0 + 3u * p.x_stride, t0 + 3u < p.n_tok);
+    let xb = vec4<u32>(
+        xb0,
+        select(xb0, xb0 + p.x_stride, t0 + 1u < p.n_tok),
+        select(xb0, xb0 + 2u * p.x_stride, t0 + 2u < p.n_tok),
+        select(xb0, xb0 + 3u * p.x_stride, t0 + 3u < p.n_tok),
+    );
     let multi = t0 + 1u < p.n_tok;
-    var acc: array<vec4<f32>, 4>;
+    let rbase = row * p.row_bytes;
     let n_quarters = (p.cols + 3u) / 4u;
-    for (var s = lanes.lid; s < n_quarters; s += WG) {
-        let i = 4u * s;
-        let x0 = x4(xb0, i);
-        var x1 = vec4<f32>(0.0);
-        var x2 = vec4<f32>(0.0);
-        var x3 = vec4<f32>(0.0);
-        if multi {
-            x1 = x4(xb1, i);
-            x2 = x4(xb2, i);
-            x3 = x4(xb3, i);
-        }
-        for (var r = 0u; r < MR; r++) {
-            // Rows past the matrix (its last workgroup) repeat its last
-            // row and are not written.
-            let row = min(row0 + r, p.rows - 1u);
-            let wv = load4(row * p.row_bytes, s >> 3u, s & 7u, p.cols);
-            acc[r].x += dot(wv, x0);
-            if multi {
-                acc[r].y += dot(wv, x1);
-                acc[r].z += dot(wv, x2);
-                acc[r].w += dot(wv, x3);
-            }
-        }
+    var acc = vec4<f32>(0.0);
+    var s = lanes.lid;
+    // Four quarters a step, all four loaded before any is used, so that an
+    // invocation has four weight loads in flight (one at a time left the
+    // H200 at 120-270 GB/s).
+    for (; s + 3u * WG < n_quarters; s += 4u * WG) {
+        let s1 = s + WG;
+        let s2 = s + 2u * WG;
+        let s3 = s + 3u * WG;
+        let w0 = load4(rbase, s >> 3u, s & 7u, p.cols);
+        let w1 = load4(rbase, s1 >> 3u, s1 & 7u, p.cols);
+        let w2 = load4(rbase, s2 >> 3u, s2 & 7u, p.cols);
+        let w3 = load4(rbase, s3 >> 3u, s3 & 7u, p.cols);
+        acc += tile_dots(w0, 4u * s, xb, multi) + tile_dots(w1, 4u * s1, xb, multi);
+        acc += tile_dots(w2, 4u * s2, xb, multi) + tile_dots(w3, 4u * s3, xb, multi);
     }
-    for (var r = 0u; r < MR; r++) {
-        let totals = wg_sum4(acc[r], lanes);
-        if lanes.lid == 0u && row0 + r < p.rows {
-            for (var t = 0u; t < TT; t++) {
-                if t0 + t < p.n_tok {
-                    y[p.y_off + (t0 + t) * p.y_stride + row0 + r] = capped(totals[t]);
-                }
+    for (; s < n_quarters; s += WG) {
+        acc += tile_dots(load4(rbase, s >> 3u, s & 7u, p.cols), 4u * s, xb, multi);
+    }
+    let totals = wg_sum4(acc, lanes);
+    if lanes.lid == 0u {
+        for (var t = 0u; t < TT; t++) {
+            if t0 + t < p.n_tok {
+                y[p.y_off + (t0 + t) * p.y_stride + row] = capped(totals[t]);
             }
         }
     }
