@@ -3,7 +3,7 @@
  * testdata/README.md (pNN.json + pNN.last_logits.f32).
  *
  * Usage: llama-logits MODEL.gguf PROMPTS.txt OUT_DIR [--kv f16|f32]
- *                     [--greedy N] [--threads N]
+ *                     [--greedy N] [--threads N] [--follow IDS.txt]
  *
  * For every line of PROMPTS.txt (a prompt, "\n" written as backslash-n) it
  * tokenizes the prompt with the model's vocabulary (BOS as the vocabulary
@@ -16,6 +16,12 @@
  *   pNN.last_logits.f32: every logit at the last prompt position (f32 LE).
  * The KV cache type is f16 (llama.cpp's default) unless --kv f32; flash
  * attention is off.
+ *
+ * --follow IDS.txt: line k of IDS.txt (token ids separated by spaces) gives
+ * the tokens fed after prompt k instead of the argmax, one step per id
+ * (--greedy is then unused): another run's greedy tokens, so that two runs
+ * (a quantized file and its F32 weights) can be compared position by
+ * position on the same tokens. The "greedy" entries hold the fed ids.
  */
 #include "llama.h"
 
@@ -107,10 +113,11 @@ static const float *step(struct llama_context *ctx, llama_token tok) {
 }
 
 int main(int argc, char **argv) {
-    if (argc < 4) die("usage: llama-logits MODEL.gguf PROMPTS.txt OUT_DIR [--kv f16|f32] [--greedy N] [--threads N]", NULL);
+    if (argc < 4) die("usage: llama-logits MODEL.gguf PROMPTS.txt OUT_DIR [--kv f16|f32] [--greedy N] [--threads N] [--follow IDS.txt]", NULL);
     const char *model_path = argv[1], *prompts_path = argv[2], *out_dir = argv[3];
     enum ggml_type kv = GGML_TYPE_F16;
     int n_greedy = 48, n_threads = 2;
+    const char *follow_path = NULL;
     for (int i = 4; i < argc; i++) {
         if (!strcmp(argv[i], "--kv") && i + 1 < argc) {
             i++;
@@ -121,6 +128,8 @@ int main(int argc, char **argv) {
             n_greedy = atoi(argv[++i]);
         } else if (!strcmp(argv[i], "--threads") && i + 1 < argc) {
             n_threads = atoi(argv[++i]);
+        } else if (!strcmp(argv[i], "--follow") && i + 1 < argc) {
+            follow_path = argv[++i];
         } else {
             die("unknown argument", argv[i]);
         }
@@ -138,6 +147,10 @@ int main(int argc, char **argv) {
 
     FILE *pf = fopen(prompts_path, "r");
     if (!pf) die("cannot open", prompts_path);
+    FILE *ff = NULL;
+    if (follow_path && !(ff = fopen(follow_path, "r"))) die("cannot open", follow_path);
+    static char follow_line[65536];
+    llama_token follow[4096];
     char line[65536];
     int n_case = 0;
     float *last = malloc(sizeof(float) * (size_t) n_vocab);
@@ -157,6 +170,17 @@ int main(int argc, char **argv) {
         llama_token toks[8192];
         int n_tok = llama_tokenize(vocab, text, (int32_t) tl, toks, 8192, true, true);
         if (n_tok <= 0) die("tokenization failed for", line);
+        int n_follow = -1;
+        if (ff) {
+            if (!fgets(follow_line, sizeof follow_line, ff)) die("--follow file has fewer lines than prompts", NULL);
+            n_follow = 0;
+            for (char *p = follow_line, *end; n_follow < 4096; p = end) {
+                long v = strtol(p, &end, 10);
+                if (end == p) break;
+                follow[n_follow++] = (llama_token) v;
+            }
+            n_greedy = n_follow;
+        }
 
         struct llama_context_params cp = llama_context_default_params();
         cp.n_ctx = (uint32_t) (n_tok + n_greedy + 16);
@@ -189,7 +213,7 @@ int main(int argc, char **argv) {
         memcpy(last, l, sizeof(float) * (size_t) n_vocab);
         fputs("],\"greedy\":[", f);
         for (int g = 0; g < n_greedy; g++) {
-            llama_token id = argmax(l, n_vocab);
+            llama_token id = n_follow >= 0 ? follow[g] : argmax(l, n_vocab);
             char piece[256];
             int np = llama_token_to_piece(vocab, id, piece, sizeof piece, 0, true);
             if (np < 0) np = 0;
@@ -211,6 +235,7 @@ int main(int argc, char **argv) {
         n_case++;
     }
     fclose(pf);
+    if (ff) fclose(ff);
     free(last);
     llama_model_free(model);
     fprintf(stderr, "llama-logits: %d prompts, %d tokens of vocabulary\n", n_case, n_vocab);
