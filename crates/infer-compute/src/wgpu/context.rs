@@ -289,16 +289,36 @@ impl Gpu {
         }
         let src = shaders::compose(kernel, ty, self.subgroups)?;
         let p = self.scoped(kernel.name(), || {
-            let module = self.device.create_shader_module(wgpu::ShaderModuleDescriptor {
+            let desc = wgpu::ShaderModuleDescriptor {
                 label: Some(kernel.name()),
                 source: wgpu::ShaderSource::Wgsl(src.into()),
-            });
+            };
+            // Bounds checks stay on. naga's loop bounding (a counter and an
+            // exit test added to every loop) is off: it keeps drivers from
+            // unrolling the kernels' fixed loops, so their small arrays
+            // (a quarter's four weights, a tile's accumulators) went to
+            // local memory and the products ran at a tenth of the H200's
+            // bandwidth.
+            let checks =
+                wgpu::ShaderRuntimeChecks { force_loop_bounding: false, ..wgpu::ShaderRuntimeChecks::checked() };
+            // SAFETY: `create_shader_module_trusted` requires that no loop
+            // of these shaders runs forever once loop bounding is off. Every
+            // loop of `shaders/` counts a u32 up to a bound taken from its
+            // parameters, by a positive step: sizes the host derives from
+            // buffers below 2^31 bytes and positions it checks against the
+            // context, so no counter can wrap past its bound.
+            let module = unsafe { self.device.create_shader_module_trusted(desc, checks) };
             Ok(self.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
                 label: Some(kernel.name()),
                 layout: None,
                 module: &module,
                 entry_point: Some(kernel.entry()),
-                compilation_options: Default::default(),
+                // Every kernel writes the workgroup memory it reads first
+                // (a barrier between), so wgpu's zero fill of it is waste.
+                compilation_options: wgpu::PipelineCompilationOptions {
+                    zero_initialize_workgroup_memory: false,
+                    ..Default::default()
+                },
                 cache: None,
             }))
         })?;
