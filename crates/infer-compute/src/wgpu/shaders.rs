@@ -1,8 +1,9 @@
 //! The WGSL kernels (`shaders/`, one file per op family, one per weight
 //! type under `shaders/types/`) and how a module is composed from them:
 //! `reduction + [weight access + the type's load4 | the KV cache's
-//! element type] + kernel`. Kernels are named by [`Kernel`], never by
-//! strings.
+//! element type] + kernel`, the products' kernel files preceded by
+//! `product.wgsl` (their parameters, bindings and activation reads).
+//! Kernels are named by [`Kernel`], never by strings.
 //!
 //! The reductions (`wg_sum`, `wg_max`, and the `Lanes` builtins struct) come
 //! in two interchangeable files: `reduce_subgroup.wgsl` (subgroup
@@ -177,8 +178,12 @@ impl Kernel {
 
     fn source(self) -> &'static str {
         match self {
-            Kernel::Matvec | Kernel::MatvecTiled => include_str!("shaders/matvec.wgsl"),
-            Kernel::MatmulQuant => include_str!("shaders/matmul_quant.wgsl"),
+            Kernel::Matvec | Kernel::MatvecTiled => {
+                concat!(include_str!("shaders/product.wgsl"), include_str!("shaders/matvec.wgsl"))
+            }
+            Kernel::MatmulQuant => {
+                concat!(include_str!("shaders/product.wgsl"), include_str!("shaders/matmul_quant.wgsl"))
+            }
             Kernel::Embed => include_str!("shaders/embed.wgsl"),
             Kernel::Gemm => include_str!("shaders/gemm.wgsl"),
             Kernel::ResidualNorm => include_str!("shaders/norm.wgsl"),

@@ -3,8 +3,8 @@
 // tokens, each invocation a 4 × 4 block of them (16 accumulators). The k
 // dimension goes in steps of one 32-value chunk: half the invocations
 // dequantize the step's 64 × 32 weights (the weight type's `load4`,
-// composed in front of this file) and the other half load its 64 × 32
-// activations, both into workgroup memory transposed to vec4 of four rows
+// composed in front of this file with `product.wgsl`) and the other half
+// load its 64 × 32 activations, both into workgroup memory transposed to vec4 of four rows
 // (four tokens) per k, so that each k costs an invocation two vec4 reads
 // for 16 multiply-adds. A weight is dequantized once per 64 tokens, an
 // activation read once per 64 rows. 16 KiB of workgroup memory (WebGPU's
@@ -22,43 +22,10 @@ const WG: u32 = 256u;
 const BM: u32 = 64u;
 const BN: u32 = 64u;
 
-struct Params {
-    rows: u32,
-    cols: u32,
-    n_tok: u32,
-    row_bytes: u32,
-    x_off: u32,
-    x_stride: u32,
-    y_off: u32,
-    y_stride: u32,
-    cap: f32,
-}
-
-@group(0) @binding(1) var<storage, read> x: array<f32>;
-@group(0) @binding(2) var<storage, read_write> y: array<f32>;
-@group(0) @binding(3) var<uniform> p: Params;
-
 // ws[k · 16 + j]: rows 4j .. 4j + 3 of the block at value k of the step;
 // xs[k · 16 + j]: tokens 4j .. 4j + 3 of the tile at value k.
 var<workgroup> ws: array<vec4<f32>, 512>;
 var<workgroup> xs: array<vec4<f32>, 512>;
-
-fn capped(v: f32) -> f32 {
-    if p.cap > 0.0 {
-        return p.cap * tanh(v / p.cap);
-    }
-    return v;
-}
-
-// Activations i .. i + 3 of token `t` (zero past `cols` and past n_tok).
-fn x4(t: u32, i: u32) -> vec4<f32> {
-    if t >= p.n_tok {
-        return vec4<f32>(0.0);
-    }
-    let b = p.x_off + t * p.x_stride + i;
-    let v = vec4<f32>(x[b], x[b + 1u], x[b + 2u], x[b + 3u]);
-    return select(vec4<f32>(0.0), v, vec4<u32>(i) + vec4<u32>(0u, 1u, 2u, 3u) < vec4<u32>(p.cols));
-}
 
 @compute @workgroup_size(WG)
 fn main(
@@ -89,9 +56,14 @@ fn main(
                 ws[(4u * sq + e) * 16u + sj] = vec4<f32>(v[0][e], v[1][e], v[2][e], v[3][e]);
             }
         } else {
+            // Tokens past n_tok stage zeros.
             var v: array<vec4<f32>, 4>;
             for (var t = 0u; t < 4u; t++) {
-                v[t] = x4(t0 + 4u * sj + t, c * 32u + 4u * sq);
+                let tok = t0 + 4u * sj + t;
+                v[t] = vec4<f32>(0.0);
+                if tok < p.n_tok {
+                    v[t] = x4(p.x_off + tok * p.x_stride, c * 32u + 4u * sq);
+                }
             }
             for (var e = 0u; e < 4u; e++) {
                 xs[(4u * sq + e) * 16u + sj] = vec4<f32>(v[0][e], v[1][e], v[2][e], v[3][e]);

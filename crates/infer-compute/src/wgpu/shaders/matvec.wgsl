@@ -1,6 +1,7 @@
 // Quantized matrix products `y[t, r] = Σ_i W[r, i] · x[t, i]`, in f32 from
 // quarters of 32-value chunks (four consecutive weights) dequantized by the
-// weight type's `load4` (composed in front of this file). Two shapes of
+// weight type's `load4` (composed in front of this file, as is
+// `product.wgsl`). Two shapes of
 // work, one entry point each, chosen by the number of tokens
 // (`weights.rs`):
 //
@@ -32,40 +33,6 @@ const TT: u32 = 4u;
 const TM: u32 = 16u;
 const TN: u32 = 16u;
 const SK: u32 = 4u;
-
-struct Params {
-    rows: u32,
-    cols: u32,
-    n_tok: u32,
-    row_bytes: u32,
-    x_off: u32,
-    x_stride: u32,
-    y_off: u32,
-    y_stride: u32,
-    cap: f32,
-}
-
-@group(0) @binding(1) var<storage, read> x: array<f32>;
-@group(0) @binding(2) var<storage, read_write> y: array<f32>;
-@group(0) @binding(3) var<uniform> p: Params;
-
-fn capped(v: f32) -> f32 {
-    if p.cap > 0.0 {
-        return p.cap * tanh(v / p.cap);
-    }
-    return v;
-}
-
-// Activations i .. i + 3 of the token whose row starts at x[b], zero past
-// `cols` (where the weights are zero too, but an activation there may be
-// another token's, or past the buffer).
-fn x4(b: u32, i: u32) -> vec4<f32> {
-    let v = vec4<f32>(x[b + i], x[b + i + 1u], x[b + i + 2u], x[b + i + 3u]);
-    if i + 4u <= p.cols {
-        return v;
-    }
-    return select(vec4<f32>(0.0), v, vec4<u32>(i) + vec4<u32>(0u, 1u, 2u, 3u) < vec4<u32>(p.cols));
-}
 
 // The dot products of the weight quarter `wv` (values i .. i + 3 of the
 // row) with each token of the tile whose activation rows start at xb (the
@@ -158,13 +125,7 @@ fn main_tiled(
             let c = g + ck;
             var q = vec4<f32>(0.0);
             if t0 + t < p.n_tok && c < n_chunks {
-                let n = min(32u, p.cols - c * 32u);
-                let xb = p.x_off + (t0 + t) * p.x_stride + c * 32u + j;
-                for (var e = 0u; e < 4u; e++) {
-                    if j + e < n {
-                        q[e] = x[xb + e];
-                    }
-                }
+                q = x4(p.x_off + (t0 + t) * p.x_stride, c * 32u + j);
             }
             xs[i] = q;
         }
