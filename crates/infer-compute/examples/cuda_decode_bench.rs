@@ -276,7 +276,7 @@ mod bench {
         }
         println!();
         let res: Vec<String> = cuda
-            .kernel_resources()
+            .kernel_resources()?
             .iter()
             .map(|(k, r, l)| format!("{k}: {r} regs{}", if *l > 0 { format!(", {l} B local") } else { String::new() }))
             .collect();

@@ -735,6 +735,20 @@ fn device_info_names_the_device() {
     assert_eq!(cuda.name(), "cuda");
 }
 
+/// Every kernel module compiles and loads, and defines the kernels the
+/// backend looks up in it (a model loads only its weight types' modules,
+/// so the suite's models would not reach every one).
+fn every_kernel_module_loads() {
+    let cuda = cuda_or_skip!();
+    let res = cuda.kernel_resources().unwrap();
+    let names: std::collections::HashSet<_> = res.iter().map(|r| r.0).collect();
+    for k in ["quantize_q8", "attn_prefill_hd96", "mv_bf16_t8", "mv_q4_0_t1", "mvn_iq4_nl", "mv_q6_kr_t1s", "mvn2_q5_0r_q8_0r"] {
+        assert!(names.contains(k), "{k} missing");
+    }
+    // 26 common kernels, 3 float types × 2, 16 quantized layouts × 5, 3 mixed.
+    assert_eq!(res.len(), 26 + 6 + 16 * 5 + 3);
+}
+
 /// The tests above, run when this machine has a CUDA device; otherwise
 /// each is ignored with the reason, or fails under `INFER_REQUIRE_CUDA=1`.
 #[path = "support/gpu_tests.rs"]
@@ -757,6 +771,7 @@ fn main() {
         ("greedy_decode_equals_host_argmax", greedy_decode_equals_host_argmax),
         ("errors_instead_of_panics", errors_instead_of_panics),
         ("device_info_names_the_device", device_info_names_the_device),
+        ("every_kernel_module_loads", every_kernel_module_loads),
     ];
     let unavailable = CudaBackend::new(0).err().map(|e| format!("no CUDA device here ({e})"));
     gpu_tests::run(tests, unavailable, "INFER_REQUIRE_CUDA")

@@ -1,12 +1,16 @@
-//! The kernel module's image: the embedded sources compiled by NVRTC for
-//! the device's exact architecture (a CUBIN, so the driver has nothing to
-//! JIT), once per machine. The image is kept in the cache directory
-//! (`cuda/sm_XY-<key>.cubin` under [`crate::cache_dir::cache_dir`]) under
-//! a key of everything that makes it (sources, options, NVRTC version,
-//! architecture), so a later process starts its CUDA backend in about
-//! 0.6 s where the first spent 34 s compiling (H200 host, 2026-12-02). Where a CUBIN cannot be made or loaded, PTX for the
-//! virtual architecture is the fallback (the driver JIT-compiles it, and
-//! keeps its own cache).
+//! The kernel modules' images: the embedded sources of each module
+//! (`kernels::Module`: the common kernels, and the products of each
+//! quantized layout) compiled by NVRTC for the device's exact
+//! architecture (a CUBIN, so the driver has nothing to JIT), once per
+//! machine. A process compiles only the modules its models use, several
+//! at once on threads of their own. Each image is kept in the cache
+//! directory (`cuda/sm_XY-<module>-<key>.cubin` under
+//! [`crate::cache_dir::cache_dir`]) under a key of everything that makes
+//! it (sources, options, NVRTC version, architecture), so a later process
+//! starts its CUDA backend in about 0.6 s where the first spent 34 s
+//! compiling everything (H200 host, 2026-12-02). Where a CUBIN cannot be
+//! made or loaded, PTX for the virtual architecture is the fallback (the
+//! driver JIT-compiles it, and keeps its own cache).
 
 use std::collections::HashMap;
 use std::ffi::CString;
@@ -17,7 +21,7 @@ use std::time::Instant;
 
 use cudarc::nvrtc::{result as nvrtc, sys, Ptx};
 
-use super::kernels;
+use super::kernels::Module;
 use crate::error::{Error, Result};
 
 /// A compiled module: a CUBIN for the exact architecture, or PTX.
@@ -37,12 +41,6 @@ impl Image {
     }
 }
 
-/// The whole program: the sources concatenated in [`kernels::SOURCES`]'s
-/// order (NVRTC gets no include path: the header comes first).
-fn program() -> String {
-    kernels::SOURCES.iter().map(|(_, s)| format!("{s}\n")).collect()
-}
-
 /// NVRTC options for `arch` (`sm_90` for a CUBIN, `compute_90` for PTX):
 /// C++17 and whatever `INFER_CUDA_NVRTC_OPTS` adds (tuning, e.g.
 /// `-DMV_T1S_MIN_BLOCKS=8` in matvec.cu without a rebuild).
@@ -53,68 +51,91 @@ fn options(arch: &str) -> Vec<String> {
         .collect()
 }
 
-/// The CUBIN for compute capability `cc` from the disk cache, or compiled
-/// (and stored there, written to a temporary name then renamed, so that a
-/// concurrent process never reads half a file); once per process. [`ptx`]
-/// is the fallback when this fails.
-pub(crate) fn cubin(cc: (i32, i32)) -> Result<Image> {
-    static CACHE: OnceLock<Mutex<HashMap<(i32, i32), Image>>> = OnceLock::new();
+/// The CUBINs of `modules` for compute capability `cc`, in that order:
+/// from this process's memory, from the disk cache, or compiled (the
+/// missing ones in parallel, with one progress line on stderr) and stored
+/// there (written to a temporary name then renamed, so that a concurrent
+/// process never reads half a file). [`ptx`] is the fallback when this
+/// fails.
+pub(crate) fn cubins(cc: (i32, i32), modules: &[Module]) -> Result<Vec<Image>> {
+    /// Images by (compute capability, module).
+    type Images = HashMap<((i32, i32), Module), Image>;
+    static CACHE: OnceLock<Mutex<Images>> = OnceLock::new();
     let mut map = CACHE
         .get_or_init(|| Mutex::new(HashMap::new()))
         .lock()
         .map_err(|_| Error::Device("kernel image cache lock poisoned".into()))?;
-    if let Some(img) = map.get(&cc) {
-        return Ok(img.clone());
-    }
     let arch = format!("sm_{}{}", cc.0, cc.1);
-    let src = program();
     let opts = options(&arch);
-    let path = cache_path(&arch, &src, &opts);
-    let bytes = match path.as_deref().and_then(|p| std::fs::read(p).ok()).filter(|b| !b.is_empty()) {
-        Some(b) => b,
-        None => {
-            let t0 = Instant::now();
-            match &path {
-                Some(p) => eprintln!("compiling the CUDA kernels for {arch} (once; cached in {})", p.display()),
-                None => eprintln!("compiling the CUDA kernels for {arch}"),
+    let mut missing = Vec::new();
+    for &m in modules {
+        if map.contains_key(&(cc, m)) || missing.iter().any(|&(n, _, _)| n == m) {
+            continue;
+        }
+        let src = m.source();
+        let path = cache_path(&arch, m, &src, &opts);
+        match path.as_deref().and_then(|p| std::fs::read(p).ok()).filter(|b| !b.is_empty()) {
+            Some(b) => {
+                map.insert((cc, m), Image::Cubin(Arc::new(b)));
             }
-            let b = compile(&src, &opts, true)?;
-            eprintln!("compiled the CUDA kernels in {:.1} s", t0.elapsed().as_secs_f64());
+            None => missing.push((m, src, path)),
+        }
+    }
+    if !missing.is_empty() {
+        let t0 = Instant::now();
+        let labels: Vec<_> = missing.iter().map(|(m, _, _)| m.label()).collect();
+        let dir = missing.iter().find_map(|(_, _, p)| p.as_deref().and_then(Path::parent));
+        match dir {
+            Some(d) => eprintln!(
+                "compiling the CUDA kernels for {arch}: {} (once; cached in {})",
+                labels.join(", "),
+                d.display()
+            ),
+            None => eprintln!("compiling the CUDA kernels for {arch}: {}", labels.join(", ")),
+        }
+        let built: Vec<Result<Vec<u8>>> = std::thread::scope(|s| {
+            let jobs: Vec<_> = missing.iter().map(|(_, src, _)| s.spawn(|| compile(src, &opts, true))).collect();
+            jobs.into_iter()
+                .map(|j| j.join().unwrap_or_else(|_| Err(Error::Device("NVRTC compile thread panicked".into()))))
+                .collect()
+        });
+        for ((m, _, path), bytes) in missing.into_iter().zip(built) {
+            let bytes = bytes?;
             if let Some(p) = &path {
                 // A cache that cannot be written only costs the next
                 // process a compile.
-                let _ = store(p, &b);
+                let _ = store(p, &bytes);
             }
-            b
+            map.insert((cc, m), Image::Cubin(Arc::new(bytes)));
         }
-    };
-    let img = Image::Cubin(Arc::new(bytes));
-    map.insert(cc, img.clone());
-    Ok(img)
+        eprintln!("compiled the CUDA kernels in {:.1} s", t0.elapsed().as_secs_f64());
+    }
+    modules.iter().map(|&m| map.get(&(cc, m)).cloned().ok_or_else(|| Error::Device("kernel image missing".into()))).collect()
 }
 
-/// PTX for the virtual architecture of `cc` (the driver JIT-compiles it
-/// at load): the fallback when a CUBIN cannot be made or loaded.
-pub(crate) fn ptx(cc: (i32, i32)) -> Result<Image> {
+/// PTX of `module` for the virtual architecture of `cc` (the driver
+/// JIT-compiles it at load): the fallback when a CUBIN cannot be made or
+/// loaded.
+pub(crate) fn ptx(cc: (i32, i32), module: Module) -> Result<Image> {
     let opts = options(&format!("compute_{}{}", cc.0, cc.1));
-    let b = compile(&program(), &opts, false)?;
+    let b = compile(&module.source(), &opts, false)?;
     let s = String::from_utf8(b).map_err(|_| Error::Device("NVRTC returned PTX that is not UTF-8".into()))?;
     Ok(Image::Ptx(Arc::new(s)))
 }
 
-/// Removes the cached CUBIN of `cc` (it failed to load: stale or
-/// damaged), so the next process compiles afresh.
-pub(crate) fn forget_cubin(cc: (i32, i32)) {
+/// Removes the cached CUBIN of `module` for `cc` (it failed to load:
+/// stale or damaged), so the next process compiles afresh.
+pub(crate) fn forget_cubin(cc: (i32, i32), module: Module) {
     let arch = format!("sm_{}{}", cc.0, cc.1);
-    if let Some(p) = cache_path(&arch, &program(), &options(&arch)) {
+    if let Some(p) = cache_path(&arch, module, &module.source(), &options(&arch)) {
         let _ = std::fs::remove_file(p);
     }
 }
 
-/// `<cache>/cuda/<arch>-<key>.cubin`, the key a hash of the sources, the
-/// options and the NVRTC version (None when NVRTC cannot say its version:
-/// then nothing is cached).
-fn cache_path(arch: &str, src: &str, opts: &[String]) -> Option<PathBuf> {
+/// `<cache>/cuda/<arch>-<module>-<key>.cubin`, the key a hash of the
+/// sources, the options and the NVRTC version (None when NVRTC cannot say
+/// its version: then nothing is cached).
+fn cache_path(arch: &str, module: Module, src: &str, opts: &[String]) -> Option<PathBuf> {
     let (mut major, mut minor) = (0, 0);
     // SAFETY: nvrtcVersion writes two ints through valid pointers.
     let rc = unsafe { sys::nvrtcVersion(&mut major, &mut minor) };
@@ -123,7 +144,7 @@ fn cache_path(arch: &str, src: &str, opts: &[String]) -> Option<PathBuf> {
     }
     let mut h = std::hash::DefaultHasher::new();
     (src, opts, major, minor).hash(&mut h);
-    Some(crate::cache_dir::cache_dir().join("cuda").join(format!("{arch}-{:016x}.cubin", h.finish())))
+    Some(crate::cache_dir::cache_dir().join("cuda").join(format!("{arch}-{}-{:016x}.cubin", module.label(), h.finish())))
 }
 
 fn store(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
@@ -178,3 +199,4 @@ fn compile(src: &str, opts: &[String], cubin: bool) -> Result<Vec<u8>> {
     }
     Ok(buf)
 }
+

@@ -1,24 +1,24 @@
 //! One CUDA device as the backend uses it: the context, one stream (all
 //! work is ordered on it, so no cross-stream events are needed and event
-//! tracking is switched off), cuBLAS, and the kernel module compiled from
+//! tracking is switched off), cuBLAS, and the kernel modules compiled from
 //! the embedded sources by NVRTC (`compile.rs`: once per machine and
-//! architecture, cached on disk).
+//! architecture, cached on disk): the common one when the device opens,
+//! each quantized layout's products when a model first needs them.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
 use cudarc::cublas::CudaBlas;
 use cudarc::driver::sys::CUdevice_attribute;
 use cudarc::driver::{
-    result, CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchArgs, LaunchConfig,
+    result, CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchArgs, LaunchConfig,
     ValidAsZeroBits,
 };
 
 use super::compile;
-use super::kernels::{self, names, DevPtr, KernelName};
+use super::kernels::{self, DevPtr, KernelName, Module, PRODUCTS};
 use crate::error::{Error, Result};
-use crate::GgmlType;
 
 /// Maps any displayable CUDA error to [`Error::Device`] with context.
 pub(crate) fn dev_err(what: &str) -> impl Fn(cudarc::driver::DriverError) -> Error + '_ {
@@ -55,13 +55,55 @@ pub(crate) struct Device {
     pub stream: Arc<CudaStream>,
     /// Released under [`device_lock`] (see `Drop`).
     pub blas: std::mem::ManuallyDrop<CudaBlas>,
+    /// The kernels of [`Module::Common`].
     funcs: HashMap<&'static str, CudaFunction>,
+    /// The product modules, shared by every stream of the device.
+    products: Arc<ProductModules>,
     pub info: DeviceInfo,
     /// When set, every launch is timed (synchronously) and summed per kernel.
     profile: Mutex<Option<HashMap<&'static str, (f64, usize)>>>,
     /// Whether [`Device::launch`] asks for programmatic dependent launch
     /// (see [`pdl_enabled`]).
     pdl: bool,
+}
+
+/// The kernels of each [`Module::Products`] module, slot `i` for
+/// `PRODUCTS[i]`, filled when first needed ([`Device::load_products`]).
+#[derive(Default)]
+struct ProductModules {
+    slots: [OnceLock<HashMap<&'static str, CudaFunction>>; PRODUCTS.len()],
+    /// Held while slots are filled, so that a module is compiled and
+    /// loaded once.
+    filling: Mutex<()>,
+}
+
+/// Loads `module` from `image` into `ctx` and looks up its kernels; where
+/// a CUBIN fails to load, forgets it and falls back to PTX.
+fn load_module(
+    ctx: &Arc<CudaContext>,
+    cc: (i32, i32),
+    module: Module,
+    image: compile::Image,
+) -> Result<HashMap<&'static str, CudaFunction>> {
+    let loaded: Arc<CudaModule> = {
+        let _device = device_lock();
+        match ctx.load_module(image.to_ptx()) {
+            Ok(m) => m,
+            Err(e) => {
+                eprintln!("warning: loading the CUDA kernels ({}): {e}; compiling them as PTX instead", module.label());
+                compile::forget_cubin(cc, module);
+                ctx.load_module(compile::ptx(cc, module)?.to_ptx()).map_err(dev_err("loading a kernel module"))?
+            }
+        }
+    };
+    module
+        .kernels()
+        .into_iter()
+        .map(|k| {
+            let f = loaded.load_function(k.name).map_err(|e| Error::Device(format!("kernel {}: {e}", k.name)))?;
+            Ok((k.name, f))
+        })
+        .collect()
 }
 
 /// A cuBLAS handle on `stream`, created under [`device_lock`].
@@ -182,32 +224,19 @@ impl Device {
         }
         let cc = info.compute_capability;
         // The cached or freshly compiled CUBIN; PTX when that fails.
-        let module = match compile::cubin(cc)
-            .and_then(|img| ctx.load_module(img.to_ptx()).map_err(dev_err("loading the CUBIN")))
-        {
-            Ok(m) => m,
+        let image = match compile::cubins(cc, &[Module::Common]) {
+            Ok(mut v) if v.len() == 1 => v.remove(0),
+            Ok(_) => return Err(Error::Device("kernel image missing".into())),
             Err(e) => {
                 eprintln!("warning: {e}; compiling the CUDA kernels as PTX instead");
-                compile::forget_cubin(cc);
-                ctx.load_module(compile::ptx(cc)?.to_ptx()).map_err(dev_err("loading the kernel module"))?
+                compile::ptx(cc, Module::Common)?
             }
         };
-        let mut funcs = HashMap::new();
-        let mv = GgmlType::ALL
-            .iter()
-            .flat_map(|&t| [kernels::matvec_kernels(t), kernels::repacked_matvec_kernels(t)])
-            .flatten()
-            .flat_map(|k| [Some(k.t1), k.tn, k.t1q, k.t1s, Some(k.t8)])
-            .flatten();
-        let mixed = kernels::MIXED_NORM_KERNELS.iter().map(|k| k.2);
-        for KernelName(name) in names::ALL.into_iter().chain(mv).chain(mixed) {
-            let f = module.load_function(name).map_err(|e| Error::Device(format!("kernel {name}: {e}")))?;
-            funcs.insert(name, f);
-        }
+        let funcs = load_module(&ctx, cc, Module::Common, image)?;
         let pdl = pdl_enabled(info.compute_capability);
         // Last, so that no earlier error leaves the handle behind.
         let blas = new_blas(&stream)?;
-        Ok(Device { ctx, stream, blas, funcs, info, profile: Mutex::new(None), pdl })
+        Ok(Device { ctx, stream, blas, funcs, products: Arc::default(), info, profile: Mutex::new(None), pdl })
     }
 
     /// The same device, context and kernels on a stream (and cuBLAS handle)
@@ -223,27 +252,81 @@ impl Device {
             stream,
             blas,
             funcs: self.funcs.clone(),
+            products: self.products.clone(),
             info: self.info.clone(),
             profile: Mutex::new(None),
             pdl: self.pdl,
         })
     }
 
+    /// Compiles (or takes from the cache) and loads the product modules of
+    /// `layouts` that are not loaded yet, the missing ones compiled in
+    /// parallel. Layouts without quantized products (the float types) are
+    /// skipped. A model calls this when it is prepared, so that nothing is
+    /// loaded while a graph is captured.
+    pub fn load_products(&self, layouts: &[kernels::Layout]) -> Result<()> {
+        let mut wanted: Vec<u8> = layouts
+            .iter()
+            .filter_map(|&l| PRODUCTS.iter().position(|p| p.layout == l))
+            .map(|i| i as u8)
+            .collect();
+        wanted.sort_unstable();
+        wanted.dedup();
+        wanted.retain(|&i| self.products.slots[i as usize].get().is_none());
+        if wanted.is_empty() {
+            return Ok(());
+        }
+        let _filling = self.products.filling.lock().map_err(|_| Error::Device("kernel module lock poisoned".into()))?;
+        wanted.retain(|&i| self.products.slots[i as usize].get().is_none());
+        let modules: Vec<Module> = wanted.iter().map(|&i| Module::Products(i)).collect();
+        let cc = self.info.compute_capability;
+        let images = match compile::cubins(cc, &modules) {
+            Ok(v) => v.into_iter().map(Ok).collect(),
+            Err(e) => {
+                eprintln!("warning: {e}; compiling the CUDA kernels as PTX instead");
+                modules.iter().map(|&m| compile::ptx(cc, m)).collect::<Vec<_>>()
+            }
+        };
+        for ((&i, &m), image) in wanted.iter().zip(&modules).zip(images) {
+            let funcs = load_module(&self.ctx, cc, m, image?)?;
+            let _ = self.products.slots[i as usize].set(funcs);
+        }
+        Ok(())
+    }
+
     /// `(kernel, registers per thread, local memory bytes per thread)` of
-    /// every loaded kernel, sorted by name (spills show as local memory).
-    pub fn kernel_resources(&self) -> Vec<(&'static str, i32, i32)> {
+    /// every kernel, sorted by name (spills show as local memory); loads
+    /// every module first.
+    pub fn kernel_resources(&self) -> Result<Vec<(&'static str, i32, i32)>> {
+        self.load_products(&PRODUCTS.iter().map(|p| p.layout).collect::<Vec<_>>())?;
+        let products = self.products.slots.iter().filter_map(OnceLock::get).flatten();
         let mut v: Vec<_> = self
             .funcs
             .iter()
+            .chain(products)
             .map(|(&k, f)| (k, f.num_regs().unwrap_or(-1), f.local_size_bytes().unwrap_or(-1)))
             .collect();
         v.sort();
-        v
+        Ok(v)
     }
 
-    /// The loaded kernel `k`.
+    /// The kernel `k`, its module loaded first if it is not yet (see
+    /// [`Device::load_products`]).
     pub fn func(&self, k: KernelName) -> Result<&CudaFunction> {
-        self.funcs.get(k.0).ok_or_else(|| Error::Device(format!("kernel {} is not loaded", k.0)))
+        let funcs = match k.module {
+            Module::Common => &self.funcs,
+            Module::Products(i) => {
+                let slot = self.products.slots.get(i as usize).ok_or_else(|| Error::Device(format!("no module {i}")))?;
+                match slot.get() {
+                    Some(f) => f,
+                    None => {
+                        self.load_products(&[PRODUCTS[i as usize].layout])?;
+                        slot.get().ok_or_else(|| Error::Device(format!("kernel module {} not loaded", k.module.label())))?
+                    }
+                }
+            }
+        };
+        funcs.get(k.name).ok_or_else(|| Error::Device(format!("kernel {} is not loaded", k.name)))
     }
 
     /// The device address of `s` (event tracking is off, so the guard
@@ -267,7 +350,7 @@ impl Device {
         use cudarc::driver::sys;
         let f = self.func(k)?.cu_function();
         let stream = self.stream.cu_stream();
-        self.timed(k.0, || {
+        self.timed(k.name, || {
             self.ctx.bind_to_thread().map_err(dev_err("binding the context"))?;
             // SAFETY: a union of plain integers and structs of integers, for
             // which all-zero bytes are a valid value.
@@ -298,7 +381,7 @@ impl Device {
             // copies the parameters before it returns.
             unsafe { sys::cuLaunchKernelEx(&cfg, f, params.as_mut_ptr(), std::ptr::null_mut()) }
                 .result()
-                .map_err(|e| Error::Device(format!("launching {}: {e}", k.0)))
+                .map_err(|e| Error::Device(format!("launching {}: {e}", k.name)))
         })
     }
 
@@ -319,8 +402,8 @@ impl Device {
         let mut b = self.stream.launch_builder(f);
         push(&mut b);
         // SAFETY: the caller's contract.
-        self.timed(k.0, || {
-            unsafe { b.launch(cfg) }.map(|_| ()).map_err(|e| Error::Device(format!("launching {}: {e}", k.0)))
+        self.timed(k.name, || {
+            unsafe { b.launch(cfg) }.map(|_| ()).map_err(|e| Error::Device(format!("launching {}: {e}", k.name)))
         })
     }
 

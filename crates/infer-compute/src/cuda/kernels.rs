@@ -1,59 +1,136 @@
-//! The CUDA sources, the names of their kernels as typed constants, and the
-//! Rust mirrors of the by-value argument structs declared in
-//! `kernels/common.cuh` (same field order, sizes asserted on both sides).
+//! The CUDA sources, the modules compiled from them, the names of their
+//! kernels as typed constants, and the Rust mirrors of the by-value
+//! argument structs declared in `kernels/common.cuh` (same field order,
+//! sizes asserted on both sides).
 
 use cudarc::driver::DeviceRepr;
 
 use crate::GgmlType;
 
-/// The `.cu` sources, concatenated in this order into one NVRTC program
-/// (NVRTC gets no include path: the header comes first instead).
-pub(crate) const SOURCES: [(&str, &str); 10] = [
+/// The sources every module begins with, in this order (NVRTC gets no
+/// include path: the header comes first instead): the shared definitions
+/// and the products' templates, which instantiate nothing.
+pub(crate) const PRODUCT_SOURCES: [(&str, &str); 5] = [
     ("common.cuh", include_str!("kernels/common.cuh")),
     ("quant.cuh", include_str!("kernels/quant.cuh")),
     ("matvec.cu", include_str!("kernels/matvec.cu")),
     ("norm.cu", include_str!("kernels/norm.cu")),
     ("matvec_norm.cu", include_str!("kernels/matvec_norm.cu")),
+];
+
+/// The rest of [`Module::Common`], after [`PRODUCT_SOURCES`].
+pub(crate) const COMMON_SOURCES: [(&str, &str); 6] = [
     ("rope.cu", include_str!("kernels/rope.cu")),
     ("attention.cu", include_str!("kernels/attention.cu")),
     ("attention_decode.cu", include_str!("kernels/attention_decode.cu")),
     ("attention_prefill.cu", include_str!("kernels/attention_prefill.cu")),
     ("elementwise.cu", include_str!("kernels/elementwise.cu")),
+    ("matvec_float.cu", include_str!("kernels/matvec_float.cu")),
 ];
 
-/// A kernel of the module, by its `extern "C"` name.
+/// A module: one NVRTC program, compiled and cached on its own
+/// (`compile.rs`), so that a process compiles only what its models use.
+/// Instantiating the products of all 16 quantized layouts is two thirds of
+/// the whole compile (16.3 s for everything, 5.1 s for the common module,
+/// 0.8 s per layout: NVRTC 13.5 for sm_90 on a 2-core Xeon, 2026-12-04).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub(crate) struct KernelName(pub &'static str);
+pub(crate) enum Module {
+    /// Every kernel but the quantized products: norms, RoPE, attention,
+    /// elementwise, embedding, dequantization, the float products. Loaded
+    /// when the backend starts.
+    Common,
+    /// The quantized products of `PRODUCTS[i]` (and the mixed-norm kernels
+    /// whose first product is of that layout). Loaded when a model with
+    /// such a matrix is prepared, or at a product's first launch.
+    Products(u8),
+}
+
+impl Module {
+    /// Its name in messages and cache files: `common`, or the layout's
+    /// (`q4_k`, `q4_kr` for the repacked layout).
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            Module::Common => "common",
+            Module::Products(i) => PRODUCTS[i as usize].name,
+        }
+    }
+
+    /// The program's source text.
+    pub(crate) fn source(self) -> String {
+        let mut src: String = PRODUCT_SOURCES.iter().map(|(_, s)| format!("{s}\n")).collect();
+        match self {
+            Module::Common => src.extend(COMMON_SOURCES.iter().map(|(_, s)| format!("{s}\n"))),
+            Module::Products(i) => {
+                let p = &PRODUCTS[i as usize];
+                src += &format!("MV_KERNELS({}, {}, {})\nMVN_KERNEL({}, {})\n", p.name, p.block, p.t1_bounds, p.name, p.block);
+                for (a, b, k) in MIXED_NORM_KERNELS.iter().filter(|m| m.2.module == self) {
+                    let (a, b) = (product(*a).map_or("?", |p| p.block), product(*b).map_or("?", |p| p.block));
+                    src += &format!("MVN2_KERNEL({}, {a}, {b})\n", k.name.trim_start_matches("mvn2_"));
+                }
+            }
+        }
+        src
+    }
+
+    /// Every kernel the module defines.
+    pub(crate) fn kernels(self) -> Vec<KernelName> {
+        match self {
+            Module::Common => names::ALL.into_iter().chain(FLOAT_PRODUCTS.iter().flat_map(|k| [k.t1, k.t8])).collect(),
+            Module::Products(i) => {
+                let k = PRODUCTS[i as usize].kernels;
+                [Some(k.t1), k.tn, k.t1q, k.t1s, Some(k.t8)]
+                    .into_iter()
+                    .flatten()
+                    .chain(MIXED_NORM_KERNELS.iter().map(|m| m.2).filter(|k| k.module == self))
+                    .collect()
+            }
+        }
+    }
+}
+
+/// A kernel: its `extern "C"` name and the module that defines it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct KernelName {
+    pub name: &'static str,
+    pub module: Module,
+}
+
+impl KernelName {
+    /// A kernel of [`Module::Common`].
+    pub const fn common(name: &'static str) -> Self {
+        KernelName { name, module: Module::Common }
+    }
+}
 
 /// Kernels other than the mat-vecs.
 pub(crate) mod names {
     use super::KernelName;
-    pub const QUANTIZE_Q8: KernelName = KernelName("quantize_q8");
-    pub const RESIDUAL_NORM: KernelName = KernelName("residual_norm");
-    pub const QKV_POST: KernelName = KernelName("qkv_post");
-    pub const ATTN_SPLIT: KernelName = KernelName("attn_split");
-    pub const ATTN_SPLIT_GRP: KernelName = KernelName("attn_split_grp");
-    pub const ATTN_SPLIT_QKV: KernelName = KernelName("attn_split_qkv");
-    pub const ATTN_SPLIT_QKV_GRP: KernelName = KernelName("attn_split_qkv_grp");
-    pub const ATTN_COMBINE: KernelName = KernelName("attn_combine");
-    pub const ATTN_DECODE_HD64: KernelName = KernelName("attn_decode_hd64");
-    pub const ATTN_DECODE_HD128: KernelName = KernelName("attn_decode_hd128");
-    pub const ATTN_DECODE_HD256: KernelName = KernelName("attn_decode_hd256");
-    pub const ATTN_DECODE_BATCH_HD64: KernelName = KernelName("attn_decode_batch_hd64");
-    pub const ATTN_DECODE_BATCH_HD128: KernelName = KernelName("attn_decode_batch_hd128");
-    pub const ATTN_DECODE_BATCH_HD256: KernelName = KernelName("attn_decode_batch_hd256");
-    pub const EMBED_ROWS: KernelName = KernelName("embed_rows");
-    pub const GATHER_ROWS: KernelName = KernelName("gather_rows");
-    pub const GLU: KernelName = KernelName("glu");
-    pub const ACT_INPLACE: KernelName = KernelName("act_inplace");
-    pub const SOFTCAP_INPLACE: KernelName = KernelName("softcap_inplace");
-    pub const DEQUANT_MATRIX: KernelName = KernelName("dequant_matrix");
-    pub const TO_BF16: KernelName = KernelName("to_bf16");
-    pub const ARGMAX_LOGITS: KernelName = KernelName("argmax_logits");
-    pub const ATTN_PREFILL_HD64: KernelName = KernelName("attn_prefill_hd64");
-    pub const ATTN_PREFILL_HD96: KernelName = KernelName("attn_prefill_hd96");
-    pub const ATTN_PREFILL_HD128: KernelName = KernelName("attn_prefill_hd128");
-    pub const ATTN_PREFILL_HD256: KernelName = KernelName("attn_prefill_hd256");
+    pub const QUANTIZE_Q8: KernelName = KernelName::common("quantize_q8");
+    pub const RESIDUAL_NORM: KernelName = KernelName::common("residual_norm");
+    pub const QKV_POST: KernelName = KernelName::common("qkv_post");
+    pub const ATTN_SPLIT: KernelName = KernelName::common("attn_split");
+    pub const ATTN_SPLIT_GRP: KernelName = KernelName::common("attn_split_grp");
+    pub const ATTN_SPLIT_QKV: KernelName = KernelName::common("attn_split_qkv");
+    pub const ATTN_SPLIT_QKV_GRP: KernelName = KernelName::common("attn_split_qkv_grp");
+    pub const ATTN_COMBINE: KernelName = KernelName::common("attn_combine");
+    pub const ATTN_DECODE_HD64: KernelName = KernelName::common("attn_decode_hd64");
+    pub const ATTN_DECODE_HD128: KernelName = KernelName::common("attn_decode_hd128");
+    pub const ATTN_DECODE_HD256: KernelName = KernelName::common("attn_decode_hd256");
+    pub const ATTN_DECODE_BATCH_HD64: KernelName = KernelName::common("attn_decode_batch_hd64");
+    pub const ATTN_DECODE_BATCH_HD128: KernelName = KernelName::common("attn_decode_batch_hd128");
+    pub const ATTN_DECODE_BATCH_HD256: KernelName = KernelName::common("attn_decode_batch_hd256");
+    pub const EMBED_ROWS: KernelName = KernelName::common("embed_rows");
+    pub const GATHER_ROWS: KernelName = KernelName::common("gather_rows");
+    pub const GLU: KernelName = KernelName::common("glu");
+    pub const ACT_INPLACE: KernelName = KernelName::common("act_inplace");
+    pub const SOFTCAP_INPLACE: KernelName = KernelName::common("softcap_inplace");
+    pub const DEQUANT_MATRIX: KernelName = KernelName::common("dequant_matrix");
+    pub const TO_BF16: KernelName = KernelName::common("to_bf16");
+    pub const ARGMAX_LOGITS: KernelName = KernelName::common("argmax_logits");
+    pub const ATTN_PREFILL_HD64: KernelName = KernelName::common("attn_prefill_hd64");
+    pub const ATTN_PREFILL_HD96: KernelName = KernelName::common("attn_prefill_hd96");
+    pub const ATTN_PREFILL_HD128: KernelName = KernelName::common("attn_prefill_hd128");
+    pub const ATTN_PREFILL_HD256: KernelName = KernelName::common("attn_prefill_hd256");
 
     /// Every non-mat-vec kernel (loaded when the backend starts).
     pub const ALL: [KernelName; 26] = [
@@ -114,73 +191,128 @@ pub(crate) const ATTN_MAX_G: usize = 8;
 /// Largest head dimension of the q/k/v kernel (`QKV_MAX_HD` in rope.cu).
 pub(crate) const QKV_MAX_HD: usize = 1024;
 
-/// The kernels of a quantized type named `$n` in the sources
-/// (`MV_KERNELS` / `MVN_KERNEL`: `mv_$n_t1`, `mvn_$n`, `mv_$n_t1q`, `mv_$n_t1s`, `mv_$n_t8`).
-macro_rules! quantized_kernels {
-    ($n:literal) => {
-        Some(MatvecKernels {
-            t1: KernelName(concat!("mv_", $n, "_t1")),
-            tn: Some(KernelName(concat!("mvn_", $n))),
-            t1q: Some(KernelName(concat!("mv_", $n, "_t1q"))),
-            t1s: Some(KernelName(concat!("mv_", $n, "_t1s"))),
-            t8: KernelName(concat!("mv_", $n, "_t8")),
-            quantized: true,
-        })
-    };
+/// A quantized weight layout with products of its own, in module
+/// [`Module::Products`]`(index)`: `MV_KERNELS(name, block, t1_bounds)` and
+/// `MVN_KERNEL(name, block)` (matvec.cu, matvec_norm.cu).
+pub(crate) struct Product {
+    pub layout: Layout,
+    /// In the kernel names: `mv_<name>_t1`, `mvn_<name>`, ...
+    pub name: &'static str,
+    /// The block type's name in quant.cuh (`TQ4_K`).
+    pub block: &'static str,
+    /// Launch bounds of `mv_<name>_t1` (a macro of matvec.cu).
+    pub t1_bounds: &'static str,
+    pub kernels: MatvecKernels,
 }
+
+/// A [`Product`] at index `$i` of [`PRODUCTS`].
+macro_rules! product {
+    ($i:literal, $ty:ident, $repacked:literal, $n:literal, $block:literal, $bounds:literal) => {{
+        const M: Module = Module::Products($i);
+        const fn k(name: &'static str) -> KernelName {
+            KernelName { name, module: M }
+        }
+        Product {
+            layout: (GgmlType::$ty, $repacked),
+            name: $n,
+            block: $block,
+            t1_bounds: $bounds,
+            kernels: MatvecKernels {
+                t1: k(concat!("mv_", $n, "_t1")),
+                tn: Some(k(concat!("mvn_", $n))),
+                t1q: Some(k(concat!("mv_", $n, "_t1q"))),
+                t1s: Some(k(concat!("mv_", $n, "_t1s"))),
+                t8: k(concat!("mv_", $n, "_t8")),
+                quantized: true,
+            },
+        }
+    }};
+}
+
+/// Every quantized layout with products: GGUF rows of each quantized
+/// weight type, then the repacked layouts of `repack.rs`. Entry `i` is
+/// module `Products(i)` (a test checks the indices).
+pub(crate) const PRODUCTS: [Product; 16] = [
+    product!(0, Q4_0, false, "q4_0", "TQ4_0", "MV_T1_BOUNDS"),
+    product!(1, Q4_1, false, "q4_1", "TQ4_1", "MV_T1_BOUNDS"),
+    product!(2, Q5_0, false, "q5_0", "TQ5_0", "MV_T1_BOUNDS"),
+    product!(3, Q5_1, false, "q5_1", "TQ5_1", "MV_T1_BOUNDS"),
+    product!(4, Q8_0, false, "q8_0", "TQ8_0", "MV_T1_BOUNDS"),
+    product!(5, IQ4_NL, false, "iq4_nl", "TIQ4_NL", "MV_T1_BOUNDS"),
+    product!(6, Q2_K, false, "q2_k", "TQ2_K", "MV_T1_BOUNDS"),
+    product!(7, Q3_K, false, "q3_k", "TQ3_K", "MV_T1_BOUNDS"),
+    product!(8, Q4_K, false, "q4_k", "TQ4_K", "MV_T1_BOUNDS"),
+    product!(9, Q5_K, false, "q5_k", "TQ5_K", "MV_T1_BOUNDS"),
+    product!(10, Q6_K, false, "q6_k", "TQ6_K", "MV_T1_BOUNDS"),
+    product!(11, Q8_0, true, "q8_0r", "TQ8_0R", "MV_T1_BOUNDS"),
+    product!(12, Q4_0, true, "q4_0r", "TQ4_0R", "MV_T1_BOUNDS"),
+    product!(13, Q5_0, true, "q5_0r", "TQ5_0R", "MV_T1_BOUNDS"),
+    product!(14, Q4_K, true, "q4_kr", "TQ4_KR", "MV_T1_BOUNDS"),
+    product!(15, Q6_K, true, "q6_kr", "TQ6_KR", "MV_Q6KR_T1_BOUNDS"),
+];
+
+/// The [`PRODUCTS`] entry of `layout`.
+pub(crate) fn product(layout: Layout) -> Option<&'static Product> {
+    PRODUCTS.iter().find(|p| p.layout == layout)
+}
+
+/// The float products (matvec_float.cu, in [`Module::Common`]): F32, F16,
+/// BF16.
+const FLOAT_PRODUCTS: [MatvecKernels; 3] = {
+    const fn f(t1: &'static str, t8: &'static str) -> MatvecKernels {
+        MatvecKernels {
+            t1: KernelName::common(t1),
+            tn: None,
+            t1q: None,
+            t1s: None,
+            t8: KernelName::common(t8),
+            quantized: false,
+        }
+    }
+    [f("mv_f32_t1", "mv_f32_t8"), f("mv_f16_t1", "mv_f16_t8"), f("mv_bf16_t1", "mv_bf16_t8")]
+};
 
 /// The mat-vec kernels for weight type `ty`, or `None` where there is none
 /// (the activation-only types Q8_1 and Q8_K).
 pub(crate) fn matvec_kernels(ty: GgmlType) -> Option<MatvecKernels> {
-    use quantized_kernels as q;
-    let f = |t1, t8| {
-        Some(MatvecKernels { t1: KernelName(t1), tn: None, t1q: None, t1s: None, t8: KernelName(t8), quantized: false })
-    };
     match ty {
-        GgmlType::F32 => f("mv_f32_t1", "mv_f32_t8"),
-        GgmlType::F16 => f("mv_f16_t1", "mv_f16_t8"),
-        GgmlType::BF16 => f("mv_bf16_t1", "mv_bf16_t8"),
-        GgmlType::Q4_0 => q!("q4_0"),
-        GgmlType::Q4_1 => q!("q4_1"),
-        GgmlType::Q5_0 => q!("q5_0"),
-        GgmlType::Q5_1 => q!("q5_1"),
-        GgmlType::Q8_0 => q!("q8_0"),
-        GgmlType::IQ4_NL => q!("iq4_nl"),
-        GgmlType::Q2_K => q!("q2_k"),
-        GgmlType::Q3_K => q!("q3_k"),
-        GgmlType::Q4_K => q!("q4_k"),
-        GgmlType::Q5_K => q!("q5_k"),
-        GgmlType::Q6_K => q!("q6_k"),
-        GgmlType::Q8_1 | GgmlType::Q8_K => None,
+        GgmlType::F32 => Some(FLOAT_PRODUCTS[0]),
+        GgmlType::F16 => Some(FLOAT_PRODUCTS[1]),
+        GgmlType::BF16 => Some(FLOAT_PRODUCTS[2]),
+        _ => product((ty, false)).map(|p| p.kernels),
     }
 }
 
 /// The mat-vec kernels of the repacked layout of `ty` (see `repack.rs`).
 pub(crate) fn repacked_matvec_kernels(ty: GgmlType) -> Option<MatvecKernels> {
-    use quantized_kernels as r;
-    match ty {
-        GgmlType::Q8_0 => r!("q8_0r"),
-        GgmlType::Q4_0 => r!("q4_0r"),
-        GgmlType::Q5_0 => r!("q5_0r"),
-        GgmlType::Q4_K => r!("q4_kr"),
-        GgmlType::Q6_K => r!("q6_kr"),
-        _ => None,
-    }
+    product((ty, true)).map(|p| p.kernels)
 }
 
 /// The one-token kernels that run a fused-norm product of type `a` and then
 /// a product of type `b` against the same normalized input in one launch
-/// (`mvn2_<a>_<b>`, matvec_norm.cu), for the pairs of a layer's q/k/v
-/// launch that K-quant mixes produce (attn_v Q6_K beside Q4_K or Q5_K
-/// q and k, or their fallbacks Q8_0 and Q5_0; in the repacked layouts
-/// where there is one).
+/// (`mvn2_<a>_<b>`, matvec_norm.cu; in the module of `a`), for the pairs
+/// of a layer's q/k/v launch that K-quant mixes produce (attn_v Q6_K
+/// beside Q4_K or Q5_K q and k, or their fallbacks Q8_0 and Q5_0; in the
+/// repacked layouts where there is one).
 pub(crate) const MIXED_NORM_KERNELS: [(Layout, Layout, KernelName); 3] = [
-    ((GgmlType::Q4_K, true), (GgmlType::Q6_K, true), KernelName("mvn2_q4_kr_q6_kr")),
-    ((GgmlType::Q5_K, false), (GgmlType::Q6_K, true), KernelName("mvn2_q5_k_q6_kr")),
+    (
+        (GgmlType::Q4_K, true),
+        (GgmlType::Q6_K, true),
+        KernelName { name: "mvn2_q4_kr_q6_kr", module: Module::Products(14) },
+    ),
+    (
+        (GgmlType::Q5_K, false),
+        (GgmlType::Q6_K, true),
+        KernelName { name: "mvn2_q5_k_q6_kr", module: Module::Products(9) },
+    ),
     // Q4_K_M files whose rows (n_embd values) are not a multiple of 256
     // (Gemma 3 270M and 1B): q and k fall back to Q5_0, v in the
     // use_more_bits layers to Q8_0.
-    ((GgmlType::Q5_0, true), (GgmlType::Q8_0, true), KernelName("mvn2_q5_0r_q8_0r")),
+    (
+        (GgmlType::Q5_0, true),
+        (GgmlType::Q8_0, true),
+        KernelName { name: "mvn2_q5_0r_q8_0r", module: Module::Products(13) },
+    ),
 ];
 
 /// A weight type and whether its rows are repacked (`repack.rs`).
@@ -349,3 +481,49 @@ unsafe impl DeviceRepr for AttnQkvArgs {}
 unsafe impl DeviceRepr for MvNormArgs {}
 unsafe impl DeviceRepr for MvNorm2Args {}
 unsafe impl DeviceRepr for MvQuantArgs {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn product_modules_are_indexed_as_their_table() {
+        for (i, p) in PRODUCTS.iter().enumerate() {
+            let m = Module::Products(i as u8);
+            let k = p.kernels;
+            for name in [Some(k.t1), k.tn, k.t1q, k.t1s, Some(k.t8)].into_iter().flatten() {
+                assert_eq!(name.module, m, "{}", name.name);
+                assert!(name.name.contains(p.name), "{} in module {}", name.name, p.name);
+            }
+            let found = if p.layout.1 { repacked_matvec_kernels(p.layout.0) } else { matvec_kernels(p.layout.0) };
+            assert_eq!(found.map(|k| k.t1), Some(k.t1), "{}", p.name);
+            assert!(m.source().contains(&format!("MV_KERNELS({}, {}, ", p.name, p.block)));
+        }
+        for (a, b, k) in MIXED_NORM_KERNELS {
+            assert_eq!(Some(k.module), product(a).map(|_| Module::Products(PRODUCTS.iter().position(|p| p.layout == a).unwrap() as u8)));
+            assert!(product(b).is_some(), "{}", k.name);
+            let (pa, pb) = (product(a).unwrap(), product(b).unwrap());
+            let line = format!("MVN2_KERNEL({}, {}, {})", k.name.trim_start_matches("mvn2_"), pa.block, pb.block);
+            assert!(k.module.source().contains(&line), "{line}");
+        }
+    }
+
+    #[test]
+    fn every_kernel_is_in_exactly_one_module() {
+        let mut seen = std::collections::HashMap::new();
+        let modules = std::iter::once(Module::Common).chain((0..PRODUCTS.len() as u8).map(Module::Products));
+        // (That each is defined where it is looked up, the GPU tests check:
+        // a module's kernels are looked up when it loads.)
+        for m in modules {
+            for k in m.kernels() {
+                assert_eq!(k.module, m, "{}", k.name);
+                assert!(seen.insert(k.name, m).is_none(), "{} defined twice", k.name);
+            }
+        }
+        // The float and common kernels are not instantiated again in a
+        // products module, nor the quantized products in the common one.
+        let common = Module::Common.source();
+        assert!(!common.contains("\nMV_KERNELS(") && !common.contains("\nMVN_KERNEL("));
+        assert!(!Module::Products(0).source().contains("MVF_KERNELS(f32"));
+    }
+}

@@ -91,8 +91,13 @@ impl CudaBackend {
     }
 
     /// `(kernel, registers per thread, local memory bytes per thread)` of
-    /// every kernel of the module, for tuning (local memory means spills).
-    pub fn kernel_resources(&self) -> Vec<(&'static str, i32, i32)> {
+    /// every kernel, for tuning (local memory means spills). Loads every
+    /// kernel module first, compiling those not in the cache (see
+    /// `compile.rs`: a model loads only the modules of its weight types).
+    ///
+    /// # Errors
+    /// [`Error::Device`] when a module cannot be compiled or loaded.
+    pub fn kernel_resources(&self) -> Result<Vec<(&'static str, i32, i32)>> {
         self.dev.kernel_resources()
     }
 

@@ -432,6 +432,17 @@ impl CudaModel {
         let output = DevWeight::matrix(d, &spec.output, "output")?;
         weight_bytes += spec.output.data.as_bytes().len();
         let output_norm = DevNorm::new(d, &spec.output_norm)?;
+        // The products of the layouts this model has, compiled (or taken
+        // from the cache) now rather than at a first launch inside a graph
+        // capture.
+        let layouts: Vec<_> = layers
+            .iter()
+            .flat_map(|l| [Some(&l.wq), Some(&l.wk), Some(&l.wv), Some(&l.wo), l.gate.as_ref(), Some(&l.up), Some(&l.down)])
+            .flatten()
+            .chain([&output])
+            .map(|w| (w.ty, w.repacked_stride != 0))
+            .collect();
+        d.load_products(&layouts)?;
         d.sync()?;
         let w = Weights {
             id: ModelId::next(),

@@ -4,8 +4,9 @@
 // by-value argument structs whose Rust mirrors live in `cuda/kernels.rs`.
 //
 // The sources are concatenated in the order given by `kernels::SOURCES`
-// and compiled as one NVRTC program, so nothing here may depend on the
-// CUDA headers: NVRTC compiles them without any include path.
+// (this header first) into NVRTC programs, one per module (kernels.rs,
+// `Module`), so nothing here may depend on the CUDA headers: NVRTC
+// compiles them without any include path.
 
 typedef unsigned char u8;
 typedef signed char i8;

@@ -304,34 +304,6 @@ __device__ __forceinline__ void matvec_f(const MatvecArgs& a) {
         matvec_q1_quant<T>(p);                                                                     \
     }
 
-MV_KERNELS(q4_0, TQ4_0, MV_T1_BOUNDS)
-MV_KERNELS(q4_1, TQ4_1, MV_T1_BOUNDS)
-MV_KERNELS(q5_0, TQ5_0, MV_T1_BOUNDS)
-MV_KERNELS(q5_1, TQ5_1, MV_T1_BOUNDS)
-MV_KERNELS(q8_0, TQ8_0, MV_T1_BOUNDS)
-MV_KERNELS(iq4_nl, TIQ4_NL, MV_T1_BOUNDS)
-MV_KERNELS(q2_k, TQ2_K, MV_T1_BOUNDS)
-MV_KERNELS(q3_k, TQ3_K, MV_T1_BOUNDS)
-MV_KERNELS(q4_k, TQ4_K, MV_T1_BOUNDS)
-MV_KERNELS(q5_k, TQ5_K, MV_T1_BOUNDS)
-MV_KERNELS(q6_k, TQ6_K, MV_T1_BOUNDS)
-MV_KERNELS(q8_0r, TQ8_0R, MV_T1_BOUNDS)
-MV_KERNELS(q4_0r, TQ4_0R, MV_T1_BOUNDS)
-MV_KERNELS(q5_0r, TQ5_0R, MV_T1_BOUNDS)
-MV_KERNELS(q4_kr, TQ4_KR, MV_T1_BOUNDS)
-MV_KERNELS(q6_kr, TQ6_KR, MV_Q6KR_T1_BOUNDS)
-
-#define MVF_KERNELS(name, F)                                                                       \
-    extern "C" __global__ void __launch_bounds__(MV_WARPS * WARP) mv_##name##_t1(const MatvecArgs a) { \
-        mv_prefetch(a);                                                                            \
-        PDL_PROLOGUE;                                                                              \
-        matvec_f<F, 1>(a);                                                                         \
-    }                                                                                              \
-    extern "C" __global__ void __launch_bounds__(MV_WARPS * WARP) mv_##name##_t8(const MatvecArgs a) { \
-        PDL_PROLOGUE;                                                                              \
-        matvec_f<F, 8>(a);                                                                         \
-    }
-
-MVF_KERNELS(f32, FF32)
-MVF_KERNELS(f16, FF16)
-MVF_KERNELS(bf16, FBF16)
+// The kernels of each quantized layout are instantiated in a module of their
+// own (kernels.rs, `PRODUCTS`): `MV_KERNELS(name, T, T1B)`, compiled only
+// for the weight types a model has.

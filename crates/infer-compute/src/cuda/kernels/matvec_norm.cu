@@ -87,23 +87,6 @@ __device__ __forceinline__ void matvec_norm1(const MvNormArgs& p, const MatvecAr
         matvec_norm1<T, T, false>(p, p.mv);                                                          \
     }
 
-MVN_KERNEL(q4_0, TQ4_0)
-MVN_KERNEL(q4_1, TQ4_1)
-MVN_KERNEL(q5_0, TQ5_0)
-MVN_KERNEL(q5_1, TQ5_1)
-MVN_KERNEL(q8_0, TQ8_0)
-MVN_KERNEL(iq4_nl, TIQ4_NL)
-MVN_KERNEL(q2_k, TQ2_K)
-MVN_KERNEL(q3_k, TQ3_K)
-MVN_KERNEL(q4_k, TQ4_K)
-MVN_KERNEL(q5_k, TQ5_K)
-MVN_KERNEL(q6_k, TQ6_K)
-MVN_KERNEL(q8_0r, TQ8_0R)
-MVN_KERNEL(q4_0r, TQ4_0R)
-MVN_KERNEL(q5_0r, TQ5_0R)
-MVN_KERNEL(q4_kr, TQ4_KR)
-MVN_KERNEL(q6_kr, TQ6_KR)
-
 // Two weight types after one norm (mvn2_<a>_<b>): a layer's q/k/v launch
 // when v's type differs from q's and k's (attn_v is Q6_K in the layers
 // llama.cpp's use_more_bits picks in Q4_K_M and Q5_K_M files; Q8_0 beside
@@ -115,6 +98,5 @@ MVN_KERNEL(q6_kr, TQ6_KR)
         matvec_norm1<T, T2, true>(p.p, p.b);                                                         \
     }
 
-MVN2_KERNEL(q4_kr_q6_kr, TQ4_KR, TQ6_KR)
-MVN2_KERNEL(q5_k_q6_kr, TQ5_K, TQ6_KR)
-MVN2_KERNEL(q5_0r_q8_0r, TQ5_0R, TQ8_0R)
+// Both are instantiated in the module of their first layout (kernels.rs,
+// `PRODUCTS` and `MIXED_NORM_KERNELS`).
