@@ -49,6 +49,31 @@ pub(crate) fn device_lock() -> std::sync::MutexGuard<'static, ()> {
     LOCK.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+thread_local! {
+    /// Whether this thread is capturing a graph under [`device_lock`] (see
+    /// [`CaptureGuard`]): a module must not be loaded then.
+    static CAPTURING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// [`device_lock`] held for a graph capture on this thread; while it
+/// lives, a kernel whose module is not loaded is an error instead of a
+/// load (which would wait for the lock this thread holds).
+pub(crate) struct CaptureGuard(#[allow(dead_code)] std::sync::MutexGuard<'static, ()>);
+
+impl CaptureGuard {
+    pub(crate) fn new() -> Self {
+        let lock = device_lock();
+        CAPTURING.with(|c| c.set(true));
+        CaptureGuard(lock)
+    }
+}
+
+impl Drop for CaptureGuard {
+    fn drop(&mut self) {
+        CAPTURING.with(|c| c.set(false));
+    }
+}
+
 /// A CUDA device with its stream, cuBLAS handle and kernels.
 pub(crate) struct Device {
     pub ctx: Arc<CudaContext>,
@@ -319,6 +344,13 @@ impl Device {
                 let slot = self.products.slots.get(i as usize).ok_or_else(|| Error::Device(format!("no module {i}")))?;
                 match slot.get() {
                     Some(f) => f,
+                    None if CAPTURING.with(|c| c.get()) => {
+                        return Err(Error::Device(format!(
+                            "kernel {}: its module ({}) was not loaded before the graph capture",
+                            k.name,
+                            k.module.label()
+                        )))
+                    }
                     None => {
                         self.load_products(&[PRODUCTS[i as usize].layout])?;
                         slot.get().ok_or_else(|| Error::Device(format!("kernel module {} not loaded", k.module.label())))?

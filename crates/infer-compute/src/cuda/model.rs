@@ -668,7 +668,7 @@ impl CudaModel {
             let stream = self.dev.stream.clone();
             // No device-synchronizing call of another thread may run while
             // this stream captures (see `device_lock`).
-            let _device = super::device::device_lock();
+            let _device = super::device::CaptureGuard::new();
             stream
                 .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
                 .map_err(dev_err("begin graph capture"))?;
