@@ -742,7 +742,15 @@ fn every_kernel_module_loads() {
     let cuda = cuda_or_skip!();
     let res = cuda.kernel_resources().unwrap();
     let names: std::collections::HashSet<_> = res.iter().map(|r| r.0).collect();
-    for k in ["quantize_q8", "attn_prefill_hd96", "mv_bf16_t8", "mv_q4_0_t1", "mvn_iq4_nl", "mv_q6_kr_t1s", "mvn2_q5_0r_q8_0r"] {
+    for k in [
+        "quantize_q8",
+        "attn_prefill_hd96",
+        "mv_bf16_t8",
+        "mv_q4_0_t1",
+        "mvn_iq4_nl",
+        "mv_q6_kr_t1s",
+        "mvn2_q5_0r_q8_0r",
+    ] {
         assert!(names.contains(k), "{k} missing");
     }
     // 26 common kernels, 3 float types × 2, 16 quantized layouts × 5, 3 mixed.

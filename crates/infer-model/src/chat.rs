@@ -26,8 +26,10 @@
 //! `tojson` (ours, around minijinja's) pay for their output as it grows, so
 //! that a lazy list of many repeats (`[s] * n`) cannot get past it. The
 //! messages themselves are not counted: their size is the caller's to
-//! bound. Not bounded: minijinja 3.1 builds a list made by more than 32
-//! nested concatenations (`l = l + l` 33 times) in full, without a check.
+//! bound. A list concatenation (`l + l`) is checked before it is built too:
+//! minijinja 3.1.0 keeps it lazy but builds a chain deeper than 32 in full
+//! without a check, which the workspace's patched copy
+//! (`vendor/minijinja/PATCHED.md`) mends.
 //!
 //! A file without a template gets a default chosen by architecture
 //! (the registry's [`crate::model::ChatFormat`], [`TemplateSource`]): Gemma's turn format for `gemma*` (the format of

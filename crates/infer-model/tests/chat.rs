@@ -381,6 +381,11 @@ fn templates_that_grow_strings_stop_within_the_memory_budget() {
         "{{ ([messages[0].content] * 100000000) | join }}",
         "{{ ([messages[0].content] * 100000000) | tojson }}",
         "{% set ns = namespace(l=[messages[0].content]) %}{% for i in range(30) %}{% set ns.l = ns.l + ns.l %}{% endfor %}{{ ns.l | tojson }}",
+        // Past minijinja's 32 lazy concatenations, where the release built
+        // the list in full (vendor/minijinja/PATCHED.md): `length` does not
+        // iterate, so only the check before the concatenation stops it.
+        "{% set ns = namespace(l=[messages[0].content]) %}{% for i in range(40) %}{% set ns.l = ns.l + ns.l %}{% endfor %}{{ ns.l | length }}",
+        "{% set ns = namespace(l=[1]) %}{% for i in range(64) %}{% set ns.l = ns.l + ns.l %}{% endfor %}{{ ns.l | length }}",
     ];
     let m = [Message::user("a".repeat(1000))];
     for src in bombs {

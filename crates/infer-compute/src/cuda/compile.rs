@@ -110,7 +110,10 @@ pub(crate) fn cubins(cc: (i32, i32), modules: &[Module]) -> Result<Vec<Image>> {
         }
         eprintln!("compiled the CUDA kernels in {:.1} s", t0.elapsed().as_secs_f64());
     }
-    modules.iter().map(|&m| map.get(&(cc, m)).cloned().ok_or_else(|| Error::Device("kernel image missing".into()))).collect()
+    modules
+        .iter()
+        .map(|&m| map.get(&(cc, m)).cloned().ok_or_else(|| Error::Device("kernel image missing".into())))
+        .collect()
 }
 
 /// PTX of `module` for the virtual architecture of `cc` (the driver
@@ -144,7 +147,11 @@ fn cache_path(arch: &str, module: Module, src: &str, opts: &[String]) -> Option<
     }
     let mut h = std::hash::DefaultHasher::new();
     (src, opts, major, minor).hash(&mut h);
-    Some(crate::cache_dir::cache_dir().join("cuda").join(format!("{arch}-{}-{:016x}.cubin", module.label(), h.finish())))
+    Some(crate::cache_dir::cache_dir().join("cuda").join(format!(
+        "{arch}-{}-{:016x}.cubin",
+        module.label(),
+        h.finish()
+    )))
 }
 
 fn store(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
@@ -199,4 +206,3 @@ fn compile(src: &str, opts: &[String], cubin: bool) -> Result<Vec<u8>> {
     }
     Ok(buf)
 }
-

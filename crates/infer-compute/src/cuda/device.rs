@@ -12,8 +12,8 @@ use std::time::Instant;
 use cudarc::cublas::CudaBlas;
 use cudarc::driver::sys::CUdevice_attribute;
 use cudarc::driver::{
-    result, CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchArgs, LaunchConfig,
-    ValidAsZeroBits,
+    result, CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchArgs,
+    LaunchConfig, ValidAsZeroBits,
 };
 
 use super::compile;
@@ -290,11 +290,8 @@ impl Device {
     /// skipped. A model calls this when it is prepared, so that nothing is
     /// loaded while a graph is captured.
     pub fn load_products(&self, layouts: &[kernels::Layout]) -> Result<()> {
-        let mut wanted: Vec<u8> = layouts
-            .iter()
-            .filter_map(|&l| PRODUCTS.iter().position(|p| p.layout == l))
-            .map(|i| i as u8)
-            .collect();
+        let mut wanted: Vec<u8> =
+            layouts.iter().filter_map(|&l| PRODUCTS.iter().position(|p| p.layout == l)).map(|i| i as u8).collect();
         wanted.sort_unstable();
         wanted.dedup();
         wanted.retain(|&i| self.products.slots[i as usize].get().is_none());
@@ -341,7 +338,8 @@ impl Device {
         let funcs = match k.module {
             Module::Common => &self.funcs,
             Module::Products(i) => {
-                let slot = self.products.slots.get(i as usize).ok_or_else(|| Error::Device(format!("no module {i}")))?;
+                let slot =
+                    self.products.slots.get(i as usize).ok_or_else(|| Error::Device(format!("no module {i}")))?;
                 match slot.get() {
                     Some(f) => f,
                     None if CAPTURING.with(|c| c.get()) => {
@@ -353,7 +351,8 @@ impl Device {
                     }
                     None => {
                         self.load_products(&[PRODUCTS[i as usize].layout])?;
-                        slot.get().ok_or_else(|| Error::Device(format!("kernel module {} not loaded", k.module.label())))?
+                        slot.get()
+                            .ok_or_else(|| Error::Device(format!("kernel module {} not loaded", k.module.label())))?
                     }
                 }
             }

@@ -62,7 +62,10 @@ impl Module {
             Module::Common => src.extend(COMMON_SOURCES.iter().map(|(_, s)| format!("{s}\n"))),
             Module::Products(i) => {
                 let p = &PRODUCTS[i as usize];
-                src += &format!("MV_KERNELS({}, {}, {})\nMVN_KERNEL({}, {})\n", p.name, p.block, p.t1_bounds, p.name, p.block);
+                src += &format!(
+                    "MV_KERNELS({}, {}, {})\nMVN_KERNEL({}, {})\n",
+                    p.name, p.block, p.t1_bounds, p.name, p.block
+                );
                 for (a, b, k) in MIXED_NORM_KERNELS.iter().filter(|m| m.2.module == self) {
                     let (a, b) = (product(*a).map_or("?", |p| p.block), product(*b).map_or("?", |p| p.block));
                     src += &format!("MVN2_KERNEL({}, {a}, {b})\n", k.name.trim_start_matches("mvn2_"));
@@ -500,7 +503,10 @@ mod tests {
             assert!(m.source().contains(&format!("MV_KERNELS({}, {}, ", p.name, p.block)));
         }
         for (a, b, k) in MIXED_NORM_KERNELS {
-            assert_eq!(Some(k.module), product(a).map(|_| Module::Products(PRODUCTS.iter().position(|p| p.layout == a).unwrap() as u8)));
+            assert_eq!(
+                Some(k.module),
+                product(a).map(|_| Module::Products(PRODUCTS.iter().position(|p| p.layout == a).unwrap() as u8))
+            );
             assert!(product(b).is_some(), "{}", k.name);
             let (pa, pb) = (product(a).unwrap(), product(b).unwrap());
             let line = format!("MVN2_KERNEL({}, {}, {})", k.name.trim_start_matches("mvn2_"), pa.block, pb.block);

@@ -437,7 +437,9 @@ impl CudaModel {
         // capture.
         let layouts: Vec<_> = layers
             .iter()
-            .flat_map(|l| [Some(&l.wq), Some(&l.wk), Some(&l.wv), Some(&l.wo), l.gate.as_ref(), Some(&l.up), Some(&l.down)])
+            .flat_map(|l| {
+                [Some(&l.wq), Some(&l.wk), Some(&l.wv), Some(&l.wo), l.gate.as_ref(), Some(&l.up), Some(&l.down)]
+            })
             .flatten()
             .chain([&output])
             .map(|w| (w.ty, w.repacked_stride != 0))
