@@ -26,7 +26,7 @@ mod bench {
     use std::time::Instant;
 
     use half::f16;
-    use infer_compute::cuda::CudaBackend;
+    use infer_compute::cuda::{CudaBackend, CudaOptions};
     use infer_compute::pipeline::{Activation, FfnType, LayerSpec, ModelSpec, Norm, NormType, RopeSpec, RopeType};
     use infer_compute::{DeviceModel, QuantWeight, WeightBytes};
     use infer_compute::{GgmlType, Result};
@@ -164,6 +164,8 @@ mod bench {
     pub fn run() -> Result<()> {
         let which = std::env::args().nth(1).unwrap_or_else(|| "all".into());
         let cuda = CudaBackend::new(0)?;
+        // The same device with GGUF rows everywhere (no repacking).
+        let gguf_rows = CudaBackend::with_options(0, CudaOptions { repack: false, ..cuda.options().clone() })?;
         println!("{}", infer_compute::ComputeBackend::device_info(&cuda));
         println!(
             "| model | weights MB/token | context | graph tok/s | % of 4.3 TB/s | direct tok/s | prefill 512 tok/s |"
@@ -172,7 +174,6 @@ mod bench {
         let mut notes = Vec::new();
         for s in SHAPES.iter().filter(|s| which == "all" || s.name.contains(&which)) {
             let spec = model(s)?;
-            std::env::set_var("INFER_CUDA_REPACK", "1");
             let mut m = cuda.prepare_cuda(&spec)?;
             let wb = m.weight_bytes_per_token() as f64;
             for start in [1usize, 1024] {
@@ -259,15 +260,12 @@ mod bench {
             }
             m.set_use_graph(true);
             drop(m);
-            // The same model with GGUF rows everywhere (no repacking).
-            std::env::set_var("INFER_CUDA_REPACK", "0");
-            let mut m0 = cuda.prepare_cuda(&spec)?;
+            let mut m0 = gguf_rows.prepare_cuda(&spec)?;
             let g0 = decode(&mut m0, 1, 256, 4096)?;
             lines.push(format!(
                 "{}: GGUF-layout mat-vecs (no repacking): {:.0} tok/s with graph at context 1",
                 s.name, g0
             ));
-            std::env::set_var("INFER_CUDA_REPACK", "1");
             notes.push(lines.join("\n"));
         }
         println!();

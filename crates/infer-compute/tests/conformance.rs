@@ -1,6 +1,7 @@
 //! The conformance suite ([`infer_compute::conformance`]) on every backend
 //! this machine has: the CPU backend at each SIMD level the processor
-//! supports, CUDA when built with `--features cuda`, and wgpu when built
+//! supports, CUDA when built with `--features cuda` (with its tuned
+//! fusions and, as `cuda_unfused`, without them), and wgpu when built
 //! with `--features wgpu` (with subgroup reductions and, where the adapter
 //! has those, again with the workgroup-memory fallback as `wgpu_shared`).
 //!
@@ -30,7 +31,7 @@ fn backends() -> Vec<Candidate> {
             .map_err(|e| (e.to_string(), true));
         v.push((format!("cpu_{}", level.name()), b));
     }
-    v.push(("cuda".into(), cuda()));
+    v.extend(cuda());
     v.extend(wgpu());
     v
 }
@@ -61,18 +62,27 @@ fn wgpu() -> Vec<Candidate> {
     vec![("wgpu".into(), Err(("built without the `wgpu` feature".into(), required)))]
 }
 
+/// The CUDA backend with its tuned kernels and fusions (`cuda`; the
+/// `INFER_CUDA_*` variables apply), and again
+/// with every fusion and alternative layout off (`cuda_unfused`: GGUF rows,
+/// separate norm, quantize and attention kernels, mat-vec prefill), in the
+/// same process.
 #[cfg(feature = "cuda")]
-fn cuda() -> Result<Arc<dyn ComputeBackend>, (String, bool)> {
+fn cuda() -> Vec<Candidate> {
+    use infer_compute::cuda::{CudaBackend, CudaOptions};
     let required = std::env::var("INFER_REQUIRE_CUDA").is_ok_and(|v| v == "1");
-    infer_compute::cuda::CudaBackend::new(0)
-        .map(|b| Arc::new(b) as Arc<dyn ComputeBackend>)
-        .map_err(|e| (format!("no CUDA device here ({e})"), required))
+    let open = |opts: CudaOptions| {
+        CudaBackend::with_options(0, opts)
+            .map(|b| Arc::new(b) as Arc<dyn ComputeBackend>)
+            .map_err(|e| (format!("no CUDA device here ({e})"), required))
+    };
+    vec![("cuda".into(), open(CudaOptions::from_env())), ("cuda_unfused".into(), open(CudaOptions::unfused()))]
 }
 
 #[cfg(not(feature = "cuda"))]
-fn cuda() -> Result<Arc<dyn ComputeBackend>, (String, bool)> {
+fn cuda() -> Vec<Candidate> {
     let required = std::env::var("INFER_REQUIRE_CUDA").is_ok_and(|v| v == "1");
-    Err(("built without the `cuda` feature".into(), required))
+    ["cuda", "cuda_unfused"].map(|n| (n.into(), Err(("built without the `cuda` feature".into(), required)))).into()
 }
 
 /// Whether `backend` runs `case`: every case, except that the wgpu

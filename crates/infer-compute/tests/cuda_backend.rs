@@ -735,6 +735,18 @@ fn device_info_names_the_device() {
     assert_eq!(cuda.name(), "cuda");
 }
 
+/// A model loads the product modules of its own weight layouts and no
+/// others (a first run compiles only those).
+fn a_model_loads_only_its_kernel_modules() {
+    let cuda = cuda_or_skip!();
+    assert_eq!(cuda.loaded_kernel_modules(), ["common"]);
+    let _m = cuda.prepare(&random_model(7, Arch::Gemma3)).unwrap();
+    // Q2_K, Q3_K and Q5_K in GGUF rows; Q4_0, Q4_K, Q5_0, Q6_K and Q8_0
+    // (the output) repacked; F16 in the common module.
+    let want = ["common", "q2_k", "q3_k", "q5_k", "q8_0r", "q4_0r", "q5_0r", "q4_kr", "q6_kr"];
+    assert_eq!(cuda.loaded_kernel_modules(), want);
+}
+
 /// Every kernel module compiles and loads, and defines the kernels the
 /// backend looks up in it (a model loads only its weight types' modules,
 /// so the suite's models would not reach every one).
@@ -780,6 +792,7 @@ fn main() {
         ("errors_instead_of_panics", errors_instead_of_panics),
         ("device_info_names_the_device", device_info_names_the_device),
         ("every_kernel_module_loads", every_kernel_module_loads),
+        ("a_model_loads_only_its_kernel_modules", a_model_loads_only_its_kernel_modules),
     ];
     let unavailable = CudaBackend::new(0).err().map(|e| format!("no CUDA device here ({e})"));
     gpu_tests::run(tests, unavailable, "INFER_REQUIRE_CUDA")

@@ -37,17 +37,9 @@ pub(super) fn prefill_chunk(m: &Maxima, n_split: usize) -> usize {
 /// scratch buffer); shorter ones use the mat-vec kernels (8 tokens per
 /// decoded weight chunk). At 16 tokens the mat-vec kernels were 13–15%
 /// faster (batched decode of synthetic llama 1B and gemma3 4B, H200), at 24
-/// and 32 the GEMMs 9–19%. `INFER_CUDA_PREFILL_GEMM=tf32` uses f32 operands
-/// with TF32 products instead, `=0` turns the GEMM path off.
+/// and 32 the GEMMs 9–19%. `CudaOptions::prefill_gemm` picks TF32 products
+/// of f32 operands instead, or turns the GEMM path off.
 pub const GEMM_MIN_TOKENS: usize = 24;
-
-pub(super) fn prefill_gemm() -> Option<GemmPrecision> {
-    match std::env::var("INFER_CUDA_PREFILL_GEMM").as_deref() {
-        Ok("0") => None,
-        Ok("tf32") => Some(GemmPrecision::Tf32),
-        _ => Some(GemmPrecision::Bf16),
-    }
-}
 
 /// Shape maxima over the layers, for sizing buffers.
 #[derive(Clone, Copy, Default)]
@@ -235,7 +227,7 @@ impl Buffers {
             argmax_part: d.zeros(ops::ARGMAX_BLOCKS)?,
             argmax_count: d.zeros(1)?,
             argmax_key: d.zeros(1)?,
-            gemm: match prefill_gemm().filter(|_| cap >= GEMM_MIN_TOKENS) {
+            gemm: match d.opts.prefill_gemm.filter(|_| cap >= GEMM_MIN_TOKENS) {
                 Some(prec) => Some(GemmScratch {
                     prec,
                     // f32 slots: m.mat values of 4 (TF32) or 2 (bf16) bytes.

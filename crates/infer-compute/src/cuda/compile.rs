@@ -42,41 +42,40 @@ impl Image {
 }
 
 /// NVRTC options for `arch` (`sm_90` for a CUBIN, `compute_90` for PTX):
-/// C++17 and whatever `INFER_CUDA_NVRTC_OPTS` adds (tuning, e.g.
+/// C++17 and `extra` (`CudaOptions::nvrtc_opts`: tuning, e.g.
 /// `-DMV_T1S_MIN_BLOCKS=8` in matvec.cu without a rebuild).
-fn options(arch: &str) -> Vec<String> {
-    [format!("--gpu-architecture={arch}"), "--std=c++17".into()]
-        .into_iter()
-        .chain(std::env::var("INFER_CUDA_NVRTC_OPTS").unwrap_or_default().split_whitespace().map(String::from))
-        .collect()
+fn options(arch: &str, extra: &[String]) -> Vec<String> {
+    [format!("--gpu-architecture={arch}"), "--std=c++17".into()].into_iter().chain(extra.iter().cloned()).collect()
 }
 
-/// The CUBINs of `modules` for compute capability `cc`, in that order:
+/// The CUBINs of `modules` for compute capability `cc` with the extra
+/// NVRTC options `extra`, in that order:
 /// from this process's memory, from the disk cache, or compiled (the
 /// missing ones in parallel, with one progress line on stderr) and stored
 /// there (written to a temporary name then renamed, so that a concurrent
 /// process never reads half a file). [`ptx`] is the fallback when this
 /// fails.
-pub(crate) fn cubins(cc: (i32, i32), modules: &[Module]) -> Result<Vec<Image>> {
-    /// Images by (compute capability, module).
-    type Images = HashMap<((i32, i32), Module), Image>;
+pub(crate) fn cubins(cc: (i32, i32), modules: &[Module], extra: &[String]) -> Result<Vec<Image>> {
+    /// Images by (compute capability, module, extra options).
+    type Images = HashMap<((i32, i32), Module, Vec<String>), Image>;
     static CACHE: OnceLock<Mutex<Images>> = OnceLock::new();
     let mut map = CACHE
         .get_or_init(|| Mutex::new(HashMap::new()))
         .lock()
         .map_err(|_| Error::Device("kernel image cache lock poisoned".into()))?;
     let arch = format!("sm_{}{}", cc.0, cc.1);
-    let opts = options(&arch);
+    let opts = options(&arch, extra);
+    let key = |m: Module| (cc, m, extra.to_vec());
     let mut missing = Vec::new();
     for &m in modules {
-        if map.contains_key(&(cc, m)) || missing.iter().any(|&(n, _, _)| n == m) {
+        if map.contains_key(&key(m)) || missing.iter().any(|&(n, _, _)| n == m) {
             continue;
         }
         let src = m.source();
         let path = cache_path(&arch, m, &src, &opts);
         match path.as_deref().and_then(|p| std::fs::read(p).ok()).filter(|b| !b.is_empty()) {
             Some(b) => {
-                map.insert((cc, m), Image::Cubin(Arc::new(b)));
+                map.insert(key(m), Image::Cubin(Arc::new(b)));
             }
             None => missing.push((m, src, path)),
         }
@@ -106,21 +105,21 @@ pub(crate) fn cubins(cc: (i32, i32), modules: &[Module]) -> Result<Vec<Image>> {
                 // process a compile.
                 let _ = store(p, &bytes);
             }
-            map.insert((cc, m), Image::Cubin(Arc::new(bytes)));
+            map.insert(key(m), Image::Cubin(Arc::new(bytes)));
         }
         eprintln!("compiled the CUDA kernels in {:.1} s", t0.elapsed().as_secs_f64());
     }
     modules
         .iter()
-        .map(|&m| map.get(&(cc, m)).cloned().ok_or_else(|| Error::Device("kernel image missing".into())))
+        .map(|&m| map.get(&key(m)).cloned().ok_or_else(|| Error::Device("kernel image missing".into())))
         .collect()
 }
 
 /// PTX of `module` for the virtual architecture of `cc` (the driver
 /// JIT-compiles it at load): the fallback when a CUBIN cannot be made or
 /// loaded.
-pub(crate) fn ptx(cc: (i32, i32), module: Module) -> Result<Image> {
-    let opts = options(&format!("compute_{}{}", cc.0, cc.1));
+pub(crate) fn ptx(cc: (i32, i32), module: Module, extra: &[String]) -> Result<Image> {
+    let opts = options(&format!("compute_{}{}", cc.0, cc.1), extra);
     let b = compile(&module.source(), &opts, false)?;
     let s = String::from_utf8(b).map_err(|_| Error::Device("NVRTC returned PTX that is not UTF-8".into()))?;
     Ok(Image::Ptx(Arc::new(s)))
@@ -128,9 +127,9 @@ pub(crate) fn ptx(cc: (i32, i32), module: Module) -> Result<Image> {
 
 /// Removes the cached CUBIN of `module` for `cc` (it failed to load:
 /// stale or damaged), so the next process compiles afresh.
-pub(crate) fn forget_cubin(cc: (i32, i32), module: Module) {
+pub(crate) fn forget_cubin(cc: (i32, i32), module: Module, extra: &[String]) {
     let arch = format!("sm_{}{}", cc.0, cc.1);
-    if let Some(p) = cache_path(&arch, module, &module.source(), &options(&arch)) {
+    if let Some(p) = cache_path(&arch, module, &module.source(), &options(&arch, extra)) {
         let _ = std::fs::remove_file(p);
     }
 }

@@ -18,6 +18,7 @@ use cudarc::driver::{
 
 use super::compile;
 use super::kernels::{self, DevPtr, KernelName, Module, PRODUCTS};
+use super::options::CudaOptions;
 use crate::error::{Error, Result};
 
 /// Maps any displayable CUDA error to [`Error::Device`] with context.
@@ -85,6 +86,8 @@ pub(crate) struct Device {
     /// The product modules, shared by every stream of the device.
     products: Arc<ProductModules>,
     pub info: DeviceInfo,
+    /// What this device's kernels and fusions are (the backend's).
+    pub opts: CudaOptions,
     /// When set, every launch is timed (synchronously) and summed per kernel.
     profile: Mutex<Option<HashMap<&'static str, (f64, usize)>>>,
     /// Whether [`Device::launch`] asks for programmatic dependent launch
@@ -109,6 +112,7 @@ fn load_module(
     cc: (i32, i32),
     module: Module,
     image: compile::Image,
+    extra: &[String],
 ) -> Result<HashMap<&'static str, CudaFunction>> {
     let loaded: Arc<CudaModule> = {
         let _device = device_lock();
@@ -116,8 +120,9 @@ fn load_module(
             Ok(m) => m,
             Err(e) => {
                 eprintln!("warning: loading the CUDA kernels ({}): {e}; compiling them as PTX instead", module.label());
-                compile::forget_cubin(cc, module);
-                ctx.load_module(compile::ptx(cc, module)?.to_ptx()).map_err(dev_err("loading a kernel module"))?
+                compile::forget_cubin(cc, module, extra);
+                ctx.load_module(compile::ptx(cc, module, extra)?.to_ptx())
+                    .map_err(dev_err("loading a kernel module"))?
             }
         }
     };
@@ -154,9 +159,9 @@ impl Drop for Device {
 /// which blocks until the predecessor grid has completed and its memory is
 /// visible, before any memory access: the order of memory effects is that
 /// of a plain launch. Captured graphs keep the attribute as programmatic
-/// edges. `INFER_CUDA_PDL=0` turns it off (plain launches).
-fn pdl_enabled(cc: (i32, i32)) -> bool {
-    cc.0 >= 9 && std::env::var("INFER_CUDA_PDL").map_or(true, |v| v != "0")
+/// edges. `CudaOptions::pdl` off turns it off (plain launches).
+fn pdl_enabled(cc: (i32, i32), opts: &CudaOptions) -> bool {
+    cc.0 >= 9 && opts.pdl
 }
 
 /// Page-locked host memory of `len` values of `T` (not write-combined, so
@@ -213,7 +218,7 @@ impl<T> Drop for PinnedBuf<T> {
 impl Device {
     /// Opens device `ordinal`. Assumes the driver library is present (the
     /// caller checks, and catches the loader's panics).
-    pub fn open(ordinal: usize) -> Result<Self> {
+    pub fn open(ordinal: usize, opts: CudaOptions) -> Result<Self> {
         let count = CudaContext::device_count().map_err(dev_err("cuInit / device count"))?;
         if count <= 0 {
             return Err(Error::Device("the CUDA driver reports no device".into()));
@@ -249,19 +254,19 @@ impl Device {
         }
         let cc = info.compute_capability;
         // The cached or freshly compiled CUBIN; PTX when that fails.
-        let image = match compile::cubins(cc, &[Module::Common]) {
+        let image = match compile::cubins(cc, &[Module::Common], &opts.nvrtc_opts) {
             Ok(mut v) if v.len() == 1 => v.remove(0),
             Ok(_) => return Err(Error::Device("kernel image missing".into())),
             Err(e) => {
                 eprintln!("warning: {e}; compiling the CUDA kernels as PTX instead");
-                compile::ptx(cc, Module::Common)?
+                compile::ptx(cc, Module::Common, &opts.nvrtc_opts)?
             }
         };
-        let funcs = load_module(&ctx, cc, Module::Common, image)?;
-        let pdl = pdl_enabled(info.compute_capability);
+        let funcs = load_module(&ctx, cc, Module::Common, image, &opts.nvrtc_opts)?;
+        let pdl = pdl_enabled(info.compute_capability, &opts);
         // Last, so that no earlier error leaves the handle behind.
         let blas = new_blas(&stream)?;
-        Ok(Device { ctx, stream, blas, funcs, products: Arc::default(), info, profile: Mutex::new(None), pdl })
+        Ok(Device { ctx, stream, blas, funcs, products: Arc::default(), info, opts, profile: Mutex::new(None), pdl })
     }
 
     /// The same device, context and kernels on a stream (and cuBLAS handle)
@@ -279,6 +284,7 @@ impl Device {
             funcs: self.funcs.clone(),
             products: self.products.clone(),
             info: self.info.clone(),
+            opts: self.opts.clone(),
             profile: Mutex::new(None),
             pdl: self.pdl,
         })
@@ -302,18 +308,26 @@ impl Device {
         wanted.retain(|&i| self.products.slots[i as usize].get().is_none());
         let modules: Vec<Module> = wanted.iter().map(|&i| Module::Products(i)).collect();
         let cc = self.info.compute_capability;
-        let images = match compile::cubins(cc, &modules) {
+        let extra = &self.opts.nvrtc_opts;
+        let images = match compile::cubins(cc, &modules, extra) {
             Ok(v) => v.into_iter().map(Ok).collect(),
             Err(e) => {
                 eprintln!("warning: {e}; compiling the CUDA kernels as PTX instead");
-                modules.iter().map(|&m| compile::ptx(cc, m)).collect::<Vec<_>>()
+                modules.iter().map(|&m| compile::ptx(cc, m, extra)).collect::<Vec<_>>()
             }
         };
         for ((&i, &m), image) in wanted.iter().zip(&modules).zip(images) {
-            let funcs = load_module(&self.ctx, cc, m, image?)?;
+            let funcs = load_module(&self.ctx, cc, m, image?, extra)?;
             let _ = self.products.slots[i as usize].set(funcs);
         }
         Ok(())
+    }
+
+    /// The modules loaded so far: `common`, then the loaded products'
+    /// layouts in `PRODUCTS` order.
+    pub fn loaded_modules(&self) -> Vec<&'static str> {
+        let loaded = self.products.slots.iter().enumerate().filter(|(_, s)| s.get().is_some());
+        std::iter::once(Module::Common.label()).chain(loaded.map(|(i, _)| Module::Products(i as u8).label())).collect()
     }
 
     /// `(kernel, registers per thread, local memory bytes per thread)` of

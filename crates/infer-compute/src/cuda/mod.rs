@@ -4,9 +4,13 @@
 //!   loaded driver API; a missing driver, library or device is an
 //!   [`Error::Device`], never a panic (the loader's panics are caught).
 //! - Kernels are the `.cu` files of `kernels/`, embedded with
-//!   `include_str!`, compiled once per process by NVRTC for the device's
-//!   compute capability (`compute_90` PTX on the H200, compiled to sm_90 by
-//!   the driver at load), and looked up by typed names (`kernels.rs`).
+//!   `include_str!`, compiled by NVRTC to CUBINs for the device's exact
+//!   architecture in modules (the common kernels, and each quantized
+//!   layout's products when a model needs them; cached on disk,
+//!   `compile.rs`), and looked up by typed names (`kernels.rs`).
+//! - Which layouts, kernels and fusions run is data: [`CudaOptions`]
+//!   (`options.rs`), one per backend ([`CudaBackend::with_options`]), filled
+//!   from the `INFER_CUDA_*` variables by [`CudaBackend::new`].
 //! - Dense f32 products go to cuBLAS (row-major handled by swapping the
 //!   operands: `Cᵀ = Bᵀ·Aᵀ` in cuBLAS's column-major view).
 //! - Quantized mat-vecs quantize the activation to q8 chunks on the device
@@ -28,6 +32,7 @@ mod device;
 pub(crate) mod kernels;
 mod model;
 mod ops;
+mod options;
 mod repack;
 
 use std::sync::Arc;
@@ -41,6 +46,7 @@ pub use device::DeviceInfo;
 use kernels::{AttnArgs, NormArgs, QkvArgs};
 pub use model::{CudaKvPool, CudaModel};
 use ops::Matvec;
+pub use options::{CudaOptions, GemmPrecision};
 
 use crate::backend::{ComputeBackend, DeviceModel};
 use crate::error::{shape_err, Error, Result};
@@ -67,22 +73,46 @@ fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
 }
 
 impl CudaBackend {
-    /// Opens CUDA device `ordinal`.
+    /// Opens CUDA device `ordinal` with the options of the `INFER_CUDA_*`
+    /// environment variables ([`CudaOptions::from_env`]; the defaults when
+    /// none is set).
     ///
     /// # Errors
     /// [`Error::Device`] when the driver library (`libcuda.so`) is missing,
     /// no device `ordinal` exists, cuBLAS or NVRTC are missing, or the
     /// kernels fail to compile or load.
     pub fn new(ordinal: usize) -> Result<Self> {
+        Self::with_options(ordinal, CudaOptions::from_env())
+    }
+
+    /// Opens CUDA device `ordinal` running the kernels and fusions `opts`
+    /// chooses: backends of different options may live in one process
+    /// (their models then run different kernels side by side).
+    ///
+    /// # Errors
+    /// As [`CudaBackend::new`].
+    pub fn with_options(ordinal: usize, opts: CudaOptions) -> Result<Self> {
         // SAFETY: only probes whether the library can be opened.
         if !unsafe { cudarc::driver::sys::is_culib_present() } {
             return Err(Error::Device("no CUDA driver: libcuda.so could not be loaded".into()));
         }
-        match std::panic::catch_unwind(|| Device::open(ordinal)) {
+        match std::panic::catch_unwind(|| Device::open(ordinal, opts)) {
             Ok(Ok(dev)) => Ok(CudaBackend { dev: Arc::new(dev), ops: std::sync::Mutex::new(()) }),
             Ok(Err(e)) => Err(e),
             Err(p) => Err(Error::Device(format!("CUDA initialization failed: {}", panic_message(&*p)))),
         }
+    }
+
+    /// The kernel modules this backend has loaded so far (`compile.rs`):
+    /// `common`, and the products of each quantized layout its models have
+    /// (`q4_kr` is Q4_K's repacked layout), in a fixed order.
+    pub fn loaded_kernel_modules(&self) -> Vec<&'static str> {
+        self.dev.loaded_modules()
+    }
+
+    /// The options this backend runs with.
+    pub fn options(&self) -> &CudaOptions {
+        &self.dev.opts
     }
 
     /// Name, memory, compute capability of the device.
@@ -363,7 +393,7 @@ impl CudaBackend {
         let d = &*self.dev;
         // The layout a prepared model uses, so that these calls run the
         // decode kernels as the model does.
-        let (wb, stride) = match repack::repack_weight(w) {
+        let (wb, stride) = match repack::repack_weight(w, d.opts.repack) {
             Some((bytes, stride)) => (d.upload(&bytes)?, stride),
             None => (d.upload(w.data.as_bytes())?, 0),
         };

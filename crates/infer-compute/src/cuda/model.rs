@@ -93,7 +93,7 @@ impl DevWeight {
     /// A matrix for the mat-vec kernels: repacked when the type has a
     /// repacked layout (see `repack.rs`), GGUF rows otherwise.
     fn matrix(dev: &Device, w: &QuantWeight, what: &str) -> Result<Self> {
-        if let Some((bytes, stride)) = super::repack::repack_weight(w) {
+        if let Some((bytes, stride)) = super::repack::repack_weight(w, dev.opts.repack) {
             return Ok(DevWeight {
                 ty: w.ty,
                 rows: w.rows,
@@ -375,7 +375,7 @@ impl CudaModel {
         };
         for (i, l) in spec.layers.iter().enumerate() {
             let p = |s: &str| format!("blk.{i}.{s}");
-            max.flash &= ops::has_flash(l.head_dim);
+            max.flash &= ops::has_flash(d, l.head_dim);
             let n_ff = l.ffn_up.rows;
             let (q_dim, kv_dim) = (l.n_head * l.head_dim, l.n_head_kv * l.head_dim);
             max.q_dim = max.q_dim.max(q_dim);

@@ -10,17 +10,9 @@ use super::kernels::{
     self, names, AttnArgs, AttnQkvArgs, DevPtr, MatvecArgs, MvMode, MvNormArgs, NormArgs, QkvArgs, ATTN_MAX_G,
     ATTN_SPLIT, MV_TOKENS, MV_WARPS,
 };
+pub(crate) use super::options::GemmPrecision;
 use crate::error::{Error, Result};
 use crate::GgmlType;
-
-/// Whether the switch `$name` (an environment variable) is on: on unless
-/// it is `0`; read once per process.
-macro_rules! switch_on {
-    ($name:literal) => {{
-        static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        *ON.get_or_init(|| std::env::var($name).map_or(true, |v| v != "0"))
-    }};
-}
 
 fn to_i32(v: usize, what: &str) -> Result<i32> {
     i32::try_from(v).map_err(|_| Error::Device(format!("{what} = {v} does not fit the kernels' 32-bit indices")))
@@ -111,16 +103,11 @@ impl Matvec {
 /// 10240) +1% at 2 against 1, −0.6% at 4 against 2; Llama 1B (2048 of
 /// 8192) and gemma3 1B (1152 of 6912) +2–3% at 4 against 1 (the 1B −1% at
 /// 2). Rows shorter than `LONG_ROW` stay whole: `mv_*_t1` keeps the short
-/// loop that every other product runs. `INFER_CUDA_MV_WPR` = 1, 2 or 4
-/// forces a count and `INFER_CUDA_MV_LONG` the threshold (to compare and
-/// to test).
+/// loop that every other product runs. `CudaOptions::mv_warps_per_row`
+/// forces a count and `mv_long_row` the threshold (to compare and to
+/// test).
 fn warps_per_row(dev: &Device, cols: usize, rows: usize) -> usize {
-    const LONG_ROW: usize = 4096;
-    static SETTING: std::sync::OnceLock<(Option<usize>, usize)> = std::sync::OnceLock::new();
-    let (forced, long) = *SETTING.get_or_init(|| {
-        let var = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<usize>().ok());
-        (var("INFER_CUDA_MV_WPR").filter(|w| matches!(w, 1 | 2 | 4)), var("INFER_CUDA_MV_LONG").unwrap_or(LONG_ROW))
-    });
+    let (forced, long) = (dev.opts.mv_warps_per_row, dev.opts.mv_long_row);
     if cols < long {
         return 1;
     }
@@ -152,7 +139,7 @@ pub(crate) fn matvec(dev: &Device, m: &Matvec) -> Result<()> {
     if k.quantized && !m.cols.is_multiple_of(32) {
         return Err(Error::RowNotBlockMultiple { ty: m.ty, cols: m.cols, block_size: 32 });
     }
-    let mut args = matvec_args(m)?;
+    let mut args = matvec_args(dev, m)?;
     let (name, gy) = if m.n_tok == 1 { (k.t1, 1) } else { (k.t8, m.n_tok.div_ceil(MV_TOKENS)) };
     let wpr = if m.n_tok == 1 && k.t1s.is_some() { warps_per_row(dev, m.cols, total) } else { 1 };
     args.wpr = wpr as i32;
@@ -165,11 +152,11 @@ pub(crate) fn matvec(dev: &Device, m: &Matvec) -> Result<()> {
 }
 
 /// Whether [`matvec_glu_q8`] can run the one-token product `m`
-/// (`INFER_CUDA_GLU_Q8=0` says never, to compare): a GLU product of a
+/// (`CudaOptions::glu_q8` off says never, to compare): a GLU product of a
 /// quantized type whose rows fill whole q8 chunks.
-pub(crate) fn can_glu_q8(m: &Matvec) -> bool {
-    let on = switch_on!("INFER_CUDA_GLU_Q8");
-    on && m.n_tok == 1
+pub(crate) fn can_glu_q8(dev: &Device, m: &Matvec) -> bool {
+    dev.opts.glu_q8
+        && m.n_tok == 1
         && matches!(m.mode, MvMode::GluGelu | MvMode::GluSilu)
         && m.total_rows() > 0
         && m.total_rows().is_multiple_of(32)
@@ -184,17 +171,17 @@ pub(crate) fn can_glu_q8(m: &Matvec) -> bool {
 /// [`can_glu_q8`] first.
 pub(crate) fn matvec_glu_q8(dev: &Device, m: &Matvec, oq: DevPtr, ods: DevPtr, count: DevPtr) -> Result<()> {
     let k = kernels_of(m)?;
-    let name = k.t1q.filter(|_| can_glu_q8(m) && oq != 0 && ods != 0 && count != 0).ok_or_else(|| {
+    let name = k.t1q.filter(|_| can_glu_q8(dev, m) && oq != 0 && ods != 0 && count != 0).ok_or_else(|| {
         Error::Device(format!("no quantizing GLU product for {} rows of {} values", m.ty.name(), m.cols))
     })?;
-    let args = kernels::MvQuantArgs { mv: matvec_args(m)?, oq, ods, count };
+    let args = kernels::MvQuantArgs { mv: matvec_args(dev, m)?, oq, ods, count };
     let gx = m.total_rows().div_ceil(MV_WARPS as usize);
     dev.launch(name, (to_u32(gx, "grid")?, 1, 1), MV_WARPS * 32, 0, &args)
 }
 
 /// The kernel arguments of `m` (shapes checked against the kernels'
 /// 32-bit indices).
-fn matvec_args(m: &Matvec) -> Result<MatvecArgs> {
+fn matvec_args(dev: &Device, m: &Matvec) -> Result<MatvecArgs> {
     Ok(MatvecArgs {
         w: m.w,
         y: m.y,
@@ -210,7 +197,7 @@ fn matvec_args(m: &Matvec) -> Result<MatvecArgs> {
         n_tok: to_i32(m.n_tok, "tokens")?,
         mode: m.mode as i32,
         cap: m.cap,
-        prefetch: i32::from(m.n_tok == 1 && prefetch_enabled()),
+        prefetch: i32::from(m.n_tok == 1 && dev.opts.prefetch),
         wpr: 1,
     })
 }
@@ -224,13 +211,13 @@ const NORM_THREADS: usize = 1024;
 const NORM_REG: usize = 4;
 
 /// Whether [`matvec_norm`] can run the one-token product `m` with its
-/// input's norm (`INFER_CUDA_FUSE_NORM=0` says never, to compare): a
+/// input's norm (`CudaOptions::fuse_norm` off says never, to compare): a
 /// quantized type, at least one row, and an input row of a multiple of 32
 /// values that the norm holds in registers.
-pub(crate) fn can_fuse_norm(m: &Matvec) -> bool {
-    let on = switch_on!("INFER_CUDA_FUSE_NORM");
+pub(crate) fn can_fuse_norm(dev: &Device, m: &Matvec) -> bool {
     // A launch of no rows would skip the norm it carries.
-    on && m.n_tok == 1
+    dev.opts.fuse_norm
+        && m.n_tok == 1
         && m.total_rows() > 0
         && m.cols.is_multiple_of(32)
         && m.cols <= NORM_THREADS * NORM_REG
@@ -247,16 +234,16 @@ pub(crate) fn matvec_norm(dev: &Device, m: &Matvec, norm: &NormArgs, x_out: DevP
     let k = kernels_of(m)?;
     let name = k
         .tn
-        .filter(|_| can_fuse_norm(m))
+        .filter(|_| can_fuse_norm(dev, m))
         .ok_or_else(|| Error::Device(format!("no fused-norm product for {} rows of {} values", m.ty.name(), m.cols)))?;
-    let args = MvNormArgs { mv: fused_product_args(m)?, norm: *norm, x_out };
+    let args = MvNormArgs { mv: fused_product_args(dev, m)?, norm: *norm, x_out };
     launch_fused_norm(dev, name, norm, x_out, m.cols, m.total_rows(), &args)
 }
 
 /// The arguments of a product whose activation comes from a fused norm,
 /// not from `m.aq` / `m.ad` / `m.x`.
-fn fused_product_args(m: &Matvec) -> Result<MatvecArgs> {
-    Ok(MatvecArgs { aq: 0, ad: 0, ax: 0, ..matvec_args(m)? })
+fn fused_product_args(dev: &Device, m: &Matvec) -> Result<MatvecArgs> {
+    Ok(MatvecArgs { aq: 0, ad: 0, ax: 0, ..matvec_args(dev, m)? })
 }
 
 /// Launches a fused-norm kernel (`mvn_*`, `mvn2_*`) over `total` rows of
@@ -285,12 +272,11 @@ fn launch_fused_norm<A: DeviceRepr>(
 /// `b` against the same normalized input in one launch ([`matvec_norm2`]),
 /// if there is one: both one-token, non-GLU and of the same width, `a` as
 /// [`can_fuse_norm`] wants it, their types a pair of
-/// [`kernels::MIXED_NORM_KERNELS`]. `INFER_CUDA_MIXED_QKV=0` says never, to
-/// compare.
-pub(crate) fn mixed_norm_kernel(a: &Matvec, b: &Matvec) -> Option<kernels::KernelName> {
-    let on = switch_on!("INFER_CUDA_MIXED_QKV");
+/// [`kernels::MIXED_NORM_KERNELS`]. `CudaOptions::mixed_qkv` off says
+/// never, to compare.
+pub(crate) fn mixed_norm_kernel(dev: &Device, a: &Matvec, b: &Matvec) -> Option<kernels::KernelName> {
     let store = |m: &Matvec| m.mode == MvMode::Store && m.n_tok == 1 && m.total_rows() > 0;
-    if !(on && store(a) && store(b) && b.cols == a.cols && can_fuse_norm(a)) {
+    if !(dev.opts.mixed_qkv && store(a) && store(b) && b.cols == a.cols && can_fuse_norm(dev, a)) {
         return None;
     }
     kernels::mixed_norm_kernel((a.ty, a.repacked_stride > 0), (b.ty, b.repacked_stride > 0))
@@ -301,19 +287,12 @@ pub(crate) fn mixed_norm_kernel(a: &Matvec, b: &Matvec) -> Option<kernels::Kerne
 /// layer's q/k/v when v's type differs from q's and k's. Check
 /// [`mixed_norm_kernel`] first.
 pub(crate) fn matvec_norm2(dev: &Device, a: &Matvec, b: &Matvec, norm: &NormArgs, x_out: DevPtr) -> Result<()> {
-    let name = mixed_norm_kernel(a, b).ok_or_else(|| {
+    let name = mixed_norm_kernel(dev, a, b).ok_or_else(|| {
         Error::Device(format!("no fused-norm product for {} rows then {} rows", a.ty.name(), b.ty.name()))
     })?;
-    let p = MvNormArgs { mv: fused_product_args(a)?, norm: *norm, x_out };
-    let args = kernels::MvNorm2Args { p, b: fused_product_args(b)? };
+    let p = MvNormArgs { mv: fused_product_args(dev, a)?, norm: *norm, x_out };
+    let args = kernels::MvNorm2Args { p, b: fused_product_args(dev, b)? };
     launch_fused_norm(dev, name, norm, x_out, a.cols, a.total_rows() + b.total_rows(), &args)
-}
-
-/// Whether one-token mat-vecs prefetch their weight rows into L2 before
-/// waiting for the previous kernel (matvec.cu, `mv_prefetch`).
-/// `INFER_CUDA_PREFETCH=0` turns it off (to compare).
-fn prefetch_enabled() -> bool {
-    switch_on!("INFER_CUDA_PREFETCH")
 }
 
 /// Launches the fused residual add + norm (+ quantize) over `n_tok` rows.
@@ -339,19 +318,20 @@ pub(crate) fn qkv_post(dev: &Device, args: &QkvArgs) -> Result<()> {
 /// One token whose head dimension is 64, 128 or 256, with at most
 /// [`ATTN_MAX_G`] query heads per kv head, runs all of it as one kernel
 /// (`attn_decode_hd*`, attention_decode.cu), which needs `count`: `n_kv`
-/// zeroed ints that it leaves zeroed. `INFER_CUDA_ATTN_DECODE=0` turns it
-/// off (to compare). Otherwise, for one token with several kv heads, the
+/// zeroed ints that it leaves zeroed. `CudaOptions::attn_decode` off
+/// turns it off (to compare). Otherwise, for one token with several kv heads, the
 /// post-processing runs inside the split kernel (`attn_split_qkv`), then
 /// the combine. With a single kv head that fusion redid the
 /// post-processing of every query head serially in each of its few blocks,
 /// where `qkv_post` spreads it over a block per head: on the H200 it was
 /// 3% faster on Gemma 3 4B (4 kv heads), 1% on Llama 1B (8), and 1–2%
-/// slower on Gemma 3 270M and 1B (1). `INFER_CUDA_FUSE_QKV=0` keeps them
-/// apart, `=1` fuses whenever the shape allows (to compare).
+/// slower on Gemma 3 270M and 1B (1). `CudaOptions::fuse_qkv` `Some(false)`
+/// keeps them apart, `Some(true)` fuses whenever the shape allows (to
+/// compare).
 pub(crate) fn qkv_attention(dev: &Device, qkv: &QkvArgs, attn: &AttnArgs, count: DevPtr) -> Result<()> {
     let (n_head, n_kv, hd) = (attn.n_head as usize, attn.n_kv as usize, attn.hd as usize);
     let one = attn.n_tok == 1 && qkv.n_tok == 1 && n_kv > 0 && n_head / n_kv <= ATTN_MAX_G;
-    if let Some(k) = decode_kernel(hd).filter(|_| one && count != 0 && decode_enabled()) {
+    if let Some(k) = decode_kernel(hd).filter(|_| one && count != 0 && dev.opts.attn_decode) {
         check_qkv_shape(qkv)?;
         check_attn_shape(n_head, n_kv, hd)?;
         // attention_decode.cu: q [G][hd], logits [G][span], new k and v
@@ -363,7 +343,7 @@ pub(crate) fn qkv_attention(dev: &Device, qkv: &QkvArgs, attn: &AttnArgs, count:
         let args = AttnQkvArgs { at: *attn, qk: *qkv, count, slot: 0, slot_stride: 0 };
         return dev.launch(k, grid, decode_threads(hd), smem, &args);
     }
-    let fuse = one && fuse_qkv_setting().unwrap_or(n_kv >= 2);
+    let fuse = one && dev.opts.fuse_qkv.unwrap_or(n_kv >= 2);
     if !fuse {
         qkv_post(dev, qkv)?;
         return attention(dev, attn);
@@ -385,9 +365,9 @@ pub(crate) const DECODE_BATCH_MAX: usize = 64;
 
 /// Whether [`qkv_attention_batch`] runs the shape of `attn` (the kernel of
 /// [`qkv_attention`]'s one-token path exists for it).
-pub(crate) fn has_decode_batch(attn: &AttnArgs) -> bool {
+pub(crate) fn has_decode_batch(dev: &Device, attn: &AttnArgs) -> bool {
     let (n_head, n_kv) = (attn.n_head as usize, attn.n_kv as usize);
-    decode_kernel(attn.hd as usize).is_some() && n_kv > 0 && n_head / n_kv <= ATTN_MAX_G && decode_enabled()
+    decode_kernel(attn.hd as usize).is_some() && n_kv > 0 && n_head / n_kv <= ATTN_MAX_G && dev.opts.attn_decode
 }
 
 /// [`qkv_attention`] for `n_tok` one-token steps of different sequences in
@@ -418,7 +398,7 @@ pub(crate) fn qkv_attention_batch(
         256 => names::ATTN_DECODE_BATCH_HD256,
         _ => return Err(Error::Device(format!("no batched decode attention for head_dim {hd}"))),
     };
-    if !has_decode_batch(attn) || n_tok == 0 || n_tok > DECODE_BATCH_MAX || count == 0 || slot == 0 {
+    if !has_decode_batch(dev, attn) || n_tok == 0 || n_tok > DECODE_BATCH_MAX || count == 0 || slot == 0 {
         return Err(Error::Device(format!("batched decode attention of {n_tok} tokens does not apply here")));
     }
     check_qkv_shape(qkv)?;
@@ -441,25 +421,10 @@ fn decode_kernel(hd: usize) -> Option<kernels::KernelName> {
     }
 }
 
-/// `INFER_CUDA_FUSE_QKV`: `0` → `Some(false)`, `1` → `Some(true)`, else
-/// `None` (the shape decides).
-fn fuse_qkv_setting() -> Option<bool> {
-    static SETTING: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
-    *SETTING.get_or_init(|| match std::env::var("INFER_CUDA_FUSE_QKV").as_deref() {
-        Ok("0") => Some(false),
-        Ok("1") => Some(true),
-        _ => None,
-    })
-}
-
 /// Threads of an `attn_decode_hd*` block (`DECODE_THREADS` in
 /// attention_decode.cu): four query heads' outputs at once.
 fn decode_threads(hd: usize) -> u32 {
     (4 * hd).max(ATTN_THREADS) as u32
-}
-
-fn decode_enabled() -> bool {
-    switch_on!("INFER_CUDA_ATTN_DECODE")
 }
 
 fn check_qkv_shape(args: &QkvArgs) -> Result<()> {
@@ -509,18 +474,14 @@ pub(crate) fn check_attn_shape(n_head: usize, n_kv: usize, hd: usize) -> Result<
 /// Passes of at least this many tokens run attention as one tensor-core
 /// kernel over tiles of queries (`attention_prefill.cu`) where the head
 /// dimension has one (64, 96, 128, 256); shorter passes and other head
-/// dimensions use the split-K kernels. `INFER_CUDA_FLASH=0` turns the
+/// dimensions use the split-K kernels. `CudaOptions::flash` off turns the
 /// tiled kernel off (to compare the two).
 pub const FLASH_MIN_TOKENS: usize = 16;
 
-fn flash_enabled() -> bool {
-    switch_on!("INFER_CUDA_FLASH")
-}
-
 /// Whether passes of [`FLASH_MIN_TOKENS`] or more tokens over heads of
 /// `hd` values run the tiled kernel (and need no split-K partial sums).
-pub(crate) fn has_flash(hd: usize) -> bool {
-    flash_kernel(hd).is_some() && flash_enabled()
+pub(crate) fn has_flash(dev: &Device, hd: usize) -> bool {
+    flash_kernel(hd).is_some() && dev.opts.flash
 }
 
 /// The tiled prefill kernel for head dimension `hd`, if there is one.
@@ -550,7 +511,7 @@ pub(crate) fn attention(dev: &Device, args: &AttnArgs) -> Result<()> {
     let (n_head, n_kv, hd) = (args.n_head as usize, args.n_kv as usize, args.hd as usize);
     check_attn_shape(n_head, n_kv, hd)?;
     let n_tok = args.n_tok as usize;
-    if let Some(k) = flash_kernel(hd).filter(|_| n_tok >= FLASH_MIN_TOKENS && flash_enabled()) {
+    if let Some(k) = flash_kernel(hd).filter(|_| n_tok >= FLASH_MIN_TOKENS && dev.opts.flash) {
         // 16 rows (token, head of the group) per warp; 4 warps per block
         // when that still gives about two blocks per SM, else 2.
         let rows = n_tok * (n_head / n_kv);
@@ -727,26 +688,6 @@ pub(crate) fn softcap_inplace(dev: &Device, x: DevPtr, n: usize, cap: f32) -> Re
         dev.launch_with(names::SOFTCAP_INPLACE, cfg, |b| {
             b.arg(&x).arg(&ni).arg(&cap);
         })
-    }
-}
-
-/// Input precision of the prefill GEMMs (f32 accumulation in both).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum GemmPrecision {
-    /// f32 operands, TF32 tensor-core products (10-bit mantissas).
-    Tf32,
-    /// bf16 operands (8-bit mantissas, f32's range): half the bytes and
-    /// twice the tensor-core rate of TF32.
-    Bf16,
-}
-
-impl GemmPrecision {
-    /// Bytes of one operand value.
-    pub(crate) fn bytes(self) -> usize {
-        match self {
-            GemmPrecision::Tf32 => 4,
-            GemmPrecision::Bf16 => 2,
-        }
     }
 }
 

@@ -13,16 +13,11 @@
 
 use crate::{GgmlType, QuantWeight};
 
-/// Whether weights are repacked (`INFER_CUDA_REPACK=0` keeps GGUF rows
-/// everywhere, to compare the two layouts).
-pub(crate) fn enabled() -> bool {
-    std::env::var("INFER_CUDA_REPACK").map_or(true, |v| v != "0")
-}
-
 /// `w` in the repacked layout and its row stride, when repacking is
-/// enabled and `w`'s type has a repacked layout.
-pub(crate) fn repack_weight(w: &QuantWeight) -> Option<(Vec<u8>, usize)> {
-    if !enabled() {
+/// `enabled` (`CudaOptions::repack`; off keeps GGUF rows everywhere, to
+/// compare the two layouts) and `w`'s type has a repacked layout.
+pub(crate) fn repack_weight(w: &QuantWeight, enabled: bool) -> Option<(Vec<u8>, usize)> {
+    if !enabled {
         return None;
     }
     let rb = w.row_bytes();

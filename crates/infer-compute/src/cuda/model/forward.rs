@@ -104,10 +104,10 @@ impl CudaModel {
                        cur: &mut DevPtr|
          -> Result<()> {
             match pending.take() {
-                Some(na) if ops::can_fuse_norm(call) => {
+                Some(na) if ops::can_fuse_norm(d, call) => {
                     let other = if *cur == x { x_alt } else { x };
                     let x_out = if na.add != 0 { other } else { 0 };
-                    match then.take_if(|b| ops::mixed_norm_kernel(call, b).is_some()) {
+                    match then.take_if(|b| ops::mixed_norm_kernel(d, call, b).is_some()) {
                         Some(b) => ops::matvec_norm2(d, call, b, &na, x_out)?,
                         None => ops::matvec_norm(d, call, &na, x_out)?,
                     }
@@ -226,7 +226,7 @@ impl CudaModel {
                 (qkv, attn)
             };
             // Whether this layer's shape has the batched decode kernel.
-            let batchable = pass.spans.first().is_some_and(|_| ops::has_decode_batch(&args(0, 0).1));
+            let batchable = pass.spans.first().is_some_and(|_| ops::has_decode_batch(d, &args(0, 0).1));
             let mut si = 0;
             while si < pass.spans.len() {
                 // A run of one-token spans (decode steps of different
@@ -274,7 +274,7 @@ impl CudaModel {
                     call.mode = if l.gelu { MvMode::GluGelu } else { MvMode::GluSilu };
                     // One token: the q8 copy of the output for ffn_down is
                     // written by the product itself when it can.
-                    if n == 1 && ops::wants_q8(l.down.ty)? && ops::can_glu_q8(&call) {
+                    if n == 1 && ops::wants_q8(l.down.ty)? && ops::can_glu_q8(d, &call) {
                         ops::matvec_glu_q8(d, &call, d.ptr(&b.glu_q), d.ptr(&b.glu_ds), d.ptr(&b.glu_count))?;
                         act_q8 = true;
                     } else {
