@@ -326,9 +326,9 @@ fn bench_quantize_activation(c: &mut Criterion) {
             b.iter(|| quantize_activation(weight_ty, &x, &mut out).expect("quantize"))
         });
         out.resize(act.row_bytes(n).expect("whole blocks"));
-        if simd::quantize_activation_row(&kernels, act, &x, out.as_bytes_mut()) {
+        if simd::quantize_activation_row(kernels.level(), act, &x, out.as_bytes_mut()) {
             group.bench_function(format!("{}/{n}/{}", act.name(), kernels.level().name()), |b| {
-                b.iter(|| simd::quantize_activation_row(&kernels, act, &x, out.as_bytes_mut()))
+                b.iter(|| simd::quantize_activation_row(kernels.level(), act, &x, out.as_bytes_mut()))
             });
         }
     }

@@ -15,7 +15,7 @@
 use half::f16;
 
 #[cfg(target_arch = "x86_64")]
-use crate::cpu::kernels::env_allows_x86;
+use crate::cpu::simd::env_allows_x86;
 use crate::turboquant::{decode_rotated_ref, dot_rotated_ref, TurboQuant};
 
 /// `out = n · c[idx]` for `code` (one code of `tq`): the decoded vector in

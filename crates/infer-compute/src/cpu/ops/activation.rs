@@ -17,7 +17,7 @@
 
 use super::exp::exp;
 #[cfg(target_arch = "x86_64")]
-use crate::cpu::kernels::env_allows_x86;
+use crate::cpu::simd::env_allows_x86;
 
 /// `√(2/π)`, ggml's `SQRT_2_OVER_PI`.
 const SQRT_2_OVER_PI: f32 = 0.797_884_6;

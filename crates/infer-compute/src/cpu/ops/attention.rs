@@ -38,7 +38,7 @@
 //! accumulators in the dot, four cache rows per pass in p·v).
 
 #[cfg(target_arch = "x86_64")]
-use crate::cpu::kernels::env_allows_x86;
+use crate::cpu::simd::env_allows_x86;
 use crate::cpu::team::Par;
 
 use super::dot;

@@ -31,9 +31,9 @@
 
 use super::attention::{AttnParams, AVX2, AVX512, PORTABLE};
 use super::exp::exp;
-#[cfg(target_arch = "x86_64")]
-use crate::cpu::kernels::env_allows_x86;
 use crate::cpu::kv_cache::KvData;
+#[cfg(target_arch = "x86_64")]
+use crate::cpu::simd::env_allows_x86;
 use crate::cpu::team::Par;
 
 /// Tokens of one sequence from which a prompt chunk runs tiled.

@@ -12,13 +12,13 @@
 use core::arch::x86_64::*;
 
 use super::layout as L;
+use super::DotFn;
 use super::{read_u16, read_u32, KVALUES_IQ4NL, PREFETCH_DISTANCE};
-use crate::cpu::kernels::{DotFn, Kernels};
 use crate::GgmlType;
 
-/// Installs the AVX2 kernels of every type.
-pub(super) fn install(k: &mut Kernels) {
-    let table: [(GgmlType, DotFn); 14] = [
+/// The AVX2 kernels of every type.
+pub(super) fn dots() -> [(GgmlType, DotFn); 14] {
+    [
         (GgmlType::F32, dot_f32),
         (GgmlType::F16, dot_f16),
         (GgmlType::BF16, dot_bf16),
@@ -33,10 +33,7 @@ pub(super) fn install(k: &mut Kernels) {
         (GgmlType::Q4_K, super::avx2_kquants::dot_q4_k),
         (GgmlType::Q5_K, super::avx2_kquants::dot_q5_k),
         (GgmlType::Q6_K, super::avx2_kquants::dot_q6_k),
-    ];
-    for (ty, f) in table {
-        k.set_dot(ty, f);
-    }
+    ]
 }
 
 /// Declares the safe [`DotFn`] wrapper `$name` of the AVX2 kernel `$kernel`.
@@ -44,7 +41,7 @@ macro_rules! safe_dot {
     ($name:ident, $kernel:ident) => {
         #[doc = concat!("Safe wrapper of [`", stringify!($kernel), "`], installed only at the AVX2 or AVX-512 level.")]
         pub(super) fn $name(w: &[u8], a: &[u8]) -> f32 {
-            // SAFETY: `install` puts this function in a table only for a
+            // SAFETY: `dots` lists this function only for a
             // level that `Kernels::for_level` checked against the CPU, and
             // every such level includes AVX2, FMA and F16C.
             unsafe { $kernel(w, a) }

@@ -18,13 +18,13 @@ use core::arch::x86_64::*;
 use super::avx2::{broadcast_load_f32, f16_mul, f16_to_f32, hsum_ps, prefetch_ahead, q8_0_row, scale_products4};
 use super::avx2_kquants::{k4_prepare, k4_row, Pairs};
 use super::layout as L;
+use super::DotFn;
 use super::{read_f32, read_u16, read_u32, KVALUES_IQ4NL};
-use crate::cpu::kernels::{DotFn, Kernels};
 use crate::GgmlType;
 
-/// Installs the AVX-512 kernels (over the AVX2 ones).
-pub(super) fn install(k: &mut Kernels) {
-    let table: [(GgmlType, DotFn); 8] = [
+/// The AVX-512 VNNI kernels, of the types they cover (over the AVX2 ones).
+pub(super) fn dots() -> [(GgmlType, DotFn); 8] {
+    [
         (GgmlType::F32, dot_f32),
         (GgmlType::Q8_0, dot_q8_0),
         (GgmlType::Q4_0, dot_q4_0),
@@ -33,10 +33,7 @@ pub(super) fn install(k: &mut Kernels) {
         (GgmlType::Q4_K, dot_q4_k),
         (GgmlType::Q5_K, dot_q5_k),
         (GgmlType::Q6_K, dot_q6_k),
-    ];
-    for (ty, f) in table {
-        k.set_dot(ty, f);
-    }
+    ]
 }
 
 /// Declares the safe [`DotFn`] wrapper `$name` of the AVX-512 kernel
@@ -45,7 +42,7 @@ macro_rules! safe_dot512 {
     ($name:ident, $kernel:ident) => {
         #[doc = concat!("Safe wrapper of [`", stringify!($kernel), "`], installed only at the AVX-512 VNNI level.")]
         fn $name(w: &[u8], a: &[u8]) -> f32 {
-            // SAFETY: `install` puts this function in a table only for the
+            // SAFETY: `dots` lists this function only for the
             // AVX-512 VNNI level, which `Kernels::for_level` checked against
             // the CPU (AVX-512 F/BW/VL/VNNI, FMA, F16C; AVX2 comes with them).
             unsafe { $kernel(w, a) }

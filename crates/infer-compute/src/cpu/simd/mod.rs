@@ -1,7 +1,8 @@
 //! SIMD row-dot kernels for the quantized mat-vec.
 //!
-//! Each submodule implements one [`SimdLevel`] and installs its kernels into
-//! a [`Kernels`] table; types it does not cover keep the scalar reference
+//! Each submodule implements one [`SimdLevel`] and lists its kernels
+//! (`dots`), which `cpu::kernels::Kernels` puts in its table; types it
+//! does not cover keep the scalar reference
 //! (`quant::VecDot::vec_dot_ref`), which is the specification every kernel
 //! here is tested against (`tests/simd_matvec.rs`).
 //!
@@ -16,9 +17,6 @@
 //!   with `asm!` because `vdotq_s32` is not stable), every weight type.
 //! - `avx2_quantize`: the activation quantizers (Q8_0, Q8_K), bit-exact
 //!   with the reference, behind [`quantize_activation_row`].
-//! - `avx512_packed`, `avx2_packed`: the products of the packed layouts of
-//!   `cpu::packed` (16 interleaved rows per group), shared by decode and
-//!   prefill; both levels give the same bits.
 //!
 //! The AVX-512 intrinsics need Rust 1.89 or later.
 //!
@@ -32,31 +30,25 @@
 //! kernel differs from the reference only in the order of the f32 sums.
 //!
 //! Every kernel is a safe [`DotFn`] wrapping an `unsafe`
-//! `#[target_feature]` function; the wrappers are installed only for the
-//! level the table was built for, which [`Kernels::for_level`] has checked
-//! against the processor. Kernels read only whole blocks inside both
+//! `#[target_feature]` function; the wrappers are listed only for the
+//! level asked for, which `Kernels::for_level` has checked against the
+//! processor. Kernels read only whole blocks inside both
 //! slices, whatever their lengths, so they are memory-safe on any input.
-//!
-//! [`SimdLevel`]: super::kernels::SimdLevel
-//! [`DotFn`]: super::kernels::DotFn
 
-use super::kernels::Kernels;
-#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
-use super::kernels::SimdLevel;
 use crate::GgmlType;
+
+mod level;
+pub(crate) use level::{env_allows_x86, env_level};
+pub use level::{DotFn, SimdLevel};
 
 #[cfg(target_arch = "x86_64")]
 pub mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx2_kquants;
 #[cfg(target_arch = "x86_64")]
-pub(crate) mod avx2_packed;
-#[cfg(target_arch = "x86_64")]
 mod avx2_quantize;
 #[cfg(target_arch = "x86_64")]
 pub mod avx512;
-#[cfg(target_arch = "x86_64")]
-pub(crate) mod avx512_packed;
 #[cfg(target_arch = "aarch64")]
 pub mod neon;
 
@@ -67,24 +59,27 @@ mod tests;
 #[allow(unused_imports)]
 pub(crate) use crate::quant::iq4_nl::KVALUES_IQ4NL;
 
-/// Installs the kernels of `k.level()` over the scalar defaults.
-pub(crate) fn install(k: &mut Kernels) {
-    match k.level() {
+/// The kernels of `level` for the types it covers, in the order they
+/// apply (AVX-512 VNNI's own after the AVX2 ones it keeps for the rest).
+/// The caller has checked `level` against the processor.
+pub(crate) fn dots(level: SimdLevel) -> Vec<(GgmlType, DotFn)> {
+    match level {
         #[cfg(target_arch = "x86_64")]
-        SimdLevel::Avx2 => avx2::install(k),
+        SimdLevel::Avx2 => avx2::dots().to_vec(),
         #[cfg(target_arch = "x86_64")]
         SimdLevel::Avx512Vnni => {
             // Every AVX-512 processor has AVX2, which both kernel sets also
             // use; the check keeps their `# Safety` promise even on an odd
             // virtual CPU (the level's detection does not test AVX2).
             if std::is_x86_feature_detected!("avx2") {
-                avx2::install(k);
-                avx512::install(k);
+                avx2::dots().into_iter().chain(avx512::dots()).collect()
+            } else {
+                Vec::new()
             }
         }
         #[cfg(target_arch = "aarch64")]
-        SimdLevel::NeonDotprod => neon::install(k),
-        _ => {}
+        SimdLevel::NeonDotprod => neon::dots().to_vec(),
+        _ => Vec::new(),
     }
 }
 
@@ -107,15 +102,15 @@ pub(crate) const PREFETCH_DISTANCE: usize = 2048;
 /// for `act` (scalar, NEON, other types) or when `x` is not a whole number
 /// of blocks or `out` not exactly their size; the caller then uses the
 /// reference.
-pub fn quantize_activation_row(k: &Kernels, act: GgmlType, x: &[f32], out: &mut [u8]) -> bool {
+pub fn quantize_activation_row(level: SimdLevel, act: GgmlType, x: &[f32], out: &mut [u8]) -> bool {
     if act.row_bytes(x.len()).ok() != Some(out.len()) {
         return false;
     }
-    match (k.level(), act) {
+    match (level, act) {
         #[cfg(target_arch = "x86_64")]
         (SimdLevel::Avx2 | SimdLevel::Avx512Vnni, GgmlType::Q8_0) => {
-            // SAFETY: both levels include AVX2, FMA and F16C, and `k`'s
-            // level was checked against the CPU by `Kernels::for_level`.
+            // SAFETY: both levels include AVX2, FMA and F16C, and the caller
+            // checked `level` against the CPU (`Kernels::for_level`).
             unsafe { avx2_quantize::quantize_q8_0(x, out) };
             true
         }

@@ -16,13 +16,13 @@ use core::arch::aarch64::*;
 use core::arch::asm;
 
 use super::layout as L;
+use super::DotFn;
 use super::{k4_scales_mins, q3k_scales, read_f32, read_u16, read_u32, KVALUES_IQ4NL};
-use crate::cpu::kernels::{DotFn, Kernels};
 use crate::GgmlType;
 
-/// Installs the NEON kernels.
-pub(super) fn install(k: &mut Kernels) {
-    let table: [(GgmlType, DotFn); 14] = [
+/// The NEON kernels of every type.
+pub(super) fn dots() -> [(GgmlType, DotFn); 14] {
+    [
         (GgmlType::F32, dot_f32),
         (GgmlType::F16, dot_f16),
         (GgmlType::BF16, dot_bf16),
@@ -37,10 +37,7 @@ pub(super) fn install(k: &mut Kernels) {
         (GgmlType::Q4_K, dot_q4_k),
         (GgmlType::Q5_K, dot_q5_k),
         (GgmlType::Q6_K, dot_q6_k),
-    ];
-    for (ty, f) in table {
-        k.set_dot(ty, f);
-    }
+    ]
 }
 
 /// Declares the safe [`DotFn`] wrapper `$name` of the NEON kernel `$kernel`.
@@ -48,7 +45,7 @@ macro_rules! safe_dot_neon {
     ($name:ident, $kernel:ident) => {
         #[doc = concat!("Safe wrapper of [`", stringify!($kernel), "`], installed only at the NEON dot-product level.")]
         fn $name(w: &[u8], a: &[u8]) -> f32 {
-            // SAFETY: `install` puts this function in a table only for the
+            // SAFETY: `dots` lists this function only for the
             // NEON dot-product level, which `Kernels::for_level` checked
             // against the CPU.
             unsafe { $kernel(w, a) }

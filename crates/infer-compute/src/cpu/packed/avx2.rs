@@ -15,19 +15,21 @@
 
 use std::arch::x86_64::*;
 
-use crate::cpu::packed::{aux_words, layout, offset, PackedActs, F_IQ4_NL, F_Q4_0, F_Q4_1, F_Q5_0, F_Q5_1, F_Q8_0};
+use super::acts::PackedActs;
+use super::format::{by_format, params, Params, F_IQ4_NL, F_Q4_0, F_Q4_1, F_Q5_0, F_Q5_1, F_Q8_0};
+use crate::quant::iq4_nl::KVALUES_IQ4NL;
 use crate::GgmlType;
 
 /// Tokens per pass (register budget: 16 vector registers).
 const T_MAX: usize = 4;
 
-/// As `avx512_packed::tile`: group `scales`/`codes` of `ty` against tokens
+/// As `avx512::tile`: group `scales`/`codes` of `ty` against tokens
 /// `t0..t0 + n` (`1 <= n <= 8`), lanes `..valid` of token `t`'s outputs at
 /// `y + (t - t0)·ld_y`.
 ///
 /// # Safety
 /// AVX2, FMA and F16C must be available; the pointers as in
-/// `avx512_packed::tile`.
+/// `avx512::tile`.
 #[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn tile(
     ty: GgmlType,
@@ -41,10 +43,7 @@ pub(crate) unsafe fn tile(
     ld_y: usize,
     valid: usize,
 ) {
-    let aux_per = aux_words(ty);
-    let Some((sc, rec)) = layout(ty) else { return };
-    // Formats without an offset (Q4_1, Q5_1) never read it.
-    let shift = offset(ty).trailing_zeros() % 32;
+    let Some(Params { sc, rec, shift, aux_per }) = params(ty) else { return };
     let mut t = 0;
     while t < n {
         let m = (n - t).min(T_MAX);
@@ -70,15 +69,13 @@ pub(crate) unsafe fn tile(
         if m == 1 && valid > 8 && !matches!(ty, GgmlType::Q4_K | GgmlType::Q6_K) {
             // One token, both halves in one pass (`q32_pair`).
             let (v0, v1) = (view(0), view(1));
-            match ty {
-                GgmlType::Q8_0 => q32_pair::<F_Q8_0>(v0, v1),
-                GgmlType::Q4_0 => q32_pair::<F_Q4_0>(v0, v1),
-                GgmlType::Q5_0 => q32_pair::<F_Q5_0>(v0, v1),
-                GgmlType::Q4_1 => q32_pair::<F_Q4_1>(v0, v1),
-                GgmlType::Q5_1 => q32_pair::<F_Q5_1>(v0, v1),
-                GgmlType::IQ4_NL => q32_pair::<F_IQ4_NL>(v0, v1),
-                _ => {}
+            macro_rules! pair {
+                (q32, $c:expr) => {
+                    q32_pair::<{ $c }>(v0, v1)
+                };
+                ($f:ident) => {{}};
             }
+            by_format!(ty, pair);
             t += 1;
             continue;
         }
@@ -97,17 +94,7 @@ pub(crate) unsafe fn tile(
                     }
                 };
             }
-            match ty {
-                GgmlType::Q8_0 => by_n!(q32, F_Q8_0),
-                GgmlType::Q4_0 => by_n!(q32, F_Q4_0),
-                GgmlType::Q5_0 => by_n!(q32, F_Q5_0),
-                GgmlType::Q4_1 => by_n!(q32, F_Q4_1),
-                GgmlType::Q5_1 => by_n!(q32, F_Q5_1),
-                GgmlType::IQ4_NL => by_n!(q32, F_IQ4_NL),
-                GgmlType::Q4_K => by_n!(q4k),
-                GgmlType::Q6_K => by_n!(q6k),
-                _ => {}
-            }
+            by_format!(ty, by_n)
         }
         t += m;
     }
@@ -167,7 +154,7 @@ impl View {
 }
 
 /// In decode (`T == 1`), on the first half's pass (the second finds the
-/// group in cache), prefetches as `avx512_packed::prefetch` does: the
+/// group in cache), prefetches as `avx512::prefetch` does: the
 /// record 2 KiB or two records (whichever is further) past the record at
 /// `r`, so that each core keeps several weight reads in flight.
 ///
@@ -272,7 +259,7 @@ unsafe fn codes32<const F: u8>(v: &View, r: *const u8, m: usize) -> __m256i {
             _mm256_or_si256(nib, _mm256_and_si256(set, _mm256_set1_epi8(16)))
         }
         F_IQ4_NL => {
-            let kv = &super::KVALUES_IQ4NL;
+            let kv = &KVALUES_IQ4NL;
             let table = _mm256_broadcastsi128_si256(_mm_loadu_si128(kv.as_ptr() as *const __m128i));
             _mm256_shuffle_epi8(table, nib)
         }

@@ -9,7 +9,9 @@
 
 use std::arch::x86_64::*;
 
-use crate::cpu::packed::{aux_words, layout, offset, PackedActs, F_IQ4_NL, F_Q4_0, F_Q4_1, F_Q5_0, F_Q5_1, F_Q8_0};
+use super::acts::PackedActs;
+use super::format::{by_format, params, Params, F_IQ4_NL, F_Q4_1, F_Q5_0, F_Q5_1, F_Q8_0};
+use crate::quant::iq4_nl::KVALUES_IQ4NL;
 use crate::GgmlType;
 
 /// Runs one group (`scales`: its scale region, `codes`: its `nb` code
@@ -38,12 +40,9 @@ pub(crate) unsafe fn tile(
     let mask: __mmask16 = if valid >= 16 { 0xffff } else { (1u16 << valid) - 1 };
     let ld_a = a.cols;
     let qs = a.qs.as_ptr().add(t0 * ld_a);
-    let aux_per = aux_words(ty);
+    let Some(Params { sc, rec, shift, aux_per }) = params(ty) else { return };
     let d = a.d.as_ptr().add(t0 * nb);
     let aux = a.aux.as_ptr().add(t0 * nb * aux_per);
-    let Some((sc, rec)) = layout(ty) else { return };
-    // Formats without an offset (Q4_1, Q5_1) never read it.
-    let shift = offset(ty).trailing_zeros() % 32;
     let v = View { scales, codes, sc, rec, shift, nb, qs, ld_a, d, aux, aux_per, y, ld_y, mask };
     macro_rules! by_n {
         ($f:ident $(, $c:expr)?) => {
@@ -59,17 +58,7 @@ pub(crate) unsafe fn tile(
             }
         };
     }
-    match ty {
-        GgmlType::Q8_0 => by_n!(q32, F_Q8_0),
-        GgmlType::Q4_0 => by_n!(q32, F_Q4_0),
-        GgmlType::Q5_0 => by_n!(q32, F_Q5_0),
-        GgmlType::Q4_1 => by_n!(q32, F_Q4_1),
-        GgmlType::Q5_1 => by_n!(q32, F_Q5_1),
-        GgmlType::IQ4_NL => by_n!(q32, F_IQ4_NL),
-        GgmlType::Q4_K => by_n!(q4k),
-        GgmlType::Q6_K => by_n!(q6k),
-        _ => {}
-    }
+    by_format!(ty, by_n)
 }
 
 /// Raw pointers of one kernel call (see [`tile`]).
@@ -178,7 +167,7 @@ unsafe fn codes32<const F: u8>(r: *const u8, m: usize) -> __m512i {
             _mm512_mask_add_epi8(nib, hi, nib, _mm512_set1_epi8(16))
         }
         F_IQ4_NL => {
-            let kv = &super::KVALUES_IQ4NL;
+            let kv = &KVALUES_IQ4NL;
             let t: [u8; 16] = std::array::from_fn(|i| (kv[i] as i32 + 128) as u8);
             let table = _mm512_broadcast_i32x4(_mm_loadu_si128(t.as_ptr() as *const __m128i));
             _mm512_shuffle_epi8(table, nib)
