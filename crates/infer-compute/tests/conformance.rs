@@ -49,8 +49,15 @@ fn wgpu() -> Vec<Candidate> {
     let subgroups = first.as_ref().is_ok_and(|b| b.uses_subgroups());
     let mut v = vec![("wgpu".to_string(), first)];
     if subgroups {
-        // Passes of 8 tokens, so that its prompts run in several passes.
-        let opts = Options { no_subgroups: true, pass_tokens: Some(8), ..Default::default() };
+        // Passes of 8 tokens, so that its prompts run in several passes,
+        // and weight matrices in row blocks of 64 KiB at most, so that
+        // products run over several buffers.
+        let opts = Options {
+            no_subgroups: true,
+            pass_tokens: Some(8),
+            weight_part_bytes: Some(64 << 10),
+            ..Default::default()
+        };
         v.push(("wgpu_shared".to_string(), open(opts)));
     }
     v.into_iter().map(|(n, b)| (n, b.map(|b| Arc::new(b) as Arc<dyn ComputeBackend>))).collect()
@@ -87,7 +94,8 @@ fn cuda() -> Vec<Candidate> {
 
 /// Whether `backend` runs `case`: every case, except that the wgpu
 /// workgroup-memory fallback (`wgpu_shared`, the same kernels with other
-/// reductions, in passes of 8 tokens) runs the op cases and one model of
+/// reductions, in passes of 8 tokens, weights in 64 KiB buffers) runs the
+/// op cases and one model of
 /// each kind, since the whole suite on lavapipe twice would take most of
 /// a CI run.
 fn runs_on(backend: &str, case: &str) -> bool {

@@ -57,6 +57,10 @@ pub struct Options {
     /// Tokens per forward pass at most, below the default (`PASS_TOKENS`);
     /// small values make short prompts run in several passes (tests).
     pub pass_tokens: Option<usize>,
+    /// Bytes per buffer of a weight matrix at most, below the binding
+    /// limit; small values split even small matrices into row blocks
+    /// (tests).
+    pub weight_part_bytes: Option<u64>,
 }
 
 /// An open wgpu device with its queue, capabilities and pipelines.
@@ -68,6 +72,8 @@ pub struct Gpu {
     pub subgroups: bool,
     /// [`Options::pass_tokens`].
     pub pass_tokens: Option<usize>,
+    /// [`Options::weight_part_bytes`].
+    pub weight_part_bytes: Option<u64>,
     pipelines: Mutex<HashMap<(Kernel, Option<GgmlType>), wgpu::ComputePipeline>>,
     /// A small storage buffer bound where a kernel's optional operand is absent.
     pub dummy: wgpu::Buffer,
@@ -177,6 +183,7 @@ impl Gpu {
             caps,
             subgroups,
             pass_tokens: opts.pass_tokens,
+            weight_part_bytes: opts.weight_part_bytes,
             pipelines: Mutex::new(HashMap::new()),
             dummy,
             stray,

@@ -14,7 +14,7 @@
 //! | bias, q/k RMSNorm, RoPE, K/V append | `rope` |
 //! | GQA attention over the slot (softcap, sliding window) | `attention` |
 //! | output projection | `matvec` |
-//! | gate and up, gated activation | `matvec` ×2, `glu` (or `matvec`, `act`) |
+//! | gate and up, gated activation | `matvec_glu` on the stacked gate/up matrix (decode); its two row ranges by `matvec`, then `glu` (prefill, or gate and up of two types); `matvec`, `act` (plain FFN) |
 //! | down projection | `matvec` |
 //!
 //! then the wanted rows gathered (`gather`) and the vocabulary product
@@ -88,10 +88,29 @@ pub(super) struct DevLayer {
     pub post_attn_norm: Option<DevNorm>,
     pub ffn_norm: DevNorm,
     pub gelu: bool,
-    pub gate: Option<DevWeight>,
-    pub up: DevWeight,
+    pub ffn_in: FfnIn,
     pub down: DevWeight,
     pub post_ffn_norm: Option<DevNorm>,
+}
+
+/// The products of a layer's FFN input.
+pub(super) enum FfnIn {
+    /// Gate and up of one type and width, stacked (`n_ff` gate rows, then
+    /// `n_ff` up rows): one `main_glu` dispatch in decode, two row ranges
+    /// of one matrix in prefill.
+    Stacked { w: DevWeight, n_ff: usize },
+    /// Gate (when gated) and up apart.
+    Apart { gate: Option<DevWeight>, up: DevWeight },
+}
+
+impl FfnIn {
+    /// Bytes uploaded.
+    fn bytes(&self) -> usize {
+        match self {
+            FfnIn::Stacked { w, .. } => w.bytes,
+            FfnIn::Apart { gate, up } => up.bytes + gate.as_ref().map_or(0, |g| g.bytes),
+        }
+    }
 }
 
 /// A model's weights on the device, shared (read-only) by every context.
@@ -292,16 +311,19 @@ impl WgpuModel {
                 post_attn_norm: opt_norm(g, &l.post_attn_norm, &p("post_attention_norm"))?,
                 ffn_norm: DevNorm::new(g, &l.ffn_norm, &p("ffn_norm"))?,
                 gelu: l.activation == Activation::GeluTanh,
-                gate: if gated { l.ffn_gate.as_ref().map(|w| mat(w, "ffn_gate")).transpose()? } else { None },
-                up: mat(&l.ffn_up, "ffn_up")?,
+                ffn_in: match (gated, &l.ffn_gate) {
+                    (true, Some(gate)) => match DevWeight::upload_stacked(g, gate, &l.ffn_up, &p("ffn_gate_up"))? {
+                        Some(w) => FfnIn::Stacked { w, n_ff: l.ffn_up.rows },
+                        None => FfnIn::Apart { gate: Some(mat(gate, "ffn_gate")?), up: mat(&l.ffn_up, "ffn_up")? },
+                    },
+                    _ => FfnIn::Apart { gate: None, up: mat(&l.ffn_up, "ffn_up")? },
+                },
                 down: mat(&l.ffn_down, "ffn_down")?,
                 post_ffn_norm: opt_norm(g, &l.post_ffn_norm, &p("post_ffw_norm"))?,
             };
-            weight_bytes += [&layer.wq, &layer.wk, &layer.wv, &layer.wo, &layer.up, &layer.down]
-                .iter()
-                .map(|w| w.bytes)
-                .sum::<usize>()
-                + layer.gate.as_ref().map_or(0, |w| w.bytes);
+            weight_bytes +=
+                [&layer.wq, &layer.wk, &layer.wv, &layer.wo, &layer.down].iter().map(|w| w.bytes).sum::<usize>()
+                    + layer.ffn_in.bytes();
             layers.push(layer);
         }
         let output = DevWeight::upload(g, &spec.output, "output")?;

@@ -88,6 +88,9 @@ pub enum Kernel {
     /// Prefill product of 16 rows × 16 tokens per workgroup (`matvec.wgsl`
     /// `main_tiled`), per weight type.
     MatvecTiled,
+    /// `Matvec` over a stacked gate/up matrix with the gated activation
+    /// applied (`matvec.wgsl` `main_glu`), per weight type.
+    MatvecGlu,
     /// Register-tiled prefill GEMM of 64 rows × 64 tokens per workgroup
     /// (`matmul_quant.wgsl`), per weight type.
     MatmulQuant,
@@ -110,9 +113,10 @@ pub enum Kernel {
 }
 
 /// Every kernel, for [`all_modules`].
-pub const KERNELS: [Kernel; 11] = [
+pub const KERNELS: [Kernel; 12] = [
     Kernel::Matvec,
     Kernel::MatvecTiled,
+    Kernel::MatvecGlu,
     Kernel::MatmulQuant,
     Kernel::Embed,
     Kernel::Gemm,
@@ -130,6 +134,7 @@ impl Kernel {
         match self {
             Kernel::Matvec => "matvec",
             Kernel::MatvecTiled => "matvec_tiled",
+            Kernel::MatvecGlu => "matvec_glu",
             Kernel::MatmulQuant => "matmul_quant",
             Kernel::Embed => "embed",
             Kernel::Gemm => "gemm",
@@ -146,6 +151,7 @@ impl Kernel {
     pub fn entry(self) -> &'static str {
         match self {
             Kernel::MatvecTiled => "main_tiled",
+            Kernel::MatvecGlu => "main_glu",
             Kernel::Glu => "glu",
             Kernel::Act => "act_inplace",
             Kernel::Gather => "gather",
@@ -173,12 +179,12 @@ impl Kernel {
 
     /// Whether the kernel reads weight blocks (composed per type).
     pub fn typed(self) -> bool {
-        matches!(self, Kernel::Matvec | Kernel::MatvecTiled | Kernel::MatmulQuant | Kernel::Embed)
+        matches!(self, Kernel::Matvec | Kernel::MatvecTiled | Kernel::MatvecGlu | Kernel::MatmulQuant | Kernel::Embed)
     }
 
     fn source(self) -> &'static str {
         match self {
-            Kernel::Matvec | Kernel::MatvecTiled => {
+            Kernel::Matvec | Kernel::MatvecTiled | Kernel::MatvecGlu => {
                 concat!(include_str!("shaders/product.wgsl"), include_str!("shaders/matvec.wgsl"))
             }
             Kernel::MatmulQuant => {

@@ -78,7 +78,7 @@ impl DevWeight {
         check_type(w.ty)?;
         w.check()?;
         let rb = w.row_bytes();
-        let limit = binding_limit(gpu).saturating_sub(8);
+        let limit = binding_limit(gpu).min(gpu.weight_part_bytes.unwrap_or(u64::MAX)).saturating_sub(8);
         let per_part = if rb == 0 { w.rows.max(1) } else { (limit / rb as u64) as usize };
         if per_part == 0 {
             return Err(Error::UnsupportedModel(format!(
@@ -99,6 +99,33 @@ impl DevWeight {
             }
         }
         Ok(DevWeight { ty: w.ty, rows: w.rows, cols: w.cols, row_bytes: rb, parts, bytes: bytes.len() })
+    }
+}
+
+impl DevWeight {
+    /// `a`'s rows, then `b`'s, as one matrix (a gated FFN's gate and up:
+    /// one dispatch reads both, [`record_glu`]); `None` when their types or
+    /// widths differ.
+    ///
+    /// # Errors
+    /// As [`DevWeight::upload`]; out of host memory for the joined copy.
+    pub fn upload_stacked(gpu: &Gpu, a: &QuantWeight, b: &QuantWeight, what: &str) -> Result<Option<Self>> {
+        if a.ty != b.ty || a.cols != b.cols {
+            return Ok(None);
+        }
+        check_type(a.ty)?;
+        a.check()?;
+        b.check()?;
+        let (ab, bb) = (a.data.as_bytes(), b.data.as_bytes());
+        let mut bytes = Vec::new();
+        bytes.try_reserve_exact(ab.len() + bb.len()).map_err(|_| Error::OutOfMemory {
+            what: format!("{what} (host copy)"),
+            bytes: (ab.len() + bb.len()) as u64,
+        })?;
+        bytes.extend_from_slice(ab);
+        bytes.extend_from_slice(bb);
+        let w = QuantWeight::new(a.ty, a.rows + b.rows, a.cols, bytes.into())?;
+        Self::upload(gpu, &w, what).map(Some)
     }
 }
 
@@ -128,30 +155,95 @@ fn u32_of(v: usize, what: &'static str) -> Result<u32> {
 /// [`Error::Overflow`] for offsets past the kernels' 32-bit indices; those
 /// of [`Step::dispatch`].
 pub fn record_matvec(step: &mut Step<'_>, w: &DevWeight, io: ProductIo<'_>) -> Result<()> {
+    record_matvec_rows(step, w, 0..w.rows, io)
+}
+
+/// [`record_matvec`] over rows `rows` of `w` only (one half of a stacked
+/// gate/up matrix): its row `rows.start + r` gives result row `r`.
+///
+/// # Errors
+/// As [`record_matvec`].
+pub fn record_matvec_rows(
+    step: &mut Step<'_>,
+    w: &DevWeight,
+    rows: std::ops::Range<usize>,
+    io: ProductIo<'_>,
+) -> Result<()> {
     let (kernel, rows_per_group, toks_per_group) = product_kernel(io.n_tok);
     let z = u32_of(io.n_tok.div_ceil(toks_per_group), "token tiles")?;
     for part in &w.parts {
-        let [gx, gy] = step.grid(part.rows.div_ceil(rows_per_group));
-        let params = [
-            P::U(u32_of(part.rows, "rows")?),
-            P::U(u32_of(w.cols, "cols")?),
-            P::U(u32_of(io.n_tok, "tokens")?),
-            P::U(u32_of(w.row_bytes, "row bytes")?),
-            P::U(u32_of(io.x_off, "activation offset")?),
-            P::U(u32_of(io.x_stride, "activation stride")?),
-            P::U(u32_of(io.y_off + part.row0, "result offset")?),
-            P::U(u32_of(io.y_stride, "result stride")?),
-            P::F(io.cap),
-        ];
+        // The part's rows inside `rows`, from its own row `lo`.
+        let lo = rows.start.max(part.row0);
+        let hi = rows.end.min(part.row0 + part.rows);
+        if lo >= hi {
+            continue;
+        }
+        let [gx, gy] = step.grid((hi - lo).div_ceil(rows_per_group));
+        let params = product_params(w, hi - lo, lo - part.row0, io, io.y_off + lo - rows.start, false)?;
         step.tag(Tag {
             op: "matvec".into(),
             ty: w.ty.name().into(),
             shape: format!("{}x{}", w.rows, w.cols),
-            bytes: (part.rows * w.row_bytes) as u64,
+            bytes: ((hi - lo) * w.row_bytes) as u64,
         });
         step.dispatch(kernel, Some(w.ty), &[(0, &part.buf), (1, io.x), (2, io.y)], 3, &params, [gx, gy, z])?;
     }
     Ok(())
+}
+
+/// The parameter words of a product (`Params` in product.wgsl) of `rows`
+/// rows from the part's row `w_row0`, results from `y_off`.
+fn product_params(
+    w: &DevWeight,
+    rows: usize,
+    w_row0: usize,
+    io: ProductIo<'_>,
+    y_off: usize,
+    gelu: bool,
+) -> Result<[P; 11]> {
+    Ok([
+        P::U(u32_of(rows, "rows")?),
+        P::U(u32_of(w.cols, "cols")?),
+        P::U(u32_of(io.n_tok, "tokens")?),
+        P::U(u32_of(w.row_bytes, "row bytes")?),
+        P::U(u32_of(io.x_off, "activation offset")?),
+        P::U(u32_of(io.x_stride, "activation stride")?),
+        P::U(u32_of(y_off, "result offset")?),
+        P::U(u32_of(io.y_stride, "result stride")?),
+        P::F(io.cap),
+        P::U(u32_of(w_row0, "weight row")?),
+        P::U(gelu as u32),
+    ])
+}
+
+/// Whether [`record_glu`] runs `n_tok` tokens of the stacked gate/up
+/// matrix `w`: a decode-sized batch (the `main` kernel's), and the matrix
+/// in one binding (gate row r and up row n_ff + r read in one workgroup).
+pub fn fused_glu(w: &DevWeight, n_tok: usize) -> bool {
+    product_kernel(n_tok).0 == Kernel::Matvec && w.parts.len() == 1
+}
+
+/// Records `y = act(x · Gᵀ) ⊙ (x · Uᵀ)` over a stacked matrix `w` of `n_ff`
+/// gate rows then `n_ff` up rows, as one dispatch (`main_glu`); GELU
+/// (tanh) when `gelu`, else SiLU. Check [`fused_glu`] first.
+///
+/// # Errors
+/// [`Error::Shape`] when `w` is not `2 · n_ff` rows in one binding; as
+/// [`record_matvec`].
+pub fn record_glu(step: &mut Step<'_>, w: &DevWeight, n_ff: usize, gelu: bool, io: ProductIo<'_>) -> Result<()> {
+    if !fused_glu(w, io.n_tok) || w.rows != 2 * n_ff {
+        return Err(shape_err("wgpu glu", format!("{} rows in {} bindings for n_ff {n_ff}", w.rows, w.parts.len())));
+    }
+    let z = u32_of(io.n_tok.div_ceil(TT), "token tiles")?;
+    let [gx, gy] = step.grid(n_ff);
+    let params = product_params(w, n_ff, 0, io, io.y_off, gelu)?;
+    step.tag(Tag {
+        op: "matvec_glu".into(),
+        ty: w.ty.name().into(),
+        shape: format!("{}x{}", w.rows, w.cols),
+        bytes: (w.rows * w.row_bytes) as u64,
+    });
+    step.dispatch(Kernel::MatvecGlu, Some(w.ty), &[(0, &w.parts[0].buf), (1, io.x), (2, io.y)], 3, &params, [gx, gy, z])
 }
 
 /// Checks a product's operands: `x` of `n_tok × w.cols` values.

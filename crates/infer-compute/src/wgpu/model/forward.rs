@@ -7,9 +7,12 @@ use super::{DevNorm, WgpuKvPool, WgpuModel, PASS_TOKENS};
 use crate::backend::{Batch, StepProfile};
 use crate::error::{Error, Result};
 use crate::wgpu::context::Gpu;
+use crate::wgpu::model::FfnIn;
 use crate::wgpu::shaders::Kernel;
 use crate::wgpu::step::{Step, P};
-use crate::wgpu::weights::{binding_limit, record_matvec, DevWeight, ProductIo};
+use crate::wgpu::weights::{
+    binding_limit, fused_glu, record_glu, record_matvec, record_matvec_rows, DevWeight, ProductIo,
+};
 
 /// Buffers of passes of up to `cap` tokens over pools of up to `n_ctx`
 /// positions, allocated once per capacity.
@@ -231,18 +234,30 @@ impl WgpuModel {
             st.dispatch(Kernel::Attention, Some(pool.elem), &bufs, 7, &attn, [u(l.n_head)?, nt, 1])?;
             mv(&mut st, &l.wo, &s.attn, &s.o, n, 0.0)?;
             self.norm(&mut st, s, nt, Some(&s.o), l.post_attn_norm.as_ref(), &l.ffn_norm)?;
-            let n_ff = l.up.rows;
+            let n_ff = l.down.cols;
             let ew = |st: &mut Step<'g>, k: Kernel, bufs: &[(u32, &wgpu::Buffer)]| {
                 let [gx, gy] = st.grid((n * n_ff).div_ceil(64));
                 st.dispatch(k, None, bufs, 3, &[P::U(u(n * n_ff)?), P::U(l.gelu as u32), P::U(0)], [gx, gy, 1])
             };
-            mv(&mut st, &l.up, &s.h, &s.up, n, 0.0)?;
-            match &l.gate {
-                Some(g) => {
+            let io = |y| ProductIo { x: &s.h, x_off: 0, x_stride: e, n_tok: n, y, y_off: 0, y_stride: n_ff, cap: 0.0 };
+            match &l.ffn_in {
+                FfnIn::Stacked { w: gu, n_ff } if fused_glu(gu, n) => {
+                    record_glu(&mut st, gu, *n_ff, l.gelu, io(&s.up))?
+                }
+                FfnIn::Stacked { w: gu, n_ff } => {
+                    record_matvec_rows(&mut st, gu, 0..*n_ff, io(&s.gate))?;
+                    record_matvec_rows(&mut st, gu, *n_ff..2 * n_ff, io(&s.up))?;
+                    ew(&mut st, Kernel::Glu, &[(0, &s.gate), (1, &s.up)])?;
+                }
+                FfnIn::Apart { gate: Some(g), up } => {
+                    mv(&mut st, up, &s.h, &s.up, n, 0.0)?;
                     mv(&mut st, g, &s.h, &s.gate, n, 0.0)?;
                     ew(&mut st, Kernel::Glu, &[(0, &s.gate), (1, &s.up)])?;
                 }
-                None => ew(&mut st, Kernel::Act, &[(1, &s.up)])?,
+                FfnIn::Apart { gate: None, up } => {
+                    mv(&mut st, up, &s.h, &s.up, n, 0.0)?;
+                    ew(&mut st, Kernel::Act, &[(1, &s.up)])?;
+                }
             }
             mv(&mut st, &l.down, &s.up, &s.o, n, 0.0)?;
             let next = w.layers.get(li + 1).map_or(&w.output_norm, |nl| &nl.attn_norm);

@@ -50,7 +50,7 @@ fn main(
             var v: array<vec4<f32>, 4>;
             for (var r = 0u; r < 4u; r++) {
                 let row = min(row0 + 4u * sj + r, p.rows - 1u);
-                v[r] = load4(row * p.row_bytes, c, sq, p.cols);
+                v[r] = load4(row_base(row), c, sq, p.cols);
             }
             for (var e = 0u; e < 4u; e++) {
                 ws[(4u * sq + e) * 16u + sj] = vec4<f32>(v[0][e], v[1][e], v[2][e], v[3][e]);

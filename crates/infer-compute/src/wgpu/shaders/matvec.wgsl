@@ -3,7 +3,8 @@
 // weight type's `load4` (composed in front of this file, as is
 // `product.wgsl`). Two shapes of
 // work, one entry point each, chosen by the number of tokens
-// (`weights.rs`):
+// (`weights.rs`), and `main_glu`, `main` for a gated FFN's stacked gate
+// and up matrices with the activation applied (decode):
 //
 // - `main` (GEMV and small batches): a workgroup per row and tile of TT
 //   tokens; invocation i takes quarters s ≡ i (mod WG) of the row, so a
@@ -64,7 +65,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         select(xb0, xb0 + 3u * p.x_stride, t0 + 3u < p.n_tok),
     );
     let multi = t0 + 1u < p.n_tok;
-    let rbase = row * p.row_bytes;
+    let rbase = row_base(row);
     let n_quarters = (p.cols + 3u) / 4u;
     var acc = vec4<f32>(0.0);
     var s = lanes.lid;
@@ -90,6 +91,68 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         for (var t = 0u; t < TT; t++) {
             if t0 + t < p.n_tok {
                 y[p.y_off + (t0 + t) * p.y_stride + row] = capped(totals[t]);
+            }
+        }
+    }
+}
+
+// The gated activation of `main_glu`, as `elementwise.wgsl`'s `act`: GELU's
+// tanh approximation through 0.5 · (1 + tanh z) = 1 / (1 + e^−2z), or SiLU.
+fn glu_act(v: f32) -> f32 {
+    if p.gelu == 1u {
+        let z = 0.7978846 * v * (1.0 + 0.044715 * v * v);
+        return v / (1.0 + exp(-2.0 * z));
+    }
+    return v / (1.0 + exp(-v));
+}
+
+// `main` for a gated FFN's gate and up products at once, over a stacked
+// matrix (its p.rows gate rows, then as many up rows): the workgroup of
+// row r dots gate row r and up row p.rows + r with the same activation
+// quarters, and writes act(gate) · up, so that the gate/up products and
+// the `glu` dispatch after them are one dispatch (two rows per workgroup,
+// half the workgroups).
+@compute @workgroup_size(WG)
+fn main_glu(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, lanes: Lanes) {
+    let row = wid.x + wid.y * nwg.x;
+    let t0 = wid.z * TT;
+    if row >= p.rows {
+        return;
+    }
+    let xb0 = p.x_off + t0 * p.x_stride;
+    let xb = vec4<u32>(
+        xb0,
+        select(xb0, xb0 + p.x_stride, t0 + 1u < p.n_tok),
+        select(xb0, xb0 + 2u * p.x_stride, t0 + 2u < p.n_tok),
+        select(xb0, xb0 + 3u * p.x_stride, t0 + 3u < p.n_tok),
+    );
+    let multi = t0 + 1u < p.n_tok;
+    let gbase = row_base(row);
+    let ubase = row_base(p.rows + row);
+    let n_quarters = (p.cols + 3u) / 4u;
+    var acc_g = vec4<f32>(0.0);
+    var acc_u = vec4<f32>(0.0);
+    var s = lanes.lid;
+    // Two quarters of each row a step, all four loads issued first.
+    for (; s + WG < n_quarters; s += 2u * WG) {
+        let s1 = s + WG;
+        let g0 = load4(gbase, s >> 3u, s & 7u, p.cols);
+        let g1 = load4(gbase, s1 >> 3u, s1 & 7u, p.cols);
+        let u0 = load4(ubase, s >> 3u, s & 7u, p.cols);
+        let u1 = load4(ubase, s1 >> 3u, s1 & 7u, p.cols);
+        acc_g += tile_dots(g0, 4u * s, xb, multi) + tile_dots(g1, 4u * s1, xb, multi);
+        acc_u += tile_dots(u0, 4u * s, xb, multi) + tile_dots(u1, 4u * s1, xb, multi);
+    }
+    for (; s < n_quarters; s += WG) {
+        acc_g += tile_dots(load4(gbase, s >> 3u, s & 7u, p.cols), 4u * s, xb, multi);
+        acc_u += tile_dots(load4(ubase, s >> 3u, s & 7u, p.cols), 4u * s, xb, multi);
+    }
+    let g = wg_sum4(acc_g, lanes);
+    let u = wg_sum4(acc_u, lanes);
+    if lanes.lid == 0u {
+        for (var t = 0u; t < TT; t++) {
+            if t0 + t < p.n_tok {
+                y[p.y_off + (t0 + t) * p.y_stride + row] = glu_act(g[t]) * u[t];
             }
         }
     }
@@ -135,7 +198,7 @@ fn main_tiled(
             // Values past `cols` (a partial last chunk) are zero.
             var w4: array<vec4<f32>, 8>;
             for (var k = 0u; k < 8u; k++) {
-                w4[k] = load4(row * p.row_bytes, c, k, p.cols);
+                w4[k] = load4(row_base(row), c, k, p.cols);
             }
             let xb = part * TN * 8u;
             for (var t = 0u; t < TN; t++) {

@@ -3,7 +3,8 @@
 // `ProductIo` and the matrix shape, `weights.rs`), activations `x` and
 // results `y`, the soft cap of the results and the activation reads.
 // Token t's activations start at x[x_off + t · x_stride]; its result for
-// row r goes to y[y_off + t · y_stride + r].
+// row r goes to y[y_off + t · y_stride + r]. Row r is row w_row0 + r of
+// the bound weights (a range of a stacked matrix, `weights.rs`).
 
 struct Params {
     rows: u32,
@@ -15,6 +16,14 @@ struct Params {
     y_off: u32,
     y_stride: u32,
     cap: f32,
+    w_row0: u32,
+    // `main_glu`: 1 GELU (tanh), else SiLU.
+    gelu: u32,
+}
+
+// Byte offset of row r of the product (see `w_row0`).
+fn row_base(r: u32) -> u32 {
+    return (p.w_row0 + r) * p.row_bytes;
 }
 
 @group(0) @binding(1) var<storage, read> x: array<f32>;
