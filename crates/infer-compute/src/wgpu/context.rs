@@ -343,10 +343,28 @@ impl Gpu {
     /// mapping fails (device lost, timeout).
     pub fn read_back<T: bytemuck::Pod>(
         &self,
+        encoder: wgpu::CommandEncoder,
+        src: &wgpu::Buffer,
+        offset: u64,
+        out: &mut [T],
+    ) -> Result<()> {
+        self.read_back_during(encoder, src, offset, out, || Ok(()))
+    }
+
+    /// [`Gpu::read_back`], running `during` on the host between the submit
+    /// and the wait (the next step's encoding, while the GPU runs this
+    /// one). The wait happens whatever `during` returns; its error, if
+    /// any, is returned after.
+    ///
+    /// # Errors
+    /// As [`Gpu::read_back`], or `during`'s.
+    pub fn read_back_during<T: bytemuck::Pod>(
+        &self,
         mut encoder: wgpu::CommandEncoder,
         src: &wgpu::Buffer,
         offset: u64,
         out: &mut [T],
+        during: impl FnOnce() -> Result<()>,
     ) -> Result<()> {
         let bytes = std::mem::size_of_val(out) as u64;
         let bad = |d: String| Err(crate::error::shape_err("wgpu read_back", d));
@@ -358,7 +376,7 @@ impl Gpu {
         }
         if bytes == 0 {
             self.queue.submit([encoder.finish()]);
-            return Ok(());
+            return during();
         }
         let staging = self.scoped("read-back staging buffer", || {
             Ok(self.device.create_buffer(&wgpu::BufferDescriptor {
@@ -374,6 +392,7 @@ impl Gpu {
         staging.map_async(wgpu::MapMode::Read, .., move |r| {
             let _ = tx.send(r);
         });
+        let meanwhile = during();
         self.device
             .poll(wgpu::PollType::wait_indefinitely())
             .map_err(|e| Error::Device(format!("waiting for the device: {e}")))?;
@@ -387,6 +406,6 @@ impl Gpu {
             bytemuck::cast_slice_mut::<T, u8>(out).copy_from_slice(&view);
         }
         staging.unmap();
-        Ok(())
+        meanwhile
     }
 }

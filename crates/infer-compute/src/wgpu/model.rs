@@ -252,6 +252,9 @@ pub struct WgpuModel {
     pub(super) scratch: Option<forward::Scratch>,
     /// The last pass's bind groups, reused by the next identical pass.
     pub(super) binds: super::step::BindCache,
+    /// The next decode pass, encoded while the last one ran
+    /// (`forward::Ahead`).
+    pub(super) ahead: Option<forward::Ahead>,
     pub(super) logits: Vec<f32>,
 }
 
@@ -344,7 +347,7 @@ impl WgpuModel {
             max_heads,
             weight_bytes,
         };
-        Ok(WgpuModel { gpu, w: Arc::new(w), scratch: None, binds: Default::default(), logits: Vec::new() })
+        Ok(WgpuModel { gpu, w: Arc::new(w), scratch: None, binds: Default::default(), ahead: None, logits: Vec::new() })
     }
 
     /// Bytes of weight matrices one decode step reads.
@@ -448,6 +451,7 @@ impl DeviceModel for WgpuModel {
             w: self.w.clone(),
             scratch: None,
             binds: Default::default(),
+            ahead: None,
             logits: Vec::new(),
         }))
     }
