@@ -106,11 +106,15 @@ cleanup() {
 trap cleanup EXIT
 # A signal stops the running step (pip) before the script exits: nothing
 # may go on writing once the caller is gone (infer asks the kernel to send
-# this script SIGTERM when it dies).
+# this script SIGTERM when it dies). The whole process group is signalled
+# (infer starts the script as the leader of one): a wrapper such as
+# pyenv's may run pip's python as a grandchild that a signal to the child
+# alone would leave running. This script ignores the signal by then.
 child=""
 on_signal() {
     trap '' TERM INT HUP
     if [[ -n "$child" ]]; then kill -TERM "$child" 2>/dev/null || true; fi
+    kill -TERM 0 2>/dev/null || true
     exit 143
 }
 trap on_signal TERM INT HUP

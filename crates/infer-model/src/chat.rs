@@ -178,7 +178,7 @@ impl std::fmt::Debug for ChatTemplate {
 pub const RENDER_MEMORY: u64 = 256 << 20;
 
 /// Bytes of data per unit of minijinja's fuel (its documented rate).
-const BYTES_PER_FUEL: u64 = 64;
+pub(crate) const BYTES_PER_FUEL: u64 = 64;
 
 /// The budget of one render (minijinja's fuel): [`RENDER_FUEL`] template
 /// instructions, or [`RENDER_MEMORY`] bytes of data, or a mix. 4000
@@ -314,7 +314,9 @@ fn tojson(
     // The value may be a lazy list of far more items than exist (`l * n`,
     // `l + l`): its size is checked, and paid for, before it is written out.
     let mut size = 0u64;
-    measure(value, &mut size, 0)?;
+    // Each item on a line of its own, indented by its depth.
+    let indent_by = indent.as_ref().map_or(0, |v| v.as_usize().unwrap_or(usize::MAX) as u64);
+    measure(value, &mut size, 0, indent_by)?;
     state.consume_fuel(size.saturating_mul(16).div_ceil(BYTES_PER_FUEL))?;
     let json = minijinja::filters::tojson(value, indent, Kwargs::from_iter(std::iter::empty::<(&str, Value)>()))?;
     let json = json.as_str().unwrap_or_default();
@@ -322,16 +324,19 @@ fn tojson(
 }
 
 /// Adds to `size` an estimate of the bytes `value` takes written out (its
-/// strings' lengths, and 8 per item), failing once that passes
-/// [`RENDER_MEMORY`]: a lazy sequence is visited only that far.
-fn measure(value: &Value, size: &mut u64, depth: usize) -> std::result::Result<(), minijinja::Error> {
+/// strings' lengths, and 8 per item plus `indent` per level of its depth),
+/// failing once that passes [`RENDER_MEMORY`]: a lazy sequence is visited
+/// only that far.
+fn measure(value: &Value, size: &mut u64, depth: usize, indent: u64) -> std::result::Result<(), minijinja::Error> {
     let too_large = || {
         minijinja::Error::new(
             ErrorKind::OutOfFuel,
             format!("the value would take more than the render's {} MiB", RENDER_MEMORY >> 20),
         )
     };
-    *size += 8 + value.as_str().map_or(0, |s| s.len() as u64);
+    *size = size
+        .saturating_add(8 + value.as_str().map_or(0, |s| s.len() as u64))
+        .saturating_add(indent.saturating_mul(depth as u64 + 1));
     if *size > RENDER_MEMORY {
         return Err(too_large());
     }
@@ -342,9 +347,9 @@ fn measure(value: &Value, size: &mut u64, depth: usize) -> std::result::Result<(
     for item in value.try_iter()? {
         if is_map {
             let v = value.get_item(&item)?;
-            measure(&v, size, depth + 1)?;
+            measure(&v, size, depth + 1, indent)?;
         }
-        measure(&item, size, depth + 1)?;
+        measure(&item, size, depth + 1, indent)?;
     }
     Ok(())
 }
@@ -634,7 +639,7 @@ impl ChatTemplate {
             .build()
             .map_err(|e| template_error("syntax settings", &e))?;
         env.set_syntax(syntax);
-        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.set_unknown_method_callback(crate::chat_budget::unknown_method);
         env.add_function("raise_exception", |msg: String| -> std::result::Result<Value, minijinja::Error> {
             Err(minijinja::Error::new(ErrorKind::InvalidOperation, msg))
         });

@@ -5,6 +5,7 @@
 //! sampling and the generation loop.
 
 pub mod chat;
+mod chat_budget;
 pub mod error;
 pub mod fetch;
 pub mod generate;

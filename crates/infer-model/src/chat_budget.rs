@@ -1,0 +1,122 @@
+//! Size checks, made before they run, of the template methods whose result
+//! the render's budget ([`crate::chat::RENDER_MEMORY`]) would otherwise
+//! see only once it exists: `minijinja-contrib`'s Python string methods
+//! `join`, `format`, `split`, `rsplit` and `splitlines` build their whole
+//! result first, so `''.join([s] * 100000)` or `'{:>99999999999}'.format(x)`
+//! asked for gigabytes in one allocation and aborted the process. Each is
+//! charged an upper bound of its result's size before it is called, which
+//! fails the render with minijinja's out-of-fuel error once it passes the
+//! budget.
+
+use minijinja::value::{Value, ValueKind};
+use minijinja::{ErrorKind, State};
+
+use crate::chat::{BYTES_PER_FUEL, RENDER_MEMORY};
+
+/// Bytes a list slot costs (minijinja's `SLOT_COST`: a value and growth).
+const SLOT_BYTES: u64 = 32;
+
+/// The unknown-method callback of chat templates: Python's methods
+/// (`minijinja_contrib::pycompat`), with the size of the result of those
+/// named in the module documentation charged first.
+pub(crate) fn unknown_method(
+    state: &mut State,
+    value: &Value,
+    method: &str,
+    args: &[Value],
+) -> Result<Value, minijinja::Error> {
+    if let Some(s) = value.as_str() {
+        let bound = match method {
+            "join" => args.first().map_or(0, |items| join_bound(s, items)),
+            "format" => format_bound(s, args),
+            "split" | "rsplit" | "splitlines" => (s.len() as u64 + 1).saturating_mul(SLOT_BYTES) + s.len() as u64,
+            _ => 0,
+        };
+        charge(state, bound)?;
+    }
+    minijinja_contrib::pycompat::unknown_method_callback(state, value, method, args)
+}
+
+/// Charges `bytes` to the render's budget, failing (out of fuel) past it.
+fn charge(state: &State, bytes: u64) -> Result<(), minijinja::Error> {
+    if bytes > RENDER_MEMORY {
+        return Err(minijinja::Error::new(
+            ErrorKind::OutOfFuel,
+            format!("the result would take more than the render's {} MiB", RENDER_MEMORY >> 20),
+        ));
+    }
+    state.consume_fuel(bytes.div_ceil(BYTES_PER_FUEL))
+}
+
+/// The bytes of `sep.join(items)`: each item's text (a string's length, 32
+/// for other values) and a separator between two, counted until the sum
+/// passes the budget.
+fn join_bound(sep: &str, items: &Value) -> u64 {
+    let Ok(iter) = items.try_iter() else { return 0 };
+    let mut total = 0u64;
+    for item in iter {
+        total += sep.len() as u64 + item.as_str().map_or(32, |s| s.len() as u64);
+        if total > RENDER_MEMORY {
+            break;
+        }
+    }
+    total
+}
+
+/// The bytes of `fmt.format(args)` at most: the format string, each
+/// replacement field as long as the longest argument's text, and every
+/// width and precision in the fields written out in full.
+fn format_bound(fmt: &str, args: &[Value]) -> u64 {
+    let longest = args
+        .iter()
+        .map(|a| match a.kind() {
+            ValueKind::String => a.as_str().map_or(0, str::len) as u64,
+            ValueKind::Map => a.try_iter().map_or(0, |keys| {
+                keys.filter_map(|k| a.get_item(&k).ok()).map(|v| v.as_str().map_or(32, str::len) as u64).max().unwrap_or(0)
+            }),
+            _ => 32,
+        })
+        .max()
+        .unwrap_or(0);
+    let mut total = fmt.len() as u64;
+    let mut rest = fmt;
+    while let Some(open) = rest.find('{') {
+        rest = &rest[open + 1..];
+        if let Some(escaped) = rest.strip_prefix('{') {
+            rest = escaped;
+            continue;
+        }
+        let field = &rest[..rest.find('}').unwrap_or(rest.len())];
+        total = total.saturating_add(longest);
+        if let Some((_, spec)) = field.split_once(':') {
+            // Every run of digits of the spec (fill, width, precision).
+            for digits in spec.split(|c: char| !c.is_ascii_digit()).filter(|d| !d.is_empty()) {
+                total = total.saturating_add(digits.parse::<u64>().unwrap_or(u64::MAX));
+            }
+        }
+    }
+    total
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn format_bound_counts_fields_widths_and_precisions() {
+        let x = [Value::from("abcd")];
+        assert_eq!(format_bound("{}-{}", &x), 3 + 8);
+        assert_eq!(format_bound("{{}}", &x), 4);
+        assert_eq!(format_bound("{:>99999999999}", &x), 15 + 4 + 99_999_999_999);
+        assert_eq!(format_bound("{:.999f}", &[Value::from(1.5)]), 8 + 32 + 999);
+        assert_eq!(format_bound("{:999999999999999999999}", &x), u64::MAX);
+    }
+
+    #[test]
+    fn join_bound_stops_past_the_budget() {
+        let items = Value::from(vec![Value::from("x".repeat(1000)); 4]);
+        assert_eq!(join_bound(", ", &items), 4 * 1002);
+        let many = Value::from(vec![Value::from("x".repeat(1 << 20)); 1000]);
+        assert!(join_bound("", &many) > RENDER_MEMORY && join_bound("", &many) < RENDER_MEMORY + (2 << 20));
+    }
+}
