@@ -347,6 +347,9 @@ fn chat_templates_that_grow_strings_are_a_clean_error_under_memory_limits() {
         "{% set ns = namespace(s=messages[0].content) %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s }}",
         "{% for i in range(1000) %}{{ messages[0].content * 10000000 }}{% endfor %}",
         "{% set ns = namespace(l=[messages[0].content]) %}{% for i in range(40) %}{% set ns.l = ns.l + ns.l %}{% endfor %}{{ ns.l | length }}",
+        "{{ '{:>99999999999}'.format('a') }}",
+        "{% set s = 'x' * 1000000 %}{{ ''.join([s] * 100000) | length }}",
+        "{{ ('\"' * 100000000) | escape }}",
     ];
     for bomb in bombs {
         let model = tiny_model(tmp.path(), Some(bomb));

@@ -647,6 +647,11 @@ impl ChatTemplate {
         env.add_filter("tojson", tojson);
         env.add_filter("fromjson", fromjson);
         env.add_filter("join", join);
+        env.add_filter("split", crate::chat_budget::split_filter);
+        env.add_filter("lines", crate::chat_budget::lines_filter);
+        env.add_filter("escape", crate::chat_budget::escape_filter);
+        env.add_filter("e", crate::chat_budget::escape_filter);
+        env.add_filter("format", crate::chat_budget::format_filter);
         env.add_template_owned(NAME, rewrite_generation_tags(&text).into_owned())
             .map_err(|e| template_error("the chat template does not parse", &e))?;
         Ok(ChatTemplate { env, text, source, bos_token: bos.to_owned(), eos_token: eos.to_owned() })

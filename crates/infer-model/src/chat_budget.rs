@@ -1,14 +1,15 @@
-//! Size checks, made before they run, of the template methods whose result
-//! the render's budget ([`crate::chat::RENDER_MEMORY`]) would otherwise
-//! see only once it exists: `minijinja-contrib`'s Python string methods
-//! `join`, `format`, `split`, `rsplit` and `splitlines` build their whole
-//! result first, so `''.join([s] * 100000)` or `'{:>99999999999}'.format(x)`
-//! asked for gigabytes in one allocation and aborted the process. Each is
-//! charged an upper bound of its result's size before it is called, which
-//! fails the render with minijinja's out-of-fuel error once it passes the
-//! budget.
+//! Size checks, made before they run, of the template methods and filters
+//! whose result the render's budget ([`crate::chat::RENDER_MEMORY`]) would
+//! otherwise see only once it exists: `minijinja-contrib`'s Python string
+//! methods `join`, `format`, `split`, `rsplit` and `splitlines`, and
+//! minijinja's `split`, `lines`, `escape` and `format` filters, build their
+//! whole result first,
+//! so `''.join([s] * 100000)` or `'{:>99999999999}'.format(x)` asked for
+//! gigabytes in one allocation and aborted the process. Each is charged an
+//! upper bound of its result's size before it is called, which fails the
+//! render with minijinja's out-of-fuel error once it passes the budget.
 
-use minijinja::value::{Value, ValueKind};
+use minijinja::value::{Rest, Value, ValueKind, ValueOrKwargs};
 use minijinja::{ErrorKind, State};
 
 use crate::chat::{BYTES_PER_FUEL, RENDER_MEMORY};
@@ -29,12 +30,75 @@ pub(crate) fn unknown_method(
         let bound = match method {
             "join" => args.first().map_or(0, |items| join_bound(s, items)),
             "format" => format_bound(s, args),
-            "split" | "rsplit" | "splitlines" => (s.len() as u64 + 1).saturating_mul(SLOT_BYTES) + s.len() as u64,
+            "split" | "rsplit" | "splitlines" => split_bound(s),
             _ => 0,
         };
         charge(state, bound)?;
     }
     minijinja_contrib::pycompat::unknown_method_callback(state, value, method, args)
+}
+
+/// The `split` filter (minijinja's), charged first.
+pub(crate) fn split_filter(
+    state: &State,
+    value: &Value,
+    sep: Option<std::sync::Arc<str>>,
+    maxsplits: Option<i64>,
+) -> Result<Value, minijinja::Error> {
+    charge(state, value.as_str().map_or(0, split_bound))?;
+    minijinja::filters::split(value, sep, maxsplits)
+}
+
+/// The `lines` filter (minijinja's), charged first.
+pub(crate) fn lines_filter(state: &State, value: &Value) -> Result<Value, minijinja::Error> {
+    charge(state, value.as_str().map_or(0, split_bound))?;
+    minijinja::filters::lines(value)
+}
+
+/// The `escape` (`e`) filter (minijinja's), charged first: an entity of 6
+/// bytes per byte at most (`&quot;`).
+pub(crate) fn escape_filter(state: &mut State, value: &Value) -> Result<Value, minijinja::Error> {
+    charge(state, value.as_str().map_or(0, |s| (s.len() as u64).saturating_mul(6)))?;
+    minijinja::filters::escape(state, value)
+}
+
+/// The printf-style `format` filter (minijinja's), charged first: the
+/// format string, each `%` field as long as the longest argument's text,
+/// and every number in the format string (widths, precisions) written out.
+pub(crate) fn format_filter(
+    state: &mut State,
+    value: &Value,
+    args: Rest<ValueOrKwargs>,
+) -> Result<Value, minijinja::Error> {
+    let fmt = value.as_str().unwrap_or_default();
+    let values: Vec<Value> = args.iter().map(|a| a.clone().into_value()).collect();
+    let longest = values.iter().map(text_bound).max().unwrap_or(0);
+    let fields = fmt.matches('%').count() as u64;
+    let numbers: u64 = fmt
+        .split(|c: char| !c.is_ascii_digit())
+        .filter(|d| !d.is_empty())
+        .map(|d| d.parse::<u64>().unwrap_or(u64::MAX))
+        .fold(0, u64::saturating_add);
+    charge(state, (fmt.len() as u64).saturating_add(fields.saturating_mul(longest)).saturating_add(numbers))?;
+    minijinja::filters::format(state, value, args)
+}
+
+/// The length of a value's text: a string's, the longest value of a map,
+/// 32 for anything else.
+fn text_bound(a: &Value) -> u64 {
+    match a.kind() {
+        ValueKind::String => a.as_str().map_or(0, str::len) as u64,
+        ValueKind::Map => a.try_iter().map_or(0, |keys| {
+            keys.filter_map(|k| a.get_item(&k).ok()).map(|v| v.as_str().map_or(32, str::len) as u64).max().unwrap_or(0)
+        }),
+        _ => 32,
+    }
+}
+
+/// The bytes of the pieces of `s` split anywhere: a slot per byte at most,
+/// and the bytes themselves.
+fn split_bound(s: &str) -> u64 {
+    (s.len() as u64 + 1).saturating_mul(SLOT_BYTES) + s.len() as u64
 }
 
 /// Charges `bytes` to the render's budget, failing (out of fuel) past it.
@@ -67,17 +131,7 @@ fn join_bound(sep: &str, items: &Value) -> u64 {
 /// replacement field as long as the longest argument's text, and every
 /// width and precision in the fields written out in full.
 fn format_bound(fmt: &str, args: &[Value]) -> u64 {
-    let longest = args
-        .iter()
-        .map(|a| match a.kind() {
-            ValueKind::String => a.as_str().map_or(0, str::len) as u64,
-            ValueKind::Map => a.try_iter().map_or(0, |keys| {
-                keys.filter_map(|k| a.get_item(&k).ok()).map(|v| v.as_str().map_or(32, str::len) as u64).max().unwrap_or(0)
-            }),
-            _ => 32,
-        })
-        .max()
-        .unwrap_or(0);
+    let longest = args.iter().map(text_bound).max().unwrap_or(0);
     let mut total = fmt.len() as u64;
     let mut rest = fmt;
     while let Some(open) = rest.find('{') {
@@ -105,7 +159,7 @@ mod tests {
     #[test]
     fn format_bound_counts_fields_widths_and_precisions() {
         let x = [Value::from("abcd")];
-        assert_eq!(format_bound("{}-{}", &x), 3 + 8);
+        assert_eq!(format_bound("{}-{}", &x), 5 + 8);
         assert_eq!(format_bound("{{}}", &x), 4);
         assert_eq!(format_bound("{:>99999999999}", &x), 15 + 4 + 99_999_999_999);
         assert_eq!(format_bound("{:.999f}", &[Value::from(1.5)]), 8 + 32 + 999);

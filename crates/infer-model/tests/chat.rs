@@ -386,6 +386,19 @@ fn templates_that_grow_strings_stop_within_the_memory_budget() {
         // iterate, so only the check before the concatenation stops it.
         "{% set ns = namespace(l=[messages[0].content]) %}{% for i in range(40) %}{% set ns.l = ns.l + ns.l %}{% endfor %}{{ ns.l | length }}",
         "{% set ns = namespace(l=[1]) %}{% for i in range(64) %}{% set ns.l = ns.l + ns.l %}{% endfor %}{{ ns.l | length }}",
+        // Methods and filters that build their whole result at once
+        // (crate::chat_budget): widths, precisions, joins, splits,
+        // escapes and indents far past the budget.
+        "{{ '{:>99999999999}'.format('a') }}",
+        "{{ '{:.999999999f}'.format(1.5) }}",
+        "{% set s = 'x' * 1000000 %}{{ ''.join([s] * 100000) | length }}",
+        "{{ ('a ' * 50000000).split() | length }}",
+        "{{ ('\n' * 100000000).splitlines() | length }}",
+        "{{ ('a ' * 50000000) | split | list | length }}",
+        "{{ ('\n' * 100000000) | lines | list | length }}",
+        "{{ ('\"' * 100000000) | escape }}",
+        "{% set s = 'x' * 50000000 %}{{ '%s%s%s%s%s%s%s%s%s%s' | format(s, s, s, s, s, s, s, s, s, s) }}",
+        "{{ [1, 2] | tojson(indent=99999999999) }}",
     ];
     let m = [Message::user("a".repeat(1000))];
     for src in bombs {
@@ -400,6 +413,17 @@ fn templates_that_grow_strings_stop_within_the_memory_budget() {
         assert!(t0.elapsed().as_secs_f64() < 5.0, "{src}: stopped after {:?}", t0.elapsed());
         eprintln!("{:.2} s: {src}", t0.elapsed().as_secs_f64());
     }
+    // The checked methods and filters still do their work.
+    assert_eq!(
+        render(
+            "{{ '{}-{:>3}'.format('a', 'b') }}|{{ ', '.join(['x', 'y']) }}|{{ 'a b'.split() | join('+') }}|\
+             {{ 'p\nq'.splitlines() | length }}|{{ 'c d' | split | list | length }}|{{ 'a<b' | e }}|\
+             {{ '%s=%d' | format('n', 3) }}|{{ [1] | tojson(indent=2) }}",
+            &m
+        )
+        .unwrap(),
+        "a-  b|x, y|a+b|2|2|a&lt;b|n=3|[\n  1\n]"
+    );
     // `join` as Jinja's.
     assert_eq!(
         render(
