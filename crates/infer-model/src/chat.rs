@@ -187,6 +187,38 @@ pub(crate) const BYTES_PER_FUEL: u64 = 64;
 /// runaway loop stops within a second.
 pub const RENDER_FUEL: u64 = RENDER_MEMORY / BYTES_PER_FUEL;
 
+/// Stack of the thread a render runs on. minijinja recurses once per level
+/// of a nested value when it prints, compares, serializes or frees it
+/// (about 200-500 bytes a level), and a render's budget allows values
+/// nested hundreds of thousands of levels deep (`{% set ns.l = [ns.l] %}`
+/// in a loop): on an 8 MiB stack, 17 000 levels aborted the process. This
+/// much address space is reserved and touched only as deep as a render
+/// goes.
+const RENDER_STACK: usize = 512 << 20;
+
+/// Runs `f` on a thread with a [`RENDER_STACK`] stack, or on this thread
+/// when no such thread can be started (address space too small, under a
+/// `ulimit -v`).
+fn on_render_stack<T: Send>(f: impl FnOnce() -> T + Send) -> T {
+    let job = std::sync::Mutex::new(Some(f));
+    let take = || job.lock().ok().and_then(|mut j| j.take());
+    std::thread::scope(|s| {
+        let spawned = std::thread::Builder::new()
+            .name("chat template".into())
+            .stack_size(RENDER_STACK)
+            .spawn_scoped(s, || take().map(|f| f()));
+        let done = match spawned {
+            Ok(h) => h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)),
+            Err(_) => None,
+        };
+        match done {
+            Some(v) => v,
+            // Not started: the job is still there.
+            None => take().map(|f| f()).expect("the render job runs once"),
+        }
+    })
+}
+
 fn template_error(what: &str, e: &minijinja::Error) -> Error {
     if e.kind() == ErrorKind::OutOfFuel {
         return Error::ChatTemplate(format!(
@@ -691,8 +723,10 @@ impl ChatTemplate {
         ctx.insert("add_generation_prompt", Value::from(add_generation_prompt));
         ctx.insert("bos_token", Value::from(self.bos_token.as_str()));
         ctx.insert("eos_token", Value::from(self.eos_token.as_str()));
-        let template = self.env.get_template(NAME).map_err(|e| template_error("the chat template", &e))?;
-        let text = template.render(Value::from(ctx)).map_err(|e| template_error("rendering the chat template", &e))?;
+        let text = on_render_stack(|| {
+            let template = self.env.get_template(NAME).map_err(|e| template_error("the chat template", &e))?;
+            template.render(Value::from(ctx)).map_err(|e| template_error("rendering the chat template", &e))
+        })?;
         // Messages that render to nothing would become an empty prompt.
         if n > 0 && text.trim().is_empty() {
             return Err(Error::ChatTemplate(format!("the chat template renders {n} message(s) as no text")));

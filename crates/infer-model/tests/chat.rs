@@ -436,3 +436,19 @@ fn templates_that_grow_strings_stop_within_the_memory_budget() {
     // The budget is the documented one.
     assert_eq!(infer_model::chat::RENDER_MEMORY, 256 << 20);
 }
+
+/// Values nested 200 000 levels deep are printed, compared, serialized and
+/// freed without overflowing the stack (minijinja recurses once per
+/// level; on the main thread's 8 MiB, 17 000 levels aborted the process):
+/// a render runs on a thread of its own with a larger stack.
+#[test]
+fn deeply_nested_values_do_not_overflow_the_stack() {
+    let nest = "{% set ns = namespace(l=[], m=[]) %}{% for k in range(2) %}{% for i in range(100000) %}\
+                {% set ns.l = [ns.l] %}{% set ns.m = [ns.m] %}{% endfor %}{% endfor %}";
+    let m = [Message::user("hi")];
+    let printed = render(&format!("{nest}{{{{ ns.l }}}}"), &m).unwrap();
+    assert_eq!(printed.len(), 2 * 200_001);
+    assert_eq!(render(&format!("{nest}{{{{ ns.l == ns.m }}}}"), &m).unwrap(), "True");
+    assert_eq!(render(&format!("{nest}{{{{ ns.l | tojson | length }}}}"), &m).unwrap(), (2 * 200_001).to_string());
+    assert_eq!(render(&format!("{nest}ok"), &m).unwrap(), "ok");
+}
