@@ -359,7 +359,12 @@ fn tojson(
 /// strings' lengths, and 8 per item plus `indent` per level of its depth),
 /// failing once that passes [`RENDER_MEMORY`]: a lazy sequence is visited
 /// only that far.
-fn measure(value: &Value, size: &mut u64, depth: usize, indent: u64) -> std::result::Result<(), minijinja::Error> {
+pub(crate) fn measure(
+    value: &Value,
+    size: &mut u64,
+    depth: usize,
+    indent: u64,
+) -> std::result::Result<(), minijinja::Error> {
     let too_large = || {
         minijinja::Error::new(
             ErrorKind::OutOfFuel,
@@ -376,6 +381,13 @@ fn measure(value: &Value, size: &mut u64, depth: usize, indent: u64) -> std::res
         return Ok(());
     }
     let is_map = value.kind() == ValueKind::Map;
+    if let Some(pairs) = value.as_object().filter(|_| is_map).and_then(|o| o.try_iter_pairs()) {
+        for (key, v) in pairs {
+            measure(&key, size, depth + 1, indent)?;
+            measure(&v, size, depth + 1, indent)?;
+        }
+        return Ok(());
+    }
     for item in value.try_iter()? {
         if is_map {
             let v = value.get_item(&item)?;
@@ -684,6 +696,9 @@ impl ChatTemplate {
         env.add_filter("escape", crate::chat_budget::escape_filter);
         env.add_filter("e", crate::chat_budget::escape_filter);
         env.add_filter("format", crate::chat_budget::format_filter);
+        env.add_filter("string", crate::chat_budget::string_filter);
+        env.add_filter("pprint", crate::chat_budget::pprint_filter);
+        env.set_formatter(crate::chat_budget::formatter);
         env.add_template_owned(NAME, rewrite_generation_tags(&text).into_owned())
             .map_err(|e| template_error("the chat template does not parse", &e))?;
         Ok(ChatTemplate { env, text, source, bos_token: bos.to_owned(), eos_token: eos.to_owned() })

@@ -3,7 +3,8 @@
 //! otherwise see only once it exists: `minijinja-contrib`'s Python string
 //! methods `join`, `format`, `split`, `rsplit` and `splitlines`, and
 //! minijinja's `split`, `lines`, `escape` and `format` filters, build their
-//! whole result first,
+//! whole result first (and lists and maps written out, or through `string`
+//! and `pprint`, were measured only as written),
 //! so `''.join([s] * 100000)` or `'{:>99999999999}'.format(x)` asked for
 //! gigabytes in one allocation and aborted the process. Each is charged an
 //! upper bound of its result's size before it is called, which fails the
@@ -93,6 +94,37 @@ fn text_bound(a: &Value) -> u64 {
         }),
         _ => 32,
     }
+}
+
+/// The output formatter: minijinja's, after a bounded measure of a list or
+/// map (a value that shares itself, `[d, d]` doubled 64 times, is small in
+/// memory and was written out in full before its bytes were charged).
+pub(crate) fn formatter(out: &mut minijinja::Output, state: &mut State, value: &Value) -> Result<(), minijinja::Error> {
+    check_written_size(value)?;
+    minijinja::escape_formatter(out, state, value)
+}
+
+/// The `string` filter (minijinja's), after the same measure.
+pub(crate) fn string_filter(state: &State, value: &Value) -> Result<Value, minijinja::Error> {
+    check_written_size(value)?;
+    minijinja::filters::string(state, value)
+}
+
+/// The `pprint` filter (minijinja's), after the same measure (with its
+/// indentation).
+pub(crate) fn pprint_filter(value: &Value) -> Result<String, minijinja::Error> {
+    if matches!(value.kind(), ValueKind::Seq | ValueKind::Map | ValueKind::Iterable) {
+        crate::chat::measure(value, &mut 0, 0, 4)?;
+    }
+    Ok(minijinja::filters::pprint(value))
+}
+
+/// Fails when a list or map would take more than the budget written out.
+fn check_written_size(value: &Value) -> Result<(), minijinja::Error> {
+    if matches!(value.kind(), ValueKind::Seq | ValueKind::Map | ValueKind::Iterable) {
+        crate::chat::measure(value, &mut 0, 0, 0)?;
+    }
+    Ok(())
 }
 
 /// The bytes of the pieces of `s` split anywhere: a slot per byte at most,

@@ -399,6 +399,10 @@ fn templates_that_grow_strings_stop_within_the_memory_budget() {
         "{{ ('\"' * 100000000) | escape }}",
         "{% set s = 'x' * 50000000 %}{{ '%s%s%s%s%s%s%s%s%s%s' | format(s, s, s, s, s, s, s, s, s, s) }}",
         "{{ [1, 2] | tojson(indent=99999999999) }}",
+        // A value that shares itself: small in memory, 2^64 items written.
+        "{% set ns = namespace(d=[1]) %}{% for i in range(64) %}{% set ns.d = [ns.d, ns.d] %}{% endfor %}{{ ns.d }}",
+        "{% set ns = namespace(d={}) %}{% for i in range(64) %}{% set ns.d = {'a': ns.d, 'b': ns.d} %}{% endfor %}{{ ns.d | string | length }}",
+        "{% set ns = namespace(d={}) %}{% for i in range(64) %}{% set ns.d = {'a': ns.d, 'b': ns.d} %}{% endfor %}{{ ns.d | pprint | length }}",
     ];
     let m = [Message::user("a".repeat(1000))];
     for src in bombs {
