@@ -187,6 +187,10 @@ pub(crate) const BYTES_PER_FUEL: u64 = 64;
 /// runaway loop stops within a second.
 pub const RENDER_FUEL: u64 = RENDER_MEMORY / BYTES_PER_FUEL;
 
+/// The longest chat template accepted, in bytes (1 MiB; the templates of
+/// published models are a few KiB).
+pub const MAX_TEMPLATE_BYTES: usize = 1 << 20;
+
 /// Stack of the thread a render runs on. minijinja recurses once per level
 /// of a nested value when it prints, compares, serializes or frees it
 /// (about 200-500 bytes a level), and a render's budget allows values
@@ -673,6 +677,16 @@ impl ChatTemplate {
     }
 
     fn build(text: String, source: TemplateSource, bos: &str, eos: &str) -> Result<ChatTemplate> {
+        // Compiling takes about 20 times the source's size: a template of
+        // tens of megabytes in a model file ran out of memory before any
+        // budget applied. Real templates are a few KiB.
+        if text.len() > MAX_TEMPLATE_BYTES {
+            return Err(Error::ChatTemplate(format!(
+                "the chat template is {} bytes, more than the {} KiB accepted",
+                text.len(),
+                MAX_TEMPLATE_BYTES >> 10
+            )));
+        }
         let mut env = Environment::new();
         // A template comes with the model file: one that loops for hours
         // must fail instead (`RENDER_FUEL`).

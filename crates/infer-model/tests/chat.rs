@@ -399,6 +399,10 @@ fn templates_that_grow_strings_stop_within_the_memory_budget() {
         "{{ ('\"' * 100000000) | escape }}",
         "{% set s = 'x' * 50000000 %}{{ '%s%s%s%s%s%s%s%s%s%s' | format(s, s, s, s, s, s, s, s, s, s) }}",
         "{{ [1, 2] | tojson(indent=99999999999) }}",
+        // Work minijinja did without fuel: folding a search of 10^8 items
+        // when compiling, comparing long strings (vendor/minijinja).
+        "{{ 5 in ([1] * 100000000) }}",
+        "{% set s = 'x' * 100000000 %}{% set t = 'x' * 100000000 %}{% for i in range(3000) %}{% if s == t %}{% endif %}{% endfor %}ok",
         // A value that shares itself: small in memory, 2^64 items written.
         "{% set ns = namespace(d=[1]) %}{% for i in range(64) %}{% set ns.d = [ns.d, ns.d] %}{% endfor %}{{ ns.d }}",
         "{% set ns = namespace(d={}) %}{% for i in range(64) %}{% set ns.d = {'a': ns.d, 'b': ns.d} %}{% endfor %}{{ ns.d | string | length }}",
@@ -417,6 +421,10 @@ fn templates_that_grow_strings_stop_within_the_memory_budget() {
         assert!(t0.elapsed().as_secs_f64() < 5.0, "{src}: stopped after {:?}", t0.elapsed());
         eprintln!("{:.2} s: {src}", t0.elapsed().as_secs_f64());
     }
+    // A template source far larger than any model's is refused unparsed.
+    let huge = "{{ messages[0].content }}".repeat(2_000_000);
+    let e = ChatTemplate::new(&huge, "", "").unwrap_err();
+    assert!(e.to_string().contains("more than the 1024 KiB accepted"), "{e}");
     // The checked methods and filters still do their work.
     assert_eq!(
         render(

@@ -247,7 +247,22 @@ impl Expr<'_> {
 /// values are created at runtime where they are subject to fuel.
 const MAX_FOLDED_SIZE: u64 = 1024;
 
+/// infer-compute's patch: whether comparing `v` (or looking into it) at
+/// compile time is cheap. Folding runs without fuel, so comparing long
+/// strings or searching a lazy list of 10^8 items there took seconds per
+/// expression, out of the render's budget; such expressions are left to
+/// the VM.
+fn cheap_to_compare(v: &Value) -> bool {
+    match v.len() {
+        Some(n) => n as u64 <= MAX_FOLDED_SIZE,
+        None => true,
+    }
+}
+
 fn eval_binop(op: BinOpKind, left: &Value, right: &Value) -> Option<Value> {
+    if !(cheap_to_compare(left) && cheap_to_compare(right)) {
+        return None;
+    }
     let alloc_op = match op {
         BinOpKind::Add => Some("add"),
         BinOpKind::Mul => Some("mul"),
@@ -289,6 +304,10 @@ fn eval_binop(op: BinOpKind, left: &Value, right: &Value) -> Option<Value> {
 }
 
 fn eval_compare(op: CompareOpKind, left: &Value, right: &Value) -> Option<Value> {
+    // infer-compute's patch (see `cheap_to_compare`).
+    if !(cheap_to_compare(left) && cheap_to_compare(right)) {
+        return None;
+    }
     match op {
         CompareOpKind::Eq => Some(Value::from(left == right)),
         CompareOpKind::Ne => Some(Value::from(left != right)),
