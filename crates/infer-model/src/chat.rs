@@ -191,19 +191,36 @@ pub const RENDER_FUEL: u64 = RENDER_MEMORY / BYTES_PER_FUEL;
 /// published models are a few KiB).
 pub const MAX_TEMPLATE_BYTES: usize = 1 << 20;
 
-/// Stack of the thread a render runs on. minijinja recurses once per level
-/// of a nested value when it prints, compares, serializes or frees it
-/// (about 200-500 bytes a level), and a render's budget allows values
+/// The stack of the thread a render runs on. minijinja recurses once per
+/// level of a nested value when it prints, compares, serializes or frees
+/// it (about 200-500 bytes a level), and a render's budget allows values
 /// nested hundreds of thousands of levels deep (`{% set ns.l = [ns.l] %}`
-/// in a loop): on an 8 MiB stack, 17 000 levels aborted the process. This
-/// much address space is reserved and touched only as deep as a render
-/// goes.
+/// in a loop): on an 8 MiB stack, 17 000 levels aborted the process, on
+/// 512 MiB the budget runs out first. That much address space is reserved
+/// and touched only as deep as a render goes.
 const RENDER_STACK: usize = 512 << 20;
 
+/// Whether the address space is limited (`ulimit -v`): a thread's stack
+/// and its allocator arena would then take the room of the render's own
+/// data (up to [`RENDER_MEMORY`]), so renders stay on the calling thread.
+fn address_space_limited() -> bool {
+    #[cfg(unix)]
+    {
+        let mut r = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+        // SAFETY: getrlimit writes one rlimit through a valid pointer.
+        if unsafe { libc::getrlimit(libc::RLIMIT_AS, &mut r) } == 0 {
+            return r.rlim_cur != libc::RLIM_INFINITY;
+        }
+    }
+    false
+}
+
 /// Runs `f` on a thread with a [`RENDER_STACK`] stack, or on this thread
-/// when no such thread can be started (address space too small, under a
-/// `ulimit -v`).
+/// when the address space is limited or no such thread can be started.
 fn on_render_stack<T: Send>(f: impl FnOnce() -> T + Send) -> T {
+    if address_space_limited() {
+        return f();
+    }
     let job = std::sync::Mutex::new(Some(f));
     let take = || job.lock().ok().and_then(|mut j| j.take());
     std::thread::scope(|s| {
@@ -211,15 +228,13 @@ fn on_render_stack<T: Send>(f: impl FnOnce() -> T + Send) -> T {
             .name("chat template".into())
             .stack_size(RENDER_STACK)
             .spawn_scoped(s, || take().map(|f| f()));
-        let done = match spawned {
-            Ok(h) => h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)),
-            Err(_) => None,
-        };
-        match done {
-            Some(v) => v,
-            // Not started: the job is still there.
-            None => take().map(|f| f()).expect("the render job runs once"),
+        if let Ok(h) = spawned {
+            if let Some(v) = h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)) {
+                return v;
+            }
         }
+        // No thread started: the job is still there.
+        take().map(|f| f()).expect("the render job runs once")
     })
 }
 
