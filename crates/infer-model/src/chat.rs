@@ -216,12 +216,25 @@ fn address_space_limited() -> bool {
 }
 
 /// Runs `f` on a thread with a [`RENDER_STACK`] stack, or on this thread
-/// when the address space is limited or no such thread can be started.
-fn on_render_stack<T: Send>(f: impl FnOnce() -> T + Send) -> T {
+/// when the address space is limited or no such thread can be started. A
+/// panic inside the template engine (a bug of minijinja's, such as
+/// `loop.cycle()` dividing by zero before it was patched) becomes an
+/// [`Error::ChatTemplate`] instead of ending the process.
+fn on_render_stack<T: Send>(f: impl FnOnce() -> Result<T> + Send) -> Result<T> {
+    let guarded = move || {
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|p| {
+            let what = p
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| p.downcast_ref::<String>().cloned())
+                .unwrap_or_default();
+            Err(Error::ChatTemplate(format!("the template engine failed while rendering: {what}")))
+        })
+    };
     if address_space_limited() {
-        return f();
+        return guarded();
     }
-    let job = std::sync::Mutex::new(Some(f));
+    let job = std::sync::Mutex::new(Some(guarded));
     let take = || job.lock().ok().and_then(|mut j| j.take());
     std::thread::scope(|s| {
         let spawned = std::thread::Builder::new()
@@ -229,12 +242,14 @@ fn on_render_stack<T: Send>(f: impl FnOnce() -> T + Send) -> T {
             .stack_size(RENDER_STACK)
             .spawn_scoped(s, || take().map(|f| f()));
         if let Ok(h) = spawned {
-            if let Some(v) = h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)) {
-                return v;
+            match h.join() {
+                Ok(Some(v)) => return v,
+                Ok(None) => {}
+                Err(_) => return Err(Error::ChatTemplate("the template renderer's thread failed".into())),
             }
         }
         // No thread started: the job is still there.
-        take().map(|f| f()).expect("the render job runs once")
+        take().map(|f| f()).unwrap_or_else(|| Err(Error::ChatTemplate("the render job was lost".into())))
     })
 }
 
@@ -374,6 +389,9 @@ fn tojson(
     Ok(Value::from_safe_string(unescape_html_json(json, ensure_ascii)))
 }
 
+/// Levels of nesting [`measure`] visits.
+const MEASURED_DEPTH: usize = 256;
+
 /// Adds to `size` an estimate of the bytes `value` takes written out (its
 /// strings' lengths, and 8 per item plus `indent` per level of its depth),
 /// failing once that passes [`RENDER_MEMORY`]: a lazy sequence is visited
@@ -396,7 +414,18 @@ pub(crate) fn measure(
     if *size > RENDER_MEMORY {
         return Err(too_large());
     }
-    if depth > 256 || !matches!(value.kind(), ValueKind::Seq | ValueKind::Map | ValueKind::Iterable) {
+    if !matches!(value.kind(), ValueKind::Seq | ValueKind::Map | ValueKind::Iterable) {
+        return Ok(());
+    }
+    if depth > MEASURED_DEPTH {
+        // Deeper, an indented value's lines would not be counted, and the
+        // measure's own recursion must stay shallow.
+        if indent > 0 {
+            return Err(minijinja::Error::new(
+                ErrorKind::InvalidOperation,
+                format!("the value is nested more than {MEASURED_DEPTH} levels deep to be written with indentation"),
+            ));
+        }
         return Ok(());
     }
     let is_map = value.kind() == ValueKind::Map;
@@ -434,10 +463,23 @@ fn join(
     }
     let joiner = joiner.unwrap_or("");
     if let Some(s) = value.as_str() {
-        let chars: Vec<&str> = s.split("").filter(|c| !c.is_empty()).collect();
-        let len = s.len() as u64 + (chars.len() as u64).saturating_mul(joiner.len() as u64);
+        // Its characters joined: paid for before the result is built.
+        let len = s.len() as u64 + (s.chars().count() as u64).saturating_mul(joiner.len() as u64);
+        if len > RENDER_MEMORY {
+            return Err(minijinja::Error::new(
+                ErrorKind::OutOfFuel,
+                format!("join: the result would take more than the render's {} MiB", RENDER_MEMORY >> 20),
+            ));
+        }
         state.consume_fuel(len.div_ceil(BYTES_PER_FUEL))?;
-        return Ok(Value::from(chars.join(joiner)));
+        let mut out = String::with_capacity(len as usize);
+        for (i, c) in s.chars().enumerate() {
+            if i > 0 {
+                out.push_str(joiner);
+            }
+            out.push(c);
+        }
+        return Ok(Value::from(out));
     }
     let mut out = String::new();
     for (i, item) in value.try_iter()?.enumerate() {

@@ -399,6 +399,7 @@ fn templates_that_grow_strings_stop_within_the_memory_budget() {
         "{{ ('\"' * 100000000) | escape }}",
         "{% set s = 'x' * 50000000 %}{{ '%s%s%s%s%s%s%s%s%s%s' | format(s, s, s, s, s, s, s, s, s, s) }}",
         "{{ [1, 2] | tojson(indent=99999999999) }}",
+        "{{ ('x' * 100000000) | join(',') | length }}",
         // Work minijinja did without fuel: folding a search of 10^8 items
         // when compiling, comparing long strings (vendor/minijinja).
         "{{ 5 in ([1] * 100000000) }}",
@@ -421,6 +422,13 @@ fn templates_that_grow_strings_stop_within_the_memory_budget() {
         assert!(t0.elapsed().as_secs_f64() < 5.0, "{src}: stopped after {:?}", t0.elapsed());
         eprintln!("{:.2} s: {src}", t0.elapsed().as_secs_f64());
     }
+    // Values nested too deep to be written with indentation are refused.
+    let deep = "{% set ns = namespace(l=[]) %}{% for i in range(5000) %}{% set ns.l = [ns.l] %}{% endfor %}";
+    let e = render(&format!("{deep}{{{{ ns.l | tojson(indent=100) }}}}"), &m).unwrap_err();
+    assert!(e.to_string().contains("nested more than 256 levels"), "{e}");
+    // `loop.cycle()` without arguments (a division by zero in minijinja
+    // 3.1.0, patched) is undefined.
+    assert_eq!(render("{% for i in [1, 2] %}[{{ loop.cycle() }}]{% endfor %}", &m).unwrap(), "[][]");
     // A template source far larger than any model's is refused unparsed.
     let huge = "{{ messages[0].content }}".repeat(2_000_000);
     let e = ChatTemplate::new(&huge, "", "").unwrap_err();

@@ -176,7 +176,9 @@ impl Object for Loop {
             }
         } else if name == "cycle" {
             let idx = self.idx.load(Ordering::Relaxed);
-            match args.get(idx % args.len()) {
+            // infer-compute's patch: `loop.cycle()` without arguments
+            // divided by zero (a panic).
+            match args.get(idx.checked_rem(args.len()).unwrap_or(0)) {
                 Some(arg) => Ok(arg.clone()),
                 None => Ok(Value::UNDEFINED),
             }
