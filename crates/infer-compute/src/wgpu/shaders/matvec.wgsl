@@ -48,6 +48,19 @@ fn tile_dots(wv: vec4<f32>, i: u32, xb: vec4<u32>, multi: bool) -> vec4<f32> {
     return d;
 }
 
+// Where the activation rows of the TT-token tile from t0 start (`main`,
+// `main_glu`). Tile tokens past n_tok read token t0's activations (always
+// present) and are not written.
+fn tile_rows(t0: u32) -> vec4<u32> {
+    let xb0 = p.x_off + t0 * p.x_stride;
+    return vec4<u32>(
+        xb0,
+        select(xb0, xb0 + p.x_stride, t0 + 1u < p.n_tok),
+        select(xb0, xb0 + 2u * p.x_stride, t0 + 2u < p.n_tok),
+        select(xb0, xb0 + 3u * p.x_stride, t0 + 3u < p.n_tok),
+    );
+}
+
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, lanes: Lanes) {
     let row = wid.x + wid.y * nwg.x;
@@ -55,15 +68,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     if row >= p.rows {
         return;
     }
-    // Tile tokens past n_tok read token t0's activations (always present)
-    // and are not written.
-    let xb0 = p.x_off + t0 * p.x_stride;
-    let xb = vec4<u32>(
-        xb0,
-        select(xb0, xb0 + p.x_stride, t0 + 1u < p.n_tok),
-        select(xb0, xb0 + 2u * p.x_stride, t0 + 2u < p.n_tok),
-        select(xb0, xb0 + 3u * p.x_stride, t0 + 3u < p.n_tok),
-    );
+    let xb = tile_rows(t0);
     let multi = t0 + 1u < p.n_tok;
     let rbase = row_base(row);
     let n_quarters = (p.cols + 3u) / 4u;
@@ -119,13 +124,7 @@ fn main_glu(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
     if row >= p.rows {
         return;
     }
-    let xb0 = p.x_off + t0 * p.x_stride;
-    let xb = vec4<u32>(
-        xb0,
-        select(xb0, xb0 + p.x_stride, t0 + 1u < p.n_tok),
-        select(xb0, xb0 + 2u * p.x_stride, t0 + 2u < p.n_tok),
-        select(xb0, xb0 + 3u * p.x_stride, t0 + 3u < p.n_tok),
-    );
+    let xb = tile_rows(t0);
     let multi = t0 + 1u < p.n_tok;
     let gbase = row_base(row);
     let ubase = row_base(p.rows + row);
