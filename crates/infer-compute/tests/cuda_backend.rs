@@ -16,7 +16,7 @@ use half::{bf16, f16};
 use infer_compute::cpu::{ops, CpuBackend, Kernels, Precision};
 use infer_compute::cuda::CudaBackend;
 use infer_compute::pipeline::{Activation, FfnType, LayerSpec, ModelSpec, Norm, NormType, RopeSpec, RopeType};
-use infer_compute::{ComputeBackend, DeviceModel, QuantWeight, WeightBytes};
+use infer_compute::{Batch, ComputeBackend, DeviceModel, Out, QuantWeight, WeightBytes};
 use infer_compute::{Error, GgmlType};
 use ndarray::Array2;
 use rand::rngs::StdRng;
@@ -262,8 +262,11 @@ fn matmul_quant_batches_match_cpu() {
         // 7 blocks: a row of an odd number of chunks.
         let narrow = if ty.block_size() == 1 { 7 } else { 7 * ty.block_size() };
         let (mut all_got, mut all_ref) = (Vec::new(), Vec::new());
-        // 1 token: the one-token kernels; more: the 8-token kernels, the
-        // last pass partial (5, 13, 70) or whole (40, 64).
+        // 1 token: the one-token kernels; more: the 8-token kernels (one
+        // row per warp below `CudaOptions::mv_rows_min_tokens`, 4 rows per
+        // warp from it, the rows of a partial last warp at 17, 33, 130, 7,
+        // 65, 3, 70 and 5), the last pass partial (5, 13, 70) or whole (40,
+        // 64).
         let cases = [(17usize, 1usize, wide), (33, 5, wide), (130, 13, wide), (7, 40, wide), (65, 64, wide)];
         let more = [(3, 2, narrow), (70, 9, narrow), (5, 70, wide)];
         for (rows, n_tok, cols) in cases.into_iter().chain(more) {
@@ -642,7 +645,7 @@ fn prefill_matches_cpu_and_chunks() {
         let got = gm.decode_token(gkv.as_mut(), toks[pos], pos).unwrap().to_vec();
         check_logits(&format!("decode after prefill pos {pos}"), &got, &want);
     }
-    // A 28-token prefill (the GEMM path: at least GEMM_MIN_TOKENS),
+    // A 28-token prefill (the GEMM path: at least `CudaOptions::gemm_min_tokens`),
     // continuing the same caches.
     let want = cm.prefill(ckv.as_mut(), &toks[20..48], 20).unwrap().to_vec();
     let got = gm.prefill(gkv.as_mut(), &toks[20..48], 20).unwrap().to_vec();
@@ -680,6 +683,46 @@ fn graph_replay_equals_direct_launches() {
     for (p, ((a, b), c)) in with_graph.iter().zip(&with_graph2).zip(&direct).enumerate() {
         assert_eq!(a, c, "pos {p}: graph replay differs from direct launches");
         assert_eq!(a, b, "pos {p}: replay on a second cache differs");
+    }
+}
+
+/// A steady batch of decode steps of several sequences is captured once
+/// and replayed (the positions change, the slots do not); its logits equal
+/// direct launches bit for bit; another slot list is another graph, and
+/// the first is found again after it.
+fn batched_decode_graphs_replay_and_equal_direct_launches() {
+    let cuda = cuda_or_skip!();
+    let spec = random_model(33, Arch::LlamaBias);
+    let mut m = cuda.prepare_cuda(&spec).unwrap();
+    let n_slots = 5;
+    let prompt = tokens(34, 6, spec.n_vocab);
+    let run = |m: &mut infer_compute::cuda::CudaModel, graph: bool| -> (Vec<Vec<f32>>, usize) {
+        m.set_use_graph(graph);
+        let mut pool = m.new_kv_pool(n_slots, 32).unwrap();
+        for slot in 0..n_slots {
+            m.forward(pool.as_mut(), &Batch::seq(slot, 0, &prompt[..slot + 2], Out::Last)).unwrap();
+        }
+        let before = m.captures();
+        let mut len: Vec<usize> = (0..n_slots).map(|slot| slot + 2).collect();
+        let mut out = Vec::new();
+        for step in 0..6 {
+            // Steps 0-1 and 4-5 decode slots 0, 2, 3; steps 2-3 slots 1 and 4.
+            let slots: &[usize] = if (2..4).contains(&step) { &[1, 4] } else { &[0, 2, 3] };
+            let mut batch = Batch::new();
+            for &slot in slots {
+                batch.push(prompt[(slot + step) % prompt.len()], len[slot], slot, true);
+                len[slot] += 1;
+            }
+            out.push(m.forward(pool.as_mut(), &batch).unwrap().to_vec());
+        }
+        (out, m.captures() - before)
+    };
+    let (direct, direct_captures) = run(&mut m, false);
+    let (replayed, captures) = run(&mut m, true);
+    assert_eq!(direct_captures, 0);
+    assert_eq!(captures, 2, "one graph per slot list, reused across positions and after another list");
+    for (step, (a, b)) in replayed.iter().zip(&direct).enumerate() {
+        assert_eq!(a, b, "step {step}: graph replay differs from direct launches");
     }
 }
 
@@ -761,12 +804,13 @@ fn every_kernel_module_loads() {
         "mv_q4_0_t1",
         "mvn_iq4_nl",
         "mv_q6_kr_t1s",
+        "mv_q4_kr_tr",
         "mvn2_q5_0r_q8_0r",
     ] {
         assert!(names.contains(k), "{k} missing");
     }
-    // 26 common kernels, 3 float types × 2, 16 quantized layouts × 5, 3 mixed.
-    assert_eq!(res.len(), 26 + 6 + 16 * 5 + 3);
+    // 26 common kernels, 3 float types × 2, 16 quantized layouts × 6, 3 mixed.
+    assert_eq!(res.len(), 26 + 6 + 16 * 6 + 3);
 }
 
 /// The tests above, run when this machine has a CUDA device; otherwise
@@ -788,6 +832,10 @@ fn main() {
         ("decode_matches_cpu_for_small_models", decode_matches_cpu_for_small_models),
         ("prefill_matches_cpu_and_chunks", prefill_matches_cpu_and_chunks),
         ("graph_replay_equals_direct_launches", graph_replay_equals_direct_launches),
+        (
+            "batched_decode_graphs_replay_and_equal_direct_launches",
+            batched_decode_graphs_replay_and_equal_direct_launches,
+        ),
         ("greedy_decode_equals_host_argmax", greedy_decode_equals_host_argmax),
         ("errors_instead_of_panics", errors_instead_of_panics),
         ("device_info_names_the_device", device_info_names_the_device),

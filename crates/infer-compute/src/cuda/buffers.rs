@@ -32,15 +32,6 @@ pub(super) fn prefill_chunk(m: &Maxima, n_split: usize) -> usize {
     (ATTN_PARTS_BUDGET / per_token).clamp(32, PREFILL_CHUNK)
 }
 
-/// Passes of at least this many tokens run the projections as tensor-core
-/// GEMMs on weights dequantized to bf16 (one matrix at a time, into a
-/// scratch buffer); shorter ones use the mat-vec kernels (8 tokens per
-/// decoded weight chunk). At 16 tokens the mat-vec kernels were 13–15%
-/// faster (batched decode of synthetic llama 1B and gemma3 4B, H200), at 24
-/// and 32 the GEMMs 9–19%. `CudaOptions::prefill_gemm` picks TF32 products
-/// of f32 operands instead, or turns the GEMM path off.
-pub const GEMM_MIN_TOKENS: usize = 24;
-
 /// Shape maxima over the layers, for sizing buffers.
 #[derive(Clone, Copy, Default)]
 pub(super) struct Maxima {
@@ -129,7 +120,7 @@ pub(super) struct Buffers {
     pub argmax_count: CudaSlice<u32>,
     pub argmax_key: CudaSlice<u64>,
     /// The prefill GEMMs' scratch (`None` when the buffers serve fewer
-    /// than [`GEMM_MIN_TOKENS`] tokens or the path is off).
+    /// than `CudaOptions::gemm_min_tokens` tokens or the path is off).
     pub gemm: Option<GemmScratch>,
 }
 
@@ -227,7 +218,7 @@ impl Buffers {
             argmax_part: d.zeros(ops::ARGMAX_BLOCKS)?,
             argmax_count: d.zeros(1)?,
             argmax_key: d.zeros(1)?,
-            gemm: match d.opts.prefill_gemm.filter(|_| cap >= GEMM_MIN_TOKENS) {
+            gemm: match d.opts.prefill_gemm.filter(|_| cap >= d.opts.gemm_min_tokens) {
                 Some(prec) => Some(GemmScratch {
                     prec,
                     // f32 slots: m.mat values of 4 (TF32) or 2 (bf16) bytes.

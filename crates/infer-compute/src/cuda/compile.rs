@@ -205,3 +205,35 @@ fn compile(src: &str, opts: &[String], cubin: bool) -> Result<Vec<u8>> {
     }
     Ok(buf)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every module compiles to a CUBIN for sm_90 (NVRTC needs no GPU, so
+    /// a kernel source error shows on any machine with libnvrtc). Skipped,
+    /// saying why, where libnvrtc cannot be loaded, unless
+    /// `INFER_REQUIRE_CUDA=1`.
+    #[test]
+    fn every_module_compiles_for_sm_90() {
+        // SAFETY: only tries to open the library.
+        if !unsafe { sys::is_culib_present() } {
+            assert!(
+                std::env::var("INFER_REQUIRE_CUDA").as_deref() != Ok("1"),
+                "INFER_REQUIRE_CUDA=1 but libnvrtc cannot be loaded"
+            );
+            eprintln!("skipped: libnvrtc cannot be loaded (set LD_LIBRARY_PATH to a CUDA 13 NVRTC)");
+            return;
+        }
+        let opts = &options("sm_90", &[]);
+        let modules = std::iter::once(Module::Common)
+            .chain((0..super::super::kernels::PRODUCTS.len()).map(|i| Module::Products(i as u8)));
+        std::thread::scope(|s| {
+            let compiles: Vec<_> = modules.map(|m| (m, s.spawn(move || compile(&m.source(), opts, true)))).collect();
+            for (m, h) in compiles {
+                let image = h.join().expect("compile thread").unwrap_or_else(|e| panic!("{m:?}: {e}"));
+                assert!(!image.is_empty(), "{m:?}");
+            }
+        });
+    }
+}

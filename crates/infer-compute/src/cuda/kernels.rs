@@ -79,14 +79,11 @@ impl Module {
     pub(crate) fn kernels(self) -> Vec<KernelName> {
         match self {
             Module::Common => names::ALL.into_iter().chain(FLOAT_PRODUCTS.iter().flat_map(|k| [k.t1, k.t8])).collect(),
-            Module::Products(i) => {
-                let k = PRODUCTS[i as usize].kernels;
-                [Some(k.t1), k.tn, k.t1q, k.t1s, Some(k.t8)]
-                    .into_iter()
-                    .flatten()
-                    .chain(MIXED_NORM_KERNELS.iter().map(|m| m.2).filter(|k| k.module == self))
-                    .collect()
-            }
+            Module::Products(i) => PRODUCTS[i as usize]
+                .kernels
+                .all()
+                .chain(MIXED_NORM_KERNELS.iter().map(|m| m.2).filter(|k| k.module == self))
+                .collect(),
         }
     }
 }
@@ -169,7 +166,8 @@ pub(crate) mod names {
 /// The mat-vec kernels of one weight type: for one token (`t1`), for one
 /// token with the input's residual add and norm done first by every block
 /// (`tn`, matvec_norm.cu; quantized types), and for up to 8 tokens per warp
-/// pass (`t8`, prefill).
+/// pass (`t8`: one row per warp; `tr`: quantized types, several rows per
+/// warp).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct MatvecKernels {
     pub t1: KernelName,
@@ -179,14 +177,26 @@ pub(crate) struct MatvecKernels {
     /// One token, long rows over 2 or 4 warps each (`mv_*_t1s`).
     pub t1s: Option<KernelName>,
     pub t8: KernelName,
+    /// Up to 8 tokens per pass, [`MV_TR_ROWS`] rows per warp (`mv_*_tr`;
+    /// not for gate/up pairs).
+    pub tr: Option<KernelName>,
     /// Whether the kernel takes the q8 activation (else the f32 one).
     pub quantized: bool,
+}
+
+impl MatvecKernels {
+    /// Every kernel of the set.
+    pub(crate) fn all(self) -> impl Iterator<Item = KernelName> {
+        [Some(self.t1), self.tn, self.t1q, self.t1s, Some(self.t8), self.tr].into_iter().flatten()
+    }
 }
 
 /// Tokens handled per warp pass by the `t8` mat-vec kernels.
 pub(crate) const MV_TOKENS: usize = 8;
 /// Warps (output rows) per mat-vec block (`MV_WARPS` in matvec.cu).
 pub(crate) const MV_WARPS: u32 = 4;
+/// Output rows per warp of the `tr` kernels (`MV_TR_ROWS` in matvec.cu).
+pub(crate) const MV_TR_ROWS: usize = 4;
 /// Positions per attention split (`ATTN_SPLIT` in common.cuh).
 pub(crate) const ATTN_SPLIT: usize = 32;
 /// Query heads per attention block (`ATTN_MAX_G`).
@@ -226,6 +236,7 @@ macro_rules! product {
                 t1q: Some(k(concat!("mv_", $n, "_t1q"))),
                 t1s: Some(k(concat!("mv_", $n, "_t1s"))),
                 t8: k(concat!("mv_", $n, "_t8")),
+                tr: Some(k(concat!("mv_", $n, "_tr"))),
                 quantized: true,
             },
         }
@@ -269,6 +280,7 @@ const FLOAT_PRODUCTS: [MatvecKernels; 3] = {
             t1q: None,
             t1s: None,
             t8: KernelName::common(t8),
+            tr: None,
             quantized: false,
         }
     }
@@ -494,7 +506,7 @@ mod tests {
         for (i, p) in PRODUCTS.iter().enumerate() {
             let m = Module::Products(i as u8);
             let k = p.kernels;
-            for name in [Some(k.t1), k.tn, k.t1q, k.t1s, Some(k.t8)].into_iter().flatten() {
+            for name in k.all() {
                 assert_eq!(name.module, m, "{}", name.name);
                 assert!(name.name.contains(p.name), "{} in module {}", name.name, p.name);
             }

@@ -19,21 +19,27 @@
 //! then the output norm and the vocabulary projection of the wanted rows
 //! (gathered into consecutive rows first unless it is the last token alone;
 //! soft-capped in the mat-vec epilogue when the model says so; from
-//! [`GEMM_MIN_TOKENS`](super::buffers::GEMM_MIN_TOKENS) rows on, tensor-core
+//! [`CudaOptions::gemm_min_tokens`](super::CudaOptions::gemm_min_tokens) rows on, tensor-core
 //! GEMMs over blocks of the matrix dequantized in turn, then the soft-cap).
 //!
 //! The token ids, each span's first position and the wanted rows live in
-//! device buffers written before each pass ([`Params`]), so the one-token
-//! step is position-independent and is captured once as a CUDA graph (per
-//! pool slot and buffer set) and replayed for every token. Other batches
-//! run the same kernels in passes of up to
-//! [`PREFILL_CHUNK`](super::buffers::PREFILL_CHUNK) tokens without a graph:
-//! the products see all the pass's tokens at once, attention runs per span
-//! against the span's slot. Passes of at least
-//! [`GEMM_MIN_TOKENS`](super::buffers::GEMM_MIN_TOKENS) tokens dequantize each projection's weights to bf16
-//! (one matrix at a time, into a scratch buffer) and multiply on the tensor
-//! cores through cuBLAS (f32 accumulation); shorter ones use the mat-vec kernels,
-//! which reuse each decoded weight chunk for 8 tokens. Attention in passes
+//! device buffers written before each pass ([`Params`]), so a step of one
+//! token per sequence (a one-token decode, or decode steps of several
+//! sequences in one batch below the GEMM path) is position-independent: it
+//! is captured once as a CUDA graph per slot list, wanted rows and buffer
+//! set ([`GraphKey`]; the [`MAX_GRAPHS`] most recently used kept) and
+//! replayed. Other batches (prompt chunks) run the same kernels in passes
+//! of up to [`PREFILL_CHUNK`](super::buffers::PREFILL_CHUNK) tokens
+//! launched from the host: the products see all the pass's tokens at
+//! once, attention runs per span against the span's slot. Passes of at least
+//! [`CudaOptions::gemm_min_tokens`](super::CudaOptions::gemm_min_tokens) tokens (24) dequantize each
+//! projection's weights to bf16 (one matrix at a time, into a scratch
+//! buffer) and multiply on the tensor cores through cuBLAS (f32
+//! accumulation); shorter ones use the mat-vec kernels, which reuse each
+//! decoded weight chunk for 8 tokens and each activation chunk for 4 rows
+//! (`mv_<type>_tr`). At 16 tokens the mat-vec kernels of one row per warp
+//! were 13–15% faster than the GEMMs (batched decode of synthetic llama 1B
+//! and gemma3 4B, H200), at 24 and 32 the GEMMs 9–19%. Attention in passes
 //! of at least [`ops::FLASH_MIN_TOKENS`] tokens is one tiled tensor-core
 //! kernel (`attn_prefill_hd*`, FlashAttention-2); shorter passes run the
 //! split-K kernels with one grid layer per token, each causal to its own
@@ -199,14 +205,34 @@ pub(super) fn supports(spec: &ModelSpec) -> Result<()> {
     Ok(())
 }
 
-/// A captured one-token step: bound to a pool slot's cache (the kernels'
-/// K/V pointers) and to the buffers of one generation.
+/// What a captured step runs: everything the launches take from the host.
+/// Positions and token ids are not part of it (the kernels read them from
+/// the parameter buffer, copied in by the graph's first node); the slots
+/// are (the one-token kernels take a slot's K/V pointers).
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct GraphKey {
+    pool_id: usize,
+    /// The buffers' generation (reallocated buffers drop every graph).
+    generation: usize,
+    /// Each token's slot, one token per slot (a one-token step, or a pass
+    /// of decode steps of several sequences).
+    slots: Vec<usize>,
+    /// The rows whose logits are wanted.
+    outputs: Vec<usize>,
+    /// The greedy token's key read back instead of the logits.
+    greedy: bool,
+}
+
+/// A captured step and its key.
 struct Captured {
     graph: CudaGraph,
-    pool_id: usize,
-    slot: usize,
-    generation: usize,
+    key: GraphKey,
 }
+
+/// Captured steps a context keeps, the least recently used replaced first:
+/// a steady batch replays one; a server whose batch changes as requests
+/// come and go, or a caller alternating sequences, finds recent ones.
+const MAX_GRAPHS: usize = 8;
 
 /// The graph is used only through `&mut CudaModel`, so by one thread at a
 /// time; CUDA graph objects may move between threads when access is
@@ -240,8 +266,8 @@ pub struct CudaModel {
     dev: Arc<Device>,
     bufs: Option<Buffers>,
     generation: usize,
-    /// The captured single-token steps: `[logits out, greedy token out]`.
-    graphs: [Option<SendCaptured>; 2],
+    /// The captured steps, the most recently used last.
+    graphs: Vec<SendCaptured>,
     use_graph: bool,
     /// The step's wanted rows of logits, `n_outputs × n_vocab`.
     logits: PinnedBuf<f32>,
@@ -346,15 +372,6 @@ impl Pass {
     /// Where its integers lie in the parameter buffer.
     fn params(&self) -> Params {
         Params { n_spans: self.spans.len(), n: self.n }
-    }
-
-    /// The slot of a one-token pass whose logits are wanted: the step the
-    /// captured graph runs (it always ends with the vocabulary product).
-    fn single(&self) -> Option<usize> {
-        match self.spans.as_slice() {
-            [s] if self.n == 1 && self.outputs.len() == 1 => Some(s.slot),
-            _ => None,
-        }
     }
 }
 
@@ -467,8 +484,8 @@ impl CudaModel {
         Ok(CudaModel {
             bufs: None,
             generation: 0,
-            graphs: [None, None],
-            use_graph: true,
+            graphs: Vec::new(),
+            use_graph: dev.opts.graphs,
             logits: dev.pinned(w.n_vocab)?,
             token_key: dev.pinned(1)?,
             captures: 0,
@@ -477,12 +494,13 @@ impl CudaModel {
         })
     }
 
-    /// Whether single-token decode steps replay a captured CUDA graph (the
-    /// default) or launch every kernel directly.
+    /// Whether steps of one token per sequence replay captured CUDA graphs
+    /// (the default unless `CudaOptions::graphs` is off) or launch every
+    /// kernel directly.
     pub fn set_use_graph(&mut self, on: bool) {
         self.use_graph = on;
         if !on {
-            self.graphs = [None, None];
+            self.graphs.clear();
         }
     }
 
@@ -516,7 +534,7 @@ impl CudaModel {
         let cap = n_tok.max(self.bufs.as_ref().map_or(1, |b| b.cap));
         let out_cap = n_out.max(self.bufs.as_ref().map_or(1, |b| b.out_cap));
         self.generation += 1;
-        self.graphs = [None, None];
+        self.graphs.clear();
         self.bufs = None;
         let w = &*self.w;
         self.bufs = Some(Buffers::new(&self.dev, &w.max, w.n_embd, w.n_vocab, cap, out_cap, n_split, self.generation)?);
@@ -559,7 +577,7 @@ impl CudaModel {
         let rows = n_out.checked_mul(nv).ok_or(Error::Overflow("logits size"))?;
         if self.logits.as_slice().len() < rows {
             // The captured graphs copy into the old buffer.
-            self.graphs = [None, None];
+            self.graphs.clear();
             self.logits = self.dev.pinned(rows)?;
         }
         let chunk = prefill_chunk(&self.w.max, pool.n_split);
@@ -569,13 +587,11 @@ impl CudaModel {
             self.ensure_buffers(pass.n, pass.outputs.len(), pool.n_split)?;
             // The previous pass was synchronized: no copy reads these.
             self.set_params(batch, start, &pass)?;
-            // The graph writes row 0 of the logits: a batch of one token.
-            match (prof.as_deref_mut(), pass.single()) {
+            // A graph writes the logits from row 0: a batch of one pass.
+            match (prof.as_deref_mut(), self.graph_key(pool, batch, &pass, greedy)) {
                 (Some(p), _) => self.profile_pass(pool, &pass, done, p)?,
-                (None, Some(slot)) if self.use_graph && batch.len() == 1 => {
-                    self.step_graph(pool, slot, greedy, &pass)?
-                }
-                (None, _) => self.enqueue_io(pool, &pass, greedy, done)?,
+                (None, Some(key)) => self.step_graph(pool, key, &pass)?,
+                (None, None) => self.enqueue_io(pool, &pass, greedy, done)?,
             }
             self.dev.sync()?;
             done += pass.outputs.len();
@@ -659,34 +675,52 @@ impl CudaModel {
         }
     }
 
-    /// Replays (capturing first if needed) the one-token step of `slot`.
-    fn step_graph(&mut self, pool: &CudaKvPool, slot: usize, greedy: bool, pass: &Pass) -> Result<()> {
-        let generation = self.bufs.as_ref().map_or(0, |b| b.generation);
-        let which = usize::from(greedy);
-        let fresh = matches!(&self.graphs[which],
-            Some(SendCaptured(c)) if c.pool_id == pool.id && c.slot == slot && c.generation == generation);
-        if !fresh {
-            self.graphs[which] = None;
-            let stream = self.dev.stream.clone();
-            // No device-synchronizing call of another thread may run while
-            // this stream captures (see `device_lock`).
-            let _device = super::device::CaptureGuard::new();
-            stream
-                .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
-                .map_err(dev_err("begin graph capture"))?;
-            let queued = self.enqueue_io(pool, pass, greedy, 0);
-            let ended = stream.end_capture(CUgraphInstantiate_flags(0));
-            queued?;
-            let graph = ended
-                .map_err(dev_err("end graph capture"))?
-                .ok_or_else(|| Error::Device("graph capture produced no graph".into()))?;
-            self.captures += 1;
-            self.graphs[which] = Some(SendCaptured(Captured { graph, pool_id: pool.id, slot, generation }));
-        }
-        match &self.graphs[which] {
-            Some(SendCaptured(c)) => c.graph.launch().map_err(dev_err("graph launch")),
-            None => Err(Error::Device("no captured graph".into())),
-        }
+    /// The key of `pass` as a captured graph would run it, or `None` where
+    /// it runs from the host: graphs off, a batch of several passes, a
+    /// prompt chunk (a span of several tokens), or cuBLAS GEMMs (not
+    /// captured).
+    fn graph_key(&self, pool: &CudaKvPool, batch: &Batch, pass: &Pass, greedy: bool) -> Option<GraphKey> {
+        let gemm = self.dev.opts.prefill_gemm.is_some() && pass.n >= self.dev.opts.gemm_min_tokens;
+        (self.use_graph && pass.n == batch.len() && pass.spans.iter().all(|s| s.len == 1) && !gemm).then(|| GraphKey {
+            pool_id: pool.id,
+            generation: self.bufs.as_ref().map_or(0, |b| b.generation),
+            slots: pass.spans.iter().map(|s| s.slot).collect(),
+            outputs: pass.outputs.clone(),
+            greedy,
+        })
+    }
+
+    /// Replays the captured step of `key` (capturing `pass` first if no
+    /// graph has that key).
+    fn step_graph(&mut self, pool: &CudaKvPool, key: GraphKey, pass: &Pass) -> Result<()> {
+        let i = match self.graphs.iter().position(|g| g.0.key == key) {
+            Some(i) => i,
+            None => {
+                let stream = self.dev.stream.clone();
+                // No device-synchronizing call of another thread may run
+                // while this stream captures (see `device_lock`).
+                let _device = super::device::CaptureGuard::new();
+                stream
+                    .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+                    .map_err(dev_err("begin graph capture"))?;
+                let queued = self.enqueue_io(pool, pass, key.greedy, 0);
+                let ended = stream.end_capture(CUgraphInstantiate_flags(0));
+                queued?;
+                let graph = ended
+                    .map_err(dev_err("end graph capture"))?
+                    .ok_or_else(|| Error::Device("graph capture produced no graph".into()))?;
+                self.captures += 1;
+                if self.graphs.len() >= MAX_GRAPHS {
+                    self.graphs.remove(0);
+                }
+                self.graphs.push(SendCaptured(Captured { graph, key }));
+                self.graphs.len() - 1
+            }
+        };
+        // The most recently used last.
+        let g = self.graphs.remove(i);
+        self.graphs.push(g);
+        self.graphs[self.graphs.len() - 1].0.graph.launch().map_err(dev_err("graph launch"))
     }
 
     /// CUDA graphs this context has captured so far (a steady decode

@@ -8,7 +8,7 @@ use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 use super::device::Device;
 use super::kernels::{
     self, names, AttnArgs, AttnQkvArgs, DevPtr, MatvecArgs, MvMode, MvNormArgs, NormArgs, QkvArgs, ATTN_MAX_G,
-    ATTN_SPLIT, MV_TOKENS, MV_WARPS,
+    ATTN_SPLIT, MV_TOKENS, MV_TR_ROWS, MV_WARPS,
 };
 pub(crate) use super::options::GemmPrecision;
 use crate::error::{Error, Result};
@@ -140,14 +140,20 @@ pub(crate) fn matvec(dev: &Device, m: &Matvec) -> Result<()> {
         return Err(Error::RowNotBlockMultiple { ty: m.ty, cols: m.cols, block_size: 32 });
     }
     let mut args = matvec_args(dev, m)?;
-    let (name, gy) = if m.n_tok == 1 { (k.t1, 1) } else { (k.t8, m.n_tok.div_ceil(MV_TOKENS)) };
+    let glu = matches!(m.mode, MvMode::GluGelu | MvMode::GluSilu);
     let wpr = if m.n_tok == 1 && k.t1s.is_some() { warps_per_row(dev, m.cols, total) } else { 1 };
     args.wpr = wpr as i32;
-    let name = match k.t1s {
-        Some(split) if wpr > 1 => split,
-        _ => name,
+    // The kernel, and its output rows per block.
+    let (name, rows_per_block) = match (m.n_tok, k.t1s, k.tr) {
+        (1, Some(split), _) if wpr > 1 => (split, MV_WARPS as usize / wpr),
+        (1, ..) => (k.t1, MV_WARPS as usize),
+        (n, _, Some(tiled)) if !glu && dev.opts.mv_rows_min_tokens.is_some_and(|min| n >= min) => {
+            (tiled, MV_WARPS as usize * MV_TR_ROWS)
+        }
+        _ => (k.t8, MV_WARPS as usize),
     };
-    let gx = total.div_ceil(MV_WARPS as usize / wpr);
+    let gx = total.div_ceil(rows_per_block);
+    let gy = m.n_tok.div_ceil(MV_TOKENS);
     dev.launch(name, (to_u32(gx, "grid")?, to_u32(gy, "grid")?, 1), MV_WARPS * 32, 0, &args)
 }
 
@@ -197,7 +203,8 @@ fn matvec_args(dev: &Device, m: &Matvec) -> Result<MatvecArgs> {
         n_tok: to_i32(m.n_tok, "tokens")?,
         mode: m.mode as i32,
         cap: m.cap,
-        prefetch: i32::from(m.n_tok == 1 && dev.opts.prefetch),
+        // Read by the one-token and the `tr` kernels.
+        prefetch: i32::from(dev.opts.prefetch),
         wpr: 1,
     })
 }

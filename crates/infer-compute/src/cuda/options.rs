@@ -32,6 +32,10 @@ pub struct CudaOptions {
     /// Q4_0/Q5_0/Q8_0/Q4_K/Q6_K rows repacked into aligned planes at
     /// `prepare` (`repack.rs`); off keeps GGUF's blocks. `INFER_CUDA_REPACK=0`.
     pub repack: bool,
+    /// Steps of one token per sequence replay captured CUDA graphs
+    /// (`model.rs`, `GraphKey`); off: launched from the host.
+    /// `INFER_CUDA_GRAPHS=0`.
+    pub graphs: bool,
     /// Programmatic dependent launches on compute capability 9.0 and later
     /// (`device.rs`); off launches plainly. `INFER_CUDA_PDL=0`.
     pub pdl: bool,
@@ -58,10 +62,18 @@ pub struct CudaOptions {
     /// (`attention_prefill.cu`) from `FLASH_MIN_TOKENS` tokens; off: the
     /// split-K kernels. `INFER_CUDA_FLASH=0`.
     pub flash: bool,
-    /// Prefill projections of `GEMM_MIN_TOKENS` or more tokens as cuBLAS
-    /// GEMMs of this precision; `None`: the mat-vec kernels only.
+    /// Projections of `gemm_min_tokens` or more tokens as cuBLAS GEMMs of
+    /// this precision; `None`: the mat-vec kernels only.
     /// `INFER_CUDA_PREFILL_GEMM=tf32|0` (default bf16).
     pub prefill_gemm: Option<GemmPrecision>,
+    /// Fewest tokens whose projections run as GEMMs (24).
+    /// `INFER_CUDA_GEMM_MIN`.
+    pub gemm_min_tokens: usize,
+    /// Quantized products (but gate/up pairs) of at least this many tokens
+    /// with 4 rows per warp (`mv_*_tr`, each activation chunk loaded once
+    /// for the warp's rows); fewer tokens, or `None`, run one row per warp
+    /// (`mv_*_t8`). `INFER_CUDA_MV_ROWS=N` (2 or more; `0`: `None`).
+    pub mv_rows_min_tokens: Option<usize>,
     /// Warps per row of one-token products of long rows: 1, 2 or 4, or
     /// `None` for the most that keeps the launch resident. `INFER_CUDA_MV_WPR`.
     pub mv_warps_per_row: Option<usize>,
@@ -78,6 +90,7 @@ impl Default for CudaOptions {
     fn default() -> Self {
         CudaOptions {
             repack: true,
+            graphs: true,
             pdl: true,
             prefetch: true,
             fuse_norm: true,
@@ -87,6 +100,8 @@ impl Default for CudaOptions {
             fuse_qkv: None,
             flash: true,
             prefill_gemm: Some(GemmPrecision::Bf16),
+            gemm_min_tokens: 24,
+            mv_rows_min_tokens: Some(12),
             mv_warps_per_row: None,
             mv_long_row: 4096,
             nvrtc_opts: Vec::new(),
@@ -102,6 +117,7 @@ impl CudaOptions {
     pub fn unfused() -> Self {
         CudaOptions {
             repack: false,
+            graphs: false,
             pdl: false,
             prefetch: false,
             fuse_norm: false,
@@ -111,6 +127,7 @@ impl CudaOptions {
             fuse_qkv: Some(false),
             flash: false,
             prefill_gemm: None,
+            mv_rows_min_tokens: None,
             mv_warps_per_row: Some(1),
             ..Default::default()
         }
@@ -129,6 +146,7 @@ impl CudaOptions {
         let on = |k: &str, default: bool| var(k).map_or(default, |v| v != "0");
         CudaOptions {
             repack: on("INFER_CUDA_REPACK", d.repack),
+            graphs: on("INFER_CUDA_GRAPHS", d.graphs),
             pdl: on("INFER_CUDA_PDL", d.pdl),
             prefetch: on("INFER_CUDA_PREFETCH", d.prefetch),
             fuse_norm: on("INFER_CUDA_FUSE_NORM", d.fuse_norm),
@@ -145,6 +163,15 @@ impl CudaOptions {
                 Some("0") => None,
                 Some("tf32") => Some(GemmPrecision::Tf32),
                 _ => d.prefill_gemm,
+            },
+            gemm_min_tokens: var("INFER_CUDA_GEMM_MIN")
+                .and_then(|v| v.parse().ok())
+                .filter(|&n| n >= 2)
+                .unwrap_or(d.gemm_min_tokens),
+            mv_rows_min_tokens: match var("INFER_CUDA_MV_ROWS").map(|v| v.parse::<usize>()) {
+                Some(Ok(0)) => None,
+                Some(Ok(n)) if n >= 2 => Some(n),
+                _ => d.mv_rows_min_tokens,
             },
             mv_warps_per_row: var("INFER_CUDA_MV_WPR")
                 .and_then(|v| v.parse().ok())
@@ -173,6 +200,8 @@ mod tests {
             ("INFER_CUDA_MV_LONG", "2048"),
             ("INFER_CUDA_NVRTC_OPTS", " -DA=1  -DB=2 "),
             ("INFER_CUDA_PDL", "1"),
+            ("INFER_CUDA_MV_ROWS", "0"),
+            ("INFER_CUDA_GEMM_MIN", "1"),
         ];
         let o = CudaOptions::from_vars(|k| vars.iter().find(|v| v.0 == k).map(|v| v.1.to_string()));
         assert!(!o.repack && o.pdl && o.flash);
@@ -180,6 +209,8 @@ mod tests {
         assert_eq!(o.prefill_gemm, Some(GemmPrecision::Tf32));
         assert_eq!(o.mv_warps_per_row, None, "3 warps per row is not a choice");
         assert_eq!(o.mv_long_row, 2048);
+        assert_eq!(o.mv_rows_min_tokens, None);
+        assert_eq!(o.gemm_min_tokens, 24, "a GEMM of one token is not a choice");
         assert_eq!(o.nvrtc_opts, ["-DA=1", "-DB=2"]);
         let off = CudaOptions::from_vars(|k| (k == "INFER_CUDA_PREFILL_GEMM").then(|| "0".into()));
         assert_eq!(off.prefill_gemm, None);
@@ -189,7 +220,16 @@ mod tests {
     fn unfused_turns_every_switch_off() {
         let u = CudaOptions::unfused();
         assert!(
-            !(u.repack || u.pdl || u.prefetch || u.fuse_norm || u.mixed_qkv || u.glu_q8 || u.attn_decode || u.flash)
+            !(u.repack
+                || u.graphs
+                || u.pdl
+                || u.prefetch
+                || u.fuse_norm
+                || u.mixed_qkv
+                || u.glu_q8
+                || u.attn_decode
+                || u.flash
+                || u.mv_rows_min_tokens.is_some())
         );
         assert_eq!((u.fuse_qkv, u.prefill_gemm, u.mv_warps_per_row), (Some(false), None, Some(1)));
     }

@@ -129,6 +129,68 @@ __device__ __forceinline__ void matvec_q(const MatvecArgs& a) {
     mv_store<NT>(a, seg, r, t0, nt, acc, acc2, glu);
 }
 
+// matvec_q with MV_TR_ROWS output rows per warp (register tiles; not for
+// GLU, whose gate/up pairs already share each activation load between two
+// rows): lane l decodes chunks l, l + 32, ... of each of its warp's rows
+// once and dots them with the q8 activation of up to 8 tokens, loading
+// each activation chunk once for the R rows. With one row per warp, those
+// activation loads outnumber the weight loads n_tok to 1 and bound a
+// product of many tokens; here they drop R-fold, at R-fold fewer warps.
+// Before waiting for the kernel before it (PDL), each warp asks L2 for its
+// rows. Grid: x = ceil(rows / (MV_WARPS * R)), y = ceil(n_tok / 8).
+#define MV_TR_ROWS 4
+template <class T>
+__device__ __forceinline__ void matvec_qr(const MatvecArgs& a) {
+    constexpr int R = MV_TR_ROWS, NT = 8;
+    const int total = mv_total_rows(a, false);
+    const int gr0 = (blockIdx.x * MV_WARPS + threadIdx.x / WARP) * R;
+    const bool valid = gr0 < total;
+    const u8* wrow[R];
+    int seg[R], row[R];
+    if (valid) {
+#pragma unroll
+        for (int i = 0; i < R; ++i) {
+            // Rows past the last repeat it; their sums are not stored.
+            mv_locate(a, false, min(gr0 + i, total - 1), seg[i], row[i]);
+            const u8* wbase = seg[i] == 0 ? a.w[0] : seg[i] == 1 ? a.w[1] : a.w[2];
+            wrow[i] = wbase + (size_t)row[i] * a.row_bytes;
+            if (a.prefetch && gr0 + i < total) prefetch_l2(wrow[i], a.row_bytes);
+        }
+    }
+    PDL_PROLOGUE;
+    if (!valid) return;
+    const int lane = threadIdx.x % WARP;
+    const int t0 = blockIdx.y * NT;
+    const int nt = min(NT, a.n_tok - t0);
+    const int n_chunk = a.cols / 32;
+    float acc[R][NT];
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+#pragma unroll
+        for (int t = 0; t < NT; ++t) acc[i][t] = 0.0f;
+    }
+    for (int c = lane; c < n_chunk; c += WARP) {
+        WChunk w[R];
+#pragma unroll
+        for (int i = 0; i < R; ++i) w[i] = T::load(wrow[i], c, n_chunk);
+#pragma unroll
+        for (int t = 0; t < NT; ++t) {
+            if (t < nt) {
+                const size_t tc = (size_t)(t0 + t) * n_chunk + c;
+                const int4* q = (const int4*)(a.aq + tc * 32);
+                const int4 q0 = q[0], q1 = q[1];
+                const float2 ds = a.ad[tc];
+#pragma unroll
+                for (int i = 0; i < R; ++i) acc[i][t] += dot_chunk<T>(w[i], q0, q1, ds);
+            }
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+        if (gr0 + i < total) mv_store<NT>(a, seg[i], row[i], t0, nt, acc[i], acc[i], false);
+    }
+}
+
 // The chunk loop of matvec_q1 for one GLU choice, against the q8
 // activation aq / ad (global memory, or shared memory in mvn_*).
 template <class T, bool GLU>
@@ -297,6 +359,9 @@ __device__ __forceinline__ void matvec_f(const MatvecArgs& a) {
     extern "C" __global__ void __launch_bounds__(MV_WARPS * WARP) mv_##name##_t8(const MatvecArgs a) { \
         PDL_PROLOGUE;                                                                              \
         matvec_q<T, 8>(a);                                                                         \
+    }                                                                                              \
+    extern "C" __global__ void __launch_bounds__(MV_WARPS * WARP) mv_##name##_tr(const MatvecArgs a) { \
+        matvec_qr<T>(a);                                                                           \
     }                                                                                              \
     extern "C" __global__ void __launch_bounds__(MV_WARPS * WARP) mv_##name##_t1q(const MvQuantArgs p) { \
         mv_prefetch(p.mv);                                                                         \

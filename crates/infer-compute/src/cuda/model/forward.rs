@@ -4,7 +4,6 @@
 use cudarc::driver::CudaSlice;
 
 use super::{CudaKvPool, CudaModel, DevNorm, DevWeight, Mark, Pass};
-use crate::cuda::buffers::GEMM_MIN_TOKENS;
 use crate::cuda::kernels::{AttnArgs, DevPtr, MvMode, NormArgs, QkvArgs};
 use crate::cuda::ops::{self, GemmPrecision, Matvec};
 use crate::error::{Error, Result};
@@ -58,7 +57,7 @@ impl CudaModel {
         };
 
         // Prefill GEMM: dequantize one matrix, then one tensor-core GEMM.
-        let gemm = b.gemm.as_ref().filter(|_| n >= GEMM_MIN_TOKENS).map(|g| (g.prec, d.ptr(&g.w), d.ptr(&g.x)));
+        let gemm = b.gemm.as_ref().filter(|_| n >= d.opts.gemm_min_tokens).map(|g| (g.prec, d.ptr(&g.w), d.ptr(&g.x)));
         let missing = || Error::Device("prefill GEMM scratch missing".into());
         // The GEMM operand of an f32 input of `cols` values per token
         // (converted once and shared by the products that read it).
@@ -334,8 +333,8 @@ impl CudaModel {
             }
             (oh, oq, od)
         };
-        if let Some(g) =
-            gemm.filter(|_| n_out >= GEMM_MIN_TOKENS && ops::has_dequant(w.output.ty, w.output.repacked_stride != 0))
+        if let Some(g) = gemm
+            .filter(|_| n_out >= d.opts.gemm_min_tokens && ops::has_dequant(w.output.ty, w.output.repacked_stride != 0))
         {
             self.output_gemm(g, xf, n_out)?;
             return mark("matvec output", &[&w.output]);
