@@ -268,7 +268,10 @@ fn matmul_quant_batches_match_cpu() {
         // 65, 3, 70 and 5), the last pass partial (5, 13, 70) or whole (40,
         // 64).
         let cases = [(17usize, 1usize, wide), (33, 5, wide), (130, 13, wide), (7, 40, wide), (65, 64, wide)];
-        let more = [(3, 2, narrow), (70, 9, narrow), (5, 70, wide)];
+        // Rows of 72 and 128 chunks: `tr` row groups split over 2 warps
+        // (lanes of one and two chunks, of two and of four chunks).
+        let (split2, split4) = (9 * ty.block_size().max(256), 16 * ty.block_size().max(256));
+        let more = [(3, 2, narrow), (70, 9, narrow), (5, 70, wide), (70, 13, split4), (33, 16, split2)];
         for (rows, n_tok, cols) in cases.into_iter().chain(more) {
             let w = rand_weight(&mut rng, ty, rows, cols, 0.01);
             let x = Array2::from_shape_vec((n_tok, cols), rand_vec(&mut rng, n_tok * cols, 1.0)).unwrap();

@@ -107,7 +107,7 @@ impl Matvec {
 /// forces a count and `mv_long_row` the threshold (to compare and to
 /// test).
 fn warps_per_row(dev: &Device, cols: usize, rows: usize) -> usize {
-    let (forced, long) = (dev.opts.mv_warps_per_row, dev.opts.mv_long_row);
+    let (forced, long) = (forced_warps_per_row(dev), dev.opts.mv_long_row);
     if cols < long {
         return 1;
     }
@@ -141,20 +141,42 @@ pub(crate) fn matvec(dev: &Device, m: &Matvec) -> Result<()> {
     }
     let mut args = matvec_args(dev, m)?;
     let glu = matches!(m.mode, MvMode::GluGelu | MvMode::GluSilu);
-    let wpr = if m.n_tok == 1 && k.t1s.is_some() { warps_per_row(dev, m.cols, total) } else { 1 };
-    args.wpr = wpr as i32;
-    // The kernel, and its output rows per block.
-    let (name, rows_per_block) = match (m.n_tok, k.t1s, k.tr) {
-        (1, Some(split), _) if wpr > 1 => (split, MV_WARPS as usize / wpr),
-        (1, ..) => (k.t1, MV_WARPS as usize),
-        (n, _, Some(tiled)) if !glu && dev.opts.mv_rows_min_tokens.is_some_and(|min| n >= min) => {
-            (tiled, MV_WARPS as usize * MV_TR_ROWS)
-        }
-        _ => (k.t8, MV_WARPS as usize),
-    };
-    let gx = total.div_ceil(rows_per_block);
     let gy = m.n_tok.div_ceil(MV_TOKENS);
+    let tiled = k.tr.filter(|_| !glu && m.n_tok >= 2 && dev.opts.mv_rows_min_tokens.is_some_and(|min| m.n_tok >= min));
+    // The kernel, warps per row (group) and output rows per block.
+    let (name, wpr, rows_per_block) = match (m.n_tok, k.t1s, tiled) {
+        (_, _, Some(tiled)) => {
+            let wpr = tiled_warps_per_group(dev, m.cols);
+            (tiled, wpr, MV_WARPS as usize / wpr * MV_TR_ROWS)
+        }
+        (1, Some(split), _) => match warps_per_row(dev, m.cols, total) {
+            1 => (k.t1, 1, MV_WARPS as usize),
+            wpr => (split, wpr, MV_WARPS as usize / wpr),
+        },
+        (1, None, _) => (k.t1, 1, MV_WARPS as usize),
+        _ => (k.t8, 1, MV_WARPS as usize),
+    };
+    args.wpr = wpr as i32;
+    let gx = total.div_ceil(rows_per_block);
     dev.launch(name, (to_u32(gx, "grid")?, to_u32(gy, "grid")?, 1), MV_WARPS * 32, 0, &args)
+}
+
+/// Warps per group of [`MV_TR_ROWS`] rows of a `tr` product over rows of
+/// `cols` values: 2 where each lane still has a chunk of its own (64
+/// chunks or more), else 1. With one warp per group, Llama 1B's 2048 × 2048
+/// products at 16 tokens ran 8 warps per multiprocessor, 12% occupancy
+/// (ncu, H200). Measured at 12, 16 and 23 tokens (H200; BENCHMARKS.md):
+/// 2 warps for every such product was 3–9% faster than 2 or 4 only where
+/// the launch stayed resident, and 4 warps 1–5% slower than 2 on gemma3
+/// 4B. `CudaOptions::mv_warps_per_row` forces a count.
+fn tiled_warps_per_group(dev: &Device, cols: usize) -> usize {
+    forced_warps_per_row(dev).unwrap_or(if cols / 32 >= 2 * 32 { 2 } else { 1 })
+}
+
+/// `CudaOptions::mv_warps_per_row` where it is a count the kernels divide
+/// their block by (1, 2 or 4); other values are ignored.
+fn forced_warps_per_row(dev: &Device) -> Option<usize> {
+    dev.opts.mv_warps_per_row.filter(|w| matches!(w, 1 | 2 | 4))
 }
 
 /// Whether [`matvec_glu_q8`] can run the one-token product `m`

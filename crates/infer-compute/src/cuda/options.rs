@@ -74,8 +74,9 @@ pub struct CudaOptions {
     /// for the warp's rows); fewer tokens, or `None`, run one row per warp
     /// (`mv_*_t8`). `INFER_CUDA_MV_ROWS=N` (2 or more; `0`: `None`).
     pub mv_rows_min_tokens: Option<usize>,
-    /// Warps per row of one-token products of long rows: 1, 2 or 4, or
-    /// `None` for the most that keeps the launch resident. `INFER_CUDA_MV_WPR`.
+    /// Warps per row of one-token products of long rows, and per row
+    /// group of the `mv_*_tr` products: 1, 2 or 4, or `None` for the most
+    /// that keeps the launch resident. `INFER_CUDA_MV_WPR`.
     pub mv_warps_per_row: Option<usize>,
     /// Rows of at least this many values count as long (4096).
     /// `INFER_CUDA_MV_LONG`.

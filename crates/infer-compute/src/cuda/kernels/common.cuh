@@ -249,8 +249,8 @@ struct MatvecArgs {
     int n_tok;           // tokens (activation rows)
     int mode;            // MV_STORE, MV_GLU_GELU, MV_GLU_SILU, MV_SOFTCAP
     float cap;           // soft-cap c for MV_SOFTCAP
-    int prefetch;        // 1: one-token kernels ask L2 for their rows before pdl_wait
-    int wpr;             // mv_*_t1s: warps per row, 2 or 4 (the other kernels ignore it)
+    int prefetch;        // 1: one-token and tr kernels ask L2 for their rows before pdl_wait
+    int wpr;             // mv_*_t1s, mv_*_tr: warps per row (group), 1, 2 or 4 (others ignore it)
 };
 static_assert(sizeof(MatvecArgs) == 112, "MatvecArgs layout");
 

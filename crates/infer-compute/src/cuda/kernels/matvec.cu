@@ -69,6 +69,15 @@ __device__ __forceinline__ bool mv_row(const MatvecArgs& a, bool glu, int& seg, 
     return true;
 }
 
+// Stores output value v of row r of segment seg for token t.
+__device__ __forceinline__ void mv_put(const MatvecArgs& a, int seg, int r, int t, float v) {
+    // Constant indices only: a run-time index into the argument struct
+    // would copy it to local memory.
+    float* y = seg == 0 ? a.y[0] : seg == 1 ? a.y[1] : a.y[2];
+    const int rows = seg == 0 ? a.rows[0] : seg == 1 ? a.rows[1] : a.rows[2];
+    y[(size_t)t * rows + r] = v;
+}
+
 template <int NT>
 __device__ __forceinline__ void mv_store(const MatvecArgs& a, int seg, int r, int t0, int nt, float* acc, float* acc2,
                                          bool glu) {
@@ -84,13 +93,7 @@ __device__ __forceinline__ void mv_store(const MatvecArgs& a, int seg, int r, in
             } else if (a.mode == MV_SOFTCAP) {
                 out = a.cap * tanhf(v * (1.0f / a.cap));
             }
-            if (lane == 0) {
-                // Constant indices only: a run-time index into the argument
-                // struct would copy it to local memory.
-                float* y = seg == 0 ? a.y[0] : seg == 1 ? a.y[1] : a.y[2];
-                const int rows = seg == 0 ? a.rows[0] : seg == 1 ? a.rows[1] : a.rows[2];
-                y[(size_t)(t0 + t) * rows + r] = out;
-            }
+            if (lane == 0) mv_put(a, seg, r, t0 + t, out);
         }
     }
 }
@@ -136,30 +139,41 @@ __device__ __forceinline__ void matvec_q(const MatvecArgs& a) {
 // each activation chunk once for the R rows. With one row per warp, those
 // activation loads outnumber the weight loads n_tok to 1 and bound a
 // product of many tokens; here they drop R-fold, at R-fold fewer warps.
-// Before waiting for the kernel before it (PDL), each warp asks L2 for its
-// rows. Grid: x = ceil(rows / (MV_WARPS * R)), y = ceil(n_tok / 8).
+// So that few-row products still have warps enough to hide their loads,
+// a group of R rows may be split over wpr = 2 (or 4) warps of the block
+// (warp w takes part w % wpr of the chunks: part * 32 + lane, stepping by
+// 32 * wpr); the parts meet in shared memory, where lane j of the group's
+// first warp adds up output j (row j / 8, token j % 8). Before waiting for
+// the kernel before it (PDL), each warp asks L2 for its rows. Grid: x =
+// ceil(ceil(rows / R) / (MV_WARPS / wpr)), y = ceil(n_tok / 8).
 #define MV_TR_ROWS 4
+// Blocks per SM the tr kernels' register budget must allow (the compiler
+// chose 128-185 registers, 2-3 blocks; at 4, 128 registers, 4 bytes of
+// spills in five layouts: +3-5% at 12-23 tokens, H200). -DMV_TR_MIN_BLOCKS=n
+// (INFER_CUDA_NVRTC_OPTS) sets another count.
+#ifndef MV_TR_MIN_BLOCKS
+#define MV_TR_MIN_BLOCKS 4
+#endif
 template <class T>
 __device__ __forceinline__ void matvec_qr(const MatvecArgs& a) {
     constexpr int R = MV_TR_ROWS, NT = 8;
+    static_assert(R * NT == WARP, "one output of the group per lane");
     const int total = mv_total_rows(a, false);
-    const int gr0 = (blockIdx.x * MV_WARPS + threadIdx.x / WARP) * R;
+    const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    const int wpr = a.wpr, part = warp % wpr;
+    const int gr0 = (blockIdx.x * (MV_WARPS / wpr) + warp / wpr) * R;
     const bool valid = gr0 < total;
     const u8* wrow[R];
     int seg[R], row[R];
-    if (valid) {
 #pragma unroll
-        for (int i = 0; i < R; ++i) {
-            // Rows past the last repeat it; their sums are not stored.
-            mv_locate(a, false, min(gr0 + i, total - 1), seg[i], row[i]);
-            const u8* wbase = seg[i] == 0 ? a.w[0] : seg[i] == 1 ? a.w[1] : a.w[2];
-            wrow[i] = wbase + (size_t)row[i] * a.row_bytes;
-            if (a.prefetch && gr0 + i < total) prefetch_l2(wrow[i], a.row_bytes);
-        }
+    for (int i = 0; i < R; ++i) {
+        // Rows past the last repeat it; their sums are not stored.
+        mv_locate(a, false, min(gr0 + i, total - 1), seg[i], row[i]);
+        const u8* wbase = seg[i] == 0 ? a.w[0] : seg[i] == 1 ? a.w[1] : a.w[2];
+        wrow[i] = wbase + (size_t)row[i] * a.row_bytes;
+        if (valid && part == 0 && a.prefetch && gr0 + i < total) prefetch_l2(wrow[i], a.row_bytes);
     }
     PDL_PROLOGUE;
-    if (!valid) return;
-    const int lane = threadIdx.x % WARP;
     const int t0 = blockIdx.y * NT;
     const int nt = min(NT, a.n_tok - t0);
     const int n_chunk = a.cols / 32;
@@ -169,7 +183,7 @@ __device__ __forceinline__ void matvec_qr(const MatvecArgs& a) {
 #pragma unroll
         for (int t = 0; t < NT; ++t) acc[i][t] = 0.0f;
     }
-    for (int c = lane; c < n_chunk; c += WARP) {
+    for (int c = part * WARP + lane; valid && c < n_chunk; c += WARP * wpr) {
         WChunk w[R];
 #pragma unroll
         for (int i = 0; i < R; ++i) w[i] = T::load(wrow[i], c, n_chunk);
@@ -185,10 +199,37 @@ __device__ __forceinline__ void matvec_qr(const MatvecArgs& a) {
             }
         }
     }
+    if (wpr == 1) {
+        if (!valid) return;
+#pragma unroll
+        for (int i = 0; i < R; ++i) {
+            if (gr0 + i < total) mv_store<NT>(a, seg[i], row[i], t0, nt, acc[i], acc[i], false);
+        }
+        return;
+    }
+    __shared__ float sums[MV_WARPS][R * NT];
 #pragma unroll
     for (int i = 0; i < R; ++i) {
-        if (gr0 + i < total) mv_store<NT>(a, seg[i], row[i], t0, nt, acc[i], acc[i], false);
+#pragma unroll
+        for (int t = 0; t < NT; ++t) {
+            const float v = warp_sum(acc[i][t]);
+            if (lane == 0) sums[warp][i * NT + t] = v;
+        }
     }
+    __syncthreads();
+    const int i = lane / NT, t = lane % NT;
+    if (!valid || part != 0 || gr0 + i >= total || t >= nt) return;
+    float v = 0.0f;
+    for (int k = 0; k < wpr; ++k) v += sums[warp + k][lane];
+    if (a.mode == MV_SOFTCAP) v = a.cap * tanhf(v * (1.0f / a.cap));
+    // Constant indices into seg and row (a run-time one would put them in
+    // local memory).
+    int sg = seg[0], r = row[0];
+#pragma unroll
+    for (int k = 1; k < R; ++k) {
+        if (i == k) { sg = seg[k]; r = row[k]; }
+    }
+    mv_put(a, sg, r, t0 + t, v);
 }
 
 // The chunk loop of matvec_q1 for one GLU choice, against the q8
@@ -360,7 +401,7 @@ __device__ __forceinline__ void matvec_f(const MatvecArgs& a) {
         PDL_PROLOGUE;                                                                              \
         matvec_q<T, 8>(a);                                                                         \
     }                                                                                              \
-    extern "C" __global__ void __launch_bounds__(MV_WARPS * WARP) mv_##name##_tr(const MatvecArgs a) { \
+    extern "C" __global__ void __launch_bounds__(MV_WARPS * WARP, MV_TR_MIN_BLOCKS) mv_##name##_tr(const MatvecArgs a) { \
         matvec_qr<T>(a);                                                                           \
     }                                                                                              \
     extern "C" __global__ void __launch_bounds__(MV_WARPS * WARP) mv_##name##_t1q(const MvQuantArgs p) { \
