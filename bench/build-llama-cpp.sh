@@ -224,8 +224,11 @@ if [[ "$variant" == cpu ]]; then
     on_if() { if has "$2"; then echo "-D$1=ON"; else echo "-D$1=OFF"; fi; }
     avx512=OFF
     has avx512f && has avx512bw && has avx512vl && has avx512dq && has avx512cd && avx512=ON
+    # test-backend-ops where the tree has its tests (a --trim copy has not).
+    tests=OFF
+    [[ -d "$src/tests" ]] && tests=ON
     variant_args=(
-        -DLLAMA_BUILD_TESTS=ON
+        -DLLAMA_BUILD_TESTS=$tests
         -DGGML_OPENMP=ON
         -DGGML_SSE42=ON -DGGML_AVX=ON
         "$(on_if GGML_AVX2 avx2)" "$(on_if GGML_BMI2 bmi2)"

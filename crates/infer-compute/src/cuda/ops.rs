@@ -165,10 +165,11 @@ pub(crate) fn matvec(dev: &Device, m: &Matvec) -> Result<()> {
 /// `cols` values: 2 where each lane still has a chunk of its own (64
 /// chunks or more), else 1. With one warp per group, Llama 1B's 2048 × 2048
 /// products at 16 tokens ran 8 warps per multiprocessor, 12% occupancy
-/// (ncu, H200). Measured at 12, 16 and 23 tokens (H200; BENCHMARKS.md):
-/// 2 warps for every such product was 3–9% faster than 2 or 4 only where
-/// the launch stayed resident, and 4 warps 1–5% slower than 2 on gemma3
-/// 4B. `CudaOptions::mv_warps_per_row` forces a count.
+/// (ncu, H200). At 12, 16 and 23 tokens (H200; BENCHMARKS.md) splitting
+/// every such product over 2 warps was 3–9% faster than splitting (over 4
+/// or 2) only while the launch stays resident, and 4 warps everywhere 1–5%
+/// slower than 2 on gemma3 4B. `CudaOptions::mv_warps_per_row` forces a
+/// count.
 fn tiled_warps_per_group(dev: &Device, cols: usize) -> usize {
     forced_warps_per_row(dev).unwrap_or(if cols / 32 >= 2 * 32 { 2 } else { 1 })
 }
