@@ -812,8 +812,8 @@ fn every_kernel_module_loads() {
     ] {
         assert!(names.contains(k), "{k} missing");
     }
-    // 26 common kernels, 3 float types × 2, 16 quantized layouts × 6, 3 mixed.
-    assert_eq!(res.len(), 26 + 6 + 16 * 6 + 3);
+    // 27 common kernels, 3 float types × 2, 16 quantized layouts × 7, 3 mixed.
+    assert_eq!(res.len(), 27 + 6 + 16 * 7 + 3);
 }
 
 /// The tests above, run when this machine has a CUDA device; otherwise

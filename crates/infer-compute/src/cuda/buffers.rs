@@ -122,6 +122,9 @@ pub(super) struct Buffers {
     /// The prefill GEMMs' scratch (`None` when the buffers serve fewer
     /// than `CudaOptions::gemm_min_tokens` tokens or the path is off).
     pub gemm: Option<GemmScratch>,
+    /// The `mmq_*` products' scratch (`None` when the buffers serve fewer
+    /// than `CudaOptions::mmq_min_tokens` tokens or the path is off).
+    pub mmq: Option<MmqScratch>,
 }
 
 /// Where a step's integers lie in [`Buffers::params`] (`i32` each): the
@@ -169,6 +172,15 @@ pub(super) struct GemmScratch {
     pub w: CudaSlice<f32>,
     /// The pass's activations in bf16 (unused with TF32).
     pub x: CudaSlice<u16>,
+}
+
+/// Scratch of the `mmq_*` products ([`ops::mmq`]), for passes of fewer
+/// than `CudaOptions::gemm_min_tokens` tokens.
+pub(super) struct MmqScratch {
+    /// The pass's activations in bf16 (`tokens × cols`).
+    pub x: CudaSlice<u16>,
+    /// Split-K partial sums ([`ops::mmq_part_len`] floats).
+    pub part: CudaSlice<f32>,
 }
 
 impl Buffers {
@@ -225,6 +237,13 @@ impl Buffers {
                     w: d.zeros((m.mat * prec.bytes()).div_ceil(4))?,
                     x: d.zeros(if prec == GemmPrecision::Bf16 { cap * m.cols } else { 1 })?,
                 }),
+                None => None,
+            },
+            mmq: match d.opts.mmq_min_tokens.filter(|&min| cap >= min) {
+                Some(_) => {
+                    let n = cap.min(d.opts.gemm_min_tokens.saturating_sub(1)).max(1);
+                    Some(MmqScratch { x: d.zeros(n * m.cols)?, part: d.zeros(ops::mmq_part_len(d, n))? })
+                }
                 None => None,
             },
         })

@@ -10,12 +10,13 @@ use crate::GgmlType;
 /// The sources every module begins with, in this order (NVRTC gets no
 /// include path: the header comes first instead): the shared definitions
 /// and the products' templates, which instantiate nothing.
-pub(crate) const PRODUCT_SOURCES: [(&str, &str); 5] = [
+pub(crate) const PRODUCT_SOURCES: [(&str, &str); 6] = [
     ("common.cuh", include_str!("kernels/common.cuh")),
     ("quant.cuh", include_str!("kernels/quant.cuh")),
     ("matvec.cu", include_str!("kernels/matvec.cu")),
     ("norm.cu", include_str!("kernels/norm.cu")),
     ("matvec_norm.cu", include_str!("kernels/matvec_norm.cu")),
+    ("matmul_quant.cu", include_str!("kernels/matmul_quant.cu")),
 ];
 
 /// The rest of [`Module::Common`], after [`PRODUCT_SOURCES`].
@@ -63,8 +64,8 @@ impl Module {
             Module::Products(i) => {
                 let p = &PRODUCTS[i as usize];
                 src += &format!(
-                    "MV_KERNELS({}, {}, {})\nMVN_KERNEL({}, {})\n",
-                    p.name, p.block, p.t1_bounds, p.name, p.block
+                    "MV_KERNELS({}, {}, {})\nMVN_KERNEL({}, {})\nMMQ_KERNEL({}, {})\n",
+                    p.name, p.block, p.t1_bounds, p.name, p.block, p.name, p.block
                 );
                 for (a, b, k) in MIXED_NORM_KERNELS.iter().filter(|m| m.2.module == self) {
                     let (a, b) = (product(*a).map_or("?", |p| p.block), product(*b).map_or("?", |p| p.block));
@@ -126,6 +127,7 @@ pub(crate) mod names {
     pub const SOFTCAP_INPLACE: KernelName = KernelName::common("softcap_inplace");
     pub const DEQUANT_MATRIX: KernelName = KernelName::common("dequant_matrix");
     pub const TO_BF16: KernelName = KernelName::common("to_bf16");
+    pub const MMQ_REDUCE: KernelName = KernelName::common("mmq_reduce");
     pub const ARGMAX_LOGITS: KernelName = KernelName::common("argmax_logits");
     pub const ATTN_PREFILL_HD64: KernelName = KernelName::common("attn_prefill_hd64");
     pub const ATTN_PREFILL_HD96: KernelName = KernelName::common("attn_prefill_hd96");
@@ -133,7 +135,7 @@ pub(crate) mod names {
     pub const ATTN_PREFILL_HD256: KernelName = KernelName::common("attn_prefill_hd256");
 
     /// Every non-mat-vec kernel (loaded when the backend starts).
-    pub const ALL: [KernelName; 26] = [
+    pub const ALL: [KernelName; 27] = [
         QUANTIZE_Q8,
         RESIDUAL_NORM,
         QKV_POST,
@@ -155,6 +157,7 @@ pub(crate) mod names {
         SOFTCAP_INPLACE,
         DEQUANT_MATRIX,
         TO_BF16,
+        MMQ_REDUCE,
         ARGMAX_LOGITS,
         ATTN_PREFILL_HD64,
         ATTN_PREFILL_HD96,
@@ -180,6 +183,10 @@ pub(crate) struct MatvecKernels {
     /// Up to 8 tokens per pass, [`MV_TR_ROWS`] rows per warp (`mv_*_tr`;
     /// not for gate/up pairs).
     pub tr: Option<KernelName>,
+    /// Quantized weights times bf16 activations on the tensor cores
+    /// (`mmq_*`, matmul_quant.cu), for batches of
+    /// `CudaOptions::mmq_min_tokens` tokens up to the cuBLAS GEMMs.
+    pub mmq: Option<KernelName>,
     /// Whether the kernel takes the q8 activation (else the f32 one).
     pub quantized: bool,
 }
@@ -187,7 +194,7 @@ pub(crate) struct MatvecKernels {
 impl MatvecKernels {
     /// Every kernel of the set.
     pub(crate) fn all(self) -> impl Iterator<Item = KernelName> {
-        [Some(self.t1), self.tn, self.t1q, self.t1s, Some(self.t8), self.tr].into_iter().flatten()
+        [Some(self.t1), self.tn, self.t1q, self.t1s, Some(self.t8), self.tr, self.mmq].into_iter().flatten()
     }
 }
 
@@ -237,6 +244,7 @@ macro_rules! product {
                 t1s: Some(k(concat!("mv_", $n, "_t1s"))),
                 t8: k(concat!("mv_", $n, "_t8")),
                 tr: Some(k(concat!("mv_", $n, "_tr"))),
+                mmq: Some(k(concat!("mmq_", $n))),
                 quantized: true,
             },
         }
@@ -281,6 +289,7 @@ const FLOAT_PRODUCTS: [MatvecKernels; 3] = {
             t1s: None,
             t8: KernelName::common(t8),
             tr: None,
+            mmq: None,
             quantized: false,
         }
     }
@@ -350,6 +359,32 @@ pub(crate) enum MvMode {
 
 /// A device address as kernels take it (0 = null).
 pub(crate) type DevPtr = u64;
+
+/// Mirror of `MmqArgs` (matmul_quant.cu).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct MmqArgs {
+    pub w: DevPtr,
+    pub x: DevPtr,
+    pub y: DevPtr,
+    pub part: DevPtr,
+    pub rows: i32,
+    pub row_bytes: i32,
+    pub cols: i32,
+    pub n_tok: i32,
+    pub ld_y: i32,
+    pub k_split: i32,
+    pub split: i32,
+    pub pad: i32,
+}
+const _: () = assert!(std::mem::size_of::<MmqArgs>() == 64);
+
+/// Weight rows, tokens and values per K-step of an `mmq_*` block
+/// (`MMQ_ROWS`, `MMQ_TOK`, `MMQ_K` in matmul_quant.cu), and its threads.
+pub(crate) const MMQ_ROWS: usize = 128;
+pub(crate) const MMQ_TOK: usize = 64;
+pub(crate) const MMQ_K: usize = 64;
+pub(crate) const MMQ_THREADS: u32 = 256;
 
 /// Mirror of `MatvecArgs`.
 #[repr(C)]
@@ -496,6 +531,7 @@ unsafe impl DeviceRepr for AttnQkvArgs {}
 unsafe impl DeviceRepr for MvNormArgs {}
 unsafe impl DeviceRepr for MvNorm2Args {}
 unsafe impl DeviceRepr for MvQuantArgs {}
+unsafe impl DeviceRepr for MmqArgs {}
 
 #[cfg(test)]
 mod tests {

@@ -399,6 +399,17 @@ impl CudaBackend {
         };
         let xb = self.upload_f32(x)?;
         let y = d.zeros::<f32>(n_tok * w.rows)?;
+        // The batches a model runs on the tensor cores, as it does.
+        let layout = (w.ty, stride != 0);
+        if ops::mmq_tokens(d, n_tok) && ops::mmq_kernel(layout.0, layout.1).is_some() {
+            let stride = if stride != 0 { stride } else { w.ty.row_bytes(w.cols)? };
+            let x16 = d.zeros::<u16>(x.len())?;
+            ops::to_bf16(d, d.ptr(&xb), d.ptr(&x16), x.len())?;
+            let part = d.zeros::<f32>(ops::mmq_part_len(d, n_tok))?;
+            let (yp, pp) = ((d.ptr(&y), w.rows), (d.ptr(&part), part.len()));
+            ops::mmq(d, layout, d.ptr(&wb), stride, (w.rows, w.cols), d.ptr(&x16), n_tok, yp, pp)?;
+            return self.read_f32(&y, n_tok * w.rows);
+        }
         let mut call = Matvec::single(w.ty, d.ptr(&wb), w.rows, w.cols, d.ptr(&y));
         call.repacked_stride = stride;
         call.n_tok = n_tok;

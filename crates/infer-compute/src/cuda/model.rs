@@ -256,6 +256,9 @@ struct Weights {
     final_softcap: Option<f32>,
     max: Maxima,
     weight_bytes: usize,
+    /// Every layer matrix has an `mmq_*` kernel: passes of
+    /// [`ops::mmq_tokens`] run their projections on it.
+    mmq_layers: bool,
 }
 
 /// A model prepared on a CUDA device: shared weights and one context
@@ -452,11 +455,14 @@ impl CudaModel {
         // The products of the layouts this model has, compiled (or taken
         // from the cache) now rather than at a first launch inside a graph
         // capture.
-        let layouts: Vec<_> = layers
-            .iter()
-            .flat_map(|l| {
+        let layer_mats = || {
+            layers.iter().flat_map(|l| {
                 [Some(&l.wq), Some(&l.wk), Some(&l.wv), Some(&l.wo), l.gate.as_ref(), Some(&l.up), Some(&l.down)]
             })
+        };
+        let mmq_layers =
+            layer_mats().flatten().all(|w| ops::mmq_kernel(w.ty, w.repacked_stride != 0).is_some());
+        let layouts: Vec<_> = layer_mats()
             .flatten()
             .chain([&output])
             .map(|w| (w.ty, w.repacked_stride != 0))
@@ -475,6 +481,7 @@ impl CudaModel {
             final_softcap: spec.final_logit_softcap,
             max,
             weight_bytes,
+            mmq_layers,
         };
         Self::context(Arc::new(w), dev)
     }

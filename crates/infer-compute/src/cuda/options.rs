@@ -66,9 +66,16 @@ pub struct CudaOptions {
     /// this precision; `None`: the mat-vec kernels only.
     /// `INFER_CUDA_PREFILL_GEMM=tf32|0` (default bf16).
     pub prefill_gemm: Option<GemmPrecision>,
-    /// Fewest tokens whose projections run as GEMMs (24).
+    /// Fewest tokens whose projections run as cuBLAS GEMMs over
+    /// dequantized matrices (65: from there the `mmq_*` kernels, which
+    /// read the quantized matrix once per 64 tokens, lose to them).
     /// `INFER_CUDA_GEMM_MIN`.
     pub gemm_min_tokens: usize,
+    /// Quantized projections of at least this many tokens, and fewer than
+    /// `gemm_min_tokens`, on the tensor cores straight from the quantized
+    /// blocks (`mmq_*`, matmul_quant.cu); `None`: the mat-vec kernels up to
+    /// the GEMMs. `INFER_CUDA_MMQ=N` (2 or more; `0`: `None`).
+    pub mmq_min_tokens: Option<usize>,
     /// Quantized products (but gate/up pairs) of at least this many tokens
     /// with 4 rows per warp (`mv_*_tr`, each activation chunk loaded once
     /// for the warp's rows); fewer tokens, or `None`, run one row per warp
@@ -101,7 +108,8 @@ impl Default for CudaOptions {
             fuse_qkv: None,
             flash: true,
             prefill_gemm: Some(GemmPrecision::Bf16),
-            gemm_min_tokens: 24,
+            gemm_min_tokens: 65,
+            mmq_min_tokens: Some(16),
             mv_rows_min_tokens: Some(12),
             mv_warps_per_row: None,
             mv_long_row: 4096,
@@ -128,6 +136,7 @@ impl CudaOptions {
             fuse_qkv: Some(false),
             flash: false,
             prefill_gemm: None,
+            mmq_min_tokens: None,
             mv_rows_min_tokens: None,
             mv_warps_per_row: Some(1),
             ..Default::default()
@@ -169,6 +178,11 @@ impl CudaOptions {
                 .and_then(|v| v.parse().ok())
                 .filter(|&n| n >= 2)
                 .unwrap_or(d.gemm_min_tokens),
+            mmq_min_tokens: match var("INFER_CUDA_MMQ").map(|v| v.parse::<usize>()) {
+                Some(Ok(0)) => None,
+                Some(Ok(n)) if n >= 2 => Some(n),
+                _ => d.mmq_min_tokens,
+            },
             mv_rows_min_tokens: match var("INFER_CUDA_MV_ROWS").map(|v| v.parse::<usize>()) {
                 Some(Ok(0)) => None,
                 Some(Ok(n)) if n >= 2 => Some(n),
@@ -203,6 +217,7 @@ mod tests {
             ("INFER_CUDA_PDL", "1"),
             ("INFER_CUDA_MV_ROWS", "0"),
             ("INFER_CUDA_GEMM_MIN", "1"),
+            ("INFER_CUDA_MMQ", "8"),
         ];
         let o = CudaOptions::from_vars(|k| vars.iter().find(|v| v.0 == k).map(|v| v.1.to_string()));
         assert!(!o.repack && o.pdl && o.flash);
@@ -211,7 +226,10 @@ mod tests {
         assert_eq!(o.mv_warps_per_row, None, "3 warps per row is not a choice");
         assert_eq!(o.mv_long_row, 2048);
         assert_eq!(o.mv_rows_min_tokens, None);
-        assert_eq!(o.gemm_min_tokens, 24, "a GEMM of one token is not a choice");
+        assert_eq!(o.gemm_min_tokens, 65, "a GEMM of one token is not a choice");
+        assert_eq!(o.mmq_min_tokens, Some(8));
+        let no_mmq = CudaOptions::from_vars(|k| (k == "INFER_CUDA_MMQ").then(|| "0".into()));
+        assert_eq!(no_mmq.mmq_min_tokens, None);
         assert_eq!(o.nvrtc_opts, ["-DA=1", "-DB=2"]);
         let off = CudaOptions::from_vars(|k| (k == "INFER_CUDA_PREFILL_GEMM").then(|| "0".into()));
         assert_eq!(off.prefill_gemm, None);
@@ -230,7 +248,8 @@ mod tests {
                 || u.glu_q8
                 || u.attn_decode
                 || u.flash
-                || u.mv_rows_min_tokens.is_some())
+                || u.mv_rows_min_tokens.is_some()
+                || u.mmq_min_tokens.is_some())
         );
         assert_eq!((u.fuse_qkv, u.prefill_gemm, u.mv_warps_per_row), (Some(false), None, Some(1)));
     }

@@ -190,3 +190,17 @@ extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS) argmax_logits(const
     m = block_max_u64(m, red);
     if (threadIdx.x == 0) *out = m;
 }
+
+// y[t * ld_y + r] = sum over z < split of part[(z * n_tok + t) * rows + r]
+// (in order of z): the split-K partial sums of mmq_* (matmul_quant.cu).
+extern "C" __global__ void __launch_bounds__(256) mmq_reduce(const float* part, float* y, int rows, int n_tok,
+                                                             int ld_y, int split) {
+    PDL_PROLOGUE;
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= rows * n_tok) return;
+    const int t = i / rows, r = i % rows;
+    const size_t plane = (size_t)n_tok * rows;
+    float s = 0.0f;
+    for (int z = 0; z < split; ++z) s += part[z * plane + i];
+    y[(size_t)t * ld_y + r] = s;
+}

@@ -56,12 +56,24 @@ impl CudaModel {
             repacked_stride: w.repacked_stride,
         };
 
-        // Prefill GEMM: dequantize one matrix, then one tensor-core GEMM.
+        // Tensor-core products: from `gemm_min_tokens`, dequantize one
+        // matrix, then one cuBLAS GEMM; for `ops::mmq_tokens`, the `mmq_*`
+        // kernels straight from the quantized blocks. Both take bf16 (or
+        // with TF32 GEMMs f32) activations.
         let gemm = b.gemm.as_ref().filter(|_| n >= d.opts.gemm_min_tokens).map(|g| (g.prec, d.ptr(&g.w), d.ptr(&g.x)));
+        let mmq = b
+            .mmq
+            .as_ref()
+            .filter(|_| w.mmq_layers && ops::mmq_tokens(d, n))
+            .map(|m| (d.ptr(&m.x), (d.ptr(&m.part), m.part.len())));
+        let tensor = gemm.is_some() || mmq.is_some();
         let missing = || Error::Device("prefill GEMM scratch missing".into());
-        // The GEMM operand of an f32 input of `cols` values per token
-        // (converted once and shared by the products that read it).
+        // The operand of an f32 input of `cols` values per token (converted
+        // once and shared by the products that read it).
         let operand = |xf: DevPtr, cols: usize| -> Result<DevPtr> {
+            if let Some((xb, _)) = mmq {
+                return ops::to_bf16(d, xf, xb, n * cols).map(|_| xb);
+            }
             let (prec, _, xb) = gemm.ok_or_else(missing)?;
             match prec {
                 GemmPrecision::Bf16 => ops::to_bf16(d, xf, xb, n * cols).map(|_| xb),
@@ -69,9 +81,12 @@ impl CudaModel {
             }
         };
         let mm = |w: &DevWeight, x: DevPtr, y: DevPtr| -> Result<()> {
-            let (prec, wf, _) = gemm.ok_or_else(missing)?;
             let repacked = w.repacked_stride != 0;
             let stride = if repacked { w.repacked_stride } else { w.ty.row_bytes(w.cols)? };
+            if let Some((_, part)) = mmq {
+                return ops::mmq(d, (w.ty, repacked), d.ptr(&w.buf), stride, (w.rows, w.cols), x, n, (y, w.rows), part);
+            }
+            let (prec, wf, _) = gemm.ok_or_else(missing)?;
             ops::dequant_matrix(d, d.ptr(&w.buf), w.ty, stride, w.rows, w.cols, repacked, prec, wf)?;
             ops::gemm(d, prec, wf, x, y, w.rows, w.cols, n, w.rows)
         };
@@ -134,7 +149,7 @@ impl CudaModel {
             // norm has a kernel for the pair.
             let targets = [(&l.wq, p(&b.q)), (&l.wk, p(&b.k)), (&l.wv, p(&b.v))];
             let mut i = 0;
-            if gemm.is_some() {
+            if tensor {
                 let xo = operand(h, e)?;
                 for (w, y) in targets {
                     mm(w, xo, y)?;
@@ -244,7 +259,7 @@ impl CudaModel {
                 si += 1;
             }
             mark("qkv bias, q/k norm, rope, kv append, attention", &[])?;
-            if gemm.is_some() {
+            if tensor {
                 mm(&l.wo, operand(p(&b.attn), l.wo.cols)?, o)?;
             } else {
                 ops::matvec(d, &mv(&l.wo, p(&b.attn), aq, ad, o))?;
@@ -257,13 +272,13 @@ impl CudaModel {
             let act = p(&b.act);
             let mut act_q8 = false;
             match &l.gate {
-                Some(g) if l.gated && gemm.is_some() => {
+                Some(g) if l.gated && tensor => {
                     let xo = operand(h, e)?;
                     mm(g, xo, p(&b.gate))?;
                     mm(&l.up, xo, p(&b.up))?;
                     ops::glu(d, p(&b.gate), p(&b.up), act, n * n_ff, l.gelu)?;
                 }
-                _ if gemm.is_some() => {
+                _ if tensor => {
                     mm(&l.up, operand(h, e)?, act)?;
                     ops::act_inplace(d, act, n * n_ff, l.gelu)?;
                 }
@@ -294,7 +309,7 @@ impl CudaModel {
                 Some(g) => mark("matvec ffn_gate_up, activation", &[g, &l.up])?,
                 None => mark("matvec ffn_up, activation", &[&l.up])?,
             }
-            if gemm.is_some() {
+            if tensor {
                 mm(&l.down, operand(act, n_ff)?, o)?;
             } else {
                 if ops::wants_q8(l.down.ty)? && !act_q8 {
@@ -333,8 +348,20 @@ impl CudaModel {
             }
             (oh, oq, od)
         };
+        let out_layout = (w.output.ty, w.output.repacked_stride != 0);
+        if let Some(m) = b.mmq.as_ref().filter(|_| ops::mmq_tokens(d, n_out) && ops::mmq_kernel(out_layout.0, out_layout.1).is_some()) {
+            let stride = if out_layout.1 { w.output.repacked_stride } else { w.output.ty.row_bytes(e)? };
+            let (xb, logits) = (d.ptr(&m.x), p(&b.logits));
+            ops::to_bf16(d, xf, xb, n_out * e)?;
+            let part = (d.ptr(&m.part), m.part.len());
+            ops::mmq(d, out_layout, d.ptr(&w.output.buf), stride, (w.n_vocab, e), xb, n_out, (logits, w.n_vocab), part)?;
+            if let Some(c) = w.final_softcap {
+                ops::softcap_inplace(d, logits, n_out * w.n_vocab, c)?;
+            }
+            return mark("matvec output", &[&w.output]);
+        }
         if let Some(g) = gemm
-            .filter(|_| n_out >= d.opts.gemm_min_tokens && ops::has_dequant(w.output.ty, w.output.repacked_stride != 0))
+            .filter(|_| n_out >= d.opts.gemm_min_tokens && ops::has_dequant(out_layout.0, out_layout.1))
         {
             self.output_gemm(g, xf, n_out)?;
             return mark("matvec output", &[&w.output]);
