@@ -265,14 +265,19 @@ fn matmul_quant_batches_match_cpu() {
         // 1 token: the one-token kernels; more: the 8-token kernels (one
         // row per warp below `CudaOptions::mv_rows_min_tokens`, 4 rows per
         // warp from it, the rows of a partial last warp at 17, 33, 130, 7,
-        // 65, 3, 70 and 5), the last pass partial (5, 13, 70) or whole (40,
-        // 64).
+        // 65, 3, 70 and 5), the last pass partial (5, 13, 70) or whole; 40
+        // and 64 tokens run the `mmq` kernels below.
         let cases = [(17usize, 1usize, wide), (33, 5, wide), (130, 13, wide), (7, 40, wide), (65, 64, wide)];
         // Rows of 72 and 128 chunks: `tr` row groups split over 2 warps
         // (lanes of one and two chunks, of two and of four chunks).
         let (split2, split4) = (9 * ty.block_size().max(256), 16 * ty.block_size().max(256));
+        // 24-64 tokens: the tensor-core `mmq` kernels (tiles of 128 rows, 64
+        // tokens and 64 values; 24 and 40 tokens fill part of a token tile,
+        // the narrow rows end in half a K step, and 200 rows of 128 chunks
+        // split K over several blocks); 17 tokens, just below them.
         let more = [(3, 2, narrow), (70, 9, narrow), (5, 70, wide), (70, 13, split4), (33, 16, split2)];
-        for (rows, n_tok, cols) in cases.into_iter().chain(more) {
+        let mmq = [(70, 24, narrow), (200, 40, split4), (129, 17, wide)];
+        for (rows, n_tok, cols) in cases.into_iter().chain(more).chain(mmq) {
             let w = rand_weight(&mut rng, ty, rows, cols, 0.01);
             let x = Array2::from_shape_vec((n_tok, cols), rand_vec(&mut rng, n_tok * cols, 1.0)).unwrap();
             let y = cuda.matmul_quant(&w, x.view()).unwrap();
@@ -648,8 +653,9 @@ fn prefill_matches_cpu_and_chunks() {
         let got = gm.decode_token(gkv.as_mut(), toks[pos], pos).unwrap().to_vec();
         check_logits(&format!("decode after prefill pos {pos}"), &got, &want);
     }
-    // A 28-token prefill (the GEMM path: at least `CudaOptions::gemm_min_tokens`),
-    // continuing the same caches.
+    // A 28-token prefill (the tensor-core `mmq` products: from
+    // `CudaOptions::mmq_min_tokens` to below `gemm_min_tokens`), continuing
+    // the same caches.
     let want = cm.prefill(ckv.as_mut(), &toks[20..48], 20).unwrap().to_vec();
     let got = gm.prefill(gkv.as_mut(), &toks[20..48], 20).unwrap().to_vec();
     check_logits("prefill 20..48", &got, &want);

@@ -19,6 +19,8 @@
 //! then the output norm and the vocabulary projection of the wanted rows
 //! (gathered into consecutive rows first unless it is the last token alone;
 //! soft-capped in the mat-vec epilogue when the model says so; from
+//! [`CudaOptions::mmq_min_tokens`](super::CudaOptions::mmq_min_tokens) rows
+//! the `mmq_*` kernels, from
 //! [`CudaOptions::gemm_min_tokens`](super::CudaOptions::gemm_min_tokens) rows on, tensor-core
 //! GEMMs over blocks of the matrix dequantized in turn, then the soft-cap).
 //!
@@ -32,14 +34,18 @@
 //! of up to [`PREFILL_CHUNK`](super::buffers::PREFILL_CHUNK) tokens
 //! launched from the host: the products see all the pass's tokens at
 //! once, attention runs per span against the span's slot. Passes of at least
-//! [`CudaOptions::gemm_min_tokens`](super::CudaOptions::gemm_min_tokens) tokens (24) dequantize each
+//! [`CudaOptions::gemm_min_tokens`](super::CudaOptions::gemm_min_tokens) tokens (65) dequantize each
 //! projection's weights to bf16 (one matrix at a time, into a scratch
 //! buffer) and multiply on the tensor cores through cuBLAS (f32
-//! accumulation); shorter ones use the mat-vec kernels, which reuse each
-//! decoded weight chunk for 8 tokens and each activation chunk for 4 rows
-//! (`mv_<type>_tr`). At 16 tokens the mat-vec kernels of one row per warp
-//! were 13–15% faster than the GEMMs (batched decode of synthetic llama 1B
-//! and gemma3 4B, H200), at 24 and 32 the GEMMs 9–19%. Attention in passes
+//! accumulation); passes of
+//! [`CudaOptions::mmq_min_tokens`](super::CudaOptions::mmq_min_tokens) (24)
+//! to 64 tokens multiply on the tensor cores straight from the quantized
+//! blocks (`mmq_<type>`: each 128-row × 64-value tile decoded to bf16 in
+//! shared memory once for 64 tokens); shorter ones use the mat-vec kernels,
+//! which reuse each decoded weight chunk for 8 tokens and each activation
+//! chunk for 4 rows (`mv_<type>_tr`). On an H200 (synthetic llama 1B) the
+//! `mmq` kernels beat the dequantize + GEMM path by 17–44% at 24–64
+//! sequences and lose to the `tr` mat-vecs by 15% at 16. Attention in passes
 //! of at least [`ops::FLASH_MIN_TOKENS`] tokens is one tiled tensor-core
 //! kernel (`attn_prefill_hd*`, FlashAttention-2); shorter passes run the
 //! split-K kernels with one grid layer per token, each causal to its own
@@ -460,13 +466,8 @@ impl CudaModel {
                 [Some(&l.wq), Some(&l.wk), Some(&l.wv), Some(&l.wo), l.gate.as_ref(), Some(&l.up), Some(&l.down)]
             })
         };
-        let mmq_layers =
-            layer_mats().flatten().all(|w| ops::mmq_kernel(w.ty, w.repacked_stride != 0).is_some());
-        let layouts: Vec<_> = layer_mats()
-            .flatten()
-            .chain([&output])
-            .map(|w| (w.ty, w.repacked_stride != 0))
-            .collect();
+        let mmq_layers = layer_mats().flatten().all(|w| ops::mmq_kernel(w.ty, w.repacked_stride != 0).is_some());
+        let layouts: Vec<_> = layer_mats().flatten().chain([&output]).map(|w| (w.ty, w.repacked_stride != 0)).collect();
         d.load_products(&layouts)?;
         d.sync()?;
         let w = Weights {

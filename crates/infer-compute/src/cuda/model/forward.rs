@@ -349,19 +349,33 @@ impl CudaModel {
             (oh, oq, od)
         };
         let out_layout = (w.output.ty, w.output.repacked_stride != 0);
-        if let Some(m) = b.mmq.as_ref().filter(|_| ops::mmq_tokens(d, n_out) && ops::mmq_kernel(out_layout.0, out_layout.1).is_some()) {
+        if let Some(m) = b
+            .mmq
+            .as_ref()
+            .filter(|_| ops::mmq_tokens(d, n_out) && ops::mmq_kernel(out_layout.0, out_layout.1).is_some())
+        {
             let stride = if out_layout.1 { w.output.repacked_stride } else { w.output.ty.row_bytes(e)? };
             let (xb, logits) = (d.ptr(&m.x), p(&b.logits));
             ops::to_bf16(d, xf, xb, n_out * e)?;
             let part = (d.ptr(&m.part), m.part.len());
-            ops::mmq(d, out_layout, d.ptr(&w.output.buf), stride, (w.n_vocab, e), xb, n_out, (logits, w.n_vocab), part)?;
+            ops::mmq(
+                d,
+                out_layout,
+                d.ptr(&w.output.buf),
+                stride,
+                (w.n_vocab, e),
+                xb,
+                n_out,
+                (logits, w.n_vocab),
+                part,
+            )?;
             if let Some(c) = w.final_softcap {
                 ops::softcap_inplace(d, logits, n_out * w.n_vocab, c)?;
             }
             return mark("matvec output", &[&w.output]);
         }
-        if let Some(g) = gemm
-            .filter(|_| n_out >= d.opts.gemm_min_tokens && ops::has_dequant(out_layout.0, out_layout.1))
+        if let Some(g) =
+            gemm.filter(|_| n_out >= d.opts.gemm_min_tokens && ops::has_dequant(out_layout.0, out_layout.1))
         {
             self.output_gemm(g, xf, n_out)?;
             return mark("matvec output", &[&w.output]);
