@@ -38,13 +38,35 @@ pub(crate) fn zeroed<T: bytemuck::Zeroable>(len: usize, what: &str) -> Result<Ve
     Ok(unsafe { Vec::from_raw_parts(p, len, len) })
 }
 
+/// The host's physical memory in bytes (`sysconf(_SC_PHYS_PAGES)` times
+/// the page size), or `None` where the OS does not say.
+pub(crate) fn physical_memory() -> Option<u64> {
+    #[cfg(unix)]
+    {
+        // SAFETY: sysconf has no preconditions; it returns -1 for a name
+        // it does not know.
+        let (pages, size) = unsafe { (libc::sysconf(libc::_SC_PHYS_PAGES), libc::sysconf(libc::_SC_PAGESIZE)) };
+        if pages > 0 && size > 0 {
+            return Some((pages as u64).saturating_mul(size as u64));
+        }
+    }
+    None
+}
+
 /// Resizes `v` to `n` elements (new ones are `fill`), reserving fallibly.
+/// Filling writes every new element, so a growth past the host's physical
+/// memory is refused before it starts: where the OS overcommits, the
+/// reservation would succeed and the writes would swap or be killed.
 ///
 /// # Errors
-/// [`Error::OutOfMemory`] naming `what` when the memory cannot be reserved;
-/// `v` is then unchanged.
+/// [`Error::OutOfMemory`] naming `what` when the memory cannot be reserved
+/// or exceeds the physical memory; `v` is then unchanged.
 pub(crate) fn resize<T: Clone>(v: &mut Vec<T>, n: usize, fill: T, what: &str) -> Result<()> {
     if n > v.len() {
+        let grow = (n - v.len()) as u128 * std::mem::size_of::<T>() as u128;
+        if physical_memory().is_some_and(|ram| grow > ram as u128) {
+            return Err(oom::<T>(what, n));
+        }
         v.try_reserve(n - v.len()).map_err(|_| oom::<T>(what, n))?;
     }
     v.resize(n, fill);
@@ -70,6 +92,12 @@ mod tests {
         assert_eq!(v, [1, 1, 1]);
         resize(&mut v, 5, 2, "x").unwrap();
         assert_eq!(v, [1, 1, 1, 2, 2]);
+        // Past the physical memory: refused before any write, even where
+        // the OS would reserve it (overcommit).
+        if let Some(ram) = physical_memory() {
+            assert!(matches!(resize(&mut v, ram as usize + 6, 0, "x"), Err(Error::OutOfMemory { .. })));
+            assert_eq!(v.len(), 5);
+        }
         assert_eq!(zeroed::<f32>(4, "x").unwrap(), [0.0; 4]);
         assert!(zeroed::<f32>(0, "x").unwrap().is_empty());
     }

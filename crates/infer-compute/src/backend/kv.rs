@@ -284,11 +284,7 @@ pub fn new_states(model: ModelId, n_slots: usize, n_ctx: usize, row: usize) -> R
         .and_then(|v| v.checked_mul(4))
         .ok_or(Error::Overflow("KV pool size"))?;
     let mut states = Vec::new();
-    states.try_reserve_exact(n_slots).map_err(|_| Error::OutOfMemory {
-        what: "the KV pool's slot states".into(),
-        bytes: (n_slots as u64).saturating_mul(std::mem::size_of::<KvState>() as u64),
-    })?;
-    states.resize(n_slots, first);
+    crate::memory::resize(&mut states, n_slots, first, "the KV pool's slot states")?;
     Ok(states)
 }
 
