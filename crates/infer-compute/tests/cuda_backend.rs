@@ -277,7 +277,10 @@ fn matmul_quant_batches_match_cpu() {
         // split K over several blocks); 17 tokens, just below them.
         let more = [(3, 2, narrow), (70, 9, narrow), (5, 70, wide), (70, 13, split4), (33, 16, split2)];
         let mmq = [(70, 24, narrow), (200, 40, split4), (129, 17, wide)];
-        for (rows, n_tok, cols) in cases.into_iter().chain(more).chain(mmq) {
+        // 32 768+ rows (a vocabulary): 4 rows per warp from 2 tokens, one
+        // block of the row, a partial last group.
+        let many = [(32769, 3, ty.block_size().max(32))];
+        for (rows, n_tok, cols) in cases.into_iter().chain(more).chain(mmq).chain(many) {
             let w = rand_weight(&mut rng, ty, rows, cols, 0.01);
             let x = Array2::from_shape_vec((n_tok, cols), rand_vec(&mut rng, n_tok * cols, 1.0)).unwrap();
             let y = cuda.matmul_quant(&w, x.view()).unwrap();

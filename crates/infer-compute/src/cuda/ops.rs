@@ -142,7 +142,10 @@ pub(crate) fn matvec(dev: &Device, m: &Matvec) -> Result<()> {
     let mut args = matvec_args(dev, m)?;
     let glu = matches!(m.mode, MvMode::GluGelu | MvMode::GluSilu);
     let gy = m.n_tok.div_ceil(MV_TOKENS);
-    let tiled = k.tr.filter(|_| !glu && m.n_tok >= 2 && dev.opts.mv_rows_min_tokens.is_some_and(|min| m.n_tok >= min));
+    let tiled = k.tr.filter(|_| {
+        !glu && m.n_tok >= 2
+            && dev.opts.mv_rows_min_tokens.is_some_and(|min| m.n_tok >= min || total >= MV_TR_MANY_ROWS)
+    });
     // The kernel, warps per row (group) and output rows per block.
     let (name, wpr, rows_per_block) = match (m.n_tok, k.t1s, tiled) {
         (_, _, Some(tiled)) => {
@@ -160,6 +163,14 @@ pub(crate) fn matvec(dev: &Device, m: &Matvec) -> Result<()> {
     let gx = total.div_ceil(rows_per_block);
     dev.launch(name, (to_u32(gx, "grid")?, to_u32(gy, "grid")?, 1), MV_WARPS * 32, 0, &args)
 }
+
+/// Rows from which a product of 2+ tokens runs [`MV_TR_ROWS`] rows per
+/// warp below `CudaOptions::mv_rows_min_tokens`: the vocabulary product
+/// (128 256 rows on Llama 3) still has warps enough at a quarter of them,
+/// and one row per warp loads each activation chunk once per row (at 4
+/// tokens its Q6_K product ran at 0.98 TB/s against 2.8 at one token; H200,
+/// `--profile`).
+const MV_TR_MANY_ROWS: usize = 32768;
 
 /// Warps per group of [`MV_TR_ROWS`] rows of a `tr` product over rows of
 /// `cols` values: 2 where each lane still has a chunk of its own (64
