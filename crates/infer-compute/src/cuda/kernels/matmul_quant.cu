@@ -29,11 +29,6 @@
 #define MMQ_K 64
 #define MMQ_WARPS 8
 #define MMQ_LD (MMQ_K + 8)  // shared row stride in bf16: conflict-free fragment loads
-// Blocks per SM the register budget must allow (1: the compiler's choice).
-// -DMMQ_MIN_BLOCKS=n (INFER_CUDA_NVRTC_OPTS) sets another count.
-#ifndef MMQ_MIN_BLOCKS
-#define MMQ_MIN_BLOCKS 1
-#endif
 
 struct MmqArgs {
     const u8* w;      // rows x row_bytes (GGUF rows, or repack.rs's layout)
@@ -204,6 +199,6 @@ __device__ __forceinline__ void matmul_quant(const MmqArgs& a) {
 
 // The kernel of one layout: `MMQ_KERNEL(name, T)` in its products module.
 #define MMQ_KERNEL(name, T)                                                                          \
-    extern "C" __global__ void __launch_bounds__(MMQ_WARPS * WARP, MMQ_MIN_BLOCKS) mmq_##name(const MmqArgs a) { \
+    extern "C" __global__ void __launch_bounds__(MMQ_WARPS * WARP) mmq_##name(const MmqArgs a) {     \
         matmul_quant<T>(a);                                                                          \
     }
