@@ -80,8 +80,10 @@ pub struct CudaOptions {
     pub mmq_min_tokens: Option<usize>,
     /// Quantized products (but gate/up pairs) of at least this many tokens
     /// with 4 rows per warp (`mv_*_tr`, each activation chunk loaded once
-    /// for the warp's rows); fewer tokens, or `None`, run one row per warp
-    /// (`mv_*_t8`). `INFER_CUDA_MV_ROWS=N` (2 or more; `0`: `None`).
+    /// for the warp's rows); fewer tokens run one row per warp (`mv_*_t8`)
+    /// but in products of 32 768+ rows (the vocabulary), which run 4 rows
+    /// per warp from 2 tokens; `None`: one row per warp everywhere.
+    /// `INFER_CUDA_MV_ROWS=N` (2 or more; `0`: `None`).
     pub mv_rows_min_tokens: Option<usize>,
     /// Warps per row of one-token products of long rows, and per row
     /// group of the `mv_*_tr` products: 1, 2 or 4, or `None` for the most
