@@ -30,6 +30,7 @@
 //! their bits differ from the portable build's by rounding.
 
 use super::attention::{AttnParams, AVX2, AVX512, PORTABLE};
+use super::attn_few_rows::{self as few, FEW_ROWS};
 use super::exp::exp;
 use crate::cpu::kv_cache::KvData;
 #[cfg(target_arch = "x86_64")]
@@ -98,7 +99,7 @@ pub fn attention_tiled_on(
     let plan = Plan::new(p, pos0, n_tok, par.threads());
     let job = Job { q, k, v, pos0, p, plan };
     let task_len = plan.rows * (p.head_dim + 2);
-    let n_tasks = n_tok.div_ceil(plan.bq) * p.n_head_kv * plan.n_split;
+    let n_tasks = n_tok.div_ceil(plan.bq) * (p.n_head_kv / plan.heads) * plan.n_split;
     let mut go = |staging: &mut Vec<f32>| {
         fit(staging, n_tasks * task_len);
         let staging = &mut staging[..n_tasks * task_len];
@@ -120,25 +121,32 @@ struct Plan {
     bq: usize,
     /// Query tokens in all.
     n_tok: usize,
-    /// Spans the keys of each (block, kv head) are split into.
+    /// Spans the keys of each (block, kv heads) are split into.
     n_split: usize,
-    /// Rows of a whole block: `bq · (n_head / n_head_kv)`.
+    /// Kv heads per task: 1, or all of them for a decode step of few rows
+    /// (one task then reads whole cache rows, each span of positions in one
+    /// run of memory, where a task per kv head read a head's 128 bytes of
+    /// every row: about 3× the data from DRAM).
+    heads: usize,
+    /// Rows of a whole task: `bq · (n_head / n_head_kv) · heads`.
     rows: usize,
 }
 
 impl Plan {
     /// Blocks of about 64 rows of 64 values; keys split when blocks × kv
     /// heads are fewer than two tasks per thread, each split keeping 4 key
-    /// blocks or more.
+    /// blocks or more. One token of few rows per kv head: one task per
+    /// split for all kv heads.
     fn new(p: &AttnParams, pos0: usize, n_tok: usize, threads: usize) -> Self {
         let group = p.n_head / p.n_head_kv;
         let max_rows = (TASK_FLOATS / p.head_dim).clamp(ROW_PAD, 128);
         let bq = (max_rows / group).clamp(1, n_tok);
-        let base = n_tok.div_ceil(bq) * p.n_head_kv;
+        let heads = if n_tok == 1 && group <= FEW_ROWS { p.n_head_kv } else { 1 };
+        let base = n_tok.div_ceil(bq) * (p.n_head_kv / heads);
         // Keys of the last (widest) block.
         let keys = pos0 + n_tok - p.first_pos(pos0 + n_tok - bq);
         let n_split = (2 * threads).div_ceil(base).min(keys.div_ceil(4 * BK)).max(1);
-        Plan { bq, n_tok, n_split, rows: bq * group }
+        Plan { bq, n_tok, n_split, heads, rows: bq * group * heads }
     }
 }
 
@@ -235,10 +243,12 @@ impl Job<'_> {
         self.task::<AVX2>(i, buf, sc);
     }
 
-    /// Task `i`'s block, kv head and split: `(t0, nt, g, split)`.
+    /// Task `i`'s block, first kv head and split: `(t0, nt, g, split)`
+    /// (kv heads `g..g + plan.heads`).
     fn task_of(&self, i: usize) -> (usize, usize, usize, usize) {
-        let Plan { bq, n_tok, n_split, .. } = self.plan;
-        let (b, g, split) = (i / n_split / self.p.n_head_kv, i / n_split % self.p.n_head_kv, i % n_split);
+        let Plan { bq, n_tok, n_split, heads, .. } = self.plan;
+        let per_block = self.p.n_head_kv / heads;
+        let (b, g, split) = (i / n_split / per_block, i / n_split % per_block * heads, i % n_split);
         let t0 = b * bq;
         (t0, bq.min(n_tok - t0), g, split)
     }
@@ -258,11 +268,15 @@ impl Job<'_> {
         let (hd, qd, kvd) = (p.head_dim, p.q_dim(), p.kv_dim());
         let group = p.n_head / p.n_head_kv;
         let (t0, nt, g, split) = self.task_of(i);
+        let keys = self.keys_of(t0, nt, split);
+        if nt == 1 && group <= FEW_ROWS {
+            return self.task_few::<W>((t0, g, keys), buf, sc);
+        }
+        debug_assert_eq!(self.plan.heads, 1);
         let rows = nt * group;
         let (o, ml) = buf.split_at_mut(self.plan.rows * hd);
         let o = &mut o[..rows * hd];
         o.fill(0.0);
-        let keys = self.keys_of(t0, nt, split);
         // Rows padded to whole vectors; padding rows are zero queries
         // whose results are dropped.
         let rp = rows.next_multiple_of(ROW_PAD);
@@ -323,6 +337,70 @@ impl Job<'_> {
         l[..rows].copy_from_slice(&st.l[..rows]);
     }
 
+    /// [`Job::task`] for one token of at most [`FEW_ROWS`] rows per kv
+    /// head (a decode step) and kv heads `g..g + plan.heads`, with the
+    /// few-row kernels: queries and logits row-major, row `r` query head
+    /// `g · group + r`. Each key block is converted once for all the heads.
+    /// Every key of the span is visible to the token (`keys_of` starts at
+    /// its window's first position and ends at it), so nothing is masked.
+    #[inline(always)]
+    fn task_few<const W: u8>(
+        &self,
+        (t0, g, keys): (usize, usize, std::ops::Range<usize>),
+        buf: &mut [f32],
+        sc: &mut Scratch,
+    ) {
+        let p = self.p;
+        let (hd, qd, kvd) = (p.head_dim, p.q_dim(), p.kv_dim());
+        let (group, heads) = (p.n_head / p.n_head_kv, self.plan.heads);
+        let (rows, width) = (group * heads, heads * hd);
+        let (o, ml) = buf.split_at_mut(self.plan.rows * hd);
+        let o = &mut o[..rows * hd];
+        o.fill(0.0);
+        fit(&mut sc.qt, rows * hd);
+        fit(&mut sc.s, rows * BK);
+        if !matches!(self.k, KvData::F32(_)) {
+            fit(&mut sc.kb, BK * width);
+        }
+        if !matches!(self.v, KvData::F32(_)) {
+            fit(&mut sc.vb, BK * width);
+        }
+        let (q, s, st) = (&mut sc.qt[..rows * hd], &mut sc.s[..rows * BK], &mut sc.st);
+        st.reset(rows);
+        // The task's query heads are consecutive: g · group onwards.
+        for (d, &x) in q.iter_mut().zip(&self.q[t0 * qd + g * group * hd..][..rows * hd]) {
+            *d = p.scale * x;
+        }
+        let mut kb = keys.start;
+        while kb < keys.end {
+            let nk = BK.min(keys.end - kb);
+            let at = kb * kvd + g * hd;
+            let (k, ks) = block_rows::<W>(self.k, at, kvd, nk, width, &mut sc.kb);
+            let (v, vs) = block_rows::<W>(self.v, at, kvd, nk, width, &mut sc.vb);
+            for j in 0..heads {
+                let rs = j * group * BK..(j + 1) * group * BK;
+                few::scores::<W>(&q[j * group * hd..], group, (&k[j * hd..], ks), nk, hd, (&mut s[rs], BK));
+            }
+            if let Some(cap) = p.softcap {
+                let inv = 1.0 / cap;
+                for r in 0..rows {
+                    for x in &mut s[r * BK..][..nk] {
+                        *x = cap * (*x * inv).tanh();
+                    }
+                }
+            }
+            st.online_softmax_rows(s, BK, nk);
+            for j in 0..heads {
+                let (ps, al) = (&s[j * group * BK..], &st.alpha[j * group..]);
+                few::pv::<W>((ps, BK), group, al, (&v[j * hd..], vs), nk, hd, &mut o[j * group * hd..]);
+            }
+            kb += BK;
+        }
+        let (m, l) = ml.split_at_mut(self.plan.rows);
+        m[..rows].copy_from_slice(&st.m[..rows]);
+        l[..rows].copy_from_slice(&st.l[..rows]);
+    }
+
     /// Merges the tasks' outputs (`staging`, `task_len` floats each) into
     /// `out`: per row, the splits weighted by `e^(m_s - M)`, `M` the
     /// largest `m_s`, over the same-weighted sum of their `l_s` (one split:
@@ -340,9 +418,11 @@ impl Job<'_> {
         };
         for first in (0..staging.len() / task_len).step_by(n_split) {
             let (t0, nt, g, _) = self.task_of(first);
-            for r in 0..nt * group {
-                let h = g * group + r % group;
-                let dst = &mut out[(t0 + r / group) * qd + h * hd..][..hd];
+            for r in 0..nt * group * self.plan.heads {
+                // Row r: token t0 + (r mod nt·group) / group, query head
+                // (g + r / (nt·group)) · group + r mod group.
+                let (t, h) = (t0 + r % (nt * group) / group, (g + r / (nt * group)) * group + r % group);
+                let dst = &mut out[t * qd + h * hd..][..hd];
                 let big = (0..n_split).map(|s| part(first + s).1[r]).fold(f32::NEG_INFINITY, f32::max);
                 let mut total = 0.0f32;
                 dst.fill(0.0);
@@ -489,6 +569,26 @@ impl Rows {
                 *x = exp(*x - mu);
                 *l += *x;
             }
+        }
+    }
+}
+
+impl Rows {
+    /// [`Rows::online_softmax`] for row-major logits `s[r · ls + c]` (the
+    /// few-row kernels): each row's `nk` keys in one run.
+    #[inline(always)]
+    fn online_softmax_rows(&mut self, s: &mut [f32], ls: usize, nk: usize) {
+        for r in 0..self.m.len() {
+            let row = &mut s[r * ls..][..nk];
+            let m_new = row.iter().fold(self.m[r], |a, &x| a.max(x));
+            // Against 0 while nothing is seen, so that -inf - -inf is never taken.
+            let mu = if m_new == f32::NEG_INFINITY { 0.0 } else { m_new };
+            self.alpha[r] = exp(self.m[r] - mu);
+            self.m[r] = m_new;
+            for x in row.iter_mut() {
+                *x = exp(*x - mu);
+            }
+            self.l[r] = self.l[r] * self.alpha[r] + row.iter().sum::<f32>();
         }
     }
 }
@@ -732,9 +832,15 @@ mod tests {
             // A block of 128 tokens with a window of 64: the first key
             // split holds nothing the last rows see.
             (params(2, 2, 32, None, Some(64)), 500, 128),
+            // Blocks of 16 tokens and a last one of one token: the
+            // few-row kernels for one kv head at a time.
+            (params(8, 2, 64, None, Some(100)), 40, 33),
+            // Eight query heads per kv head, the most the few-row
+            // kernels take, with a tail past the last whole vector.
+            (params(16, 2, 40, Some(20.0), None), 300, 1),
         ];
         let team = Team::new(2).unwrap();
-        for (k, &(p, pos0, n)) in cases.iter().enumerate().skip(7) {
+        for (k, &(p, pos0, n)) in cases.iter().enumerate().skip(7).take(4) {
             assert!(Plan::new(&p, pos0, n, 2).n_split > 1, "case {k} does not split its keys");
         }
         for (k, (p, pos0, n)) in cases.into_iter().enumerate() {
@@ -765,7 +871,11 @@ mod tests {
         // of 32, TurboQuant a power of two)
         // converts past the last whole vector; a decode step deep in the
         // cache takes the split-key path.
-        let cases = [(params(8, 2, 64, None, Some(50)), 20usize, 60usize), (params(4, 2, 40, None, None), 700, 1)];
+        let cases = [
+            (params(8, 2, 64, None, Some(50)), 20usize, 60usize),
+            (params(4, 2, 40, None, None), 700, 1),
+            (params(8, 2, 64, None, None), 500, 1),
+        ];
         for (p, pos0, n) in cases {
             let n_ctx = pos0 + n;
             let kvd = p.kv_dim();

@@ -24,6 +24,7 @@
 
 pub mod activation;
 pub mod attention;
+mod attn_few_rows;
 pub mod attn_tiled;
 pub mod exp;
 pub mod norm;
