@@ -49,12 +49,12 @@ pub struct BenchArgs {
     #[command(subcommand)]
     pub command: Option<BenchCommand>,
     #[command(flatten)]
-    model: ModelArgs,
+    pub model: ModelArgs,
     /// Benchmark a synthetic model instead of a file: a size of Gemma 3
     /// (270m, 1b, 4b, 12b) or `llama-1b`, `llama-8b` (also `gemma3-1b`...).
     /// It is generated with `infer synth` into the cache directory the
     /// first time (seed 0) and reused afterwards.
-    #[arg(long, conflicts_with = "model", value_name = "SIZE")]
+    #[arg(long, conflicts_with_all = ["model", "hf_repo", "hf_file"], value_name = "SIZE")]
     synth: Option<String>,
     /// File type of the synthetic model (q4_k_m, q8_0, q4_0).
     #[arg(long, value_name = "TYPE", default_value = "q4_k_m", requires = "synth")]
@@ -445,6 +445,16 @@ pub fn parse_list(s: &str, what: &str) -> Result<Vec<usize>, String> {
     Ok(out)
 }
 
+/// The values of `-ngl LIST`: llama-bench's list of numbers and ranges,
+/// or, for values it does not take (`all`, `auto`, `-1`), the items between
+/// commas as written.
+fn ngl_values(list: &str) -> Vec<String> {
+    match parse_list(list, "-ngl") {
+        Ok(v) => v.iter().map(usize::to_string).collect(),
+        Err(_) => list.split(',').map(|n| n.trim().to_string()).collect(),
+    }
+}
+
 /// The current time as RFC 3339 UTC, llama-bench's `test_time`.
 fn utc_now() -> String {
     let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
@@ -452,7 +462,7 @@ fn utc_now() -> String {
 }
 
 /// The processor's name from `/proc/cpuinfo` (empty when unknown).
-fn cpu_name() -> String {
+pub fn cpu_name() -> String {
     std::fs::read_to_string("/proc/cpuinfo")
         .ok()
         .and_then(|c| {
@@ -487,6 +497,18 @@ pub fn bench(a: BenchArgs) -> CliResult {
         None => vec![None],
     };
     let counts: Vec<usize> = thread_list.iter().map(|&t| thread_count(t)).collect::<CliResult<_>>()?;
+    // llama-bench's -ngl list: every test for each value in turn, each
+    // value checked before anything runs.
+    let placements: Vec<ModelArgs> = match &a.model.n_gpu_layers {
+        Some(list) => ngl_values(list)
+            .into_iter()
+            .map(|n| {
+                let m = ModelArgs { n_gpu_layers: Some(n), ..a.model.clone() };
+                m.placement().map(|_| m)
+            })
+            .collect::<CliResult<_>>()?,
+        None => vec![a.model.clone()],
+    };
     let path = match &a.synth {
         Some(size) => synth_model(size, &a.synth_quant, counts[0])?,
         None => a.model.resolve_model()?,
@@ -499,8 +521,9 @@ pub fn bench(a: BenchArgs) -> CliResult {
     let cpu = cpu_name();
     let mut results = Vec::new();
     let mut profile = None;
-    for (&threads_given, &threads) in thread_list.iter().zip(&counts) {
-        let (loaded, ()) = a.model.load(&path, threads_given, |_, _| Ok(()))?;
+    let runs = placements.iter().flat_map(|m| thread_list.iter().zip(&counts).map(move |(&t, &n)| (m, t, n)));
+    for (model_args, threads_given, threads) in runs {
+        let (loaded, ()) = model_args.load(&path, threads_given, |_, _| Ok(()))?;
         let Loaded { gguf, spec, backend, mut model, .. } = loaded;
         // The rule of `run -c`: more positions than the training context are
         // clamped to it, with a warning (once).

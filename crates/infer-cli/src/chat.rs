@@ -50,7 +50,7 @@ use crate::sampling::SamplingArgs;
 #[derive(Args)]
 pub struct ChatArgs {
     #[command(flatten)]
-    model: ModelArgs,
+    pub model: ModelArgs,
     #[command(flatten)]
     threads: ThreadArgs,
     /// System prompt, sent first in every conversation (also -sys, --system).

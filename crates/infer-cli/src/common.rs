@@ -26,17 +26,26 @@ pub struct ModelArgs {
     /// into the cache on first use (resumable, SHA-256 checked; hub address $HF_ENDPOINT, token $HF_TOKEN).
     #[arg(long = "hf-repo", visible_alias = "hf", value_name = "USER/REPO[:QUANT]", conflicts_with = "model")]
     pub hf_repo: Option<String>,
+    /// The file of the Hugging Face repository to take, by name or path in it (llama.cpp's -hff), instead of the
+    /// quantization's file; with -hf USER/REPO or -m USER/REPO.
+    #[arg(long = "hf-file", value_name = "FILE")]
+    pub hf_file: Option<String>,
     /// Compute backend [default: auto].
     #[arg(long, value_enum)]
     pub backend: Option<BackendKind>,
     /// llama.cpp's GPU layers (also -ngl), all or nothing (a model runs wholly on one device): 0 runs on the CPU, any other
-    /// number (or `all`, or -1) on the GPU, `auto` as --backend says; without a usable GPU, a warning and the CPU.
+    /// number (or `all`, or -1) on the GPU, `auto` as --backend says; without a usable GPU, a warning and the CPU
+    /// (bench: a list as llama-bench's, every test for each value).
     #[arg(long = "n-gpu-layers", visible_alias = "gpu-layers", value_name = "N", allow_negative_numbers = true)]
     pub n_gpu_layers: Option<String>,
-    /// llama.cpp's device: `none` or `cpu` runs on the CPU, `cuda` or `CUDA0` on the first NVIDIA GPU, `auto` as
-    /// --backend says (also -dev).
-    #[arg(long, value_name = "NAME")]
+    /// llama.cpp's devices, a comma list of one backend's (also -dev): `none` or `cpu` runs on the CPU, `cuda` or
+    /// `CUDA0` on the first NVIDIA GPU, `auto` as --backend says; --list-devices shows them.
+    #[arg(long, value_name = "NAME,...")]
     pub device: Option<String>,
+    /// Print the devices the backends of this build can open, one a line with its -dev name, and exit (as
+    /// llama.cpp).
+    #[arg(long)]
+    pub list_devices: bool,
     /// CPU arithmetic: `quantized` (as ggml: 8-bit activations, integer dot
     /// products with the GGUF blocks) or `exact` (weights dequantized to f32
     /// once, f32 activations).
@@ -221,21 +230,38 @@ impl ModelArgs {
     /// wins), a known name (fetched and verified on first use) or a Hugging
     /// Face `user/repo[:quant]`, else `$INFER_MODEL`, else the default model.
     pub fn resolve_model(&self) -> CliResult<PathBuf> {
+        // `-hff` picks the repository's file instead of the quantization's.
+        let hub = |s: &str| -> CliResult<HubRef> {
+            let r = HubRef::parse(s)?;
+            Ok(match &self.hf_file {
+                Some(f) => r.with_file(f),
+                None => r,
+            })
+        };
         if let Some(r) = &self.hf_repo {
-            return crate::pull::fetch(&HubRef::parse(r)?);
+            return crate::pull::fetch(&hub(r)?);
         }
-        match &self.model {
-            Some(p) => match p.to_str() {
-                // `-m user/repo[:quant]`, when no such file exists: the hub.
-                Some(s) if !p.exists() && find_model(s).is_none() && HubRef::looks_like(s) => {
-                    crate::pull::fetch(&HubRef::parse(s)?)
-                        .map_err(|e| format!("no model file {s}; as a Hugging Face model: {e}").into())
-                }
+        let hub_model = self
+            .model
+            .as_ref()
+            .and_then(|p| p.to_str())
+            .filter(|s| !Path::new(s).exists() && find_model(s).is_none() && HubRef::looks_like(s));
+        if let (Some(f), None) = (&self.hf_file, hub_model) {
+            return Err(format!(
+                "--hf-file {f} names a file of a Hugging Face repository: give the repository with -hf USER/REPO"
+            )
+            .into());
+        }
+        match (&self.model, hub_model) {
+            // `-m user/repo[:quant]`, when no such file exists: the hub.
+            (_, Some(s)) => crate::pull::fetch(&hub(s)?)
+                .map_err(|e| format!("no model file {s}; as a Hugging Face model: {e}").into()),
+            (Some(p), None) => match p.to_str() {
                 Some(s) => Ok(infer_model::fetch::resolve_model(s)?),
                 None if p.is_file() => Ok(p.clone()),
                 None => Err(format!("model file {} does not exist", p.display()).into()),
             },
-            None => Ok(infer_model::fetch::default_model_path()?),
+            (None, None) => Ok(infer_model::fetch::default_model_path()?),
         }
     }
 
@@ -244,7 +270,7 @@ impl ModelArgs {
     /// given (`chat` defaults to an instruction-tuned model).
     pub fn resolve_model_or(&self, default: &str) -> CliResult<PathBuf> {
         let env_set = std::env::var_os(infer_model::fetch::MODEL_ENV).is_some_and(|v| !v.is_empty());
-        if self.model.is_none() && self.hf_repo.is_none() && !env_set {
+        if self.model.is_none() && self.hf_repo.is_none() && self.hf_file.is_none() && !env_set {
             return Ok(infer_model::fetch::ensure_model(default)?);
         }
         self.resolve_model()
@@ -281,17 +307,18 @@ impl ModelArgs {
                     Ok(0) => Some(false),
                     Ok(_) => Some(true),
                     Err(_) => {
+                        let list = if n.contains(',') { " (a list is for `infer bench`)" } else { "" };
                         return Err(format!(
-                            "-ngl {n}: give a number of layers (0: the CPU, any other: the GPU), `all` or `auto`"
+                            "-ngl {n}: give a number of layers (0: the CPU, any other: the GPU), `all` or `auto`{list}"
                         )
-                        .into())
+                        .into());
                     }
                 },
             };
             asks.push((format!("-ngl {n}"), gpu));
         }
         if let Some(d) = &self.device {
-            asks.push((format!("-dev {d}"), device_is_gpu(d)?));
+            asks.push((format!("-dev {d}"), devices_are_gpu(d)?));
         }
         let decided: Vec<&(String, Option<bool>)> = asks.iter().filter(|(_, g)| g.is_some()).collect();
         if let Some(w) = decided.windows(2).find(|w| w[0].1 != w[1].1) {
@@ -382,6 +409,61 @@ pub struct Loaded {
     pub model: Box<dyn DeviceModel>,
     /// Opening, checking and preparing, without a download.
     pub load_time: Duration,
+}
+
+/// What `-dev NAME,...` asks for, as [`device_is_gpu`] for each name.
+///
+/// # Errors
+/// A name [`device_is_gpu`] refuses; names of different backends (a model
+/// runs wholly on one device until partial offload exists).
+fn devices_are_gpu(list: &str) -> CliResult<Option<bool>> {
+    let names: Vec<&str> = list.split(',').map(str::trim).collect();
+    if names.iter().any(|n| n.is_empty()) {
+        return Err(format!("-dev {list}: an empty device name (give names separated by commas)").into());
+    }
+    let asks = names.iter().map(|n| device_is_gpu(n)).collect::<CliResult<Vec<_>>>()?;
+    if asks.windows(2).any(|w| w[0] != w[1]) {
+        return Err(format!(
+            "-dev {list}: these devices are of different backends, and a model runs wholly on one device (no \
+             partial offload yet); name devices of one backend (--list-devices shows them)"
+        )
+        .into());
+    }
+    Ok(asks[0])
+}
+
+/// llama.cpp's `--list-devices`: the devices the backends of this build
+/// can open, one a line with the name `-dev` takes (and the CPU, which
+/// llama.cpp leaves out but `-dev cpu` selects here).
+///
+/// # Errors
+/// A failed write to standard output.
+pub fn list_devices() -> CliResult {
+    use std::io::Write;
+    // The description without its `CUDA device 0: ` or `wgpu: ` head and
+    // the kernels after the first `;`.
+    let short = |info: String| {
+        let rest = info.split_once(": ").map_or(info.as_str(), |(_, r)| r);
+        rest.split(';').next().unwrap_or(rest).trim().to_string()
+    };
+    let mut lines = Vec::new();
+    if let Ok(b) = cuda_backend() {
+        lines.push(format!("CUDA0: {}", short(b.device_info())));
+    }
+    #[cfg(feature = "wgpu")]
+    if let Ok(b) = infer_compute::backend_by_name("wgpu") {
+        lines.push(format!("wgpu: {} (--backend wgpu)", short(b.device_info())));
+    }
+    let cpu = crate::bench::cpu_name();
+    let cpu = if cpu.is_empty() { std::env::consts::ARCH.to_string() } else { cpu };
+    lines.push(format!("CPU: {cpu} ({} cores, {} kernels)", cores(), Kernels::detect().level().name()));
+    let mut out = crate::output::Out::new();
+    writeln!(out, "Available devices:")?;
+    for l in lines {
+        writeln!(out, "  {l}")?;
+    }
+    out.flush()?;
+    Ok(())
 }
 
 /// What `-dev NAME` asks for: `Some(true)` the GPU, `Some(false)` the CPU,

@@ -18,7 +18,7 @@ use crate::output::Out;
 #[derive(Args)]
 pub struct InfoArgs {
     #[command(flatten)]
-    model: ModelArgs,
+    pub model: ModelArgs,
     #[command(flatten)]
     threads: ThreadArgs,
     /// Print everything as one JSON object (the chat template in full).

@@ -18,6 +18,7 @@ pub const SHORT_ALIASES: &[(&str, &str)] = &[
     ("-dev", "--device"),
     ("-hf", "--hf-repo"),
     ("-hfr", "--hf-repo"),
+    ("-hff", "--hf-file"),
     // llama-batched-bench's, for `bench`.
     ("-npp", "--npp"),
     ("-ntg", "--ntg"),
@@ -32,7 +33,6 @@ pub const SHORT_ALIASES: &[(&str, &str)] = &[
 /// llama.cpp's multi-letter short flags that `infer` does not have, with
 /// their long names: refused by name rather than taken apart by clap.
 const UNSUPPORTED: &[(&str, &str)] = &[
-    ("-hff", "--hf-file"),
     ("-hft", "--hf-token"),
     ("-hfd", "--hf-repo-draft"),
     ("-hfv", "--hf-repo-v"),
@@ -180,10 +180,10 @@ mod tests {
     fn llama_cpp_flags_infer_lacks_are_refused_by_name() {
         let e = rw(&["infer", "run", "-fa", "on"]).unwrap_err();
         assert!(e.starts_with("-fa (llama.cpp's --flash-attn) is not an option of infer"), "{e}");
-        assert!(rw(&["infer", "run", "-hff", "x.gguf"]).unwrap_err().contains("--hf-file"));
+        assert!(rw(&["infer", "run", "-hft", "x"]).unwrap_err().contains("--hf-token"));
         assert_eq!(
-            rw(&["infer", "run", "-hf", "user/repo:Q8_0"]).unwrap(),
-            ["infer", "run", "--hf-repo", "user/repo:Q8_0"]
+            rw(&["infer", "run", "-hf", "user/repo:Q8_0", "-hff", "x.gguf"]).unwrap(),
+            ["infer", "run", "--hf-repo", "user/repo:Q8_0", "--hf-file", "x.gguf"]
         );
         assert!(rw(&["infer", "run", "-kvu"]).unwrap_err().contains("--kv-unified"));
     }

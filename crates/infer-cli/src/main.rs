@@ -106,7 +106,10 @@ fn main() -> ExitCode {
         Err(e) => return parse_error(e),
     };
     interrupt::install();
+    let list_devices = model_args(&cli.command).is_some_and(|m| m.list_devices);
     let result = output::check_open().map_err(Into::into).and_then(|()| match cli.command {
+        // llama.cpp's --list-devices prints them and runs nothing else.
+        _ if list_devices => common::list_devices(),
         Command::Run(a) => run::run(a),
         Command::Info(a) => info::info(a),
         Command::Bench(mut a) => match a.command.take() {
@@ -131,6 +134,19 @@ fn main() -> ExitCode {
             eprintln!("error: {e}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// The model options of a command that loads a model.
+fn model_args(c: &Command) -> Option<&common::ModelArgs> {
+    match c {
+        Command::Run(a) => Some(&a.model),
+        Command::Info(a) => Some(&a.model),
+        Command::Bench(a) => Some(&a.model),
+        Command::Chat(a) => Some(&a.model),
+        Command::Serve(a) => Some(&a.model),
+        Command::Perplexity(a) => Some(&a.model),
+        Command::Models(_) | Command::Pull(_) | Command::Rm(_) | Command::Synth(_) => None,
     }
 }
 

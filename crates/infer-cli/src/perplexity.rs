@@ -38,12 +38,12 @@ const UBATCH: usize = 512;
 #[derive(Args)]
 pub struct PerplexityArgs {
     #[command(flatten)]
-    model: ModelArgs,
+    pub model: ModelArgs,
     #[command(flatten)]
     threads: ThreadArgs,
     /// The text file to score.
-    #[arg(short = 'f', long = "file", value_name = "FILE")]
-    file: PathBuf,
+    #[arg(short = 'f', long = "file", value_name = "FILE", required_unless_present = "list_devices")]
+    file: Option<PathBuf>,
     /// Tokens per chunk (llama-perplexity's -c; its default 512).
     #[arg(short = 'c', long = "ctx-size", value_name = "N", default_value_t = 512)]
     ctx_size: usize,
@@ -125,7 +125,9 @@ pub fn perplexity(a: PerplexityArgs) -> CliResult {
     if a.batch_size == 0 {
         return Err("--batch-size must be at least 1".into());
     }
-    let bytes = std::fs::read(&a.file).map_err(|e| format!("{}: {e}", a.file.display()))?;
+    // Required by clap unless --list-devices, which runs nothing else.
+    let file = a.file.as_deref().ok_or("perplexity needs a text file: -f FILE")?;
+    let bytes = std::fs::read(file).map_err(|e| format!("{}: {e}", file.display()))?;
     let text = String::from_utf8_lossy(&bytes);
     let path = a.model.resolve_model()?;
     let (loaded, tokenizer) = a.model.load(&path, a.threads.threads, |gguf, spec| {
@@ -142,7 +144,7 @@ pub fn perplexity(a: PerplexityArgs) -> CliResult {
         return Err(format!(
             "you need at least {} tokens to evaluate perplexity with a context of {n_ctx}; {} tokenizes to only {}",
             2 * n_ctx,
-            a.file.display(),
+            file.display(),
             tokens.len()
         )
         .into());

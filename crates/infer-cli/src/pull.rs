@@ -23,6 +23,10 @@ pub struct PullArgs {
     /// `hf.co/` prefix is taken), or a known model's name (`infer models`).
     #[arg(value_name = "USER/REPO[:QUANT]|NAME")]
     pub model: String,
+    /// The file of the repository to take, by name or path in it (llama.cpp's -hff), instead of the
+    /// quantization's file.
+    #[arg(long = "hf-file", value_name = "FILE")]
+    pub hf_file: Option<String>,
 }
 
 /// Options of `infer rm`.
@@ -37,10 +41,14 @@ pub struct RmArgs {
 /// `infer pull`: fetches the model into the cache (a verified copy already
 /// there is kept) and prints its path.
 pub fn pull(a: PullArgs) -> CliResult {
-    let path = if infer_model::fetch::find_model(&a.model).is_some() {
-        infer_model::fetch::ensure_model(&a.model)?
-    } else {
-        fetch(&HubRef::parse(&a.model)?)?
+    let known = infer_model::fetch::find_model(&a.model).is_some();
+    let path = match &a.hf_file {
+        Some(f) if known => {
+            return Err(format!("--hf-file {f}: {} is a known model, not a Hugging Face repository", a.model).into())
+        }
+        Some(f) => fetch(&HubRef::parse(&a.model)?.with_file(f))?,
+        None if known => infer_model::fetch::ensure_model(&a.model)?,
+        None => fetch(&HubRef::parse(&a.model)?)?,
     };
     let mut out = crate::output::Out::new();
     writeln!(out, "{}", path.display())?;

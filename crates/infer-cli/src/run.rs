@@ -26,7 +26,7 @@ const PREFILL_CHUNK: usize = 512;
 #[derive(Args)]
 pub struct RunArgs {
     #[command(flatten)]
-    model: ModelArgs,
+    pub model: ModelArgs,
     #[command(flatten)]
     threads: ThreadArgs,
     /// Tokens to generate (-1: until the end of generation, shifting a full context; llama.cpp's -2: until the end

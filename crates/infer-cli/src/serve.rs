@@ -20,7 +20,7 @@ use crate::common::{context_size, CliResult, Loaded, ModelArgs, ThreadArgs};
 #[derive(Args)]
 pub struct ServeArgs {
     #[command(flatten)]
-    model: ModelArgs,
+    pub model: ModelArgs,
     #[command(flatten)]
     threads: ThreadArgs,
     /// Address to listen on; anything but a loopback address exposes the server to the network.

@@ -145,3 +145,113 @@ fn a_wrong_checksum_a_missing_repository_and_a_missing_quantization_are_one_line
     let o = infer_hub(cache.path(), "http://127.0.0.1:9", &["pull", "owner/q8:Q8_0"]);
     assert_one_line_error(&o, "127.0.0.1:9");
 }
+
+#[test]
+fn model_references_with_a_hub_prefix_and_hf_file_pick_files() {
+    let gguf = tiny_gguf();
+    let hub = HubServer::start();
+    hub.add("owner/tiny-GGUF", "tiny-Q4_K_M.gguf", gguf.clone(), Fault::None);
+    hub.add("owner/two", "two-Q4_K_M.gguf", Arc::new(b"GGUF not this one".to_vec()), Fault::None);
+    hub.add("owner/two", "two-v2-Q4_K_M.gguf", gguf.clone(), Fault::None);
+
+    // -m takes the prefixes `pull` takes (the prefix is not a folder).
+    for m in
+        ["hf.co/owner/tiny-GGUF", "huggingface.co/owner/tiny-GGUF:Q4_K_M", "https://huggingface.co/owner/tiny-GGUF"]
+    {
+        let cache = tmpdir();
+        let o = infer_hub(cache.path(), &hub.url, &["info", "-m", m]);
+        assert!(o.status.success() && stdout(&o).contains("llama"), "{m}: {}", stderr(&o));
+        assert!(cached(cache.path(), "owner/tiny-GGUF", "tiny-Q4_K_M.gguf").exists(), "{m}");
+    }
+
+    // Two files of one quantization: the error says -hff, which picks one.
+    let cache = tmpdir();
+    let o = infer_hub(cache.path(), &hub.url, &["run", "-hf", "owner/two", "-p", "x"]);
+    assert_one_line_error(
+        &o,
+        "more than one file is Q4_K_M (two-Q4_K_M.gguf, two-v2-Q4_K_M.gguf); name the one you want with -hff NAME",
+    );
+    let run = ["run", "-hf", "owner/two", "-hff", "two-v2-Q4_K_M.gguf", "-n", "2", "--ignore-eos", "-p", "x"];
+    let o = infer_hub(cache.path(), &hub.url, &run);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(cached(cache.path(), "owner/two", "two-v2-Q4_K_M.gguf").exists());
+    assert!(!cached(cache.path(), "owner/two", "two-Q4_K_M.gguf").exists());
+    // Cached: taken without the hub; also with -m USER/REPO, and by `pull`.
+    let offline = "http://127.0.0.1:9";
+    let o = infer_hub(cache.path(), offline, &run);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = infer_hub(cache.path(), offline, &["info", "-m", "owner/two", "--hf-file", "two-v2-Q4_K_M.gguf"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = infer_hub(cache.path(), offline, &["pull", "owner/two", "-hff", "two-v2-Q4_K_M.gguf"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(stdout(&o).trim(), cached(cache.path(), "owner/two", "two-v2-Q4_K_M.gguf").display().to_string());
+    // A file the repository does not have is named, with the ones it has.
+    let o = infer_hub(cache.path(), &hub.url, &["run", "-hf", "owner/two", "-hff", "three.gguf", "-p", "x"]);
+    assert_one_line_error(&o, "owner/two has no file three.gguf (its GGUF files: two-Q4_K_M.gguf, two-v2-Q4_K_M.gguf)");
+}
+
+/// `-hf` on `bench`, `perplexity` and `serve`: the file is fetched from the
+/// hub and the command runs on it.
+#[test]
+fn hf_runs_bench_perplexity_and_serve() {
+    let hub = HubServer::start();
+    hub.add("owner/tiny-GGUF", "tiny-Q4_K_M.gguf", tiny_gguf(), Fault::None);
+    let cache = tmpdir();
+    let path = cached(cache.path(), "owner/tiny-GGUF", "tiny-Q4_K_M.gguf");
+
+    let o = infer_hub(
+        cache.path(),
+        &hub.url,
+        &["bench", "-hf", "owner/tiny-GGUF", "-p", "4", "-n", "2", "-r", "1", "-t", "1", "--json"],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let rows: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(rows[0]["model_filename"], path.display().to_string());
+    assert_eq!(rows.as_array().unwrap().len(), 2);
+
+    let text = cache.path().join("text.txt");
+    std::fs::write(&text, "the quick brown fox jumps over the lazy dog ".repeat(20)).unwrap();
+    let hf = ["perplexity", "-hf", "owner/tiny-GGUF", "-c", "16", "--chunks", "2", "-t", "1", "-f"];
+    let o = infer_hub(cache.path(), &hub.url, &[&hf[..], &[text.to_str().unwrap()]].concat());
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("Final estimate: PPL = "), "{}", stdout(&o));
+
+    // A fresh cache: serve fetches the file, then answers /health.
+    let cache = tmpdir();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_infer"))
+        .args(["serve", "-hf", "owner/tiny-GGUF", "--port", "0", "-c", "64", "-t", "1"])
+        .env("INFER_CACHE_DIR", cache.path())
+        .env("HF_ENDPOINT", &hub.url)
+        .env_remove("HF_TOKEN")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run infer serve");
+    let mut err = std::io::BufReader::new(child.stderr.take().unwrap());
+    let mut seen = String::new();
+    let addr = loop {
+        let mut line = String::new();
+        if std::io::BufRead::read_line(&mut err, &mut line).unwrap() == 0 {
+            let _ = child.kill();
+            panic!("infer serve ended before listening: {seen}");
+        }
+        seen.push_str(&line);
+        if let Some(url) = line.trim().strip_prefix("listening on http://") {
+            break url.to_string();
+        }
+    };
+    let health = {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(&addr).expect("connect");
+        write!(s, "GET /health HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).unwrap();
+        out
+    };
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(health.starts_with("HTTP/1.1 200"), "{health}");
+    let served = cached(cache.path(), "owner/tiny-GGUF", "tiny-Q4_K_M.gguf");
+    assert!(seen.contains(&served.display().to_string()), "{seen}");
+}

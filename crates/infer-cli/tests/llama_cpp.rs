@@ -84,9 +84,11 @@ fn gpu_layers_and_device_choose_the_backend_all_or_nothing() {
     // llama.cpp's multi-letter flags that infer lacks are refused by name,
     // not taken apart (`-fa` as `-f a`, `-hf` as help).
     assert_one_line_error(&run_tiny(&m, &["-fa", "on", "hi"]), "-fa (llama.cpp's --flash-attn) is not an option");
-    let o = infer(&["run", "-hff", "model.gguf", "hi"]);
-    assert_one_line_error(&o, "-hff (llama.cpp's --hf-file)");
+    let o = infer(&["run", "-hft", "token", "hi"]);
+    assert_one_line_error(&o, "-hft (llama.cpp's --hf-token)");
     assert_eq!(o.status.code(), Some(2));
+    // -hff is infer's too (tests/hub.rs), and names a file of a repository.
+    assert_one_line_error(&run_tiny(&m, &["-hff", "x.gguf", "hi"]), "--hf-file x.gguf names a file of a Hugging Face");
     // -hf is infer's too (tests/hub.rs): read as --hf-repo, not as -h -f.
     let o = std::process::Command::new(env!("CARGO_BIN_EXE_infer"))
         .args(["run", "-hf", "user/repo", "hi"])
@@ -95,6 +97,28 @@ fn gpu_layers_and_device_choose_the_backend_all_or_nothing() {
         .output()
         .unwrap();
     assert_one_line_error(&o, "listing the files of user/repo");
+    // -dev takes llama.cpp's comma list, of one backend's devices.
+    let o = run_tiny(&m, &["-dev", "cpu,CPU", "-n", "1", "hi"]);
+    assert!(o.status.success() && stderr(&o).contains("backend:  CPU"), "{}", stderr(&o));
+    assert_one_line_error(
+        &run_tiny(&m, &["-dev", "cpu,CUDA0", "hi"]),
+        "-dev cpu,CUDA0: these devices are of different",
+    );
+    assert_one_line_error(&run_tiny(&m, &["-dev", "cpu,", "hi"]), "-dev cpu,: an empty device name");
+    assert_one_line_error(&run_tiny(&m, &["-dev", "cpu,metal", "hi"]), "-dev metal: unknown device");
+    // A -ngl list is bench's.
+    assert_one_line_error(&run_tiny(&m, &["-ngl", "0,99", "hi"]), "(a list is for `infer bench`)");
+    // --list-devices: the devices one a line, named as -dev takes them, and
+    // nothing else runs (perplexity's -f is not needed).
+    for cmd in [&["run", "--list-devices"][..], &["perplexity", "--list-devices"], &["bench", "--list-devices"]] {
+        let o = infer(cmd);
+        assert!(o.status.success(), "{cmd:?}: {}", stderr(&o));
+        let out = stdout(&o);
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(lines[0], "Available devices:", "{out}");
+        assert!(lines.iter().any(|l| l.starts_with("  CPU: ")), "{out}");
+        assert_eq!(lines.iter().any(|l| l.starts_with("  CUDA0: ")), has_gpu && cfg!(feature = "cuda"), "{out}");
+    }
     // -ngl everywhere a model runs.
     let o = infer(&["info", "-m", m.to_str().unwrap(), "-ngl", "0"]);
     assert!(o.status.success() && stdout(&o).contains("backend:      CPU"), "{}", stderr(&o));
@@ -336,6 +360,28 @@ fn bench_takes_lists_and_llama_bench_output_formats() {
     assert_one_line_error(&infer(&["bench", "-m", ms, "-p", "4,x"]), "-p 4,x: 'x' is not a number");
     assert_one_line_error(&infer(&["bench", "-m", ms, "-p", "4-8*1"]), "a range must grow");
     assert_one_line_error(&infer(&["bench", "-m", ms, "-t", "1,0"]), "--threads must be at least 1");
+
+    // -ngl takes llama-bench's list: every test for each value in turn
+    // (-ngl 99 without a GPU runs on the CPU, with a warning).
+    let o = infer(&["bench", "-m", ms, "-r", "1", "-p", "4", "-n", "2", "-t", "1", "-ngl", "0,99", "-o", "jsonl"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let rows: Vec<serde_json::Value> = stdout(&o).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let tests: Vec<&str> = rows.iter().map(|r| r["test"].as_str().unwrap()).collect();
+    assert_eq!(tests, ["pp4", "tg2", "pp4", "tg2"]);
+    assert_eq!(rows[0]["n_gpu_layers"], 0);
+    let gpu = rows[2]["backends"] != "CPU";
+    assert_eq!(rows[2]["n_gpu_layers"].as_u64() > Some(0), gpu, "{}", rows[2]);
+    assert!(gpu || stderr(&o).contains("warning: -ngl 99: no usable GPU"), "{}", stderr(&o));
+    // Each value is checked before anything runs.
+    assert_one_line_error(&infer(&["bench", "-m", ms, "-ngl", "0,lots"]), "-ngl lots: give a number of layers");
+    // --synth makes its own model: -m, -hf and -hff are refused with it.
+    for other in [&["-m", ms][..], &["-hf", "owner/repo"], &["-hff", "x.gguf"]] {
+        let mut args = vec!["bench", "--synth", "tiny"];
+        args.extend_from_slice(other);
+        let o = infer(&args);
+        assert_eq!(o.status.code(), Some(2), "{other:?}: {}", stderr(&o));
+        assert!(stderr(&o).starts_with("error: the argument '--synth <SIZE>' cannot be used with"), "{}", stderr(&o));
+    }
     let o = infer(&["bench", "-m", ms, "-o", "sql"]);
     assert!(!o.status.success() && stderr(&o).contains("sql"), "{}", stderr(&o));
 }

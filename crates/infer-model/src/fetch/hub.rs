@@ -9,8 +9,9 @@
 //! holds the quantization as a word (`…-Q4_K_M.gguf`, in any case, not
 //! `…-Q4_K_M_L.gguf`) is downloaded from `{endpoint}/{repo}/resolve/main/{file}`
 //! ([`super::hub_download`]: resumable, checked against that SHA-256) into
-//! `CACHE/hf/{owner}/{repo}/{file}`. A file found there with a sidecar that
-//! vouches for it is used without asking the hub.
+//! `CACHE/hf/{owner}/{repo}/{file}`; llama.cpp's `--hf-file` names the file
+//! instead. A file found there with a sidecar that vouches for it is used
+//! without asking the hub.
 //!
 //! Environment, as `huggingface_hub` reads it: `HF_ENDPOINT` (default
 //! `https://huggingface.co`), `HF_TOKEN` (sent as a bearer token to the
@@ -46,6 +47,18 @@ pub struct HubRef {
     pub repo: String,
     /// The quantization after the colon, as written; `None`: [`DEFAULT_QUANT`].
     pub quant: Option<String>,
+    /// The file of the repository asked for by name (llama.cpp's
+    /// `--hf-file`), which overrides the quantization.
+    pub file: Option<String>,
+}
+
+/// The prefixes a hub reference may be written with (Ollama's `hf.co/`, a
+/// web address).
+const PREFIXES: [&str; 4] = ["https://huggingface.co/", "http://huggingface.co/", "huggingface.co/", "hf.co/"];
+
+/// `text` without one of [`PREFIXES`].
+fn strip_prefix(text: &str) -> &str {
+    PREFIXES.iter().find_map(|p| text.strip_prefix(p)).unwrap_or(text)
 }
 
 impl HubRef {
@@ -60,12 +73,7 @@ impl HubRef {
                 "'{text}' is not a Hugging Face model ({why}; give owner/repo or owner/repo:QUANT)"
             ))
         };
-        let mut s = text.trim();
-        for prefix in ["https://huggingface.co/", "http://huggingface.co/", "huggingface.co/", "hf.co/"] {
-            if let Some(rest) = s.strip_prefix(prefix) {
-                s = rest;
-            }
-        }
+        let s = strip_prefix(text.trim());
         let (repo, quant) = match s.split_once(':') {
             Some((r, q)) => (r, Some(q)),
             None => (s, None),
@@ -84,16 +92,25 @@ impl HubRef {
                 return Err(bad("the quantization after ':' is a name such as Q4_K_M"));
             }
         }
-        Ok(HubRef { repo: repo.to_string(), quant: quant.map(str::to_string) })
+        Ok(HubRef { repo: repo.to_string(), quant: quant.map(str::to_string), file: None })
+    }
+
+    /// The same repository with its file named (llama.cpp's `--hf-file`),
+    /// taken instead of the quantization.
+    pub fn with_file(self, file: &str) -> HubRef {
+        HubRef { file: Some(file.trim().to_string()), ..self }
     }
 
     /// Whether `text` is written as a hub reference (`owner/name` or
-    /// `owner/name:quant`, one slash, no `.gguf` ending) rather than a path.
+    /// `owner/name:quant`, with or without a prefix `parse` takes; one
+    /// slash, no `.gguf` ending) rather than a path.
     pub fn looks_like(text: &str) -> bool {
-        let repo = text.split(':').next().unwrap_or("");
+        // The prefix goes first: `hf.co/owner/name` has two slashes.
+        let s = strip_prefix(text.trim());
+        let repo = s.split(':').next().unwrap_or("");
         repo.matches('/').count() == 1
-            && !text.starts_with(['.', '/', '~'])
-            && !text.to_ascii_lowercase().ends_with(".gguf")
+            && !s.starts_with(['.', '/', '~'])
+            && !s.to_ascii_lowercase().ends_with(".gguf")
             && HubRef::parse(text).is_ok()
     }
 
@@ -102,9 +119,12 @@ impl HubRef {
         self.quant.as_deref().unwrap_or(DEFAULT_QUANT)
     }
 
-    /// `owner/name:QUANT`.
+    /// `owner/name:QUANT`, or `owner/name/FILE` when a file is named.
     pub fn display(&self) -> String {
-        format!("{}:{}", self.repo, self.quant())
+        match &self.file {
+            Some(f) => format!("{}/{f}", self.repo),
+            None => format!("{}:{}", self.repo, self.quant()),
+        }
     }
 }
 
@@ -258,14 +278,44 @@ fn is_split(name: &str) -> bool {
     parts.len() == 3 && parts[1] == "of" && parts[0].len() == 5 && parts[0].bytes().all(|b| b.is_ascii_digit())
 }
 
+/// Whether the repository path `path` is the file `want`: the same path, or
+/// the same file name.
+fn is_file(path: &str, want: &str) -> bool {
+    path == want || file_name(path) == want
+}
+
 /// The file of `files` (the listing of `r`'s repository) that `r` asks for.
 ///
 /// # Errors
 /// [`Error::Download`] when no GGUF file names the quantization (the
-/// message lists the quantizations there are), more than one does, or the
-/// file is split into parts.
+/// message lists the quantizations there are), more than one does, the
+/// file named is not there (or its name is in more than one folder), or
+/// the file is split into parts.
 pub fn pick<'a>(files: &'a [HubFile], r: &HubRef) -> Result<&'a HubFile> {
     let ggufs = model_files(files);
+    let names = |list: &[&HubFile]| list.iter().map(|f| f.path.as_str()).collect::<Vec<_>>().join(", ");
+    if let Some(want) = &r.file {
+        let exact: Vec<&HubFile> = files.iter().filter(|f| f.path == *want).collect();
+        let found: Vec<&HubFile> =
+            if exact.is_empty() { files.iter().filter(|f| is_file(&f.path, want)).collect() } else { exact };
+        return match found.as_slice() {
+            [f] if is_split(file_name(&f.path)) => Err(Error::Download(format!(
+                "{}: {} is one part of a split GGUF, which infer cannot load yet",
+                r.repo, f.path
+            ))),
+            [f] => Ok(*f),
+            [] => Err(Error::Download(format!(
+                "{} has no file {want} (its GGUF files: {})",
+                r.repo,
+                if ggufs.is_empty() { "none".to_string() } else { names(&ggufs) }
+            ))),
+            many => Err(Error::Download(format!(
+                "{}: more than one folder has a file {want} ({}); give its path in the repository",
+                r.repo,
+                names(many)
+            ))),
+        };
+    }
     if ggufs.is_empty() {
         return Err(Error::Download(format!("{} has no GGUF file", r.repo)));
     }
@@ -281,11 +331,12 @@ pub fn pick<'a>(files: &'a [HubFile], r: &HubRef) -> Result<&'a HubFile> {
         // Without a quantization asked for, a repository of one file.
         [] if r.quant.is_none() && ggufs.len() == 1 => Ok(ggufs[0]),
         [] => {
-            let names: Vec<&str> = ggufs.iter().map(|f| file_name(&f.path)).collect();
+            let list: Vec<&str> = ggufs.iter().map(|f| file_name(&f.path)).collect();
             Err(Error::Download(format!(
-                "{} has no GGUF file of quantization {quant} (its files: {}); name one as {}:QUANT",
+                "{} has no GGUF file of quantization {quant} (its files: {}); name one as {}:QUANT, or a file with \
+                 -hff NAME",
                 r.repo,
-                names.join(", "),
+                list.join(", "),
                 r.repo
             )))
         }
@@ -294,14 +345,11 @@ pub fn pick<'a>(files: &'a [HubFile], r: &HubRef) -> Result<&'a HubFile> {
             r.display(),
             many.len()
         ))),
-        many => {
-            let names: Vec<&str> = many.iter().map(|f| f.path.as_str()).collect();
-            Err(Error::Download(format!(
-                "{}: more than one file is {quant} ({}); name the one you want more precisely",
-                r.display(),
-                names.join(", ")
-            )))
-        }
+        many => Err(Error::Download(format!(
+            "{}: more than one file is {quant} ({}); name the one you want with -hff NAME (--hf-file)",
+            r.display(),
+            names(many)
+        ))),
     }
 }
 
@@ -377,11 +425,16 @@ fn collect_ggufs(root: &Path, folder: &Path, repo: &str, found: &mut Vec<CachedH
 /// The cached file of `r` in `dir` whose sidecar vouches for it, when
 /// there is exactly one.
 pub fn find_cached(dir: &Path, r: &HubRef) -> Option<PathBuf> {
-    let matching: Vec<CachedHubModel> = cached_models(dir)
-        .into_iter()
-        .filter(|m| m.repo.eq_ignore_ascii_case(&r.repo) && m.verified)
-        .filter(|m| names_quant(file_name(&m.file), r.quant()) || r.quant.is_none())
-        .collect();
+    let cached = cached_models(dir).into_iter().filter(|m| m.repo.eq_ignore_ascii_case(&r.repo) && m.verified);
+    if let Some(want) = &r.file {
+        let found: Vec<CachedHubModel> = cached.filter(|m| is_file(&m.file, want)).collect();
+        return match found.as_slice() {
+            [m] => Some(m.path.clone()),
+            _ => None,
+        };
+    }
+    let matching: Vec<CachedHubModel> =
+        cached.filter(|m| names_quant(file_name(&m.file), r.quant()) || r.quant.is_none()).collect();
     // Without a quantization, a cached Q4_K_M is preferred over another.
     let preferred: Vec<&CachedHubModel> =
         matching.iter().filter(|m| names_quant(file_name(&m.file), r.quant())).collect();
@@ -471,6 +524,12 @@ mod tests {
         assert!(!HubRef::looks_like("models/x.gguf"));
         assert!(!HubRef::looks_like("./a/b"));
         assert!(!HubRef::looks_like("a/b/c"));
+        // A prefix is not a folder: these have one slash once it is gone.
+        for s in ["hf.co/a/b", "huggingface.co/a/b:Q8_0", "https://huggingface.co/a/b"] {
+            assert!(HubRef::looks_like(s), "{s}");
+        }
+        assert!(!HubRef::looks_like("hf.co/a/b/c"));
+        assert!(!HubRef::looks_like("hf.co/a/b.gguf"));
     }
 
     #[test]
@@ -496,6 +555,22 @@ mod tests {
         let split = [file("Q4_K_M/m-Q4_K_M-00001-of-00002.gguf"), file("Q4_K_M/m-Q4_K_M-00002-of-00002.gguf")];
         assert!(pick(&split, &r("a/m")).unwrap_err().to_string().contains("split into 2 parts"));
         assert!(pick(&[file("README.md")], &r("a/m")).unwrap_err().to_string().contains("has no GGUF file"));
+        // Two files of one quantization: -hff names one.
+        let two = [file("m-Q4_K_M.gguf"), file("m-v2-Q4_K_M.gguf")];
+        let e = pick(&two, &r("a/m")).unwrap_err().to_string();
+        assert!(e.contains("more than one file is Q4_K_M") && e.contains("-hff NAME"), "{e}");
+        let f = |s: &str, name: &str| r(s).with_file(name);
+        assert_eq!(pick(&two, &f("a/m", "m-v2-Q4_K_M.gguf")).unwrap().path, "m-v2-Q4_K_M.gguf");
+        // The file wins over the quantization; a file in a folder by its name or path.
+        assert_eq!(pick(&files, &f("a/m:Q8_0", "m-Q4_K_M.gguf")).unwrap().path, "m-Q4_K_M.gguf");
+        let nested = [file("sub/x.gguf"), file("y.gguf")];
+        assert_eq!(pick(&nested, &f("a/m", "x.gguf")).unwrap().path, "sub/x.gguf");
+        assert_eq!(pick(&nested, &f("a/m", "sub/x.gguf")).unwrap().path, "sub/x.gguf");
+        let e = pick(&nested, &f("a/m", "z.gguf")).unwrap_err().to_string();
+        assert!(e.contains("has no file z.gguf (its GGUF files: sub/x.gguf, y.gguf)"), "{e}");
+        let e = pick(&[file("a/x.gguf"), file("b/x.gguf")], &f("a/m", "x.gguf")).unwrap_err().to_string();
+        assert!(e.contains("more than one folder"), "{e}");
+        assert_eq!(f("a/m", "x.gguf").display(), "a/m/x.gguf");
     }
 
     #[test]
