@@ -44,6 +44,7 @@ use crate::chat_commands::{self, Command};
 use crate::chat_input::{ChatInput, Input};
 use crate::common::{context_size, n_predict_limit, CliResult, Loaded, ModelArgs, ThreadArgs};
 use crate::context_shift::ContextShiftArgs;
+use crate::ignore_eos::IgnoreEos;
 use crate::prompt::TextArgs;
 use crate::sampling::SamplingArgs;
 
@@ -74,6 +75,17 @@ pub struct ChatArgs {
     ctx_size: Option<i64>,
     #[command(flatten)]
     cache: CacheTypeArgs,
+    /// Never end a reply at an end-of-generation token (llama.cpp: their logits become minus infinity); each reply
+    /// goes on to -n, a stop string or a full context.
+    #[arg(long)]
+    ignore_eos: bool,
+    /// Print each turn's prompt (the whole conversation as rendered), its token count and one `id -> 'piece'` line
+    /// per token on stderr before the reply, as llama.cpp.
+    #[arg(long)]
+    verbose_prompt: bool,
+    /// Print the effective settings (sampler chain, context, model) when the session starts.
+    #[arg(short = 'v', long)]
+    verbose: bool,
 }
 
 /// Whether the model at `path` is instruction-tuned, as far as can be
@@ -124,7 +136,9 @@ pub fn chat(a: ChatArgs) -> CliResult {
             }
             Ok((tokenizer, template, n_ctx, cfg))
         })?;
-    let Loaded { backend, mut model, load_time, .. } = loaded;
+    let Loaded { backend, spec, model, load_time, .. } = loaded;
+    let mut model: Box<dyn DeviceModel> =
+        if a.ignore_eos { Box::new(IgnoreEos::new(model, tokenizer.eog_ids())) } else { model };
     let limit = crate::prompt::byte_limit(n_ctx);
     let mut ctx = CachedContext::with_types(model.as_ref(), n_ctx, a.cache.types_for(model.as_ref()))?;
     let mut sampler = Sampler::new(cfg.clone())?;
@@ -138,16 +152,20 @@ pub fn chat(a: ChatArgs) -> CliResult {
         cfg.chain(),
         crate::sampling::model_settings_note(&from_model)
     );
+    if a.verbose {
+        let settings =
+            crate::run::Settings { path: &path, backend: backend.as_ref(), n_ctx, n_ctx_train: spec.n_ctx_train };
+        crate::run::print_settings(&settings, max_tokens, None, &cfg, &from_model);
+    }
     crate::interrupt::graceful();
 
     let system: Vec<Message> = a.system.iter().map(|s| Message::system(s.as_str())).collect();
     let mut messages = system.clone();
-    // The tokens of the system prompt alone: the start a context shift keeps.
-    let system_ids = if system.is_empty() {
-        Vec::new()
-    } else {
-        template.render(&system, false).map(|t| ChatTemplate::encode_rendered(&tokenizer, &t)).unwrap_or_default()
-    };
+    // The conversation's leading system messages (-sys, or a loaded
+    // file's), which dropping old turns never removes, and their tokens:
+    // the start a context shift keeps.
+    let mut n_system = system.len();
+    let mut system_ids = system_tokens(&template, &tokenizer, &system);
     let mut input = ChatInput::new(limit);
     if input.is_terminal() {
         eprintln!("/help lists the commands; a line that ends in \\ continues on the next.");
@@ -201,6 +219,8 @@ pub fn chat(a: ChatArgs) -> CliResult {
             }
             Command::Reset => {
                 messages = system.clone();
+                n_system = system.len();
+                system_ids = system_tokens(&template, &tokenizer, &system);
                 ctx.reset();
                 sampler = Sampler::new(cfg.clone())?;
                 eprintln!("(conversation reset)");
@@ -219,6 +239,8 @@ pub fn chat(a: ChatArgs) -> CliResult {
                 match chat_commands::load(&file, limit) {
                     Ok(loaded) => {
                         messages = loaded;
+                        n_system = messages.iter().take_while(|m| m.role == Role::System).count();
+                        system_ids = system_tokens(&template, &tokenizer, &messages[..n_system]);
                         eprintln!(
                             "(conversation of {} loaded from {})",
                             messages_count(messages.len()),
@@ -232,13 +254,18 @@ pub fn chat(a: ChatArgs) -> CliResult {
         };
         messages.push(Message::user(text));
         let shift = !a.shift.no_context_shift;
-        let Some((ids, dropped)) =
-            fit_conversation(&mut messages, system.len(), &template, &tokenizer, n_ctx, limit, shift)?
+        let Some((rendered, ids, dropped)) =
+            fit_conversation(&mut messages, n_system, &template, &tokenizer, n_ctx, limit, shift)
         else {
             continue;
         };
-        if dropped > 0 {
-            eprintln!("(context full: the {} oldest were dropped)", messages_count(dropped));
+        match dropped {
+            0 => {}
+            1 => eprintln!("(context full: the oldest message was dropped)"),
+            n => eprintln!("(context full: the {n} oldest messages were dropped)"),
+        }
+        if a.verbose_prompt {
+            crate::run::print_verbose_prompt(&rendered, &ids, &tokenizer);
         }
         // A full context during the reply keeps the system prompt (and
         // --keep more) and drops the oldest half of the rest.
@@ -251,16 +278,23 @@ pub fn chat(a: ChatArgs) -> CliResult {
     Ok(())
 }
 
-/// The tokens of the conversation `messages` (its last message the new
-/// user turn), rendered for a reply, and how many of its oldest messages
+/// The tokens of the system messages `system` rendered alone (none when
+/// there are none, or the template refuses them).
+fn system_tokens(template: &ChatTemplate, tokenizer: &Tokenizer, system: &[Message]) -> Vec<u32> {
+    if system.is_empty() {
+        return Vec::new();
+    }
+    template.render(system, false).map(|t| ChatTemplate::encode_rendered(tokenizer, &t)).unwrap_or_default()
+}
+
+/// The conversation `messages` (its last message the new user turn)
+/// rendered for a reply, its tokens, and how many of its oldest messages
 /// were dropped to fit: with `shift`, the oldest turns after the
 /// `n_system` system messages go until the conversation takes at most half
 /// the context (Ollama's and llama.cpp's way of going on in a full
 /// context). `None`, with the reason on stderr and the new turn taken back,
-/// when the turn cannot be sent.
-///
-/// # Errors
-/// The template's.
+/// when the turn cannot be sent: too long, or refused by the template (the
+/// conversation is then kept as it was).
 fn fit_conversation(
     messages: &mut Vec<Message>,
     n_system: usize,
@@ -269,10 +303,21 @@ fn fit_conversation(
     n_ctx: usize,
     limit: usize,
     shift: bool,
-) -> CliResult<Option<(Vec<u32>, usize)>> {
+) -> Option<(String, Vec<u32>, usize)> {
+    // Restored when the template refuses the turn.
+    let original = messages.clone();
     let mut dropped = 0;
     loop {
-        let rendered = template.render(messages, true)?;
+        let rendered = match template.render(messages, true) {
+            Ok(r) => r,
+            Err(e) => {
+                *messages = original;
+                messages.pop();
+                let why = e.to_string().replace('\n', " ");
+                eprintln!("the chat template refused this turn ({why}); it was not sent");
+                return None;
+            }
+        };
         // Past the byte limit the conversation cannot fit: not tokenized;
         // else tokenized only until it is known not to fit.
         let ids = if rendered.len() > limit {
@@ -285,7 +330,7 @@ fn fit_conversation(
         // The new turn alone is always kept.
         let can_drop = shift && messages.len() > n_system + 1;
         match ids {
-            Some(ids) if fits && (roomy || dropped == 0 || !can_drop) => return Ok(Some((ids, dropped))),
+            Some(ids) if fits && (roomy || dropped == 0 || !can_drop) => return Some((rendered, ids, dropped)),
             _ if can_drop => {
                 // The oldest turn: a user message and the reply after it.
                 let n = if messages.get(n_system + 1).is_some_and(|m| m.role == Role::Assistant) { 2 } else { 1 };
@@ -307,7 +352,7 @@ fn fit_conversation(
                          (or raise --ctx-size)"
                     );
                 }
-                return Ok(None);
+                return None;
             }
         }
     }

@@ -100,8 +100,9 @@ pub fn save(path: &Path, messages: &[Message]) -> CliResult {
 ///
 /// # Errors
 /// A file that cannot be read, is longer than `limit`, is not such a JSON
-/// array, or has a role other than system, user and assistant (or a system
-/// message after the first).
+/// array, has a role other than system, user and assistant (or a system
+/// message after the first), or whose user and assistant messages do not
+/// alternate from a user's to an assistant's (the next turn is the user's).
 pub fn load(path: &Path, limit: usize) -> CliResult<Vec<Message>> {
     let what = path.display();
     let len = std::fs::metadata(path).map_err(|e| format!("/load: cannot read {what}: {e}"))?.len();
@@ -112,7 +113,8 @@ pub fn load(path: &Path, limit: usize) -> CliResult<Vec<Message>> {
     let list: Vec<FileMessage> = serde_json::from_str(&text).map_err(|e| {
         format!("/load: {what} is not a conversation (a JSON array of {{\"role\", \"content\"}} objects): {e}")
     })?;
-    list.into_iter()
+    let messages: Vec<Message> = list
+        .into_iter()
         .enumerate()
         .map(|(i, m)| {
             let role = match m.role.as_str() {
@@ -128,8 +130,30 @@ pub fn load(path: &Path, limit: usize) -> CliResult<Vec<Message>> {
             };
             Ok(Message::new(role, m.content))
         })
-        .collect::<Result<_, String>>()
-        .map_err(Into::into)
+        .collect::<Result<_, String>>()?;
+    let n_system = messages.iter().take_while(|m| m.role == Role::System).count();
+    let a_role = |r: Role| format!("{} {}", if r == Role::Assistant { "an" } else { "a" }, r.as_str());
+    for (i, m) in messages.iter().enumerate().skip(n_system) {
+        let want = if (i - n_system) % 2 == 0 { Role::User } else { Role::Assistant };
+        if m.role != want {
+            return Err(format!(
+                "/load: {what}: message {} is {} message where {} message is expected (user and assistant messages \
+                 alternate, the user's first)",
+                i + 1,
+                a_role(m.role),
+                a_role(want)
+            )
+            .into());
+        }
+    }
+    if (messages.len() - n_system) % 2 == 1 {
+        return Err(format!(
+            "/load: {what}: the last message is the user's, without a reply (a conversation ends with an assistant \
+             message)"
+        )
+        .into());
+    }
+    Ok(messages)
 }
 
 #[cfg(test)]
@@ -162,6 +186,21 @@ mod tests {
         assert!(e.contains("more than the context can hold"), "{e}");
         std::fs::write(&path, r#"[{"role": "tool", "content": "x"}]"#).unwrap();
         assert!(load(&path, 1 << 20).unwrap_err().to_string().contains("role 'tool'"));
+        // User and assistant messages alternate, the user's first and the assistant's last.
+        let write = |roles: &[&str]| {
+            let list: Vec<String> = roles.iter().map(|r| format!(r#"{{"role": "{r}", "content": "x"}}"#)).collect();
+            std::fs::write(&path, format!("[{}]", list.join(","))).unwrap();
+            load(&path, 1 << 20).map_err(|e| e.to_string())
+        };
+        assert_eq!(write(&["system", "user", "assistant"]).unwrap().len(), 3);
+        assert_eq!(write(&["user", "assistant", "user", "assistant"]).unwrap().len(), 4);
+        assert!(write(&["system"]).is_ok() && write(&[]).is_ok());
+        let e = write(&["system", "user", "user", "assistant"]).unwrap_err();
+        assert!(e.contains("message 3 is a user message where an assistant message is expected"), "{e}");
+        let e = write(&["assistant", "user"]).unwrap_err();
+        assert!(e.contains("message 1 is an assistant message where a user message is expected"), "{e}");
+        assert!(write(&["user", "assistant", "user"]).unwrap_err().contains("without a reply"));
+        assert!(write(&["user", "system"]).unwrap_err().contains("message 2 is a system message"));
         std::fs::write(&path, r#"{"messages": []}"#).unwrap();
         assert!(load(&path, 1 << 20).unwrap_err().to_string().contains("is not a conversation"));
         assert!(load(&dir.path().join("none.json"), 1 << 20)

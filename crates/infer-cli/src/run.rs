@@ -43,8 +43,8 @@ pub struct RunArgs {
     /// Wrap the prompt in the model's chat template.
     #[arg(long)]
     chat: bool,
-    /// System prompt, sent before the prompt (with --chat; also -sys).
-    #[arg(long = "system-prompt", value_name = "TEXT", requires = "chat")]
+    /// System prompt, sent before the prompt; turns --chat on, as llama.cpp's conversation mode (also -sys).
+    #[arg(long = "system-prompt", value_name = "TEXT")]
     system_prompt: Option<String>,
     #[command(flatten)]
     text: TextArgs,
@@ -121,6 +121,41 @@ pub fn print_verbose_prompt(prompt: &str, ids: &[u32], tokenizer: &Tokenizer) {
     }
 }
 
+/// What `-v` names besides the sampling: the model, where it runs, its context.
+pub struct Settings<'a> {
+    pub path: &'a std::path::Path,
+    pub backend: &'a dyn infer_compute::ComputeBackend,
+    pub n_ctx: usize,
+    pub n_ctx_train: usize,
+}
+
+/// The lines of `-v` (`run`, `chat`): model, backend, context, the token
+/// limit (`max_tokens`, `-n`), the prompt's tokens when known, the sampler
+/// chain and its parameters.
+pub fn print_settings(
+    s: &Settings,
+    max_tokens: usize,
+    prompt_tokens: Option<usize>,
+    cfg: &infer_model::sampling::SamplerConfig,
+    from_model: &infer_model::sampling::SamplingDefaults,
+) {
+    eprintln!("model:    {}", s.path.display());
+    eprintln!("backend:  {}", s.backend.device_info());
+    eprintln!("context:  {} positions (training context {})", s.n_ctx, s.n_ctx_train);
+    eprintln!(
+        "predict:  {}",
+        if max_tokens == usize::MAX { "until end of generation or a full context".into() } else { tokens(max_tokens) }
+    );
+    if let Some(n) = prompt_tokens {
+        eprintln!("prompt:   {}", tokens(n));
+    }
+    eprintln!("sampler chain: {}", cfg.chain());
+    eprintln!("sampler params: {cfg}");
+    if !from_model.is_empty() {
+        eprintln!("sampler params from the model (not given here): {from_model}");
+    }
+}
+
 /// "1 token", "2 tokens".
 pub fn tokens(n: usize) -> String {
     if n == 1 {
@@ -138,6 +173,8 @@ pub fn run(a: RunArgs) -> CliResult {
     let source = a.prompt.source()?;
     let flag_text = a.prompt.is_flag_text();
     let stops = a.text.stop_strings()?;
+    // llama.cpp: a system prompt turns the conversation mode on.
+    let chat = a.chat || a.system_prompt.is_some();
     // A first use fetches the model: its download time is reported on its
     // own line, not counted as load time.
     let path = a.model.resolve_model()?;
@@ -156,7 +193,7 @@ pub fn run(a: RunArgs) -> CliResult {
         if flag_text {
             prompt = a.text.process(prompt, "-p")?;
         }
-        let ids = if a.chat {
+        let ids = if chat {
             let mut messages: Vec<Message> = a.system_prompt.iter().map(|s| Message::system(s.as_str())).collect();
             messages.push(Message::user(prompt.as_str()));
             let text = ChatTemplate::from_gguf(gguf, &tokenizer)?.render(&messages, true)?;
@@ -187,23 +224,8 @@ pub fn run(a: RunArgs) -> CliResult {
     // step and the statistics are still printed (a second one exits).
     crate::interrupt::graceful();
     if a.verbose {
-        eprintln!("model:    {}", path.display());
-        eprintln!("backend:  {}", backend.device_info());
-        eprintln!("context:  {n_ctx} positions (training context {})", spec.n_ctx_train);
-        eprintln!(
-            "predict:  {}",
-            if max_tokens == usize::MAX {
-                "until end of generation or a full context".into()
-            } else {
-                tokens(max_tokens)
-            }
-        );
-        eprintln!("prompt:   {}", tokens(ids.len()));
-        eprintln!("sampler chain: {}", cfg.chain());
-        eprintln!("sampler params: {cfg}");
-        if !from_model.is_empty() {
-            eprintln!("sampler params from the model (not given here): {from_model}");
-        }
+        let settings = Settings { path: &path, backend: backend.as_ref(), n_ctx, n_ctx_train: spec.n_ctx_train };
+        print_settings(&settings, max_tokens, Some(ids.len()), &cfg, &from_model);
     }
     if a.verbose_prompt {
         print_verbose_prompt(&prompt, &ids, &tokenizer);
@@ -211,7 +233,7 @@ pub fn run(a: RunArgs) -> CliResult {
     let mut sampler = Sampler::new(cfg.clone())?;
 
     let mut out = Out::new();
-    if !a.chat && !a.no_display_prompt && !a.json {
+    if !chat && !a.no_display_prompt && !a.json {
         write!(out, "{prompt}")?;
     }
     out.flush()?;

@@ -207,6 +207,36 @@ fn reverse_prompts_stop_before_the_stop_string() {
     let o = run_json(&m, &[&greedy[..], &["-r", "\u{1F600}never"]].concat());
     assert_eq!(o["text"].as_str().unwrap(), text);
     assert_one_line_error(&run_tiny(&m, &["-r", "", "hi"]), "-r: a stop string cannot be empty");
+    // -r takes escapes as -p does: the stop string's first character as
+    // \xHH stops at the same place; with --no-escape it is taken as written.
+    let first = stop.chars().next().unwrap();
+    let bytes: String = first.to_string().bytes().map(|b| format!("\\x{b:02x}")).collect();
+    let escaped = format!("{bytes}{}", &stop[first.len_utf8()..]);
+    assert!(!stop.contains('\\'), "{stop:?}");
+    let cut = run_json(&m, &[&greedy[..], &["-r", &escaped]].concat());
+    assert_eq!(cut["text"].as_str().unwrap(), &text[..at], "-r {escaped}");
+    assert_eq!(cut["stop_string"], stop.as_str());
+    let raw = run_json(&m, &[&greedy[..], &["-r", &escaped, "--no-escape"]].concat());
+    assert_eq!(raw["text"].as_str().unwrap(), text, "-r {escaped} --no-escape");
+    assert_one_line_error(&run_tiny(&m, &["-r", r"\xff", "hi"]), "-r: its \\x escapes do not form UTF-8");
+}
+
+/// llama.cpp's -sys turns the conversation mode on: `run -sys X` is `run
+/// --chat -sys X` (the prompt in the chat template, not echoed).
+#[test]
+fn a_system_prompt_turns_chat_on_in_run() {
+    let dir = tmpdir();
+    let m = synth_tiny(dir.path(), "llama");
+    let args = ["-n", "3", "--temp", "0", "-p", "hello"];
+    let sys = run_json(&m, &[&args[..], &["-sys", "be brief"]].concat());
+    let chat = run_json(&m, &[&args[..], &["--chat", "-sys", "be brief"]].concat());
+    let plain = run_json(&m, &args);
+    assert_eq!(sys["prompt_tokens"], chat["prompt_tokens"]);
+    assert_eq!(sys["text"], chat["text"]);
+    assert!(sys["prompt_tokens"].as_u64() > plain["prompt_tokens"].as_u64(), "{sys}\n{plain}");
+    let o = run_tiny(&m, &[&args[..], &["--system-prompt", "be brief"]].concat());
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(!stdout(&o).starts_with("hello"), "the chat prompt is not echoed: {}", stdout(&o));
 }
 
 #[test]

@@ -280,6 +280,24 @@ fn a_full_context_shifts_unless_told_not_to() {
     assert_one_line_error(&run_tiny(&m, &["--keep", "-2", "hello"]), "--keep -2");
 }
 
+/// A context shift feeds the kept tokens again, so it works on every KV
+/// cache type: quantized keys, and TurboQuant keys with quantized values.
+#[test]
+fn a_full_context_shifts_on_quantized_cache_types() {
+    let dir = tmpdir();
+    let m = synth_tiny(dir.path(), "llama");
+    for types in [&["-ctk", "q8_0"][..], &["-ctk", "tq3", "-ctv", "q4_0"]] {
+        let mut args = vec!["-n", "40", "-c", "16", "--keep", "2", "--ignore-eos", "--temp", "0", "--json", "hello"];
+        args.extend_from_slice(types);
+        let o = run_tiny(&m, &args);
+        assert!(o.status.success(), "{types:?}: {}", stderr(&o));
+        let j: serde_json::Value = serde_json::from_str(&stdout(&o)).expect("run --json");
+        assert_eq!(j["generated_tokens"], 40, "{types:?}: {j}");
+        assert_eq!(j["stop"], "max tokens", "{types:?}: {j}");
+        assert!(j["context_shifts"].as_u64().unwrap() >= 2, "{types:?}: {j}");
+    }
+}
+
 /// `path` with `general.sampling.*` keys added (`(key suffix, value)`),
 /// written to `out`.
 fn with_sampling_keys(path: &Path, out: &Path, keys: &[(&str, infer_model::gguf::Value)]) {

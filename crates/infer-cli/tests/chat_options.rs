@@ -1,0 +1,151 @@
+//! `infer chat` on tiny synthetic models (offline): the system message of a
+//! loaded conversation kept when old turns are dropped, `/load`'s checks, a
+//! turn refused by the template without ending the session, and llama-cli's
+//! `--ignore-eos`, `--verbose-prompt` and `-v`.
+
+mod common;
+
+use std::path::Path;
+
+use common::{infer, infer_stdin, stderr, stdout, synth_tiny, tmpdir};
+use serde_json::{json, Value};
+
+/// Runs `infer chat` on `model` greedily with `input` on stdin; returns
+/// stderr (the run must succeed).
+fn chat(model: &Path, args: &[&str], input: &str) -> String {
+    let mut all = vec!["chat", "-m", model.to_str().unwrap(), "-t", "1", "--temp", "0"];
+    all.extend_from_slice(args);
+    let o = infer_stdin(&all, input.as_bytes());
+    assert!(o.status.success(), "{}", stderr(&o));
+    stderr(&o)
+}
+
+/// A conversation of three long turns, with the system message `system`
+/// first when given.
+fn long_conversation(system: Option<&str>) -> Value {
+    let words = |tag: &str| format!("{tag} {}", (0..15).map(|i| format!("word{i}")).collect::<Vec<_>>().join(" "));
+    let mut list: Vec<Value> = system.iter().map(|s| json!({"role": "system", "content": s})).collect();
+    for t in 0..3 {
+        list.push(json!({"role": "user", "content": words(&format!("U{t}"))}));
+        list.push(json!({"role": "assistant", "content": words(&format!("A{t}"))}));
+    }
+    Value::Array(list)
+}
+
+fn read_json(path: &Path) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+/// After `/load`, the conversation's own leading system message is what
+/// dropping old turns keeps: the file's, without `-sys`; none, with `-sys`
+/// and a file without one (the file's first user turn is not protected).
+#[test]
+fn a_loaded_system_message_survives_dropped_turns() {
+    let dir = tmpdir();
+    let m = synth_tiny(dir.path(), "llama");
+    let (with, without, out) =
+        (dir.path().join("with.json"), dir.path().join("without.json"), dir.path().join("o.json"));
+    std::fs::write(&with, long_conversation(Some("SYSTEM keep me")).to_string()).unwrap();
+    std::fs::write(&without, long_conversation(None).to_string()).unwrap();
+    let input = |file: &Path| format!("/load {}\nnext question\n/save {}\n", file.display(), out.display());
+
+    let err = chat(&m, &["-c", "256", "-n", "4"], &input(&with));
+    assert!(err.contains("(context full: the 6 oldest messages were dropped)"), "{err}");
+    let saved = read_json(&out);
+    assert_eq!(saved[0], json!({"role": "system", "content": "SYSTEM keep me"}), "{saved}");
+    assert_eq!(saved[1]["content"], "next question", "{saved}");
+    assert_eq!(saved.as_array().unwrap().len(), 3, "{saved}");
+
+    chat(&m, &["-c", "256", "-n", "4", "-sys", "SYS"], &input(&without));
+    let saved = read_json(&out);
+    assert_eq!(saved[0], json!({"role": "user", "content": "next question"}), "{saved}");
+    assert_eq!(saved.as_array().unwrap().len(), 2, "{saved}");
+}
+
+/// `/load` refuses a conversation whose turns do not alternate; the session
+/// goes on.
+#[test]
+fn load_refuses_turns_that_do_not_alternate() {
+    let dir = tmpdir();
+    let m = synth_tiny(dir.path(), "llama");
+    let file = dir.path().join("c.json");
+    let c = json!([{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]);
+    std::fs::write(&file, c.to_string()).unwrap();
+    let err = chat(&m, &["-n", "2"], &format!("/load {}\nhi\n", file.display()));
+    assert!(err.contains("message 2 is a user message where an assistant message is expected"), "{err}");
+    assert_eq!(err.matches("[prefill ").count(), 1, "the next turn is answered: {err}");
+}
+
+/// A turn the template refuses (its `raise_exception`) is not sent and the
+/// conversation is kept; the next turn is answered.
+#[test]
+fn a_turn_the_template_refuses_does_not_end_the_session() {
+    let dir = tmpdir();
+    let m = synth_tiny(dir.path(), "llama");
+    let strict = dir.path().join("strict.gguf");
+    let template =
+        "{% for m in messages %}{% if 'boom' in m.content %}{{ raise_exception('no boom here') }}{% endif %}\
+                    <|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}<|im_start|>assistant\n";
+    let g = infer_model::gguf::GgufFile::open(&m).unwrap();
+    let mut w = infer_model::gguf::GgufWriter::from_gguf(&g).unwrap();
+    w.set_metadata("tokenizer.chat_template", template).unwrap();
+    w.write_to_path(&strict).unwrap();
+    let out = dir.path().join("o.json");
+    let err = chat(&strict, &["-n", "2"], &format!("first\nboom\nsecond\n/save {}\n", out.display()));
+    let line = err.lines().find(|l| l.contains("no boom here")).unwrap_or_else(|| panic!("{err}"));
+    assert!(line.starts_with("the chat template refused this turn") && line.ends_with("it was not sent"), "{err}");
+    assert_eq!(err.matches("[prefill ").count(), 2, "{err}");
+    let saved = read_json(&out);
+    let users: Vec<&str> = saved
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["role"] == "user")
+        .map(|m| m["content"].as_str().unwrap())
+        .collect();
+    assert_eq!(users, ["first", "second"], "{saved}");
+}
+
+/// llama-cli's `--ignore-eos`, `--verbose-prompt` and `-v` on `chat`.
+#[test]
+fn chat_takes_ignore_eos_verbose_prompt_and_verbose() {
+    let dir = tmpdir();
+    let m = synth_tiny(dir.path(), "llama");
+    // A model whose end-of-generation token is the one it answers first.
+    let o =
+        infer(&["run", "-m", m.to_str().unwrap(), "-t", "1", "--chat", "--temp", "0", "-n", "1", "--json", "-p", "hi"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let first: Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let first = first["text"].as_str().unwrap().to_string();
+    let g = infer_model::gguf::GgufFile::open(&m).unwrap();
+    let tokenizer = infer_model::tokenizer::Tokenizer::from_gguf(&g).unwrap();
+    let id = (0..tokenizer.n_vocab() as u32)
+        .find(|&id| tokenizer.token_bytes(id) == Some(first.as_bytes()))
+        .unwrap_or_else(|| panic!("no token is {first:?}"));
+    let ending = dir.path().join("ending.gguf");
+    let mut w = infer_model::gguf::GgufWriter::from_gguf(&g).unwrap();
+    w.set_metadata("tokenizer.ggml.eos_token_id", id).unwrap();
+    w.write_to_path(&ending).unwrap();
+
+    let err = chat(&ending, &["-n", "5"], "hi\n");
+    assert!(err.contains("; end of turn]"), "{err}");
+    let err = chat(&ending, &["-n", "5", "--ignore-eos"], "hi\n");
+    assert!(err.contains("5 tokens at") && err.contains("; -n reached]"), "{err}");
+
+    // --verbose-prompt: each turn's whole prompt and its tokens.
+    let err = chat(&m, &["-n", "2", "--verbose-prompt"], "hello\nagain\n");
+    let counts: Vec<usize> = err
+        .lines()
+        .filter_map(|l| l.strip_prefix("number of tokens in prompt = "))
+        .map(|n| n.trim().parse().unwrap())
+        .collect();
+    assert_eq!(counts.len(), 2, "{err}");
+    assert!(counts[1] > counts[0], "{err}");
+    assert!(err.contains("prompt: '<|im_start|>user\nhello<|im_end|>"), "{err}");
+    assert_eq!(err.lines().filter(|l| l.contains(" -> '")).count(), counts[0] + counts[1], "{err}");
+
+    // -v: the settings once, at the start.
+    let err = chat(&m, &["-n", "1", "-v", "-c", "64"], "hi\n");
+    assert!(err.contains("context:  64 positions") && err.contains("sampler chain: "), "{err}");
+    assert!(err.contains("predict:  1 token"), "{err}");
+}
