@@ -46,11 +46,14 @@ fn alone(m: &mut dyn DeviceModel, n_ctx: usize, chunks: &[(&[u32], Out)]) -> Res
 /// then one more step of all four, against each sequence alone with the
 /// same chunks; for chunks of 6 and 30 tokens (GPU backends run passes of
 /// the latter through their prefill GEMMs and tiled attention), with heads
-/// of 64 values in GQA and of 96 without (Phi-3's shape).
+/// of 64 values in GQA and of 96 without (Phi-3's shape), and with rows of
+/// 2048 values (CUDA splits a group of rows of 64+ chunks over two warps).
 fn mixed_case(b: &dyn ComputeBackend, arch: Arch) -> Result<Outcome, String> {
-    for (spec, heads) in
-        [(random_model(41, arch), "4/2 heads of 64"), (random_model_heads(46, arch, 256, 8, 8, 96), "8/8 heads of 96")]
-    {
+    for (spec, heads) in [
+        (random_model(41, arch), "4/2 heads of 64"),
+        (random_model_heads(46, arch, 256, 8, 8, 96), "8/8 heads of 96"),
+        (random_model_heads(47, arch, 2048, 4, 2, 64), "n_embd 2048"),
+    ] {
         let mut m = match prepare(b, &spec)? {
             Ok(m) => m,
             Err(skip) => return Ok(skip),

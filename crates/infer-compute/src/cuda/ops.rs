@@ -143,14 +143,17 @@ pub(crate) fn matvec(dev: &Device, m: &Matvec) -> Result<()> {
     let glu = matches!(m.mode, MvMode::GluGelu | MvMode::GluSilu);
     let gy = m.n_tok.div_ceil(MV_TOKENS);
     let tiled = k.tr.filter(|_| {
-        !glu && m.n_tok >= 2
+        m.n_tok >= 2
+            && (!glu || dev.opts.mv_rows_glu)
             && dev.opts.mv_rows_min_tokens.is_some_and(|min| m.n_tok >= min || total >= MV_TR_MANY_ROWS)
     });
     // The kernel, warps per row (group) and output rows per block.
     let (name, wpr, rows_per_block) = match (m.n_tok, k.t1s, tiled) {
         (_, _, Some(tiled)) => {
+            // A GLU group is MV_TR_ROWS / 2 gate/up pairs.
+            let per_group = if glu { MV_TR_ROWS / 2 } else { MV_TR_ROWS };
             let wpr = tiled_warps_per_group(dev, m.cols);
-            (tiled, wpr, MV_WARPS as usize / wpr * MV_TR_ROWS)
+            (tiled, wpr, MV_WARPS as usize / wpr * per_group)
         }
         (1, Some(split), _) => match warps_per_row(dev, m.cols, total) {
             1 => (k.t1, 1, MV_WARPS as usize),

@@ -78,13 +78,21 @@ pub struct CudaOptions {
     /// warp mat-vec kernels win at 16 tokens (7.7k vs 6.5k tokens/s), these
     /// from 24 (9.2k). `INFER_CUDA_MMQ=N` (2 or more; `0`: `None`).
     pub mmq_min_tokens: Option<usize>,
-    /// Quantized products (but gate/up pairs) of at least this many tokens
-    /// with 4 rows per warp (`mv_*_tr`, each activation chunk loaded once
-    /// for the warp's rows); fewer tokens run one row per warp (`mv_*_t8`)
-    /// but in products of 32 768+ rows (the vocabulary), which run 4 rows
-    /// per warp from 2 tokens; `None`: one row per warp everywhere.
+    /// Quantized products of at least this many tokens with 4 weight rows
+    /// per warp (`mv_*_tr`, each activation chunk loaded once for the
+    /// warp's rows; a gate/up pair is two of them); fewer tokens run one
+    /// row (or pair) per warp (`mv_*_t8`) but in products of 32 768+ rows
+    /// (the vocabulary), which run 4 rows per warp from 2 tokens; `None`:
+    /// one row per warp everywhere. Default 2: on an H100 (synthetic Q4_K_M,
+    /// S_TG of `infer bench --npl`) 4 rows per warp from 2 tokens against
+    /// from 12 gave gemma3 4B +4% at 2 sequences, +12% at 4, +24% at 8, and
+    /// llama 1B +0–3%, +7%, +15%; equal from 12 on.
     /// `INFER_CUDA_MV_ROWS=N` (2 or more; `0`: `None`).
     pub mv_rows_min_tokens: Option<usize>,
+    /// Gate/up pairs (GLU products) of 2+ tokens in the 4-rows-per-warp
+    /// kernels too, from `mv_rows_min_tokens` (two pairs per warp); off:
+    /// one pair per warp (`mv_*_t8`). `INFER_CUDA_MV_ROWS_GLU=0`.
+    pub mv_rows_glu: bool,
     /// Warps per row of one-token products of long rows, and per row
     /// group of the `mv_*_tr` products: 1, 2 or 4, or `None` for the most
     /// that keeps the launch resident. `INFER_CUDA_MV_WPR`.
@@ -114,7 +122,8 @@ impl Default for CudaOptions {
             prefill_gemm: Some(GemmPrecision::Bf16),
             gemm_min_tokens: 65,
             mmq_min_tokens: Some(24),
-            mv_rows_min_tokens: Some(12),
+            mv_rows_min_tokens: Some(2),
+            mv_rows_glu: true,
             mv_warps_per_row: None,
             mv_long_row: 4096,
             nvrtc_opts: Vec::new(),
@@ -142,6 +151,7 @@ impl CudaOptions {
             prefill_gemm: None,
             mmq_min_tokens: None,
             mv_rows_min_tokens: None,
+            mv_rows_glu: false,
             mv_warps_per_row: Some(1),
             ..Default::default()
         }
@@ -192,6 +202,7 @@ impl CudaOptions {
                 Some(Ok(n)) if n >= 2 => Some(n),
                 _ => d.mv_rows_min_tokens,
             },
+            mv_rows_glu: on("INFER_CUDA_MV_ROWS_GLU", d.mv_rows_glu),
             mv_warps_per_row: var("INFER_CUDA_MV_WPR")
                 .and_then(|v| v.parse().ok())
                 .filter(|w| matches!(w, 1 | 2 | 4))
@@ -222,6 +233,7 @@ mod tests {
             ("INFER_CUDA_MV_ROWS", "0"),
             ("INFER_CUDA_GEMM_MIN", "1"),
             ("INFER_CUDA_MMQ", "8"),
+            ("INFER_CUDA_MV_ROWS_GLU", "0"),
         ];
         let o = CudaOptions::from_vars(|k| vars.iter().find(|v| v.0 == k).map(|v| v.1.to_string()));
         assert!(!o.repack && o.pdl && o.flash);
@@ -230,6 +242,7 @@ mod tests {
         assert_eq!(o.mv_warps_per_row, None, "3 warps per row is not a choice");
         assert_eq!(o.mv_long_row, 2048);
         assert_eq!(o.mv_rows_min_tokens, None);
+        assert!(!o.mv_rows_glu);
         assert_eq!(o.gemm_min_tokens, 65, "a GEMM of one token is not a choice");
         assert_eq!(o.mmq_min_tokens, Some(8));
         let no_mmq = CudaOptions::from_vars(|k| (k == "INFER_CUDA_MMQ").then(|| "0".into()));
@@ -253,6 +266,7 @@ mod tests {
                 || u.attn_decode
                 || u.flash
                 || u.mv_rows_min_tokens.is_some()
+                || u.mv_rows_glu
                 || u.mmq_min_tokens.is_some())
         );
         assert_eq!((u.fuse_qkv, u.prefill_gemm, u.mv_warps_per_row), (Some(false), None, Some(1)));

@@ -132,11 +132,11 @@ __device__ __forceinline__ void matvec_q(const MatvecArgs& a) {
     mv_store<NT>(a, seg, r, t0, nt, acc, acc2, glu);
 }
 
-// matvec_q with MV_TR_ROWS output rows per warp (register tiles; not for
-// GLU, whose gate/up pairs already share each activation load between two
-// rows): lane l decodes chunks l, l + 32, ... of each of its warp's rows
-// once and dots them with the q8 activation of up to 8 tokens, loading
-// each activation chunk once for the R rows. With one row per warp, those
+// matvec_q with MV_TR_ROWS weight rows per warp (register tiles; for GLU
+// the gate and up rows of MV_TR_ROWS / 2 outputs): lane l decodes chunks
+// l, l + 32, ... of each of its warp's rows once and dots them with the q8
+// activation of up to 8 tokens, loading each activation chunk once for the
+// R rows. With one row per warp, those
 // activation loads outnumber the weight loads n_tok to 1 and bound a
 // product of many tokens; here they drop R-fold, at R-fold fewer warps.
 // So that few-row products still have warps enough to hide their loads,
@@ -154,24 +154,30 @@ __device__ __forceinline__ void matvec_q(const MatvecArgs& a) {
 #ifndef MV_TR_MIN_BLOCKS
 #define MV_TR_MIN_BLOCKS 4
 #endif
-template <class T>
-__device__ __forceinline__ void matvec_qr(const MatvecArgs& a) {
+template <class T, bool GLU>
+__device__ __forceinline__ void matvec_qr_mode(const MatvecArgs& a) {
     constexpr int R = MV_TR_ROWS, NT = 8;
     static_assert(R * NT == WARP, "one output of the group per lane");
-    const int total = mv_total_rows(a, false);
+    static_assert(R % 2 == 0, "GLU: whole gate/up pairs per group");
+    constexpr bool glu = GLU;
+    // Output rows per group: R, or R / 2 gate/up pairs (weight row i is
+    // output gr0 + i / 2 of the gate matrix for even i, of up for odd i).
+    const int per = glu ? R / 2 : R;
+    const int total = mv_total_rows(a, glu);
     const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
     const int wpr = a.wpr, part = warp % wpr;
-    const int gr0 = (blockIdx.x * (MV_WARPS / wpr) + warp / wpr) * R;
+    const int gr0 = (blockIdx.x * (MV_WARPS / wpr) + warp / wpr) * per;
     const bool valid = gr0 < total;
     const u8* wrow[R];
     int seg[R], row[R];
 #pragma unroll
     for (int i = 0; i < R; ++i) {
         // Rows past the last repeat it; their sums are not stored.
-        mv_locate(a, false, min(gr0 + i, total - 1), seg[i], row[i]);
-        const u8* wbase = seg[i] == 0 ? a.w[0] : seg[i] == 1 ? a.w[1] : a.w[2];
+        const int gi = gr0 + (glu ? i / 2 : i);
+        mv_locate(a, glu, min(gi, total - 1), seg[i], row[i]);
+        const u8* wbase = glu ? (i % 2 == 0 ? a.w[0] : a.w[1]) : seg[i] == 0 ? a.w[0] : seg[i] == 1 ? a.w[1] : a.w[2];
         wrow[i] = wbase + (size_t)row[i] * a.row_bytes;
-        if (valid && part == 0 && a.prefetch && gr0 + i < total) prefetch_l2(wrow[i], a.row_bytes);
+        if (valid && part == 0 && a.prefetch && gi < total) prefetch_l2(wrow[i], a.row_bytes);
     }
     PDL_PROLOGUE;
     const int t0 = blockIdx.y * NT;
@@ -201,9 +207,16 @@ __device__ __forceinline__ void matvec_qr(const MatvecArgs& a) {
     }
     if (wpr == 1) {
         if (!valid) return;
+        if constexpr (glu) {
 #pragma unroll
-        for (int i = 0; i < R; ++i) {
-            if (gr0 + i < total) mv_store<NT>(a, seg[i], row[i], t0, nt, acc[i], acc[i], false);
+            for (int j = 0; j < R / 2; ++j) {
+                if (gr0 + j < total) mv_store<NT>(a, 0, gr0 + j, t0, nt, acc[2 * j], acc[2 * j + 1], true);
+            }
+        } else {
+#pragma unroll
+            for (int i = 0; i < R; ++i) {
+                if (gr0 + i < total) mv_store<NT>(a, seg[i], row[i], t0, nt, acc[i], acc[i], false);
+            }
         }
         return;
     }
@@ -218,18 +231,36 @@ __device__ __forceinline__ void matvec_qr(const MatvecArgs& a) {
     }
     __syncthreads();
     const int i = lane / NT, t = lane % NT;
-    if (!valid || part != 0 || gr0 + i >= total || t >= nt) return;
+    // GLU: the lanes of gate rows (even i) finish their pair.
+    if (!valid || part != 0 || t >= nt || (glu && i % 2 != 0)) return;
+    const int out = glu ? gr0 + i / 2 : gr0 + i;
+    if (out >= total) return;
     float v = 0.0f;
     for (int k = 0; k < wpr; ++k) v += sums[warp + k][lane];
-    if (a.mode == MV_SOFTCAP) v = a.cap * tanhf(v * (1.0f / a.cap));
-    // Constant indices into seg and row (a run-time one would put them in
-    // local memory).
-    int sg = seg[0], r = row[0];
+    if constexpr (glu) {
+        float u = 0.0f;
+        for (int k = 0; k < wpr; ++k) u += sums[warp + k][lane + NT];
+        v = (a.mode == MV_GLU_GELU ? act_gelu_tanh(v) : act_silu(v)) * u;
+        mv_put(a, 0, out, t0 + t, v);
+    } else {
+        if (a.mode == MV_SOFTCAP) v = a.cap * tanhf(v * (1.0f / a.cap));
+        // Constant indices into seg and row (a run-time one would put them
+        // in local memory).
+        int sg = seg[0], r = row[0];
 #pragma unroll
-    for (int k = 1; k < R; ++k) {
-        if (i == k) { sg = seg[k]; r = row[k]; }
+        for (int k = 1; k < R; ++k) {
+            if (i == k) { sg = seg[k]; r = row[k]; }
+        }
+        mv_put(a, sg, r, t0 + t, v);
     }
-    mv_put(a, sg, r, t0 + t, v);
+}
+
+// matvec_qr_mode for the launch's mode: GLU a compile-time choice, so that
+// the plain products keep their registers.
+template <class T>
+__device__ __forceinline__ void matvec_qr(const MatvecArgs& a) {
+    if (a.mode == MV_GLU_GELU || a.mode == MV_GLU_SILU) matvec_qr_mode<T, true>(a);
+    else matvec_qr_mode<T, false>(a);
 }
 
 // The chunk loop of matvec_q1 for one GLU choice, against the q8
