@@ -44,8 +44,10 @@ fn alone(m: &mut dyn DeviceModel, n_ctx: usize, chunks: &[(&[u32], Out)]) -> Res
 /// attention in one launch) beside a third's prompt chunk of `p` tokens
 /// (with all its logits) and a fourth's chunk without logits in one step,
 /// then one more step of all four, against each sequence alone with the
-/// same chunks; for chunks of 6 and 30 tokens (GPU backends run passes of
-/// the latter through their prefill GEMMs and tiled attention), with heads
+/// same chunks; for chunks of 6, 14 and 30 tokens (steps of 12, 20 and 36
+/// tokens: CUDA runs the gate/up pairs of 20 four rows per warp, and GPU
+/// backends run passes of the last through their prefill GEMMs and tiled
+/// attention), with heads
 /// of 64 values in GQA and of 96 without (Phi-3's shape), and with rows of
 /// 2048 values (CUDA splits a group of rows of 64+ chunks over two warps).
 fn mixed_case(b: &dyn ComputeBackend, arch: Arch) -> Result<Outcome, String> {
@@ -58,7 +60,7 @@ fn mixed_case(b: &dyn ComputeBackend, arch: Arch) -> Result<Outcome, String> {
             Ok(m) => m,
             Err(skip) => return Ok(skip),
         };
-        for p in [6, 30] {
+        for p in [6, 14, 30] {
             mixed_step(b, m.as_mut(), p).map_err(|e| format!("{heads}, a prompt chunk of {p}: {e}"))?;
         }
     }

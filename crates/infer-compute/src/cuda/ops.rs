@@ -144,7 +144,7 @@ pub(crate) fn matvec(dev: &Device, m: &Matvec) -> Result<()> {
     let gy = m.n_tok.div_ceil(MV_TOKENS);
     let tiled = k.tr.filter(|_| {
         m.n_tok >= 2
-            && (!glu || dev.opts.mv_rows_glu)
+            && (!glu || dev.opts.mv_rows_glu_min_tokens.is_some_and(|min| m.n_tok >= min))
             && dev.opts.mv_rows_min_tokens.is_some_and(|min| m.n_tok >= min || total >= MV_TR_MANY_ROWS)
     });
     // The kernel, warps per row (group) and output rows per block.

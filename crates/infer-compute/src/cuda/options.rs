@@ -80,8 +80,8 @@ pub struct CudaOptions {
     pub mmq_min_tokens: Option<usize>,
     /// Quantized products of at least this many tokens with 4 weight rows
     /// per warp (`mv_*_tr`, each activation chunk loaded once for the
-    /// warp's rows; a gate/up pair is two of them); fewer tokens run one
-    /// row (or pair) per warp (`mv_*_t8`) but in products of 32 768+ rows
+    /// warp's rows; gate/up pairs from `mv_rows_glu_min_tokens`); fewer
+    /// tokens run one row per warp (`mv_*_t8`) but in products of 32 768+ rows
     /// (the vocabulary), which run 4 rows per warp from 2 tokens; `None`:
     /// one row per warp everywhere. Default 2: on an H100 (synthetic Q4_K_M,
     /// S_TG of `infer bench --npl`) 4 rows per warp from 2 tokens against
@@ -89,10 +89,15 @@ pub struct CudaOptions {
     /// llama 1B +0–3%, +7%, +15%; equal from 12 on.
     /// `INFER_CUDA_MV_ROWS=N` (2 or more; `0`: `None`).
     pub mv_rows_min_tokens: Option<usize>,
-    /// Gate/up pairs (GLU products) of 2+ tokens in the 4-rows-per-warp
-    /// kernels too, from `mv_rows_min_tokens` (two pairs per warp); off:
-    /// one pair per warp (`mv_*_t8`). `INFER_CUDA_MV_ROWS_GLU=0`.
-    pub mv_rows_glu: bool,
+    /// Gate/up pairs (GLU products) of at least this many tokens in the
+    /// 4-rows-per-warp kernels too (two pairs per warp); fewer: one pair
+    /// per warp (`mv_*_t8`), which already loads each activation chunk
+    /// once for two rows; `None`: never. Default 16: on an H100 (synthetic
+    /// Q4_K_M, `infer bench --npl`) two pairs per warp were 3–9% slower at
+    /// 2 and 4 sequences (a quarter of the warps hide fewer loads), even
+    /// at 8 and 12, and 2–3% faster at 16 and 23 on gemma3 4B.
+    /// `INFER_CUDA_MV_ROWS_GLU=N` (2 or more; `0`: `None`).
+    pub mv_rows_glu_min_tokens: Option<usize>,
     /// Warps per row of one-token products of long rows, and per row
     /// group of the `mv_*_tr` products: 1, 2 or 4, or `None` for the most
     /// that keeps the launch resident. `INFER_CUDA_MV_WPR`.
@@ -123,7 +128,7 @@ impl Default for CudaOptions {
             gemm_min_tokens: 65,
             mmq_min_tokens: Some(24),
             mv_rows_min_tokens: Some(2),
-            mv_rows_glu: true,
+            mv_rows_glu_min_tokens: Some(16),
             mv_warps_per_row: None,
             mv_long_row: 4096,
             nvrtc_opts: Vec::new(),
@@ -151,7 +156,7 @@ impl CudaOptions {
             prefill_gemm: None,
             mmq_min_tokens: None,
             mv_rows_min_tokens: None,
-            mv_rows_glu: false,
+            mv_rows_glu_min_tokens: None,
             mv_warps_per_row: Some(1),
             ..Default::default()
         }
@@ -202,7 +207,11 @@ impl CudaOptions {
                 Some(Ok(n)) if n >= 2 => Some(n),
                 _ => d.mv_rows_min_tokens,
             },
-            mv_rows_glu: on("INFER_CUDA_MV_ROWS_GLU", d.mv_rows_glu),
+            mv_rows_glu_min_tokens: match var("INFER_CUDA_MV_ROWS_GLU").map(|v| v.parse::<usize>()) {
+                Some(Ok(0)) => None,
+                Some(Ok(n)) if n >= 2 => Some(n),
+                _ => d.mv_rows_glu_min_tokens,
+            },
             mv_warps_per_row: var("INFER_CUDA_MV_WPR")
                 .and_then(|v| v.parse().ok())
                 .filter(|w| matches!(w, 1 | 2 | 4))
@@ -242,7 +251,7 @@ mod tests {
         assert_eq!(o.mv_warps_per_row, None, "3 warps per row is not a choice");
         assert_eq!(o.mv_long_row, 2048);
         assert_eq!(o.mv_rows_min_tokens, None);
-        assert!(!o.mv_rows_glu);
+        assert_eq!(o.mv_rows_glu_min_tokens, None);
         assert_eq!(o.gemm_min_tokens, 65, "a GEMM of one token is not a choice");
         assert_eq!(o.mmq_min_tokens, Some(8));
         let no_mmq = CudaOptions::from_vars(|k| (k == "INFER_CUDA_MMQ").then(|| "0".into()));
@@ -266,7 +275,7 @@ mod tests {
                 || u.attn_decode
                 || u.flash
                 || u.mv_rows_min_tokens.is_some()
-                || u.mv_rows_glu
+                || u.mv_rows_glu_min_tokens.is_some()
                 || u.mmq_min_tokens.is_some())
         );
         assert_eq!((u.fuse_qkv, u.prefill_gemm, u.mv_warps_per_row), (Some(false), None, Some(1)));
