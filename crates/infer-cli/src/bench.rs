@@ -226,14 +226,14 @@ fn mean_std(v: &[f64]) -> (f64, f64) {
     (mean, var.sqrt())
 }
 
-/// Index of the largest logit (the first on ties, [`infer_model::sampling::argmax`]);
-/// an error for NaN logits, which a benchmark must not time as if they were
-/// tokens.
+/// [`infer_compute::greedy_token`] (the first on ties; an error for NaN
+/// logits, which a benchmark must not time as if they were tokens), its
+/// error naming the first NaN's index.
 pub fn argmax(logits: &[f32]) -> Result<u32, String> {
-    if let Some(i) = logits.iter().position(|z| z.is_nan()) {
-        return Err(format!("the model produced a NaN logit (index {i})"));
-    }
-    infer_model::sampling::argmax(logits).ok_or_else(|| "the model produced no logits".to_string())
+    infer_compute::greedy_token(logits).map_err(|e| match logits.iter().position(|z| z.is_nan()) {
+        Some(i) => format!("the model produced a NaN logit (index {i})"),
+        None => format!("the model's logits: {e}"),
+    })
 }
 
 /// Weight bytes one decode step reads: every layer matrix and the output
@@ -251,9 +251,7 @@ pub fn decode_bytes_per_token(spec: &ModelSpec, f32_weights: bool) -> u64 {
     };
     let mut b = size(&spec.output);
     for l in &spec.layers {
-        for w in [&l.wq, &l.wk, &l.wv, &l.wo, &l.ffn_up, &l.ffn_down].into_iter().chain(l.ffn_gate.as_ref()) {
-            b += size(w);
-        }
+        b += l.matrices().map(size).sum::<u64>();
     }
     b
 }

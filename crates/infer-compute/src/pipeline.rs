@@ -115,6 +115,18 @@ pub struct LayerSpec {
     pub post_ffn_norm: Option<Norm>,
 }
 
+impl LayerSpec {
+    /// The layer's projection matrices, the one list every backend and
+    /// tool counts or converts: q, k, v, output, then the FFN's gate (when
+    /// gated), up and down. Biases and norms are vectors, not in it.
+    pub fn matrices(&self) -> impl Iterator<Item = &QuantWeight> {
+        [&self.wq, &self.wk, &self.wv, &self.wo]
+            .into_iter()
+            .chain(self.ffn_gate.as_ref())
+            .chain([&self.ffn_up, &self.ffn_down])
+    }
+}
+
 /// A whole decoder-only model.
 #[derive(Clone, Debug)]
 pub struct ModelSpec {

@@ -13,6 +13,7 @@
 use std::sync::Arc;
 
 use half::{bf16, f16};
+use infer_compute::conformance::cosine;
 use infer_compute::cpu::{ops, CpuBackend, Kernels, Precision};
 use infer_compute::cuda::CudaBackend;
 use infer_compute::pipeline::{Activation, FfnType, LayerSpec, ModelSpec, Norm, NormType, RopeSpec, RopeType};
@@ -139,20 +140,6 @@ fn assert_close(what: &str, got: &[f32], want: &[f32], rtol: f32, atol: f32) {
         .map(|(i, (&g, &w))| format!("[{i}] got {g:e} want {w:e} abs {:.3e}", (g - w).abs()))
         .collect();
     assert!(bad.is_empty(), "{what}: n={} mismatches:\n{}", got.len(), bad.join("\n"));
-}
-
-fn cosine(a: &[f32], b: &[f32]) -> f64 {
-    let (mut ab, mut aa, mut bb) = (0f64, 0f64, 0f64);
-    for (&x, &y) in a.iter().zip(b) {
-        ab += x as f64 * y as f64;
-        aa += x as f64 * x as f64;
-        bb += y as f64 * y as f64;
-    }
-    ab / (aa.sqrt() * bb.sqrt()).max(1e-300)
-}
-
-fn argmax(v: &[f32]) -> usize {
-    v.iter().enumerate().fold(0, |best, (i, &x)| if x > v[best] { i } else { best })
 }
 
 // ---------------------------------------------------------------------------
@@ -579,28 +566,15 @@ fn tokens(seed: u64, n: usize, vocab: usize) -> Vec<u32> {
     (0..n).map(|_| rng.gen_range(0..vocab as u32)).collect()
 }
 
+/// The conformance suite's bound on logits against the CPU's
+/// ([`infer_compute::conformance::check_logits`]: finite, cosine ≥ 0.999,
+/// the same top token unless the CPU's is a near-tie); returns the cosine.
 #[track_caller]
 fn check_logits(what: &str, got: &[f32], want: &[f32]) -> f64 {
-    assert!(got.iter().all(|v| v.is_finite()), "{what}: non-finite logits");
-    let cos = cosine(got, want);
-    assert!(cos >= 0.999, "{what}: cosine {cos:.6}");
-    let (tg, tw) = (argmax(got), argmax(want));
-    if tg != tw {
-        // Only a near-tie of the reference may flip the top token: a margin
-        // within 1e-3 of the logit range, or within three times the RMS
-        // difference of the two logit vectors (two quantized paths round
-        // differently; their difference sets the scale of a tie).
-        let range = want.iter().cloned().fold(f32::MIN, f32::max) - want.iter().cloned().fold(f32::MAX, f32::min);
-        let rms = (got.iter().zip(want).map(|(a, b)| ((a - b) as f64).powi(2)).sum::<f64>() / want.len() as f64).sqrt()
-            as f32;
-        let margin = want[tw] - want[tg];
-        assert!(
-            margin <= (1e-3 * range).max(3.0 * rms),
-            "{what}: top-1 {tg} vs CPU {tw} (CPU margin {margin:e} of range {range:e}, RMS difference {rms:e})"
-        );
-        eprintln!("{what}: top-1 differs on a near-tie (margin {margin:e})");
+    if let Err(e) = infer_compute::conformance::check_logits(what, got, want) {
+        panic!("{e} (against the CPU)");
     }
-    cos
+    cosine(got, want)
 }
 
 /// The CPU backend computing exactly (f32 weights and activations): the

@@ -414,28 +414,6 @@ fn nucleus_reached(probs: &[f32], top_p: f32) -> Option<usize> {
     None
 }
 
-/// The index of the largest value, the lowest index among equal ones. NaN
-/// values are skipped; `None` when there is no other value. Lane-wise
-/// maxima first (so that the scan over a vocabulary vectorizes), then the
-/// first index holding the maximum.
-pub fn argmax(logits: &[f32]) -> Option<u32> {
-    const L: usize = 16;
-    let mut lanes = [f32::NEG_INFINITY; L];
-    let chunks = logits.chunks_exact(L);
-    let tail = chunks.remainder();
-    for c in chunks {
-        for i in 0..L {
-            // `f32::max` returns the other operand when one is NaN.
-            lanes[i] = lanes[i].max(c[i]);
-        }
-    }
-    for &z in tail {
-        lanes[0] = lanes[0].max(z);
-    }
-    let max = lanes.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    logits.iter().position(|&z| z == max).map(|i| i as u32)
-}
-
 /// A candidate token; ordered so that "greater" means "more likely":
 /// higher logit, then lower id.
 #[derive(Clone, Copy, Debug)]
@@ -598,7 +576,11 @@ impl Sampler {
                 }
             }
         }
-        let (l, best) = if use_penalty { (&penalized[..], argmax(&penalized).unwrap_or(0)) } else { (logits, best) };
+        let (l, best) = if use_penalty {
+            (&penalized[..], infer_compute::greedy_token(&penalized).unwrap_or(0))
+        } else {
+            (logits, best)
+        };
         let chosen = self.choose(l, best);
         self.penalized = penalized;
         let id = chosen?;

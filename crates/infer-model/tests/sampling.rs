@@ -3,7 +3,8 @@
 
 use std::time::Instant;
 
-use infer_model::sampling::{argmax, nucleus_len, Sampler, SamplerConfig, SamplingError};
+use infer_compute::greedy_token;
+use infer_model::sampling::{nucleus_len, Sampler, SamplerConfig, SamplingError};
 use rand::{Rng, SeedableRng};
 
 fn cfg(temperature: f32, top_k: usize, top_p: f32, min_p: f32, seed: u64) -> SamplerConfig {
@@ -52,7 +53,7 @@ fn is_argmax_only_when_sampling_is_the_argmax() {
         if expected {
             for _ in 0..50 {
                 let logits: Vec<f32> = (0..97).map(|_| rng.gen_range(-5.0..5.0)).collect();
-                assert_eq!(Some(s.sample(&logits).unwrap()), argmax(&logits), "{c:?}");
+                assert_eq!(s.sample(&logits).ok(), greedy_token(&logits).ok(), "{c:?}");
             }
         }
     }
@@ -65,17 +66,21 @@ fn greedy_picks_argmax_lowest_id_on_ties() {
     assert_eq!(s.sample(&[1.0, 5.0, 5.0, 5.0]).unwrap(), 1);
     assert_eq!(s.sample(&[-1.0, -1.0]).unwrap(), 0);
     assert_eq!(s.sample(&[f32::NEG_INFINITY, -1e30]).unwrap(), 1);
-    assert_eq!(argmax(&[2.0, f32::NAN, 3.0, 3.0]), Some(2));
-    assert_eq!(argmax(&[]), None);
-    assert_eq!(argmax(&[f32::NAN; 40]), None);
+    // The one greedy choice of every caller (infer_compute::greedy_token):
+    // the first of ties, an error for NaN or no logits.
+    assert!(greedy_token(&[2.0, f32::NAN, 3.0, 3.0]).is_err());
+    assert!(greedy_token(&[]).is_err());
+    assert!(greedy_token(&[f32::NAN; 40]).is_err());
     let mut wide = vec![0.5f32; 37];
-    wide[3] = f32::NAN;
     wide[20] = 2.0;
     wide[36] = 2.0;
-    assert_eq!(argmax(&wide), Some(20), "first of ties past the vector lanes, NaN skipped");
+    assert_eq!(greedy_token(&wide).ok(), Some(20), "first of ties past the vector lanes");
+    wide[3] = f32::NAN;
+    assert!(greedy_token(&wide).is_err(), "a NaN past the lanes' first pass");
+    assert!(matches!(s.sample(&wide), Err(SamplingError::NaN { index: 3 })));
     for seed in 0..20 {
         let l = random_logits(1000, seed);
-        let want = argmax(&l).unwrap();
+        let want = greedy_token(&l).unwrap();
         assert_eq!(s.sample(&l).unwrap(), want);
         // Temperature 0 through the full config.
         let mut t0 = Sampler::new(cfg(0.0, 40, 0.9, 0.1, seed)).unwrap();
@@ -88,7 +93,7 @@ fn top_k_one_is_greedy() {
     for seed in 0..50 {
         let l = random_logits(5000, seed + 100);
         let mut s = Sampler::new(cfg(1.5, 1, 1.0, 0.0, seed)).unwrap();
-        assert_eq!(s.sample(&l).unwrap(), argmax(&l).unwrap());
+        assert_eq!(s.sample(&l).unwrap(), greedy_token(&l).unwrap());
     }
     let mut s = Sampler::new(cfg(1.0, 1, 1.0, 0.0, 0)).unwrap();
     assert_eq!(s.sample(&[4.0, 4.0, 1.0]).unwrap(), 0);
@@ -100,7 +105,7 @@ fn temperature_towards_zero_is_greedy() {
         // The best logit 0.1 ahead of the rest: at these temperatures the
         // others' probabilities underflow (exp(-0.1 / T)).
         let mut l = random_logits(2000, seed + 200);
-        let want = argmax(&l).unwrap();
+        let want = greedy_token(&l).unwrap();
         l[want as usize] += 0.1;
         for t in [1e-3f32, 1e-6, 1e-20, f32::MIN_POSITIVE, 1e-45] {
             let mut s = Sampler::new(SamplerConfig::with_temperature(t, seed)).unwrap();

@@ -29,17 +29,6 @@ pub fn cosine(a: &[f32], b: &[f32]) -> f64 {
     dot / (na * nb).max(f64::MIN_POSITIVE)
 }
 
-/// Index of the largest value (the first of equals; NaN never wins).
-pub fn argmax(v: &[f32]) -> usize {
-    let mut best = 0;
-    for (i, &x) in v.iter().enumerate() {
-        if x > v[best] || v[best].is_nan() {
-            best = i;
-        }
-    }
-    best
-}
-
 /// The first `n` indices where `got` and `want` differ by more than
 /// `atol + rtol·|want|`, with both values and the error, for messages.
 pub fn first_mismatches(got: &[f32], want: &[f32], rtol: f32, atol: f32, n: usize) -> String {
@@ -72,7 +61,10 @@ pub fn check_logits(what: &str, got: &[f32], want: &[f32]) -> Result<(), String>
     if cos < 0.999 {
         return Err(format!("{what}: cosine {cos:.6} < 0.999"));
     }
-    let (tg, tw) = (argmax(got), argmax(want));
+    let top = |v: &[f32], whose: &str| {
+        crate::greedy_token(v).map(|t| t as usize).map_err(|e| format!("{what}: {whose} logits: {e}"))
+    };
+    let (tg, tw) = (top(got, "the")?, top(want, "the reference's")?);
     if tg != tw {
         let max = want.iter().cloned().fold(f32::MIN, f32::max);
         let min = want.iter().cloned().fold(f32::MAX, f32::min);

@@ -26,7 +26,7 @@ use ndarray::{Array2, ArrayView2};
 
 use crate::backend::{ComputeBackend, DeviceModel};
 use crate::error::{Error, Result};
-use crate::pipeline::ModelSpec;
+use crate::pipeline::{LayerSpec, ModelSpec};
 use crate::weight::QuantWeight;
 pub use kernels::{Kernels, SimdLevel};
 
@@ -160,9 +160,7 @@ impl ComputeBackend for CpuBackend {
                     let all: u64 = spec
                         .layers
                         .iter()
-                        .flat_map(|l| {
-                            [&l.wq, &l.wk, &l.wv, &l.wo, &l.ffn_up, &l.ffn_down].into_iter().chain(&l.ffn_gate)
-                        })
+                        .flat_map(LayerSpec::matrices)
                         .chain([&spec.output])
                         .map(|w| 4 * w.rows as u64 * w.cols as u64)
                         .sum();

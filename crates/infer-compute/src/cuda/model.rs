@@ -174,6 +174,14 @@ struct DevLayer {
     post_ffn_norm: Option<DevNorm>,
 }
 
+impl DevLayer {
+    /// The layer's matrices in [`crate::pipeline::LayerSpec::matrices`]'s
+    /// order.
+    fn matrices(&self) -> impl Iterator<Item = &DevWeight> {
+        [&self.wq, &self.wk, &self.wv, &self.wo].into_iter().chain(self.gate.as_ref()).chain([&self.up, &self.down])
+    }
+}
+
 /// Whether the CUDA kernels can run `spec` (see
 /// [`crate::ComputeBackend::supports`]): attention shapes, RMSNorm post- and
 /// q/k norms, and a mat-vec kernel for every matrix's weight type.
@@ -410,10 +418,7 @@ impl CudaModel {
             max.heads = max.heads.max(l.n_head);
             max.hd = max.hd.max(l.head_dim);
             max.cols = max.cols.max(q_dim).max(n_ff);
-            let mut mats = vec![&l.wq, &l.wk, &l.wv, &l.wo, &l.ffn_up, &l.ffn_down];
-            if let Some(g) = &l.ffn_gate {
-                mats.push(g);
-            }
+            let mats: Vec<_> = l.matrices().collect();
             weight_bytes += mats.iter().map(|w| w.data.as_bytes().len()).sum::<usize>();
             max.mat = max.mat.max(mats.iter().map(|w| w.rows * w.cols).max().unwrap_or(0));
             let gated = matches!((l.ffn, &l.ffn_gate), (FfnType::Gated, Some(_)));
@@ -461,13 +466,9 @@ impl CudaModel {
         // The products of the layouts this model has, compiled (or taken
         // from the cache) now rather than at a first launch inside a graph
         // capture.
-        let layer_mats = || {
-            layers.iter().flat_map(|l| {
-                [Some(&l.wq), Some(&l.wk), Some(&l.wv), Some(&l.wo), l.gate.as_ref(), Some(&l.up), Some(&l.down)]
-            })
-        };
-        let mmq_layers = layer_mats().flatten().all(|w| ops::mmq_kernel(w.ty, w.repacked_stride != 0).is_some());
-        let layouts: Vec<_> = layer_mats().flatten().chain([&output]).map(|w| (w.ty, w.repacked_stride != 0)).collect();
+        let layer_mats = || layers.iter().flat_map(DevLayer::matrices);
+        let mmq_layers = layer_mats().all(|w| ops::mmq_kernel(w.ty, w.repacked_stride != 0).is_some());
+        let layouts: Vec<_> = layer_mats().chain([&output]).map(|w| (w.ty, w.repacked_stride != 0)).collect();
         d.load_products(&layouts)?;
         d.sync()?;
         let w = Weights {

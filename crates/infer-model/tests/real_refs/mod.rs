@@ -192,7 +192,7 @@ fn greedy_up_to_first_near_tie(
     let mut logits = model.prefill(kv.as_mut(), &case.prompt_ids, 0).map_err(|e| e.to_string())?.to_vec();
     let mut reference_top = case.prompt_top.last().ok_or("no prompt_top")?;
     for (j, step) in case.greedy.iter().enumerate() {
-        let ours = infer_model::sampling::argmax(&logits).ok_or("non-finite logits")?;
+        let ours = infer_compute::greedy_token(&logits).map_err(|e| e.to_string())?;
         if ours != step.id {
             let margin = reference_top.logits[0] - reference_top.logits[1];
             if margin <= tie {
