@@ -293,7 +293,12 @@ fn is_file(path: &str, want: &str) -> bool {
 /// the file is split into parts.
 pub fn pick<'a>(files: &'a [HubFile], r: &HubRef) -> Result<&'a HubFile> {
     let ggufs = model_files(files);
-    let names = |list: &[&HubFile]| list.iter().map(|f| f.path.as_str()).collect::<Vec<_>>().join(", ");
+    // Sorted: the hub lists a repository's files in no promised order.
+    let names = |list: &[&HubFile]| {
+        let mut v: Vec<&str> = list.iter().map(|f| f.path.as_str()).collect();
+        v.sort_unstable();
+        v.join(", ")
+    };
     if let Some(want) = &r.file {
         let exact: Vec<&HubFile> = files.iter().filter(|f| f.path == *want).collect();
         let found: Vec<&HubFile> =
