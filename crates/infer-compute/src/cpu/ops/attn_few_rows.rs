@@ -16,6 +16,23 @@ use super::attention::{AVX2, AVX512};
 /// Most rows the few-row kernels take.
 pub(super) const FEW_ROWS: usize = 8;
 
+/// `$f::<R>(args)` for the run-time row count `R` in `1..=FEW_ROWS`.
+#[cfg(target_arch = "x86_64")]
+macro_rules! by_rows {
+    ($rows:expr, $f:ident($($a:expr),*)) => {
+        match $rows {
+            1 => $f::<1>($($a),*),
+            2 => $f::<2>($($a),*),
+            3 => $f::<3>($($a),*),
+            4 => $f::<4>($($a),*),
+            5 => $f::<5>($($a),*),
+            6 => $f::<6>($($a),*),
+            7 => $f::<7>($($a),*),
+            _ => $f::<8>($($a),*),
+        }
+    };
+}
+
 /// `s[r · ls + c] = q[r] · k[c]` for `rows ≤ FEW_ROWS` rows of `q` (`hd`
 /// apart) and `nk` keys `k = (values, stride)`.
 #[inline(always)]
@@ -32,30 +49,16 @@ pub(super) fn scores<const W: u8>(
     #[cfg(target_arch = "x86_64")]
     {
         let (qp, kp, sp) = (q.as_ptr(), k.as_ptr(), s.as_mut_ptr());
-        macro_rules! by_rows {
-            ($f:ident) => {
-                match rows {
-                    1 => $f::<1>(qp, kp, stride, nk, hd, sp, ls),
-                    2 => $f::<2>(qp, kp, stride, nk, hd, sp, ls),
-                    3 => $f::<3>(qp, kp, stride, nk, hd, sp, ls),
-                    4 => $f::<4>(qp, kp, stride, nk, hd, sp, ls),
-                    5 => $f::<5>(qp, kp, stride, nk, hd, sp, ls),
-                    6 => $f::<6>(qp, kp, stride, nk, hd, sp, ls),
-                    7 => $f::<7>(qp, kp, stride, nk, hd, sp, ls),
-                    _ => $f::<8>(qp, kp, stride, nk, hd, sp, ls),
-                }
-            };
-        }
         if W == AVX512 {
             // SAFETY: `W == AVX512` only inside `Job::run_avx512` (AVX-512
             // F and FMA enabled); the asserts bound every access.
-            unsafe { by_rows!(scores_avx512) };
+            unsafe { by_rows!(rows, scores_avx512(qp, kp, stride, nk, hd, sp, ls)) };
             return;
         }
         if W == AVX2 {
             // SAFETY: `W == AVX2` only inside `Job::run_avx2` (AVX2 and FMA
             // enabled); the asserts bound every access.
-            unsafe { by_rows!(scores_avx2) };
+            unsafe { by_rows!(rows, scores_avx2(qp, kp, stride, nk, hd, sp, ls)) };
             return;
         }
     }
@@ -86,30 +89,16 @@ pub(super) fn pv<const W: u8>(
     #[cfg(target_arch = "x86_64")]
     {
         let (pp, ap, vp, op) = (p.as_ptr(), alpha.as_ptr(), v.as_ptr(), o.as_mut_ptr());
-        macro_rules! by_rows {
-            ($f:ident) => {
-                match rows {
-                    1 => $f::<1>(pp, ls, ap, vp, stride, nk, hd, op),
-                    2 => $f::<2>(pp, ls, ap, vp, stride, nk, hd, op),
-                    3 => $f::<3>(pp, ls, ap, vp, stride, nk, hd, op),
-                    4 => $f::<4>(pp, ls, ap, vp, stride, nk, hd, op),
-                    5 => $f::<5>(pp, ls, ap, vp, stride, nk, hd, op),
-                    6 => $f::<6>(pp, ls, ap, vp, stride, nk, hd, op),
-                    7 => $f::<7>(pp, ls, ap, vp, stride, nk, hd, op),
-                    _ => $f::<8>(pp, ls, ap, vp, stride, nk, hd, op),
-                }
-            };
-        }
         if W == AVX512 {
             // SAFETY: as in `scores`: AVX-512 F enabled, accesses bounded
             // by the asserts.
-            unsafe { by_rows!(pv_avx512) };
+            unsafe { by_rows!(rows, pv_avx512(pp, ls, ap, vp, stride, nk, hd, op)) };
             return;
         }
         if W == AVX2 {
             // SAFETY: as in `scores`: AVX2 and FMA enabled, accesses
             // bounded by the asserts.
-            unsafe { by_rows!(pv_avx2) };
+            unsafe { by_rows!(rows, pv_avx2(pp, ls, ap, vp, stride, nk, hd, op)) };
             return;
         }
     }
