@@ -6,6 +6,7 @@
 //! `[{"role": "system"|"user"|"assistant", "content": "..."}]`, the body's
 //! `messages` of a `/v1/chat/completions` request.
 
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
 use infer_model::chat::{Message, Role};
@@ -82,16 +83,41 @@ struct FileMessage {
     content: String,
 }
 
-/// Writes `messages` to `path` as a JSON array.
+/// Writes `messages` to `path` as a JSON array: into a new file beside
+/// it, then renamed over it, so that a failed write loses nothing.
 ///
 /// # Errors
-/// The file cannot be written (named with the path).
+/// The file cannot be written (named with the path); `path` exists and is
+/// not a regular file (a device or a pipe would never end, or block), or
+/// is a GGUF model (a conversation must never replace a model, least of
+/// all the one being run).
 pub fn save(path: &Path, messages: &[Message]) -> CliResult {
+    let what = path.display();
+    if let Ok(meta) = std::fs::metadata(path) {
+        if !meta.is_file() {
+            return Err(format!("/save: {what} is not a regular file").into());
+        }
+        let mut magic = [0u8; 4];
+        let is_gguf = std::fs::File::open(path).and_then(|mut f| f.read_exact(&mut magic)).is_ok() && &magic == b"GGUF";
+        if is_gguf {
+            return Err(format!("/save: {what} is a GGUF model; name another file").into());
+        }
+    }
     let list: Vec<FileMessage> =
         messages.iter().map(|m| FileMessage { role: m.role.as_str().into(), content: m.content.clone() }).collect();
     let mut text = serde_json::to_string_pretty(&list)?;
     text.push('\n');
-    std::fs::write(path, text).map_err(|e| format!("/save: cannot write {}: {e}", path.display()))?;
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(format!(".{}.partial", std::process::id()));
+    let tmp = PathBuf::from(tmp);
+    let write = || -> std::io::Result<()> {
+        std::fs::File::create_new(&tmp)?.write_all(text.as_bytes())?;
+        std::fs::rename(&tmp, path)
+    };
+    write().map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        format!("/save: cannot write {what}: {e}")
+    })?;
     Ok(())
 }
 
@@ -105,11 +131,23 @@ pub fn save(path: &Path, messages: &[Message]) -> CliResult {
 /// alternate from a user's to an assistant's (the next turn is the user's).
 pub fn load(path: &Path, limit: usize) -> CliResult<Vec<Message>> {
     let what = path.display();
-    let len = std::fs::metadata(path).map_err(|e| format!("/load: cannot read {what}: {e}"))?.len();
+    // Before opening: a pipe would block the open, a device never end.
+    let meta = std::fs::metadata(path).map_err(|e| format!("/load: cannot read {what}: {e}"))?;
+    if !meta.is_file() {
+        return Err(format!("/load: {what} is not a regular file").into());
+    }
+    let len = meta.len();
     if len > limit as u64 {
         return Err(format!("/load: {what} has {len} bytes, more than the context can hold ({limit})").into());
     }
-    let text = std::fs::read_to_string(path).map_err(|e| format!("/load: cannot read {what}: {e}"))?;
+    // At most `limit` bytes even if the file grows meanwhile.
+    let mut text = String::new();
+    std::fs::File::open(path)
+        .and_then(|f| f.take(limit as u64 + 1).read_to_string(&mut text))
+        .map_err(|e| format!("/load: cannot read {what}: {e}"))?;
+    if text.len() > limit {
+        return Err(format!("/load: {what} has more than {limit} bytes, more than the context can hold").into());
+    }
     let list: Vec<FileMessage> = serde_json::from_str(&text).map_err(|e| {
         format!("/load: {what} is not a conversation (a JSON array of {{\"role\", \"content\"}} objects): {e}")
     })?;
@@ -159,6 +197,30 @@ pub fn load(path: &Path, limit: usize) -> CliResult<Vec<Message>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn save_and_load_refuse_what_is_not_a_conversation_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let msgs = [
+            Message { role: Role::User, content: "hi".into() },
+            Message { role: Role::Assistant, content: "hello".into() },
+        ];
+        // A device never ends and a directory is no file.
+        assert!(load(Path::new("/dev/zero"), 1 << 20).unwrap_err().to_string().contains("not a regular file"));
+        assert!(load(dir.path(), 1 << 20).unwrap_err().to_string().contains("not a regular file"));
+        assert!(save(dir.path(), &msgs).unwrap_err().to_string().contains("not a regular file"));
+        // A model is never replaced by a conversation, and stays as it was.
+        let model = dir.path().join("m.gguf");
+        std::fs::write(&model, b"GGUF\x03\0\0\0rest").unwrap();
+        assert!(save(&model, &msgs).unwrap_err().to_string().contains("is a GGUF model"));
+        assert_eq!(std::fs::read(&model).unwrap(), b"GGUF\x03\0\0\0rest");
+        // A conversation file is replaced whole, and nothing else is left.
+        let conv = dir.path().join("c.json");
+        std::fs::write(&conv, "old").unwrap();
+        save(&conv, &msgs).unwrap();
+        assert_eq!(load(&conv, 1 << 20).unwrap().len(), 2);
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 2, "a partial file was left");
+    }
 
     #[test]
     fn commands_are_read_and_the_rest_is_sent() {
