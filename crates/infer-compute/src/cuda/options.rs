@@ -94,8 +94,9 @@ pub struct CudaOptions {
     /// per warp (`mv_*_t8`), which already loads each activation chunk
     /// once for two rows; `None`: never. Default 16: on an H100 (synthetic
     /// Q4_K_M, `infer bench --npl`) two pairs per warp were 3–9% slower at
-    /// 2 and 4 sequences (a quarter of the warps hide fewer loads), even
-    /// at 8 and 12, and 2–3% faster at 16 and 23 on gemma3 4B.
+    /// 2 and 4 sequences (a quarter of the warps hide fewer loads), within
+    /// a few percent either way at 8 and 12, and 2–3% faster at 16 and 23
+    /// on gemma3 4B.
     /// `INFER_CUDA_MV_ROWS_GLU=N` (2 or more; `0`: `None`).
     pub mv_rows_glu_min_tokens: Option<usize>,
     /// Warps per row of one-token products of long rows, and per row
