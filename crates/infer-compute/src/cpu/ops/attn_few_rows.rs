@@ -167,16 +167,6 @@ unsafe fn scores_avx512<const R: usize>(
     }
 }
 
-/// The sum of the 8 lanes of `v`.
-#[cfg(target_arch = "x86_64")]
-#[inline(always)]
-unsafe fn hsum256(v: std::arch::x86_64::__m256) -> f32 {
-    use std::arch::x86_64::*;
-    let x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
-    let x = _mm_add_ps(x, _mm_movehl_ps(x, x));
-    _mm_cvtss_f32(_mm_add_ss(x, _mm_movehdup_ps(x)))
-}
-
 /// [`scores`] of `R` rows in AVX2 registers (a scalar tail past the last
 /// whole vector of `hd`).
 ///
@@ -193,6 +183,7 @@ unsafe fn scores_avx2<const R: usize>(
     s: *mut f32,
     ls: usize,
 ) {
+    use crate::cpu::simd::avx2::hsum_ps;
     use std::arch::x86_64::*;
     let main = hd / 8 * 8;
     for c in 0..nk {
@@ -207,7 +198,7 @@ unsafe fn scores_avx2<const R: usize>(
             d += 8;
         }
         for (r, a) in acc.iter().enumerate() {
-            let mut sum = hsum256(*a);
+            let mut sum = hsum_ps(*a);
             for d in main..hd {
                 sum += *q.add(r * hd + d) * *kc.add(d);
             }

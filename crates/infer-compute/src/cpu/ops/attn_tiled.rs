@@ -571,9 +571,7 @@ impl Rows {
             }
         }
     }
-}
 
-impl Rows {
     /// [`Rows::online_softmax`] for row-major logits `s[r · ls + c]` (the
     /// few-row kernels): each row's `nk` keys in one run.
     #[inline(always)]
