@@ -152,14 +152,26 @@ fn model_args(c: &Command) -> Option<&common::ModelArgs> {
 
 /// Prints what clap has to say (help, version, or a usage error) and gives
 /// the exit status. Unlike `clap::Error::exit`, a failed write of the help
-/// text (`infer --help > /dev/full`) is reported and exits 1.
+/// text (`infer --help > /dev/full`) is reported and exits 1; a usage error
+/// is one line, as every other error.
 fn parse_error(e: clap::Error) -> ExitCode {
     use std::io::IsTerminal;
     use std::io::Write;
     let is_output = !e.use_stderr();
     let terminal = if is_output { std::io::stdout().is_terminal() } else { std::io::stderr().is_terminal() };
     let colour = terminal && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
-    let text = if colour { e.render().ansi().to_string() } else { e.render().to_string() };
+    let text = match e.kind() {
+        // Help asked for, or shown for a missing subcommand: as clap writes it.
+        _ if is_output => {
+            if colour {
+                e.render().ansi().to_string()
+            } else {
+                e.render().to_string()
+            }
+        }
+        clap::error::ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => e.render().to_string(),
+        _ => format!("{}\n", one_line(&e.render().to_string())),
+    };
     let written = if is_output {
         // Rust's stdout takes writes to a closed descriptor as done.
         output::check_open().and_then(|()| {
@@ -177,6 +189,24 @@ fn parse_error(e: clap::Error) -> ExitCode {
         }
         _ => ExitCode::from(e.exit_code() as u8),
     }
+}
+
+/// clap's usage error (`error: ...`, the lines that detail it, a tip, the
+/// usage, a pointer to `--help`) as one line: the message with its details
+/// (the values an option takes, the missing arguments) and its tip after
+/// `; `, without the usage and the pointer.
+fn one_line(text: &str) -> String {
+    let mut line = String::new();
+    for l in text.lines().map(str::trim).filter(|l| !l.is_empty()) {
+        if l.starts_with("Usage:") || l.starts_with("For more information") {
+            break;
+        }
+        if !line.is_empty() {
+            line.push_str(if l.starts_with("tip:") { "; " } else { " " });
+        }
+        line.push_str(l);
+    }
+    line
 }
 
 /// A command stopped early by Ctrl-C (or SIGTERM) after a clean stop; the

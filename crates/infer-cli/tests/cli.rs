@@ -123,3 +123,25 @@ fn a_closed_pipe_ends_output_without_a_panic() {
 fn libc_sigpipe() -> i32 {
     13
 }
+
+/// clap's usage errors keep their content (the argument, what is wrong, the
+/// values it takes, a tip) on one line, exit status 2.
+#[test]
+fn usage_errors_are_one_line() {
+    let cases: &[(&[&str], &str)] = &[
+        (&["run", "--nonsense"], "unexpected argument '--nonsense' found; tip: to pass '--nonsense' as a value"),
+        (
+            &["bench", "-o", "xml"],
+            "invalid value 'xml' for '--output <FORMAT>' [possible values: md, json, jsonl, csv]",
+        ),
+        (&["run", "-n", "abc"], "invalid value 'abc' for '--n-predict <N>'"),
+        (&["run", "-m"], "a value is required for '--model"),
+        (&["frobnicate"], "unrecognized subcommand 'frobnicate'"),
+        (&["bench", "--json", "-o", "csv"], "the argument '--json' cannot be used with '--output <FORMAT>'"),
+    ];
+    for (args, needle) in cases {
+        let o = infer(args);
+        assert_one_line_error(&o, needle);
+        assert_eq!(o.status.code(), Some(2), "{args:?}");
+    }
+}
