@@ -38,7 +38,9 @@ use infer_model::synth::{file_type_name, SynthArch};
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
-use crate::common::{fit_context, thread_count, with_spinner, CliResult, Loaded, ModelArgs, PrecisionArg};
+use crate::common::{
+    at_least, fit_context, positive, thread_count, with_spinner, CliResult, Loaded, ModelArgs, PrecisionArg,
+};
 use crate::output::Out;
 use crate::synth::{human_bytes, human_params};
 
@@ -75,7 +77,8 @@ pub struct BenchArgs {
     #[arg(short = 't', long = "threads", value_name = "N,...", allow_hyphen_values = true)]
     threads: Option<String>,
     /// Repetitions of each test.
-    #[arg(short = 'r', long = "repetitions", value_name = "N", default_value_t = 5)]
+    #[arg(short = 'r', long = "repetitions", value_name = "N", default_value_t = 5, allow_negative_numbers = true,
+          value_parser = at_least::<usize>(1))]
     reps: usize,
     /// Output format, as llama-bench: `md` (tables), `json` (an array), `jsonl` (one object a line), `csv`
     /// (llama-bench's quoted values, with a header).
@@ -85,7 +88,8 @@ pub struct BenchArgs {
     #[arg(long, conflicts_with = "output")]
     json: bool,
     /// Memory bandwidth in GB/s (10^9 bytes) to compare decode against.
-    #[arg(long, value_name = "GBPS", conflicts_with = "measure_bandwidth")]
+    #[arg(long, value_name = "GBPS", conflicts_with = "measure_bandwidth", allow_negative_numbers = true,
+          value_parser = positive)]
     bandwidth: Option<f64>,
     /// Measure the memory bandwidth: the best of 8 reads of a 1 GiB buffer
     /// by the benchmark's thread count.
@@ -97,19 +101,22 @@ pub struct BenchArgs {
     #[arg(long)]
     profile: bool,
     /// Seed of the prompt's random token ids.
-    #[arg(long, value_name = "N", default_value_t = 0)]
+    #[arg(long, value_name = "N", default_value_t = 0, allow_negative_numbers = true, value_parser = at_least::<u64>(0))]
     seed: u64,
     /// Batched mode, as llama-batched-bench: for each count of this comma
     /// list, that many sequences prefill `--npp` tokens each, then
     /// generate `--ntg` tokens each in steps of one batch (aggregate
     /// tokens/s; `--json` prints its JSONL rows).
-    #[arg(long = "npl", value_name = "B,B,...", value_delimiter = ',')]
+    #[arg(long = "npl", value_name = "B,B,...", value_delimiter = ',', allow_negative_numbers = true,
+          value_parser = at_least::<usize>(1))]
     npl: Vec<usize>,
     /// Batched mode: prompt tokens per sequence.
-    #[arg(long = "npp", value_name = "N", default_value_t = 128, requires = "npl")]
+    #[arg(long = "npp", value_name = "N", default_value_t = 128, requires = "npl", allow_negative_numbers = true,
+          value_parser = at_least::<usize>(1))]
     npp: usize,
     /// Batched mode: generated tokens per sequence.
-    #[arg(long = "ntg", value_name = "N", default_value_t = 128, requires = "npl")]
+    #[arg(long = "ntg", value_name = "N", default_value_t = 128, requires = "npl", allow_negative_numbers = true,
+          value_parser = at_least::<usize>(0))]
     ntg: usize,
     #[command(flatten)]
     cache: crate::cache_type::CacheTypeArgs,
@@ -414,6 +421,11 @@ pub fn parse_list(s: &str, what: &str) -> Result<Vec<usize>, String> {
     let num = |t: &str| t.parse::<usize>().map_err(|_| bad(&format!("'{t}' is not a number >= 0")));
     let mut out = Vec::new();
     for item in s.split(',') {
+        // A leading `-` is a minus sign, not a range's: named as written.
+        if item.starts_with('-') {
+            let least = if what == "-t" { 1 } else { 0 };
+            return Err(bad(&format!("{item} is negative; the values are {least} or more")));
+        }
         let Some((first, rest)) = item.split_once('-') else {
             out.push(num(item)?);
             continue;
@@ -479,14 +491,6 @@ pub fn bench(a: BenchArgs) -> CliResult {
     let depths: Vec<usize> = parse_list(&a.n_depth, "-d")?;
     if prompts.is_empty() && gens.is_empty() {
         return Err("-p and -n are both 0: nothing to measure".into());
-    }
-    if a.reps == 0 {
-        return Err("--repetitions must be at least 1".into());
-    }
-    if let Some(bw) = a.bandwidth {
-        if !(bw.is_finite() && bw > 0.0) {
-            return Err(format!("--bandwidth must be a positive number of GB/s, got {bw}").into());
-        }
     }
     let format = if a.json { OutputFormat::Json } else { a.output.unwrap_or(OutputFormat::Md) };
     // Each thread count given, as given (`None`: all cores).
@@ -908,7 +912,10 @@ mod tests {
         assert!(parse_list("", "-p").unwrap_err().contains("'' is not a number"));
         assert!(parse_list("0-8*2", "-p").unwrap_err().contains("a range must grow"));
         assert!(parse_list("4-2", "-p").unwrap_err().contains("no values"));
-        assert!(parse_list("-5", "-n").is_err());
+        let e = parse_list("-8", "-p").unwrap_err();
+        assert!(e.starts_with("-p -8: -8 is negative; the values are 0 or more"), "{e}");
+        assert!(parse_list("128,-5", "-n").unwrap_err().contains("-5 is negative"));
+        assert!(parse_list("-1", "-t").unwrap_err().contains("-1 is negative; the values are 1 or more"));
     }
 
     #[test]

@@ -59,7 +59,7 @@ use hyper_util::rt::TokioExecutor;
 use serde::Serialize;
 use serde_json::{json, Value};
 
-use crate::common::CliResult;
+use crate::common::{at_least, positive, CliResult};
 use crate::output::Out;
 use prompt::prompt_text;
 use report::{fmt_ms, markdown, summarize};
@@ -74,16 +74,20 @@ pub struct ServeBenchArgs {
     #[arg(long, value_name = "KEY")]
     api_key: Option<String>,
     /// Concurrency levels: a comma list of client counts, run in order.
-    #[arg(long, value_name = "N,...", value_delimiter = ',', default_value = "1,4,16,64")]
+    #[arg(long, value_name = "N,...", value_delimiter = ',', default_value = "1,4,16,64", allow_negative_numbers = true,
+          value_parser = at_least::<usize>(1))]
     clients: Vec<usize>,
     /// Requests each client sends, one after the other.
-    #[arg(short = 'r', long, value_name = "R", default_value_t = 4)]
+    #[arg(short = 'r', long, value_name = "R", default_value_t = 4, allow_negative_numbers = true,
+          value_parser = at_least::<usize>(1))]
     requests_per_client: usize,
     /// Prompt length in tokens (approximate; see the mean the server reports).
-    #[arg(short = 'p', long, value_name = "N", default_value_t = 128)]
+    #[arg(short = 'p', long, value_name = "N", default_value_t = 128, allow_negative_numbers = true,
+          value_parser = at_least::<usize>(1))]
     prompt_tokens: usize,
     /// Tokens generated per request (`max_tokens`, with `ignore_eos`).
-    #[arg(short = 'n', long, value_name = "N", default_value_t = 128)]
+    #[arg(short = 'n', long, value_name = "N", default_value_t = 128, allow_negative_numbers = true,
+          value_parser = at_least::<usize>(1))]
     max_tokens: usize,
     /// The API: `completions` (`/v1/completions`, a raw prompt) or `chat`
     /// (`/v1/chat/completions`, one user message in the model's template).
@@ -94,7 +98,7 @@ pub struct ServeBenchArgs {
     temperature: f64,
     /// Seed: of the prompts' words, and, when given, the sampling seed sent
     /// with each request (SEED plus the request's number).
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = at_least::<u64>(0))]
     seed: Option<u64>,
     /// Model name sent in requests [default: the first of the server's `/v1/models`].
     #[arg(long, value_name = "NAME")]
@@ -107,10 +111,10 @@ pub struct ServeBenchArgs {
     #[arg(long, value_name = "NAME")]
     label: Option<String>,
     /// Deadline of each request, seconds (connecting, waiting and streaming).
-    #[arg(long, value_name = "SECONDS", default_value_t = 300.0)]
+    #[arg(long, value_name = "SECONDS", default_value_t = 300.0, allow_negative_numbers = true, value_parser = positive)]
     timeout: f64,
     /// Deadline of each TCP connect, seconds.
-    #[arg(long, value_name = "SECONDS", default_value_t = 10.0)]
+    #[arg(long, value_name = "SECONDS", default_value_t = 10.0, allow_negative_numbers = true, value_parser = positive)]
     connect_timeout: f64,
     /// Send no warm-up request (then the prompt's word count is not fitted
     /// to --prompt-tokens: one word a token is assumed).
@@ -451,15 +455,9 @@ async fn probe(ctx: &Ctx) -> CliResult<Option<String>> {
 }
 
 pub fn bench_serve(a: ServeBenchArgs) -> CliResult {
-    if a.clients.is_empty() || a.clients.contains(&0) {
+    // The counts and seconds are checked by their parsers (at least 1, above 0).
+    if a.clients.is_empty() {
         return Err("--clients needs positive counts".into());
-    }
-    if a.requests_per_client == 0 || a.max_tokens == 0 || a.prompt_tokens == 0 {
-        return Err("--requests-per-client, --max-tokens and --prompt-tokens must be positive".into());
-    }
-    let seconds = |x: f64| x > 0.0 && x.is_finite();
-    if !seconds(a.timeout) || !seconds(a.connect_timeout) {
-        return Err("--timeout and --connect-timeout must be positive seconds".into());
     }
     let base = base_url(&a.url)?;
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;

@@ -114,7 +114,7 @@ pub fn chat(a: ChatArgs) -> CliResult {
     // model of `run` is a base model, which continues text.
     let path = a.model.resolve_model_or(infer_model::fetch::DEFAULT_CHAT_MODEL_NAME)?;
     let (loaded, (tokenizer, template, n_ctx, (cfg, from_model))) =
-        a.model.load(&path, a.threads.threads, |gguf, spec| {
+        a.model.load(&path, a.threads.get(), |gguf, spec| {
             let tokenizer = Tokenizer::from_gguf(gguf)?;
             let template = ChatTemplate::from_gguf(gguf, &tokenizer)?;
             let n_ctx = context_size(a.ctx_size, spec.n_ctx_train)?;

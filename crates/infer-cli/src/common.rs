@@ -61,10 +61,51 @@ pub struct ModelArgs {
 /// The CPU thread count of `run`, `chat` and `info` (`bench` takes a list).
 #[derive(Args, Clone, Debug, Default)]
 pub struct ThreadArgs {
-    /// CPU threads (default: all cores; at most 4 × the cores, larger values
+    /// CPU threads (default, and 0 or less as llama.cpp's -t -1: all cores; at most 4 × the cores, larger values
     /// are capped with a warning).
-    #[arg(short, long, value_name = "N")]
-    pub threads: Option<usize>,
+    #[arg(short, long, value_name = "N", allow_negative_numbers = true)]
+    threads: Option<i64>,
+}
+
+impl ThreadArgs {
+    /// The thread count asked for; `None`: all cores.
+    pub fn get(&self) -> Option<usize> {
+        threads_asked(self.threads)
+    }
+}
+
+/// `-t N` as llama.cpp reads it: `N <= 0` means all cores (`None`, as
+/// without `-t`).
+pub fn threads_asked(n: Option<i64>) -> Option<usize> {
+    n.and_then(|n| usize::try_from(n).ok()).filter(|&n| n > 0)
+}
+
+/// A clap value parser of a whole number of at least `min`, for options
+/// that llama.cpp gives no meaning below it: with `allow_negative_numbers`
+/// a negative value is read as a number (not as a flag) and refused with
+/// the range, on one line as `invalid value '-1' for '-r <N>': must be at
+/// least 1`.
+pub fn at_least<T>(min: i128) -> impl Fn(&str) -> Result<T, String> + Clone + Send + Sync + 'static
+where
+    T: TryFrom<i128>,
+{
+    move |s: &str| {
+        let n: i128 = s.trim().parse().map_err(|_| format!("not a whole number (give {min} or more)"))?;
+        if n < min {
+            return Err(format!("must be at least {min}"));
+        }
+        T::try_from(n).map_err(|_| "too large".to_string())
+    }
+}
+
+/// A clap value parser of a finite number above 0 (`--bandwidth`), a
+/// negative one refused with the range.
+pub fn positive(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(x) if x.is_finite() && x > 0.0 => Ok(x),
+        Ok(_) => Err("must be a number above 0".into()),
+        Err(_) => Err("not a number (give a number above 0)".into()),
+    }
 }
 
 /// Where a model runs, as asked by `--backend`, `-ngl` and `-dev` together.

@@ -157,7 +157,7 @@ struct Info {
 pub fn info(a: InfoArgs) -> CliResult {
     let path = a.model.resolve_model()?;
     let gguf = a.model.open_at(&path)?;
-    let backend = a.model.backend(a.threads.threads)?;
+    let backend = a.model.backend(a.threads.get())?;
     let mut counts: BTreeMap<String, (usize, u64)> = BTreeMap::new();
     let mut params = 0u64;
     for t in gguf.tensors() {

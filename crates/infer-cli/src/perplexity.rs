@@ -28,7 +28,7 @@ use infer_compute::{Batch, DeviceModel, KvPool, Out as Logits};
 use infer_model::tokenizer::Tokenizer;
 
 use crate::cache_type::CacheTypeArgs;
-use crate::common::{CliResult, Loaded, ModelArgs, ThreadArgs};
+use crate::common::{at_least, CliResult, Loaded, ModelArgs, ThreadArgs};
 use crate::output::Out;
 
 /// Tokens per forward pass at most (llama.cpp's default `--ubatch-size`):
@@ -45,10 +45,12 @@ pub struct PerplexityArgs {
     #[arg(short = 'f', long = "file", value_name = "FILE", required_unless_present = "list_devices")]
     file: Option<PathBuf>,
     /// Tokens per chunk (llama-perplexity's -c; its default 512).
-    #[arg(short = 'c', long = "ctx-size", value_name = "N", default_value_t = 512)]
+    #[arg(short = 'c', long = "ctx-size", value_name = "N", default_value_t = 512, allow_negative_numbers = true,
+          value_parser = at_least::<usize>(2))]
     ctx_size: usize,
     /// Tokens per forward pass (llama.cpp's -b), at most 512 at a time.
-    #[arg(short = 'b', long = "batch-size", value_name = "N", default_value_t = 2048)]
+    #[arg(short = 'b', long = "batch-size", value_name = "N", default_value_t = 2048, allow_negative_numbers = true,
+          value_parser = at_least::<usize>(1))]
     batch_size: usize,
     /// Score at most this many chunks (-1: all, as llama-perplexity's --chunks).
     #[arg(long, value_name = "N", default_value_t = -1, allow_negative_numbers = true)]
@@ -118,19 +120,14 @@ fn n_chunks(n_tokens: usize, n_ctx: usize, cap: i64) -> usize {
 }
 
 pub fn perplexity(a: PerplexityArgs) -> CliResult {
+    // At least 2 and 1, by their parsers.
     let n_ctx = a.ctx_size;
-    if n_ctx < 2 {
-        return Err("perplexity needs --ctx-size of at least 2".into());
-    }
-    if a.batch_size == 0 {
-        return Err("--batch-size must be at least 1".into());
-    }
     // Required by clap unless --list-devices, which runs nothing else.
     let file = a.file.as_deref().ok_or("perplexity needs a text file: -f FILE")?;
     let bytes = std::fs::read(file).map_err(|e| format!("{}: {e}", file.display()))?;
     let text = String::from_utf8_lossy(&bytes);
     let path = a.model.resolve_model()?;
-    let (loaded, tokenizer) = a.model.load(&path, a.threads.threads, |gguf, spec| {
+    let (loaded, tokenizer) = a.model.load(&path, a.threads.get(), |gguf, spec| {
         if n_ctx > spec.n_ctx_train {
             eprintln!("warning: the model was trained on only {} context tokens ({n_ctx} specified)", spec.n_ctx_train);
         }

@@ -165,6 +165,24 @@ pub fn tokens(n: usize) -> String {
     }
 }
 
+/// The error of a prompt that leaves no position to generate in a context
+/// of `n_ctx` positions (it has more than `n_ctx - 1` tokens).
+fn no_room(n_ctx: usize) -> String {
+    if n_ctx <= 1 {
+        // Any prompt takes a position: "more than 0 tokens" would say nothing.
+        return format!(
+            "a context of {n_ctx} position leaves no room to generate after the prompt, which takes at least 1 \
+             (raise --ctx-size above the prompt's token count)"
+        );
+    }
+    format!(
+        "the prompt has more than {} token{}; a context of {n_ctx} positions leaves no room to generate (raise \
+         --ctx-size or shorten the prompt)",
+        n_ctx - 1,
+        if n_ctx == 2 { "" } else { "s" }
+    )
+}
+
 pub fn run(a: RunArgs) -> CliResult {
     let max_tokens = n_predict_limit(a.n_predict)?;
     a.shift.check()?;
@@ -181,42 +199,35 @@ pub fn run(a: RunArgs) -> CliResult {
     // The prompt before the weights: a bad chat template or a prompt too
     // long for the context is reported at once (and a slow template can be
     // stopped by Ctrl-C like any step before the model loads).
-    let (loaded, (tokenizer, n_ctx, (cfg, from_model), ids, prompt)) = a.model.load(&path, a.threads.threads, |gguf, spec| {
-        let tokenizer = Tokenizer::from_gguf(gguf)?;
-        let n_ctx = context_size(a.ctx_size, spec.n_ctx_train)?;
-        // Validated as given, also when greedy decoding ignores them; at
-        // temperature 0 the penalties still apply (as in llama.cpp), and the
-        // filters cannot change the most likely token.
-        let cfg = a.sampling.config(n_ctx, gguf)?;
-        let limit = crate::prompt::byte_limit(n_ctx);
-        let mut prompt = source.read(limit, n_ctx)?;
-        if flag_text {
-            prompt = a.text.process(prompt, "-p")?;
-        }
-        let ids = if chat {
-            let mut messages: Vec<Message> = a.system_prompt.iter().map(|s| Message::system(s.as_str())).collect();
-            messages.push(Message::user(prompt.as_str()));
-            let text = ChatTemplate::from_gguf(gguf, &tokenizer)?.render(&messages, true)?;
-            // A template can make a short prompt long: checked as the prompt is.
-            if text.len() > limit {
-                return Err(crate::prompt::too_long(n_ctx, limit).into());
+    let (loaded, (tokenizer, n_ctx, (cfg, from_model), ids, prompt)) =
+        a.model.load(&path, a.threads.get(), |gguf, spec| {
+            let tokenizer = Tokenizer::from_gguf(gguf)?;
+            let n_ctx = context_size(a.ctx_size, spec.n_ctx_train)?;
+            // Validated as given, also when greedy decoding ignores them; at
+            // temperature 0 the penalties still apply (as in llama.cpp), and the
+            // filters cannot change the most likely token.
+            let cfg = a.sampling.config(n_ctx, gguf)?;
+            let limit = crate::prompt::byte_limit(n_ctx);
+            let mut prompt = source.read(limit, n_ctx)?;
+            if flag_text {
+                prompt = a.text.process(prompt, "-p")?;
             }
-            ChatTemplate::encode_rendered_at_most(&tokenizer, &text, n_ctx.saturating_sub(1))
-        } else {
-            // Tokenized only until it is known not to fit.
-            tokenizer.encode_at_most(&prompt, true, true, n_ctx.saturating_sub(1))
-        };
-        let Some(ids) = ids else {
-            return Err(format!(
-                "the prompt has more than {} token{}; a context of {n_ctx} position{} leaves no room to generate (raise --ctx-size or shorten the prompt)",
-                n_ctx.saturating_sub(1),
-                if n_ctx == 2 { "" } else { "s" },
-                if n_ctx == 1 { "" } else { "s" }
-            )
-            .into());
-        };
-        Ok((tokenizer, n_ctx, cfg, ids, prompt))
-    })?;
+            let ids = if chat {
+                let mut messages: Vec<Message> = a.system_prompt.iter().map(|s| Message::system(s.as_str())).collect();
+                messages.push(Message::user(prompt.as_str()));
+                let text = ChatTemplate::from_gguf(gguf, &tokenizer)?.render(&messages, true)?;
+                // A template can make a short prompt long: checked as the prompt is.
+                if text.len() > limit {
+                    return Err(crate::prompt::too_long(n_ctx, limit).into());
+                }
+                ChatTemplate::encode_rendered_at_most(&tokenizer, &text, n_ctx.saturating_sub(1))
+            } else {
+                // Tokenized only until it is known not to fit.
+                tokenizer.encode_at_most(&prompt, true, true, n_ctx.saturating_sub(1))
+            };
+            let Some(ids) = ids else { return Err(no_room(n_ctx).into()) };
+            Ok((tokenizer, n_ctx, cfg, ids, prompt))
+        })?;
     let Loaded { backend, spec, model, load_time, .. } = loaded;
     let mut model: Box<dyn DeviceModel> =
         if a.ignore_eos { Box::new(IgnoreEos::new(model, tokenizer.eog_ids())) } else { model };

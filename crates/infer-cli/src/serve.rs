@@ -15,7 +15,7 @@ use clap::Args;
 use infer_server::config as defaults;
 use infer_server::{ServedModel, ServerConfig};
 
-use crate::common::{context_size, CliResult, Loaded, ModelArgs, ThreadArgs};
+use crate::common::{at_least, context_size, CliResult, Loaded, ModelArgs, ThreadArgs};
 
 #[derive(Args)]
 pub struct ServeArgs {
@@ -29,27 +29,32 @@ pub struct ServeArgs {
     /// Port to listen on (0: a free port, printed).
     #[arg(long, default_value_t = defaults::DEFAULT_PORT)]
     port: u16,
-    /// Sequences generated at once: KV pool slots (also -np).
-    #[arg(long, value_name = "N", default_value_t = defaults::DEFAULT_PARALLEL)]
+    /// Sequences generated at once: KV pool slots (also -np; -1, as llama-server's: the default).
+    #[arg(long, value_name = "N", default_value_t = defaults::DEFAULT_PARALLEL, allow_negative_numbers = true,
+          value_parser = parallel_slots)]
     parallel: usize,
     /// Positions per slot (the longest prompt plus reply) [default: 4096, or the model's training context when
     /// shorter]; 0: the training context.
     #[arg(short = 'c', long, value_name = "N", allow_negative_numbers = true)]
     ctx_size: Option<i64>,
     /// Most tokens per forward step: every decoding sequence's next token plus chunks of waiting prompts.
-    #[arg(short = 'b', long, value_name = "N", default_value_t = defaults::DEFAULT_BATCH)]
+    #[arg(short = 'b', long, value_name = "N", default_value_t = defaults::DEFAULT_BATCH, allow_negative_numbers = true,
+          value_parser = at_least::<usize>(1))]
     batch_size: usize,
     /// Require `Authorization: Bearer KEY` on every route but /health.
     #[arg(long, value_name = "KEY")]
     api_key: Option<String>,
     /// Requests that may wait for a slot; past that, 503.
-    #[arg(long, value_name = "N", default_value_t = defaults::DEFAULT_MAX_QUEUE)]
+    #[arg(long, value_name = "N", default_value_t = defaults::DEFAULT_MAX_QUEUE, allow_negative_numbers = true,
+          value_parser = at_least::<usize>(1))]
     max_queue: usize,
     /// Most tokens one request may generate (a request asking for more gets 400).
-    #[arg(long, value_name = "N", default_value_t = defaults::DEFAULT_MAX_TOKENS)]
+    #[arg(long, value_name = "N", default_value_t = defaults::DEFAULT_MAX_TOKENS, allow_negative_numbers = true,
+          value_parser = at_least::<usize>(1))]
     max_tokens: usize,
     /// Largest request body in bytes.
-    #[arg(long, value_name = "BYTES", default_value_t = defaults::DEFAULT_MAX_BODY)]
+    #[arg(long, value_name = "BYTES", default_value_t = defaults::DEFAULT_MAX_BODY, allow_negative_numbers = true,
+          value_parser = at_least::<usize>(1))]
     max_body: usize,
     /// The model's id in the API (`/v1/models`, the `model` field) [default: a known model's name, else the file name without .gguf].
     #[arg(short = 'a', long, value_name = "NAME")]
@@ -60,6 +65,16 @@ pub struct ServeArgs {
 
 /// The model id of `path`: a known model's name when it is that model's
 /// cache file, else the file name without `.gguf`.
+/// `--parallel`: llama-server's `-np`, whose -1 is its default (auto); 0
+/// is left to the server's check of its settings.
+fn parallel_slots(s: &str) -> Result<usize, String> {
+    match s.trim().parse::<i64>() {
+        Ok(-1) => Ok(defaults::DEFAULT_PARALLEL),
+        Ok(n) if n >= 0 => usize::try_from(n).map_err(|_| "too large".to_string()),
+        _ => Err(format!("must be at least 1, or -1 for the default ({})", defaults::DEFAULT_PARALLEL)),
+    }
+}
+
 fn model_id(path: &Path) -> String {
     let cache = infer_model::fetch::cache_dir();
     if let Some(m) = infer_model::fetch::KNOWN_MODELS.iter().find(|m| path == cache.join(m.file)) {
@@ -82,7 +97,7 @@ pub fn serve(a: ServeArgs) -> CliResult {
         api_key: a.api_key.clone(),
         ..ServerConfig::default()
     };
-    let (loaded, (n_ctx, tokenizer, template)) = a.model.load(&path, a.threads.threads, |gguf, spec| {
+    let (loaded, (n_ctx, tokenizer, template)) = a.model.load(&path, a.threads.get(), |gguf, spec| {
         let n_ctx = context_size(a.ctx_size, spec.n_ctx_train)?;
         let tokenizer = infer_model::tokenizer::Tokenizer::from_gguf(gguf)?;
         let template = infer_model::chat::ChatTemplate::from_gguf(gguf, &tokenizer)?;

@@ -29,12 +29,12 @@ pub struct SynthArgs {
     quant: String,
     /// Seed of the random weights (the file is a function of the shape, the
     /// file type and the seed).
-    #[arg(long, value_name = "N", default_value_t = 0)]
+    #[arg(long, value_name = "N", default_value_t = 0, allow_negative_numbers = true, value_parser = crate::common::at_least::<u64>(0))]
     seed: u64,
-    /// Generator threads (default: all cores; the output does not depend on
+    /// Generator threads (default, and 0 or less as llama.cpp's -t -1: all cores; the output does not depend on
     /// it; at most 4 × the cores).
-    #[arg(short, long, value_name = "N")]
-    threads: Option<usize>,
+    #[arg(short, long, value_name = "N", allow_negative_numbers = true)]
+    threads: Option<i64>,
     /// GGUF file to copy the tokenizer from (Gemma 3 sizes with the real
     /// 262144-token vocabulary; default: the default model, fetched if needed).
     #[arg(long, value_name = "FILE")]
@@ -235,7 +235,7 @@ fn same_file(a: &Path, b: &Path) -> bool {
 
 pub fn synth(a: SynthArgs) -> CliResult {
     let (shape, quant) = parse_spec(&a.arch, &a.size, &a.quant)?;
-    let threads = thread_count(a.threads)?;
+    let threads = thread_count(crate::common::threads_asked(a.threads))?;
     check_output(&a.output)?;
     if let Some(src) = &a.tokenizer_from {
         if same_file(src, &a.output) {

@@ -145,3 +145,35 @@ fn usage_errors_are_one_line() {
         assert_eq!(o.status.code(), Some(2), "{args:?}");
     }
 }
+
+/// Negative values are numbers, as llama.cpp reads them: `-t -1` (and 0)
+/// means all cores; where llama.cpp gives a negative value no meaning, the
+/// error names the range.
+#[test]
+fn negative_numbers_have_llama_cpp_meanings_or_a_range_error() {
+    let dir = tmpdir();
+    let m = common::synth_tiny(dir.path(), "llama");
+    let m = m.to_str().unwrap();
+    for t in ["-1", "0"] {
+        let o = infer(&["run", "-m", m, "-t", t, "-n", "1", "hi"]);
+        assert!(o.status.success(), "-t {t}: {}", stderr(&o));
+    }
+    let cases: &[(&[&str], &str)] = &[
+        (&["bench", "-m", m, "-r", "-1"], "invalid value '-1' for '--repetitions <N>': must be at least 1"),
+        (
+            &["bench", "-m", m, "--bandwidth", "-5"],
+            "invalid value '-5' for '--bandwidth <GBPS>': must be a number above 0",
+        ),
+        (&["bench", "-m", m, "-p", "-8"], "-p -8: -8 is negative; the values are 0 or more"),
+        (&["bench", "-m", m, "-t", "-1"], "-t -1: -1 is negative; the values are 1 or more"),
+        (&["serve", "-m", m, "-np", "-2"], "invalid value '-2' for '--parallel <N>': must be at least 1, or -1"),
+        (&["perplexity", "-m", m, "-f", m, "-c", "-3"], "invalid value '-3' for '--ctx-size <N>': must be at least 2"),
+        (
+            &["synth", "--arch", "llama", "--size", "tiny", "--seed", "-1", "-o", "x.gguf"],
+            "'--seed <N>': must be at least 0",
+        ),
+    ];
+    for (args, needle) in cases {
+        assert_one_line_error(&infer(args), needle);
+    }
+}

@@ -367,3 +367,16 @@ fn the_files_sampling_keys_are_defaults_under_the_flags() {
     with_sampling_keys(&m, &bad, &[("top_p", Value::F32(0.0))]);
     assert_one_line_error(&run_tiny(&bad, &["hi"]), "the model sets top_p = 0");
 }
+
+/// `-c 1` cannot hold a prompt and a generated token: said without
+/// "more than 0 tokens".
+#[test]
+fn a_context_of_one_position_is_a_clear_error() {
+    let dir = tmpdir();
+    let m = synth_tiny(dir.path(), "llama");
+    let o = run_tiny(&m, &["-c", "1", "hello"]);
+    assert_one_line_error(&o, "a context of 1 position leaves no room to generate after the prompt");
+    assert!(!stderr(&o).contains("more than 0"), "{}", stderr(&o));
+    let o = run_tiny(&m, &["-c", "2", "hello world again"]);
+    assert_one_line_error(&o, "the prompt has more than 1 token; a context of 2 positions leaves no room");
+}
