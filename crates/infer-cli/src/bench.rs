@@ -492,6 +492,9 @@ pub fn bench(a: BenchArgs) -> CliResult {
     if prompts.is_empty() && gens.is_empty() {
         return Err("-p and -n are both 0: nothing to measure".into());
     }
+    if a.profile && a.npl.is_empty() && gens.is_empty() {
+        return Err("--profile times the steps of the decode test, and -n 0 has none (give -n N)".into());
+    }
     let format = if a.json { OutputFormat::Json } else { a.output.unwrap_or(OutputFormat::Md) };
     // Each thread count given, as given (`None`: all cores).
     let thread_list: Vec<Option<usize>> = match &a.threads {
@@ -632,7 +635,7 @@ pub fn bench(a: BenchArgs) -> CliResult {
         }
         // The profile of the first thread count's model.
         if a.profile && profile.is_none() {
-            let steps = gens.first().copied().unwrap_or(128).min(spec.n_ctx_train);
+            let steps = gens.first().copied().unwrap_or(1).min(spec.n_ctx_train);
             let p = with_spinner("profiling decode", || crate::profile::profile_decode(model.as_mut(), bos, steps))?;
             profile = Some((p, backend.device_info(), last_tg_ms));
         }
@@ -651,7 +654,8 @@ pub fn bench(a: BenchArgs) -> CliResult {
         }
         OutputFormat::Csv => print_csv(&mut out, &results)?,
         OutputFormat::Md => {
-            print_tables(&mut out, &results)?;
+            let ngl = a.model.n_gpu_layers.is_some() || results.iter().any(|r| !r.gpu_info.is_empty());
+            print_tables(&mut out, &results, ngl)?;
             if let Some((p, device, tg_ms)) = profile {
                 writeln!(out)?;
                 crate::profile::print_profile(&mut out, &p, &device, tg_ms)?;
@@ -770,27 +774,49 @@ fn print_csv(out: &mut Out, results: &[TestResult]) -> CliResult {
     Ok(())
 }
 
-/// The llama-bench table (with the kernels and precision that ran), then
-/// the decode memory-traffic table.
-fn print_tables(out: &mut Out, results: &[TestResult]) -> std::io::Result<()> {
+/// The llama-bench table (with the kernels and precision that ran; an
+/// `ngl` column, as llama-bench's, when `ngl` says so: an `-ngl` list or a
+/// GPU), then the decode memory-traffic table.
+fn print_tables(out: &mut Out, results: &[TestResult], ngl: bool) -> std::io::Result<()> {
+    // The column after `backend`, or nothing.
+    let ngl_cell = |v: &str| if ngl { format!(" {v:>3} |") } else { String::new() };
     writeln!(
         out,
-        "| {:<42} | {:>10} | {:>10} | {:<7} | {:<11} | {:<9} | {:>7} | {:>15} | {:>20} |",
-        "model", "size", "params", "backend", "kernels", "precision", "threads", "test", "t/s"
+        "| {:<42} | {:>10} | {:>10} | {:<7} |{} {:<11} | {:<9} | {:>7} | {:>15} | {:>20} |",
+        "model",
+        "size",
+        "params",
+        "backend",
+        ngl_cell("ngl"),
+        "kernels",
+        "precision",
+        "threads",
+        "test",
+        "t/s"
     )?;
     writeln!(
         out,
-        "| {:-<42} | {:->9}: | {:->9}: | {:-<7} | {:-<11} | {:-<9} | {:->6}: | {:->14}: | {:->19}: |",
-        "", "", "", "", "", "", "", "", ""
+        "| {:-<42} | {:->9}: | {:->9}: | {:-<7} |{} {:-<11} | {:-<9} | {:->6}: | {:->14}: | {:->19}: |",
+        "",
+        "",
+        "",
+        "",
+        ngl_cell("--:"),
+        "",
+        "",
+        "",
+        "",
+        ""
     )?;
     for r in results {
         writeln!(
             out,
-            "| {:<42} | {:>10} | {:>10} | {:<7} | {:<11} | {:<9} | {:>7} | {:>15} | {:>20} |",
+            "| {:<42} | {:>10} | {:>10} | {:<7} |{} {:<11} | {:<9} | {:>7} | {:>15} | {:>20} |",
             r.model_type,
             human_bytes(r.model_size),
             human_params(r.model_n_params),
             r.backends,
+            ngl_cell(&r.n_gpu_layers.to_string()),
             r.kernels,
             r.precision,
             r.n_threads,

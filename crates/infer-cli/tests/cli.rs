@@ -177,3 +177,27 @@ fn negative_numbers_have_llama_cpp_meanings_or_a_range_error() {
         assert_one_line_error(&infer(args), needle);
     }
 }
+
+/// llama-bench's `ngl` column with an `-ngl` list; `--profile` with
+/// nothing to profile (`-n 0`) is an error, not a decode run.
+#[test]
+fn bench_shows_ngl_and_refuses_a_profile_without_decode() {
+    let dir = tmpdir();
+    let m = common::synth_tiny(dir.path(), "llama");
+    let m = m.to_str().unwrap();
+    let o = infer(&["bench", "-m", m, "-p", "4", "-n", "0", "-r", "1", "-t", "1", "-ngl", "0,0"]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let header = out.lines().next().unwrap_or_default();
+    let cells: Vec<&str> = header.split('|').map(str::trim).collect();
+    assert_eq!(cells[4..6], ["backend", "ngl"], "{out}");
+    let rows: Vec<&str> = out.lines().filter(|l| l.contains("pp4")).collect();
+    assert_eq!(rows.len(), 2, "{out}");
+    assert!(rows.iter().all(|r| r.split('|').map(str::trim).nth(5) == Some("0")), "{out}");
+    // Without -ngl (on the CPU) there is no such column, as llama-bench.
+    let o = infer(&["bench", "-m", m, "-p", "4", "-n", "0", "-r", "1", "-t", "1"]);
+    assert!(!String::from_utf8_lossy(&o.stdout).contains("ngl"), "{}", String::from_utf8_lossy(&o.stdout));
+
+    let o = infer(&["bench", "-m", m, "-p", "4", "-n", "0", "-r", "1", "--profile"]);
+    assert_one_line_error(&o, "--profile times the steps of the decode test, and -n 0 has none");
+}
