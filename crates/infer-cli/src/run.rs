@@ -95,16 +95,42 @@ struct RunJson {
     timings: Timings,
 }
 
-/// Timings of `run --json`, with llama-server's names.
+/// Timings of `run --json`, with llama-server's names and meanings: the
+/// first predicted token comes from the prompt's logits (its time is the
+/// prompt's), so `predicted_ms` spans the `predicted_n - 1` decode steps
+/// after it, and the rates count those steps (llama-server's
+/// `n_gen_steps`).
 #[derive(Serialize)]
 struct Timings {
     load_ms: f64,
     prompt_n: usize,
     prompt_ms: f64,
+    prompt_per_token_ms: f64,
     prompt_per_second: f64,
     predicted_n: usize,
     predicted_ms: f64,
+    predicted_per_token_ms: f64,
     predicted_per_second: f64,
+}
+
+impl Timings {
+    fn new(stats: &infer_model::generate::GenerationStats, load_time: std::time::Duration) -> Timings {
+        let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
+        // 0 when there is nothing to divide by, as llama-server.
+        let per = |t: f64, n: usize| if n > 0 { t / n as f64 } else { 0.0 };
+        let steps = stats.generated_tokens.saturating_sub(1);
+        Timings {
+            load_ms: ms(load_time),
+            prompt_n: stats.prompt_tokens,
+            prompt_ms: ms(stats.prefill_time),
+            prompt_per_token_ms: per(ms(stats.prefill_time), stats.prompt_tokens),
+            prompt_per_second: stats.prefill_tps(),
+            predicted_n: stats.generated_tokens,
+            predicted_ms: ms(stats.decode_time),
+            predicted_per_token_ms: per(ms(stats.decode_time), steps),
+            predicted_per_second: stats.decode_tps(),
+        }
+    }
 }
 
 /// llama.cpp's `--verbose-prompt` lines: the prompt, its token count and
@@ -322,7 +348,6 @@ pub fn run(a: RunArgs) -> CliResult {
         StopReason::Stopped => "stopped",
     };
     if a.json {
-        let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
         let j = RunJson {
             model: path.display().to_string(),
             backend: backend.device_info(),
@@ -335,15 +360,7 @@ pub fn run(a: RunArgs) -> CliResult {
             context_shifts: stats.context_shifts,
             seed: cfg.seed,
             sampler: cfg.chain(),
-            timings: Timings {
-                load_ms: ms(load_time),
-                prompt_n: stats.prompt_tokens,
-                prompt_ms: ms(stats.prefill_time),
-                prompt_per_second: stats.prefill_tps(),
-                predicted_n: stats.generated_tokens,
-                predicted_ms: ms(stats.decode_time),
-                predicted_per_second: stats.decode_tps(),
-            },
+            timings: Timings::new(&stats, load_time),
         };
         writeln!(out, "{}", serde_json::to_string_pretty(&j)?)?;
         out.flush()?;

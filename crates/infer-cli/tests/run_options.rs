@@ -368,6 +368,26 @@ fn the_files_sampling_keys_are_defaults_under_the_flags() {
     assert_one_line_error(&run_tiny(&bad, &["hi"]), "the model sets top_p = 0");
 }
 
+/// `run --json`'s rates mean what llama-server's do: the first predicted
+/// token comes from the prompt's logits, so `predicted_ms` and the rates
+/// are over the `predicted_n - 1` decode steps after it (llama-server's
+/// `n_gen_steps`), which `predicted_per_token_ms` makes explicit.
+#[test]
+fn run_json_rates_count_the_decode_steps_as_llama_server() {
+    let dir = tmpdir();
+    let m = synth_tiny(dir.path(), "llama");
+    let o = run_tiny(&m, &["-n", "8", "--temp", "0", "--ignore-eos", "--json", "-p", "hello"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let t = &v["timings"];
+    let f = |k: &str| t[k].as_f64().unwrap_or_else(|| panic!("no {k}: {t}"));
+    assert_eq!(t["predicted_n"], 8, "{t}");
+    let close = |a: f64, b: f64| (a - b).abs() <= 1e-6 * a.abs().max(b.abs()).max(1.0);
+    assert!(close(f("predicted_per_second"), 7.0 * 1e3 / f("predicted_ms")), "{t}");
+    assert!(close(f("predicted_per_token_ms"), f("predicted_ms") / 7.0), "{t}");
+    assert!(close(f("prompt_per_token_ms"), f("prompt_ms") / f("prompt_n")), "{t}");
+}
+
 /// `-c 1` cannot hold a prompt and a generated token: said without
 /// "more than 0 tokens".
 #[test]
