@@ -379,6 +379,18 @@ impl ModelArgs {
         })
     }
 
+    /// The error of a GPU that cannot be opened (`why`), naming the flag
+    /// that asked for it (`--backend cuda` or `-dev cuda`) and the CPU in
+    /// the same flag's words.
+    fn no_gpu(&self, why: &str) -> String {
+        match &self.device {
+            Some(d) if self.backend != Some(BackendKind::Cuda) => {
+                format!("-dev {d}: {why}; use -dev cpu or auto (or leave -dev out)")
+            }
+            _ => format!("--backend cuda: {why}; use --backend cpu or auto"),
+        }
+    }
+
     /// The backend to run on, with `threads` CPU threads (`None`: all
     /// cores).
     pub fn backend(&self, threads: Option<usize>) -> CliResult<Box<dyn ComputeBackend>> {
@@ -399,7 +411,7 @@ impl ModelArgs {
             Placement::Gpu if self.backend == Some(BackendKind::Wgpu) => {
                 return Ok(infer_compute::backend_by_name("wgpu").map_err(|e| format!("--backend wgpu: {e}"))?);
             }
-            Placement::Gpu => return cuda_backend(),
+            Placement::Gpu => return cuda_backend().map_err(|e| self.no_gpu(&e.to_string()).into()),
             Placement::GpuIfAny => match cuda_backend() {
                 Ok(b) => return Ok(b),
                 Err(e) => {
@@ -541,10 +553,9 @@ fn warn_simd_env() {
     }
 }
 
-/// The error of `--backend cuda` on a machine without an NVIDIA driver,
+/// Why the GPU cannot run a model on a machine without an NVIDIA driver,
 /// the same in builds with and without the `cuda` feature.
-const NO_CUDA_DRIVER: &str =
-    "--backend cuda: no NVIDIA driver on this machine (libcuda.so could not be loaded); use --backend cpu or auto";
+const NO_CUDA_DRIVER: &str = "no NVIDIA driver on this machine (libcuda.so could not be loaded)";
 
 /// Whether the NVIDIA driver library can be loaded.
 #[cfg(unix)]
@@ -575,7 +586,7 @@ fn cuda_backend() -> CliResult<Box<dyn ComputeBackend>> {
     if !nvidia_driver_present() {
         return Err(NO_CUDA_DRIVER.into());
     }
-    Ok(Box::new(infer_compute::cuda::CudaBackend::new(0).map_err(|e| format!("--backend cuda: {e}"))?))
+    Ok(Box::new(infer_compute::cuda::CudaBackend::new(0)?))
 }
 
 #[cfg(not(feature = "cuda"))]
@@ -583,7 +594,7 @@ fn cuda_backend() -> CliResult<Box<dyn ComputeBackend>> {
     if !nvidia_driver_present() {
         return Err(NO_CUDA_DRIVER.into());
     }
-    Err("--backend cuda: this build has no CUDA support (rebuild with `--features cuda`)".into())
+    Err("this build has no CUDA support (rebuild with `--features cuda`)".into())
 }
 
 /// A spinner on stderr while `f` runs (hidden when stderr is not a terminal).

@@ -400,3 +400,21 @@ fn a_context_of_one_position_is_a_clear_error() {
     let o = run_tiny(&m, &["-c", "2", "hello world again"]);
     assert_one_line_error(&o, "the prompt has more than 1 token; a context of 2 positions leaves no room");
 }
+
+/// Without a GPU, `-dev cuda` advises `-dev cpu` (the flag the user wrote),
+/// `--backend cuda` advises `--backend cpu`.
+#[test]
+fn a_missing_gpu_is_named_in_the_flag_that_asked_for_it() {
+    if Path::new("/dev/nvidiactl").exists() {
+        eprintln!("skipped: this machine has an NVIDIA GPU");
+        return;
+    }
+    let dir = tmpdir();
+    let m = synth_tiny(dir.path(), "llama");
+    let o = run_tiny(&m, &["-dev", "cuda", "hello"]);
+    assert_one_line_error(&o, "-dev cuda: ");
+    assert!(stderr(&o).contains("use -dev cpu") && !stderr(&o).contains("--backend"), "{}", stderr(&o));
+    let o = run_tiny(&m, &["--backend", "cuda", "hello"]);
+    assert_one_line_error(&o, "--backend cuda: ");
+    assert!(stderr(&o).contains("use --backend cpu"), "{}", stderr(&o));
+}
