@@ -178,6 +178,15 @@ fn negative_numbers_have_llama_cpp_meanings_or_a_range_error() {
     }
 }
 
+#[test]
+fn a_bad_magic_is_escaped_once() {
+    let dir = tmpdir();
+    let p = dir.path().join("elf.gguf");
+    std::fs::write(&p, b"\x7fELF\x02\x01\x01\x00 and more bytes").unwrap();
+    let o = infer(&["info", "--model", p.to_str().unwrap()]);
+    assert_one_line_error(&o, r#"bad magic "\x7fELF" (expected "GGUF")"#);
+}
+
 /// llama-bench's `ngl` column with an `-ngl` list; `--profile` with
 /// nothing to profile (`-n 0`) is an error, not a decode run.
 #[test]

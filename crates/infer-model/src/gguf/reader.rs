@@ -269,7 +269,8 @@ fn parse_inner(buf: &[u8]) -> Result<Parsed, String> {
     // Header.
     let magic = cur.take(4, "magic").context(|| "header".into())?;
     if magic != MAGIC {
-        return Err(format!("bad magic {:?} (expected \"GGUF\")", magic.escape_ascii().to_string()));
+        // Escaped once: `"\x7fELF"`, not Debug's `"\\x7fELF"`.
+        return Err(format!("bad magic \"{}\" (expected \"GGUF\")", magic.escape_ascii()));
     }
     let version = cur.u32("version").context(|| "header".into())?;
     match version {
