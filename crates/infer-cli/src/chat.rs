@@ -24,7 +24,8 @@
 //! a flag that the streaming callback reads, cleared around each reply; a
 //! second Ctrl-C within one reply ends the process). At the prompt Ctrl-C
 //! is a key of the line editor: the first asks, a second in a row leaves;
-//! Ctrl-D or the end of the input leaves with the line ended.
+//! Ctrl-D or the end of the input leaves with the line ended, and so do
+//! SIGTERM and SIGHUP, at the prompt or during a reply (which stops first).
 
 use std::io::Write;
 use std::path::Path;
@@ -158,6 +159,8 @@ pub fn chat(a: ChatArgs) -> CliResult {
         crate::run::print_settings(&settings, max_tokens, None, &cfg, &from_model);
     }
     crate::interrupt::graceful();
+    // SIGTERM and SIGHUP end the session as the end of the input does.
+    crate::interrupt::session();
 
     let system: Vec<Message> = a.system.iter().map(|s| Message::system(s.as_str())).collect();
     let mut messages = system.clone();
@@ -175,7 +178,13 @@ pub fn chat(a: ChatArgs) -> CliResult {
     // Ctrl-C at an empty prompt asks first; a second one in a row leaves.
     let mut asked_to_leave = false;
     loop {
-        let raw = match input.read(&mut out) {
+        // A termination signal during the last reply or command ends the session.
+        if !crate::interrupt::at_prompt() {
+            break;
+        }
+        let read = input.read(&mut out);
+        crate::interrupt::left_prompt();
+        let raw = match read {
             Ok(Input::Text(t)) => t,
             Ok(Input::Interrupted) if asked_to_leave => break,
             Ok(Input::Interrupted) => {

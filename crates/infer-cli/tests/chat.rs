@@ -162,3 +162,62 @@ fn load_and_save_a_conversation_and_commands_stay_local() {
     let (_, err) = chat(&format!("/load {}\n", a.display()));
     assert!(err.contains("is not a conversation"), "{err}");
 }
+
+/// Waits at most a minute for `child` to end by itself (the test fails
+/// instead of hanging when it does not).
+#[cfg(unix)]
+fn ends_within_a_minute(child: &mut std::process::Child) -> std::process::ExitStatus {
+    for _ in 0..600 {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let _ = child.kill();
+    panic!("infer chat did not end within a minute");
+}
+
+/// SIGTERM ends a session read from a pipe cleanly (exit status 0, the
+/// line ended): at the prompt, and during a reply, which stops first.
+#[cfg(unix)]
+#[test]
+fn sigterm_ends_the_session_at_the_prompt_and_during_a_reply() {
+    use std::io::Read;
+    infer_model::fetch::ensure_model("smollm2-135m").unwrap_or_else(|e| panic!("smollm2-135m: {e}"));
+    for during_reply in [false, true] {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_infer"))
+            .args(["chat", "--model", "smollm2-135m", "--temp", "0", "-n", "2000"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run infer chat");
+        // Kept open: the session waits for a line, not for the end of input.
+        let mut stdin = child.stdin.take().unwrap();
+        let mut stdout = child.stdout.take().unwrap();
+        let mut seen = Vec::new();
+        let mut byte = [0u8; 1];
+        if during_reply {
+            stdin.write_all(b"Write a very long story about a dragon.\n").unwrap();
+        }
+        // The first prompt, then (during a reply) some of the reply.
+        let mut prompted = false;
+        while !prompted || (during_reply && seen.len() < 40) {
+            assert_eq!(stdout.read(&mut byte).unwrap(), 1, "ended early: {}", String::from_utf8_lossy(&seen));
+            seen.push(byte[0]);
+            prompted |= seen.ends_with(b"> ");
+        }
+        // SAFETY: sends a signal to the child this test started.
+        assert_eq!(unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) }, 0);
+        let status = ends_within_a_minute(&mut child);
+        stdout.read_to_end(&mut seen).unwrap();
+        let mut err = String::new();
+        child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+        let out = String::from_utf8_lossy(&seen);
+        assert!(status.success(), "{status}: {err}");
+        assert!(out.ends_with('\n'), "the output ends without a newline: {out:?}");
+        let stops: Vec<String> = turns(&err).into_iter().map(|t| t.2).collect();
+        assert_eq!(stops, if during_reply { vec!["interrupted".to_string()] } else { vec![] }, "{err}");
+        drop(stdin);
+    }
+}

@@ -1,7 +1,7 @@
 //! `infer chat` on a terminal, driven through a pseudo-terminal with the
 //! real SmolLM2 135M Instruct (fetched and cached by name on first use): the
 //! line editor's keys (arrows, history), multi-line input, commands handled
-//! locally, Ctrl-C at the prompt and during a reply, Ctrl-D.
+//! locally, Ctrl-C at the prompt and during a reply, Ctrl-D, SIGTERM.
 #![cfg(unix)]
 
 mod common;
@@ -123,5 +123,27 @@ fn ctrl_c_stops_a_reply_then_asks_before_leaving() {
     p.exp_string("Ctrl-C again").expect("the question");
     p.send_control('c').unwrap();
     p.exp_eof().unwrap();
+    assert_eq!(exit_code(&p), 0);
+}
+
+#[test]
+fn sigterm_at_the_prompt_ends_the_session_as_ctrl_d() {
+    let mut p = chat_on_terminal("8");
+    p.process_mut().signal(rexpect::process::Signal::SIGTERM).unwrap();
+    let rest = p.exp_eof().expect("the session ends at SIGTERM");
+    assert!(rest.ends_with('\n'), "the output ends without a newline: {rest:?}");
+    assert_eq!(exit_code(&p), 0);
+}
+
+#[test]
+fn sigterm_during_a_reply_stops_it_and_ends_the_session() {
+    let mut p = chat_on_terminal("-1");
+    p.send_line("Write a very long story about a dragon who learns to cook, with many chapters.").unwrap();
+    p.exp_string("chapters.").expect("the line's echo");
+    p.exp_regex(r"[A-Za-z]{3}").expect("the reply begins");
+    p.process_mut().signal(rexpect::process::Signal::SIGTERM).unwrap();
+    p.exp_string("tokens/s; interrupted]").expect("the reply's stats line");
+    let rest = p.exp_eof().expect("the session ends after the reply");
+    assert!(!rest.contains("> "), "a prompt after SIGTERM: {rest:?}");
     assert_eq!(exit_code(&p), 0);
 }
