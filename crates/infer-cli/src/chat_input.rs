@@ -6,7 +6,9 @@
 //! this session, and Ctrl-C and Ctrl-D arrive as keys (the terminal is in
 //! raw mode while a line is edited, so Ctrl-C is no signal there). From a
 //! pipe or a file, lines are read as they are, at most [`ChatInput`]'s
-//! byte limit each (a longer one is skipped unread to its end).
+//! byte limit each (a longer one is skipped unread to its end, as long as
+//! it has an end within [`SKIP_LIMIT`]); a line with a NUL byte is not
+//! text and is refused.
 //!
 //! Either way, a line that ends in a backslash continues on the next one
 //! (llama.cpp's multi-line input): the backslash is dropped and the lines
@@ -18,6 +20,11 @@ use rustyline::error::ReadlineError;
 use rustyline::DefaultEditor;
 
 use crate::output::Out;
+
+/// The most bytes skipped to reach the end of a refused line: an input
+/// without line ends (`infer chat < /dev/zero`, a binary file) is an error
+/// then, instead of being read for ever.
+pub const SKIP_LIMIT: u64 = 64 << 20;
 
 /// The prompt of a new message.
 pub const PROMPT: &str = "> ";
@@ -104,7 +111,7 @@ impl ChatInput {
             if text.len() + line.len() > self.limit {
                 if let Source::Plain(input) = &mut self.source {
                     // The rest of the message is not read.
-                    skip_continuations(input, &line)?;
+                    skip_continuations(input, &line).map_err(reading)?;
                 }
                 return Ok(Input::Refused(self.too_long()));
             }
@@ -156,6 +163,7 @@ impl ChatInput {
                     PlainLine::TooLong => Ok(Line::Refused(format!(
                         "that line has more than {limit} bytes, more than the context can hold"
                     ))),
+                    PlainLine::Binary => Ok(Line::Refused("that line has a NUL byte: it is not text".into())),
                     PlainLine::Text(bytes) => match String::from_utf8(bytes) {
                         Ok(s) => Ok(Line::Text(s)),
                         Err(_) => Ok(Line::Refused("that line is not valid UTF-8".into())),
@@ -186,8 +194,12 @@ fn skip_continuations(input: &mut impl BufRead, line: &str) -> std::io::Result<(
     let mut continued = line.ends_with('\\');
     while continued {
         let mut bytes = Vec::new();
-        if input.read_until(b'\n', &mut bytes)? == 0 {
+        let n = std::io::Read::take(&mut *input, SKIP_LIMIT).read_until(b'\n', &mut bytes)?;
+        if n == 0 {
             break;
+        }
+        if n as u64 == SKIP_LIMIT && !bytes.ends_with(b"\n") {
+            return Err(no_end());
         }
         let body = bytes.strip_suffix(b"\n").unwrap_or(&bytes);
         continued = body.strip_suffix(b"\r").unwrap_or(body).ends_with(b"\\");
@@ -201,12 +213,18 @@ enum PlainLine {
     Text(Vec<u8>),
     /// A line of more than the limit, skipped up to its newline.
     TooLong,
+    /// A line with a NUL byte (binary data), skipped up to its newline.
+    Binary,
     /// The end of the input.
     End,
 }
 
 /// Reads one line of at most `limit` bytes (without its newline); a longer
-/// one is read no further than that and skipped to its end, in chunks.
+/// one, or one with a NUL byte, is read no further than that and skipped
+/// to its end, in chunks.
+///
+/// # Errors
+/// A failed read; a line still without an end after [`SKIP_LIMIT`] bytes.
 fn read_line_at_most(input: &mut impl BufRead, limit: usize) -> std::io::Result<PlainLine> {
     let mut bytes = Vec::new();
     let n = std::io::Read::take(&mut *input, limit.saturating_add(2) as u64).read_until(b'\n', &mut bytes)?;
@@ -215,30 +233,51 @@ fn read_line_at_most(input: &mut impl BufRead, limit: usize) -> std::io::Result<
     }
     let ended = bytes.ends_with(b"\n");
     let body = bytes.strip_suffix(b"\n").map_or(bytes.len(), |b| b.strip_suffix(b"\r").unwrap_or(b).len());
-    if body <= limit {
+    let refused = if bytes.contains(&0) {
+        PlainLine::Binary
+    } else if body > limit {
+        PlainLine::TooLong
+    } else {
         bytes.truncate(body);
         return Ok(PlainLine::Text(bytes));
-    }
+    };
     if !ended {
-        // Skip the rest of the line.
-        loop {
-            let buf = input.fill_buf()?;
-            if buf.is_empty() {
-                break;
-            }
-            match buf.iter().position(|&b| b == b'\n') {
-                Some(pos) => {
-                    input.consume(pos + 1);
-                    break;
-                }
-                None => {
-                    let len = buf.len();
-                    input.consume(len);
-                }
-            }
+        skip_line(input)?;
+    }
+    Ok(refused)
+}
+
+/// Skips the rest of a line, up to and with its newline (or the end of the
+/// input), at most [`SKIP_LIMIT`] bytes.
+///
+/// # Errors
+/// A failed read; no newline within [`SKIP_LIMIT`] bytes.
+fn skip_line(input: &mut impl BufRead) -> std::io::Result<()> {
+    let mut skipped = 0u64;
+    loop {
+        let buf = input.fill_buf()?;
+        if buf.is_empty() {
+            return Ok(());
+        }
+        if let Some(pos) = buf.iter().position(|&b| b == b'\n') {
+            input.consume(pos + 1);
+            return Ok(());
+        }
+        let len = buf.len();
+        input.consume(len);
+        skipped += len as u64;
+        if skipped > SKIP_LIMIT {
+            return Err(no_end());
         }
     }
-    Ok(PlainLine::TooLong)
+}
+
+/// The error of a line still without an end after [`SKIP_LIMIT`] bytes.
+fn no_end() -> std::io::Error {
+    std::io::Error::new(
+        std::io::ErrorKind::InvalidData,
+        format!("a line of more than {} MiB without an end (not text?)", SKIP_LIMIT >> 20),
+    )
 }
 
 #[cfg(test)]
@@ -252,6 +291,7 @@ mod tests {
             match read_line_at_most(&mut r, limit).unwrap() {
                 PlainLine::End => return got,
                 PlainLine::TooLong => got.push("<too long>".into()),
+                PlainLine::Binary => got.push("<binary>".into()),
                 PlainLine::Text(b) => got.push(String::from_utf8(b).unwrap()),
             }
         }
@@ -262,6 +302,16 @@ mod tests {
         assert_eq!(lines("ab\r\ncd\n\nlast", 4), ["ab", "cd", "", "last"]);
         assert_eq!(lines("abcdefgh\nok\n", 4), ["<too long>", "ok"]);
         assert_eq!(lines("abcd\n", 4), ["abcd"]);
+        assert_eq!(lines("a\0b\nok\n\0\0\0\0\0\0\0\0\nend", 4), ["<binary>", "ok", "<binary>", "end"]);
+    }
+
+    #[test]
+    fn a_line_without_an_end_is_an_error_not_an_endless_read() {
+        let mut zeros = std::io::BufReader::new(std::io::Read::take(std::io::repeat(0), SKIP_LIMIT * 2));
+        let e = read_line_at_most(&mut zeros, 16).err().expect("an error");
+        assert!(e.to_string().contains("without an end"), "{e}");
+        let mut r = std::io::Cursor::new(b"xxxxxxxx no end".to_vec());
+        assert!(matches!(read_line_at_most(&mut r, 4).unwrap(), PlainLine::TooLong));
     }
 
     #[test]

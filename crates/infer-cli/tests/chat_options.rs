@@ -149,3 +149,43 @@ fn chat_takes_ignore_eos_verbose_prompt_and_verbose() {
     assert!(err.contains("context:  64 positions") && err.contains("sampler chain: "), "{err}");
     assert!(err.contains("predict:  1 token"), "{err}");
 }
+
+/// Input that is not text: a line with NUL bytes is refused and the
+/// session goes on; an input without line ends (`/dev/zero`) ends the
+/// session with one error line instead of being read for ever.
+#[cfg(unix)]
+#[test]
+fn nul_bytes_are_refused_and_endless_lines_end_the_session() {
+    let dir = tmpdir();
+    let m = synth_tiny(dir.path(), "llama");
+    let err = chat(&m, &["-n", "2"], "\0\0\0\0\nhello\n");
+    assert!(err.contains("that line has a NUL byte: it is not text; it was not sent"), "{err}");
+    assert_eq!(err.matches("[prefill ").count(), 1, "{err}");
+
+    let zero = std::fs::File::open("/dev/zero").unwrap();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_infer"))
+        .args(["chat", "-m", m.to_str().unwrap(), "-t", "1", "-n", "2"])
+        .stdin(zero)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // A minute at most: before the fix it read /dev/zero for ever.
+    let mut ended = None;
+    for _ in 0..600 {
+        ended = child.try_wait().unwrap();
+        if ended.is_some() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    if ended.is_none() {
+        let _ = child.kill();
+        panic!("infer chat < /dev/zero did not end within a minute");
+    }
+    let o = child.wait_with_output().unwrap();
+    let err = stderr(&o);
+    assert!(!o.status.success(), "{err}");
+    let last = err.lines().last().unwrap_or_default();
+    assert!(last.starts_with("error: reading the input: a line of more than 64 MiB without an end"), "{err}");
+}
