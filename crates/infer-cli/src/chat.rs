@@ -26,6 +26,7 @@
 //! is a key of the line editor: the first asks, a second in a row leaves;
 //! Ctrl-D or the end of the input leaves with the line ended, and so do
 //! SIGTERM and SIGHUP, at the prompt or during a reply (which stops first).
+//! `/reset` keeps the system prompt's part of the KV cache.
 
 use std::io::Write;
 use std::path::Path;
@@ -230,7 +231,8 @@ pub fn chat(a: ChatArgs) -> CliResult {
                 messages = system.clone();
                 n_system = system.len();
                 system_ids = system_tokens(&template, &tokenizer, &system);
-                ctx.reset();
+                // The system prompt's positions stay: the next turn starts with them.
+                ctx.keep_common_prefix(&system_ids);
                 sampler = Sampler::new(cfg.clone())?;
                 eprintln!("(conversation reset)");
                 continue;

@@ -163,6 +163,27 @@ fn load_and_save_a_conversation_and_commands_stay_local() {
     assert!(err.contains("is not a conversation"), "{err}");
 }
 
+/// `/reset` keeps the system prompt's part of the cache: the first turn
+/// after it reuses those tokens instead of prefilling them again.
+#[test]
+fn reset_keeps_the_system_prompt_in_the_cache() {
+    infer_model::fetch::ensure_model("smollm2-135m").unwrap_or_else(|e| panic!("smollm2-135m: {e}"));
+    let q = "What is the capital of France? Answer in one word.";
+    let o = common::infer_stdin(
+        &["chat", "--model", "smollm2-135m", "--temp", "0", "-n", "16", "-sys", "You are a geography teacher."],
+        format!("{q}\n/reset\n{q}\n").as_bytes(),
+    );
+    let err = common::stderr(&o);
+    assert!(o.status.success(), "{err}");
+    let t = turns(&err);
+    assert_eq!(t.len(), 2, "{err}");
+    let ((p1, r1, _), (p2, r2, _)) = (t[0].clone(), t[1].clone());
+    assert_eq!(r1, 0, "{err}");
+    // The same conversation again: what is reused is not prefilled.
+    assert!(r2 > 5, "after /reset the system prompt's tokens were prefilled again: {err}");
+    assert_eq!(p2 + r2, p1, "{err}");
+}
+
 /// Waits at most a minute for `child` to end by itself (the test fails
 /// instead of hanging when it does not).
 #[cfg(unix)]

@@ -133,6 +133,15 @@ impl CachedContext {
         self.truncate(0);
     }
 
+    /// Keeps the longest prefix of the cache that `ids` starts with (the
+    /// start that the next turn shares, such as a conversation's system
+    /// prompt), dropping the rest; returns the positions kept.
+    pub fn keep_common_prefix(&mut self, ids: &[u32]) -> usize {
+        let common = self.tokens.iter().zip(ids).take_while(|(a, b)| a == b).count();
+        self.truncate(common);
+        common
+    }
+
     /// Keeps the first `len` positions (slot 0 of the one-slot pool).
     fn truncate(&mut self, len: usize) {
         // The pool has one slot: slot 0 is always in range.
