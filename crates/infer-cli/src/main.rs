@@ -160,17 +160,14 @@ fn parse_error(e: clap::Error) -> ExitCode {
     let is_output = !e.use_stderr();
     let terminal = if is_output { std::io::stdout().is_terminal() } else { std::io::stderr().is_terminal() };
     let colour = terminal && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
-    let text = match e.kind() {
-        // Help asked for, or shown for a missing subcommand: as clap writes it.
-        _ if is_output => {
-            if colour {
-                e.render().ansi().to_string()
-            } else {
-                e.render().to_string()
-            }
-        }
-        clap::error::ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => e.render().to_string(),
-        _ => format!("{}\n", one_line(&e.render().to_string())),
+    // Help asked for, or shown for a missing subcommand: as clap writes it.
+    let help = is_output || e.kind() == clap::error::ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand;
+    let text = if !help {
+        format!("{}\n", one_line(&e.render().to_string()))
+    } else if colour {
+        e.render().ansi().to_string()
+    } else {
+        e.render().to_string()
     };
     let written = if is_output {
         // Rust's stdout takes writes to a closed descriptor as done.
