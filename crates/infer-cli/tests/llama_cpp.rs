@@ -75,7 +75,7 @@ fn gpu_layers_and_device_choose_the_backend_all_or_nothing() {
     if !has_gpu {
         // Asked for by name, the GPU is required; -ngl 99 alone falls back
         // to the CPU with a warning, as llama.cpp.
-        assert_one_line_error(&run_tiny(&m, &["-dev", "cuda", "hi"]), "--backend cuda:");
+        assert_one_line_error(&run_tiny(&m, &["-dev", "cuda", "hi"]), "-dev cuda: no NVIDIA driver");
         let o = run_tiny(&m, &["-ngl", "99", "-n", "2", "hi"]);
         assert!(o.status.success(), "{}", stderr(&o));
         assert!(stderr(&o).contains("warning: -ngl 99: no usable GPU"), "{}", stderr(&o));
