@@ -72,7 +72,8 @@ fn wgpu() -> Vec<Candidate> {
 /// The CUDA backend with its tuned kernels and fusions (`cuda`; the
 /// `INFER_CUDA_*` variables apply), and again
 /// with every fusion and alternative layout off (`cuda_unfused`: GGUF rows,
-/// separate norm, quantize and attention kernels, mat-vec prefill), in the
+/// separate norm, quantize and attention kernels, mat-vec prefill), and
+/// with one decode-attention block per kv head (`cuda_one_block`), in the
 /// same process.
 #[cfg(feature = "cuda")]
 fn cuda() -> Vec<Candidate> {
@@ -83,27 +84,42 @@ fn cuda() -> Vec<Candidate> {
             .map(|b| Arc::new(b) as Arc<dyn ComputeBackend>)
             .map_err(|e| (format!("no CUDA device here ({e})"), required))
     };
-    vec![("cuda".into(), open(CudaOptions::from_env())), ("cuda_unfused".into(), open(CudaOptions::unfused()))]
+    // One decode-attention block per kv head: every span after the first
+    // streamed through the online softmax, the token's own in a later one.
+    let one_block = CudaOptions { attn_decode_blocks: Some(1), ..CudaOptions::from_env() };
+    vec![
+        ("cuda".into(), open(CudaOptions::from_env())),
+        ("cuda_unfused".into(), open(CudaOptions::unfused())),
+        ("cuda_one_block".into(), open(one_block)),
+    ]
 }
 
 #[cfg(not(feature = "cuda"))]
 fn cuda() -> Vec<Candidate> {
     let required = std::env::var("INFER_REQUIRE_CUDA").is_ok_and(|v| v == "1");
-    ["cuda", "cuda_unfused"].map(|n| (n.into(), Err(("built without the `cuda` feature".into(), required)))).into()
+    ["cuda", "cuda_unfused", "cuda_one_block"]
+        .map(|n| (n.into(), Err(("built without the `cuda` feature".into(), required))))
+        .into()
 }
 
 /// Whether `backend` runs `case`: every case, except that the wgpu
 /// workgroup-memory fallback (`wgpu_shared`, the same kernels with other
 /// reductions, in passes of 8 tokens, weights in 64 KiB buffers) runs the
-/// op cases and one model of
-/// each kind, since the whole suite on lavapipe twice would take most of
-/// a CI run.
+/// op cases and one model of each kind, since the whole suite on lavapipe
+/// twice would take most of a CI run, and `cuda_one_block` only the cases
+/// its one option changes.
 fn runs_on(backend: &str, case: &str) -> bool {
-    backend != "wgpu_shared"
-        || case.starts_with("ops::")
-        || ["model::gemma2_caps::decode", "model::llama_bias::prefill", "batch::gemma3::mixed"]
-            .iter()
-            .any(|c| case.starts_with(c))
+    match backend {
+        "wgpu_shared" => {
+            case.starts_with("ops::")
+                || ["model::gemma2_caps::decode", "model::llama_bias::prefill", "batch::gemma3::mixed"]
+                    .iter()
+                    .any(|c| case.starts_with(c))
+        }
+        // The decode attention's other grid: the cases that decode past one span.
+        "cuda_one_block" => case.ends_with("::long_decode") || case.starts_with("batch::"),
+        _ => true,
+    }
 }
 
 fn main() {

@@ -378,14 +378,9 @@ pub(crate) fn qkv_attention(dev: &Device, qkv: &QkvArgs, attn: &AttnArgs, count:
     if let Some(k) = decode_kernel(hd).filter(|_| one && count != 0 && dev.opts.attn_decode) {
         check_qkv_shape(qkv)?;
         check_attn_shape(n_head, n_kv, hd)?;
-        // attention_decode.cu: q [G][hd], logits [G][span], new k and v
-        // [2][hd], rotation [hd], span (max, sum) [G], q and k norm
-        // weights [2][hd] as f32; values [span][hd] as f16.
-        let floats = ATTN_MAX_G * hd + ATTN_MAX_G * ATTN_SPLIT + 5 * hd + 2 * ATTN_MAX_G;
-        let smem = (floats * 4 + ATTN_SPLIT * hd * 2) as u32;
-        let grid = (to_u32(n_kv, "kv heads")?, to_u32(attn.n_split as usize, "splits")?, 1);
+        let grid = (to_u32(n_kv, "kv heads")?, decode_blocks(dev, attn, 1)?, 1);
         let args = AttnQkvArgs { at: *attn, qk: *qkv, count, slot: 0, slot_stride: 0 };
-        return dev.launch(k, grid, decode_threads(hd), smem, &args);
+        return dev.launch(k, grid, decode_threads(hd), decode_smem(hd), &args);
     }
     let fuse = one && dev.opts.fuse_qkv.unwrap_or(n_kv >= 2);
     if !fuse {
@@ -447,12 +442,35 @@ pub(crate) fn qkv_attention_batch(
     }
     check_qkv_shape(qkv)?;
     check_attn_shape(attn.n_head as usize, n_kv, hd)?;
-    let floats = ATTN_MAX_G * hd + ATTN_MAX_G * ATTN_SPLIT + 5 * hd + 2 * ATTN_MAX_G;
-    let smem = (floats * 4 + ATTN_SPLIT * hd * 2) as u32;
-    let grid = (to_u32(n_kv, "kv heads")?, to_u32(attn.n_split as usize, "splits")?, to_u32(n_tok, "tokens")?);
+    let grid = (to_u32(n_kv, "kv heads")?, decode_blocks(dev, attn, n_tok)?, to_u32(n_tok, "tokens")?);
     let slot_stride = i64::try_from(slot_stride).map_err(|_| Error::Overflow("KV pool slot stride"))?;
     let args = AttnQkvArgs { at: *attn, qk: *qkv, count, slot, slot_stride };
-    dev.launch(k, grid, decode_threads(hd), smem, &args)
+    dev.launch(k, grid, decode_threads(hd), decode_smem(hd), &args)
+}
+
+/// Shared memory of an `attn_decode_hd*` block (attention_decode.cu): q
+/// [G][hd], logits [G][span], new k and v [2][hd], rotation [hd], (max,
+/// sum) [G] and rescale [G] of the softmax, q and k norm weights [2][hd]
+/// as f32; values [span][hd] as f16.
+fn decode_smem(hd: usize) -> u32 {
+    let floats = ATTN_MAX_G * hd + ATTN_MAX_G * ATTN_SPLIT + 5 * hd + 3 * ATTN_MAX_G;
+    (floats * 4 + ATTN_SPLIT * hd * 2) as u32
+}
+
+/// Blocks per kv head (and token) of an `attn_decode_hd*` launch: the
+/// spans of the cache's capacity, at most
+/// [`CudaOptions::attn_decode_blocks`](super::CudaOptions::attn_decode_blocks)
+/// or, by default, as many as give the launch about `WAVE_THREADS` threads
+/// per multiprocessor (what their registers let stay resident). Deeper
+/// than that many spans each block streams several (`decode_spans` in
+/// attention_decode.cu).
+fn decode_blocks(dev: &Device, attn: &AttnArgs, n_tok: usize) -> Result<u32> {
+    const WAVE_THREADS: usize = 1024;
+    let per_sm = (WAVE_THREADS / decode_threads(attn.hd as usize) as usize).max(1);
+    let sms = dev.info.multiprocessors.max(1) as usize;
+    let per_head = (attn.n_kv as usize * n_tok).max(1);
+    let cap = dev.opts.attn_decode_blocks.unwrap_or_else(|| (per_sm * sms).div_ceil(per_head));
+    to_u32(cap.clamp(1, (attn.n_split as usize).max(1)), "decode attention blocks")
 }
 
 /// The one-launch decode attention kernel for head dimension `hd`.

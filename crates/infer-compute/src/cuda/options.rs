@@ -54,6 +54,11 @@ pub struct CudaOptions {
     /// One-token attention as one kernel (`attn_decode_hd*`, head_dim 64,
     /// 128, 256); off: the split-K kernels. `INFER_CUDA_ATTN_DECODE=0`.
     pub attn_decode: bool,
+    /// Blocks per kv head of that kernel (`Some(n)`, 1 or more); `None`:
+    /// about 1024 threads per multiprocessor over the launch. Up to that many
+    /// 32-position spans each has a block; deeper, each block streams
+    /// several with the online softmax. `INFER_CUDA_ATTN_BLOCKS=N`.
+    pub attn_decode_blocks: Option<usize>,
     /// Without the one-launch kernel: the q/k/v post-processing inside the
     /// split-K attention (`Some(true)`), as its own kernel (`Some(false)`),
     /// or inside it for 2 or more KV heads (`None`). `INFER_CUDA_FUSE_QKV=1|0`.
@@ -123,6 +128,7 @@ impl Default for CudaOptions {
             mixed_qkv: true,
             glu_q8: true,
             attn_decode: true,
+            attn_decode_blocks: None,
             fuse_qkv: None,
             flash: true,
             prefill_gemm: Some(GemmPrecision::Bf16),
@@ -183,6 +189,10 @@ impl CudaOptions {
             mixed_qkv: on("INFER_CUDA_MIXED_QKV", d.mixed_qkv),
             glu_q8: on("INFER_CUDA_GLU_Q8", d.glu_q8),
             attn_decode: on("INFER_CUDA_ATTN_DECODE", d.attn_decode),
+            attn_decode_blocks: var("INFER_CUDA_ATTN_BLOCKS")
+                .and_then(|v| v.parse().ok())
+                .filter(|&n| n >= 1)
+                .or(d.attn_decode_blocks),
             fuse_qkv: match var("INFER_CUDA_FUSE_QKV").as_deref() {
                 Some("0") => Some(false),
                 Some("1") => Some(true),
@@ -244,6 +254,7 @@ mod tests {
             ("INFER_CUDA_GEMM_MIN", "1"),
             ("INFER_CUDA_MMQ", "8"),
             ("INFER_CUDA_MV_ROWS_GLU", "0"),
+            ("INFER_CUDA_ATTN_BLOCKS", "3"),
         ];
         let o = CudaOptions::from_vars(|k| vars.iter().find(|v| v.0 == k).map(|v| v.1.to_string()));
         assert!(!o.repack && o.pdl && o.flash);
@@ -255,6 +266,9 @@ mod tests {
         assert_eq!(o.mv_rows_glu_min_tokens, None);
         assert_eq!(o.gemm_min_tokens, 65, "a GEMM of one token is not a choice");
         assert_eq!(o.mmq_min_tokens, Some(8));
+        assert_eq!(o.attn_decode_blocks, Some(3));
+        let zero = CudaOptions::from_vars(|k| (k == "INFER_CUDA_ATTN_BLOCKS").then(|| "0".into()));
+        assert_eq!(zero.attn_decode_blocks, None, "no blocks is not a choice");
         let no_mmq = CudaOptions::from_vars(|k| (k == "INFER_CUDA_MMQ").then(|| "0".into()));
         assert_eq!(no_mmq.mmq_min_tokens, None);
         assert_eq!(o.nvrtc_opts, ["-DA=1", "-DB=2"]);

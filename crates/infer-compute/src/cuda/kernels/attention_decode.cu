@@ -4,20 +4,23 @@
 // spans of ATTN_SPLIT positions, and the merge of the spans with the q8
 // quantization of the output, which attn_split + attn_combine do in two.
 //
-// Block (g, s): kv head g and its query heads, positions
-// [start, start + len) of span s (spans past the attended range exit).
-// The kernel is built around the latency of a decode step, not its bytes:
+// Block (g, s): kv head g and its query heads, spans [s0, s1) of the
+// attended range (decode_spans: one span a block near the start of the
+// cache, several streamed through the online softmax deeper; blocks past
+// the attended range exit). Near the start the kernel is built around the
+// latency of a decode step, deep in the cache around its bytes:
 //   - before waiting for the previous kernel (PDL), each block loads its
-//     span of the cache into registers, computes the rotation table and
-//     copies the q/k norm weights to shared memory:
+//     first span of the cache into registers (each later one while the
+//     one before is finished), computes the rotation table and copies the
+//     q/k norm weights to shared memory:
 //     the position and the cached rows before it were written before this
 //     step's earlier kernels, so they do not depend on the kernel just
 //     before (see PDL_PROLOGUE in common.cuh);
 //   - the new key and value are appended by the block of the last span,
 //     which uses them from shared memory instead of reading them back;
 //   - the last block of kv head g to finish (ticket on count[g], re-armed
-//     for the next step) merges the spans: no second launch. A single span
-//     is written out at once.
+//     for the next step) merges the blocks' partial results: no second
+//     launch. A single block's result is written out at once.
 // Logits follow attn_split exactly (scale, soft-cap, max-subtracted exp,
 // f16 cache values); the sums run in a different order.
 
@@ -69,6 +72,59 @@ __device__ __forceinline__ void decode_out(const AttnArgs& a, size_t row, float 
     if (a.oq) quantize_chunk_warp(v, a.oq + (row & ~(size_t)31), a.ods + row / 32);
 }
 
+// One thread's chunks of a span's keys and values (see DecodeShape),
+// zero past the span's positions and at the token's own position (which
+// is not in the cache yet).
+template <int HD>
+struct SpanChunks {
+    uint4 k[DecodeShape<HD>::CH], v[DecodeShape<HD>::CH];
+};
+
+template <int HD>
+__device__ __forceinline__ void load_span(const AttnArgs& a, int g, int start, int len, int pos, SpanChunks<HD>& c) {
+    typedef DecodeShape<HD> S;
+    const int kv_dim = a.n_kv * HD, dc = threadIdx.x % S::CPP, j0 = threadIdx.x / S::CPP;
+#pragma unroll
+    for (int i = 0; i < S::CH; ++i) {
+        const int j = j0 + i * S::PSTEP;
+        const size_t at = (size_t)(start + j) * kv_dim + (size_t)g * HD + dc * 8;
+        const bool cached = j < len && start + j < pos;
+        c.k[i] = cached ? *(const uint4*)(a.kc + at) : make_uint4(0, 0, 0, 0);
+        c.v[i] = cached ? *(const uint4*)(a.vc + at) : make_uint4(0, 0, 0, 0);
+    }
+}
+
+template <int HD>
+__device__ __forceinline__ void store_values(const SpanChunks<HD>& c, u16* sv) {
+    typedef DecodeShape<HD> S;
+    const int dc = threadIdx.x % S::CPP, j0 = threadIdx.x / S::CPP;
+#pragma unroll
+    for (int i = 0; i < S::CH; ++i) *(uint4*)(sv + (j0 + i * S::PSTEP) * HD + dc * 8) = c.v[i];
+}
+
+// The spans of the attended range that block s (of gridDim.y per kv head)
+// takes: [s0, s1), `per` of them. Near the start of the cache every span
+// has a block of its own (per = 1); deeper, each block streams `per`
+// spans through the online softmax, so that the grid fills the GPU once
+// and the merge reads at most gridDim.y partial results (FlashDecoding's
+// split, Dao et al. 2023), instead of one block per span and a merge of
+// every span by one block.
+struct DecodeSpans {
+    int n_active;  // spans holding attended positions
+    int n_parts;   // blocks with spans: the partial results to merge
+    int s0, s1;
+};
+
+__device__ __forceinline__ DecodeSpans decode_spans(const AttnArgs& a, int pos, int s) {
+    DecodeSpans r;
+    r.n_active = attn_spans(a, pos);
+    const int per = (r.n_active + (int)gridDim.y - 1) / (int)gridDim.y;
+    r.n_parts = (r.n_active + per - 1) / per;
+    r.s0 = s * per;
+    r.s1 = min(r.n_active, r.s0 + per);
+    return r;
+}
+
 template <int HD>
 __device__ __forceinline__ void attn_decode_impl(const AttnQkvArgs& args) {
     typedef DecodeShape<HD> S;
@@ -76,33 +132,26 @@ __device__ __forceinline__ void attn_decode_impl(const AttnQkvArgs& args) {
     const AttnArgs& a = args.at;
     const QkvArgs& k = args.qk;
     const int tid = threadIdx.x, lane = tid % WARP, warp = tid / WARP;
-    const int g = blockIdx.x, s = blockIdx.y;
+    const int g = blockIdx.x;
     const int G = a.n_head / a.n_kv, h0 = g * G, kv_dim = a.n_kv * HD;
-    float* sq = smem;                        // [G][HD] query heads
-    float* sp = sq + ATTN_MAX_G * HD;        // [G][ATTN_SPLIT] logits, then weights
+    float* sq = smem;                           // [G][HD] query heads
+    float* sp = sq + ATTN_MAX_G * HD;           // [G][ATTN_SPLIT] logits, then weights
     float* skv = sp + ATTN_MAX_G * ATTN_SPLIT;  // new k at [0, HD), v at [HD, 2 HD)
-    float* srot = skv + 2 * HD;              // cos at [0, n_rot / 2), sin after
-    float2* sml = (float2*)(srot + HD);      // [G] (max, sum) of the span
-    float* snw = (float*)(sml + ATTN_MAX_G);  // q norm weights at [0, HD), k's after
-    u16* sv = (u16*)(snw + 2 * HD);          // [ATTN_SPLIT][HD] values
+    float* srot = skv + 2 * HD;                 // cos at [0, n_rot / 2), sin after
+    float2* sml = (float2*)(srot + HD);         // [G] (max, sum) of the block's spans
+    float* sr = (float*)(sml + ATTN_MAX_G);     // [G] rescale of the sums before a span
+    float* snw = sr + ATTN_MAX_G;               // q norm weights at [0, HD), k's after
+    u16* sv = (u16*)(snw + 2 * HD);             // [ATTN_SPLIT][HD] values
 
     // ---- Independent of the previous kernel (before pdl_wait).
     const int pos = *a.pos0;
-    const int n_active = attn_spans(a, pos);
-    if (s >= n_active) return;
-    const int start = attn_first(a, pos) + s * ATTN_SPLIT;
-    const int len = min(ATTN_SPLIT, pos + 1 - start);
-    const bool append = s == n_active - 1;  // the span holding pos
-    const int dc = tid % S::CPP, j0 = tid / S::CPP;
-    uint4 kr[S::CH], vr[S::CH];
-#pragma unroll
-    for (int i = 0; i < S::CH; ++i) {
-        const int j = j0 + i * S::PSTEP;
-        const size_t at = (size_t)(start + j) * kv_dim + (size_t)g * HD + dc * 8;
-        const bool cached = j < len && start + j < pos;
-        kr[i] = cached ? *(const uint4*)(a.kc + at) : make_uint4(0, 0, 0, 0);
-        vr[i] = cached ? *(const uint4*)(a.vc + at) : make_uint4(0, 0, 0, 0);
-    }
+    const DecodeSpans ds = decode_spans(a, pos, blockIdx.y);
+    if (ds.s0 >= ds.n_active) return;
+    const int first = attn_first(a, pos);
+    const bool append = ds.s1 == ds.n_active;  // holds the span of pos
+    const int span_len0 = min(ATTN_SPLIT, pos + 1 - first - ds.s0 * ATTN_SPLIT);
+    SpanChunks<HD> c;
+    load_span<HD>(a, g, first + ds.s0 * ATTN_SPLIT, span_len0, pos, c);
     rope_table(k, pos, srot);
     // The norm weights, into shared memory: one global round trip fewer
     // after the wait (qkv_stage reads them through these pointers).
@@ -115,125 +164,165 @@ __device__ __forceinline__ void attn_decode_impl(const AttnQkvArgs& args) {
     ks.kn_w = k.kn_w ? snw + HD : nullptr;
     PDL_PROLOGUE;
 
-    // ---- q (and on the last span the new k, v) with bias, norm, RoPE;
-    // the span's values into shared memory while their loads are in flight.
-    qkv_stage(ks, h0, G, g, append, HD, sq, skv, srot, [&] {
-#pragma unroll
-        for (int i = 0; i < S::CH; ++i) *(uint4*)(sv + (j0 + i * S::PSTEP) * HD + dc * 8) = vr[i];
-    });
+    // ---- q (and in the block of the last span the new k, v) with bias,
+    // norm, RoPE; the first span's values into shared memory while their
+    // loads are in flight.
+    qkv_stage(ks, h0, G, g, append, HD, sq, skv, srot, [&] { store_values<HD>(c, sv); });
     if (append) {
         const size_t base = (size_t)pos * kv_dim + (size_t)g * HD;
-        const int jn = pos - start;
         for (int d = tid; d < HD; d += blockDim.x) {
-            const u16 kh = f32_to_f16_sat(skv[d]), vh = f32_to_f16_sat(skv[HD + d]);
-            k.kc[base + d] = kh;
-            k.vc[base + d] = vh;
-            sv[jn * HD + d] = vh;
+            k.kc[base + d] = f32_to_f16_sat(skv[d]);
+            k.vc[base + d] = f32_to_f16_sat(skv[HD + d]);
         }
-#pragma unroll
-        for (int i = 0; i < S::CH; ++i)
-            if (j0 + i * S::PSTEP == jn) kr[i] = pack8_f16(skv + dc * 8);
     }
 
-    // ---- q . k: each thread's slice, summed over the CPP lanes of a position.
-    float dots[S::CH][ATTN_MAX_G];
+    constexpr int HSTEP = S::NT / HD;            // heads in flight in p . v
+    constexpr int PV = ATTN_MAX_G / HSTEP;       // heads per thread in p . v
+    static_assert(PV * HSTEP == ATTN_MAX_G, "whole heads per thread");
+    const int dc = tid % S::CPP, j0 = tid / S::CPP, d = tid % HD;
+    float acc[PV];
 #pragma unroll
-    for (int i = 0; i < S::CH; ++i)
+    for (int i = 0; i < PV; ++i) acc[i] = 0.0f;
+    float m_run = NEG_INF, sum_run = 0.0f;  // warp hh < G: head hh's so far
+    for (int s = ds.s0; s < ds.s1; ++s) {
+        const int start = first + s * ATTN_SPLIT;
+        const int len = min(ATTN_SPLIT, pos + 1 - start);
+        if (s == ds.n_active - 1) {
+            // The new key and value at pos, from shared memory (the first
+            // span's chunk is stored again by the thread that stored it).
+            const int jn = pos - start;
 #pragma unroll
-        for (int hh = 0; hh < ATTN_MAX_G; ++hh)
-            dots[i][hh] = hh < G ? dot8_f16(kr[i], sq + hh * HD + dc * 8) : 0.0f;
-#pragma unroll
-    for (int o = S::CPP / 2; o > 0; o >>= 1)
+            for (int i = 0; i < S::CH; ++i) {
+                if (j0 + i * S::PSTEP == jn) {
+                    c.k[i] = pack8_f16(skv + dc * 8);
+                    c.v[i] = pack8_f16(skv + HD + dc * 8);
+                    if (s == ds.s0) *(uint4*)(sv + jn * HD + dc * 8) = c.v[i];
+                }
+            }
+        }
+        if (s > ds.s0) store_values<HD>(c, sv);
+
+        // ---- q . k: each thread's slice, summed over the CPP lanes of a position.
+        float dots[S::CH][ATTN_MAX_G];
 #pragma unroll
         for (int i = 0; i < S::CH; ++i)
 #pragma unroll
             for (int hh = 0; hh < ATTN_MAX_G; ++hh)
-                if (hh < G) dots[i][hh] += __shfl_xor_sync(FULL_MASK, dots[i][hh], o);
-    if (dc == 0) {
+                dots[i][hh] = hh < G ? dot8_f16(c.k[i], sq + hh * HD + dc * 8) : 0.0f;
+        // The next span's chunks load while this one is finished.
+        if (s + 1 < ds.s1) load_span<HD>(a, g, start + ATTN_SPLIT, min(ATTN_SPLIT, pos + 1 - start - ATTN_SPLIT), pos, c);
 #pragma unroll
-        for (int i = 0; i < S::CH; ++i) {
-            const int j = j0 + i * S::PSTEP;
+        for (int o = S::CPP / 2; o > 0; o >>= 1)
 #pragma unroll
-            for (int hh = 0; hh < ATTN_MAX_G; ++hh) {
-                if (hh < G && j < len) {
-                    float l = dots[i][hh] * a.scale;
-                    if (a.softcap > 0.0f) l = a.softcap * tanhf(l * (1.0f / a.softcap));
-                    sp[hh * ATTN_SPLIT + j] = l;
+            for (int i = 0; i < S::CH; ++i)
+#pragma unroll
+                for (int hh = 0; hh < ATTN_MAX_G; ++hh)
+                    if (hh < G) dots[i][hh] += __shfl_xor_sync(FULL_MASK, dots[i][hh], o);
+        if (dc == 0) {
+#pragma unroll
+            for (int i = 0; i < S::CH; ++i) {
+                const int j = j0 + i * S::PSTEP;
+#pragma unroll
+                for (int hh = 0; hh < ATTN_MAX_G; ++hh) {
+                    if (hh < G && j < len) {
+                        float l = dots[i][hh] * a.scale;
+                        if (a.softcap > 0.0f) l = a.softcap * tanhf(l * (1.0f / a.softcap));
+                        sp[hh * ATTN_SPLIT + j] = l;
+                    }
                 }
             }
         }
-    }
-    __syncthreads();
+        __syncthreads();
 
-    // ---- Softmax over the span: one warp per head, one position per lane.
-    if (warp < G) {
-        const float l = lane < len ? sp[warp * ATTN_SPLIT + lane] : NEG_INF;
-        const float m = warp_max(l);
-        const float e = lane < len ? expf(l - m) : 0.0f;
-        sp[warp * ATTN_SPLIT + lane] = e;
-        const float sum = warp_sum(e);
-        if (lane == 0) sml[warp] = make_float2(m, sum);
-    }
-    __syncthreads();
+        // ---- Online softmax: one warp per head, one position per lane; the
+        // sums so far are rescaled to the new maximum (by 0 before the first
+        // span: e^-inf).
+        if (warp < G) {
+            const float l = lane < len ? sp[warp * ATTN_SPLIT + lane] : NEG_INF;
+            const float m = fmaxf(m_run, warp_max(l));
+            const float e = lane < len ? expf(l - m) : 0.0f;
+            sp[warp * ATTN_SPLIT + lane] = e;
+            const float r = expf(m_run - m);
+            sum_run = sum_run * r + warp_sum(e);
+            m_run = m;
+            if (lane == 0) sr[warp] = r;
+        }
+        __syncthreads();
 
-    // ---- p . v: thread (head hh, value d), over the span's positions.
-    constexpr int HSTEP = S::NT / HD;  // heads in flight
-    const int d = tid % HD;
-    const size_t ml0 = (size_t)h0 * a.n_split + s;  // part_ml index of (h0, s)
-    for (int hh = tid / HD; hh < G; hh += HSTEP) {
-        const float* p = sp + hh * ATTN_SPLIT;
-        float acc = 0.0f;
+        // ---- p . v: thread (head hh, value d), over the span's positions.
+#pragma unroll
+        for (int i = 0; i < PV; ++i) {
+            const int hh = tid / HD + i * HSTEP;
+            if (hh < G) {
+                const float* p = sp + hh * ATTN_SPLIT;
+                float x = 0.0f;
 #pragma unroll 8
-        for (int j = 0; j < len; ++j) acc += p[j] * f16_to_f32(sv[j * HD + d]);
-        if (n_active == 1) {
-            decode_out(a, (size_t)(h0 + hh) * HD + d, acc / sml[hh].y);
+                for (int j = 0; j < len; ++j) x += p[j] * f16_to_f32(sv[j * HD + d]);
+                acc[i] = acc[i] * sr[hh] + x;
+            }
+        }
+        __syncthreads();  // sp, sr and sv are the next span's
+    }
+    if (warp < G && lane == 0) sml[warp] = make_float2(m_run, sum_run);
+    __syncthreads();
+
+    const size_t ml0 = (size_t)h0 * a.n_split + blockIdx.y;  // part_ml index of (h0, block)
+#pragma unroll
+    for (int i = 0; i < PV; ++i) {
+        const int hh = tid / HD + i * HSTEP;
+        if (hh >= G) continue;
+        if (ds.n_parts == 1) {
+            decode_out(a, (size_t)(h0 + hh) * HD + d, acc[i] / sml[hh].y);
         } else {
             const size_t ml = ml0 + (size_t)hh * a.n_split;
-            a.part_o[ml * HD + d] = acc;
+            a.part_o[ml * HD + d] = acc[i];
             if (d == 0) a.part_ml[ml] = sml[hh];
         }
     }
-    if (n_active == 1) return;
+    if (ds.n_parts == 1) return;
 
-    // ---- The last block of kv head g merges the spans.
+    // ---- The last block of kv head g merges the partial results.
     __shared__ int s_last;
-    if (!last_block(args.count + g, n_active, s_last)) return;
-    // In batches of MERGE_BATCH spans, every load of a batch issued before
-    // the first use (one L2 round trip per batch); a batch rescales the sums
-    // of the ones before it. With one batch the sums are those of a plain
-    // two-pass merge (max, then sum of e^(m_t - m) terms), in span order.
+    if (!last_block(args.count + g, ds.n_parts, s_last)) return;
+    // In batches of MERGE_BATCH partials, every load of a batch issued
+    // before the first use (one L2 round trip per batch); a batch rescales
+    // the sums of the ones before it. With one batch the sums are those of
+    // a plain two-pass merge (max, then sum of e^(m_t - m) terms), in order.
     constexpr int MERGE_BATCH = 8;
-    for (int hh = tid / HD; hh < G; hh += HSTEP) {
+#pragma unroll
+    for (int i = 0; i < PV; ++i) {
+        const int hh = tid / HD + i * HSTEP;
+        if (hh >= G) continue;
         const size_t ml = (size_t)(h0 + hh) * a.n_split;
-        float m = NEG_INF, total = 0.0f, acc = 0.0f;
-        for (int t0 = 0; t0 < n_active; t0 += MERGE_BATCH) {
+        float m = NEG_INF, total = 0.0f, out = 0.0f;
+        for (int t0 = 0; t0 < ds.n_parts; t0 += MERGE_BATCH) {
             float2 st[MERGE_BATCH];
             float o[MERGE_BATCH];
 #pragma unroll
             for (int u = 0; u < MERGE_BATCH; ++u) {
-                const bool in = t0 + u < n_active;
+                const bool in = t0 + u < ds.n_parts;
                 st[u] = in ? __ldcg(&a.part_ml[ml + t0 + u]) : make_float2(NEG_INF, 0.0f);
                 o[u] = in ? __ldcg(&a.part_o[(ml + t0 + u) * HD + d]) : 0.0f;
             }
             float mb = m;
 #pragma unroll
             for (int u = 0; u < MERGE_BATCH; ++u) mb = fmaxf(mb, st[u].x);
-            // Every span holds a position: its max logit is finite, and
+            // Every partial holds a position: its max logit is finite, and
             // e^(-inf) = 0 clears the zero sums of the first batch.
             const float r = expf(m - mb);
             total *= r;
-            acc *= r;
+            out *= r;
 #pragma unroll
             for (int u = 0; u < MERGE_BATCH; ++u) {
-                if (t0 + u < n_active) {
+                if (t0 + u < ds.n_parts) {
                     const float w = expf(st[u].x - mb);
                     total += w * st[u].y;
-                    acc += w * o[u];
+                    out += w * o[u];
                 }
             }
             m = mb;
         }
-        decode_out(a, (size_t)(h0 + hh) * HD + d, acc / total);
+        decode_out(a, (size_t)(h0 + hh) * HD + d, out / total);
     }
 }
 
