@@ -133,6 +133,13 @@ fn sigterm_at_the_prompt_ends_the_session_as_ctrl_d() {
     let rest = p.exp_eof().expect("the session ends at SIGTERM");
     assert!(rest.ends_with('\n'), "the output ends without a newline: {rest:?}");
     assert_eq!(exit_code(&p), 0);
+    // The terminal is given back in the mode it had, not the line editor's
+    // raw mode (the master side reads the pair's settings).
+    let tty = p.process().get_file_handle().unwrap();
+    // SAFETY: tcgetattr fills a zeroed termios from an open descriptor.
+    let mut t: libc::termios = unsafe { std::mem::zeroed() };
+    assert_eq!(unsafe { libc::tcgetattr(std::os::fd::AsRawFd::as_raw_fd(&tty), &mut t) }, 0);
+    assert_ne!(t.c_lflag & libc::ICANON, 0, "the terminal was left in raw mode");
 }
 
 #[test]
