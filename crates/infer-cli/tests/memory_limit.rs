@@ -362,6 +362,49 @@ fn chat_templates_that_grow_strings_are_a_clean_error_under_memory_limits() {
     }
 }
 
+/// Issue 31 item 2a, under every limit of a sweep: a value nested 200 000
+/// levels deep is an error when printed or compared, and is freed without
+/// a stack overflow when it is not (under a limit the render runs on the
+/// main thread, where each of these overflowed the stack and ended in
+/// SIGSEGV); a value that shares itself (`[d, d]` doubled 64 times) turned
+/// into a string, and a list made per item by `batch`, stop within the
+/// budget (they grew until the allocator aborted).
+#[test]
+fn chat_templates_that_nest_or_share_values_end_cleanly_under_memory_limits() {
+    let tmp = tmpdir();
+    let deep = "{% set ns = namespace(l=[]) %}{% for k in range(2) %}{% for i in range(100000) %}\
+                {% set ns.l = [ns.l] %}{% endfor %}{% endfor %}";
+    let sharing = "{% set ns = namespace(d=[1]) %}{% for i in range(64) %}{% set ns.d = [ns.d, ns.d] %}{% endfor %}";
+    let nested: &[&str] = &["chat template", "nested more than 500 levels"];
+    let budget: &[&str] = &["chat template", "did not finish", "MiB of data"];
+    let cases: [(String, Option<&[&str]>); 7] = [
+        (format!("{deep}{{{{ ns.l }}}}"), Some(nested)),
+        (format!("{deep}{{{{ ns.l == [ns.l] }}}}"), Some(nested)),
+        (format!("{deep}x"), None),
+        ("{% set ns = namespace(a=1) %}{% set ns.me = ns %}{{ ns }}".into(), Some(nested)),
+        (format!("{sharing}{{{{ (ns.d ~ '') | length }}}}"), Some(budget)),
+        (format!("{sharing}{{{{ ns.d | upper | length }}}}"), Some(budget)),
+        ("{{ ([1] * 100000000) | batch(1) | length }}".into(), Some(budget)),
+    ];
+    for (template, error) in &cases {
+        let model = tiny_model(tmp.path(), Some(template));
+        for kib in [600_000, 1_000_000, 1_500_000] {
+            let t0 = std::time::Instant::now();
+            let o = infer_limited(kib, &["run", "--model", &model, "--chat", "-n", "1", "-t", "2", "hello"]);
+            match error {
+                Some(fragments) => assert_clean_error(&o, fragments),
+                None => assert!(
+                    o.status.success(),
+                    "{kib} KiB, {template}: status {:?}, stderr: {}",
+                    o.status,
+                    String::from_utf8_lossy(&o.stderr)
+                ),
+            }
+            assert!(t0.elapsed().as_secs() < 30, "{kib} KiB, {template}: {:?}", t0.elapsed());
+        }
+    }
+}
+
 /// Issue 31 item 2b: a prompt longer than the context is refused after
 /// reading about as many bytes as the context holds tokens (64 per
 /// position), from a file or standard input, instead of being read and

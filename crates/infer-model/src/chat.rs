@@ -191,70 +191,34 @@ pub const RENDER_FUEL: u64 = RENDER_MEMORY / BYTES_PER_FUEL;
 /// published models are a few KiB).
 pub const MAX_TEMPLATE_BYTES: usize = 1 << 20;
 
-/// The stack of the thread a render runs on. minijinja recurses once per
-/// level of a nested value when it prints, compares, serializes or frees
-/// it (about 200-500 bytes a level), and a render's budget allows values
-/// nested hundreds of thousands of levels deep (`{% set ns.l = [ns.l] %}`
-/// in a loop): on an 8 MiB stack, 17 000 levels aborted the process, on
-/// 512 MiB the budget runs out first. That much address space is reserved
-/// and touched only as deep as a render goes.
-const RENDER_STACK: usize = 512 << 20;
-
-/// Whether the address space is limited (`ulimit -v`): a thread's stack
-/// and its allocator arena would then take the room of the render's own
-/// data (up to [`RENDER_MEMORY`]), so renders stay on the calling thread.
-fn address_space_limited() -> bool {
-    #[cfg(unix)]
-    {
-        let mut r = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
-        // SAFETY: getrlimit writes one rlimit through a valid pointer.
-        if unsafe { libc::getrlimit(libc::RLIMIT_AS, &mut r) } == 0 {
-            return r.rlim_cur != libc::RLIM_INFINITY;
-        }
-    }
-    false
-}
-
-/// Runs `f` on a thread with a [`RENDER_STACK`] stack, or on this thread
-/// when the address space is limited or no such thread can be started. A
-/// panic inside the template engine (a bug of minijinja's, such as
-/// `loop.cycle()` dividing by zero before it was patched) becomes an
-/// [`Error::ChatTemplate`] instead of ending the process.
-fn on_render_stack<T: Send>(f: impl FnOnce() -> Result<T> + Send) -> Result<T> {
-    let guarded = move || {
-        std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|p| {
-            let what = p
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| p.downcast_ref::<String>().cloned())
-                .unwrap_or_default();
-            Err(Error::ChatTemplate(format!("the template engine failed while rendering: {what}")))
-        })
-    };
-    if address_space_limited() {
-        return guarded();
-    }
-    let job = std::sync::Mutex::new(Some(guarded));
-    let take = || job.lock().ok().and_then(|mut j| j.take());
-    std::thread::scope(|s| {
-        let spawned = std::thread::Builder::new()
-            .name("chat template".into())
-            .stack_size(RENDER_STACK)
-            .spawn_scoped(s, || take().map(|f| f()));
-        if let Ok(h) = spawned {
-            match h.join() {
-                Ok(Some(v)) => return v,
-                Ok(None) => {}
-                Err(_) => return Err(Error::ChatTemplate("the template renderer's thread failed".into())),
-            }
-        }
-        // No thread started: the job is still there.
-        take().map(|f| f()).unwrap_or_else(|| Err(Error::ChatTemplate("the render job was lost".into())))
+/// Runs `f`, turning a panic inside the template engine (a bug of
+/// minijinja's, such as `loop.cycle()` dividing by zero before it was
+/// patched) into an [`Error::ChatTemplate`] instead of the end of the
+/// process. A render needs no stack of its own: minijinja's walks over a
+/// value go at most 500 levels deep (`vendor/minijinja/PATCHED.md`), and its
+/// macros and templates recurse at most 500 levels deep as well, which fits
+/// in a thread of 1 MiB.
+fn guarded<T>(f: impl FnOnce() -> Result<T>) -> Result<T> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|p| {
+        let what = p
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| p.downcast_ref::<String>().cloned())
+            .unwrap_or_default();
+        Err(Error::ChatTemplate(format!("the template engine failed while rendering: {what}")))
     })
 }
 
 fn template_error(what: &str, e: &minijinja::Error) -> Error {
-    if e.kind() == ErrorKind::OutOfFuel {
+    // Out of fuel, or a filter's error caused by it (`tojson`'s "cannot
+    // serialize to JSON").
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    let mut out_of_fuel = false;
+    while let Some(c) = cause {
+        out_of_fuel |= c.downcast_ref::<minijinja::Error>().is_some_and(|m| m.kind() == ErrorKind::OutOfFuel);
+        cause = c.source();
+    }
+    if out_of_fuel {
         return Error::ChatTemplate(format!(
             "{what}: the template did not finish within its budget of {RENDER_FUEL} steps or {} MiB of data (a \
              loop that runs too long, or a string or list that grows too large?)",
@@ -377,13 +341,16 @@ fn tojson(
             ));
         }
     }
-    // The value may be a lazy list of far more items than exist (`l * n`,
-    // `l + l`): its size is checked, and paid for, before it is written out.
-    let mut size = 0u64;
-    // Each item on a line of its own, indented by its depth.
-    let indent_by = indent.as_ref().map_or(0, |v| v.as_usize().unwrap_or(usize::MAX) as u64);
-    measure(value, &mut size, 0, indent_by)?;
-    state.consume_fuel(size.saturating_mul(16).div_ceil(BYTES_PER_FUEL))?;
+    // Indented, each item is on a line of its own, indented by its depth,
+    // which minijinja does not charge: the value's size with its
+    // indentation is checked, and paid for, before it is written out.
+    // (minijinja charges the items it writes, and stops once the budget is
+    // used up.)
+    if let Some(indent) = &indent {
+        let mut size = 0u64;
+        measure(value, &mut size, 0, indent.as_usize().unwrap_or(usize::MAX) as u64)?;
+        state.consume_fuel(size.saturating_mul(16).div_ceil(BYTES_PER_FUEL))?;
+    }
     let json = minijinja::filters::tojson(value, indent, Kwargs::from_iter(std::iter::empty::<(&str, Value)>()))?;
     let json = json.as_str().unwrap_or_default();
     Ok(Value::from_safe_string(unescape_html_json(json, ensure_ascii)))
@@ -767,9 +734,13 @@ impl ChatTemplate {
         env.add_filter("escape", crate::chat_budget::escape_filter);
         env.add_filter("e", crate::chat_budget::escape_filter);
         env.add_filter("format", crate::chat_budget::format_filter);
-        env.add_filter("string", crate::chat_budget::string_filter);
         env.add_filter("pprint", crate::chat_budget::pprint_filter);
-        env.set_formatter(crate::chat_budget::formatter);
+        env.add_filter("sort", crate::chat_budget::sort_filter);
+        env.add_filter("unique", crate::chat_budget::unique_filter);
+        env.add_filter("dictsort", crate::chat_budget::dictsort_filter);
+        env.add_filter("groupby", crate::chat_budget::groupby_filter);
+        env.add_filter("max", crate::chat_budget::max_filter);
+        env.add_filter("min", crate::chat_budget::min_filter);
         env.add_template_owned(NAME, rewrite_generation_tags(&text).into_owned())
             .map_err(|e| template_error("the chat template does not parse", &e))?;
         Ok(ChatTemplate { env, text, source, bos_token: bos.to_owned(), eos_token: eos.to_owned() })
@@ -809,7 +780,7 @@ impl ChatTemplate {
         ctx.insert("add_generation_prompt", Value::from(add_generation_prompt));
         ctx.insert("bos_token", Value::from(self.bos_token.as_str()));
         ctx.insert("eos_token", Value::from(self.eos_token.as_str()));
-        let text = on_render_stack(|| {
+        let text = guarded(|| {
             let template = self.env.get_template(NAME).map_err(|e| template_error("the chat template", &e))?;
             template.render(Value::from(ctx)).map_err(|e| template_error("rendering the chat template", &e))
         })?;

@@ -10,7 +10,7 @@
 //! upper bound of its result's size before it is called, which fails the
 //! render with minijinja's out-of-fuel error once it passes the budget.
 
-use minijinja::value::{Rest, Value, ValueKind, ValueOrKwargs};
+use minijinja::value::{Kwargs, Rest, Value, ValueKind, ValueOrKwargs};
 use minijinja::{ErrorKind, State};
 
 use crate::chat::{BYTES_PER_FUEL, RENDER_MEMORY};
@@ -96,22 +96,9 @@ fn text_bound(a: &Value) -> u64 {
     }
 }
 
-/// The output formatter: minijinja's, after a bounded measure of a list or
-/// map (a value that shares itself, `[d, d]` doubled 64 times, is small in
-/// memory and was written out in full before its bytes were charged).
-pub(crate) fn formatter(out: &mut minijinja::Output, state: &mut State, value: &Value) -> Result<(), minijinja::Error> {
-    check_written_size(value)?;
-    minijinja::escape_formatter(out, state, value)
-}
-
-/// The `string` filter (minijinja's), after the same measure.
-pub(crate) fn string_filter(state: &State, value: &Value) -> Result<Value, minijinja::Error> {
-    check_written_size(value)?;
-    minijinja::filters::string(state, value)
-}
-
-/// The `pprint` filter (minijinja's), after the same measure (with its
-/// indentation).
+/// The `pprint` filter (minijinja's), after a bounded measure of a list or
+/// map with its indentation (written out, each item of a value nested `d`
+/// levels deep is indented by `4 d` bytes, which minijinja does not charge).
 pub(crate) fn pprint_filter(value: &Value) -> Result<String, minijinja::Error> {
     if matches!(value.kind(), ValueKind::Seq | ValueKind::Map | ValueKind::Iterable) {
         crate::chat::measure(value, &mut 0, 0, 4)?;
@@ -119,12 +106,126 @@ pub(crate) fn pprint_filter(value: &Value) -> Result<String, minijinja::Error> {
     Ok(minijinja::filters::pprint(value))
 }
 
-/// Fails when a list or map would take more than the budget written out.
-fn check_written_size(value: &Value) -> Result<(), minijinja::Error> {
-    if matches!(value.kind(), ValueKind::Seq | ValueKind::Map | ValueKind::Iterable) {
-        crate::chat::measure(value, &mut 0, 0, 0)?;
+/// How many times a filter may compare each item with another.
+#[derive(Clone, Copy)]
+enum Comparisons {
+    /// Once or twice (`max`, `min`).
+    Scan,
+    /// About log2(n) times, and a few more (`sort`, `unique`, `dictsort`,
+    /// `groupby`).
+    Sort,
+}
+
+/// Charges an upper bound of the work of comparing the items of `value`
+/// with each other: each item's size (its strings' bytes and 32 per item
+/// inside it, a comparison's cost at most) times the comparisons it takes
+/// part in. minijinja charges a sort by its number of comparisons, not by
+/// what they compare: sorting a thousand 1 MB strings took a second. The
+/// comparisons themselves charge what they visit as well, so twice the
+/// bound must be left for them to finish.
+fn charge_comparisons(state: &State, value: &Value, how: Comparisons) -> Result<(), minijinja::Error> {
+    let remaining = state.fuel_levels().map_or(u64::MAX, |(_, left)| left).saturating_mul(BYTES_PER_FUEL);
+    let Ok(items) = value.try_iter() else { return Ok(()) };
+    let is_map = value.kind() == ValueKind::Map;
+    let (mut total, mut n) = (0u64, 0u64);
+    for item in items {
+        n += 1;
+        total = total.saturating_add(compared_size(&item, remaining, 0)?);
+        if is_map {
+            let v = value.get_item(&item).unwrap_or_default();
+            total = total.saturating_add(compared_size(&v, remaining, 0)?);
+        }
+        if total > remaining {
+            break;
+        }
     }
-    Ok(())
+    let times = match how {
+        Comparisons::Scan => 2,
+        Comparisons::Sort => u64::from(u64::BITS - n.leading_zeros()) + 2,
+    };
+    let bound = total.saturating_mul(times);
+    if bound.saturating_mul(2) >= remaining {
+        return Err(minijinja::Error::new(
+            ErrorKind::OutOfFuel,
+            "the comparisons would take more than the budget left",
+        ));
+    }
+    state.consume_fuel(bound.div_ceil(BYTES_PER_FUEL))
+}
+
+/// What comparing `value` with another visits at most, in fuel units
+/// (bytes): 32 for it and for each item inside it, and its strings' bytes;
+/// counted until it passes `cap`; an error past minijinja's deepest walk
+/// (where a comparison fails anyway).
+fn compared_size(value: &Value, cap: u64, depth: usize) -> Result<u64, minijinja::Error> {
+    let mut total = 32 + value.as_str().map_or(0, |s| s.len() as u64);
+    if !matches!(value.kind(), ValueKind::Seq | ValueKind::Map | ValueKind::Iterable) {
+        return Ok(total);
+    }
+    if depth >= MAX_WALK_DEPTH {
+        return Err(minijinja::Error::new(
+            ErrorKind::InvalidOperation,
+            format!("a value is nested more than {MAX_WALK_DEPTH} levels deep"),
+        ));
+    }
+    let Ok(items) = value.try_iter() else { return Ok(total) };
+    let is_map = value.kind() == ValueKind::Map;
+    for item in items {
+        total = total.saturating_add(compared_size(&item, cap, depth + 1)?);
+        if is_map {
+            let v = value.get_item(&item).unwrap_or_default();
+            total = total.saturating_add(compared_size(&v, cap, depth + 1)?);
+        }
+        if total > cap {
+            break;
+        }
+    }
+    Ok(total)
+}
+
+/// The deepest minijinja walks into a value (its `bounds::MAX_DEPTH`,
+/// vendor/minijinja/PATCHED.md).
+const MAX_WALK_DEPTH: usize = 500;
+
+/// The `sort` filter (minijinja's), its comparisons charged first.
+pub(crate) fn sort_filter(state: &State, value: Value, kwargs: Kwargs) -> Result<Value, minijinja::Error> {
+    charge_comparisons(state, &value, Comparisons::Sort)?;
+    minijinja::filters::sort(state, value, kwargs)
+}
+
+/// The `unique` filter (minijinja's), its comparisons charged first.
+pub(crate) fn unique_filter(state: &State, value: Value, kwargs: Kwargs) -> Result<Value, minijinja::Error> {
+    charge_comparisons(state, &value, Comparisons::Sort)?;
+    minijinja::filters::unique(state, value, kwargs)
+}
+
+/// The `dictsort` filter (minijinja's), its comparisons charged first.
+pub(crate) fn dictsort_filter(state: &State, value: &Value, kwargs: Kwargs) -> Result<Value, minijinja::Error> {
+    charge_comparisons(state, value, Comparisons::Sort)?;
+    minijinja::filters::dictsort(value, kwargs)
+}
+
+/// The `groupby` filter (minijinja's), its comparisons charged first.
+pub(crate) fn groupby_filter(
+    state: &State,
+    value: Value,
+    attribute: Option<&str>,
+    kwargs: Kwargs,
+) -> Result<Value, minijinja::Error> {
+    charge_comparisons(state, &value, Comparisons::Sort)?;
+    minijinja::filters::groupby(value, attribute, kwargs)
+}
+
+/// The `max` filter (minijinja's), its comparisons charged first.
+pub(crate) fn max_filter(state: &State, value: Value, kwargs: Kwargs) -> Result<Value, minijinja::Error> {
+    charge_comparisons(state, &value, Comparisons::Scan)?;
+    minijinja::filters::max(state, value, kwargs)
+}
+
+/// The `min` filter (minijinja's), its comparisons charged first.
+pub(crate) fn min_filter(state: &State, value: Value, kwargs: Kwargs) -> Result<Value, minijinja::Error> {
+    charge_comparisons(state, &value, Comparisons::Scan)?;
+    minijinja::filters::min(state, value, kwargs)
 }
 
 /// The bytes of the pieces of `s` split anywhere: a slot per byte at most,

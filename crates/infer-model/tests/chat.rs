@@ -366,13 +366,18 @@ fn generation_tags_render_their_content() {
     assert!(t.text().contains("{% generation %}"));
 }
 
+/// Two values that share themselves: `[d, d]` doubled 64 times, 2^64
+/// items written out.
+const SHARING: &str = "{% set ns = namespace(d=[1], e=[1]) %}{% for i in range(64) %}\
+                       {% set ns.d = [ns.d, ns.d] %}{% set ns.e = [ns.e, ns.e] %}{% endfor %}";
+
 /// Issue 31 item 2a: templates that build huge strings end in an error
 /// within the render's memory budget, quickly, instead of growing until
 /// the allocator aborts (a string doubled 40 times took 6-18 s and 2.6 GB
 /// before the step limit stopped it).
 #[test]
 fn templates_that_grow_strings_stop_within_the_memory_budget() {
-    let bombs = [
+    let bombs: [&str; 45] = [
         "{% set ns = namespace(s='xxxxxxxx') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s | length }}",
         "{% for i in range(1000) %}{{ messages[0].content * 10000000 }}{% endfor %}",
         "{% set ns = namespace(l=[messages[0].content]) %}{% for i in range(30) %}{% set ns.l = ns.l + ns.l %}{% endfor %}{{ ns.l | join }}",
@@ -408,6 +413,32 @@ fn templates_that_grow_strings_stop_within_the_memory_budget() {
         "{% set ns = namespace(d=[1]) %}{% for i in range(64) %}{% set ns.d = [ns.d, ns.d] %}{% endfor %}{{ ns.d }}",
         "{% set ns = namespace(d={}) %}{% for i in range(64) %}{% set ns.d = {'a': ns.d, 'b': ns.d} %}{% endfor %}{{ ns.d | string | length }}",
         "{% set ns = namespace(d={}) %}{% for i in range(64) %}{% set ns.d = {'a': ns.d, 'b': ns.d} %}{% endfor %}{{ ns.d | pprint | length }}",
+        // The same value turned into a string in other ways (built in full
+        // until memory ran out), or compared with another such value (2^64
+        // comparisons).
+        &format!("{SHARING}{{{{ (ns.d ~ '') | length }}}}"),
+        &format!("{SHARING}{{{{ ns.d | upper | length }}}}"),
+        &format!("{SHARING}{{{{ ns.d | replace('a', 'b') | length }}}}"),
+        &format!("{SHARING}{{{{ '%s' | format(ns.d) | length }}}}"),
+        &format!("{SHARING}{{{{ '{{}}'.format(ns.d) | length }}}}"),
+        &format!("{SHARING}{{{{ [ns.d] | join | length }}}}"),
+        &format!("{SHARING}{{{{ ns.d | escape | length }}}}"),
+        &format!("{SHARING}{{{{ 'x' in (ns.d | string) }}}}"),
+        &format!("{SHARING}{{{{ ns.d | tojson | length }}}}"),
+        &format!("{SHARING}{{{{ ns.d == ns.e }}}}"),
+        &format!("{SHARING}{{{{ ns.d in [ns.e] }}}}"),
+        &format!("{SHARING}{{{{ [ns.d, ns.e] | sort | length }}}}"),
+        // Work on long strings that the budget did not see: sorting,
+        // deduplicating, comparing lists of them, testing them.
+        "{% set s = 'x' * 1000000 %}{% for i in range(1000) %}{{ ([s] * 1000) | sort | length }}{% endfor %}",
+        "{% set s = 'x' * 1000000 %}{% for i in range(1000) %}{{ ([s] * 1000) | unique | length }}{% endfor %}",
+        "{% set s = 'x' * 1000000 %}{% for i in range(1000) %}{{ ([s] * 1000) | max | length }}{% endfor %}",
+        "{% set s = 'x' * 1000000 %}{% for i in range(1000) %}{{ ([s] * 1000) | min | length }}{% endfor %}",
+        "{% set s = 'x' * 1000000 %}{% set t = s ~ '' %}{% for i in range(1000) %}{{ [s] * 1000 == [t] * 1000 }}{% endfor %}",
+        "{% set s = 'x' * 100000000 %}{% for i in range(100000) %}{% if s is lower %}{% endif %}{% endfor %}",
+        // A list made per item (about 1 GB before the fuel of the items
+        // ran out).
+        "{{ ([1] * 100000000) | batch(1) | length }}",
     ];
     let m = [Message::user("a".repeat(1000))];
     for src in bombs {
@@ -457,18 +488,89 @@ fn templates_that_grow_strings_stop_within_the_memory_budget() {
     assert_eq!(infer_model::chat::RENDER_MEMORY, 256 << 20);
 }
 
-/// Values nested 200 000 levels deep are printed, compared, serialized and
-/// freed without overflowing the stack (minijinja recurses once per
-/// level; on the main thread's 8 MiB, 17 000 levels aborted the process):
-/// a render runs on a thread of its own with a larger stack.
+/// Issue 31 item 2a: a walk over a value (printing, comparing, sorting,
+/// serializing) goes at most 500 levels deep and fails the render past
+/// that, so that values nested 200 000 levels (`{% set ns.l = [ns.l] %}` in
+/// a loop, lists, tuples or maps) or a namespace that holds itself are an
+/// error instead of a stack overflow (which aborted the process), on any
+/// thread: these run on one of 1 MiB (a thread of tokio's has 2 MiB).
+/// Freeing such a value does not recurse once per level.
 #[test]
-fn deeply_nested_values_do_not_overflow_the_stack() {
-    let nest = "{% set ns = namespace(l=[], m=[]) %}{% for k in range(2) %}{% for i in range(100000) %}\
-                {% set ns.l = [ns.l] %}{% set ns.m = [ns.m] %}{% endfor %}{% endfor %}";
-    let m = [Message::user("hi")];
-    let printed = render(&format!("{nest}{{{{ ns.l }}}}"), &m).unwrap();
-    assert_eq!(printed.len(), 2 * 200_001);
-    assert_eq!(render(&format!("{nest}{{{{ ns.l == ns.m }}}}"), &m).unwrap(), "True");
-    assert_eq!(render(&format!("{nest}{{{{ ns.l | tojson | length }}}}"), &m).unwrap(), (2 * 200_001).to_string());
-    assert_eq!(render(&format!("{nest}ok"), &m).unwrap(), "ok");
+fn deeply_nested_values_are_an_error_not_a_stack_overflow() {
+    fn on_small_stack(src: String) -> Result<String, Error> {
+        std::thread::Builder::new()
+            .stack_size(1 << 20)
+            .spawn(move || render(&src, &[Message::user("hi")]))
+            .unwrap()
+            .join()
+            .unwrap()
+    }
+    let nest = |n: usize, wrap: &str| {
+        format!(
+            "{{% set ns = namespace(l=[], m=[]) %}}{{% for k in range({}) %}}{{% for i in range({}) %}}\
+             {{% set ns.l = {} %}}{{% set ns.m = {} %}}{{% endfor %}}{{% endfor %}}",
+            n.div_ceil(100_000),
+            n.min(100_000),
+            wrap.replace('X', "ns.l"),
+            wrap.replace('X', "ns.m")
+        )
+    };
+    let uses = [
+        "{{ ns.l }}",
+        "{{ ns.l == ns.m }}",
+        "{{ ns.l < ns.m }}",
+        "{{ ns.l in [ns.m] }}",
+        "{{ [ns.l, ns.m] | sort | length }}",
+        "{{ [ns.l, ns.m] | unique | length }}",
+        "{{ [ns.l, ns.m] | max | length }}",
+        "{{ {ns.l: 1, ns.m: 2} | length }}",
+        "{{ ns.l | tojson | length }}",
+        "{{ (ns.l ~ '') | length }}",
+        "{{ ns.l | string | length }}",
+        "{{ ns.l | pprint | length }}",
+        "{{ ns.l | upper | length }}",
+        "{{ '%s' | format(ns.l) | length }}",
+    ];
+    for wrap in ["[X]", "(X,)", "{'a': X}"] {
+        let deep = nest(200_000, wrap);
+        for u in uses {
+            let e = on_small_stack(format!("{deep}{u}")).unwrap_err();
+            assert!(e.to_string().contains("nested more than"), "{wrap} {u}: {e}");
+        }
+        // Built and freed, never walked.
+        assert_eq!(on_small_stack(format!("{deep}ok")).unwrap(), "ok");
+    }
+    // A namespace that holds itself.
+    let e = on_small_stack("{% set ns = namespace(a=1) %}{% set ns.me = ns %}{{ ns }}".into()).unwrap_err();
+    assert!(e.to_string().contains("nested more than 500 levels"), "{e}");
+    // Recursion of the engine itself: macros (minijinja stops them 500
+    // calls deep) and nested expressions and blocks (the parser stops them).
+    let e = on_small_stack("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}".into()).unwrap_err();
+    assert!(e.to_string().contains("recursion"), "{e}");
+    for (open, close) in [("(", ")"), ("[", "]"), ("{'a': ", "}"), ("-", ""), ("not ", "")] {
+        let src = format!("{{{{ {}1{} }}}}", open.repeat(100_000), close.repeat(100_000));
+        let e = on_small_stack(src).unwrap_err();
+        assert!(e.to_string().contains("parse"), "{open}: {e}");
+    }
+    let e = on_small_stack(format!("{}x{}", "{% if true %}".repeat(40_000), "{% endif %}".repeat(40_000))).unwrap_err();
+    assert!(e.to_string().contains("parse"), "{e}");
+    let e = on_small_stack(format!("{{% if x %}}{}{{% endif %}}", "{% elif x %}".repeat(50_000))).unwrap_err();
+    assert!(e.to_string().contains("parse"), "{e}");
+    // Chains the parser builds in a loop, compiled and freed recursively:
+    // 50 000 links are refused, 300 are compiled and rendered.
+    // (`else` nests as parentheses do: at most 150.)
+    let chains = [" + 1", " ~ 'a'", " or x", " and x", "|string", " is number", ".a", "[0]", "()", " if 1 else 1"];
+    for chain in chains {
+        let e = on_small_stack(format!("{{{{ 1{} }}}}", chain.repeat(50_000))).unwrap_err();
+        assert!(e.to_string().contains("parse"), "{chain}: {e}");
+        let short = format!("{{{{ 1{} }}}}", chain.repeat(if chain.contains("else") { 100 } else { 300 }));
+        assert!(ChatTemplate::new(&short, "", "").is_ok(), "{chain}");
+        let _ = on_small_stack(short);
+    }
+    assert_eq!(on_small_stack(format!("{{{{ 0{} }}}}", " + 1".repeat(300))).unwrap(), "300");
+    // Within the limit, as before.
+    let shallow = nest(400, "[X]");
+    assert_eq!(on_small_stack(format!("{shallow}{{{{ ns.l }}}}")).unwrap().len(), 2 * 401);
+    assert_eq!(on_small_stack(format!("{shallow}{{{{ ns.l == ns.m }}}}")).unwrap(), "True");
+    assert_eq!(on_small_stack(format!("{shallow}{{{{ ns.l | tojson | length }}}}")).unwrap(), (2 * 401).to_string());
 }

@@ -1805,6 +1805,11 @@ mod builtins {
         for item in state.fuel_iter(ok!(state.undefined_behavior().try_iter(value))) {
             ok!(item.check());
             if tmp.len() == count {
+                // infer-compute's patch: each list is charged as it is made
+                // (a list, its buffer and its slot: 4 slots).  Charged only
+                // with the result, `[1] * 100000000 | batch(1)` allocated
+                // about 1 GB before the fuel of its items ran out.
+                ok!(state.charge_fuel(4 * crate::value::ops::SLOT_COST));
                 rv.push(Value::from(mem::replace(
                     &mut tmp,
                     Vec::with_capacity(untrusted_size_hint(count)),

@@ -48,6 +48,18 @@ struct JsonWriter {
 
 impl JsonWriter {
     fn write_value(&mut self, value: &Value) -> Result<(), Error> {
+        // infer-compute's patch: a walk of bounded depth, each value charged
+        // to the render's fuel (`crate::value::bounds`).
+        let _level = match value.0 {
+            ValueRepr::Object(_) => match crate::value::bounds::Level::enter() {
+                Some(level) => Some(level),
+                None => return Err(crate::value::bounds::stopped_error()),
+            },
+            _ => None,
+        };
+        if !crate::value::bounds::charge(crate::value::bounds::item_units(value)) {
+            return Err(crate::value::bounds::stopped_error());
+        }
         match value.0 {
             ValueRepr::None | ValueRepr::Undefined(..) => self.out.push_str("null"),
             ValueRepr::Invalid(ref err) => return Err(err.internal_clone()),

@@ -12,6 +12,13 @@ use crate::syntax::SyntaxConfig;
 use crate::value::Value;
 
 const MAX_RECURSION: usize = 150;
+
+/// infer-compute's patch: the deepest an expression may nest through
+/// operators, filters, tests, attributes, items and calls chained in a
+/// loop (`1 + 1 + ...`, `x|f|f...`, `x.a.a...`): the parser builds such a
+/// chain without recursing, but compiling and freeing it recursed once per
+/// link, and a chain of 100 000 links overflowed the stack.
+const MAX_CHAIN: usize = 500;
 const RESERVED_NAMES: [&str; 8] = [
     "true", "True", "false", "False", "none", "None", "loop", "self",
 ];
@@ -183,6 +190,8 @@ struct Parser<'a> {
     #[cfg(feature = "multi_template")]
     blocks: BTreeSet<&'a str>,
     depth: usize,
+    // infer-compute's patch: links of chains being parsed (`MAX_CHAIN`).
+    chain: usize,
 }
 
 macro_rules! binop {
@@ -190,18 +199,21 @@ macro_rules! binop {
         fn $func(&mut self) -> Result<ast::Expr<'a>, Error> {
             let span = self.stream.current_span();
             let mut left = ok!(self.$next());
+            let chain = self.chain;
             loop {
                 let op = match ok!(self.stream.current()) {
                     $($tok)*
                     _ => break,
                 };
                 ok!(self.stream.next());
+                ok!(self.link());
                 let right = ok!(self.$next());
                 left = ast::Expr::BinOp(Spanned::new(
                     ast::BinOp { op, left, right, },
                     self.stream.expand_span(span),
                 ));
             }
+            self.chain = chain;
             Ok(left)
         }
     };
@@ -216,10 +228,13 @@ macro_rules! unaryop {
                 _ => return self.$next()
             };
             ok!(self.stream.next());
+            // infer-compute's patch: `not not ... x` recursed without a
+            // limit (a stack overflow).
+            let expr = ok!(with_recursion_guard!(self, self.$func()));
             Ok(ast::Expr::UnaryOp(Spanned::new(
                 ast::UnaryOp {
                     op,
-                    expr: ok!(self.$func()),
+                    expr,
                 },
                 self.stream.expand_span(span),
             )))
@@ -264,7 +279,20 @@ impl<'a> Parser<'a> {
             #[cfg(feature = "multi_template")]
             blocks: BTreeSet::new(),
             depth: 0,
+            chain: 0,
         }
+    }
+
+    /// infer-compute's patch: one more link of a chain (`MAX_CHAIN`); the
+    /// caller restores `self.chain` when its chain ends.
+    fn link(&mut self) -> Result<(), Error> {
+        self.chain += 1;
+        if self.chain + self.depth > MAX_CHAIN {
+            return Err(syntax_error(Cow::Borrowed(
+                "template exceeds maximum recursion limits",
+            )));
+        }
+        Ok(())
     }
 
     /// Parses a template.
@@ -301,11 +329,15 @@ impl<'a> Parser<'a> {
     fn parse_ifexpr(&mut self) -> Result<ast::Expr<'a>, Error> {
         let mut span = self.stream.last_span();
         let mut expr = ok!(self.parse_or());
+        let chain = self.chain;
         loop {
             if skip_token!(self, Token::Ident("if")) {
+                // infer-compute's patch: `a if b if c ...` and `a if b else
+                // c if d else ...` nested without a limit.
+                ok!(self.link());
                 let expr2 = ok!(self.parse_or());
                 let expr3 = if skip_token!(self, Token::Ident("else")) {
-                    Some(ok!(self.parse_ifexpr()))
+                    Some(ok!(with_recursion_guard!(self, self.parse_ifexpr())))
                 } else {
                     None
                 };
@@ -322,6 +354,7 @@ impl<'a> Parser<'a> {
                 break;
             }
         }
+        self.chain = chain;
         Ok(expr)
     }
 
@@ -433,7 +466,9 @@ impl<'a> Parser<'a> {
         }
         ok!(self.stream.next());
         let operand_span = self.stream.current_span();
-        let operand = ok!(self.parse_unary_only());
+        // infer-compute's patch: `- - ... x` recursed without a limit (a
+        // stack overflow).
+        let operand = ok!(with_recursion_guard!(self, self.parse_unary_only()));
         let operand = ok!(self.parse_postfix(operand, operand_span));
         Ok(ast::Expr::UnaryOp(Spanned::new(
             ast::UnaryOp {
@@ -457,8 +492,15 @@ impl<'a> Parser<'a> {
         mut span: Span,
     ) -> Result<ast::Expr<'a>, Error> {
         let mut expr = expr;
+        let chain = self.chain;
         loop {
             let next_span = self.stream.current_span();
+            if matches!(
+                ok!(self.stream.current()),
+                Some((Token::Dot | Token::BracketOpen | Token::ParenOpen, _))
+            ) {
+                ok!(self.link());
+            }
             match ok!(self.stream.current()) {
                 Some((Token::Dot, _)) => {
                     ok!(self.stream.next());
@@ -548,6 +590,7 @@ impl<'a> Parser<'a> {
             }
             span = next_span;
         }
+        self.chain = chain;
         Ok(expr)
     }
 
@@ -575,7 +618,14 @@ impl<'a> Parser<'a> {
 
     fn parse_filter_expr(&mut self, expr: ast::Expr<'a>) -> Result<ast::Expr<'a>, Error> {
         let mut expr = expr;
+        let chain = self.chain;
         loop {
+            if matches!(
+                ok!(self.stream.current()),
+                Some((Token::Pipe | Token::Ident("is"), _))
+            ) {
+                ok!(self.link());
+            }
             match ok!(self.stream.current()) {
                 Some((Token::Pipe, _)) => {
                     ok!(self.stream.next());
@@ -643,6 +693,7 @@ impl<'a> Parser<'a> {
                 _ => break,
             }
         }
+        self.chain = chain;
         Ok(expr)
     }
 
@@ -1020,8 +1071,10 @@ impl<'a> Parser<'a> {
                 ok!(self.stream.next());
                 rv
             }
+            // infer-compute's patch: each `elif` nests the statement one
+            // level deeper, without a limit before.
             Some((Token::Ident("elif"), span)) => vec![ast::Stmt::IfCond(Spanned::new(
-                ok!(self.parse_if_cond()),
+                ok!(with_recursion_guard!(self, self.parse_if_cond())),
                 self.stream.expand_span(span),
             ))],
             _ => Vec::new(),

@@ -256,6 +256,8 @@ impl Object for StaticKeyMap {
 #[macro_use]
 mod type_erase;
 mod argtypes;
+// infer-compute's patch: bounds on walks over values (see the module).
+pub(crate) mod bounds;
 #[cfg(feature = "serde")]
 mod deserialize;
 pub(crate) mod merge_object;
@@ -670,7 +672,11 @@ impl fmt::Debug for ValueRepr {
                 }
                 write!(f, "'")
             }
-            ValueRepr::Object(ref val) => val.render(f),
+            // infer-compute's patch: a walk of bounded depth and fuel.
+            ValueRepr::Object(ref val) => match bounds::Level::enter() {
+                Some(_level) if bounds::charge(bounds::ITEM_UNITS) => val.render(f),
+                _ => Ok(()),
+            },
         }
     }
 }
@@ -686,7 +692,12 @@ impl Hash for Value {
             ValueRepr::Bytes(ref b) => b.hash(state),
             ValueRepr::Object(ref d) => {
                 self.is_tuple().hash(state);
-                d.hash(state);
+                // infer-compute's patch: a walk of bounded depth and fuel.
+                if let Some(_level) = bounds::Level::enter() {
+                    if bounds::charge(bounds::ITEM_UNITS) {
+                        d.hash(state);
+                    }
+                }
             }
             ValueRepr::U64(_)
             | ValueRepr::I64(_)
@@ -712,7 +723,10 @@ impl PartialEq for Value {
         match (&self.0, &other.0) {
             (&ValueRepr::None, &ValueRepr::None) => true,
             (&ValueRepr::Undefined(..), &ValueRepr::Undefined(..)) => true,
-            (&ValueRepr::String(ref a, _), &ValueRepr::String(ref b, _)) => a == b,
+            // infer-compute's patch: strings are charged a unit per byte.
+            (&ValueRepr::String(ref a, _), &ValueRepr::String(ref b, _)) => {
+                bounds::charge_bytes(a, b) && a == b
+            }
             (&ValueRepr::SmallStr(ref a), &ValueRepr::SmallStr(ref b)) => a.as_str() == b.as_str(),
             (&ValueRepr::Bytes(ref a), &ValueRepr::Bytes(ref b)) => a == b,
             // `coerce` cannot represent u128 values above i128::MAX.
@@ -720,7 +734,7 @@ impl PartialEq for Value {
             _ => match ops::coerce(self, other, false) {
                 Some(ops::CoerceResult::F64(a, b)) => a == b,
                 Some(ops::CoerceResult::I128(a, b)) => a == b,
-                Some(ops::CoerceResult::Str(a, b)) => a == b,
+                Some(ops::CoerceResult::Str(a, b)) => bounds::charge_bytes(a, b) && a == b,
                 None => {
                     if let (Some(a), Some(b)) = (self.as_object(), other.as_object()) {
                         if self.is_tuple() != other.is_tuple() {
@@ -728,7 +742,13 @@ impl PartialEq for Value {
                         }
                         if a.is_same_object(b) {
                             return true;
-                        } else if a.is_same_object_type(b) {
+                        }
+                        // infer-compute's patch: a walk of bounded depth and
+                        // fuel (false once it stops: the render fails).
+                        let Some(_level) = bounds::Level::enter() else {
+                            return false;
+                        };
+                        if a.is_same_object_type(b) {
                             if let Some(rv) = a.custom_cmp(b) {
                                 return rv == Ordering::Equal;
                             }
@@ -753,7 +773,8 @@ impl PartialEq for Value {
                                 if !a.try_iter_pairs().is_some_and(|mut ak| {
                                     ak.all(|(k, v1)| {
                                         a_count += 1;
-                                        b.get_value(&k) == Some(v1)
+                                        bounds::charge(bounds::ITEM_UNITS)
+                                            && b.get_value(&k) == Some(v1)
                                     })
                                 }) {
                                     return false;
@@ -769,7 +790,17 @@ impl PartialEq for Value {
                                 ObjectRepr::Seq | ObjectRepr::Iterable,
                             ) => {
                                 if let (Some(ak), Some(bk)) = (a.try_iter(), b.try_iter()) {
-                                    ak.eq(bk)
+                                    let mut bk = bk.fuse();
+                                    for x in ak {
+                                        if !bounds::charge(bounds::ITEM_UNITS) {
+                                            return false;
+                                        }
+                                        match bk.next() {
+                                            Some(y) if x == y => {}
+                                            _ => return false,
+                                        }
+                                    }
+                                    bk.next().is_none()
                                 } else {
                                     false
                                 }
@@ -909,7 +940,14 @@ impl Ord for Value {
         match (&self.0, &other.0) {
             (&ValueRepr::None, &ValueRepr::None) => Ordering::Equal,
             (&ValueRepr::Undefined(..), &ValueRepr::Undefined(..)) => Ordering::Equal,
-            (&ValueRepr::String(ref a, _), &ValueRepr::String(ref b, _)) => a.cmp(b),
+            // infer-compute's patch: strings are charged a unit per byte.
+            (&ValueRepr::String(ref a, _), &ValueRepr::String(ref b, _)) => {
+                if bounds::charge_bytes(a, b) {
+                    a.cmp(b)
+                } else {
+                    Ordering::Equal
+                }
+            }
             (&ValueRepr::SmallStr(ref a), &ValueRepr::SmallStr(ref b)) => {
                 a.as_str().cmp(b.as_str())
             }
@@ -919,7 +957,13 @@ impl Ord for Value {
             _ => match ops::coerce(self, other, false) {
                 Some(ops::CoerceResult::F64(a, b)) => cmp_f64(a, b),
                 Some(ops::CoerceResult::I128(a, b)) => a.cmp(&b),
-                Some(ops::CoerceResult::Str(a, b)) => a.cmp(b),
+                Some(ops::CoerceResult::Str(a, b)) => {
+                    if bounds::charge_bytes(a, b) {
+                        a.cmp(b)
+                    } else {
+                        Ordering::Equal
+                    }
+                }
                 None => {
                     if self.is_number() && other.is_number() {
                         return cmp_uncoercible_numbers(self, other);
@@ -933,6 +977,16 @@ impl Ord for Value {
                         rv => return rv,
                     }
 
+                    // infer-compute's patch: a walk of bounded depth and fuel
+                    // (equal once it stops: the render fails).
+                    let _level = if a.is_same_object(b) {
+                        None
+                    } else {
+                        match bounds::Level::enter() {
+                            Some(level) => Some(level),
+                            None => return Ordering::Equal,
+                        }
+                    };
                     if a.is_same_object(b) {
                         Ordering::Equal
                     } else {
@@ -949,7 +1003,7 @@ impl Ord for Value {
                                 // we don't want to pay the cost of actually sorting the keys for
                                 // ordering so we just accept this for now.
                                 match (a.try_iter_pairs(), b.try_iter_pairs()) {
-                                    (Some(a), Some(b)) => a.cmp(b),
+                                    (Some(a), Some(b)) => bounds::cmp_charged(a, b),
                                     _ => unreachable!(),
                                 }
                             }
@@ -957,7 +1011,7 @@ impl Ord for Value {
                                 ObjectRepr::Seq | ObjectRepr::Iterable,
                                 ObjectRepr::Seq | ObjectRepr::Iterable,
                             ) => match (a.try_iter(), b.try_iter()) {
-                                (Some(a), Some(b)) => a.cmp(b),
+                                (Some(a), Some(b)) => bounds::cmp_charged(a, b),
                                 _ => unreachable!(),
                             },
                             // terrible fallback for plain objects
@@ -1007,7 +1061,11 @@ impl fmt::Display for Value {
             ValueRepr::SmallStr(ref val) => write!(f, "{}", val.as_str()),
             ValueRepr::Bytes(ref val) => write!(f, "{}", String::from_utf8_lossy(val)),
             ValueRepr::U128(val) => write!(f, "{}", { val.0 }),
-            ValueRepr::Object(ref x) => write!(f, "{x}"),
+            // infer-compute's patch: a walk of bounded depth and fuel.
+            ValueRepr::Object(ref x) => match bounds::Level::enter() {
+                Some(_level) if bounds::charge(bounds::ITEM_UNITS) => write!(f, "{x}"),
+                _ => Ok(()),
+            },
         }
     }
 }

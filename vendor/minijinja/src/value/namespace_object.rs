@@ -29,4 +29,9 @@ impl Namespace {
     pub(crate) fn set_value(&self, key: &str, value: Value) {
         self.data.lock().unwrap().insert(key.into(), value);
     }
+
+    /// infer-compute's patch: removes the values (see `State`'s `Drop`).
+    pub(crate) fn take_values(&self) -> BTreeMap<Arc<str>, Value> {
+        self.data.lock().map(|mut d| std::mem::take(&mut *d)).unwrap_or_default()
+    }
 }

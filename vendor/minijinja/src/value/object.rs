@@ -7,7 +7,7 @@ use std::hash::Hash;
 use std::sync::Arc;
 
 use crate::error::{Error, ErrorKind};
-use crate::value::{mapped_enumerator, Value, ValueRepr};
+use crate::value::{bounds, mapped_enumerator, Value, ValueRepr};
 use crate::vm::State;
 
 /// A trait that represents a dynamic object.
@@ -306,6 +306,12 @@ fn default_render(obj: &DynObject, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         ObjectRepr::Map => render_container(f, "{...}", |f| {
             let mut dbg = f.debug_map();
             for (idx, (key, value)) in obj.try_iter_pairs().into_iter().flatten().enumerate() {
+                // infer-compute's patch: each item is charged to the
+                // render's fuel, and the walk stops once it is used up.
+                let units = bounds::item_units(&key).saturating_add(bounds::item_units(&value));
+                if !bounds::charge(units) {
+                    break;
+                }
                 if is_over_item_limit(idx) {
                     let count = obj.enumerator_len().map(|x| x - idx);
                     dbg.entry(&OmittedKey, &Omitted { count, prefix: "" });
@@ -322,6 +328,10 @@ fn default_render(obj: &DynObject, f: &mut fmt::Formatter<'_>) -> fmt::Result {
             render_container(f, "[...]", |f| {
                 let mut dbg = f.debug_list();
                 for (idx, value) in obj.try_iter().into_iter().flatten().enumerate() {
+                    // infer-compute's patch: as for maps above.
+                    if !bounds::charge(bounds::item_units(&value)) {
+                        break;
+                    }
                     if is_over_item_limit(idx) {
                         let count = obj.enumerator_len().map(|x| x - idx);
                         dbg.entry(&Omitted {

@@ -945,12 +945,6 @@ pub(crate) fn charge_fuel_for_compare(
     #[cfg(feature = "fuel")]
     {
         if _state.fuel_tracker().is_some() {
-            // infer-compute's patch: two strings cost a byte each of the
-            // shorter one (a comparison of two 100 MB strings in a loop
-            // took 12 ms a turn, uncharged).
-            if let (Some(a), Some(b)) = (_lhs.as_str(), _rhs.as_str()) {
-                return _state.charge_fuel(a.len().min(b.len()) as u64);
-            }
             if let (Some(a), Some(b)) = (_lhs.as_object(), _rhs.as_object()) {
                 if !a.is_same_object(b) {
                     if let (Some(a_len), Some(b_len)) = (a.enumerator_len(), b.enumerator_len()) {

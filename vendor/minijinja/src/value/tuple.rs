@@ -118,6 +118,10 @@ impl Object for Tuple {
     fn render(self: &Arc<Self>, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("(")?;
         for (idx, value) in self.iter().enumerate() {
+            // infer-compute's patch: as in `object::default_render`.
+            if !crate::value::bounds::charge(crate::value::bounds::item_units(value)) {
+                break;
+            }
             if idx != 0 {
                 f.write_str(", ")?;
             }

@@ -128,7 +128,9 @@ macro_rules! type_erase {
 
             impl Drop for $erased_t_name {
                 fn drop(&mut self) {
-                    (vt(self).__decref)(self.ptr);
+                    // infer-compute's patch: a deeply nested value is freed
+                    // without recursing once per level.
+                    crate::value::bounds::drop_object(self.ptr, vt(self).__decref);
                 }
             }
 

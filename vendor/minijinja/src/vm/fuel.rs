@@ -65,6 +65,9 @@ pub(crate) struct FuelTracker {
     initial: u64,
     // The remaining fuel in units.
     remaining: Cell<i64>,
+    // infer-compute's patch: set when a walk went past the deepest nesting
+    // (`crate::value::bounds`); the render then fails with that error.
+    too_deep: Cell<bool>,
 }
 
 impl FuelTracker {
@@ -75,7 +78,29 @@ impl FuelTracker {
             remaining: Cell::new(
                 i64::try_from(fuel.saturating_mul(UNITS_PER_FUEL)).unwrap_or(i64::MAX),
             ),
+            too_deep: Cell::new(false),
         }
+    }
+
+    /// The error of an exhausted tracker.
+    pub(crate) fn exhausted_error(&self) -> Error {
+        if self.too_deep.get() {
+            Error::new(
+                ErrorKind::InvalidOperation,
+                format!(
+                    "a value is nested more than {} levels deep",
+                    crate::value::bounds::MAX_DEPTH
+                ),
+            )
+        } else {
+            Error::from(ErrorKind::OutOfFuel)
+        }
+    }
+
+    /// Exhausts the fuel because a walk went too deep into a value.
+    pub(crate) fn fail_too_deep(&self) {
+        self.too_deep.set(true);
+        self.remaining.set(0);
     }
 
     /// Consumes the given number of units.
@@ -89,7 +114,7 @@ impl FuelTracker {
             .saturating_sub(i64::try_from(units).unwrap_or(i64::MAX));
         self.remaining.set(remaining);
         if remaining <= 0 {
-            Err(Error::from(ErrorKind::OutOfFuel))
+            Err(self.exhausted_error())
         } else {
             Ok(())
         }
@@ -105,7 +130,7 @@ impl FuelTracker {
         let remaining = self.remaining.get();
         if remaining <= 0 || units >= remaining as u64 {
             self.remaining.set(0);
-            Err(Error::from(ErrorKind::OutOfFuel))
+            Err(self.exhausted_error())
         } else {
             Ok(())
         }

@@ -2,6 +2,7 @@ use std::borrow::Cow;
 use std::collections::BTreeMap;
 #[cfg(feature = "macros")]
 use std::mem;
+use std::sync::Arc;
 
 use crate::compiler::instructions::{
     CompareOp, Instruction, Instructions, LOOP_FLAG_RECURSIVE, LOOP_FLAG_WITH_LOOP_VAR, MAX_LOCALS,
@@ -228,6 +229,9 @@ impl<'env> Executor<'env> {
     /// This is the actual evaluation loop that works with a specific context.
     #[inline(always)]
     fn eval_state(state: &mut State<'_, 'env>, out: &mut Output) -> Result<Option<Value>, Error> {
+        // infer-compute's patch: walks over values charge this render's fuel
+        // (`crate::value::bounds`).
+        let _active = crate::value::bounds::ActiveFuel::set(state.fuel_tracker.as_ref());
         Self::do_eval(state, out, Stack::default(), 0)
     }
 
@@ -541,8 +545,11 @@ impl<'env> Executor<'env> {
                 Instruction::SetAttr(name) => {
                     b = stack.pop();
                     a = stack.pop();
-                    if let Some(ns) = b.downcast_object_ref::<Namespace>() {
+                    if let Some(ns) = b.downcast_object::<Namespace>() {
                         ns.set_value(name, a);
+                        // infer-compute's patch: see `State::assigned_namespaces`.
+                        let at = Arc::as_ptr(&ns) as usize;
+                        state.assigned_namespaces.entry(at).or_insert(ns);
                     } else {
                         bail!(Error::new(
                             ErrorKind::InvalidOperation,
@@ -885,6 +892,13 @@ impl<'env> Executor<'env> {
                     }));
                     let args = stack.get_call_args(*arg_count);
                     let arg_count = args.len();
+                    // infer-compute's patch: tests are charged for the string
+                    // they work on, as filters are (`is lower` scanned a
+                    // 100 MB string each time for free).
+                    #[cfg(feature = "fuel")]
+                    if let Some(s) = args.first().and_then(|x| x.as_str()) {
+                        ctx_ok!(state.charge_fuel(s.len() as u64));
+                    }
                     a = ctx_ok!(test.call(state, args));
                     // tests only return a bool, this is a check for if the
                     // test ran out of fuel.

@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 #[cfg(feature = "multi_template")]
 use std::collections::BTreeSet;
 use std::fmt;
+use std::sync::Arc;
 
 use crate::compiler::instructions::Instructions;
 use crate::environment::Environment;
@@ -75,6 +76,21 @@ pub struct State<'template, 'env> {
     // reported.  Only populated in debug mode.
     #[cfg(feature = "debug")]
     pub(crate) undefined_origins: BTreeMap<u32, &'template Instructions<'env>>,
+    // infer-compute's patch: the namespaces assigned to (`{% set ns.x = v
+    // %}`) during the render, by address.  A namespace that holds itself,
+    // directly or through others, is never freed: when the state is
+    // dropped their values are removed, which breaks every such cycle (one
+    // needs an assignment).
+    pub(crate) assigned_namespaces:
+        BTreeMap<usize, Arc<crate::value::namespace_object::Namespace>>,
+}
+
+impl Drop for State<'_, '_> {
+    fn drop(&mut self) {
+        for ns in std::mem::take(&mut self.assigned_namespaces).into_values() {
+            drop(ns.take_values());
+        }
+    }
 }
 
 impl fmt::Debug for State<'_, '_> {
@@ -127,6 +143,7 @@ impl<'template, 'env> State<'template, 'env> {
             fuel_tracker: ctx.env().fuel().map(FuelTracker::new),
             #[cfg(feature = "debug")]
             undefined_origins: Default::default(),
+            assigned_namespaces: Default::default(),
             ctx,
         }
     }
