@@ -120,7 +120,8 @@ enum Comparisons {
 /// with each other: each item's size (its strings' bytes and 32 per item
 /// inside it, a comparison's cost at most) times the comparisons it takes
 /// part in. minijinja charges a sort by its number of comparisons, not by
-/// what they compare: sorting a thousand 1 MB strings took a second. The
+/// what they compare: a loop sorting a thousand 1 MB strings took 0.12 s a
+/// turn for a fraction of a percent of the budget. The
 /// comparisons themselves charge what they visit as well, so twice the
 /// bound must be left for them to finish.
 fn charge_comparisons(state: &State, value: &Value, how: Comparisons) -> Result<(), minijinja::Error> {
