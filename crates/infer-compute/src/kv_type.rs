@@ -10,16 +10,46 @@
 //! bit-exact with ggml's `quantize_row_q8_0_ref` / `quantize_row_q4_0_ref`),
 //! so a block never straddles two heads when `head_dim` is a multiple of 32.
 //! The TurboQuant types (`tq3`, `tq4`; [`crate::turboquant`]) code each
-//! head's `head_dim` values as one vector: its f16 norm, then `head_dim`
+//! head's `head_dim` values as one vector: an f16 scale, then `head_dim`
 //! indices of 3 or 4 bits ([`crate::turboquant`]'s code layout, rotation
 //! seed [`crate::turboquant::DEFAULT_SEED`]), so `head_dim` must be a power
-//! of two (its Walsh–Hadamard rotation).
+//! of two (its Walsh–Hadamard rotation). That is every position's bytes;
+//! besides, each slot of a cache keeps its first [`TQ_EXACT_POSITIONS`]
+//! positions in f16 (in the rotated basis; a fixed
+//! `TQ_EXACT_POSITIONS · kv_dim · 2` bytes per slot and layer, not per
+//! token, so not in [`KvTypes::bytes_per_token`]) and one centre of
+//! `kv_dim` f32: the mean of those exact rows from position
+//! [`TQ_CENTRE_FROM`] on, set when the last of them is written. A
+//! position past them is stored as the code of its row less that centre
+//! ([`crate::turboquant::TurboQuant::encode_rotated_norm_kept`], scale
+//! `‖y‖ / ‖c[idx]‖`, [`TQ_REFINE_PASSES`] sweeps), read back as the decoded
+//! code plus the centre. Keys of a layer with q and k norms of one gain
+//! per head channel are multiplied per channel by a scale fixed from those
+//! gains before the rotation, and the queries that meet them divided by it
+//! (`cpu::kv_rotation::ChannelScale`). A position's stored bits depend
+//! only on its own row and on its slot's rows `TQ_CENTRE_FROM ..
+//! TQ_EXACT_POSITIONS`, so a prompt prefilled in any chunks and the same
+//! tokens decoded one by one store the same bits.
 
 use std::fmt;
 use std::str::FromStr;
 
 use crate::error::{Error, Result};
 use crate::GgmlType;
+
+/// Positions at the start of each slot that a TurboQuant cache (`tq3`,
+/// `tq4`) stores in f16 instead of coding them: the attention sinks (the
+/// first token draws much of many heads' attention, with a key and value
+/// unlike the others') and the rows the centre is taken from.
+pub const TQ_EXACT_POSITIONS: usize = 16;
+
+/// The first exact position of the TurboQuant centre's mean (position 0,
+/// the usual sink, is left out: its key is a poor centre).
+pub const TQ_CENTRE_FROM: usize = 1;
+
+/// Sweeps of [`crate::turboquant::TurboQuant::encode_rotated_norm_kept`]
+/// by which a TurboQuant cache refines each code's direction.
+pub const TQ_REFINE_PASSES: usize = 2;
 
 /// The element type of a KV cache's keys or values.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
@@ -35,11 +65,11 @@ pub enum KvCacheType {
     /// ggml Q4_0: blocks of 32 values, an f16 scale and 32 4-bit codes
     /// offset by 8 (18 bytes per 32 values, 4.5 bits per value).
     Q4_0,
-    /// TurboQuant, 3-bit indices: per head, an f16 norm and `head_dim`
+    /// TurboQuant, 3-bit indices: per head, an f16 scale and `head_dim`
     /// 3-bit indices (`2 + 3·head_dim/8` bytes, `3 + 16/head_dim` bits per
     /// value: 3.25 at head_dim 64, 3.0625 at 256).
     Tq3,
-    /// TurboQuant, 4-bit indices: per head, an f16 norm and `head_dim`
+    /// TurboQuant, 4-bit indices: per head, an f16 scale and `head_dim`
     /// 4-bit indices (`2 + head_dim/2` bytes, `4 + 16/head_dim` bits per
     /// value: 4.25 at head_dim 64, 4.0625 at 256).
     Tq4,

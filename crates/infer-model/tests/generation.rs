@@ -122,8 +122,9 @@ fn a_continued_conversation_over_a_quantized_cache_replies_as_from_scratch() {
     continued_conversation(KvTypes { k: KvCacheType::Q8_0, v: KvCacheType::Q4_0 });
 }
 
-/// The same over TurboQuant caches (K tq4, V tq3): rotated, keys centred
-/// on the slot's first key, which the reused positions keep.
+/// The same over TurboQuant caches (K tq4, V tq3): rotated, the first 16
+/// positions exact and the rest centred on their mean, which the reused
+/// positions keep.
 #[test]
 fn a_continued_conversation_over_a_turboquant_cache_replies_as_from_scratch() {
     use infer_compute::{KvCacheType, KvTypes};

@@ -35,9 +35,16 @@
 //! ([`DEFAULT_SEED`] unless another is given). A norm past f16's range
 //! is stored as 65 504 (the largest f16), never as infinity.
 //!
+//! [`TurboQuant::encode_rotated_norm_kept`] writes the same layout for
+//! attention: the indices refined towards the vector's direction and, in
+//! the norm field, the scale that gives the decoded vector the input's
+//! norm (the MSE code's decoded vector is shorter than its input, which
+//! softens the attention over keys so coded); decoding is unchanged.
+//!
 //! This module is the format and its scalar reference; the CPU's SIMD
 //! kernels are `cpu::tq`, and the KV cache types `tq3`/`tq4`
-//! ([`crate::KvCacheType`]) store one code per head.
+//! ([`crate::KvCacheType`]) store one code per head, written by
+//! [`TurboQuant::encode_rotated_norm_kept`].
 
 pub mod codebook;
 pub mod rotation;
@@ -216,6 +223,70 @@ impl TurboQuant {
         for (i, &v) in groups.remainder().iter().enumerate() {
             let idx = self.bounds.iter().filter(|&&bound| bound < v * inv).count() as u32;
             put(bits, done + i, self.bits, idx);
+        }
+    }
+
+    /// Codes a vector given already rotated, for attention: the norm kept
+    /// (the decoded vector `n · c[idx]` has `y`'s norm) and the direction
+    /// coded as well as `passes` sweeps can. The indices start as
+    /// [`TurboQuant::encode_rotated`]'s (the nearest centroids); each sweep
+    /// then moves every index in turn, in index order, to a neighbouring
+    /// centroid where that raises the cosine between `y` and `c[idx]`; the
+    /// norm field holds `‖y‖ / ‖c[idx]‖`. Same layout and decoding as the
+    /// MSE code; the decoded vector is not shrunk towards zero as the MSE
+    /// code's is (by `1 − D_mse` in squared norm, on average), which keeps
+    /// attention logits at their spread, and its direction is closer.
+    ///
+    /// Contract: as [`TurboQuant::encode_rotated`] (asserted).
+    pub fn encode_rotated_norm_kept(&self, y: &[f32], code: &mut [u8], passes: usize) {
+        assert!(y.len() == self.dim && code.len() == self.code_bytes());
+        // The nearest centroids exactly as `encode_rotated` finds them.
+        let norm = y.iter().map(|&v| v as f64 * v as f64).sum::<f64>().sqrt() as f32;
+        let inv = if norm > 0.0 { 1.0 / norm } else { 0.0 };
+        let mut stack = [0u8; 256];
+        let mut heap = Vec::new();
+        let idx: &mut [u8] = if self.dim <= stack.len() {
+            &mut stack[..self.dim]
+        } else {
+            heap.resize(self.dim, 0);
+            &mut heap
+        };
+        for (i, &v) in idx.iter_mut().zip(y) {
+            *i = self.bounds.iter().filter(|&&b| b < v * inv).count() as u8;
+        }
+        let c = &self.centroids;
+        let last = c.len() - 1;
+        // ⟨y, c[idx]⟩ and ‖c[idx]‖², in f64, updated per move.
+        let mut dot: f64 = idx.iter().zip(y).map(|(&i, &v)| v as f64 * c[i as usize] as f64).sum();
+        let mut nn: f64 = idx.iter().map(|&i| (c[i as usize] as f64).powi(2)).sum();
+        for _ in 0..passes {
+            let mut moved = false;
+            for (i, &v) in idx.iter_mut().zip(y) {
+                let a = *i as usize;
+                for b in [a.wrapping_sub(1), a + 1] {
+                    if b > last {
+                        continue;
+                    }
+                    let (ca, cb) = (c[a] as f64, c[b] as f64);
+                    let (d2, n2) = (dot + v as f64 * (cb - ca), nn + cb * cb - ca * ca);
+                    // cos² up, with the dot product positive.
+                    if d2 > 0.0 && d2 * d2 * nn > dot * dot * n2 {
+                        (*i, dot, nn, moved) = (b as u8, d2, n2, true);
+                        break;
+                    }
+                }
+            }
+            if !moved {
+                break;
+            }
+        }
+        let scale = if nn > 0.0 && norm > 0.0 { (norm as f64 / nn.sqrt()) as f32 } else { norm };
+        let stored = if scale > 65504.0 { 65504.0 } else { scale };
+        code[..2].copy_from_slice(&f16::from_f32(stored).to_le_bytes());
+        let bits = &mut code[2..];
+        bits.fill(0);
+        for (i, &v) in idx.iter().enumerate() {
+            put(bits, i, self.bits, v as u32);
         }
     }
 

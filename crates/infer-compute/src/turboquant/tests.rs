@@ -196,3 +196,51 @@ fn encoder_matches_its_definition() {
         }
     }
 }
+
+/// The attention code ([`TurboQuant::encode_rotated_norm_kept`]): with no
+/// sweep, the MSE code's indices; its decoded vector has the input's norm
+/// (to the f16 scale's rounding) where the MSE code's is shorter; the
+/// sweeps never lower a code's cosine with its vector and raise the mean;
+/// a zero vector decodes to zeros.
+#[test]
+fn norm_kept_code_keeps_the_norm_and_refines_the_direction() {
+    let mut rng = Rng::new(21);
+    let cos = |a: &[f32], b: &[f32]| {
+        let d = |x: &[f32], y: &[f32]| x.iter().zip(y).map(|(&p, &q)| p as f64 * q as f64).sum::<f64>();
+        d(a, b) / (d(a, a) * d(b, b)).sqrt()
+    };
+    for dim in [16usize, 64, 256] {
+        for bits in [2u32, 3, 4] {
+            let tq = TurboQuant::new(dim, bits).unwrap();
+            let (mut c_mse, mut c0, mut c2) =
+                (vec![0u8; tq.code_bytes()], vec![0u8; tq.code_bytes()], vec![0u8; tq.code_bytes()]);
+            let (mut d_mse, mut d2) = (vec![0.0f32; dim], vec![0.0f32; dim]);
+            let (mut gap_mse, mut gap2, mut shrink) = (0.0f64, 0.0f64, 0.0f64);
+            for _ in 0..200 {
+                let y = rng.normals(dim, 3.0);
+                tq.encode_rotated(&y, &mut c_mse);
+                tq.encode_rotated_norm_kept(&y, &mut c0, 0);
+                assert_eq!(c0[2..], c_mse[2..], "dim {dim}, {bits} bits: indices with no sweep");
+                tq.encode_rotated_norm_kept(&y, &mut c2, 2);
+                tq.decode_rotated(&c_mse, &mut d_mse).unwrap();
+                tq.decode_rotated(&c2, &mut d2).unwrap();
+                let n = |v: &[f32]| v.iter().map(|&x| x as f64 * x as f64).sum::<f64>().sqrt();
+                assert!((n(&d2) / n(&y) - 1.0).abs() < 1e-3, "dim {dim}, {bits} bits: norm {} of {}", n(&d2), n(&y));
+                shrink += 1.0 - n(&d_mse) / n(&y);
+                let (a, b) = (cos(&y, &d_mse), cos(&y, &d2));
+                // (Both decoded in f32 with an f16 scale: equal to rounding.)
+                assert!(b >= a - 1e-6, "dim {dim}, {bits} bits: cosine {b} below the MSE code's {a}");
+                gap_mse += 1.0 - a;
+                gap2 += 1.0 - b;
+            }
+            assert!(shrink > 0.0, "dim {dim}, {bits} bits: the MSE code is not shorter on average");
+            assert!(gap2 < gap_mse, "dim {dim}, {bits} bits: 1 − cos {gap2} not below the MSE code's {gap_mse}");
+        }
+    }
+    let tq = TurboQuant::new(64, 4).unwrap();
+    let mut code = vec![0u8; tq.code_bytes()];
+    tq.encode_rotated_norm_kept(&[0.0; 64], &mut code, 2);
+    let mut out = vec![f32::NAN; 64];
+    tq.decode_rotated(&code, &mut out).unwrap();
+    assert!(out.iter().all(|&v| v == 0.0));
+}
