@@ -1,9 +1,10 @@
-//! The CUDA backend against the CPU reference: every mat-vec type on
-//! awkward shapes (NMSE ≤ 5e-4, ggml test-backend-ops' bound for quantized
-//! mat-mul; max relative error reported), each pipeline op against its CPU
-//! op, cuBLAS products, and whole random Gemma-3-like models (decode and
-//! prefill logits: cosine ≥ 0.999 and the same top-1 token; graph replay
-//! equal to direct launches; errors instead of panics).
+//! What only the CUDA backend has, against the CPU reference: every mat-vec
+//! type on awkward shapes (NMSE ≤ 5e-4, ggml test-backend-ops' bound for
+//! quantized mat-mul; max relative error reported), each pipeline op
+//! against its CPU op, cuBLAS products, and on the conformance suite's
+//! random models (whose logits against the CPU the suite checks) graph
+//! replay equal to direct launches, the device argmax, errors instead of
+//! panics and the kernel modules a model loads.
 //!
 //! Without a GPU every test is reported as ignored, with the reason (the
 //! harness is libtest-mimic's, which can decide at run time), unless
@@ -13,10 +14,10 @@
 use std::sync::Arc;
 
 use half::{bf16, f16};
-use infer_compute::conformance::cosine;
-use infer_compute::cpu::{ops, CpuBackend, Kernels, Precision};
+use infer_compute::conformance::model::{random_model, tokens, Arch};
+use infer_compute::cpu::{ops, CpuBackend};
 use infer_compute::cuda::CudaBackend;
-use infer_compute::pipeline::{Activation, FfnType, LayerSpec, ModelSpec, Norm, NormType, RopeSpec, RopeType};
+use infer_compute::pipeline::{RopeSpec, RopeType};
 use infer_compute::{Batch, ComputeBackend, DeviceModel, Out, QuantWeight, WeightBytes};
 use infer_compute::{Error, GgmlType};
 use ndarray::Array2;
@@ -81,29 +82,6 @@ fn rand_weight(rng: &mut StdRng, ty: GgmlType, rows: usize, cols: usize, scale: 
         }
     };
     QuantWeight::new(ty, rows, cols, WeightBytes::from(bytes)).unwrap()
-}
-
-/// A `rows × cols` weight of type `ty` made the way real ones are: normal
-/// values of standard deviation `std` quantized with ggml's reference
-/// quantizer (zero-mean, unlike random bits).
-fn quantized_weight(rng: &mut StdRng, ty: GgmlType, rows: usize, cols: usize, std: f32) -> QuantWeight {
-    let normal = rand_distr::Normal::new(0.0f32, std).unwrap();
-    let v: Vec<f32> = (0..rows * cols).map(|_| rng.sample(normal)).collect();
-    let rb = ty.row_bytes(cols).unwrap();
-    let mut bytes = vec![0u8; rows * rb];
-    for (x, out) in v.chunks(cols).zip(bytes.chunks_mut(rb)) {
-        infer_compute::quant::quantize_row(ty, x, out).unwrap();
-    }
-    QuantWeight::new(ty, rows, cols, WeightBytes::from(bytes)).unwrap()
-}
-
-fn norm_weight(rng: &mut StdRng, n: usize) -> QuantWeight {
-    let v: Vec<f32> = (0..n).map(|_| 1.0 + rng.gen_range(-0.2f32..0.2)).collect();
-    QuantWeight::new(GgmlType::F32, 1, n, WeightBytes::from(bytemuck::cast_slice::<f32, u8>(&v).to_vec())).unwrap()
-}
-
-fn f32_weight(v: &[f32]) -> QuantWeight {
-    QuantWeight::new(GgmlType::F32, 1, v.len(), WeightBytes::from(bytemuck::cast_slice::<f32, u8>(v).to_vec())).unwrap()
 }
 
 // ---------------------------------------------------------------------------
@@ -463,193 +441,9 @@ fn glu_matches_cpu() {
 }
 
 // ---------------------------------------------------------------------------
-// Whole models.
-
-#[derive(Clone, Copy, PartialEq)]
-enum Arch {
-    /// Gemma 3: sliding + global layers, q/k norm, sandwich norms, GQA,
-    /// GELU-tanh gated FFN, NeoX RoPE, scaled embeddings, tied output.
-    Gemma3,
-    /// Gemma 2-like: as Gemma 3 plus attention and final logit soft-caps.
-    Gemma2Caps,
-    /// Qwen2/Llama-like: pre-norms only, q/k/v biases, normal RoPE, SiLU.
-    LlamaBias,
-}
-
-fn norm(rng: &mut StdRng, n: usize) -> Norm {
-    Norm { kind: NormType::RmsNorm, eps: 1e-6, weight: norm_weight(rng, n), bias: None }
-}
-
-/// A small random model of `arch` with a mix of weight types per layer.
-fn random_model(seed: u64, arch: Arch) -> ModelSpec {
-    let mut rng = StdRng::seed_from_u64(seed);
-    let (e, nh, nkv, hd, n_ff, vocab) = (256usize, 4usize, 2usize, 64usize, 512usize, 384usize);
-    let gemma = arch != Arch::LlamaBias;
-    // Per layer: (wq, wk, wv, wo, gate, up, down) types.
-    let types = [
-        [
-            GgmlType::Q4_K,
-            GgmlType::Q4_K,
-            GgmlType::Q6_K,
-            GgmlType::Q5_0,
-            GgmlType::Q4_K,
-            GgmlType::Q4_K,
-            GgmlType::Q6_K,
-        ],
-        [
-            GgmlType::Q8_0,
-            GgmlType::Q8_0,
-            GgmlType::Q8_0,
-            GgmlType::Q8_0,
-            GgmlType::Q5_0,
-            GgmlType::Q8_0,
-            GgmlType::Q4_0,
-        ],
-        [GgmlType::F16, GgmlType::F16, GgmlType::F16, GgmlType::Q5_K, GgmlType::Q3_K, GgmlType::Q3_K, GgmlType::Q2_K],
-    ];
-    let mut layers = Vec::new();
-    for (i, t) in types.iter().enumerate() {
-        let global = i == 2;
-        let rope = RopeSpec {
-            kind: if gemma { RopeType::NeoX } else { RopeType::Normal },
-            base: if global { 1_000_000.0 } else { 10_000.0 },
-            n_rot: hd,
-            freq_scale: 1.0,
-        };
-        let w = |rng: &mut StdRng, ty, r, c: usize| quantized_weight(rng, ty, r, c, 1.0 / (c as f32).sqrt());
-        let bias = |rng: &mut StdRng, n| (!gemma).then(|| f32_weight(&rand_vec(rng, n, 0.5)));
-        layers.push(LayerSpec {
-            n_head: nh,
-            n_head_kv: nkv,
-            head_dim: hd,
-            rope,
-            sliding_window: (gemma && !global).then_some(8),
-            attn_softcap: (arch == Arch::Gemma2Caps).then_some(20.0),
-            attn_scale: 1.0 / (hd as f32).sqrt(),
-            attn_norm: norm(&mut rng, e),
-            wq: w(&mut rng, t[0], nh * hd, e),
-            wk: w(&mut rng, t[1], nkv * hd, e),
-            wv: w(&mut rng, t[2], nkv * hd, e),
-            wo: w(&mut rng, t[3], e, nh * hd),
-            bq: bias(&mut rng, nh * hd),
-            bk: bias(&mut rng, nkv * hd),
-            bv: bias(&mut rng, nkv * hd),
-            q_norm: gemma.then(|| norm(&mut rng, hd)),
-            k_norm: gemma.then(|| norm(&mut rng, hd)),
-            post_attn_norm: gemma.then(|| norm(&mut rng, e)),
-            ffn_norm: norm(&mut rng, e),
-            ffn: FfnType::Gated,
-            activation: if gemma { Activation::GeluTanh } else { Activation::Silu },
-            ffn_gate: Some(w(&mut rng, t[4], n_ff, e)),
-            ffn_up: w(&mut rng, t[5], n_ff, e),
-            ffn_down: w(&mut rng, t[6], e, n_ff),
-            post_ffn_norm: gemma.then(|| norm(&mut rng, e)),
-        });
-    }
-    let token_embd = quantized_weight(&mut rng, GgmlType::Q8_0, vocab, e, 0.05);
-    ModelSpec {
-        arch: "test".into(),
-        n_embd: e,
-        n_vocab: vocab,
-        n_ctx_train: 4096,
-        output: token_embd.clone(),
-        token_embd,
-        embd_scale: if gemma { (e as f32).sqrt() } else { 1.0 },
-        layers,
-        output_norm: norm(&mut rng, e),
-        final_logit_softcap: (arch == Arch::Gemma2Caps).then_some(30.0),
-    }
-}
-
-fn tokens(seed: u64, n: usize, vocab: usize) -> Vec<u32> {
-    let mut rng = StdRng::seed_from_u64(seed);
-    (0..n).map(|_| rng.gen_range(0..vocab as u32)).collect()
-}
-
-/// The conformance suite's bound on logits against the CPU's
-/// ([`infer_compute::conformance::check_logits`]: finite, cosine ≥ 0.999,
-/// the same top token unless the CPU's is a near-tie); returns the cosine.
-#[track_caller]
-fn check_logits(what: &str, got: &[f32], want: &[f32]) -> f64 {
-    if let Err(e) = infer_compute::conformance::check_logits(what, got, want) {
-        panic!("{e} (against the CPU)");
-    }
-    cosine(got, want)
-}
-
-/// The CPU backend computing exactly (f32 weights and activations): the
-/// reference without ggml's activation quantization noise.
-fn cpu_exact() -> CpuBackend {
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-    CpuBackend::with_options(threads, Kernels::detect(), Precision::Exact).unwrap()
-}
-
-fn decode_matches_cpu_for_small_models() {
-    let cuda = cuda_or_skip!();
-    let cpu = CpuBackend::new();
-    let exact = cpu_exact();
-    for (seed, arch) in [(10u64, Arch::Gemma3), (11, Arch::Gemma2Caps), (12, Arch::LlamaBias)] {
-        let spec = random_model(seed, arch);
-        let mut cm = cpu.prepare(&spec).unwrap();
-        let mut em = exact.prepare(&spec).unwrap();
-        let mut gm = cuda.prepare(&spec).unwrap();
-        let mut ckv = cm.new_kv_cache(32).unwrap();
-        let mut ekv = em.new_kv_cache(32).unwrap();
-        let mut gkv = gm.new_kv_cache(32).unwrap();
-        let toks = tokens(seed, 20, spec.n_vocab);
-        let (mut worst_q, mut worst_e, mut worst_cpu) = (1.0f64, 1.0f64, 1.0f64);
-        for (pos, &t) in toks.iter().enumerate() {
-            let want = cm.decode_token(ckv.as_mut(), t, pos).unwrap().to_vec();
-            let want_e = em.decode_token(ekv.as_mut(), t, pos).unwrap().to_vec();
-            let got = gm.decode_token(gkv.as_mut(), t, pos).unwrap().to_vec();
-            worst_q = worst_q.min(check_logits(&format!("seed {seed} decode pos {pos} vs CPU"), &got, &want));
-            worst_e = worst_e.min(check_logits(&format!("seed {seed} decode pos {pos} vs exact CPU"), &got, &want_e));
-            worst_cpu = worst_cpu.min(cosine(&want, &want_e));
-        }
-        println!(
-            "model seed {seed}: worst decode cosine over 20 tokens: GPU vs CPU {worst_q:.6}, GPU vs exact CPU {worst_e:.6} (CPU vs exact CPU {worst_cpu:.6})"
-        );
-    }
-}
-
-fn prefill_matches_cpu_and_chunks() {
-    let cuda = cuda_or_skip!();
-    let cpu = CpuBackend::new();
-    let spec = random_model(20, Arch::Gemma3);
-    let toks = tokens(21, 48, spec.n_vocab);
-    let mut cm = cpu.prepare(&spec).unwrap();
-    let mut gm = cuda.prepare(&spec).unwrap();
-    // 12-token prefill, then decode.
-    let mut ckv = cm.new_kv_cache(64).unwrap();
-    let mut gkv = gm.new_kv_cache(64).unwrap();
-    let want = cm.prefill(ckv.as_mut(), &toks[..12], 0).unwrap().to_vec();
-    let got = gm.prefill(gkv.as_mut(), &toks[..12], 0).unwrap().to_vec();
-    check_logits("prefill 12", &got, &want);
-    for pos in 12..20 {
-        let want = cm.decode_token(ckv.as_mut(), toks[pos], pos).unwrap().to_vec();
-        let got = gm.decode_token(gkv.as_mut(), toks[pos], pos).unwrap().to_vec();
-        check_logits(&format!("decode after prefill pos {pos}"), &got, &want);
-    }
-    // A 28-token prefill (the tensor-core `mmq` products: from
-    // `CudaOptions::mmq_min_tokens` to below `gemm_min_tokens`), continuing
-    // the same caches.
-    let want = cm.prefill(ckv.as_mut(), &toks[20..48], 20).unwrap().to_vec();
-    let got = gm.prefill(gkv.as_mut(), &toks[20..48], 20).unwrap().to_vec();
-    check_logits("prefill 20..48", &got, &want);
-    // A prefill longer than one device pass: two passes, then decode.
-    let n = infer_compute::cuda::PREFILL_CHUNK + 40;
-    let toks = tokens(22, n + 4, spec.n_vocab);
-    let mut ckv = cm.new_kv_cache(n + 8).unwrap();
-    let mut gkv = gm.new_kv_cache(n + 8).unwrap();
-    let want = cm.prefill(ckv.as_mut(), &toks[..n], 0).unwrap().to_vec();
-    let got = gm.prefill(gkv.as_mut(), &toks[..n], 0).unwrap().to_vec();
-    check_logits(&format!("prefill {n} (two passes)"), &got, &want);
-    for pos in n..n + 4 {
-        let want = cm.decode_token(ckv.as_mut(), toks[pos], pos).unwrap().to_vec();
-        let got = gm.decode_token(gkv.as_mut(), toks[pos], pos).unwrap().to_vec();
-        check_logits(&format!("decode after a two-pass prefill, pos {pos}"), &got, &want);
-    }
-}
+// Whole models: what only CUDA has (graphs, the device argmax, kernel
+// modules). Their logits against the CPU are the conformance suite's
+// (`model::*`, `batch::*`), on the suite's random models used here too.
 
 fn graph_replay_equals_direct_launches() {
     let cuda = cuda_or_skip!();
@@ -770,9 +564,9 @@ fn a_model_loads_only_its_kernel_modules() {
     let cuda = cuda_or_skip!();
     assert_eq!(cuda.loaded_kernel_modules(), ["common"]);
     let _m = cuda.prepare(&random_model(7, Arch::Gemma3)).unwrap();
-    // Q2_K, Q3_K and Q5_K in GGUF rows; Q4_0, Q4_K, Q5_0, Q6_K and Q8_0
-    // (the output) repacked; F16 in the common module.
-    let want = ["common", "q2_k", "q3_k", "q5_k", "q8_0r", "q4_0r", "q5_0r", "q4_kr", "q6_kr"];
+    // Q4_1, IQ4_NL, Q2_K, Q3_K and Q5_K in GGUF rows; Q4_0, Q4_K, Q5_0,
+    // Q6_K and Q8_0 repacked; F16 in the common module.
+    let want = ["common", "q4_1", "iq4_nl", "q2_k", "q3_k", "q5_k", "q8_0r", "q4_0r", "q5_0r", "q4_kr", "q6_kr"];
     assert_eq!(cuda.loaded_kernel_modules(), want);
 }
 
@@ -815,8 +609,6 @@ fn main() {
         ("rope_matches_cpu", rope_matches_cpu),
         ("attention_matches_cpu", attention_matches_cpu),
         ("glu_matches_cpu", glu_matches_cpu),
-        ("decode_matches_cpu_for_small_models", decode_matches_cpu_for_small_models),
-        ("prefill_matches_cpu_and_chunks", prefill_matches_cpu_and_chunks),
         ("graph_replay_equals_direct_launches", graph_replay_equals_direct_launches),
         (
             "batched_decode_graphs_replay_and_equal_direct_launches",

@@ -130,7 +130,8 @@ fn model_with_qkv(seed: u64, arch: Arch, shape: (usize, usize, usize, usize), qk
     }
 }
 
-pub(super) fn tokens(seed: u64, n: usize, vocab: usize) -> Vec<u32> {
+/// `n` token ids below `vocab`, the same for the same `seed`.
+pub fn tokens(seed: u64, n: usize, vocab: usize) -> Vec<u32> {
     let mut rng = Rng::new(seed);
     (0..n).map(|_| rng.below(vocab as u64) as u32).collect()
 }
