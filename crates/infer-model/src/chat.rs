@@ -22,14 +22,17 @@
 //! render that runs [`RENDER_FUEL`] instructions or creates
 //! [`RENDER_MEMORY`] bytes fails with [`Error::ChatTemplate`]; a value whose
 //! size is known beforehand (`"x" * n`, `a ~ b`) is refused before it is
-//! allocated, so that no single allocation passes the budget; `join` and
-//! `tojson` (ours, around minijinja's) pay for their output as it grows, so
-//! that a lazy list of many repeats (`[s] * n`) cannot get past it. The
-//! messages themselves are not counted: their size is the caller's to
-//! bound. A list concatenation (`l + l`) is checked before it is built too:
-//! minijinja 3.1.0 keeps it lazy but builds a chain deeper than 32 in full
-//! without a check, which the workspace's patched copy
-//! (`vendor/minijinja/PATCHED.md`) mends.
+//! allocated, so that no single allocation passes the budget; `join` (ours,
+//! around minijinja's) pays for its output as it grows, so that a lazy list
+//! of many repeats (`[s] * n`) cannot get past it. The messages themselves
+//! are not counted: their size is the caller's to bound. What minijinja
+//! 3.1.0 does without charging it is mended by the workspace's patched copy
+//! (`vendor/minijinja/PATCHED.md`: a list concatenation's size checked
+//! before it is built, every walk over a value, printing, comparing or
+//! serializing it, at most 500 levels deep and charged per item) and by
+//! `chat_budget.rs` (upper bounds charged before some methods and
+//! filters run). A render needs no thread of its own: it fits in a stack of
+//! 1 MiB.
 //!
 //! A file without a template gets a default chosen by architecture
 //! (the registry's [`crate::model::ChatFormat`], [`TemplateSource`]): Gemma's turn format for `gemma*` (the format of
