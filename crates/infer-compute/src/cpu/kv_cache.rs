@@ -314,8 +314,11 @@ impl<'a> TqData<'a> {
     fn head_to_f32(&self, h: usize, e: usize, out: &mut [f32]) {
         let (t, hd, cb) = (self.t, self.t.dim(), self.t.code_bytes());
         let abs = self.first + h;
-        let (slot, w) =
-            if self.slot_heads > 0 { (abs / self.slot_heads, abs % self.slot_heads) } else { (0, usize::MAX) };
+        // No slots (`slot_heads` 0): every head is a code, not centred.
+        let (slot, w) = match abs.checked_div(self.slot_heads) {
+            Some(slot) => (slot, abs % self.slot_heads),
+            None => (0, usize::MAX),
+        };
         if w < self.exact_heads {
             use half::slice::HalfFloatSliceExt;
             self.exact[(slot * self.exact_heads + w) * hd + e..][..out.len()].convert_to_f32_slice(out);
