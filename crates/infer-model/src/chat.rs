@@ -868,6 +868,29 @@ mod tests {
         assert!(t0.elapsed().as_secs() < 30, "stopped after {:?}", t0.elapsed());
     }
 
+    /// A namespace that holds itself is freed with what it holds when the
+    /// render ends (the cycle kept both for the life of the process).
+    #[test]
+    fn a_namespace_that_holds_itself_is_freed() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        use std::sync::Arc;
+        #[derive(Debug)]
+        struct Freed(Arc<AtomicBool>);
+        impl minijinja::value::Object for Freed {}
+        impl Drop for Freed {
+            fn drop(&mut self) {
+                self.0.store(true, Ordering::Relaxed);
+            }
+        }
+        let template =
+            ChatTemplate::new("{% set ns = namespace(a=1) %}{% set ns.me = ns %}{% set ns.t = t %}ok", "", "").unwrap();
+        let freed = Arc::new(AtomicBool::new(false));
+        let t = minijinja::Value::from_object(Freed(freed.clone()));
+        let tmpl = template.env.get_template(super::NAME).unwrap();
+        assert_eq!(tmpl.render(minijinja::context! { t => t }).unwrap(), "ok");
+        assert!(freed.load(Ordering::Relaxed));
+    }
+
     #[test]
     fn a_template_that_renders_messages_as_nothing_is_an_error() {
         let e = ChatTemplate::new("", "", "").unwrap().render(&[Message::user("hi")], true).unwrap_err();
