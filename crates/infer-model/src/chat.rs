@@ -636,7 +636,7 @@ fn tag_end(src: &str, from: usize, close: &str) -> Option<usize> {
             None => {
                 if b[i] == b'"' || b[i] == b'\'' {
                     quote = Some(b[i]);
-                } else if src[i..].starts_with(close) {
+                } else if b[i..].starts_with(close.as_bytes()) {
                     return Some(i);
                 }
             }

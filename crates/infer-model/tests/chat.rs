@@ -358,6 +358,12 @@ fn generation_tags_render_their_content() {
         .unwrap(),
         "{% generation %}||{% generation %}|generation"
     );
+    // A tag that does not end, with text past a character of several bytes
+    // (`tag_end` sliced the text inside the character: a panic, found by
+    // the fuzzer).
+    for src in ["generation{{é", "generation{%é", "[{\u{FFFD}\u{FFFD}generation{{\u{FFFD}"] {
+        assert!(ChatTemplate::new(src, "", "").is_err(), "{src}");
+    }
     // Unbalanced tags are an error, as in transformers.
     let e = ChatTemplate::new("{% generation %}x", "", "").unwrap_err();
     assert!(e.to_string().contains("parse"), "{e}");
