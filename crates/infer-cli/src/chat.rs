@@ -456,7 +456,7 @@ fn check_system_prompt(
     let too_long = || {
         format!(
             "the system prompt takes all of the {n_ctx} context positions, leaving none for the conversation \
-             (shorten --system or raise --ctx-size)"
+             (shorten -sys/--system-prompt or raise -c/--ctx-size)"
         )
     };
     if system.len() > limit {

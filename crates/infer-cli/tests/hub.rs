@@ -81,6 +81,12 @@ fn pull_picks_q4_k_m_follows_the_redirect_and_checks_the_file() {
     let o = infer_hub(cache.path(), offline, &["rm", "owner/tiny-GGUF:Q4_K_M"]);
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(!path.exists() && cached(cache.path(), "owner/tiny-GGUF", "tiny-Q8_0.gguf").exists());
+    let o = infer_hub(cache.path(), offline, &["rm", "owner/tiny-GGUF:Q4_K_M"]);
+    assert_one_line_error(&o, "owner/tiny-GGUF has no cached Q4_K_M file");
+    // Without a quantization the reference means Q4_K_M, cached or not: the
+    // Q8_0 that alone is cached is not taken for it (the hub is asked).
+    let o = infer_hub(cache.path(), offline, &["pull", "owner/tiny-GGUF"]);
+    assert_one_line_error(&o, "127.0.0.1:9");
     let o = infer_hub(cache.path(), offline, &["rm", "owner/tiny-GGUF"]);
     assert!(o.status.success(), "{}", stderr(&o));
     let o = infer_hub(cache.path(), offline, &["models"]);

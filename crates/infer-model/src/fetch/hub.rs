@@ -428,24 +428,17 @@ fn collect_ggufs(root: &Path, folder: &Path, repo: &str, found: &mut Vec<CachedH
 }
 
 /// The cached file of `r` in `dir` whose sidecar vouches for it, when
-/// there is exactly one.
+/// there is exactly one: the named file, else the one of `r`'s
+/// quantization (Q4_K_M when none is given, whatever else is cached, so
+/// that a reference means the same file with or without the cache).
 pub fn find_cached(dir: &Path, r: &HubRef) -> Option<PathBuf> {
     let cached = cached_models(dir).into_iter().filter(|m| m.repo.eq_ignore_ascii_case(&r.repo) && m.verified);
-    if let Some(want) = &r.file {
-        let found: Vec<CachedHubModel> = cached.filter(|m| is_file(&m.file, want)).collect();
-        return match found.as_slice() {
-            [m] => Some(m.path.clone()),
-            _ => None,
-        };
-    }
-    let matching: Vec<CachedHubModel> =
-        cached.filter(|m| names_quant(file_name(&m.file), r.quant()) || r.quant.is_none()).collect();
-    // Without a quantization, a cached Q4_K_M is preferred over another.
-    let preferred: Vec<&CachedHubModel> =
-        matching.iter().filter(|m| names_quant(file_name(&m.file), r.quant())).collect();
-    match (preferred.as_slice(), matching.as_slice()) {
-        ([m], _) => Some(m.path.clone()),
-        ([], [m]) => Some(m.path.clone()),
+    let found: Vec<CachedHubModel> = match &r.file {
+        Some(want) => cached.filter(|m| is_file(&m.file, want)).collect(),
+        None => cached.filter(|m| names_quant(file_name(&m.file), r.quant())).collect(),
+    };
+    match found.as_slice() {
+        [m] => Some(m.path.clone()),
         _ => None,
     }
 }
@@ -487,14 +480,22 @@ pub fn ensure_hub_model(
 /// [`Error::Download`] when nothing matches; [`Error::Io`] when a file
 /// cannot be removed.
 pub fn remove_cached(dir: &Path, r: &HubRef) -> Result<Vec<PathBuf>> {
-    let matching: Vec<PathBuf> = cached_models(dir)
+    let of_repo: Vec<CachedHubModel> =
+        cached_models(dir).into_iter().filter(|m| m.repo.eq_ignore_ascii_case(&r.repo)).collect();
+    if of_repo.is_empty() {
+        return Err(Error::Download(format!("{} is not in the cache (`infer models` lists what is)", r.repo)));
+    }
+    let matching: Vec<PathBuf> = of_repo
         .into_iter()
-        .filter(|m| m.repo.eq_ignore_ascii_case(&r.repo))
         .filter(|m| r.quant.is_none() || names_quant(file_name(&m.file), r.quant()))
         .map(|m| m.path)
         .collect();
     if matching.is_empty() {
-        return Err(Error::Download(format!("{} is not in the cache (`infer models` lists what is)", r.repo)));
+        return Err(Error::Download(format!(
+            "{} has no cached {} file (`infer models` lists what is)",
+            r.repo,
+            r.quant()
+        )));
     }
     for path in &matching {
         verify::remove_cached(path)?;
