@@ -282,9 +282,13 @@ impl ModelArgs {
         if let Some(r) = &self.hf_repo {
             return crate::pull::fetch(&hub(r)?);
         }
+        // `$INFER_MODEL` is `-m`'s default and takes what `-m` takes (its
+        // files and names through `default_model_path`).
+        let env_model = std::env::var_os(infer_model::fetch::MODEL_ENV).filter(|v| !v.is_empty()).map(PathBuf::from);
         let hub_model = self
             .model
             .as_ref()
+            .or(env_model.as_ref())
             .and_then(|p| p.to_str())
             .filter(|s| !Path::new(s).exists() && find_model(s).is_none() && HubRef::looks_like(s));
         if let (Some(f), None) = (&self.hf_file, hub_model) {

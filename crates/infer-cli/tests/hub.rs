@@ -72,6 +72,16 @@ fn pull_picks_q4_k_m_follows_the_redirect_and_checks_the_file() {
     // So does -m with the same reference, and `infer models` lists it.
     let o = infer_hub(cache.path(), offline, &["info", "-m", "owner/tiny-GGUF"]);
     assert!(o.status.success() && stdout(&o).contains("llama"), "{}", stderr(&o));
+    // $INFER_MODEL, the default of -m, takes the same reference.
+    let o = Command::new(env!("CARGO_BIN_EXE_infer"))
+        .arg("info")
+        .env("INFER_CACHE_DIR", cache.path())
+        .env("HF_ENDPOINT", offline)
+        .env("INFER_MODEL", "hf.co/owner/tiny-GGUF")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run infer");
+    assert!(o.status.success() && stdout(&o).contains("llama"), "{}", stderr(&o));
     let o = infer_hub(cache.path(), offline, &["models"]);
     assert!(stdout(&o).contains("owner/tiny-GGUF  tiny-Q4_K_M.gguf"), "{}", stdout(&o));
 
