@@ -135,6 +135,40 @@ fn a_partial_file_and_a_dropped_connection_are_resumed_with_ranges() {
     assert_eq!(ranges, [Some("bytes=100000-".to_string())]);
 }
 
+/// Processes pulling the same file at once wait for the one that
+/// downloads it (they had resumed each other's `.partial` file and failed
+/// on a file renamed under them).
+#[test]
+fn concurrent_pulls_of_one_file_download_it_once() {
+    let gguf = tiny_gguf();
+    let hub = HubServer::start();
+    hub.add("owner/slow", "slow-Q4_K_M.gguf", gguf.clone(), Fault::Slow);
+    let cache = tmpdir();
+    let pulls: Vec<std::process::Child> = (0..3)
+        .map(|_| {
+            Command::new(env!("CARGO_BIN_EXE_infer"))
+                .args(["pull", "owner/slow"])
+                .env("INFER_CACHE_DIR", cache.path())
+                .env("HF_ENDPOINT", &hub.url)
+                .env_remove("HF_TOKEN")
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("start infer")
+        })
+        .collect();
+    let path = cached(cache.path(), "owner/slow", "slow-Q4_K_M.gguf");
+    for p in pulls {
+        let o = p.wait_with_output().expect("wait for infer");
+        assert!(o.status.success(), "{}", stderr(&o));
+        assert_eq!(stdout(&o).trim(), path.display().to_string());
+    }
+    assert_eq!(sha256_hex(&std::fs::read(&path).unwrap()), sha256_hex(&gguf));
+    let downloads = hub.log().into_iter().filter(|l| l.path.starts_with("/cdn/")).count();
+    assert_eq!(downloads, 1, "{:?}", hub.log());
+}
+
 #[test]
 fn a_wrong_checksum_a_missing_repository_and_a_missing_quantization_are_one_line_errors() {
     let hub = HubServer::start();

@@ -19,6 +19,8 @@ pub enum Fault {
     WrongSha,
     /// The first download sends half the bytes, then closes the connection.
     DropOnce,
+    /// Every download sends its bytes in 16 parts 50 ms apart.
+    Slow,
 }
 
 /// One file of a repository.
@@ -193,6 +195,20 @@ fn serve(mut stream: TcpStream, state: &Mutex<State>) -> std::io::Result<()> {
             stream.write_all(&body[..body.len() / 2])?;
             stream.flush()?;
             return stream.shutdown(std::net::Shutdown::Both);
+        }
+        if f.fault == Fault::Slow {
+            let mut head = format!("HTTP/1.1 {status}\r\nConnection: close\r\nContent-Length: {}\r\n", body.len());
+            for (k, v) in &headers {
+                head.push_str(&format!("{k}: {v}\r\n"));
+            }
+            head.push_str("\r\n");
+            stream.write_all(head.as_bytes())?;
+            for part in body.chunks(body.len().div_ceil(16).max(1)) {
+                stream.write_all(part)?;
+                stream.flush()?;
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+            return Ok(());
         }
         return respond(&mut stream, status, &headers, body);
     }

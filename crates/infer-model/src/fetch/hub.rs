@@ -464,12 +464,38 @@ pub fn ensure_hub_model(
     let file = pick(&files, r)?;
     let dest = cache_path(dir, &r.repo, &file.path)?;
     let _guard = super::FETCH_LOCK.lock().unwrap_or_else(|p| p.into_inner());
+    let _file_lock = lock_across_processes(&dest)?;
     if verify::check_cached_as(&dest, file.size, &file.sha256)? == verify::CacheState::Verified {
         return Ok(dest);
     }
     let url = format!("{endpoint}/{}/resolve/{REVISION}/{}", url_path(&r.repo), url_path(&file.path));
     download(&url, &dest, file.size, &file.sha256, on_progress)?;
     Ok(dest)
+}
+
+/// `<dest>.lock`, where processes fetching `dest` wait for each other: the
+/// one that downloads holds it, the next finds the file verified (two that
+/// both wrote the `.partial` file broke each other's download).
+fn lock_path(dest: &Path) -> PathBuf {
+    let mut name = dest.as_os_str().to_owned();
+    name.push(".lock");
+    PathBuf::from(name)
+}
+
+/// Waits for, then holds, an exclusive lock of [`lock_path`] (released
+/// when the file is dropped, or by the system when the process ends).
+///
+/// # Errors
+/// [`Error::Io`] when the lock file cannot be made or locked.
+fn lock_across_processes(dest: &Path) -> Result<std::fs::File> {
+    let path = lock_path(dest);
+    let io = |source| Error::Io { path: path.clone(), source };
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(io)?;
+    }
+    let f = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(&path).map_err(io)?;
+    f.lock().map_err(io)?;
+    Ok(f)
 }
 
 /// Removes the cached files of `r` from `dir` (with their sidecars and
@@ -500,6 +526,7 @@ pub fn remove_cached(dir: &Path, r: &HubRef) -> Result<Vec<PathBuf>> {
     for path in &matching {
         verify::remove_cached(path)?;
         let _ = std::fs::remove_file(super::hub_download::partial_path(path));
+        let _ = std::fs::remove_file(lock_path(path));
     }
     // Empty folders go too (best effort).
     let repo = repo_dir(dir, &r.repo);
