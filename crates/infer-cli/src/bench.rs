@@ -106,9 +106,10 @@ pub struct BenchArgs {
     /// Batched mode, as llama-batched-bench: for each count of this comma
     /// list, that many sequences prefill `--npp` tokens each, then
     /// generate `--ntg` tokens each in steps of one batch (aggregate
-    /// tokens/s; `--json` prints its JSONL rows).
+    /// tokens/s; `--json` prints its JSONL rows). The single-sequence
+    /// tests' -p, -n and -d do not apply (--npp and --ntg size it).
     #[arg(long = "npl", value_name = "B,B,...", value_delimiter = ',', allow_negative_numbers = true,
-          value_parser = at_least::<usize>(1))]
+          value_parser = at_least::<usize>(1), conflicts_with_all = ["n_prompt", "n_gen", "n_depth"])]
     npl: Vec<usize>,
     /// Batched mode: prompt tokens per sequence.
     #[arg(long = "npp", value_name = "N", default_value_t = 128, requires = "npl", allow_negative_numbers = true,
@@ -496,6 +497,9 @@ pub fn bench(a: BenchArgs) -> CliResult {
         return Err("--profile times the steps of the decode test, and -n 0 has none (give -n N)".into());
     }
     let format = if a.json { OutputFormat::Json } else { a.output.unwrap_or(OutputFormat::Md) };
+    if !a.npl.is_empty() && format == OutputFormat::Csv {
+        return Err("batched mode (--npl) writes md, json or jsonl, as llama-batched-bench does: not -o csv".into());
+    }
     // Each thread count given, as given (`None`: all cores).
     let thread_list: Vec<Option<usize>> = match &a.threads {
         Some(t) => parse_list(t, "-t")?.into_iter().map(Some).collect(),

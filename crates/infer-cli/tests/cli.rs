@@ -209,4 +209,10 @@ fn bench_shows_ngl_and_refuses_a_profile_without_decode() {
 
     let o = infer(&["bench", "-m", m, "-p", "4", "-n", "0", "-r", "1", "--profile"]);
     assert_one_line_error(&o, "--profile times the steps of the decode test, and -n 0 has none");
+    // Batched mode has its own sizes and llama-batched-bench's formats:
+    // what it would ignore is an error.
+    let o = infer(&["bench", "-m", m, "--npl", "1,2", "--npp", "4", "--ntg", "2", "-o", "csv"]);
+    assert_one_line_error(&o, "batched mode (--npl) writes md, json or jsonl");
+    let o = infer(&["bench", "-m", m, "--npl", "1,2", "--npp", "4", "--ntg", "2", "-p", "32"]);
+    assert_one_line_error(&o, "cannot be used with");
 }
