@@ -17,7 +17,7 @@
 use std::io::{BufRead, IsTerminal, Write};
 
 use rustyline::error::ReadlineError;
-use rustyline::DefaultEditor;
+use rustyline::{Behavior, Config, DefaultEditor};
 
 use crate::output::Out;
 
@@ -63,14 +63,17 @@ pub struct ChatInput {
 }
 
 impl ChatInput {
-    /// The line editor when standard input and output are a terminal
-    /// (plain reads when it cannot be set up, with a warning), else plain
-    /// reads of standard input; messages of more than `limit` bytes are
-    /// refused.
+    /// The line editor when standard input is a terminal (plain reads
+    /// when it cannot be set up, with a warning), else plain reads of
+    /// standard input; messages of more than `limit` bytes are refused.
+    /// With standard output redirected (`infer chat | tee log`) the editor
+    /// reads and writes the terminal itself (`/dev/tty`), as llama.cpp's
+    /// console does, and the replies go to standard output.
     pub fn new(limit: usize) -> ChatInput {
         let plain = || Source::Plain(std::io::stdin().lock());
-        let source = if std::io::stdin().is_terminal() && std::io::stdout().is_terminal() {
-            match DefaultEditor::new() {
+        let source = if std::io::stdin().is_terminal() {
+            let behavior = if std::io::stdout().is_terminal() { Behavior::Stdio } else { Behavior::PreferTerm };
+            match DefaultEditor::with_config(Config::builder().behavior(behavior).build()) {
                 Ok(editor) => Source::Editor(Box::new(editor)),
                 Err(e) => {
                     eprintln!("warning: no line editor ({e}); reading plain lines");

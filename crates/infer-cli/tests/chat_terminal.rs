@@ -108,6 +108,36 @@ fn a_trailing_backslash_continues_the_message_and_commands_stay_local() {
     assert_eq!(exit_code(&p), 0);
 }
 
+/// With standard output redirected (`infer chat > FILE`, or `| tee`), the
+/// line editor still edits on the terminal, as llama.cpp's console does:
+/// the model gets the mended line, the prompts stay on the terminal and
+/// the reply goes to the file.
+#[test]
+fn the_line_editor_works_with_standard_output_redirected() {
+    infer_model::fetch::ensure_model("smollm2-135m").unwrap_or_else(|e| panic!("smollm2-135m: {e}"));
+    let dir = common::tmpdir();
+    let out = dir.path().join("out.txt");
+    let mut cmd = Command::new("sh");
+    cmd.arg("-c").arg(r#"exec "$0" chat -m smollm2-135m --temp 0 -n 12 -t 2 > "$1""#);
+    cmd.arg(env!("CARGO_BIN_EXE_infer")).arg(&out);
+    cmd.env("TERM", "xterm").env_remove("INFER_MODEL");
+    let mut p = rexpect::session::spawn_command(cmd, Some(60_000)).expect("spawn infer chat on a pty");
+    p.exp_string("/help lists the commands").expect("the session's hint");
+    p.exp_string("> ").expect("the first prompt, on the terminal");
+    keys(&mut p, "What is the capital of Frace?");
+    keys(&mut p, &LEFT.repeat(3));
+    keys(&mut p, "n\r");
+    reply_stop(&mut p);
+    let messages = saved(&mut p, dir.path());
+    assert_eq!(messages[0], ("user".to_string(), "What is the capital of France?".to_string()));
+    p.send_control('d').unwrap();
+    p.exp_eof().unwrap();
+    assert_eq!(exit_code(&p), 0);
+    let file = std::fs::read_to_string(&out).expect("the redirected output");
+    assert!(!file.contains("> ") && !file.contains('\x1b') && !file.trim().is_empty(), "{file:?}");
+    assert_eq!(file.trim(), messages[1].1.trim(), "the file holds the reply");
+}
+
 #[test]
 fn ctrl_c_stops_a_reply_then_asks_before_leaving() {
     let mut p = chat_on_terminal("-1");
