@@ -7,16 +7,22 @@ mod common;
 use std::io::Write;
 use std::process::{Command, Stdio};
 
-/// Runs `infer chat` greedily with `input` on stdin; returns (stdout, stderr).
-fn chat(input: &str) -> (String, String) {
+/// `infer chat` on SmolLM2 135M Instruct (fetched on first use), greedy,
+/// at most `n` tokens per reply, its standard streams piped.
+fn spawn_chat(n: &str) -> std::process::Child {
     infer_model::fetch::ensure_model("smollm2-135m").unwrap_or_else(|e| panic!("smollm2-135m: {e}"));
-    let mut child = Command::new(env!("CARGO_BIN_EXE_infer"))
-        .args(["chat", "--model", "smollm2-135m", "--temp", "0", "-n", "64"])
+    Command::new(env!("CARGO_BIN_EXE_infer"))
+        .args(["chat", "--model", "smollm2-135m", "--temp", "0", "-n", n])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .expect("run infer chat");
+        .expect("run infer chat")
+}
+
+/// Runs `infer chat` greedily with `input` on stdin; returns (stdout, stderr).
+fn chat(input: &str) -> (String, String) {
+    let mut child = spawn_chat("64");
     child.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
     let o = child.wait_with_output().unwrap();
     let (out, err) = (String::from_utf8_lossy(&o.stdout).into_owned(), String::from_utf8_lossy(&o.stderr).into_owned());
@@ -68,14 +74,7 @@ fn two_turns_stop_at_im_end_and_reuse_the_cache() {
 #[test]
 fn ctrl_c_stops_the_reply_not_the_session() {
     use std::io::Read;
-    infer_model::fetch::ensure_model("smollm2-135m").unwrap_or_else(|e| panic!("smollm2-135m: {e}"));
-    let mut child = Command::new(env!("CARGO_BIN_EXE_infer"))
-        .args(["chat", "--model", "smollm2-135m", "--temp", "0", "-n", "2000"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run infer chat");
+    let mut child = spawn_chat("2000");
     let mut stdin = child.stdin.take().unwrap();
     stdin.write_all(b"Write a very long story about a dragon.\n").unwrap();
     let mut stdout = child.stdout.take().unwrap();
@@ -204,15 +203,8 @@ fn ends_within_a_minute(child: &mut std::process::Child) -> std::process::ExitSt
 #[test]
 fn sigterm_ends_the_session_at_the_prompt_and_during_a_reply() {
     use std::io::Read;
-    infer_model::fetch::ensure_model("smollm2-135m").unwrap_or_else(|e| panic!("smollm2-135m: {e}"));
     for during_reply in [false, true] {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_infer"))
-            .args(["chat", "--model", "smollm2-135m", "--temp", "0", "-n", "2000"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("run infer chat");
+        let mut child = spawn_chat("2000");
         // Kept open: the session waits for a line, not for the end of input.
         let mut stdin = child.stdin.take().unwrap();
         let mut stdout = child.stdout.take().unwrap();

@@ -19,9 +19,15 @@ const UP: &str = "\x1b[A";
 /// `infer chat` on a new pseudo-terminal, greedy, at most `n` tokens per
 /// reply, waiting (30 s at most per step) until its first prompt.
 fn chat_on_terminal(n: &str) -> PtySession {
-    infer_model::fetch::ensure_model("smollm2-135m").unwrap_or_else(|e| panic!("smollm2-135m: {e}"));
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_infer"));
     cmd.args(["chat", "-m", "smollm2-135m", "--temp", "0", "-n", n, "-t", "2"]);
+    session_on_terminal(cmd)
+}
+
+/// `cmd` (an `infer chat` of SmolLM2 135M Instruct, fetched here on first
+/// use) on a new pseudo-terminal, once it shows its first prompt.
+fn session_on_terminal(mut cmd: Command) -> PtySession {
+    infer_model::fetch::ensure_model("smollm2-135m").unwrap_or_else(|e| panic!("smollm2-135m: {e}"));
     cmd.env("TERM", "xterm").env_remove("INFER_MODEL");
     let mut p = rexpect::session::spawn_command(cmd, Some(60_000)).expect("spawn infer chat on a pty");
     p.exp_string("/help lists the commands").expect("the session's hint");
@@ -114,16 +120,13 @@ fn a_trailing_backslash_continues_the_message_and_commands_stay_local() {
 /// the reply goes to the file.
 #[test]
 fn the_line_editor_works_with_standard_output_redirected() {
-    infer_model::fetch::ensure_model("smollm2-135m").unwrap_or_else(|e| panic!("smollm2-135m: {e}"));
     let dir = common::tmpdir();
     let out = dir.path().join("out.txt");
     let mut cmd = Command::new("sh");
     cmd.arg("-c").arg(r#"exec "$0" chat -m smollm2-135m --temp 0 -n 12 -t 2 > "$1""#);
     cmd.arg(env!("CARGO_BIN_EXE_infer")).arg(&out);
-    cmd.env("TERM", "xterm").env_remove("INFER_MODEL");
-    let mut p = rexpect::session::spawn_command(cmd, Some(60_000)).expect("spawn infer chat on a pty");
-    p.exp_string("/help lists the commands").expect("the session's hint");
-    p.exp_string("> ").expect("the first prompt, on the terminal");
+    // The hint and the first prompt show on the terminal, not in the file.
+    let mut p = session_on_terminal(cmd);
     keys(&mut p, "What is the capital of Frace?");
     keys(&mut p, &LEFT.repeat(3));
     keys(&mut p, "n\r");

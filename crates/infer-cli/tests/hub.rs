@@ -15,17 +15,21 @@ use std::sync::Arc;
 use common::{assert_one_line_error, stderr, stdout, synth_tiny, tmpdir};
 use hub_server::{sha256_hex, Fault, HubServer};
 
-/// Runs `infer` with its cache in `cache` and the hub at `endpoint`.
-fn infer_hub(cache: &Path, endpoint: &str, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_infer"))
-        .args(args)
+/// `infer ARGS` with its cache in `cache` and the hub at `endpoint`.
+fn hub_command(cache: &Path, endpoint: &str, args: &[&str]) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_infer"));
+    cmd.args(args)
         .env("INFER_CACHE_DIR", cache)
         .env("HF_ENDPOINT", endpoint)
         .env_remove("HF_TOKEN")
         .env_remove("INFER_MODEL")
-        .stdin(Stdio::null())
-        .output()
-        .expect("run infer")
+        .stdin(Stdio::null());
+    cmd
+}
+
+/// Runs `infer` with its cache in `cache` and the hub at `endpoint`.
+fn infer_hub(cache: &Path, endpoint: &str, args: &[&str]) -> Output {
+    hub_command(cache, endpoint, args).output().expect("run infer")
 }
 
 /// A tiny real model (Llama architecture, random weights), as bytes.
@@ -73,12 +77,8 @@ fn pull_picks_q4_k_m_follows_the_redirect_and_checks_the_file() {
     let o = infer_hub(cache.path(), offline, &["info", "-m", "owner/tiny-GGUF"]);
     assert!(o.status.success() && stdout(&o).contains("llama"), "{}", stderr(&o));
     // $INFER_MODEL, the default of -m, takes the same reference.
-    let o = Command::new(env!("CARGO_BIN_EXE_infer"))
-        .arg("info")
-        .env("INFER_CACHE_DIR", cache.path())
-        .env("HF_ENDPOINT", offline)
+    let o = hub_command(cache.path(), offline, &["info"])
         .env("INFER_MODEL", "hf.co/owner/tiny-GGUF")
-        .stdin(Stdio::null())
         .output()
         .expect("run infer");
     assert!(o.status.success() && stdout(&o).contains("llama"), "{}", stderr(&o));
@@ -146,12 +146,7 @@ fn concurrent_pulls_of_one_file_download_it_once() {
     let cache = tmpdir();
     let pulls: Vec<std::process::Child> = (0..3)
         .map(|_| {
-            Command::new(env!("CARGO_BIN_EXE_infer"))
-                .args(["pull", "owner/slow"])
-                .env("INFER_CACHE_DIR", cache.path())
-                .env("HF_ENDPOINT", &hub.url)
-                .env_remove("HF_TOKEN")
-                .stdin(Stdio::null())
+            hub_command(cache.path(), &hub.url, &["pull", "owner/slow"])
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped())
                 .spawn()

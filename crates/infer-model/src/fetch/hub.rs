@@ -477,9 +477,7 @@ pub fn ensure_hub_model(
 /// one that downloads holds it, the next finds the file verified (two that
 /// both wrote the `.partial` file broke each other's download).
 fn lock_path(dest: &Path) -> PathBuf {
-    let mut name = dest.as_os_str().to_owned();
-    name.push(".lock");
-    PathBuf::from(name)
+    super::with_suffix(dest, ".lock")
 }
 
 /// Waits for, then holds, an exclusive lock of [`lock_path`] (released

@@ -32,9 +32,7 @@ pub struct Progress {
 
 /// `dest` with `.partial` appended: where its bytes are written.
 pub fn partial_path(dest: &Path) -> PathBuf {
-    let mut name = dest.as_os_str().to_owned();
-    name.push(".partial");
-    PathBuf::from(name)
+    super::with_suffix(dest, ".partial")
 }
 
 /// Why one attempt ended without the whole file.

@@ -50,6 +50,14 @@ pub const DEFAULT_MODEL_SHA256: &str = GEMMA3_270M.sha256;
 pub const MODEL_ENV: &str = "INFER_MODEL";
 pub use infer_compute::cache_dir::{cache_dir, CACHE_DIR_ENV};
 
+/// `path` with `suffix` appended to its file name (`m.gguf` →
+/// `m.gguf.sha256`): the cache's sidecar, partial and lock files.
+fn with_suffix(path: &Path, suffix: &str) -> PathBuf {
+    let mut name = path.as_os_str().to_owned();
+    name.push(suffix);
+    PathBuf::from(name)
+}
+
 /// Serializes checks and downloads within this process, so that concurrent
 /// callers (parallel tests) hash and fetch a model once.
 static FETCH_LOCK: Mutex<()> = Mutex::new(());

@@ -28,9 +28,7 @@ pub enum CacheState {
 
 /// Path of the sidecar of `path`: the same name with `.sha256` appended.
 pub fn sidecar_path(path: &Path) -> PathBuf {
-    let mut name = path.as_os_str().to_owned();
-    name.push(".sha256");
-    PathBuf::from(name)
+    super::with_suffix(path, ".sha256")
 }
 
 /// SHA-256 of a file's contents, lower-case hex.
