@@ -415,7 +415,8 @@ fn nucleus_reached(probs: &[f32], top_p: f32) -> Option<usize> {
 }
 
 /// A candidate token; ordered so that "greater" means "more likely":
-/// higher logit, then lower id.
+/// higher logit (`-0.0` equal to `+0.0`, as the greedy choice compares),
+/// then lower id.
 #[derive(Clone, Copy, Debug)]
 struct Cand {
     logit: f32,
@@ -435,7 +436,8 @@ impl PartialOrd for Cand {
 }
 impl Ord for Cand {
     fn cmp(&self, other: &Self) -> Ordering {
-        self.logit.total_cmp(&other.logit).then_with(|| other.id.cmp(&self.id))
+        // `x + 0.0` is `+0.0` for both zeros and `x` otherwise.
+        (self.logit + 0.0).total_cmp(&(other.logit + 0.0)).then_with(|| other.id.cmp(&self.id))
     }
 }
 
@@ -588,6 +590,73 @@ impl Sampler {
         Ok(id)
     }
 
+    /// How many of a row's most likely tokens [`Sampler::sample_top`] needs
+    /// to draw exactly what [`Sampler::sample`] would from the whole row of
+    /// `n_vocab` logits, or `None` when these settings need the whole row:
+    /// 1 for the greedy choice (temperature 0 or top-k 1), `top_k` for a
+    /// top-k below the vocabulary; `None` with active penalties (they
+    /// change logits outside any top-k) or without a top-k (top-p and the
+    /// draw then see the whole row).
+    pub fn top_needed(&self, n_vocab: usize) -> Option<usize> {
+        if self.cfg.penalties_active() || n_vocab == 0 {
+            return None;
+        }
+        if self.cfg.temperature == 0.0 || self.cfg.top_k == 1 {
+            return Some(1);
+        }
+        (self.cfg.top_k > 0 && self.cfg.top_k < n_vocab).then_some(self.cfg.top_k)
+    }
+
+    /// Draws the next token from a row's most likely tokens instead of the
+    /// whole row, and records it in the history: the same token, and the
+    /// same use of the random stream, as [`Sampler::sample`] on the row.
+    ///
+    /// `ids` and `logits` are the candidates, most likely first (by logit
+    /// descending, `-0.0` equal to `+0.0`, the lower id first on a tie:
+    /// `infer_compute::backend::TopK`'s order), at least
+    /// [`Sampler::top_needed`] of them, or every token of the row that is
+    /// not `-inf`; a caller that masks tokens leaves them out (as `-inf` in
+    /// the row, they are never drawn). `first_nan` is the row's lowest NaN
+    /// index ([`SamplingError::NaN`] before anything else).
+    ///
+    /// # Errors
+    /// [`SamplingError::NaN`]; [`SamplingError::AllMasked`] when there is
+    /// no candidate or the first is `-inf`; [`SamplingError::InvalidConfig`]
+    /// when these settings need the whole row ([`Sampler::top_needed`] is
+    /// `None`) or `ids` and `logits` differ in length.
+    pub fn sample_top(&mut self, ids: &[u32], logits: &[f32], first_nan: Option<u32>) -> Result<u32, SamplingError> {
+        if let Some(index) = first_nan {
+            return Err(SamplingError::NaN { index: index as usize });
+        }
+        if ids.len() != logits.len() {
+            return Err(SamplingError::InvalidConfig(format!("{} candidate ids, {} logits", ids.len(), logits.len())));
+        }
+        let Some(k) = self.top_needed(usize::MAX) else {
+            return Err(SamplingError::InvalidConfig("these settings sample from the whole row".into()));
+        };
+        let (best, max) = match (ids.first(), logits.first()) {
+            (Some(&id), Some(&x)) if x != f32::NEG_INFINITY => (id, x),
+            _ => return Err(SamplingError::AllMasked),
+        };
+        let t = self.cfg.temperature;
+        let id = if t == 0.0 || self.cfg.top_k == 1 || max == f32::INFINITY {
+            best
+        } else {
+            self.reserve_scratch(k)?;
+            self.cands.clear();
+            self.cands.extend(
+                ids.iter()
+                    .zip(logits)
+                    .take(k)
+                    .take_while(|(_, &x)| x != f32::NEG_INFINITY)
+                    .map(|(&id, &logit)| Cand { logit, id }),
+            );
+            self.draw_top(t, self.cfg.top_p < 1.0)
+        };
+        self.accept(id);
+        Ok(id)
+    }
+
     /// Reserves every scratch buffer for rows of `n` logits, fallibly, so
     /// that the draws after it never grow one (the capacity stays: this is
     /// a no-op after the first row).
@@ -623,38 +692,18 @@ impl Sampler {
         if t == 0.0 || self.cfg.top_k == 1 || max == f32::INFINITY {
             return Ok(best);
         }
-        // `sorted`: the candidates are in `cands`, most likely first;
-        // otherwise they are the whole row.
-        let mut sorted = false;
         if self.cfg.top_k > 0 && (self.cfg.top_k < l.len() || self.cfg.top_p < 1.0) {
             // A `top_k` of the vocabulary or more keeps every token, but
             // llama.cpp's top-k sorts them: the top-p after it then sums the
             // probabilities in that order, not in id order.
             self.select_top(l, self.cfg.top_k.min(l.len()));
-            sorted = true;
+            return Ok(self.draw_top(t, self.cfg.top_p < 1.0));
         }
         if self.cfg.top_p < 1.0 {
-            if sorted {
-                self.top_p_sorted();
-            } else {
-                self.top_p_row(l, max);
-                sorted = true;
-            }
+            self.top_p_row(l, max);
+            return Ok(self.draw_top(t, false));
         }
-        let mut floor = f32::NEG_INFINITY;
-        if self.cfg.min_p > 0.0 {
-            let ln_p = self.cfg.min_p.ln();
-            if sorted {
-                let floor = self.cands[0].logit + ln_p;
-                let keep = 1 + self.cands[1..].iter().take_while(|c| c.logit >= floor).count();
-                self.cands.truncate(keep);
-            } else {
-                floor = max + ln_p;
-            }
-        }
-        if sorted {
-            return Ok(self.draw_sorted(t));
-        }
+        let floor = if self.cfg.min_p > 0.0 { max + self.cfg.min_p.ln() } else { f32::NEG_INFINITY };
         // The whole row (min-p filtered): one pass for the weights, one to
         // find the draw.
         let mut w = std::mem::take(&mut self.weights);
@@ -676,6 +725,21 @@ impl Sampler {
         let id = chosen.or_else(|| w.iter().rposition(|&v| v > 0.0).map(|i| i as u32)).unwrap_or(best);
         self.weights = w;
         Ok(id)
+    }
+
+    /// The stages after top-k on `cands` (sorted, not empty): top-p when
+    /// `top_p` (else it was applied already or is off), min-p, temperature
+    /// `t` and the draw.
+    fn draw_top(&mut self, t: f32, top_p: bool) -> u32 {
+        if top_p {
+            self.top_p_sorted();
+        }
+        if self.cfg.min_p > 0.0 {
+            let floor = self.cands[0].logit + self.cfg.min_p.ln();
+            let keep = 1 + self.cands[1..].iter().take_while(|c| c.logit >= floor).count();
+            self.cands.truncate(keep);
+        }
+        self.draw_sorted(t)
     }
 
     /// Top-p on `cands` (sorted): their softmax in `f32`, then the nucleus.
@@ -819,5 +883,112 @@ impl Sampler {
         // Rounding left `u` past the end: the least likely candidate with a
         // nonzero weight (the first one always has weight 1).
         self.cands.iter().rev().find(|c| weight(c) > 0.0).map_or(self.cands[0].id, |c| c.id)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use infer_compute::backend::TopK;
+    use rand::rngs::StdRng;
+
+    /// A row of `n` logits from a few values (many ties), with zeros of
+    /// both signs and `-inf`s.
+    fn tied_row(r: &mut StdRng, n: usize) -> Vec<f32> {
+        let palette = [-0.0, 0.0, 1.5, 1.5, 2.25, -3.0, 0.75, f32::NEG_INFINITY, 4.0];
+        (0..n)
+            .map(|_| if r.gen_bool(0.5) { palette[r.gen_range(0..palette.len())] } else { r.gen_range(-6.0f32..6.0) })
+            .collect()
+    }
+
+    /// Candidates of `row` for `s` as the engine asks for them: `top_needed
+    /// + masked.len()` of the row, the masked ids left out.
+    fn candidates(s: &Sampler, row: &[f32], masked: &[u32]) -> Option<(Vec<u32>, Vec<f32>, Option<u32>)> {
+        let k = s.top_needed(row.len())? + masked.len();
+        let mut t = TopK::new();
+        t.fill_from_logits(row, row.len(), k.min(infer_compute::backend::TOP_K_MAX)).unwrap();
+        let r = t.row(0);
+        let keep: Vec<usize> = (0..r.ids.len()).filter(|&j| !masked.contains(&r.ids[j])).collect();
+        Some((keep.iter().map(|&j| r.ids[j]).collect(), keep.iter().map(|&j| r.logits[j]).collect(), r.stats.first_nan))
+    }
+
+    /// `sample_top` on the candidates gives `sample`'s token on the whole
+    /// (masked) row, and leaves the random stream where `sample` leaves it:
+    /// many seeds, settings and rows, 6 draws per pair.
+    #[test]
+    fn sampling_from_candidates_equals_sampling_the_row() {
+        let mut r = StdRng::seed_from_u64(7);
+        let mut compared = 0;
+        for case in 0..600 {
+            let n = [5, 17, 64, 300, 2000][case % 5];
+            let cfg = SamplerConfig {
+                temperature: [0.0, 0.8, 1.0, 0.3, 2.0][r.gen_range(0..5)],
+                top_k: [1, 2, 3, 10, 40][r.gen_range(0..5)].min(n - 1),
+                top_p: [1.0, 0.95, 0.5, 0.9][r.gen_range(0..4)],
+                min_p: [0.0, 0.05, 0.3][r.gen_range(0..3)],
+                seed: r.gen(),
+                ..SamplerConfig::default()
+            };
+            let masked: Vec<u32> = if case % 3 == 0 { vec![0, (n / 2) as u32] } else { Vec::new() };
+            let mut full = Sampler::new(cfg.clone()).unwrap();
+            let mut top = full.clone();
+            for _ in 0..6 {
+                let mut row = if case % 2 == 0 { tied_row(&mut r, n) } else { (0..n).map(|_| r.gen_range(-8.0f32..8.0)).collect() };
+                if case % 7 == 0 {
+                    row[n - 1] = f32::INFINITY;
+                }
+                let (ids, logits, nan) = candidates(&top, &row, &masked).expect("a top-k config");
+                let mut masked_row = row.clone();
+                for &m in &masked {
+                    masked_row[m as usize] = f32::NEG_INFINITY;
+                }
+                let want = full.sample(&masked_row);
+                let got = top.sample_top(&ids, &logits, nan);
+                assert_eq!(got, want, "case {case} {cfg:?} row {row:?}");
+                compared += 1;
+            }
+            // Same random stream afterwards.
+            assert_eq!(full.rng.gen::<u64>(), top.rng.gen::<u64>(), "case {case}");
+            assert_eq!(full.history().collect::<Vec<_>>(), top.history().collect::<Vec<_>>());
+        }
+        assert_eq!(compared, 3600);
+    }
+
+    #[test]
+    fn top_needed_names_the_settings_candidates_serve() {
+        let s = |cfg: SamplerConfig| Sampler::new(cfg).unwrap();
+        assert_eq!(s(SamplerConfig::default()).top_needed(1000), Some(40));
+        assert_eq!(s(SamplerConfig::greedy()).top_needed(1000), Some(1));
+        assert_eq!(s(SamplerConfig { top_k: 1, ..SamplerConfig::default() }).top_needed(1000), Some(1));
+        // No top-k, or one of the whole vocabulary: the whole row.
+        assert_eq!(s(SamplerConfig::with_temperature(0.7, 1)).top_needed(1000), None);
+        assert_eq!(s(SamplerConfig::default()).top_needed(40), None);
+        // Penalties change logits outside the top-k.
+        assert_eq!(s(SamplerConfig { repetition_penalty: 1.1, ..SamplerConfig::default() }).top_needed(1000), None);
+        assert_eq!(s(SamplerConfig { repetition_penalty: 1.1, ..SamplerConfig::greedy() }).top_needed(1000), None);
+    }
+
+    #[test]
+    fn sample_top_errors_as_sample() {
+        let mut s = Sampler::new(SamplerConfig::default()).unwrap();
+        assert_eq!(s.sample_top(&[3, 1], &[2.0, 1.0], Some(5)), Err(SamplingError::NaN { index: 5 }));
+        assert_eq!(s.sample_top(&[], &[], None), Err(SamplingError::AllMasked));
+        assert_eq!(s.sample_top(&[2, 1], &[f32::NEG_INFINITY; 2], None), Err(SamplingError::AllMasked));
+        assert!(matches!(s.sample_top(&[2, 1], &[1.0], None), Err(SamplingError::InvalidConfig(_))));
+        let mut whole = Sampler::new(SamplerConfig::with_temperature(1.0, 3)).unwrap();
+        assert!(matches!(whole.sample_top(&[2], &[1.0], None), Err(SamplingError::InvalidConfig(_))));
+        // A NaN row reports the same index through both paths.
+        let row = [1.0, f32::NAN, 3.0, f32::NAN];
+        let mut t = TopK::new();
+        t.fill_from_logits(&row, 4, 2).unwrap();
+        let want = s.clone().sample(&row);
+        assert_eq!(s.sample_top(t.row(0).ids, t.row(0).logits, t.row(0).stats.first_nan), want);
+        // +inf is certain; the greedy choice takes the lowest id of the max,
+        // -0.0 tying with +0.0.
+        let mut g = Sampler::greedy();
+        let row = [-0.0, 0.0, f32::NEG_INFINITY];
+        t.fill_from_logits(&row, 3, 1).unwrap();
+        assert_eq!(g.sample_top(t.row(0).ids, t.row(0).logits, None), Ok(0));
+        assert_eq!(g.sample(&row), Ok(0));
     }
 }

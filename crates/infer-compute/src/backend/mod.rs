@@ -19,12 +19,14 @@
 mod batch;
 mod kv;
 mod profile;
+mod topk;
 
 use ndarray::{Array2, ArrayView2};
 
 pub use batch::{Batch, Out, Span};
 pub use kv::{advance_spans, check_batch, checked_pool, new_states, rollback_spans, KvPool, KvState, ModelId};
 pub use profile::{OpTiming, StepProfile};
+pub use topk::{check_k, order_key, row_stats, RowStats, TopK, TopKRow, TOP_K_MAX};
 
 use crate::error::{Error, Result};
 use crate::kv_type::KvTypes;
@@ -162,6 +164,29 @@ pub trait DeviceModel: Send {
     /// or an error of [`KvState::check_step`]); out of memory and device
     /// errors.
     fn forward(&mut self, pool: &mut dyn KvPool, batch: &Batch) -> Result<&[f32]>;
+
+    /// Runs one step like [`DeviceModel::forward`] (same checks, same
+    /// effect on the pool, same errors) and writes to `out`, instead of the
+    /// logits, each output row's `min(k, n_vocab)` most likely tokens and
+    /// its whole-row statistics ([`TopK`]: rows in `forward`'s order,
+    /// candidates by logit descending, the lower id first on a tie). A NaN
+    /// anywhere in a row is reported in its [`RowStats::first_nan`], not as
+    /// an error.
+    ///
+    /// The provided method computes this on the host from `forward`'s
+    /// logits ([`TopK::fill_from_logits`]); a backend can select where the
+    /// logits are and copy back only `rows × k` candidates. After an error
+    /// `out` is unspecified.
+    ///
+    /// # Errors
+    /// [`Error::Shape`] when `k` is 0 or above [`TOP_K_MAX`] (nothing runs);
+    /// those of [`DeviceModel::forward`].
+    fn forward_top_k(&mut self, pool: &mut dyn KvPool, batch: &Batch, k: usize, out: &mut TopK) -> Result<()> {
+        check_k(k)?;
+        let n_vocab = self.n_vocab();
+        let logits = self.forward(pool, batch)?;
+        out.fill_from_logits(logits, n_vocab, k)
+    }
 
     /// Another engine over the same prepared weights, with its own scratch
     /// (and, on a GPU, its own stream and graphs): llama.cpp's
