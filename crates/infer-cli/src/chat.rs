@@ -88,6 +88,10 @@ pub struct ChatArgs {
     /// Print the effective settings (sampler chain, context, model) when the session starts.
     #[arg(short = 'v', long)]
     verbose: bool,
+    /// Taken as llama.cpp's conversation mode takes it: the chat echoes no prompt (only the replies are printed;
+    /// neither the system prompt nor the rendered conversation is shown), so it changes nothing.
+    #[arg(long)]
+    no_display_prompt: bool,
 }
 
 /// Whether the model at `path` is instruction-tuned, as far as can be
@@ -110,8 +114,9 @@ fn instruct_tuned(path: &Path, gguf: &GgufFile) -> Option<bool> {
 
 pub fn chat(a: ChatArgs) -> CliResult {
     let max_tokens = n_predict_limit(a.n_predict)?;
+    // Nothing to hide: see the flag's help.
+    let _ = a.no_display_prompt;
     let stops = a.text.stop_strings()?;
-    a.shift.check()?;
     // Without -m (or $INFER_MODEL), an instruction-tuned model: the default
     // model of `run` is a base model, which continues text.
     let path = a.model.resolve_model_or(infer_model::fetch::DEFAULT_CHAT_MODEL_NAME)?;
@@ -238,7 +243,7 @@ pub fn chat(a: ChatArgs) -> CliResult {
                 continue;
             }
             Command::Save(file) => {
-                match chat_commands::save(&file, &messages) {
+                match chat_commands::save(&file, &messages, &mut |question| input.confirm(question)) {
                     Ok(()) => {
                         eprintln!("(conversation of {} saved to {})", messages_count(messages.len()), file.display())
                     }
@@ -281,7 +286,7 @@ pub fn chat(a: ChatArgs) -> CliResult {
         // A full context during the reply keeps the system prompt (and
         // --keep more) and drops the oldest half of the rest.
         let system_len = system_ids.iter().zip(&ids).take_while(|(x, y)| x == y).count();
-        let keep = a.shift.n_keep(&ids, &tokenizer)?.map(|k| k.max(system_len));
+        let keep = a.shift.n_keep(&ids, &tokenizer).map(|k| k.max(system_len));
         ctx.set_context_shift(keep);
         let reply = reply(model.as_mut(), &mut ctx, &tokenizer, &ids, max_tokens, &mut sampler, &stops, &mut out)?;
         messages.push(Message::assistant(reply.trim()));

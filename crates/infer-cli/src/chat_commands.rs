@@ -38,7 +38,7 @@ pub const HELP: &str = "\
 commands:
   /help             this list
   /reset            forget the conversation (the system prompt stays)
-  /save FILE        write the conversation to FILE as JSON (OpenAI's messages)
+  /save FILE        write the conversation to FILE as JSON (OpenAI's messages; ~/ is your home folder)
   /load FILE        continue a conversation written by /save
   /exit             leave (also /quit, /bye, Ctrl-D)
   //TEXT            send /TEXT to the model
@@ -60,7 +60,7 @@ pub fn parse(line: &str) -> Command {
         if arg.is_empty() {
             Command::Invalid(format!("/{name} needs a file name: /{name} FILE"))
         } else {
-            c(PathBuf::from(arg))
+            c(expand_home(arg, std::env::var_os("HOME")))
         }
     };
     match name {
@@ -75,6 +75,26 @@ pub fn parse(line: &str) -> Command {
     }
 }
 
+/// `file` with a leading `~` (alone, or `~/...`) replaced by `home`, as a
+/// shell does (`~user` and a `~` elsewhere are taken as written, and so is
+/// everything without a home).
+fn expand_home(file: &str, home: Option<std::ffi::OsString>) -> PathBuf {
+    match (file.strip_prefix('~'), home.filter(|h| !h.is_empty())) {
+        (Some(""), Some(home)) => PathBuf::from(home),
+        (Some(rest), Some(home)) if rest.starts_with('/') => PathBuf::from(home).join(rest.trim_start_matches('/')),
+        _ => PathBuf::from(file),
+    }
+}
+
+/// Whether the file at `path` is a conversation file as [`save`] writes
+/// them (a JSON array of `{"role", "content"}` objects): one that `/save`
+/// may replace without asking. A file of more than 64 MiB is not read.
+fn is_conversation_file(path: &Path) -> bool {
+    let mut text = String::new();
+    let read = std::fs::File::open(path).and_then(|f| f.take(64 << 20).read_to_string(&mut text));
+    read.is_ok() && serde_json::from_str::<Vec<FileMessage>>(&text).is_ok()
+}
+
 /// One message of a conversation file.
 #[derive(Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -84,14 +104,17 @@ struct FileMessage {
 }
 
 /// Writes `messages` to `path` as a JSON array: into a new file beside
-/// it, then renamed over it, so that a failed write loses nothing.
+/// it, then renamed over it, so that a failed write loses nothing. An
+/// existing file that is not a conversation file is replaced only when
+/// `confirm` (given the question) says yes; `confirm` gives `None` where
+/// there is no one to ask (no terminal), and the file is kept.
 ///
 /// # Errors
 /// The file cannot be written (named with the path); `path` exists and is
-/// not a regular file (a device or a pipe would never end, or block), or
-/// is a GGUF model (a conversation must never replace a model, least of
-/// all the one being run).
-pub fn save(path: &Path, messages: &[Message]) -> CliResult {
+/// not a regular file (a device or a pipe would never end, or block), is
+/// a GGUF model (a conversation must never replace a model, least of all
+/// the one being run), or is another file that was not to be replaced.
+pub fn save(path: &Path, messages: &[Message], confirm: &mut dyn FnMut(&str) -> Option<bool>) -> CliResult {
     let what = path.display();
     if let Ok(meta) = std::fs::metadata(path) {
         if !meta.is_file() {
@@ -101,6 +124,19 @@ pub fn save(path: &Path, messages: &[Message]) -> CliResult {
         let is_gguf = std::fs::File::open(path).and_then(|mut f| f.read_exact(&mut magic)).is_ok() && &magic == b"GGUF";
         if is_gguf {
             return Err(format!("/save: {what} is a GGUF model; name another file").into());
+        }
+        if !is_conversation_file(path) {
+            match confirm(&format!("{what} exists and is not a conversation file; replace it? [y/N] ")) {
+                Some(true) => {}
+                Some(false) => return Err(format!("/save: {what} was kept; nothing was saved").into()),
+                None => {
+                    return Err(format!(
+                        "/save: {what} exists and is not a conversation file; it was kept (name a new file, or \
+                         remove it first)"
+                    )
+                    .into())
+                }
+            }
         }
     }
     let list: Vec<FileMessage> =
@@ -208,17 +244,29 @@ mod tests {
         // A device never ends and a directory is no file.
         assert!(load(Path::new("/dev/zero"), 1 << 20).unwrap_err().to_string().contains("not a regular file"));
         assert!(load(dir.path(), 1 << 20).unwrap_err().to_string().contains("not a regular file"));
-        assert!(save(dir.path(), &msgs).unwrap_err().to_string().contains("not a regular file"));
+        let mut no_one = |_: &str| None;
+        assert!(save(dir.path(), &msgs, &mut no_one).unwrap_err().to_string().contains("not a regular file"));
         // A model is never replaced by a conversation, and stays as it was.
         let model = dir.path().join("m.gguf");
         std::fs::write(&model, b"GGUF\x03\0\0\0rest").unwrap();
-        assert!(save(&model, &msgs).unwrap_err().to_string().contains("is a GGUF model"));
+        let mut yes = |_: &str| Some(true);
+        assert!(save(&model, &msgs, &mut yes).unwrap_err().to_string().contains("is a GGUF model"));
         assert_eq!(std::fs::read(&model).unwrap(), b"GGUF\x03\0\0\0rest");
-        // A conversation file is replaced whole, and nothing else is left.
+        // Another file is replaced only when the answer is yes; with no one
+        // to ask, or a no, it stays.
         let conv = dir.path().join("c.json");
         std::fs::write(&conv, "old").unwrap();
-        save(&conv, &msgs).unwrap();
+        let e = save(&conv, &msgs, &mut no_one).unwrap_err().to_string();
+        assert!(e.contains("exists and is not a conversation file; it was kept"), "{e}");
+        let e = save(&conv, &msgs, &mut |_: &str| Some(false)).unwrap_err().to_string();
+        assert!(e.contains("was kept"), "{e}");
+        assert_eq!(std::fs::read(&conv).unwrap(), b"old");
+        save(&conv, &msgs, &mut yes).unwrap();
         assert_eq!(load(&conv, 1 << 20).unwrap().len(), 2);
+        // A conversation file is replaced whole without asking, and nothing else is left.
+        let mut never = |q: &str| panic!("asked {q}");
+        save(&conv, &msgs[..1], &mut never).unwrap();
+        assert_eq!(std::fs::read_to_string(&conv).unwrap().matches("role").count(), 1);
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 2, "a partial file was left");
     }
 
@@ -238,11 +286,21 @@ mod tests {
     }
 
     #[test]
+    fn a_leading_tilde_is_the_home_folder() {
+        let home = || Some(std::ffi::OsString::from("/home/ada"));
+        assert_eq!(expand_home("~/chats/a.json", home()), Path::new("/home/ada/chats/a.json"));
+        assert_eq!(expand_home("~", home()), Path::new("/home/ada"));
+        assert_eq!(expand_home("~bob/a.json", home()), Path::new("~bob/a.json"));
+        assert_eq!(expand_home("a~/b", home()), Path::new("a~/b"));
+        assert_eq!(expand_home("~/a.json", None), Path::new("~/a.json"));
+    }
+
+    #[test]
     fn a_saved_conversation_loads_back() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("c.json");
         let messages = vec![Message::system("be brief"), Message::user("hi \"there\"\n"), Message::assistant("Hello.")];
-        save(&path, &messages).unwrap();
+        save(&path, &messages, &mut |_: &str| None).unwrap();
         assert_eq!(load(&path, 1 << 20).unwrap(), messages);
         let e = load(&path, 10).unwrap_err().to_string();
         assert!(e.contains("more than the context can hold"), "{e}");

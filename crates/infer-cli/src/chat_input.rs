@@ -132,6 +132,16 @@ impl ChatInput {
         }
     }
 
+    /// Asks `question` on the terminal: `Some(true)` for an answer of `y`
+    /// or `yes` (any case), `Some(false)` for anything else (Ctrl-C and
+    /// Ctrl-D included); `None` without a terminal to ask on (the input is
+    /// a pipe or a file, whose next line is a message, not an answer).
+    pub fn confirm(&mut self, question: &str) -> Option<bool> {
+        let Source::Editor(editor) = &mut self.source else { return None };
+        let answer = editor.readline(question).unwrap_or_default();
+        Some(matches!(answer.trim().to_ascii_lowercase().as_str(), "y" | "yes"))
+    }
+
     /// A whole message: kept in the editor's history.
     fn finish(&mut self, text: String) -> Input {
         if let Source::Editor(editor) = &mut self.source {

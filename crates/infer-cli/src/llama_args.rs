@@ -41,6 +41,7 @@ const UNSUPPORTED: &[(&str, &str)] = &[
     ("-no-cnv", "--no-conversation"),
     ("-st", "--single-turn"),
     ("-mli", "--multiline-input"),
+    ("-if", "--interactive-first"),
     ("-ub", "--ubatch-size"),
     ("-tb", "--threads-batch"),
     ("-cb", "--cont-batching"),
@@ -74,14 +75,81 @@ const UNSUPPORTED: &[(&str, &str)] = &[
     ("-bs", "--samplers"),
 ];
 
+/// The subcommand of `args` (the program name first): the first argument
+/// that is not a flag.
+pub fn subcommand(args: &[OsString]) -> Option<&str> {
+    args.iter().skip(1).filter_map(|a| a.to_str()).find(|a| !a.starts_with('-'))
+}
+
+/// What to do instead of a flag of llama.cpp's that `infer`'s command
+/// `cmd` does not take, for `arg` as clap reports it unknown (an alias
+/// already rewritten to its long form: `-np` as `--parallel`), or as it was
+/// typed for the multi-letter flags `infer` lacks. `None` when there is
+/// nothing more precise to say than clap's error.
+pub fn hint(cmd: Option<&str>, arg: &str) -> Option<String> {
+    let cmd = cmd.unwrap_or("run");
+    let flag = arg.split_once('=').map_or(arg, |(f, _)| f);
+    let not_here = |what: &str| format!("{what} is not an option of `infer {cmd}`");
+    Some(match flag {
+        "-b" | "--batch-size" => format!(
+            "{}: it prefills the prompt in steps of its own size; leave -b out (`infer serve` and `infer perplexity` \
+             take -b)",
+            not_here("-b (llama.cpp's --batch-size)")
+        ),
+        "-i" | "--interactive" | "-if" | "--interactive-first" | "-cnv" | "--conversation" | "-ins" | "--instruct"
+            if cmd == "chat" =>
+        {
+            format!("{flag}: `infer chat` is always an interactive conversation; leave {flag} out")
+        }
+        "-i" | "--interactive" | "-if" | "--interactive-first" | "-cnv" | "--conversation" | "-ins" | "--instruct" => {
+            format!("{}: for a conversation, use `infer chat` (with the same model options)", not_here(flag))
+        }
+        "-no-cnv" | "--no-conversation" | "-st" | "--single-turn" if cmd == "run" => {
+            format!("{flag}: `infer run` is never a conversation (one prompt, one continuation); leave {flag} out")
+        }
+        "-no-cnv" | "--no-conversation" | "-st" | "--single-turn" => format!(
+            "{}: for one reply to one prompt, use `infer run --chat -p TEXT` (its output is not a conversation)",
+            not_here(flag)
+        ),
+        "--parallel" if cmd != "serve" => format!(
+            "-np/--parallel is an option of `infer serve` only: `infer {cmd}` runs one sequence{}",
+            if cmd == "bench" { " (`infer bench -npl B,...` runs B sequences at once)" } else { "" }
+        ),
+        "-p" | "--prompt" | "-f" | "--file" if cmd == "chat" => format!(
+            "`infer chat` takes no {flag}: type the message at its `> ` prompt or pipe it in (`echo 'Hi' | infer \
+             chat`); for one reply to a prompt, use `infer run --chat -p TEXT`"
+        ),
+        _ => return None,
+    })
+}
+
+/// A multi-letter flag of llama.cpp's with its value written against it
+/// (`-ngl99`): `Some((flag, value))` when `arg` is one of the flags of
+/// [`SHORT_ALIASES`] or [`UNSUPPORTED`] followed by a number.
+fn glued_value(arg: &str) -> Option<(&'static str, &str)> {
+    let flag = SHORT_ALIASES
+        .iter()
+        .map(|(short, _)| *short)
+        .chain(UNSUPPORTED.iter().map(|(short, _)| *short))
+        .filter(|short| arg.starts_with(short) && arg.len() > short.len())
+        .max_by_key(|short| short.len())?;
+    let value = &arg[flag.len()..];
+    let number = value.strip_prefix('-').unwrap_or(value);
+    number.starts_with(|c: char| c.is_ascii_digit()).then_some((flag, value))
+}
+
 /// Rewrites llama.cpp's multi-letter short flags in `args` (the program
 /// name first) into the long flags clap knows: `-ngl 99` and `-ngl=99`
 /// become `--n-gpu-layers 99` and `--n-gpu-layers=99`. Arguments after
 /// `--` are left alone.
 ///
 /// # Errors
-/// One of llama.cpp's multi-letter flags that `infer` lacks, by name.
+/// One of llama.cpp's multi-letter flags that `infer` lacks, by name (with
+/// what to do instead where there is something: `-cnv`, use `infer chat`);
+/// one with its value written against it (`-ngl99`, which clap would read
+/// as `-n gl99`, and llama.cpp refuses as an unknown argument).
 pub fn rewrite_args(args: Vec<OsString>) -> Result<Vec<OsString>, String> {
+    let cmd = subcommand(&args).map(str::to_string);
     let mut out = Vec::with_capacity(args.len());
     let mut rest = false;
     for arg in args {
@@ -102,8 +170,17 @@ pub fn rewrite_args(args: Vec<OsString>) -> Result<Vec<OsString>, String> {
             continue;
         }
         if let Some((short, long)) = UNSUPPORTED.iter().find(|(short, _)| *short == flag) {
+            if let Some(h) = hint(cmd.as_deref(), short) {
+                return Err(h);
+            }
             return Err(format!(
                 "{short} (llama.cpp's {long}) is not an option of infer; `infer help` lists the options"
+            ));
+        }
+        if let Some((flag, value)) = glued_value(s) {
+            return Err(format!(
+                "{s}: give the value apart from the flag, `{flag} {value}` or `{flag}={value}` (llama.cpp does not \
+                 read {s} either)"
             ));
         }
         out.push(arg);
@@ -186,6 +263,23 @@ mod tests {
             ["infer", "run", "--hf-repo", "user/repo:Q8_0", "--hf-file", "x.gguf"]
         );
         assert!(rw(&["infer", "run", "-kvu"]).unwrap_err().contains("--kv-unified"));
+    }
+
+    #[test]
+    fn glued_values_and_flags_of_other_commands_get_a_precise_line() {
+        let e = rw(&["infer", "run", "-ngl99", "hi"]).unwrap_err();
+        assert!(e.starts_with("-ngl99: give the value apart from the flag, `-ngl 99` or `-ngl=99`"), "{e}");
+        assert!(rw(&["infer", "bench", "-npl4"]).unwrap_err().contains("`-npl 4`"));
+        assert!(rw(&["infer", "run", "-ngl-1"]).unwrap_err().contains("`-ngl -1`"));
+        // Not a number after it: left to clap.
+        assert_eq!(rw(&["infer", "run", "-sysx"]).unwrap(), ["infer", "run", "-sysx"]);
+        assert!(rw(&["infer", "run", "-cnv"]).unwrap_err().contains("use `infer chat`"));
+        assert!(rw(&["infer", "chat", "-cnv"]).unwrap_err().contains("leave -cnv out"));
+        assert!(rw(&["infer", "-t", "2", "chat", "-no-cnv"]).unwrap_err().contains("infer run --chat"));
+        assert_eq!(subcommand(&["infer".into(), "-v".into(), "chat".into()]), Some("chat"));
+        assert!(hint(Some("run"), "-i").unwrap().contains("use `infer chat`"));
+        assert!(hint(Some("serve"), "--parallel").is_none());
+        assert!(hint(Some("perplexity"), "--nonsense").is_none());
     }
 
     #[test]

@@ -94,7 +94,9 @@ fn main() -> ExitCode {
     }
     // llama.cpp's multi-letter flags (`-ngl 99`) before clap, which would
     // read them as a short flag and its value (`-n gl`).
-    let args = match llama_args::rewrite_args(std::env::args_os().collect()) {
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let cmd = llama_args::subcommand(&args).map(str::to_string);
+    let args = match llama_args::rewrite_args(args) {
         Ok(args) => args,
         Err(e) => {
             eprintln!("error: {e}");
@@ -103,7 +105,18 @@ fn main() -> ExitCode {
     };
     let cli = match Cli::try_parse_from(args) {
         Ok(cli) => cli,
-        Err(e) => return parse_error(e),
+        Err(e) => {
+            // A llama.cpp flag this command lacks: what to do instead.
+            if e.kind() == clap::error::ErrorKind::UnknownArgument {
+                if let Some(clap::error::ContextValue::String(arg)) = e.get(clap::error::ContextKind::InvalidArg) {
+                    if let Some(h) = llama_args::hint(cmd.as_deref(), arg) {
+                        eprintln!("error: {h}");
+                        return ExitCode::from(2);
+                    }
+                }
+            }
+            return parse_error(e);
+        }
     };
     interrupt::install();
     let list_devices = model_args(&cli.command).is_some_and(|m| m.list_devices);

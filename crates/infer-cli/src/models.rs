@@ -59,7 +59,14 @@ pub fn models(_a: ModelsArgs) -> CliResult {
     } else {
         writeln!(out, "\nFrom Hugging Face (use with `-hf user/repo:QUANT`; `infer rm` removes):")?;
         for m in hub {
-            let state = if m.verified { "" } else { "  (unverified: checked on next use)" };
+            let state = if m.partial {
+                "  (partial: an incomplete download, resumed by the next `infer pull` or -hf of it; `infer rm` removes \
+                 it)"
+            } else if m.verified {
+                ""
+            } else {
+                "  (unverified: checked on next use)"
+            };
             writeln!(
                 out,
                 "{:<50} {:>8.1} MB  {}{state}",

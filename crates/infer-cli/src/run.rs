@@ -211,7 +211,6 @@ fn no_room(n_ctx: usize) -> String {
 
 pub fn run(a: RunArgs) -> CliResult {
     let max_tokens = n_predict_limit(a.n_predict)?;
-    a.shift.check()?;
     // Where the prompt comes from is checked now; it is read once the
     // context size is known, only as far as the context can hold it.
     let source = a.prompt.source()?;
@@ -225,7 +224,7 @@ pub fn run(a: RunArgs) -> CliResult {
     // The prompt before the weights: a bad chat template or a prompt too
     // long for the context is reported at once (and a slow template can be
     // stopped by Ctrl-C like any step before the model loads).
-    let (loaded, (tokenizer, n_ctx, (cfg, from_model), ids, prompt)) =
+    let (loaded, (tokenizer, n_ctx, (cfg, from_model), ids, prompt, rendered)) =
         a.model.load(&path, a.threads.get(), |gguf, spec| {
             let tokenizer = Tokenizer::from_gguf(gguf)?;
             let n_ctx = context_size(a.ctx_size, spec.n_ctx_train)?;
@@ -238,6 +237,8 @@ pub fn run(a: RunArgs) -> CliResult {
             if flag_text {
                 prompt = a.text.process(prompt, "-p")?;
             }
+            // With --chat, the prompt as the template renders it.
+            let mut rendered = None;
             let ids = if chat {
                 let mut messages: Vec<Message> = a.system_prompt.iter().map(|s| Message::system(s.as_str())).collect();
                 messages.push(Message::user(prompt.as_str()));
@@ -246,13 +247,15 @@ pub fn run(a: RunArgs) -> CliResult {
                 if text.len() > limit {
                     return Err(crate::prompt::too_long(n_ctx, limit).into());
                 }
-                ChatTemplate::encode_rendered_at_most(&tokenizer, &text, n_ctx.saturating_sub(1))
+                let ids = ChatTemplate::encode_rendered_at_most(&tokenizer, &text, n_ctx.saturating_sub(1));
+                rendered = Some(text);
+                ids
             } else {
                 // Tokenized only until it is known not to fit.
                 tokenizer.encode_at_most(&prompt, true, true, n_ctx.saturating_sub(1))
             };
             let Some(ids) = ids else { return Err(no_room(n_ctx).into()) };
-            Ok((tokenizer, n_ctx, cfg, ids, prompt))
+            Ok((tokenizer, n_ctx, cfg, ids, prompt, rendered))
         })?;
     let Loaded { backend, spec, model, load_time, .. } = loaded;
     let mut model: Box<dyn DeviceModel> =
@@ -265,7 +268,9 @@ pub fn run(a: RunArgs) -> CliResult {
         print_settings(&settings, max_tokens, Some(ids.len()), &cfg, &from_model);
     }
     if a.verbose_prompt {
-        print_verbose_prompt(&prompt, &ids, &tokenizer);
+        // As llama.cpp: what the model is given, the chat template's
+        // rendering with --chat.
+        print_verbose_prompt(rendered.as_deref().unwrap_or(&prompt), &ids, &tokenizer);
     }
     let mut sampler = Sampler::new(cfg.clone())?;
 
@@ -290,8 +295,12 @@ pub fn run(a: RunArgs) -> CliResult {
     let mut matcher = StopMatcher::new(stops);
     let mut text = String::new();
     let mut write_error: Option<std::io::Error> = None;
-    let mut emit = |s: &str, out: &mut Out, text: &mut String| -> bool {
-        text.push_str(s);
+    // `in_text`: the text is part of the generated text (a stop string,
+    // printed, is not).
+    let mut emit = |s: &str, out: &mut Out, text: &mut String, in_text: bool| -> bool {
+        if in_text {
+            text.push_str(s);
+        }
         if a.json || s.is_empty() {
             return true;
         }
@@ -305,7 +314,7 @@ pub fn run(a: RunArgs) -> CliResult {
     };
     let mut ctx = CachedContext::with_types(model.as_ref(), n_ctx, a.cache.types_for(model.as_ref()))?;
     // llama.cpp's -2 stops at a full context; anything else shifts it.
-    ctx.set_context_shift(if a.n_predict == -2 { None } else { a.shift.n_keep(&ids, &tokenizer)? });
+    ctx.set_context_shift(if a.n_predict == -2 { None } else { a.shift.n_keep(&ids, &tokenizer) });
     let stats = generate_cached_with_progress(
         model.as_mut(),
         &mut ctx,
@@ -320,7 +329,15 @@ pub fn run(a: RunArgs) -> CliResult {
                 return false;
             }
             let step = matcher.push(s);
-            emit(&step.text, &mut out, &mut text) && !step.stopped
+            if !emit(&step.text, &mut out, &mut text, true) {
+                return false;
+            }
+            // llama.cpp prints the reverse prompt it stops at; `--json`'s
+            // `text` leaves it out, as llama-server's `content` does.
+            if let Some(stop) = matcher.matched().filter(|_| step.stopped) {
+                emit(stop, &mut out, &mut text, false);
+            }
+            !step.stopped
         },
     );
     if show_progress {
@@ -332,7 +349,7 @@ pub fn run(a: RunArgs) -> CliResult {
     })?;
     // The end of generation releases what was held back.
     let tail = matcher.finish();
-    emit(&tail, &mut out, &mut text);
+    emit(&tail, &mut out, &mut text, true);
     if let Some(e) = write_error {
         return Err(e.into());
     }

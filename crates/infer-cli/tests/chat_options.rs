@@ -6,18 +6,35 @@
 mod common;
 
 use std::path::Path;
+use std::process::Command;
 
-use common::{infer, infer_stdin, stderr, stdout, synth_tiny, tmpdir};
+use common::{infer, infer_stdin, output_with_stdin, stderr, stdout, synth_tiny, tmpdir};
 use serde_json::{json, Value};
+
+/// `infer chat` on `model`, greedy, one thread, with `args`.
+fn chat_command(model: &Path, args: &[&str]) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_infer"));
+    cmd.args(["chat", "-m", model.to_str().unwrap(), "-t", "1", "--temp", "0"]).args(args);
+    cmd
+}
 
 /// Runs `infer chat` on `model` greedily with `input` on stdin; returns
 /// stderr (the run must succeed).
 fn chat(model: &Path, args: &[&str], input: &str) -> String {
-    let mut all = vec!["chat", "-m", model.to_str().unwrap(), "-t", "1", "--temp", "0"];
-    all.extend_from_slice(args);
-    let o = infer_stdin(&all, input.as_bytes());
+    let o = output_with_stdin(chat_command(model, args), input.as_bytes());
     assert!(o.status.success(), "{}", stderr(&o));
     stderr(&o)
+}
+
+/// (prefilled, reused) of each turn's stats line (`[prefill N (R reused) ...`).
+fn prefills(err: &str) -> Vec<(usize, usize)> {
+    err.lines()
+        .filter_map(|l| l.strip_prefix("[prefill "))
+        .map(|l| {
+            let n = |s: &str| s.split_whitespace().next().unwrap().parse::<usize>().unwrap();
+            (n(l), n(&l[l.find('(').unwrap() + 1..]))
+        })
+        .collect()
 }
 
 /// A conversation of three long turns, with the system message `system`
@@ -188,4 +205,58 @@ fn nul_bytes_are_refused_and_endless_lines_end_the_session() {
     assert!(!o.status.success(), "{err}");
     let last = err.lines().last().unwrap_or_default();
     assert!(last.starts_with("error: reading the input: a line of more than 64 MiB without an end"), "{err}");
+}
+
+/// llama.cpp's `--no-display-prompt` is taken (the chat echoes no prompt,
+/// so the output is the same); `/save ~/FILE` writes into $HOME; `/save`
+/// over a file that is not a conversation keeps it when there is no
+/// terminal to ask on.
+#[test]
+fn chat_takes_no_display_prompt_and_save_knows_home_and_other_files() {
+    let dir = tmpdir();
+    let m = synth_tiny(dir.path(), "llama");
+    let plain = output_with_stdin(chat_command(&m, &["-n", "4"]), b"hello\n");
+    let hidden = output_with_stdin(chat_command(&m, &["-n", "4", "--no-display-prompt"]), b"hello\n");
+    assert!(plain.status.success() && hidden.status.success(), "{}", stderr(&hidden));
+    assert_eq!(stdout(&plain), stdout(&hidden));
+    assert!(stdout(&hidden).len() > "> > ".len(), "{}", stdout(&hidden));
+
+    let notes = dir.path().join("notes.txt");
+    std::fs::write(&notes, "my notes\n").unwrap();
+    let mut cmd = chat_command(&m, &["-n", "2"]);
+    cmd.env("HOME", dir.path());
+    let o = output_with_stdin(cmd, b"hello\n/save ~/c.json\n/save ~/notes.txt\n/save ~/c.json\n");
+    let err = stderr(&o);
+    assert!(o.status.success(), "{err}");
+    let saved = read_json(&dir.path().join("c.json"));
+    assert_eq!(saved[0], json!({"role": "user", "content": "hello"}), "{saved}");
+    let line = format!("/save: {} exists and is not a conversation file; it was kept", notes.display());
+    assert!(err.lines().any(|l| l.starts_with(&line)), "{err}");
+    assert_eq!(std::fs::read_to_string(&notes).unwrap(), "my notes\n");
+    // A conversation file is replaced without asking.
+    assert_eq!(err.matches("saved to ").count(), 2, "{err}");
+}
+
+/// A turn that does not fit drops the oldest turns and prefills the
+/// conversation again, reusing from the cache what it still starts with:
+/// the system prompt (as much as `/reset` keeps, or more).
+#[test]
+fn dropping_old_turns_reuses_the_system_prompt_in_the_cache() {
+    let dir = tmpdir();
+    let m = synth_tiny(dir.path(), "llama");
+    let long = |tag: &str| format!("{tag} {}\n", (0..12).map(|i| format!("w{i}")).collect::<Vec<_>>().join(" "));
+    let input = format!("{}{}{}/reset\n{}", long("one"), long("two"), long("three"), long("one"));
+    let err = chat(&m, &["-c", "128", "-n", "4", "--ignore-eos", "-sys", "SYSTEM be brief"], &input);
+    let t = prefills(&err);
+    assert_eq!(t.len(), 4, "{err}");
+    let dropped = err.lines().position(|l| l.starts_with("(context full: the")).unwrap_or_else(|| panic!("{err}"));
+    // The turn right after the drop.
+    let after = err.lines().skip(dropped).filter(|l| l.starts_with("[prefill ")).count();
+    let (_, reused) = t[t.len() - after];
+    let (_, after_reset) = t[3];
+    assert!(after_reset > 3, "/reset keeps the system prompt's tokens: {err}");
+    assert!(
+        reused >= after_reset,
+        "after dropping turns {reused} tokens were reused, after /reset {after_reset}: {err}"
+    );
 }

@@ -114,6 +114,31 @@ fn a_trailing_backslash_continues_the_message_and_commands_stay_local() {
     assert_eq!(exit_code(&p), 0);
 }
 
+/// `/save` over a file that is not a conversation asks first: no keeps
+/// the file, yes replaces it.
+#[test]
+fn save_asks_before_replacing_another_file() {
+    let dir = common::tmpdir();
+    let notes = dir.path().join("notes.txt");
+    std::fs::write(&notes, "my notes\n").unwrap();
+    let mut p = chat_on_terminal("4");
+    for answer in ["n", "y"] {
+        p.send_line(&format!("/save {}", notes.display())).unwrap();
+        p.exp_string("exists and is not a conversation file; replace it? [y/N] ").expect("the question");
+        p.send_line(answer).unwrap();
+        p.exp_string(if answer == "n" { "was kept; nothing was saved" } else { "saved to" }).unwrap();
+        p.exp_string("> ").unwrap();
+        if answer == "n" {
+            assert_eq!(std::fs::read_to_string(&notes).unwrap(), "my notes\n");
+        }
+    }
+    let saved: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&notes).unwrap()).unwrap();
+    assert_eq!(saved, serde_json::json!([]));
+    p.send_line("/exit").unwrap();
+    p.exp_eof().unwrap();
+    assert_eq!(exit_code(&p), 0);
+}
+
 /// With standard output redirected (`infer chat > FILE`, or `| tee`), the
 /// line editor still edits on the terminal, as llama.cpp's console does:
 /// the model gets the mended line, the prompts stay on the terminal and

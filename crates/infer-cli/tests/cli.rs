@@ -146,6 +146,37 @@ fn usage_errors_are_one_line() {
     }
 }
 
+/// llama.cpp's flags that a command of `infer` does not take get one line
+/// saying what to do instead (clap's own would suggest `-- -b`, or read
+/// `-ngl99` as `-n gl99`), exit status 2.
+#[test]
+fn llama_cpp_flags_a_command_lacks_say_what_to_do_instead() {
+    let cases: &[(&[&str], &str)] = &[
+        (&["run", "-b", "512", "hi"], "-b (llama.cpp's --batch-size) is not an option of `infer run`"),
+        (&["chat", "--batch-size", "512"], "leave -b out (`infer serve` and `infer perplexity` take -b)"),
+        (&["run", "-i", "hi"], "-i is not an option of `infer run`: for a conversation, use `infer chat`"),
+        (&["run", "--interactive-first"], "for a conversation, use `infer chat`"),
+        (&["run", "-cnv", "hi"], "-cnv is not an option of `infer run`: for a conversation, use `infer chat`"),
+        (&["chat", "-cnv"], "-cnv: `infer chat` is always an interactive conversation; leave -cnv out"),
+        (&["chat", "-i"], "leave -i out"),
+        (&["run", "-no-cnv", "hi"], "`infer run` is never a conversation"),
+        (
+            &["run", "-np", "2", "hi"],
+            "-np/--parallel is an option of `infer serve` only: `infer run` runs one sequence",
+        ),
+        (&["bench", "-np", "2"], "`infer bench -npl B,...` runs B sequences at once"),
+        (&["chat", "-p", "hi"], "`infer chat` takes no -p: type the message at its `> ` prompt or pipe it in"),
+        (&["chat", "--file", "x.txt"], "`infer run --chat -p TEXT`"),
+        (&["run", "-ngl99", "hi"], "-ngl99: give the value apart from the flag, `-ngl 99` or `-ngl=99`"),
+        (&["serve", "-np4"], "`-np 4` or `-np=4`"),
+    ];
+    for (args, needle) in cases {
+        let o = infer(args);
+        assert_one_line_error(&o, needle);
+        assert_eq!(o.status.code(), Some(2), "{args:?}");
+    }
+}
+
 /// Negative values are numbers, as llama.cpp reads them: `-t -1` (and 0)
 /// means all cores; where llama.cpp gives a negative value no meaning, the
 /// error names the range.
@@ -168,6 +199,9 @@ fn negative_numbers_have_llama_cpp_meanings_or_a_range_error() {
         (&["bench", "-m", m, "-t", "-1"], "-t -1: -1 is negative; the values are 1 or more"),
         (&["serve", "-m", m, "-np", "-2"], "invalid value '-2' for '--parallel <N>': must be at least 1, or -1"),
         (&["perplexity", "-m", m, "-f", m, "-c", "-3"], "invalid value '-3' for '--ctx-size <N>': must be at least 2"),
+        // llama.cpp documents -1 ("all") and no other negative --keep.
+        (&["run", "-m", m, "--keep", "-5", "hi"], "invalid value '-5' for '--keep <N>': must be at least 0, or -1"),
+        (&["chat", "-m", m, "--keep", "-2"], "invalid value '-2' for '--keep <N>': must be at least 0, or -1"),
         (
             &["synth", "--arch", "llama", "--size", "tiny", "--seed", "-1", "-o", "x.gguf"],
             "'--seed <N>': must be at least 0",

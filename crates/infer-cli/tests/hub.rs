@@ -233,6 +233,55 @@ fn model_references_with_a_hub_prefix_and_hf_file_pick_files() {
     // A file the repository does not have is named, with the ones it has.
     let o = infer_hub(cache.path(), &hub.url, &["run", "-hf", "owner/two", "-hff", "three.gguf", "-p", "x"]);
     assert_one_line_error(&o, "owner/two has no file three.gguf (its GGUF files: two-Q4_K_M.gguf, two-v2-Q4_K_M.gguf)");
+    // A file that is not a GGUF, small (README.md, not in the listing of
+    // large files) or large (LFS), is said to be one, never downloaded.
+    hub.add("owner/two", "model.safetensors", Arc::new(b"not a model infer loads".to_vec()), Fault::None);
+    for file in ["README.md", "model.safetensors"] {
+        let o = infer_hub(cache.path(), &hub.url, &["pull", "owner/two", "-hff", file]);
+        assert_one_line_error(
+            &o,
+            &format!(
+                "owner/two: {file} is not a GGUF file, which infer loads (its GGUF files: two-Q4_K_M.gguf, \
+                 two-v2-Q4_K_M.gguf)"
+            ),
+        );
+    }
+    assert!(!hub.log().iter().any(|l| l.path.contains("safetensors") || l.path.contains("README")), "{:?}", hub.log());
+}
+
+/// An incomplete download (`.partial`) in the cache is listed by `infer
+/// models` with its size, and removed by `infer rm` with its `.lock`
+/// file, unless a running download holds the lock: then nothing is
+/// removed and one line says why.
+#[test]
+fn partial_downloads_are_listed_and_removed_unless_a_download_holds_them() {
+    let cache = tmpdir();
+    let offline = "http://127.0.0.1:9";
+    let dest = cached(cache.path(), "owner/part", "part-Q4_K_M.gguf");
+    std::fs::create_dir_all(dest.parent().unwrap()).unwrap();
+    let partial = PathBuf::from(format!("{}.partial", dest.display()));
+    let lock = PathBuf::from(format!("{}.lock", dest.display()));
+    std::fs::write(&partial, vec![7u8; 200_000]).unwrap();
+    let o = infer_hub(cache.path(), offline, &["models"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let row = stdout(&o).lines().find(|l| l.contains("owner/part")).map(str::to_string);
+    let row = row.unwrap_or_else(|| panic!("no row for the partial download: {}", stdout(&o)));
+    assert!(row.contains("part-Q4_K_M.gguf") && row.contains("0.2 MB"), "{row}");
+    assert!(row.contains("(partial: an incomplete download") && row.contains(&partial.display().to_string()), "{row}");
+
+    // A download in progress holds the lock: `rm` keeps everything.
+    let held = std::fs::File::create(&lock).unwrap();
+    held.lock().unwrap();
+    let o = infer_hub(cache.path(), offline, &["rm", "owner/part"]);
+    assert_one_line_error(&o, &format!("{} is being downloaded by another process", dest.display()));
+    assert!(partial.exists() && lock.exists());
+    drop(held);
+    let o = infer_hub(cache.path(), offline, &["rm", "owner/part:Q4_K_M"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stderr(&o).contains(&format!("removed {}", partial.display())), "{}", stderr(&o));
+    assert!(!partial.exists() && !lock.exists());
+    let o = infer_hub(cache.path(), offline, &["models"]);
+    assert!(!stdout(&o).contains("owner/part"), "{}", stdout(&o));
 }
 
 /// `-hf` on `bench`, `perplexity` and `serve`: the file is fetched from the

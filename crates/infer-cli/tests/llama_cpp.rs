@@ -171,10 +171,24 @@ fn escapes_display_prompt_and_verbose_prompt() {
         })
         .collect();
     assert!(joined.ends_with("hello world"), "{joined:?}");
+
+    // With --chat: the prompt the model is given, rendered by the chat
+    // template, and its tokens, as llama.cpp shows them.
+    let o = run_tiny(&m, &["-n", "1", "--chat", "--verbose-prompt", "--json", "-p", "hello world"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(err.contains("prompt: '<|im_start|>user\nhello world<|im_end|>\n<|im_start|>assistant\n'"), "{err}");
+    let j: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let n = j["prompt_tokens"].as_u64().unwrap() as usize;
+    assert!(err.contains(&format!("number of tokens in prompt = {n}\n")), "{err}");
+    assert_eq!(err.lines().filter(|l| l.contains(" -> '")).count(), n, "{err}");
 }
 
+/// `-r` ends the generation at the stop string: the text output shows it,
+/// as llama.cpp's does; `--json`'s `text` ends before it (and
+/// `stop_string` names it), as llama-server's `content`.
 #[test]
-fn reverse_prompts_stop_before_the_stop_string() {
+fn reverse_prompts_stop_at_the_stop_string() {
     let dir = tmpdir();
     let m = synth_tiny(dir.path(), "llama");
     let greedy = ["-n", "40", "--temp", "0", "-p", "hello"];
@@ -183,7 +197,7 @@ fn reverse_prompts_stop_before_the_stop_string() {
     let chars: Vec<char> = text.chars().collect();
     assert!(chars.len() >= 12, "too little text to cut: {text:?}");
     // A stop string of three characters from the middle: it spans tokens
-    // or not, either way nothing of it is printed.
+    // or not, either way the text ends before it.
     let stop: String = chars[6..9].iter().collect();
     let at = text.find(&stop).unwrap();
     let mut args = greedy.to_vec();
@@ -198,10 +212,11 @@ fn reverse_prompts_stop_before_the_stop_string() {
     args.extend(["-r", &early]);
     let cut = run_json(&m, &args);
     assert_eq!(cut["text"].as_str().unwrap(), &text[..early_at.min(at)]);
-    // The text output: the prompt, the text before the stop string, a
-    // newline; the statistics say why it stopped.
+    // The text output: the prompt, the text up to the stop string and
+    // the stop string (llama.cpp prints it), a newline; the statistics
+    // say why it stopped.
     let o = run_tiny(&m, &[&greedy[..], &["-r", &stop]].concat());
-    assert_eq!(stdout(&o), format!("hello{}\n", &text[..at]));
+    assert_eq!(stdout(&o), format!("hello{}{stop}\n", &text[..at]));
     assert!(stderr(&o).contains("stop: stop string"), "{}", stderr(&o));
     // A stop string that never comes changes nothing.
     let o = run_json(&m, &[&greedy[..], &["-r", "\u{1F600}never"]].concat());

@@ -277,7 +277,17 @@ fn a_full_context_shifts_unless_told_not_to() {
         assert!(stderr(&o).contains("stop: context full"), "{off:?}: {}", stderr(&o));
         assert!(!stderr(&o).contains("shifted"), "{off:?}: {}", stderr(&o));
     }
-    assert_one_line_error(&run_tiny(&m, &["--keep", "-2", "hello"]), "--keep -2");
+    assert_one_line_error(&run_tiny(&m, &["--keep", "-2", "hello"]), "invalid value '-2' for '--keep <N>'");
+    // -1 keeps the whole prompt, as a --keep longer than the prompt does.
+    let keep = |n: &str| {
+        let o =
+            run_tiny(&m, &["-n", "40", "-c", "16", "--keep", n, "--ignore-eos", "--temp", "0", "--json", "a b c d"]);
+        assert!(o.status.success(), "--keep {n}: {}", stderr(&o));
+        let j: serde_json::Value = serde_json::from_str(&stdout(&o)).expect("run --json");
+        assert!(j["context_shifts"].as_u64().unwrap() >= 2, "{j}");
+        (j["text"].clone(), j["context_shifts"].clone())
+    };
+    assert_eq!(keep("-1"), keep("1000"));
 }
 
 /// A context shift feeds the kept tokens again, so it works on every KV

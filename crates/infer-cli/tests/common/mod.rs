@@ -12,14 +12,16 @@ pub fn infer<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> Output {
 
 /// Runs `infer` with `args` and `input` on standard input.
 pub fn infer_stdin<S: AsRef<std::ffi::OsStr>>(args: &[S], input: &[u8]) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_infer"));
+    cmd.args(args);
+    output_with_stdin(cmd, input)
+}
+
+/// Runs `cmd` (an `infer` command, its environment set) with `input` on
+/// standard input.
+pub fn output_with_stdin(mut cmd: Command, input: &[u8]) -> Output {
     use std::io::Write;
-    let mut child = Command::new(env!("CARGO_BIN_EXE_infer"))
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run infer");
+    let mut child = cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("run infer");
     child.stdin.take().expect("stdin").write_all(input).expect("write stdin");
     child.wait_with_output().expect("wait")
 }

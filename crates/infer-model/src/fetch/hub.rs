@@ -271,6 +271,11 @@ fn model_files(files: &[HubFile]) -> Vec<&HubFile> {
         .collect()
 }
 
+/// Whether the repository path `path` names a `.gguf` file (any case).
+fn is_gguf_name(path: &str) -> bool {
+    file_name(path).to_ascii_lowercase().ends_with(".gguf")
+}
+
 /// A split GGUF part's name (`…-00001-of-00003.gguf`).
 fn is_split(name: &str) -> bool {
     let stem = name.trim_end_matches(".gguf");
@@ -299,6 +304,13 @@ pub fn pick<'a>(files: &'a [HubFile], r: &HubRef) -> Result<&'a HubFile> {
         v.sort_unstable();
         v.join(", ")
     };
+    let not_a_gguf = |file: &str| {
+        Error::Download(format!(
+            "{}: {file} is not a GGUF file, which infer loads (its GGUF files: {})",
+            r.repo,
+            if ggufs.is_empty() { "none".to_string() } else { names(&ggufs) }
+        ))
+    };
     if let Some(want) = &r.file {
         let exact: Vec<&HubFile> = files.iter().filter(|f| f.path == *want).collect();
         let found: Vec<&HubFile> =
@@ -308,7 +320,11 @@ pub fn pick<'a>(files: &'a [HubFile], r: &HubRef) -> Result<&'a HubFile> {
                 "{}: {} is one part of a split GGUF, which infer cannot load yet",
                 r.repo, f.path
             ))),
+            [f] if !is_gguf_name(&f.path) => Err(not_a_gguf(&f.path)),
             [f] => Ok(*f),
+            // A file that is not a GGUF may be in the repository but not
+            // in the listing, which names large (LFS) files only.
+            [] if !is_gguf_name(want) => Err(not_a_gguf(want)),
             [] => Err(Error::Download(format!(
                 "{} has no file {want} (its GGUF files: {})",
                 r.repo,
@@ -394,6 +410,10 @@ pub struct CachedHubModel {
     /// Whether its sidecar vouches for its content (else it is checked
     /// against the hub when used).
     pub verified: bool,
+    /// Whether this is an incomplete download (`path` is then the
+    /// `.partial` file, `size` the bytes it has; `file` is the name the
+    /// finished file will have), which the next fetch of the file resumes.
+    pub partial: bool,
 }
 
 /// The hub models in the cache `dir`, sorted by repository and file.
@@ -411,7 +431,8 @@ pub fn cached_models(dir: &Path) -> Vec<CachedHubModel> {
     found
 }
 
-/// The `.gguf` files under `folder` (recursively), as files of `repo`.
+/// The `.gguf` files under `folder` (recursively), as files of `repo`, and
+/// the incomplete downloads of such files (`.gguf.partial`).
 fn collect_ggufs(root: &Path, folder: &Path, repo: &str, found: &mut Vec<CachedHubModel>) {
     let Ok(entries) = std::fs::read_dir(folder) else { return };
     for e in entries.flatten() {
@@ -419,10 +440,16 @@ fn collect_ggufs(root: &Path, folder: &Path, repo: &str, found: &mut Vec<CachedH
         let Ok(meta) = e.metadata() else { continue };
         if meta.is_dir() {
             collect_ggufs(root, &path, repo, found);
-        } else if meta.is_file() && path.extension().is_some_and(|x| x == "gguf") {
-            let file = path.strip_prefix(root).unwrap_or(&path).to_string_lossy().replace('\\', "/");
-            let verified = verify::vouched_sha256(&path).is_some();
-            found.push(CachedHubModel { repo: repo.to_string(), file, path, size: meta.len(), verified });
+            continue;
+        }
+        let rel = path.strip_prefix(root).unwrap_or(&path).to_string_lossy().replace('\\', "/");
+        let (file, partial) = match rel.strip_suffix(".partial") {
+            Some(f) => (f.to_string(), true),
+            None => (rel, false),
+        };
+        if meta.is_file() && file.ends_with(".gguf") {
+            let verified = !partial && verify::vouched_sha256(&path).is_some();
+            found.push(CachedHubModel { repo: repo.to_string(), file, path, size: meta.len(), verified, partial });
         }
     }
 }
@@ -432,7 +459,8 @@ fn collect_ggufs(root: &Path, folder: &Path, repo: &str, found: &mut Vec<CachedH
 /// quantization (Q4_K_M when none is given, whatever else is cached, so
 /// that a reference means the same file with or without the cache).
 pub fn find_cached(dir: &Path, r: &HubRef) -> Option<PathBuf> {
-    let cached = cached_models(dir).into_iter().filter(|m| m.repo.eq_ignore_ascii_case(&r.repo) && m.verified);
+    let cached =
+        cached_models(dir).into_iter().filter(|m| m.repo.eq_ignore_ascii_case(&r.repo) && m.verified && !m.partial);
     let found: Vec<CachedHubModel> = match &r.file {
         Some(want) => cached.filter(|m| is_file(&m.file, want)).collect(),
         None => cached.filter(|m| names_quant(file_name(&m.file), r.quant())).collect(),
@@ -496,24 +524,49 @@ fn lock_across_processes(dest: &Path) -> Result<std::fs::File> {
     Ok(f)
 }
 
-/// Removes the cached files of `r` from `dir` (with their sidecars and
-/// partial downloads); all of the repository's when `r` names no
-/// quantization. Returns the files removed.
+/// Holds the lock of `dest`'s download ([`lock_path`]) when there is one
+/// and no process holds it: `Ok(None)` when there is none, `Ok(Some(file))`
+/// held until the file is dropped.
 ///
 /// # Errors
-/// [`Error::Download`] when nothing matches; [`Error::Io`] when a file
-/// cannot be removed.
+/// [`Error::Download`] when another process holds it (it is downloading
+/// `dest`), naming the file and the lock; [`Error::Io`] when the lock
+/// cannot be opened or tried.
+fn hold_free_lock(dest: &Path) -> Result<Option<std::fs::File>> {
+    let path = lock_path(dest);
+    let f = match std::fs::OpenOptions::new().write(true).open(&path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(source) => return Err(Error::Io { path, source }),
+    };
+    match f.try_lock() {
+        Ok(()) => Ok(Some(f)),
+        Err(std::fs::TryLockError::WouldBlock) => Err(Error::Download(format!(
+            "{} is being downloaded by another process (it holds {}); let it finish or stop it, then remove it",
+            dest.display(),
+            path.display()
+        ))),
+        Err(std::fs::TryLockError::Error(source)) => Err(Error::Io { path, source }),
+    }
+}
+
+/// Removes the cached files of `r` from `dir` (with their sidecars),
+/// incomplete downloads (`.partial`) and download locks (`.lock`); all of
+/// the repository's when `r` names no quantization. Returns the files
+/// removed (a download's `.partial` file by its own name).
+///
+/// # Errors
+/// [`Error::Download`] when nothing matches, or a download of one of the
+/// files is running (its lock is held by another process: nothing is
+/// removed); [`Error::Io`] when a file cannot be removed.
 pub fn remove_cached(dir: &Path, r: &HubRef) -> Result<Vec<PathBuf>> {
     let of_repo: Vec<CachedHubModel> =
         cached_models(dir).into_iter().filter(|m| m.repo.eq_ignore_ascii_case(&r.repo)).collect();
     if of_repo.is_empty() {
         return Err(Error::Download(format!("{} is not in the cache (`infer models` lists what is)", r.repo)));
     }
-    let matching: Vec<PathBuf> = of_repo
-        .into_iter()
-        .filter(|m| r.quant.is_none() || names_quant(file_name(&m.file), r.quant()))
-        .map(|m| m.path)
-        .collect();
+    let matching: Vec<CachedHubModel> =
+        of_repo.into_iter().filter(|m| r.quant.is_none() || names_quant(file_name(&m.file), r.quant())).collect();
     if matching.is_empty() {
         return Err(Error::Download(format!(
             "{} has no cached {} file (`infer models` lists what is)",
@@ -521,11 +574,24 @@ pub fn remove_cached(dir: &Path, r: &HubRef) -> Result<Vec<PathBuf>> {
             r.quant()
         )));
     }
-    for path in &matching {
-        verify::remove_cached(path)?;
-        let _ = std::fs::remove_file(super::hub_download::partial_path(path));
-        let _ = std::fs::remove_file(lock_path(path));
+    // The finished file's path of each entry (a partial download's too).
+    let dest = |m: &CachedHubModel| m.path.with_file_name(file_name(&m.file));
+    // Every lock first: a running download keeps everything in place.
+    let mut dests: Vec<PathBuf> = matching.iter().map(dest).collect();
+    // Once each: a second lock of one file by this process would wait for the first.
+    dests.dedup();
+    let mut locks = Vec::new();
+    for dest in &dests {
+        locks.push(hold_free_lock(dest)?);
     }
+    for dest in &dests {
+        verify::remove_cached(dest)?;
+        let _ = std::fs::remove_file(super::hub_download::partial_path(dest));
+        // Removed while held: a download that starts now makes a new one.
+        let _ = std::fs::remove_file(lock_path(dest));
+    }
+    drop(locks);
+    let matching: Vec<PathBuf> = matching.into_iter().map(|m| m.path).collect();
     // Empty folders go too (best effort).
     let repo = repo_dir(dir, &r.repo);
     if std::fs::remove_dir(&repo).is_ok() {
