@@ -20,13 +20,14 @@ pub(crate) const PRODUCT_SOURCES: [(&str, &str); 6] = [
 ];
 
 /// The rest of [`Module::Common`], after [`PRODUCT_SOURCES`].
-pub(crate) const COMMON_SOURCES: [(&str, &str); 6] = [
+pub(crate) const COMMON_SOURCES: [(&str, &str); 7] = [
     ("rope.cu", include_str!("kernels/rope.cu")),
     ("attention.cu", include_str!("kernels/attention.cu")),
     ("attention_decode.cu", include_str!("kernels/attention_decode.cu")),
     ("attention_prefill.cu", include_str!("kernels/attention_prefill.cu")),
     ("elementwise.cu", include_str!("kernels/elementwise.cu")),
     ("matvec_float.cu", include_str!("kernels/matvec_float.cu")),
+    ("topk.cu", include_str!("kernels/topk.cu")),
 ];
 
 /// A module: one NVRTC program, compiled and cached on its own
@@ -129,13 +130,14 @@ pub(crate) mod names {
     pub const TO_BF16: KernelName = KernelName::common("to_bf16");
     pub const MMQ_REDUCE: KernelName = KernelName::common("mmq_reduce");
     pub const ARGMAX_LOGITS: KernelName = KernelName::common("argmax_logits");
+    pub const TOPK_ROWS: KernelName = KernelName::common("topk_rows");
     pub const ATTN_PREFILL_HD64: KernelName = KernelName::common("attn_prefill_hd64");
     pub const ATTN_PREFILL_HD96: KernelName = KernelName::common("attn_prefill_hd96");
     pub const ATTN_PREFILL_HD128: KernelName = KernelName::common("attn_prefill_hd128");
     pub const ATTN_PREFILL_HD256: KernelName = KernelName::common("attn_prefill_hd256");
 
     /// Every non-mat-vec kernel (loaded when the backend starts).
-    pub const ALL: [KernelName; 27] = [
+    pub const ALL: [KernelName; 28] = [
         QUANTIZE_Q8,
         RESIDUAL_NORM,
         QKV_POST,
@@ -159,6 +161,7 @@ pub(crate) mod names {
         TO_BF16,
         MMQ_REDUCE,
         ARGMAX_LOGITS,
+        TOPK_ROWS,
         ATTN_PREFILL_HD64,
         ATTN_PREFILL_HD96,
         ATTN_PREFILL_HD128,

@@ -357,6 +357,32 @@ impl CudaBackend {
         self.read_f32(&out, gate.len())
     }
 
+    /// The device top-k of `forward_top_k` on given logits: fills `out`
+    /// with the `min(k, n_vocab)` most likely tokens and the statistics of
+    /// each row of `n_vocab` values of `logits` (`kernels/topk.cu`; the
+    /// contract and host reference are [`crate::backend::TopK`]'s).
+    ///
+    /// # Errors
+    /// [`Error::Shape`] for a `k` of 0 or above
+    /// [`crate::backend::TOP_K_MAX`], or `logits` not whole rows; device
+    /// errors.
+    pub fn top_k_rows(&self, logits: &[f32], n_vocab: usize, k: usize, out: &mut crate::backend::TopK) -> Result<()> {
+        let _stream = self.exclusive();
+        crate::backend::check_k(k)?;
+        if n_vocab == 0 || !logits.len().is_multiple_of(n_vocab) {
+            return Err(shape_err("cuda top_k", format!("{} logits are not rows of {n_vocab}", logits.len())));
+        }
+        let (rows, k) = (logits.len() / n_vocab, k.min(n_vocab));
+        let d = &*self.dev;
+        let x = self.upload_f32(logits)?;
+        let words = d.zeros::<u32>(rows * ops::top_k_stride(k))?;
+        ops::top_k(d, d.ptr(&x), n_vocab, rows, k, d.ptr(&words))?;
+        let mut host = vec![0u32; words.len()];
+        d.read_back(&words, 0, &mut host)?;
+        ops::unpack_top_k(&host, rows, k, out);
+        Ok(())
+    }
+
     /// Dequantizes every row of `w` on the device (the embedding kernel).
     ///
     /// # Errors

@@ -71,6 +71,7 @@ use crate::backend::{
     advance_spans, checked_pool, new_states, rollback_spans, single_error, Batch, DeviceModel, KvPool, KvState,
     ModelId, Out, Span, StepProfile,
 };
+use crate::backend::TopK;
 use crate::error::{Error, Result};
 use crate::kv_type::{KvCacheType, KvTypes};
 use crate::pipeline::{Activation, FfnType, ModelSpec, Norm, NormType, RopeType};
@@ -235,6 +236,8 @@ struct GraphKey {
     outputs: Vec<usize>,
     /// The greedy token's key read back instead of the logits.
     greedy: bool,
+    /// Candidates per row read back instead of the logits (0: the logits).
+    top_k: usize,
 }
 
 /// A captured step and its key.
@@ -291,6 +294,13 @@ pub struct CudaModel {
     /// The greedy token's key (see [`ops::argmax`]) read back by
     /// [`DeviceModel::decode_greedy`].
     token_key: PinnedBuf<u64>,
+    /// Candidates per row that the running step reads back instead of the
+    /// logits ([`DeviceModel::forward_top_k`]; 0: the logits).
+    top_k: usize,
+    /// The rows' candidates on the device and their pinned copy, rows of
+    /// [`ops::top_k_stride`] u32 words (a captured graph holds both).
+    top_k_dev: Option<CudaSlice<u32>>,
+    top_k_host: PinnedBuf<u32>,
     /// Graphs captured so far ([`CudaModel::captures`]).
     captures: usize,
 }
@@ -497,6 +507,9 @@ impl CudaModel {
             use_graph: dev.opts.graphs,
             logits: dev.pinned(w.n_vocab)?,
             token_key: dev.pinned(1)?,
+            top_k: 0,
+            top_k_dev: None,
+            top_k_host: dev.pinned(1)?,
             captures: 0,
             w,
             dev,
@@ -679,6 +692,12 @@ impl CudaModel {
             let key = d.ptr(&b.argmax_key);
             ops::argmax(d, d.ptr(&b.logits), nv, d.ptr(&b.argmax_part), d.ptr(&b.argmax_count), key)?;
             d.enqueue_read(key, &mut self.token_key)
+        } else if self.top_k > 0 {
+            let (k, rows) = (self.top_k.min(nv), pass.outputs.len());
+            let stride = ops::top_k_stride(k);
+            let dst = d.ptr(self.top_k_dev.as_ref().ok_or_else(|| Error::Device("top-k buffer missing".into()))?);
+            ops::top_k(d, d.ptr(&b.logits), nv, rows, k, dst)?;
+            d.enqueue_read_at(dst, &mut self.top_k_host, row0 * stride, rows * stride)
         } else {
             d.enqueue_read_at(d.ptr(&b.logits), &mut self.logits, row0 * nv, pass.outputs.len() * nv)
         }
@@ -696,6 +715,7 @@ impl CudaModel {
             slots: pass.spans.iter().map(|s| s.slot).collect(),
             outputs: pass.outputs.clone(),
             greedy,
+            top_k: self.top_k,
         })
     }
 
@@ -797,6 +817,31 @@ impl DeviceModel for CudaModel {
 
     fn new_context(&self) -> Result<Box<dyn DeviceModel>> {
         Ok(Box::new(Self::context(self.w.clone(), Arc::new(self.dev.with_own_stream()?))?))
+    }
+
+    /// The selection runs on the device after the vocabulary product
+    /// (`kernels/topk.cu`, also inside the captured graphs) and only each
+    /// row's candidates and statistics come back, `2k + 3` words a row.
+    fn forward_top_k(&mut self, pool: &mut dyn KvPool, batch: &Batch, k: usize, out: &mut TopK) -> Result<()> {
+        crate::backend::check_k(k)?;
+        let k = k.min(self.w.n_vocab);
+        let stride = ops::top_k_stride(k);
+        let need = batch.n_outputs().checked_mul(stride).ok_or(Error::Overflow("top-k size"))?;
+        if self.top_k_host.as_slice().len() < need {
+            // The captured graphs copy into the old buffers.
+            self.graphs.clear();
+            self.top_k_host = self.dev.pinned(need)?;
+        }
+        if self.top_k_dev.as_ref().is_none_or(|b| b.len() < need) {
+            self.graphs.clear();
+            self.top_k_dev = Some(self.dev.zeros(need)?);
+        }
+        self.top_k = k;
+        let r = self.run(pool, batch, false, None);
+        self.top_k = 0;
+        let rows = r?;
+        ops::unpack_top_k(self.top_k_host.as_slice(), rows, k, out);
+        Ok(())
     }
 
     /// The argmax runs on the device, after the vocabulary product, and

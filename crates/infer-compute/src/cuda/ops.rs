@@ -11,6 +11,7 @@ use super::kernels::{
     ATTN_SPLIT, MV_TOKENS, MV_TR_ROWS, MV_WARPS,
 };
 pub(crate) use super::options::GemmPrecision;
+use crate::backend::{RowStats, TopK};
 use crate::error::{Error, Result};
 use crate::GgmlType;
 
@@ -700,6 +701,59 @@ pub(crate) fn argmax_token(key: u64) -> Result<u32> {
         return Err(Error::NonFinite("the logits"));
     }
     Ok(!(key as u32))
+}
+
+/// Threads of a `topk_rows` block (one block per row).
+const TOPK_THREADS: u32 = 1024;
+
+/// u32 words of one row of [`top_k`]'s output: `k` ids, `k` logits' bits,
+/// then the row's max's bits, `ln Σ exp(x - max)`'s bits and its first
+/// NaN's index (`u32::MAX` when none).
+pub(crate) fn top_k_stride(k: usize) -> usize {
+    2 * k + 3
+}
+
+/// Writes, for each of the `rows` rows of `n` logits at `x`, its `k` most
+/// likely tokens (by logit descending, the lower id first on a tie; see
+/// `kernels/topk.cu`) and its statistics to `out`, [`top_k_stride`]`(k)`
+/// u32 words per row. `k` is 1 to `min(n, TOP_K_MAX)`.
+pub(crate) fn top_k(dev: &Device, x: DevPtr, n: usize, rows: usize, k: usize, out: DevPtr) -> Result<()> {
+    if rows == 0 {
+        return Ok(());
+    }
+    if k == 0 || k > n || k > crate::backend::TOP_K_MAX {
+        return Err(Error::Device(format!("top-k of {k} over rows of {n}")));
+    }
+    let (ni, ki) = (to_i32(n, "logits")?, to_i32(k, "k")?);
+    to_i32(rows * n, "logits")?;
+    let cfg = LaunchConfig { grid_dim: (to_u32(rows, "rows")?, 1, 1), block_dim: (TOPK_THREADS, 1, 1), shared_mem_bytes: 0 };
+    // SAFETY: x holds rows·n floats, out rows·top_k_stride(k) u32 (the
+    // caller's buffers); k ≤ TOPK_MAX, the kernel's shared arrays.
+    unsafe {
+        dev.launch_with(names::TOPK_ROWS, cfg, |b| {
+            b.arg(&x).arg(&ni).arg(&ki).arg(&out);
+        })
+    }
+}
+
+/// Fills `out` with `rows` rows of `k` candidates from [`top_k`]'s output
+/// words (`rows × top_k_stride(k)` of them).
+pub(crate) fn unpack_top_k(words: &[u32], rows: usize, k: usize, out: &mut TopK) {
+    let stride = top_k_stride(k);
+    out.reset(rows, k);
+    let (ids, logits, stats) = out.parts_mut();
+    for (r, w) in words.chunks_exact(stride).take(rows).enumerate() {
+        ids[r * k..(r + 1) * k].copy_from_slice(&w[..k]);
+        for (dst, &bits) in logits[r * k..(r + 1) * k].iter_mut().zip(&w[k..2 * k]) {
+            *dst = f32::from_bits(bits);
+        }
+        let nan = w[2 * k + 2];
+        stats[r] = RowStats {
+            max: f32::from_bits(w[2 * k]),
+            log_sum_exp: f32::from_bits(w[2 * k + 1]),
+            first_nan: (nan != u32::MAX).then_some(nan),
+        };
+    }
 }
 
 /// The launch of a kernel with one thread per value of `n` (blocks of 256).
