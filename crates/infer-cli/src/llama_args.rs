@@ -123,6 +123,15 @@ pub fn hint(cmd: Option<&str>, arg: &str) -> Option<String> {
     })
 }
 
+/// The error for `short` (llama.cpp's `long`), a flag of [`UNSUPPORTED`],
+/// on the command `cmd`: what to do instead where [`hint`] knows, else that
+/// infer lacks it.
+fn unsupported(cmd: Option<&str>, short: &str, long: &str) -> String {
+    hint(cmd, short).unwrap_or_else(|| {
+        format!("{short} (llama.cpp's {long}) is not an option of infer; `infer help` lists the options")
+    })
+}
+
 /// A multi-letter flag of llama.cpp's with its value written against it
 /// (`-ngl99`): `Some((flag, value))` when `arg` is one of the flags of
 /// [`SHORT_ALIASES`] or [`UNSUPPORTED`] followed by a number.
@@ -170,14 +179,13 @@ pub fn rewrite_args(args: Vec<OsString>) -> Result<Vec<OsString>, String> {
             continue;
         }
         if let Some((short, long)) = UNSUPPORTED.iter().find(|(short, _)| *short == flag) {
-            if let Some(h) = hint(cmd.as_deref(), short) {
-                return Err(h);
-            }
-            return Err(format!(
-                "{short} (llama.cpp's {long}) is not an option of infer; `infer help` lists the options"
-            ));
+            return Err(unsupported(cmd.as_deref(), short, long));
         }
         if let Some((flag, value)) = glued_value(s) {
+            // A flag infer lacks, whatever its value: said so.
+            if let Some((short, long)) = UNSUPPORTED.iter().find(|(short, _)| *short == flag) {
+                return Err(unsupported(cmd.as_deref(), short, long));
+            }
             return Err(format!(
                 "{s}: give the value apart from the flag, `{flag} {value}` or `{flag}={value}` (llama.cpp does not \
                  read {s} either)"
@@ -271,6 +279,7 @@ mod tests {
         assert!(e.starts_with("-ngl99: give the value apart from the flag, `-ngl 99` or `-ngl=99`"), "{e}");
         assert!(rw(&["infer", "bench", "-npl4"]).unwrap_err().contains("`-npl 4`"));
         assert!(rw(&["infer", "run", "-ngl-1"]).unwrap_err().contains("`-ngl -1`"));
+        assert!(rw(&["infer", "run", "-ub512"]).unwrap_err().starts_with("-ub (llama.cpp's --ubatch-size) is not an"));
         // Not a number after it: left to clap.
         assert_eq!(rw(&["infer", "run", "-sysx"]).unwrap(), ["infer", "run", "-sysx"]);
         assert!(rw(&["infer", "run", "-cnv"]).unwrap_err().contains("use `infer chat`"));
