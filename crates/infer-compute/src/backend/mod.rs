@@ -188,6 +188,14 @@ pub trait DeviceModel: Send {
         out.fill_from_logits(logits, n_vocab, k)
     }
 
+    /// Whether [`DeviceModel::forward_top_k`] selects the candidates where
+    /// the logits are, so that it is cheaper than [`DeviceModel::forward`]
+    /// and sampling the whole rows on the host. The provided method says
+    /// `false` (the provided `forward_top_k` is `forward` and a host pass).
+    fn top_k_on_device(&self) -> bool {
+        false
+    }
+
     /// Another engine over the same prepared weights, with its own scratch
     /// (and, on a GPU, its own stream and graphs): llama.cpp's
     /// `llama_context` beside one `llama_model`. The weights are not

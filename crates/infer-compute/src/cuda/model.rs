@@ -819,6 +819,10 @@ impl DeviceModel for CudaModel {
         Ok(Box::new(Self::context(self.w.clone(), Arc::new(self.dev.with_own_stream()?))?))
     }
 
+    fn top_k_on_device(&self) -> bool {
+        true
+    }
+
     /// The selection runs on the device after the vocabulary product
     /// (`kernels/topk.cu`, also inside the captured graphs) and only each
     /// row's candidates and statistics come back, `2k + 3` words a row.

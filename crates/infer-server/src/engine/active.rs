@@ -1,26 +1,32 @@
-//! One admitted request ([`Active`]): its slot, its [`Sequence`], its stop
-//! strings, and what a row of logits does to it (sample, release text
-//! through the [`StopMatcher`], send the events, say whether it is done).
+//! One admitted request ([`Active`]): its slot, its [`Sequence`], its
+//! sampler, its stop strings, and what a row of logits (or the row's most
+//! likely tokens, [`TopKRow`]) does to it (sample, release text through the
+//! [`StopMatcher`], send the events, say whether it is done).
 
 use std::sync::Arc;
 use std::time::Instant;
 
+use infer_compute::backend::{TopKRow, TOP_K_MAX};
 use infer_model::generate::StopReason;
+use infer_model::sampling::{Sampler, SamplingError};
 use infer_model::sequence::Sequence;
 use infer_model::stop::StopMatcher;
 use infer_model::tokenizer::Tokenizer;
 use tokio::sync::mpsc::UnboundedSender;
 
-use super::logprobs::token_logprob;
-use super::request::{Event, FinishReason, Usage};
+use super::logprobs::{candidates_logprob, token_logprob};
+use super::request::{Event, FinishReason, TokenLogprob, Usage};
 use crate::metrics::{add, Metrics};
 
 /// An admitted request (see the module docs).
 pub struct Active<'t> {
     /// Its KV pool slot.
     pub slot: usize,
-    /// The generation state.
+    /// The generation state (its own sampler unused: tokens come from
+    /// `sampler` through [`Sequence::on_token`]).
     pub seq: Sequence<'t>,
+    /// The request's sampler, with the prompt in its history.
+    sampler: Sampler,
     /// Tokens of the prompt.
     pub prompt_len: usize,
     /// Prompt tokens reused from the slot's cache.
@@ -33,12 +39,17 @@ pub struct Active<'t> {
     started: bool,
     /// The masked row when end-of-generation tokens are ignored.
     scratch: Vec<f32>,
+    /// The candidates left when end-of-generation tokens are ignored.
+    kept_ids: Vec<u32>,
+    kept_logits: Vec<f32>,
 }
 
 /// The parts of a request [`Active::new`] takes over.
 pub struct Admitted<'t> {
     pub slot: usize,
     pub seq: Sequence<'t>,
+    /// The sampler, the prompt tokens to compute already accepted.
+    pub sampler: Sampler,
     pub prompt_len: usize,
     pub reused: usize,
     pub stop: Vec<String>,
@@ -54,6 +65,7 @@ impl<'t> Active<'t> {
         Active {
             slot: a.slot,
             seq: a.seq,
+            sampler: a.sampler,
             prompt_len: a.prompt_len,
             reused: a.reused,
             stop: StopMatcher::new(a.stop),
@@ -63,7 +75,31 @@ impl<'t> Active<'t> {
             arrived: a.arrived,
             started: false,
             scratch: Vec::new(),
+            kept_ids: Vec::new(),
+            kept_logits: Vec::new(),
         }
+    }
+
+    /// How many of its row's most likely tokens the next token needs
+    /// ([`Active::on_top`]), or `None` for the whole row
+    /// ([`Active::on_logits`]): the sampler's count
+    /// ([`Sampler::top_needed`]), plus the end-of-generation ids when they
+    /// are masked (they are dropped from the candidates), at least the
+    /// `top_logprobs` asked for; the whole row for log-probabilities under
+    /// the mask (their normalizer leaves the masked tokens out) or past
+    /// [`TOP_K_MAX`].
+    pub fn top_needed(&self, n_vocab: usize, tokenizer: &Tokenizer) -> Option<usize> {
+        let mut k = self.sampler.top_needed(n_vocab)?;
+        if self.ignore_eos {
+            if self.logprobs.is_some() {
+                return None;
+            }
+            k += tokenizer.eog_ids().len();
+        }
+        if let Some(n) = self.logprobs {
+            k = k.max(n);
+        }
+        (k <= TOP_K_MAX).then_some(k)
     }
 
     /// Whether the client went away (its receiver is dropped).
@@ -81,13 +117,6 @@ impl<'t> Active<'t> {
     /// [`Event::Done`] or [`Event::Error`] sent).
     pub fn on_logits(&mut self, row: &[f32], tokenizer: &Tokenizer, m: &Arc<Metrics>) -> bool {
         let mut scratch = std::mem::take(&mut self.scratch);
-        let done = self.on_row(row, tokenizer, &mut scratch, m);
-        self.scratch = scratch;
-        done
-    }
-
-    /// [`Active::on_logits`] with the scratch for the masked row.
-    fn on_row(&mut self, row: &[f32], tokenizer: &Tokenizer, scratch: &mut Vec<f32>, m: &Arc<Metrics>) -> bool {
         let row = if self.ignore_eos {
             scratch.clear();
             scratch.extend_from_slice(row);
@@ -100,8 +129,47 @@ impl<'t> Active<'t> {
         } else {
             row
         };
-        let e = match self.seq.on_logits(row) {
-            Ok(e) => e,
+        let sampled = self.sampler.sample(row);
+        let logprobs = self.logprobs;
+        let done = self.on_sampled(sampled, m, |t| logprobs.map(|n| token_logprob(tokenizer, row, t, n)));
+        self.scratch = scratch;
+        done
+    }
+
+    /// [`Active::on_logits`] from the row's most likely tokens, at least
+    /// [`Active::top_needed`] of them: the same token, text and
+    /// log-probabilities (the normalizer from the row's statistics).
+    pub fn on_top(&mut self, row: TopKRow<'_>, tokenizer: &Tokenizer, m: &Arc<Metrics>) -> bool {
+        let nan = row.stats.first_nan;
+        let sampled = if self.ignore_eos {
+            let (mut ids, mut logits) = (std::mem::take(&mut self.kept_ids), std::mem::take(&mut self.kept_logits));
+            ids.clear();
+            logits.clear();
+            let eog = tokenizer.eog_ids();
+            for (&id, &x) in row.ids.iter().zip(row.logits).filter(|(id, _)| !eog.contains(id)) {
+                ids.push(id);
+                logits.push(x);
+            }
+            let sampled = self.sampler.sample_top(&ids, &logits, nan);
+            (self.kept_ids, self.kept_logits) = (ids, logits);
+            sampled
+        } else {
+            self.sampler.sample_top(row.ids, row.logits, nan)
+        };
+        let logprobs = self.logprobs;
+        self.on_sampled(sampled, m, |t| logprobs.map(|n| candidates_logprob(tokenizer, &row, t, n)))
+    }
+
+    /// What a sampled token does (see [`Active::on_logits`]); `logprob`
+    /// gives its log-probabilities when asked for.
+    fn on_sampled(
+        &mut self,
+        sampled: Result<u32, SamplingError>,
+        m: &Arc<Metrics>,
+        logprob: impl FnOnce(u32) -> Option<TokenLogprob>,
+    ) -> bool {
+        let e = match sampled {
+            Ok(id) => self.seq.on_token(id),
             Err(err) => {
                 self.fail(format!("sampling failed: {err}"));
                 return true;
@@ -115,7 +183,7 @@ impl<'t> Active<'t> {
             return self.finish(FinishReason::Stop, false);
         }
         add(&m.generated_tokens, 1);
-        let logprobs = self.logprobs.map(|n| token_logprob(tokenizer, row, e.token, n)).into_iter().collect();
+        let logprobs = logprob(e.token).into_iter().collect();
         let released = self.stop.push(&e.text);
         self.send_delta(released.text, logprobs);
         if released.stopped {
@@ -149,7 +217,7 @@ impl<'t> Active<'t> {
         true
     }
 
-    fn send_delta(&self, text: String, logprobs: Vec<super::request::TokenLogprob>) {
+    fn send_delta(&self, text: String, logprobs: Vec<TokenLogprob>) {
         if !text.is_empty() || !logprobs.is_empty() {
             let _ = self.events.send(Event::Delta { text, logprobs });
         }

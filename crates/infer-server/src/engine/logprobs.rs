@@ -1,7 +1,9 @@
 //! Log-probabilities of a row of logits for OpenAI's `logprobs`: the
 //! log-softmax of the row, the sampled token's entry and the `n` most
-//! likely tokens.
+//! likely tokens; from the whole row, or from its most likely tokens and
+//! its statistics ([`TopKRow`]).
 
+use infer_compute::backend::TopKRow;
 use infer_model::tokenizer::Tokenizer;
 
 use super::request::TokenLogprob;
@@ -20,6 +22,23 @@ pub fn token_logprob(tokenizer: &Tokenizer, logits: &[f32], token: u32, top_n: u
     };
     let top = top_ids(logits, top_n).into_iter().map(entry).collect();
     let (text, bytes, logprob) = entry(token);
+    TokenLogprob { token: text, bytes, logprob, top }
+}
+
+/// [`token_logprob`] from a row's most likely tokens (`row.ids`, at least
+/// `top_n` of them, `token` among them) and its statistics: the normalizer
+/// is `max + log_sum_exp`, so on the host reference's statistics the values
+/// are [`token_logprob`]'s bits. A token not among the candidates gets
+/// `-inf`.
+pub fn candidates_logprob(tokenizer: &Tokenizer, row: &TopKRow<'_>, token: u32, top_n: usize) -> TokenLogprob {
+    let log_z = row.stats.max + row.stats.log_sum_exp;
+    let entry = |j: Option<usize>, id: u32| {
+        let bytes = tokenizer.token_bytes(id).unwrap_or_default().to_vec();
+        let lp = j.map_or(f32::NEG_INFINITY, |j| row.logits[j] - log_z);
+        (String::from_utf8_lossy(&bytes).into_owned(), bytes, lp)
+    };
+    let top = row.ids.iter().take(top_n).enumerate().map(|(j, &id)| entry(Some(j), id)).collect();
+    let (text, bytes, logprob) = entry(row.ids.iter().position(|&id| id == token), token);
     TokenLogprob { token: text, bytes, logprob, top }
 }
 

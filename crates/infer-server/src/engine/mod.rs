@@ -16,7 +16,12 @@
 //!    decoding goes on beside it);
 //! 4. runs one [`DeviceModel::forward`] and hands each output row to its
 //!    sequence (`Active::on_logits`), which samples, passes the text
-//!    through its stop strings and sends the events;
+//!    through its stop strings and sends the events; when the backend
+//!    selects on the device ([`DeviceModel::top_k_on_device`]) and every
+//!    row's sampler draws from a top-k (or is greedy: no penalties, a
+//!    `top_k` up to [`TOP_K_MAX`](infer_compute::backend::TOP_K_MAX)), the step is a
+//!    [`DeviceModel::forward_top_k`] instead and each sequence samples from
+//!    its row's candidates (`Active::on_top`), the same tokens;
 //! 5. frees the slots of finished requests, keeping their caches.
 
 mod active;
@@ -29,6 +34,7 @@ use std::sync::mpsc::{self, Receiver, Sender, TryRecvError};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
+use infer_compute::backend::TopK;
 use infer_compute::{Batch, DeviceModel, KvPool, Out};
 use infer_model::sampling::Sampler;
 use infer_model::sequence::Sequence;
@@ -159,6 +165,11 @@ pub struct Engine<'t> {
     active: Vec<Active<'t>>,
     batch: Batch,
     planned: Vec<Planned>,
+    /// Whether steps whose rows all sample from a top-k run
+    /// [`DeviceModel::forward_top_k`].
+    use_top_k: bool,
+    /// The candidates of such a step.
+    top: TopK,
 
     metrics: Arc<Metrics>,
     queued: Arc<AtomicUsize>,
@@ -181,6 +192,7 @@ impl<'t> Engine<'t> {
         set(&metrics.slots_total, n_slots);
         Engine {
             n_vocab: model.n_vocab(),
+            use_top_k: model.top_k_on_device(),
             model,
             pool,
             tokenizer,
@@ -190,6 +202,7 @@ impl<'t> Engine<'t> {
             active: Vec::new(),
             batch: Batch::new(),
             planned: Vec::new(),
+            top: TopK::new(),
             metrics,
             queued,
         }
@@ -224,6 +237,13 @@ impl<'t> Engine<'t> {
     /// The batch of the last step.
     pub fn last_batch(&self) -> &Batch {
         &self.batch
+    }
+
+    /// Whether steps whose every row samples from a top-k read back only
+    /// the candidates ([`DeviceModel::forward_top_k`]); by default when the
+    /// backend selects on the device. The tokens are the same either way.
+    pub fn set_top_k(&mut self, on: bool) {
+        self.use_top_k = on;
     }
 
     /// One step (see the module docs); returns whether a forward ran.
@@ -287,14 +307,16 @@ impl<'t> Engine<'t> {
             fail(format!("the prompt has {} tokens; a slot holds 1 to {n_ctx}", req.prompt.len()));
             return Err(());
         }
-        let sampler = Sampler::new(req.params.sampler.clone()).map_err(|e| fail(e.to_string()))?;
+        let mut sampler = Sampler::new(req.params.sampler.clone()).map_err(|e| fail(e.to_string()))?;
         let Some(taken) = self.slots.take(&req.prompt) else { return Err(()) };
         if let Err(e) = self.pool.truncate(taken.slot, taken.reused) {
             self.slots.discard(taken.slot);
             fail(e.to_string());
             return Err(());
         }
-        let seq = Sequence::new(self.tokenizer, &req.prompt, taken.reused, sampler, req.params.max_tokens, n_ctx);
+        // The sequence's own sampler stays unused (`Active` samples).
+        let seq =
+            Sequence::new(self.tokenizer, &req.prompt, taken.reused, Sampler::greedy(), req.params.max_tokens, n_ctx);
         let seq = match seq {
             Ok(s) => s,
             Err(e) => {
@@ -303,11 +325,17 @@ impl<'t> Engine<'t> {
                 return Err(());
             }
         };
+        // The penalties' window sees the prompt tokens to compute, as
+        // `Sequence::new` records them.
+        for &t in &req.prompt[taken.reused..] {
+            sampler.accept(t);
+        }
         add(&self.metrics.prompt_tokens, req.prompt.len() - taken.reused);
         add(&self.metrics.cached_tokens, taken.reused);
         Ok(Active::new(Admitted {
             slot: taken.slot,
             seq,
+            sampler,
             prompt_len: req.prompt.len(),
             reused: taken.reused,
             stop: req.params.stop,
@@ -349,7 +377,12 @@ impl<'t> Engine<'t> {
         add(&self.metrics.steps, 1);
         self.metrics.batch_tokens.observe(self.batch.len() as f64);
         let n_vocab = self.n_vocab;
-        let logits = match self.model.forward(self.pool.as_mut(), &self.batch) {
+        let top_k = if self.use_top_k { self.top_needed() } else { None };
+        let ran = match top_k {
+            Some(k) => self.model.forward_top_k(self.pool.as_mut(), &self.batch, k, &mut self.top).map(|()| None),
+            None => self.model.forward(self.pool.as_mut(), &self.batch).map(Some),
+        };
+        let logits = match ran {
             Ok(l) => l,
             Err(e) => {
                 self.fail_batch(&e.to_string());
@@ -371,18 +404,33 @@ impl<'t> Engine<'t> {
                 row += 1;
             }
         }
-        let (tokenizer, metrics) = (self.tokenizer, &self.metrics);
+        let (tokenizer, metrics, top) = (self.tokenizer, &self.metrics, &self.top);
         let done: Vec<usize> = self
             .active
             .par_iter_mut()
             .enumerate()
             .filter_map(|(i, a)| {
                 let r = row_of[i]?;
-                a.on_logits(&logits[r * n_vocab..(r + 1) * n_vocab], tokenizer, metrics).then_some(i)
+                let done = match logits {
+                    Some(l) => a.on_logits(&l[r * n_vocab..(r + 1) * n_vocab], tokenizer, metrics),
+                    None => a.on_top(top.row(r), tokenizer, metrics),
+                };
+                done.then_some(i)
             })
             .collect();
         self.remove(done, false);
         true
+    }
+
+    /// The candidates per row the planned step needs when every row that
+    /// gets logits can sample from its top-k ([`Active::top_needed`]);
+    /// `None` when one needs its whole row, or no row gets logits.
+    fn top_needed(&self) -> Option<usize> {
+        let mut k = 0;
+        for p in self.planned.iter().filter(|p| p.wants) {
+            k = k.max(self.active[p.index].top_needed(self.n_vocab, self.tokenizer)?);
+        }
+        (k > 0).then_some(k)
     }
 
     /// A failed step: every request in it gets the error and its slot's

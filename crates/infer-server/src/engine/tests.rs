@@ -197,3 +197,75 @@ fn greedy_text_is_the_same_alone_and_batched_and_the_cache_is_reused() {
     assert_eq!(cached[0], 4);
     assert_eq!(cached[2], 0);
 }
+
+/// Every event of `rx`, formatted.
+fn events(rx: &mut UnboundedReceiver<Event>) -> Vec<String> {
+    let mut v = Vec::new();
+    while let Ok(ev) = rx.try_recv() {
+        v.push(format!("{ev:?}"));
+    }
+    v
+}
+
+/// Requests of several samplers run together, with the step reading back
+/// only each row's candidates (`forward_top_k`) and with whole rows: the
+/// same events (texts, log-probabilities to the bit, finish reasons).
+/// Without the penalized request every step with rows runs the candidates
+/// path; with it, every step reads whole rows.
+#[test]
+fn candidate_steps_give_the_events_of_whole_rows() {
+    let (model, tok) = tiny();
+    let cfg = |temperature: f32, top_k: usize, top_p: f32, min_p: f32, seed: u64| SamplerConfig {
+        temperature,
+        top_k,
+        top_p,
+        min_p,
+        seed,
+        ..SamplerConfig::default()
+    };
+    let requests = |penalized: bool| {
+        let mut v = vec![
+            (cfg(0.0, 40, 1.0, 0.0, 0), true, None),
+            (SamplerConfig { seed: 11, ..SamplerConfig::default() }, false, None),
+            (cfg(1.0, 5, 0.9, 0.0, 12), false, Some(3)),
+            (cfg(0.7, 1, 1.0, 0.0, 13), false, Some(2)),
+            (cfg(1.5, 3, 1.0, 0.3, 14), true, None),
+            (cfg(1.0, 8, 1.0, 0.0, 15), false, Some(0)),
+        ];
+        if penalized {
+            v.push((SamplerConfig { repetition_penalty: 1.3, seed: 16, ..SamplerConfig::default() }, false, None));
+        }
+        v
+    };
+    for penalized in [false, true] {
+        let mut runs = Vec::new();
+        for top_k in [true, false] {
+            let mut e = engine(model.as_ref(), &tok, 8, 64);
+            e.set_top_k(top_k);
+            let mut rxs = Vec::new();
+            for (i, (sampler, ignore_eos, logprobs)) in requests(penalized).into_iter().enumerate() {
+                let (tx, rx) = unbounded_channel();
+                let params = GenParams { sampler, max_tokens: 12, stop: Vec::new(), ignore_eos, logprobs };
+                let prompt = [1 + i as u32, 2, 3];
+                submit(&mut e, GenRequest { prompt: prompt.to_vec(), params, events: tx, arrived: Instant::now() });
+                rxs.push(rx);
+            }
+            let mut candidate_steps = 0;
+            while !e.is_idle() {
+                e.top.reset(0, 1);
+                e.step();
+                candidate_steps += usize::from(e.top.rows() > 0);
+            }
+            if top_k && !penalized {
+                assert!(candidate_steps >= 12, "{candidate_steps} steps sampled from candidates");
+            } else {
+                assert_eq!(candidate_steps, 0);
+            }
+            runs.push(rxs.iter_mut().map(events).collect::<Vec<_>>());
+        }
+        for (i, (a, b)) in runs[0].iter().zip(&runs[1]).enumerate() {
+            assert!(a.len() > 2, "request {i}: {a:?}");
+            assert_eq!(a, b, "request {i}, penalized {penalized}");
+        }
+    }
+}
