@@ -8,7 +8,7 @@ mod common;
 use std::path::Path;
 use std::process::Command;
 
-use common::{infer, infer_stdin, output_with_stdin, stderr, stdout, synth_tiny, tmpdir};
+use common::{infer, output_with_stdin, stderr, stdout, synth_tiny, tmpdir};
 use serde_json::{json, Value};
 
 /// `infer chat` on `model`, greedy, one thread, with `args`.
