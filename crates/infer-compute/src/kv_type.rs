@@ -113,6 +113,27 @@ impl KvCacheType {
         }
     }
 
+    /// The block `n` of the Sylvester–Hadamard rotation `H/√n` that a
+    /// cache of this type stores its keys (`keys`) or values in, on every
+    /// backend: q8_0 and q4_0 when `head_dim` is a multiple of 64, keys in
+    /// the largest power of two from 64 on that divides `head_dim`, values
+    /// in 64, as llama.cpp does by default for a quantized cache since its
+    /// PR 21038 (`llama-kv-cache.cpp`, `n_rot_k`, `n_rot_v`); `None` for
+    /// the others (f32 and f16 are stored as computed; the TurboQuant types
+    /// have their own rotation of the whole head).
+    pub fn hadamard_block(self, head_dim: usize, keys: bool) -> Option<usize> {
+        match self {
+            KvCacheType::Q8_0 | KvCacheType::Q4_0 if head_dim.is_multiple_of(64) => {
+                let mut n = 64;
+                while keys && head_dim.is_multiple_of(2 * n) {
+                    n *= 2;
+                }
+                Some(n)
+            }
+            _ => None,
+        }
+    }
+
     /// Bytes of one head's row of `head_dim` values.
     ///
     /// # Errors

@@ -19,7 +19,7 @@ use infer_compute::cpu::{ops, CpuBackend};
 use infer_compute::cuda::CudaBackend;
 use infer_compute::pipeline::{RopeSpec, RopeType};
 use infer_compute::{Batch, ComputeBackend, DeviceModel, Out, QuantWeight, WeightBytes};
-use infer_compute::{Error, GgmlType};
+use infer_compute::{Error, GgmlType, KvCacheType, KvTypes};
 use ndarray::Array2;
 use rand::rngs::StdRng;
 use rand::{Rng, RngCore, SeedableRng};
@@ -426,6 +426,69 @@ fn attention_matches_cpu() {
     }
 }
 
+/// The rows a quantized KV cache stores on the device are the CPU's bits:
+/// each head rotated by `H/√n` on the type's blocks
+/// (`KvCacheType::hadamard_block`, same butterflies, same f32 arithmetic),
+/// then ggml's reference quantization (`quant::quantize_row`), codes then
+/// scales; f16 rows round to nearest even.
+fn kv_cache_rows_match_cpu_quantization() {
+    let cuda = cuda_or_skip!();
+    let mut rng = StdRng::seed_from_u64(21);
+    for (n_kv, hd) in [(2usize, 64usize), (1, 256), (3, 96), (4, 128)] {
+        let kv_dim = n_kv * hd;
+        let n_pos = 5;
+        let k = rand_vec(&mut rng, n_pos * kv_dim, 3.0);
+        let mut v = rand_vec(&mut rng, n_pos * kv_dim, 0.5);
+        v[3] = 40.0; // an outlier, spread over its block by the rotation
+        for (kt, vt) in [(KvCacheType::Q8_0, KvCacheType::Q4_0), (KvCacheType::Q4_0, KvCacheType::Q8_0), (KvCacheType::F16, KvCacheType::Q4_0)] {
+            let (kb, vb) = cuda.store_kv_rows(&k, &v, n_kv, hd, KvTypes { k: kt, v: vt }).unwrap();
+            for (what, ty, x, got, keys) in [("K", kt, &k, &kb, true), ("V", vt, &v, &vb, false)] {
+                let want = cpu_cache_rows(ty, x, n_kv, hd, keys);
+                assert_eq!(got.len() % n_pos, 0);
+                let row = got.len() / n_pos;
+                for p in 0..n_pos {
+                    assert_eq!(
+                        &got[p * row..p * row + want[p].len()],
+                        &want[p][..],
+                        "{what} {ty} {n_kv}x{hd}: row {p} differs from the CPU's"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// Rows of `ty` as the device stores them, computed on the CPU: codes,
+/// then f16 scales (the padding left out); f16 values for F16.
+fn cpu_cache_rows(ty: KvCacheType, x: &[f32], n_kv: usize, hd: usize, keys: bool) -> Vec<Vec<u8>> {
+    let kv_dim = n_kv * hd;
+    x.chunks_exact(kv_dim)
+        .map(|row| {
+            let Some(gt) = ty.ggml_type().filter(|t| *t != GgmlType::F16) else {
+                return row.iter().flat_map(|&v| f16::from_f32(v).to_le_bytes()).collect();
+            };
+            let mut r = row.to_vec();
+            if let Some(n) = ty.hadamard_block(hd, keys) {
+                for b in r.chunks_exact_mut(n) {
+                    infer_compute::turboquant::rotation::fwht(b);
+                    let s = 1.0 / (n as f32).sqrt();
+                    b.iter_mut().for_each(|v| *v *= s);
+                }
+            }
+            let mut q = vec![0u8; gt.row_bytes(kv_dim).unwrap()];
+            infer_compute::quant::quantize_row(gt, &r, &mut q).unwrap();
+            // ggml blocks: the f16 scale, then the codes.
+            let (mut codes, mut scales) = (Vec::new(), Vec::new());
+            for blk in q.chunks_exact(gt.type_size()) {
+                scales.extend_from_slice(&blk[..2]);
+                codes.extend_from_slice(&blk[2..]);
+            }
+            codes.extend(scales);
+            codes
+        })
+        .collect()
+}
+
 fn glu_matches_cpu() {
     let cuda = cuda_or_skip!();
     let mut rng = StdRng::seed_from_u64(9);
@@ -608,6 +671,7 @@ fn main() {
         ("norms_match_cpu", norms_match_cpu),
         ("rope_matches_cpu", rope_matches_cpu),
         ("attention_matches_cpu", attention_matches_cpu),
+        ("kv_cache_rows_match_cpu_quantization", kv_cache_rows_match_cpu_quantization),
         ("glu_matches_cpu", glu_matches_cpu),
         ("graph_replay_equals_direct_launches", graph_replay_equals_direct_launches),
         (

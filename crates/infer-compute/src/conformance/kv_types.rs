@@ -1,7 +1,8 @@
 //! KV cache element types ([`KvTypes`]): a decode over a cache of each
 //! type against the same backend's f16 cache, within the type's bound; a
 //! prompt prefilled into a quantized cache against the same tokens decoded
-//! one by one; a cache that does not fit; a head size a type cannot store.
+//! one by one; three sequences decoded together in one pool against each
+//! alone; a cache that does not fit; a head size a type cannot store.
 //! A backend may refuse a type it does not store, with
 //! [`Error::UnsupportedKvCache`] naming it (the case then skips, saying
 //! so); any other refusal fails.
@@ -19,7 +20,7 @@
 use super::compare::{check_logits, cosine};
 use super::model::{err, prepare, random_model, random_model_heads, tokens, Arch};
 use super::{Case, Outcome};
-use crate::backend::{ComputeBackend, DeviceModel, KvPool};
+use crate::backend::{Batch, ComputeBackend, DeviceModel, KvPool, Out};
 use crate::{Error, KvCacheType, KvTypes};
 
 /// The pool of `types`, or why the backend refuses it: `Ok(Err(skip))` for
@@ -93,6 +94,59 @@ fn decode_case(b: &dyn ComputeBackend, arch: Arch, types: KvTypes) -> Result<Out
     Ok(Outcome::Pass(String::new()))
 }
 
+/// Three sequences in one pool of `types`: their prompts (3, 9 and 20
+/// tokens) prefilled in one step, then four steps decoding all three at
+/// once, against each sequence alone in a one-slot pool of `types`,
+/// within [`check_logits`]; with heads of 64 values (GQA), of 128 (one kv
+/// head) and of 96 (no Hadamard rotation, no one-launch decode kernel on
+/// CUDA): the paths a GPU backend takes for short and long prompt chunks
+/// and for decode steps of several sequences, over a quantized cache.
+fn batch_case(b: &dyn ComputeBackend, arch: Arch, types: KvTypes) -> Result<Outcome, String> {
+    for (spec, heads) in [
+        (random_model(41, arch), "4/2 heads of 64"),
+        (random_model_heads(48, arch, 256, 2, 1, 128), "2/1 heads of 128"),
+        (random_model_heads(49, arch, 256, 8, 2, 96), "8/2 heads of 96"),
+    ] {
+        let mut m = match prepare(b, &spec)? {
+            Ok(m) => m,
+            Err(skip) => return Ok(skip),
+        };
+        let mut pool = match m.new_kv_pool_typed(3, 32, types) {
+            Ok(p) => p,
+            Err(Error::UnsupportedKvCache { ty, reason }) if ty == types.k || ty == types.v => {
+                return Ok(Outcome::Skip(format!("{types}: {reason}")))
+            }
+            Err(e) => return Err(format!("{heads}: a pool of {types}: {e}")),
+        };
+        let prompts: Vec<Vec<u32>> = [3usize, 9, 20].iter().map(|&n| tokens(50 + n as u64, n, spec.n_vocab)).collect();
+        let steps: Vec<Vec<u32>> = (0..3).map(|s| tokens(60 + s, 4, spec.n_vocab)).collect();
+        let n_vocab = m.n_vocab();
+        let mut batch = Batch::new();
+        for (slot, p) in prompts.iter().enumerate() {
+            batch.push_seq(slot, 0, p, Out::Last);
+        }
+        let mut got = vec![m.forward(pool.as_mut(), &batch).map_err(err("prefill of three"))?.to_vec()];
+        for i in 0..4 {
+            batch.clear();
+            for (slot, p) in prompts.iter().enumerate() {
+                batch.push(steps[slot][i], p.len() + i, slot, true);
+            }
+            got.push(m.forward(pool.as_mut(), &batch).map_err(err("decode of three"))?.to_vec());
+        }
+        for (slot, p) in prompts.iter().enumerate() {
+            let mut kv = m.new_kv_cache_typed(32, types).map_err(err("one-slot cache"))?;
+            let want = m.prefill(kv.as_mut(), p, 0).map_err(err("prefill alone"))?.to_vec();
+            let row = |step: &Vec<f32>| step[slot * n_vocab..(slot + 1) * n_vocab].to_vec();
+            check_logits(&format!("{types}, {heads}: slot {slot}'s prompt"), &row(&got[0]), &want)?;
+            for i in 0..4 {
+                let want = m.decode_token(kv.as_mut(), steps[slot][i], p.len() + i).map_err(err("decode alone"))?;
+                check_logits(&format!("{types}, {heads}: slot {slot}, step {i}"), &row(&got[i + 1]), want)?;
+            }
+        }
+    }
+    Ok(Outcome::Pass(String::new()))
+}
+
 /// A cache too large for memory, in each type the backend stores, is
 /// [`Error::OutOfMemory`] or [`Error::Overflow`] (or the backend's
 /// [`Error::UnsupportedModel`] for a length past its kernels' range), not
@@ -157,6 +211,9 @@ pub fn cases() -> Vec<Case> {
     for (arch, arch_name) in [(Arch::Gemma3, "gemma3"), (Arch::LlamaBias, "llama_bias")] {
         for (name, types) in kinds {
             v.push(Case::new(&format!("kv::{arch_name}::decode_{name}"), move |b| decode_case(b, arch, types)));
+        }
+        for (name, types) in [("q8_0", KvTypes::both(T::Q8_0)), ("q4_0", KvTypes::both(T::Q4_0))] {
+            v.push(Case::new(&format!("kv::{arch_name}::batch_{name}"), move |b| batch_case(b, arch, types)));
         }
     }
     v.push(Case::new("kv::limits", limits_case));

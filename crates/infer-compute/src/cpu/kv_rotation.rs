@@ -97,15 +97,8 @@ impl KvRotation {
 
     fn of(ty: KvCacheType, head_dim: usize, tq: Option<&Arc<TurboQuant>>, keys: bool) -> Option<Self> {
         match ty {
-            KvCacheType::Q8_0 | KvCacheType::Q4_0 if head_dim.is_multiple_of(64) => {
-                let mut n = 64;
-                while keys && head_dim.is_multiple_of(2 * n) {
-                    n *= 2;
-                }
-                Some(KvRotation::Hadamard(n))
-            }
             KvCacheType::Tq3 | KvCacheType::Tq4 => tq.map(|t| KvRotation::Turbo(t.clone(), None)),
-            _ => None,
+            _ => ty.hadamard_block(head_dim, keys).map(KvRotation::Hadamard),
         }
     }
 

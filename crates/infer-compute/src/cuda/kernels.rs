@@ -20,7 +20,8 @@ pub(crate) const PRODUCT_SOURCES: [(&str, &str); 6] = [
 ];
 
 /// The rest of [`Module::Common`], after [`PRODUCT_SOURCES`].
-pub(crate) const COMMON_SOURCES: [(&str, &str); 7] = [
+pub(crate) const COMMON_SOURCES: [(&str, &str); 8] = [
+    ("kv_cache.cuh", include_str!("kernels/kv_cache.cuh")),
     ("rope.cu", include_str!("kernels/rope.cu")),
     ("attention.cu", include_str!("kernels/attention.cu")),
     ("attention_decode.cu", include_str!("kernels/attention_decode.cu")),
@@ -121,6 +122,13 @@ pub(crate) mod names {
     pub const ATTN_DECODE_BATCH_HD64: KernelName = KernelName::common("attn_decode_batch_hd64");
     pub const ATTN_DECODE_BATCH_HD128: KernelName = KernelName::common("attn_decode_batch_hd128");
     pub const ATTN_DECODE_BATCH_HD256: KernelName = KernelName::common("attn_decode_batch_hd256");
+    pub const ATTN_DECODE_Q_HD64: KernelName = KernelName::common("attn_decode_q_hd64");
+    pub const ATTN_DECODE_Q_HD128: KernelName = KernelName::common("attn_decode_q_hd128");
+    pub const ATTN_DECODE_Q_HD256: KernelName = KernelName::common("attn_decode_q_hd256");
+    pub const ATTN_DECODE_BATCH_Q_HD64: KernelName = KernelName::common("attn_decode_batch_q_hd64");
+    pub const ATTN_DECODE_BATCH_Q_HD128: KernelName = KernelName::common("attn_decode_batch_q_hd128");
+    pub const ATTN_DECODE_BATCH_Q_HD256: KernelName = KernelName::common("attn_decode_batch_q_hd256");
+    pub const ATTN_UNROTATE: KernelName = KernelName::common("attn_unrotate");
     pub const EMBED_ROWS: KernelName = KernelName::common("embed_rows");
     pub const GATHER_ROWS: KernelName = KernelName::common("gather_rows");
     pub const GLU: KernelName = KernelName::common("glu");
@@ -137,7 +145,7 @@ pub(crate) mod names {
     pub const ATTN_PREFILL_HD256: KernelName = KernelName::common("attn_prefill_hd256");
 
     /// Every non-mat-vec kernel (loaded when the backend starts).
-    pub const ALL: [KernelName; 28] = [
+    pub const ALL: [KernelName; 35] = [
         QUANTIZE_Q8,
         RESIDUAL_NORM,
         QKV_POST,
@@ -152,6 +160,13 @@ pub(crate) mod names {
         ATTN_DECODE_BATCH_HD64,
         ATTN_DECODE_BATCH_HD128,
         ATTN_DECODE_BATCH_HD256,
+        ATTN_DECODE_Q_HD64,
+        ATTN_DECODE_Q_HD128,
+        ATTN_DECODE_Q_HD256,
+        ATTN_DECODE_BATCH_Q_HD64,
+        ATTN_DECODE_BATCH_Q_HD128,
+        ATTN_DECODE_BATCH_Q_HD256,
+        ATTN_UNROTATE,
         EMBED_ROWS,
         GATHER_ROWS,
         GLU,
@@ -484,8 +499,14 @@ pub(crate) struct QkvArgs {
     pub freq_scale: f32,
     pub qn_eps: f32,
     pub kn_eps: f32,
+    pub kt: i32,
+    pub vt: i32,
+    pub k_row: i32,
+    pub v_row: i32,
+    pub k_rot: i32,
+    pub v_rot: i32,
 }
-const _: () = assert!(std::mem::size_of::<QkvArgs>() == 128);
+const _: () = assert!(std::mem::size_of::<QkvArgs>() == 152);
 
 /// Mirror of `AttnArgs`.
 #[repr(C)]
@@ -508,8 +529,14 @@ pub(crate) struct AttnArgs {
     pub n_tok: i32,
     pub scale: f32,
     pub softcap: f32,
+    pub kt: i32,
+    pub vt: i32,
+    pub k_row: i32,
+    pub v_row: i32,
+    pub v_rot: i32,
+    pub pad_: i32,
 }
-const _: () = assert!(std::mem::size_of::<AttnArgs>() == 104);
+const _: () = assert!(std::mem::size_of::<AttnArgs>() == 128);
 
 /// Mirror of `AttnQkvArgs`.
 #[repr(C)]
@@ -519,9 +546,10 @@ pub(crate) struct AttnQkvArgs {
     pub qk: QkvArgs,
     pub count: DevPtr,
     pub slot: DevPtr,
-    pub slot_stride: i64,
+    pub k_stride: i64,
+    pub v_stride: i64,
 }
-const _: () = assert!(std::mem::size_of::<AttnQkvArgs>() == 256);
+const _: () = assert!(std::mem::size_of::<AttnQkvArgs>() == 312);
 
 // SAFETY: plain #[repr(C)] structs of integers and floats whose layout
 // matches the CUDA declarations (sizes asserted on both sides); kernels

@@ -30,6 +30,7 @@ mod buffers;
 mod compile;
 mod device;
 pub(crate) mod kernels;
+mod kv_pool;
 mod model;
 mod ops;
 mod options;
@@ -44,12 +45,14 @@ pub use buffers::PREFILL_CHUNK;
 use device::Device;
 pub use device::DeviceInfo;
 use kernels::{AttnArgs, NormArgs, QkvArgs};
-pub use model::{CudaKvPool, CudaModel};
+pub use kv_pool::CudaKvPool;
+pub use model::CudaModel;
 use ops::Matvec;
 pub use options::{CudaOptions, GemmPrecision};
 
 use crate::backend::{ComputeBackend, DeviceModel};
 use crate::error::{shape_err, Error, Result};
+use crate::kv_type::KvTypes;
 use crate::pipeline::{ModelSpec, RopeSpec, RopeType};
 use crate::weight::QuantWeight;
 
@@ -317,6 +320,9 @@ impl CudaBackend {
             n_tok: 1,
             scale,
             softcap: softcap.unwrap_or(0.0),
+            k_row: (2 * kv_dim) as i32,
+            v_row: (2 * kv_dim) as i32,
+            ..Default::default()
         };
         let row = pos * kv_dim..(pos + 1) * kv_dim;
         let kn = self.upload_f32(&k_cache[row.clone()])?;
@@ -335,10 +341,69 @@ impl CudaBackend {
             n_tok: 1,
             theta_scale: 1.0,
             freq_scale: 1.0,
+            k_row: (2 * kv_dim) as i32,
+            v_row: (2 * kv_dim) as i32,
             ..Default::default()
         };
         ops::qkv_attention(d, &qkv, &args, d.ptr(&count))?;
         self.read_f32(&out, q.len())
+    }
+
+    /// Appends rows of keys `k` and values `v`, `[n_pos][n_head_kv ·
+    /// head_dim]`, at positions `0..n_pos` of a fresh cache of `types`
+    /// through the pipeline's append (`qkv_post` with no bias, norm or
+    /// RoPE) and returns the bytes stored: `n_pos` rows of each cache in
+    /// its device format (`kernels/kv_cache.cuh`: f16; q8_0 or q4_0 codes,
+    /// then their f16 scales, padded to 16 bytes), rotated as the type is.
+    /// For checking the device's quantization and rotation against the
+    /// CPU's.
+    ///
+    /// # Errors
+    /// Shape mismatches, [`Error::UnsupportedKvCache`]; device errors.
+    pub fn store_kv_rows(
+        &self,
+        k: &[f32],
+        v: &[f32],
+        n_head_kv: usize,
+        head_dim: usize,
+        types: KvTypes,
+    ) -> Result<(Vec<u8>, Vec<u8>)> {
+        let _stream = self.exclusive();
+        let kv_dim = n_head_kv * head_dim;
+        if kv_dim == 0 || k.len() != v.len() || !k.len().is_multiple_of(kv_dim) || k.is_empty() {
+            return Err(shape_err("cuda store_kv_rows", "k and v must be whole rows of n_head_kv * head_dim"));
+        }
+        let n_pos = k.len() / kv_dim;
+        let kl = kv_pool::CacheLayout::new(types.k, n_head_kv, head_dim, true)?;
+        let vl = kv_pool::CacheLayout::new(types.v, n_head_kv, head_dim, false)?;
+        let d = &*self.dev;
+        let (kb, vb) = (self.upload_f32(k)?, self.upload_f32(v)?);
+        let (kc, vc) = (d.zeros::<u8>(n_pos * kl.row)?, d.zeros::<u8>(n_pos * vl.row)?);
+        let posb = d.upload(&[0i32])?;
+        let args = QkvArgs {
+            k: d.ptr(&kb),
+            v: d.ptr(&vb),
+            kc: d.ptr(&kc),
+            vc: d.ptr(&vc),
+            pos0: d.ptr(&posb),
+            n_kv: n_head_kv as i32,
+            hd: head_dim as i32,
+            n_tok: n_pos as i32,
+            theta_scale: 1.0,
+            freq_scale: 1.0,
+            kt: kl.code(),
+            vt: vl.code(),
+            k_row: kl.row as i32,
+            v_row: vl.row as i32,
+            k_rot: kl.rot as i32,
+            v_rot: vl.rot as i32,
+            ..Default::default()
+        };
+        ops::qkv_post(d, &args)?;
+        let mut out = (vec![0u8; n_pos * kl.row], vec![0u8; n_pos * vl.row]);
+        d.read_back(&kc, 0, &mut out.0)?;
+        d.read_back(&vc, 0, &mut out.1)?;
+        Ok(out)
     }
 
     /// `act(gate) · up` elementwise (`gelu`: GELU-tanh, else SiLU).

@@ -1,5 +1,5 @@
 //! The CUDA decode pipeline: a [`ModelSpec`] uploaded once ([`Weights`],
-//! shared by every context), an f16 KV pool in device memory
+//! shared by every context), a KV pool in device memory
 //! ([`CudaKvPool`]), and one forward pass per [`Batch`] on a context's
 //! stream; a one-token step is captured once as a CUDA graph and replayed.
 //!
@@ -51,12 +51,11 @@
 //! split-K kernels with one grid layer per token, each causal to its own
 //! position. Buffer sizes: `buffers.rs`.
 //!
-//! KV pool: f16, per layer `[n_slots][n_ctx][n_head_kv][head_dim]`,
-//! position-major (the CPU layout, half the bytes). Attention accumulates in
-//! f32.
+//! KV pool (`kv_pool.rs`): per layer `[n_slots][n_ctx]` rows of
+//! `n_head_kv · head_dim` values, position-major as on the CPU, in f16,
+//! q8_0 or q4_0 (the quantized types rotated as the CPU stores them).
+//! Attention accumulates in f32.
 
-use std::any::Any;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -65,22 +64,20 @@ use cudarc::driver::{CudaGraph, CudaSlice};
 
 use super::buffers::{prefill_chunk, Buffers, Maxima, Params};
 use super::device::{dev_err, Device, PinnedBuf};
-use super::kernels::DevPtr;
+use super::kv_pool::CudaKvPool;
 use super::ops;
 use crate::backend::{
-    advance_spans, checked_pool, new_states, rollback_spans, single_error, Batch, DeviceModel, KvPool, KvState,
+    advance_spans, checked_pool, rollback_spans, single_error, Batch, DeviceModel, KvPool,
     ModelId, Out, Span, StepProfile,
 };
 use crate::backend::TopK;
 use crate::error::{Error, Result};
-use crate::kv_type::{KvCacheType, KvTypes};
+use crate::kv_type::KvTypes;
 use crate::pipeline::{Activation, FfnType, ModelSpec, Norm, NormType, RopeType};
 use crate::weight::QuantWeight;
 use crate::GgmlType;
 
 mod forward;
-
-static NEXT_ID: AtomicUsize = AtomicUsize::new(1);
 
 /// A weight matrix in device memory, GGUF blocks as they are.
 struct DevWeight {
@@ -305,68 +302,6 @@ pub struct CudaModel {
     captures: usize,
 }
 
-/// The KV pool of a [`CudaModel`]: per layer, K and V as f16
-/// `[n_slots][n_ctx][n_head_kv][head_dim]` in device memory, one
-/// allocation each. The attention split count is fixed by `n_ctx` when the
-/// pool is created.
-pub struct CudaKvPool {
-    /// Identity of this pool (a captured graph is bound to its buffers).
-    id: usize,
-    dev: Arc<Device>,
-    states: Vec<KvState>,
-    n_ctx: usize,
-    n_split: usize,
-    k: Vec<CudaSlice<u16>>,
-    v: Vec<CudaSlice<u16>>,
-    /// `n_head_kv · head_dim` of each layer.
-    kv_dim: Vec<usize>,
-}
-
-impl CudaKvPool {
-    /// Cache values (f16) of one slot of layer `li`.
-    fn slot_stride(&self, li: usize) -> usize {
-        self.n_ctx * self.kv_dim[li]
-    }
-
-    /// Device addresses of slot `slot`'s K and V caches in layer `li`.
-    fn slot_ptrs(&self, li: usize, slot: usize) -> (DevPtr, DevPtr) {
-        let off = (slot * self.slot_stride(li) * 2) as u64;
-        (self.dev.ptr(&self.k[li]) + off, self.dev.ptr(&self.v[li]) + off)
-    }
-}
-
-impl KvPool for CudaKvPool {
-    fn states(&self) -> &[KvState] {
-        &self.states
-    }
-    fn states_mut(&mut self) -> &mut [KvState] {
-        &mut self.states
-    }
-    fn as_any_mut(&mut self) -> &mut dyn Any {
-        self
-    }
-    fn types(&self) -> KvTypes {
-        KvTypes::both(KvCacheType::F16)
-    }
-    fn bytes_per_token(&self) -> u64 {
-        self.kv_dim.iter().map(|&d| 4 * d as u64).sum()
-    }
-    fn copy_positions(&mut self, from: usize, to: usize, n: usize) -> Result<()> {
-        for li in 0..self.k.len() {
-            let ((kf, vf), (kt, vt)) = (self.slot_ptrs(li, from), self.slot_ptrs(li, to));
-            let bytes = n * self.kv_dim[li] * 2;
-            // SAFETY: slots `from != to` are disjoint regions of the
-            // layer's allocation, and `n` is at most `n_ctx` (checked by
-            // `copy_prefix`).
-            unsafe {
-                self.dev.enqueue_copy(kt, kf, bytes)?;
-                self.dev.enqueue_copy(vt, vf, bytes)?;
-            }
-        }
-        self.dev.sync()
-    }
-}
-
 /// One pass of a forward step on the device: at most
 /// [`prefill_chunk`] consecutive tokens of a [`Batch`], as spans whose
 /// `start` counts from the pass's first token, and the pass-relative
@@ -578,8 +513,8 @@ impl CudaModel {
         let (pool, spans) = checked_pool::<CudaKvPool>(pool, self.w.id, self.w.n_vocab, batch)?;
         let r = self.run_passes(pool, batch, &spans, greedy, prof);
         match r {
-            Ok(_) => advance_spans(&mut pool.states, &spans),
-            Err(_) => rollback_spans(&mut pool.states, &spans),
+            Ok(_) => advance_spans(pool.states_mut(), &spans),
+            Err(_) => rollback_spans(pool.states_mut(), &spans),
         }
         r
     }
@@ -758,35 +693,16 @@ impl CudaModel {
         self.captures
     }
 
-    /// Creates an empty f16 KV pool of `n_slots` sequences of `n_ctx`
-    /// positions.
+    /// Creates an empty KV pool of `n_slots` sequences of `n_ctx`
+    /// positions stored as `types` say (f16, q8_0 or q4_0 keys and values).
     ///
     /// # Errors
-    /// `n_slots` or `n_ctx` of 0, sizes past the kernels' 32-bit
-    /// positions, device allocation failures.
-    pub fn new_cuda_kv_pool(&self, n_slots: usize, n_ctx: usize) -> Result<CudaKvPool> {
-        let kv_dim: Vec<usize> = self.w.layers.iter().map(|l| l.n_kv * l.hd).collect();
-        let states = new_states(self.w.id, n_slots, n_ctx, kv_dim.iter().copied().max().unwrap_or(0))?;
-        if n_ctx > i32::MAX as usize / 2 {
-            return Err(Error::UnsupportedModel(format!("a KV cache of {n_ctx} positions exceeds the kernels' range")));
-        }
-        let mut k = Vec::with_capacity(kv_dim.len());
-        let mut v = Vec::with_capacity(kv_dim.len());
-        for &d in &kv_dim {
-            k.push(self.dev.zeros::<u16>(n_slots * n_ctx * d)?);
-            v.push(self.dev.zeros::<u16>(n_slots * n_ctx * d)?);
-        }
-        self.dev.sync()?;
-        Ok(CudaKvPool {
-            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
-            dev: self.dev.clone(),
-            states,
-            n_ctx,
-            n_split: ops::attn_splits(n_ctx),
-            k,
-            v,
-            kv_dim,
-        })
+    /// `n_slots` or `n_ctx` of 0, [`Error::UnsupportedKvCache`] for another
+    /// type or a head size its blocks do not divide, sizes past the
+    /// kernels' 32-bit positions, device allocation failures.
+    pub fn new_cuda_kv_pool(&self, n_slots: usize, n_ctx: usize, types: KvTypes) -> Result<CudaKvPool> {
+        let heads: Vec<(usize, usize)> = self.w.layers.iter().map(|l| (l.n_kv, l.hd)).collect();
+        CudaKvPool::new(&self.dev, self.w.id, &heads, n_slots, n_ctx, types)
     }
 }
 
@@ -799,15 +715,10 @@ impl DeviceModel for CudaModel {
         self.w.n_vocab
     }
 
-    /// f16 keys and values only, for now: any other type is
-    /// [`Error::UnsupportedKvCache`].
+    /// f16, q8_0 and q4_0 keys and values (`kv_pool.rs`); f32 and the
+    /// TurboQuant types are [`Error::UnsupportedKvCache`].
     fn new_kv_pool_typed(&self, n_slots: usize, n_ctx: usize, types: KvTypes) -> Result<Box<dyn KvPool>> {
-        for ty in [types.k, types.v] {
-            if ty != KvCacheType::F16 {
-                return Err(Error::UnsupportedKvCache { ty, reason: "the CUDA backend stores f16 caches only".into() });
-            }
-        }
-        Ok(Box::new(self.new_cuda_kv_pool(n_slots, n_ctx)?))
+        Ok(Box::new(self.new_cuda_kv_pool(n_slots, n_ctx, types)?))
     }
 
     fn forward(&mut self, pool: &mut dyn KvPool, batch: &Batch) -> Result<&[f32]> {

@@ -376,11 +376,11 @@ pub(crate) fn qkv_post(dev: &Device, args: &QkvArgs) -> Result<()> {
 pub(crate) fn qkv_attention(dev: &Device, qkv: &QkvArgs, attn: &AttnArgs, count: DevPtr) -> Result<()> {
     let (n_head, n_kv, hd) = (attn.n_head as usize, attn.n_kv as usize, attn.hd as usize);
     let one = attn.n_tok == 1 && qkv.n_tok == 1 && n_kv > 0 && n_head / n_kv <= ATTN_MAX_G;
-    if let Some(k) = decode_kernel(hd).filter(|_| one && count != 0 && dev.opts.attn_decode) {
+    if let Some(k) = decode_kernel(hd, quantized(attn)).filter(|_| one && count != 0 && dev.opts.attn_decode) {
         check_qkv_shape(qkv)?;
         check_attn_shape(n_head, n_kv, hd)?;
         let grid = (to_u32(n_kv, "kv heads")?, decode_blocks(dev, attn, 1)?, 1);
-        let args = AttnQkvArgs { at: *attn, qk: *qkv, count, slot: 0, slot_stride: 0 };
+        let args = AttnQkvArgs { at: *attn, qk: *qkv, count, slot: 0, k_stride: 0, v_stride: 0 };
         return dev.launch(k, grid, decode_threads(hd), decode_smem(hd), &args);
     }
     let fuse = one && dev.opts.fuse_qkv.unwrap_or(n_kv >= 2);
@@ -391,7 +391,7 @@ pub(crate) fn qkv_attention(dev: &Device, qkv: &QkvArgs, attn: &AttnArgs, count:
     check_qkv_shape(qkv)?;
     check_attn_shape(n_head, n_kv, hd)?;
     let smem = ((ATTN_MAX_G * hd + ATTN_MAX_G * ATTN_SPLIT + pv_reduce_len(hd).max(3 * hd)) * 4) as u32;
-    let args = AttnQkvArgs { at: *attn, qk: *qkv, count: 0, slot: 0, slot_stride: 0 };
+    let args = AttnQkvArgs { at: *attn, qk: *qkv, count: 0, slot: 0, k_stride: 0, v_stride: 0 };
     let grid = (to_u32(n_kv, "kv heads")?, to_u32(attn.n_split as usize, "splits")?, 1);
     let k = if pv_reduce_len(hd) > 0 { names::ATTN_SPLIT_QKV_GRP } else { names::ATTN_SPLIT_QKV };
     dev.launch(k, grid, ATTN_THREADS as u32, smem, &args)?;
@@ -407,7 +407,7 @@ pub(crate) const DECODE_BATCH_MAX: usize = 64;
 /// [`qkv_attention`]'s one-token path exists for it).
 pub(crate) fn has_decode_batch(dev: &Device, attn: &AttnArgs) -> bool {
     let (n_head, n_kv) = (attn.n_head as usize, attn.n_kv as usize);
-    decode_kernel(attn.hd as usize).is_some() && n_kv > 0 && n_head / n_kv <= ATTN_MAX_G && dev.opts.attn_decode
+    decode_kernel(attn.hd as usize, false).is_some() && n_kv > 0 && n_head / n_kv <= ATTN_MAX_G && dev.opts.attn_decode
 }
 
 /// [`qkv_attention`] for `n_tok` one-token steps of different sequences in
@@ -415,7 +415,7 @@ pub(crate) fn has_decode_batch(dev: &Device, attn: &AttnArgs) -> bool {
 /// `attn` describe token 0 with `n_tok` = 1 (its rows, the caches of slot
 /// 0, `pos0` the first of `n_tok` device positions); token `t` reads row
 /// `t` of each activation, position `pos0[t]` and the caches at
-/// `slot[t] · slot_stride` values from slot 0's. `count` holds `n_tok ·
+/// `slot[t] · strides` bytes (K's, V's) from slot 0's. `count` holds `n_tok ·
 /// n_kv` zeroed tickets, the partial sums room for `n_tok` tokens.
 ///
 /// # Errors
@@ -428,14 +428,17 @@ pub(crate) fn qkv_attention_batch(
     attn: &AttnArgs,
     count: DevPtr,
     slot: DevPtr,
-    slot_stride: usize,
+    strides: (usize, usize),
     n_tok: usize,
 ) -> Result<()> {
     let (n_kv, hd) = (attn.n_kv as usize, attn.hd as usize);
-    let k = match hd {
-        64 => names::ATTN_DECODE_BATCH_HD64,
-        128 => names::ATTN_DECODE_BATCH_HD128,
-        256 => names::ATTN_DECODE_BATCH_HD256,
+    let k = match (hd, quantized(attn)) {
+        (64, false) => names::ATTN_DECODE_BATCH_HD64,
+        (128, false) => names::ATTN_DECODE_BATCH_HD128,
+        (256, false) => names::ATTN_DECODE_BATCH_HD256,
+        (64, true) => names::ATTN_DECODE_BATCH_Q_HD64,
+        (128, true) => names::ATTN_DECODE_BATCH_Q_HD128,
+        (256, true) => names::ATTN_DECODE_BATCH_Q_HD256,
         _ => return Err(Error::Device(format!("no batched decode attention for head_dim {hd}"))),
     };
     if !has_decode_batch(dev, attn) || n_tok == 0 || n_tok > DECODE_BATCH_MAX || count == 0 || slot == 0 {
@@ -444,8 +447,8 @@ pub(crate) fn qkv_attention_batch(
     check_qkv_shape(qkv)?;
     check_attn_shape(attn.n_head as usize, n_kv, hd)?;
     let grid = (to_u32(n_kv, "kv heads")?, decode_blocks(dev, attn, n_tok)?, to_u32(n_tok, "tokens")?);
-    let slot_stride = i64::try_from(slot_stride).map_err(|_| Error::Overflow("KV pool slot stride"))?;
-    let args = AttnQkvArgs { at: *attn, qk: *qkv, count, slot, slot_stride };
+    let stride = |s: usize| i64::try_from(s).map_err(|_| Error::Overflow("KV pool slot stride"));
+    let args = AttnQkvArgs { at: *attn, qk: *qkv, count, slot, k_stride: stride(strides.0)?, v_stride: stride(strides.1)? };
     dev.launch(k, grid, decode_threads(hd), decode_smem(hd), &args)
 }
 
@@ -474,14 +477,38 @@ fn decode_blocks(dev: &Device, attn: &AttnArgs, n_tok: usize) -> Result<u32> {
     to_u32(cap.clamp(1, (attn.n_split as usize).max(1)), "decode attention blocks")
 }
 
-/// The one-launch decode attention kernel for head dimension `hd`.
-fn decode_kernel(hd: usize) -> Option<kernels::KernelName> {
-    match hd {
-        64 => Some(names::ATTN_DECODE_HD64),
-        128 => Some(names::ATTN_DECODE_HD128),
-        256 => Some(names::ATTN_DECODE_HD256),
+/// The one-launch decode attention kernel for head dimension `hd`, over
+/// f16 caches or (`quantized`) caches of the types `AttnArgs` names.
+fn decode_kernel(hd: usize, quantized: bool) -> Option<kernels::KernelName> {
+    match (hd, quantized) {
+        (64, false) => Some(names::ATTN_DECODE_HD64),
+        (128, false) => Some(names::ATTN_DECODE_HD128),
+        (256, false) => Some(names::ATTN_DECODE_HD256),
+        (64, true) => Some(names::ATTN_DECODE_Q_HD64),
+        (128, true) => Some(names::ATTN_DECODE_Q_HD128),
+        (256, true) => Some(names::ATTN_DECODE_Q_HD256),
         _ => None,
     }
+}
+
+/// Whether the K or the V cache of `attn` is of a quantized type.
+fn quantized(attn: &AttnArgs) -> bool {
+    attn.kt != 0 || attn.vt != 0
+}
+
+/// Rotates the attention output of a value cache stored rotated back
+/// (`args.v_rot`: `H/√n` on blocks of `n`, its own inverse) in place, rows
+/// `args.out` of `n_head · hd` values for `args.n_tok` tokens, and writes
+/// its q8 copy for the output projection when `args.oq` is set
+/// (`attn_unrotate`, attention.cu).
+pub(crate) fn attn_unrotate(dev: &Device, args: &AttnArgs) -> Result<()> {
+    let hd = args.hd as usize;
+    let n = args.v_rot as usize;
+    if !n.is_power_of_two() || !hd.is_multiple_of(n) || !hd.is_multiple_of(32) || hd > kernels::QKV_MAX_HD {
+        return Err(Error::Device(format!("no rotation of blocks of {n} in heads of {hd} values")));
+    }
+    let grid = (to_u32(args.n_head as usize, "heads")?, to_u32(args.n_tok as usize, "tokens")?, 1);
+    dev.launch(names::ATTN_UNROTATE, grid, 128, 0, args)
 }
 
 /// Threads of an `attn_decode_hd*` block (`DECODE_THREADS` in

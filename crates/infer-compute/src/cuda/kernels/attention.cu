@@ -1,5 +1,6 @@
-// Split-K decode attention over the f16 KV cache (also serves prefill: one
-// grid layer per token, each attending causally to its own position).
+// Split-K decode attention over the KV cache, of any of its types
+// (kv_cache.cuh; also serves prefill: one grid layer per token, each
+// attending causally to its own position).
 //
 // For query head h at position p, kv head g = h / (n_head / n_kv):
 //   J = { j <= p, and p - j < window if a window is set }
@@ -57,15 +58,17 @@ __device__ __forceinline__ bool attn_block(const AttnArgs& a, AttnBlock& b) {
     return true;
 }
 
-// acc[hh] += sum over positions j in [j0, j1) of p[hh][j] v[j] for one
-// value column (vcol: position 0 of the split, rows kv_dim apart; p in sp,
+// acc[hh] += sum over positions j in [j0, j1) of p[hh][j] v[j] for value
+// column col (v0: the split's first cached row; p in sp,
 // [ATTN_MAX_G][ATTN_SPLIT]); eight value rows loaded before use.
-__device__ __forceinline__ void pv_accumulate(const u16* vcol, int kv_dim, const float* sp, int nh, int j0, int j1,
-                                              float* acc) {
+__device__ __forceinline__ void pv_accumulate(const AttnArgs& a, const u8* v0, int col, const float* sp, int nh, int j0,
+                                              int j1, float* acc) {
+    const int kv_dim = a.n_kv * a.hd;
     for (int jb = j0; jb < j1; jb += 8) {
         float v[8];
 #pragma unroll
-        for (int u = 0; u < 8; ++u) v[u] = jb + u < j1 ? f16_to_f32(vcol[(size_t)(jb + u) * kv_dim]) : 0.0f;
+        for (int u = 0; u < 8; ++u)
+            v[u] = jb + u < j1 ? kv_value(v0 + (size_t)(jb + u) * a.v_row, a.vt, kv_dim, col) : 0.0f;
 #pragma unroll
         for (int u = 0; u < 8; ++u) {
             if (jb + u < j1) {
@@ -99,17 +102,12 @@ __device__ __forceinline__ void attn_split_body(const AttnArgs& a, const AttnBlo
 #pragma unroll
             for (int u = 0; u < 4; ++u) {
                 const int j = min(jb + u, len - 1);
-                kk[u] = *(const uint4*)(a.kc + (size_t)(start + j) * kv_dim + (size_t)g * hd + d0);
+                kk[u] = kv_load8(a.kc + (size_t)(start + j) * a.k_row, a.kt, kv_dim, g * hd + d0);
             }
 #pragma unroll
             for (int u = 0; u < 4; ++u) {
-                const u32 kw[4] = {kk[u].x, kk[u].y, kk[u].z, kk[u].w};
                 float kf[8];
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    kf[2 * e] = f16_to_f32((u16)(kw[e] & 0xFFFFu));
-                    kf[2 * e + 1] = f16_to_f32((u16)(kw[e] >> 16));
-                }
+                kv_unpack8(kk[u], a.kt, kf);
 #pragma unroll
                 for (int hh = 0; hh < ATTN_MAX_G; ++hh) {
                     if (hh < nh) {
@@ -157,7 +155,7 @@ __device__ __forceinline__ void attn_split_body(const AttnArgs& a, const AttnBlo
             float acc[ATTN_MAX_G];
 #pragma unroll
             for (int hh = 0; hh < ATTN_MAX_G; ++hh) acc[hh] = 0.0f;
-            pv_accumulate(a.vc + (size_t)start * kv_dim + (size_t)g * hd + d, kv_dim, sp, nh, 0, len, acc);
+            pv_accumulate(a, a.vc + (size_t)start * a.v_row, g * hd + d, sp, nh, 0, len, acc);
 #pragma unroll
             for (int hh = 0; hh < ATTN_MAX_G; ++hh)
                 if (hh < nh) a.part_o[((ml_base + (size_t)hh * a.n_split)) * hd + d] = acc[hh];
@@ -179,7 +177,7 @@ __device__ __forceinline__ void attn_split_body(const AttnArgs& a, const AttnBlo
         float acc[ATTN_MAX_G];
 #pragma unroll
         for (int hh = 0; hh < ATTN_MAX_G; ++hh) acc[hh] = 0.0f;
-        pv_accumulate(a.vc + (size_t)start * kv_dim + (size_t)g * hd + d, kv_dim, sp, nh, j0, j1, acc);
+        pv_accumulate(a, a.vc + (size_t)start * a.v_row, g * hd + d, sp, nh, j0, j1, acc);
 #pragma unroll
         for (int hh = 0; hh < ATTN_MAX_G; ++hh) {
             if (hh < nh) {
@@ -237,7 +235,7 @@ __device__ __forceinline__ void attn_split_qkv_impl(const AttnQkvArgs& args) {
     const QkvArgs& k = args.qk;
     AttnBlock b;
     if (!attn_block(a, b)) return;
-    const int hd = a.hd, tid = threadIdx.x;
+    const int hd = a.hd;
     const int pos = *a.pos0;
     const bool append = b.start + b.len == pos + 1;  // the split holding pos
     float* sq = smem;
@@ -248,11 +246,9 @@ __device__ __forceinline__ void attn_split_qkv_impl(const AttnQkvArgs& args) {
     qkv_stage(k, b.h0, b.nh, b.g, append, hd, sq, skv, srot, [] {});
     if (append) {
         // Visible to this block's reads of the cache after the barrier.
-        const size_t base = (size_t)pos * a.n_kv * hd + (size_t)b.g * hd;
-        for (int d = tid; d < hd; d += blockDim.x) {
-            k.kc[base + d] = f32_to_f16_sat(skv[d]);
-            k.vc[base + d] = f32_to_f16_sat(skv[hd + d]);
-        }
+        const int kv_dim = a.n_kv * hd;
+        kv_store_head(k.kc + (size_t)pos * k.k_row, k.kt, kv_dim, b.g, skv, hd);
+        kv_store_head(k.vc + (size_t)pos * k.v_row, k.vt, kv_dim, b.g, skv + hd, hd);
         __syncthreads();
     }
     attn_split_body<GROUPED>(a, b, sq, sp);
@@ -295,5 +291,23 @@ extern "C" __global__ void __launch_bounds__(COMBINE_THREADS) attn_combine(const
         // oq is only set when hd is a multiple of 32: then d < hd holds for
         // all lanes of a warp or none, and a warp holds chunk d / 32 whole.
         if (a.oq) quantize_chunk_warp(v, a.oq + row + (d & ~31), a.ods + (row + d) / 32);
+    }
+}
+
+// The attention output of a rotated value cache rotated back (H / sqrt(n)
+// is its own inverse), then quantized for the output projection when
+// a.oq is set: the attention kernels ran with oq unset. Grid: x = head,
+// y = token; blockDim.x is a multiple of 32 and hd of 32.
+extern "C" __global__ void __launch_bounds__(COMBINE_THREADS) attn_unrotate(const AttnArgs a) {
+    PDL_PROLOGUE;
+    __shared__ float x[QKV_MAX_HD];
+    const int hd = a.hd;
+    const size_t row = ((size_t)blockIdx.y * a.n_head + blockIdx.x) * hd;
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) x[d] = a.out[row + d];
+    __syncthreads();
+    hadamard_smem(x, hd, a.v_rot);
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+        a.out[row + d] = x[d];
+        if (a.oq) quantize_chunk_warp(x[d], a.oq + row + (d & ~31), a.ods + (row + d) / 32);
     }
 }

@@ -22,7 +22,9 @@
 //     for the next step) merges the blocks' partial results: no second
 //     launch. A single block's result is written out at once.
 // Logits follow attn_split exactly (scale, soft-cap, max-subtracted exp,
-// f16 cache values); the sums run in a different order.
+// the cache's values; those of the value cache rounded to f16 in shared
+// memory, which only a quantized cache's are not already); the sums run
+// in a different order.
 
 // Threads per block: 4 * HD (at least ATTN_THREADS), so that the outputs of
 // four query heads are computed at once (p . v and the merge: one thread per
@@ -44,27 +46,6 @@ struct DecodeShape {
     static_assert(CH * NT == ATTN_SPLIT * CPP, "whole chunks per thread");
 };
 
-__device__ __forceinline__ uint4 pack8_f16(const float* x) {
-    u32 w[4];
-#pragma unroll
-    for (int e = 0; e < 4; ++e) w[e] = (u32)f32_to_f16_sat(x[2 * e]) | ((u32)f32_to_f16_sat(x[2 * e + 1]) << 16);
-    return make_uint4(w[0], w[1], w[2], w[3]);
-}
-
-// Dot product of 8 f16 values with 8 f32 values in shared memory.
-__device__ __forceinline__ float dot8_f16(const uint4 k, const float* q) {
-    const float4 qa = *(const float4*)q, qb = *(const float4*)(q + 4);
-    const u32 kw[4] = {k.x, k.y, k.z, k.w};
-    float kf[8];
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-        kf[2 * e] = f16_to_f32((u16)(kw[e] & 0xFFFFu));
-        kf[2 * e + 1] = f16_to_f32((u16)(kw[e] >> 16));
-    }
-    return qa.x * kf[0] + qa.y * kf[1] + qa.z * kf[2] + qa.w * kf[3] + qb.x * kf[4] + qb.y * kf[5] + qb.z * kf[6]
-           + qb.w * kf[7];
-}
-
 // Writes one output value of head h (row offset `row` in the [n_head * HD]
 // output) and, when the output is quantized, the q8 chunk a warp holds.
 __device__ __forceinline__ void decode_out(const AttnArgs& a, size_t row, float v) {
@@ -72,34 +53,35 @@ __device__ __forceinline__ void decode_out(const AttnArgs& a, size_t row, float 
     if (a.oq) quantize_chunk_warp(v, a.oq + (row & ~(size_t)31), a.ods + row / 32);
 }
 
-// One thread's chunks of a span's keys and values (see DecodeShape),
-// zero past the span's positions and at the token's own position (which
-// is not in the cache yet).
+// One thread's raw chunks (kv_load8) of a span's keys and values (see
+// DecodeShape), zero past the span's positions and at the token's own
+// position (which is not in the cache yet).
 template <int HD>
 struct SpanChunks {
     uint4 k[DecodeShape<HD>::CH], v[DecodeShape<HD>::CH];
 };
 
 template <int HD>
-__device__ __forceinline__ void load_span(const AttnArgs& a, int g, int start, int len, int pos, SpanChunks<HD>& c) {
+__device__ __forceinline__ void load_span(const AttnArgs& a, int kt, int vt, int g, int start, int len, int pos,
+                                          SpanChunks<HD>& c) {
     typedef DecodeShape<HD> S;
     const int kv_dim = a.n_kv * HD, dc = threadIdx.x % S::CPP, j0 = threadIdx.x / S::CPP;
 #pragma unroll
     for (int i = 0; i < S::CH; ++i) {
         const int j = j0 + i * S::PSTEP;
-        const size_t at = (size_t)(start + j) * kv_dim + (size_t)g * HD + dc * 8;
+        const int col = g * HD + dc * 8;
         const bool cached = j < len && start + j < pos;
-        c.k[i] = cached ? *(const uint4*)(a.kc + at) : make_uint4(0, 0, 0, 0);
-        c.v[i] = cached ? *(const uint4*)(a.vc + at) : make_uint4(0, 0, 0, 0);
+        c.k[i] = cached ? kv_load8(a.kc + (size_t)(start + j) * a.k_row, kt, kv_dim, col) : make_uint4(0, 0, 0, 0);
+        c.v[i] = cached ? kv_load8(a.vc + (size_t)(start + j) * a.v_row, vt, kv_dim, col) : make_uint4(0, 0, 0, 0);
     }
 }
 
 template <int HD>
-__device__ __forceinline__ void store_values(const SpanChunks<HD>& c, u16* sv) {
+__device__ __forceinline__ void store_values(const SpanChunks<HD>& c, int vt, u16* sv) {
     typedef DecodeShape<HD> S;
     const int dc = threadIdx.x % S::CPP, j0 = threadIdx.x / S::CPP;
 #pragma unroll
-    for (int i = 0; i < S::CH; ++i) *(uint4*)(sv + (j0 + i * S::PSTEP) * HD + dc * 8) = c.v[i];
+    for (int i = 0; i < S::CH; ++i) *(uint4*)(sv + (j0 + i * S::PSTEP) * HD + dc * 8) = kv_f16x8(c.v[i], vt);
 }
 
 // The spans of the attended range that block s (of gridDim.y per kv head)
@@ -125,7 +107,10 @@ __device__ __forceinline__ DecodeSpans decode_spans(const AttnArgs& a, int pos, 
     return r;
 }
 
-template <int HD>
+// QUANT: the cache types as args say (one of them quantized); otherwise
+// both f16, known at compile time, so that the f16 kernels keep their
+// registers (the type branches cost the hd64 kernel 19 more).
+template <int HD, bool QUANT>
 __device__ __forceinline__ void attn_decode_impl(const AttnQkvArgs& args) {
     typedef DecodeShape<HD> S;
     extern __shared__ float smem[];
@@ -151,7 +136,8 @@ __device__ __forceinline__ void attn_decode_impl(const AttnQkvArgs& args) {
     const bool append = ds.s1 == ds.n_active;  // holds the span of pos
     const int span_len0 = min(ATTN_SPLIT, pos + 1 - first - ds.s0 * ATTN_SPLIT);
     SpanChunks<HD> c;
-    load_span<HD>(a, g, first + ds.s0 * ATTN_SPLIT, span_len0, pos, c);
+    const int kt = QUANT ? a.kt : KV_F16, vt = QUANT ? a.vt : KV_F16;
+    load_span<HD>(a, kt, vt, g, first + ds.s0 * ATTN_SPLIT, span_len0, pos, c);
     rope_table(k, pos, srot);
     // The norm weights, into shared memory: one global round trip fewer
     // after the wait (qkv_stage reads them through these pointers).
@@ -167,13 +153,14 @@ __device__ __forceinline__ void attn_decode_impl(const AttnQkvArgs& args) {
     // ---- q (and in the block of the last span the new k, v) with bias,
     // norm, RoPE; the first span's values into shared memory while their
     // loads are in flight.
-    qkv_stage(ks, h0, G, g, append, HD, sq, skv, srot, [&] { store_values<HD>(c, sv); });
+    qkv_stage(ks, h0, G, g, append, HD, sq, skv, srot, [&] { store_values<HD>(c, vt, sv); });
+    // A quantized cache's new row is read back as stored (after the
+    // barrier), so that this step sees the values later steps will.
+    const bool reread = QUANT;
     if (append) {
-        const size_t base = (size_t)pos * kv_dim + (size_t)g * HD;
-        for (int d = tid; d < HD; d += blockDim.x) {
-            k.kc[base + d] = f32_to_f16_sat(skv[d]);
-            k.vc[base + d] = f32_to_f16_sat(skv[HD + d]);
-        }
+        kv_store_head(k.kc + (size_t)pos * k.k_row, kt, kv_dim, g, skv, HD);
+        kv_store_head(k.vc + (size_t)pos * k.v_row, vt, kv_dim, g, skv + HD, HD);
+        if (reread) __syncthreads();
     }
 
     constexpr int HSTEP = S::NT / HD;            // heads in flight in p . v
@@ -194,13 +181,15 @@ __device__ __forceinline__ void attn_decode_impl(const AttnQkvArgs& args) {
 #pragma unroll
             for (int i = 0; i < S::CH; ++i) {
                 if (j0 + i * S::PSTEP == jn) {
-                    c.k[i] = pack8_f16(skv + dc * 8);
-                    c.v[i] = pack8_f16(skv + HD + dc * 8);
-                    if (s == ds.s0) *(uint4*)(sv + jn * HD + dc * 8) = c.v[i];
+                    const int col = g * HD + dc * 8;
+                    c.k[i] = reread ? kv_load8(a.kc + (size_t)pos * a.k_row, kt, kv_dim, col) : pack8_f16(skv + dc * 8);
+                    c.v[i] = reread ? kv_load8(a.vc + (size_t)pos * a.v_row, vt, kv_dim, col)
+                                    : pack8_f16(skv + HD + dc * 8);
+                    if (s == ds.s0) *(uint4*)(sv + jn * HD + dc * 8) = kv_f16x8(c.v[i], vt);
                 }
             }
         }
-        if (s > ds.s0) store_values<HD>(c, sv);
+        if (s > ds.s0) store_values<HD>(c, vt, sv);
 
         // ---- q . k: each thread's slice, summed over the CPP lanes of a position.
         float dots[S::CH][ATTN_MAX_G];
@@ -208,9 +197,9 @@ __device__ __forceinline__ void attn_decode_impl(const AttnQkvArgs& args) {
         for (int i = 0; i < S::CH; ++i)
 #pragma unroll
             for (int hh = 0; hh < ATTN_MAX_G; ++hh)
-                dots[i][hh] = hh < G ? dot8_f16(c.k[i], sq + hh * HD + dc * 8) : 0.0f;
+                dots[i][hh] = hh < G ? kv_dot8(c.k[i], kt, sq + hh * HD + dc * 8) : 0.0f;
         // The next span's chunks load while this one is finished.
-        if (s + 1 < ds.s1) load_span<HD>(a, g, start + ATTN_SPLIT, min(ATTN_SPLIT, pos + 1 - start - ATTN_SPLIT), pos, c);
+        if (s + 1 < ds.s1) load_span<HD>(a, kt, vt, g, start + ATTN_SPLIT, min(ATTN_SPLIT, pos + 1 - start - ATTN_SPLIT), pos, c);
 #pragma unroll
         for (int o = S::CPP / 2; o > 0; o >>= 1)
 #pragma unroll
@@ -336,7 +325,7 @@ __device__ __forceinline__ AttnQkvArgs batch_token(const AttnQkvArgs& in) {
     const int t = blockIdx.z;
     const size_t qd = (size_t)in.at.n_head * HD, kvd = (size_t)in.at.n_kv * HD;
     const size_t parts = (size_t)t * in.at.n_head * in.at.n_split;
-    const long long off = (long long)in.slot[t] * in.slot_stride;
+    const long long slot = in.slot[t];
     b.at.q += t * qd;
     b.qk.q += t * qd;
     b.qk.k += t * kvd;
@@ -350,26 +339,30 @@ __device__ __forceinline__ AttnQkvArgs batch_token(const AttnQkvArgs& in) {
     b.at.part_ml += parts;
     b.at.pos0 += t;
     b.qk.pos0 += t;
-    b.at.kc += off;
-    b.at.vc += off;
-    b.qk.kc += off;
-    b.qk.vc += off;
+    b.at.kc += slot * in.k_stride;
+    b.at.vc += slot * in.v_stride;
+    b.qk.kc += slot * in.k_stride;
+    b.qk.vc += slot * in.v_stride;
     b.count += (size_t)t * in.at.n_kv;
     return b;
 }
 
 // attn_decode_hd*: one token; attn_decode_batch_hd*: grid z over the tokens
-// of a batch, each of its own sequence (a slot of the KV pool).
-#define ATTN_DECODE(HD)                                                                    \
+// of a batch, each of its own sequence (a slot of the KV pool); the _q
+// kernels for a cache with a quantized K or V (attn_decode_impl's QUANT).
+#define ATTN_DECODE_KERNELS(HD, Q, SUFFIX)                                                 \
     extern "C" __global__ void __launch_bounds__(DECODE_THREADS(HD))                       \
-        attn_decode_hd##HD(const AttnQkvArgs args) {                                       \
-        attn_decode_impl<HD>(args);                                                        \
+        attn_decode##SUFFIX##_hd##HD(const AttnQkvArgs args) {                             \
+        attn_decode_impl<HD, Q>(args);                                                     \
     }                                                                                      \
     extern "C" __global__ void __launch_bounds__(DECODE_THREADS(HD))                       \
-        attn_decode_batch_hd##HD(const AttnQkvArgs args) {                                 \
+        attn_decode_batch##SUFFIX##_hd##HD(const AttnQkvArgs args) {                       \
         const AttnQkvArgs b = batch_token<HD>(args);                                       \
-        attn_decode_impl<HD>(b);                                                           \
+        attn_decode_impl<HD, Q>(b);                                                        \
     }
+#define ATTN_DECODE(HD)                 \
+    ATTN_DECODE_KERNELS(HD, false, )    \
+    ATTN_DECODE_KERNELS(HD, true, _q)
 
 ATTN_DECODE(64)
 ATTN_DECODE(128)

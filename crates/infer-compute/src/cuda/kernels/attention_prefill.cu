@@ -1,6 +1,7 @@
 // Tensor-core attention for prefill passes (FlashAttention-2: Dao, 2023,
 // "FlashAttention-2: Faster Attention with Better Parallelism and Work
-// Partitioning"), over the f16 KV cache. Same result as attn_split +
+// Partitioning"), over the KV cache (a quantized one's tiles widened to
+// f16 as they are staged). Same result as attn_split +
 // attn_combine (attention.cu) for every token of the pass, computed once
 // per tile of queries instead of once per query.
 //
@@ -113,9 +114,9 @@ __device__ __forceinline__ void attn_prefill(const AttnArgs& a) {
             const int j = i / (HD / 8), d = (i % (HD / 8)) * 8;
             uint4 kv = make_uint4(0, 0, 0, 0), vv = kv;
             if (kb + j <= j_hi) {
-                const size_t off = (size_t)(kb + j) * kv_dim + kv_off + d;
-                kv = *(const uint4*)(a.kc + off);
-                vv = *(const uint4*)(a.vc + off);
+                const int col = (int)kv_off + d;
+                kv = kv_f16x8(kv_load8(a.kc + (size_t)(kb + j) * a.k_row, a.kt, (int)kv_dim, col), a.kt);
+                vv = kv_f16x8(kv_load8(a.vc + (size_t)(kb + j) * a.v_row, a.vt, (int)kv_dim, col), a.vt);
             }
             *(uint4*)(ks + j * LD + d) = kv;
             *(uint4*)(vs + j * LD + d) = vv;

@@ -314,8 +314,8 @@ struct QkvArgs {
     const float* bv;
     const float* qn_w;   // per-head RMSNorm weights [hd] or null
     const float* kn_w;
-    u16* kc;             // f16 caches [n_ctx][n_kv * hd]
-    u16* vc;
+    u8* kc;              // caches: n_ctx rows of k_row / v_row bytes (kv_cache.cuh)
+    u8* vc;
     const int* pos0;     // device: position of token 0
     int n_head, n_kv, hd, n_rot;
     int neox;            // 1: pairs (i, i + n_rot/2); 0: (2i, 2i+1)
@@ -323,14 +323,17 @@ struct QkvArgs {
     float theta_scale;   // base^(-2/n_rot)
     float freq_scale;
     float qn_eps, kn_eps;
+    int kt, vt;          // cache types (KV_F16, KV_Q8_0, KV_Q4_0)
+    int k_row, v_row;    // bytes per cached position
+    int k_rot, v_rot;    // Hadamard block of the stored keys (and queries) / values; 0: none
 };
-static_assert(sizeof(QkvArgs) == 128, "QkvArgs layout");
+static_assert(sizeof(QkvArgs) == 152, "QkvArgs layout");
 
 // Split-K decode attention. See attention.cu.
 struct AttnArgs {
     const float* q;      // [n_tok][n_head * hd]
-    const u16* kc;       // f16 caches [n_ctx][n_kv * hd]
-    const u16* vc;
+    const u8* kc;        // caches: n_ctx rows of k_row / v_row bytes (kv_cache.cuh)
+    const u8* vc;
     float* part_o;       // [n_tok][n_head][n_split][hd]
     float2* part_ml;     // [n_tok][n_head][n_split]: (max logit, sum of exp)
     float* out;          // [n_tok][n_head * hd]
@@ -342,8 +345,12 @@ struct AttnArgs {
     int n_tok;
     float scale;
     float softcap;       // 0: none
+    int kt, vt;          // cache types (KV_F16, KV_Q8_0, KV_Q4_0)
+    int k_row, v_row;    // bytes per cached position
+    int v_rot;           // Hadamard block of the stored values (attn_unrotate); 0: none
+    int pad_;
 };
-static_assert(sizeof(AttnArgs) == 104, "AttnArgs layout");
+static_assert(sizeof(AttnArgs) == 128, "AttnArgs layout");
 
 // Decode attention with the q/k/v post-processing folded in (attn_split_qkv,
 // attn_decode_hd*).
@@ -352,9 +359,10 @@ struct AttnQkvArgs {
     QkvArgs qk;
     int* count;          // attn_decode: [n_tok][n_kv] finished spans, zero between launches
     const int* slot;     // attn_decode_batch: token t's pool slot (pos0[t] its position)
-    long long slot_stride;  // attn_decode_batch: cache values per slot (n_ctx * n_kv * hd)
+    long long k_stride;  // attn_decode_batch: bytes per slot of the K cache (n_ctx * k_row)
+    long long v_stride;  // and of the V cache
 };
-static_assert(sizeof(AttnQkvArgs) == 256, "AttnQkvArgs layout");
+static_assert(sizeof(AttnQkvArgs) == 312, "AttnQkvArgs layout");
 
 // Positions per attention split (one block's share of the cache).
 #define ATTN_SPLIT 32

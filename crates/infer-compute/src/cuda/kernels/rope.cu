@@ -1,7 +1,8 @@
 // After the q/k/v projections of one layer: bias add, per-head RMSNorm of
 // q and k (Gemma 3, Qwen3), rotary embedding, and the append of k and v to
-// the f16 KV cache at the token's position (read from device memory, so
-// that a captured graph serves every position).
+// the KV cache at the token's position (read from device memory, so that
+// a captured graph serves every position), in the cache's type
+// (kv_cache.cuh): rotated first, with the queries, where that type is.
 //
 // RoPE angles follow `cpu::ops::rope` exactly: theta starts at the position
 // as f32 and is multiplied by theta_scale = base^(-2/n_rot) once per pair
@@ -19,6 +20,7 @@
 extern "C" __global__ void __launch_bounds__(QKV_THREADS) qkv_post(const QkvArgs a) {
     PDL_PROLOGUE;
     __shared__ float sx[QKV_MAX_HD];
+    __shared__ float sv[QKV_MAX_HD];  // v, for a rotated or quantized value cache
     __shared__ float red[32];
     const int head = blockIdx.x, t = blockIdx.y, tid = threadIdx.x;
     const int hd = a.hd;
@@ -68,19 +70,22 @@ extern "C" __global__ void __launch_bounds__(QKV_THREADS) qkv_post(const QkvArgs
         sx[i0] = x0 * cs - x1 * sn;
         sx[i1] = x0 * sn + x1 * cs;
     }
-    __syncthreads();
-    const size_t base = (size_t)pos * kv_dim + (size_t)h * hd;
+    if (!is_q) {
 #pragma unroll
-    for (int k = 0; k < QKV_PER; ++k) {
-        const int d = tid + k * QKV_THREADS;
-        if (d >= hd) continue;
-        if (is_q) {
-            src[d] = sx[d];
-        } else {
-            a.kc[base + d] = f32_to_f16_sat(sx[d]);
-            a.vc[base + d] = f32_to_f16_sat(vv[k]);
+        for (int k = 0; k < QKV_PER; ++k) {
+            const int d = tid + k * QKV_THREADS;
+            if (d < hd) sv[d] = vv[k];
         }
     }
+    __syncthreads();
+    if (a.k_rot) hadamard_smem(sx, hd, a.k_rot);  // q, or k
+    if (!is_q && a.v_rot) hadamard_smem(sv, hd, a.v_rot);
+    if (is_q) {
+        for (int d = tid; d < hd; d += QKV_THREADS) src[d] = sx[d];
+        return;
+    }
+    kv_store_head(a.kc + (size_t)pos * a.k_row, a.kt, kv_dim, h, sx, hd);
+    kv_store_head(a.vc + (size_t)pos * a.v_row, a.vt, kv_dim, h, sv, hd);
 }
 
 // The same post-processing inside a decode attention block (attn_split_qkv,
@@ -101,7 +106,8 @@ __device__ __forceinline__ void rope_table(const QkvArgs& k, int pos, float* sro
 // `with_kv`, kv head g's new k and v into skv ([2][hd]), with bias,
 // per-head RMSNorm of q and k (one warp per row) and RoPE from srot
 // (rope_table, written before the call and ordered by the first barrier
-// here). `pre()` runs between the loads and that barrier, so that its work
+// here), and rotated where the cache's types are (kv_cache.cuh: q and k
+// by k_rot, v by v_rot). `pre()` runs between the loads and that barrier, so that its work
 // overlaps their latency (attn_decode stores its cached values there; that
 // order measured 4% faster on llama 1B than storing them before the call).
 // Ends with a barrier: every thread may read the rows afterwards.
@@ -146,4 +152,9 @@ __device__ __forceinline__ void qkv_stage(const QkvArgs& k, int h0, int nh, int 
         x[i1] = x0 * sn + x1 * cs;
     }
     __syncthreads();
+    if (k.k_rot) {
+        hadamard_smem(sq, nh * hd, k.k_rot);
+        if (with_kv) hadamard_smem(skv, hd, k.k_rot);
+    }
+    if (k.v_rot && with_kv) hadamard_smem(skv + hd, hd, k.v_rot);
 }

@@ -307,8 +307,11 @@ impl<'a> Forward<'a> {
         let (d, b) = (self.d, self.b);
         let s = &self.pass.spans[si];
         let (kc, vc) = self.pool.slot_ptrs(li, slot);
+        let (kl, vl) = self.pool.layouts(li);
         let (q_dim, kv_dim) = (l.n_head * l.hd, l.n_kv * l.hd);
-        let wo_q8 = ops::wants_q8(l.wo.ty)?;
+        // Rotated values: the output is quantized after it is rotated back
+        // (`attention`), not by the attention kernels.
+        let wo_q8 = ops::wants_q8(l.wo.ty)? && vl.rot == 0;
         let row = |base: DevPtr, bytes: usize| base + (s.start * bytes) as u64;
         let opt = |s: &Option<CudaSlice<f32>>| s.as_ref().map_or(0, |s| d.ptr(s));
         let qkv = QkvArgs {
@@ -333,6 +336,12 @@ impl<'a> Forward<'a> {
             freq_scale: l.freq_scale,
             qn_eps: l.q_norm.as_ref().map_or(0.0, |nn| nn.eps),
             kn_eps: l.k_norm.as_ref().map_or(0.0, |nn| nn.eps),
+            kt: kl.code(),
+            vt: vl.code(),
+            k_row: kl.row as i32,
+            v_row: vl.row as i32,
+            k_rot: kl.rot as i32,
+            v_rot: vl.rot as i32,
         };
         let attn = AttnArgs {
             q: qkv.q,
@@ -352,6 +361,12 @@ impl<'a> Forward<'a> {
             n_tok: s.len as i32,
             scale: l.scale,
             softcap: l.softcap.unwrap_or(0.0),
+            kt: kl.code(),
+            vt: vl.code(),
+            k_row: kl.row as i32,
+            v_row: vl.row as i32,
+            v_rot: vl.rot as i32,
+            pad_: 0,
         };
         Ok((qkv, attn))
     }
@@ -373,7 +388,7 @@ impl<'a> Forward<'a> {
             if run >= 2 && batchable {
                 let (qkv, attn) = self.attn_args(li, l, si, 0)?;
                 let slots = self.param(self.at.slot(si));
-                ops::qkv_attention_batch(d, &qkv, &attn, count, slots, self.pool.slot_stride(li), run)?;
+                ops::qkv_attention_batch(d, &qkv, &attn, count, slots, self.pool.slot_strides(li), run)?;
                 si += run;
                 continue;
             }
@@ -381,7 +396,24 @@ impl<'a> Forward<'a> {
             ops::qkv_attention(d, &qkv, &attn, count)?;
             si += 1;
         }
-        Ok(())
+        let v_rot = self.pool.layouts(li).1.rot;
+        if v_rot == 0 {
+            return Ok(());
+        }
+        // Values stored rotated: every row of the pass rotated back, then
+        // quantized for the output projection.
+        let wo_q8 = ops::wants_q8(l.wo.ty)?;
+        let rows = AttnArgs {
+            out: self.p(&self.b.attn),
+            oq: if wo_q8 { self.aq } else { 0 },
+            ods: if wo_q8 { self.ad } else { 0 },
+            n_head: l.n_head as i32,
+            hd: l.hd as i32,
+            n_tok: self.pass.n as i32,
+            v_rot: v_rot as i32,
+            ..AttnArgs::default()
+        };
+        ops::attn_unrotate(d, &rows)
     }
 
     /// The attention output projection into `o`.
