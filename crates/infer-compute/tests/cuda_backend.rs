@@ -652,8 +652,8 @@ fn every_kernel_module_loads() {
     ] {
         assert!(names.contains(k), "{k} missing");
     }
-    // 28 common kernels, 3 float types × 2, 16 quantized layouts × 7, 3 mixed.
-    assert_eq!(res.len(), 28 + 6 + 16 * 7 + 3);
+    // 35 common kernels, 3 float types × 2, 16 quantized layouts × 7, 3 mixed.
+    assert_eq!(res.len(), 35 + 6 + 16 * 7 + 3);
 }
 
 /// The tests above, run when this machine has a CUDA device; otherwise

@@ -8,13 +8,15 @@
 // -0 taken as +0); candidates are ordered by key descending, then by lower
 // id, which is a strict total order over a NaN-free row. The block:
 //  1. one pass: the row's max, sum of exp(x - max) (online, a value equal
-//     to the running max counting 1) and lowest NaN index; a row with a
-//     NaN stops here (ids 0, logits NaN);
-//  2. radix select over the 32-bit keys, 8 bits per pass from the top, in
-//     a 256-bin shared histogram (warp-aggregated atomics): T, the key of
-//     the k-th largest logit, and `rem`, how many of the logits whose key
-//     is T belong to the top k (the lowest-id ones);
-//  3. collection into shared memory: every key > T, and the keys == T
+//     to the running max counting 1), lowest NaN index and the histogram
+//     of the keys' top 8 bits; a row with a NaN stops here (ids 0, logits
+//     NaN);
+//  2. radix select over the 32-bit keys, 8 bits per pass from the top (the
+//     first from pass 1's histogram, three more passes), in a 256-bin
+//     shared histogram (warp-aggregated atomics): T, the key of the k-th
+//     largest logit, and `rem`, how many of the logits whose key is T
+//     belong to the top k (the lowest-id ones);
+//  3. one pass collecting into shared memory every key > T, and the keys == T
 //     (all of them when there are exactly rem, else the rem of lowest
 //     index by a block-ordered scan in index order);
 //  4. rank sort of the k collected (each finds its rank by comparing with
@@ -42,6 +44,49 @@ __device__ __forceinline__ void topk_merge(float& m, float& s, float m2, float s
     s = a + b;
 }
 
+// Calls f(value, index) for every value of the row x of n, each thread a
+// share of them: 16-byte loads, four in flight per thread, when the row is
+// 16-byte aligned and n a multiple of 4 (rows of llama's 128 256 logits);
+// one value at a time otherwise. The order of the calls is unspecified.
+template <typename F>
+__device__ __forceinline__ void topk_visit(const float* x, int n, F f) {
+    const int bd = blockDim.x;
+    if ((n & 3) == 0 && (((size_t)x) & 15) == 0) {
+        const float4* x4 = (const float4*)x;
+        const int n4 = n >> 2;
+        int i = threadIdx.x;
+        for (; i + 3 * bd < n4; i += 4 * bd) {
+            float4 v[4];
+#pragma unroll
+            for (int u = 0; u < 4; ++u) v[u] = x4[i + u * bd];
+#pragma unroll
+            for (int u = 0; u < 4; ++u) {
+                const int b = (i + u * bd) * 4;
+                f(v[u].x, b);
+                f(v[u].y, b + 1);
+                f(v[u].z, b + 2);
+                f(v[u].w, b + 3);
+            }
+        }
+        for (; i < n4; i += bd) {
+            const float4 v = x4[i];
+            f(v.x, 4 * i);
+            f(v.y, 4 * i + 1);
+            f(v.z, 4 * i + 2);
+            f(v.w, 4 * i + 3);
+        }
+    } else {
+        for (int i = threadIdx.x; i < n; i += bd) f(x[i], i);
+    }
+}
+
+// Adds 1 to hist[d] for each calling thread, one shared atomic per distinct
+// digit of the converged threads.
+__device__ __forceinline__ void topk_count(u32* hist, u32 d) {
+    const u32 peers = __match_any_sync(__activemask(), d);
+    if ((int)(threadIdx.x % WARP) == __ffs(peers) - 1) atomicAdd(&hist[d], (u32)__popc(peers));
+}
+
 extern "C" __global__ void __launch_bounds__(TOPK_THREADS) topk_rows(const float* logits, int n, int k, u32* out) {
     PDL_PROLOGUE;
     __shared__ u32 hist[256];
@@ -57,14 +102,18 @@ extern "C" __global__ void __launch_bounds__(TOPK_THREADS) topk_rows(const float
     u32* o = out + (size_t)blockIdx.x * (2 * k + 3);
     const int tid = threadIdx.x, lane = tid % WARP, warp = tid / WARP, nw = blockDim.x / WARP;
 
-    // 1. Max, sum and first NaN.
+    // 1. Max, sum and first NaN, and the histogram of the keys' top digit
+    //    (the first radix pass).
+    for (int j = tid; j < 256; j += blockDim.x) hist[j] = 0;
+    __syncthreads();
     float m = NEG_INF, s = 0.0f;
     int nan = n;
-    for (int i = tid; i < n; i += blockDim.x) {
-        const float v = x[i];
+    topk_visit(x, n, [&](float v, int i) {
         if (v != v) {
             nan = min(nan, i);
-        } else if (v > m) {
+            return;
+        }
+        if (v > m) {
             s = s * expf(m - v) + 1.0f;
             m = v;
         } else if (v == m) {
@@ -72,7 +121,8 @@ extern "C" __global__ void __launch_bounds__(TOPK_THREADS) topk_rows(const float
         } else {
             s += expf(v - m);
         }
-    }
+        topk_count(hist, topk_ord(v) >> 24);
+    });
 #pragma unroll
     for (int off = WARP / 2; off > 0; off /= 2) {
         const float m2 = __shfl_xor_sync(FULL_MASK, m, off), s2 = __shfl_xor_sync(FULL_MASK, s, off);
@@ -111,20 +161,19 @@ extern "C" __global__ void __launch_bounds__(TOPK_THREADS) topk_rows(const float
         return;
     }
 
-    // 2. Radix select of the k-th largest key.
+    // 2. Radix select of the k-th largest key: a digit per pass, from the
+    //    top (whose histogram pass 1 made).
     u32 prefix = 0, mask = 0, rem = (u32)k;
     for (int shift = 24; shift >= 0; shift -= 8) {
-        for (int j = tid; j < 256; j += blockDim.x) hist[j] = 0;
-        __syncthreads();
-        for (int i = tid; i < n; i += blockDim.x) {
-            const u32 key = topk_ord(x[i]);
-            if ((key & mask) == prefix) {
-                const u32 d = (key >> shift) & 255u;
-                const u32 peers = __match_any_sync(__activemask(), d);
-                if (lane == __ffs(peers) - 1) atomicAdd(&hist[d], (u32)__popc(peers));
-            }
+        if (shift < 24) {
+            for (int j = tid; j < 256; j += blockDim.x) hist[j] = 0;
+            __syncthreads();
+            topk_visit(x, n, [&](float v, int) {
+                const u32 key = topk_ord(v);
+                if ((key & mask) == prefix) topk_count(hist, (key >> shift) & 255u);
+            });
+            __syncthreads();
         }
-        __syncthreads();
         if (warp == 0) {
             // Lane l holds digits 255 - 8l down to 248 - 8l: counts from
             // the top, the lane whose range reaches rem finds the digit.
@@ -165,14 +214,14 @@ extern "C" __global__ void __launch_bounds__(TOPK_THREADS) topk_rows(const float
     if (tid == 0) s_taken = 0;
     __syncthreads();
     const bool all_eq = s_cnt == rem;
-    for (int i = tid; i < n; i += blockDim.x) {
-        const u32 key = topk_ord(x[i]);
+    topk_visit(x, n, [&](float v, int i) {
+        const u32 key = topk_ord(v);
         if (key > t_key || (all_eq && key == t_key)) {
             const int p = atomicAdd(&s_taken, 1);
             s_key[p] = key;
             s_id[p] = (u32)i;
         }
-    }
+    });
     if (!all_eq) {
         // The lowest-index rem of the ties, in chunks of the block in index
         // order (base: ties in the chunks before, the same in every thread).
