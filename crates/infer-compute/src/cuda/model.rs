@@ -70,7 +70,7 @@ use crate::backend::{
     advance_spans, checked_pool, rollback_spans, single_error, Batch, DeviceModel, KvPool,
     ModelId, Out, Span, StepProfile,
 };
-use crate::backend::TopK;
+use crate::backend::{TopK, TOP_K_MAX};
 use crate::error::{Error, Result};
 use crate::kv_type::KvTypes;
 use crate::pipeline::{Activation, FfnType, ModelSpec, Norm, NormType, RopeType};
@@ -742,14 +742,17 @@ impl DeviceModel for CudaModel {
         let k = k.min(self.w.n_vocab);
         let stride = ops::top_k_stride(k);
         let need = batch.n_outputs().checked_mul(stride).ok_or(Error::Overflow("top-k size"))?;
+        // Room for at least 64 rows of the largest k (66 KiB), so that a
+        // batch growing one sequence at a time, or another k, does not
+        // drop the captured graphs, which copy into the old buffers.
+        let room = batch.n_outputs().max(64).next_power_of_two().saturating_mul(ops::top_k_stride(TOP_K_MAX));
         if self.top_k_host.as_slice().len() < need {
-            // The captured graphs copy into the old buffers.
             self.graphs.clear();
-            self.top_k_host = self.dev.pinned(need)?;
+            self.top_k_host = self.dev.pinned(room)?;
         }
         if self.top_k_dev.as_ref().is_none_or(|b| b.len() < need) {
             self.graphs.clear();
-            self.top_k_dev = Some(self.dev.zeros(need)?);
+            self.top_k_dev = Some(self.dev.zeros(room)?);
         }
         self.top_k = k;
         let r = self.run(pool, batch, false, None);

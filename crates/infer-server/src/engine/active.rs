@@ -138,7 +138,10 @@ impl<'t> Active<'t> {
 
     /// [`Active::on_logits`] from the row's most likely tokens, at least
     /// [`Active::top_needed`] of them: the same token, text and
-    /// log-probabilities (the normalizer from the row's statistics).
+    /// log-probabilities (the normalizer from the row's statistics). One
+    /// difference: a NaN logit fails the request even at a masked
+    /// end-of-generation id, which the whole row's mask would hide (a NaN
+    /// means the step went wrong).
     pub fn on_top(&mut self, row: TopKRow<'_>, tokenizer: &Tokenizer, m: &Arc<Metrics>) -> bool {
         let nan = row.stats.first_nan;
         let sampled = if self.ignore_eos {
