@@ -933,7 +933,11 @@ mod tests {
             let mut full = Sampler::new(cfg.clone()).unwrap();
             let mut top = full.clone();
             for _ in 0..6 {
-                let mut row = if case % 2 == 0 { tied_row(&mut r, n) } else { (0..n).map(|_| r.gen_range(-8.0f32..8.0)).collect() };
+                let mut row = if case % 2 == 0 {
+                    tied_row(&mut r, n)
+                } else {
+                    (0..n).map(|_| r.gen_range(-8.0f32..8.0)).collect()
+                };
                 if case % 7 == 0 {
                     row[n - 1] = f32::INFINITY;
                 }

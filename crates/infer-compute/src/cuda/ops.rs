@@ -753,7 +753,8 @@ pub(crate) fn top_k(dev: &Device, x: DevPtr, n: usize, rows: usize, k: usize, ou
     }
     let (ni, ki) = (to_i32(n, "logits")?, to_i32(k, "k")?);
     to_i32(rows * n, "logits")?;
-    let cfg = LaunchConfig { grid_dim: (to_u32(rows, "rows")?, 1, 1), block_dim: (TOPK_THREADS, 1, 1), shared_mem_bytes: 0 };
+    let cfg =
+        LaunchConfig { grid_dim: (to_u32(rows, "rows")?, 1, 1), block_dim: (TOPK_THREADS, 1, 1), shared_mem_bytes: 0 };
     // SAFETY: x holds rows·n floats, out rows·top_k_stride(k) u32 (the
     // caller's buffers); k ≤ TOPK_MAX, the kernel's shared arrays.
     unsafe {
