@@ -115,7 +115,7 @@ impl TopK {
     /// `n_vocab` is 0, or when `logits` is not whole rows.
     pub fn fill_from_logits(&mut self, logits: &[f32], n_vocab: usize, k: usize) -> Result<()> {
         check_k(k)?;
-        if n_vocab == 0 || logits.len() % n_vocab != 0 {
+        if n_vocab == 0 || !logits.len().is_multiple_of(n_vocab) {
             return Err(shape_err("top_k", format!("{} logits are not rows of {n_vocab}", logits.len())));
         }
         let kk = k.min(n_vocab);
