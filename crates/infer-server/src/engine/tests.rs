@@ -17,6 +17,12 @@ use super::*;
 
 /// A tiny synthetic Llama, prepared on the CPU, and its tokenizer.
 fn tiny() -> (Box<dyn DeviceModel>, Tokenizer) {
+    let backend = CpuBackend::with_options(1, Kernels::detect(), Precision::Quantized).unwrap();
+    tiny_on(&backend)
+}
+
+/// The tiny synthetic Llama prepared on `backend`, and its tokenizer.
+fn tiny_on(backend: &dyn ComputeBackend) -> (Box<dyn DeviceModel>, Tokenizer) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("tiny.gguf");
     let shape = SynthShape::preset(SynthArch::Llama, "tiny").unwrap();
@@ -24,7 +30,6 @@ fn tiny() -> (Box<dyn DeviceModel>, Tokenizer) {
     synth::write_synthetic(&path, &opts, SynthVocab::Generated, Arc::new(|_| {})).unwrap();
     let gguf = GgufFile::read(&path).unwrap();
     let spec = infer_model::model::load_spec(&gguf).unwrap();
-    let backend = CpuBackend::with_options(1, Kernels::detect(), Precision::Quantized).unwrap();
     (backend.prepare(&spec).unwrap(), Tokenizer::from_gguf(&gguf).unwrap())
 }
 
@@ -198,23 +203,15 @@ fn greedy_text_is_the_same_alone_and_batched_and_the_cache_is_reused() {
     assert_eq!(cached[2], 0);
 }
 
-/// Every event of `rx`, formatted.
-fn events(rx: &mut UnboundedReceiver<Event>) -> Vec<String> {
-    let mut v = Vec::new();
-    while let Ok(ev) = rx.try_recv() {
-        v.push(format!("{ev:?}"));
-    }
-    v
-}
-
 /// Requests of several samplers run together, with the step reading back
 /// only each row's candidates (`forward_top_k`) and with whole rows: the
 /// same events (texts, log-probabilities to the bit, finish reasons).
 /// Without the penalized request every step with rows runs the candidates
 /// path; with it, every step reads whole rows.
-#[test]
-fn candidate_steps_give_the_events_of_whole_rows() {
-    let (model, tok) = tiny();
+/// Requests of several samplers (greedy, llama.cpp's defaults, top-p,
+/// top-k 1, min-p; end-of-generation ignored or not; log-probabilities),
+/// with a penalized one when `penalized`: (sampler, ignore_eos, logprobs).
+fn mixed_samplers(penalized: bool) -> Vec<(SamplerConfig, bool, Option<usize>)> {
     let cfg = |temperature: f32, top_k: usize, top_p: f32, min_p: f32, seed: u64| SamplerConfig {
         temperature,
         top_k,
@@ -223,49 +220,115 @@ fn candidate_steps_give_the_events_of_whole_rows() {
         seed,
         ..SamplerConfig::default()
     };
-    let requests = |penalized: bool| {
-        let mut v = vec![
-            (cfg(0.0, 40, 1.0, 0.0, 0), true, None),
-            (SamplerConfig { seed: 11, ..SamplerConfig::default() }, false, None),
-            (cfg(1.0, 5, 0.9, 0.0, 12), false, Some(3)),
-            (cfg(0.7, 1, 1.0, 0.0, 13), false, Some(2)),
-            (cfg(1.5, 3, 1.0, 0.3, 14), true, None),
-            (cfg(1.0, 8, 1.0, 0.0, 15), false, Some(0)),
-        ];
-        if penalized {
-            v.push((SamplerConfig { repetition_penalty: 1.3, seed: 16, ..SamplerConfig::default() }, false, None));
-        }
-        v
-    };
+    let mut v = vec![
+        (cfg(0.0, 40, 1.0, 0.0, 0), true, None),
+        (SamplerConfig { seed: 11, ..SamplerConfig::default() }, false, None),
+        (cfg(1.0, 5, 0.9, 0.0, 12), false, Some(3)),
+        (cfg(0.7, 1, 1.0, 0.0, 13), false, Some(2)),
+        (cfg(1.5, 3, 1.0, 0.3, 14), true, None),
+        (cfg(1.0, 8, 1.0, 0.0, 15), false, Some(0)),
+    ];
+    if penalized {
+        v.push((SamplerConfig { repetition_penalty: 1.3, seed: 16, ..SamplerConfig::default() }, false, None));
+    }
+    v
+}
+
+/// Runs `requests` together on one engine over `model` (candidates path
+/// on or off); returns each request's events and the number of steps that
+/// sampled from candidates.
+fn run_mixed(
+    model: &dyn DeviceModel,
+    tok: &Tokenizer,
+    requests: Vec<(SamplerConfig, bool, Option<usize>)>,
+    top_k: bool,
+) -> (Vec<Vec<Event>>, usize) {
+    let mut e = engine(model, tok, 8, 64);
+    e.set_top_k(top_k);
+    let mut rxs = Vec::new();
+    for (i, (sampler, ignore_eos, logprobs)) in requests.into_iter().enumerate() {
+        let (tx, rx) = unbounded_channel();
+        let params = GenParams { sampler, max_tokens: 12, stop: Vec::new(), ignore_eos, logprobs };
+        let prompt = [1 + i as u32, 2, 3];
+        submit(&mut e, GenRequest { prompt: prompt.to_vec(), params, events: tx, arrived: Instant::now() });
+        rxs.push(rx);
+    }
+    let mut candidate_steps = 0;
+    while !e.is_idle() {
+        e.top.reset(0, 1);
+        e.step();
+        candidate_steps += usize::from(e.top.rows() > 0);
+    }
+    let events = rxs
+        .iter_mut()
+        .map(|rx| {
+            let mut v = Vec::new();
+            while let Ok(ev) = rx.try_recv() {
+                v.push(ev);
+            }
+            v
+        })
+        .collect();
+    (events, candidate_steps)
+}
+
+#[test]
+fn candidate_steps_give_the_events_of_whole_rows() {
+    let (model, tok) = tiny();
     for penalized in [false, true] {
-        let mut runs = Vec::new();
-        for top_k in [true, false] {
-            let mut e = engine(model.as_ref(), &tok, 8, 64);
-            e.set_top_k(top_k);
-            let mut rxs = Vec::new();
-            for (i, (sampler, ignore_eos, logprobs)) in requests(penalized).into_iter().enumerate() {
-                let (tx, rx) = unbounded_channel();
-                let params = GenParams { sampler, max_tokens: 12, stop: Vec::new(), ignore_eos, logprobs };
-                let prompt = [1 + i as u32, 2, 3];
-                submit(&mut e, GenRequest { prompt: prompt.to_vec(), params, events: tx, arrived: Instant::now() });
-                rxs.push(rx);
-            }
-            let mut candidate_steps = 0;
-            while !e.is_idle() {
-                e.top.reset(0, 1);
-                e.step();
-                candidate_steps += usize::from(e.top.rows() > 0);
-            }
-            if top_k && !penalized {
-                assert!(candidate_steps >= 12, "{candidate_steps} steps sampled from candidates");
-            } else {
-                assert_eq!(candidate_steps, 0);
-            }
-            runs.push(rxs.iter_mut().map(events).collect::<Vec<_>>());
+        let (with, steps) = run_mixed(model.as_ref(), &tok, mixed_samplers(penalized), true);
+        if penalized {
+            assert_eq!(steps, 0, "a penalized row needs the whole row");
+        } else {
+            assert!(steps >= 12, "{steps} steps sampled from candidates");
         }
-        for (i, (a, b)) in runs[0].iter().zip(&runs[1]).enumerate() {
+        let (without, steps) = run_mixed(model.as_ref(), &tok, mixed_samplers(penalized), false);
+        assert_eq!(steps, 0);
+        for (i, (a, b)) in with.iter().zip(&without).enumerate() {
             assert!(a.len() > 2, "request {i}: {a:?}");
-            assert_eq!(a, b, "request {i}, penalized {penalized}");
+            assert_eq!(format!("{a:?}"), format!("{b:?}"), "request {i}, penalized {penalized}");
+        }
+    }
+}
+
+/// On a CUDA device (skipped without one, unless `INFER_REQUIRE_CUDA=1`):
+/// the device top-k path gives the tokens of the whole rows sampled on the
+/// host, and log-probabilities within f32 rounding (the device sums the
+/// normalizer in f32).
+#[test]
+fn on_cuda_the_device_top_k_gives_the_tokens_of_whole_rows() {
+    let cuda = match infer_compute::backend_by_name("cuda") {
+        Ok(b) => b,
+        Err(e) if std::env::var("INFER_REQUIRE_CUDA").as_deref() == Ok("1") => panic!("INFER_REQUIRE_CUDA=1: {e}"),
+        Err(e) => {
+            use std::io::Write;
+            let _ = writeln!(std::io::stderr(), "skipped (no CUDA backend: {e})");
+            return;
+        }
+    };
+    let (model, tok) = tiny_on(cuda.as_ref());
+    assert!(model.top_k_on_device());
+    let (with, steps) = run_mixed(model.as_ref(), &tok, mixed_samplers(false), true);
+    assert!(steps >= 12, "{steps} steps sampled from candidates");
+    let (without, _) = run_mixed(model.as_ref(), &tok, mixed_samplers(false), false);
+    for (i, (a, b)) in with.iter().zip(&without).enumerate() {
+        assert_eq!(a.len(), b.len(), "request {i}: {a:?} / {b:?}");
+        for (x, y) in a.iter().zip(b) {
+            match (x, y) {
+                (Event::Delta { text: t1, logprobs: l1 }, Event::Delta { text: t2, logprobs: l2 }) => {
+                    assert_eq!(t1, t2, "request {i}");
+                    assert_eq!(l1.len(), l2.len(), "request {i}");
+                    for (p, q) in l1.iter().zip(l2) {
+                        assert_eq!((&p.token, p.top.len()), (&q.token, q.top.len()), "request {i}");
+                        assert!((p.logprob - q.logprob).abs() < 1e-4, "request {i}: {} / {}", p.logprob, q.logprob);
+                        for (u, v) in p.top.iter().zip(&q.top) {
+                            assert_eq!(u.0, v.0, "request {i}");
+                            assert!((u.2 - v.2).abs() < 1e-4, "request {i}: {} / {}", u.2, v.2);
+                        }
+                    }
+                }
+                _ => assert_eq!(format!("{x:?}"), format!("{y:?}"), "request {i}"),
+            }
         }
     }
 }
