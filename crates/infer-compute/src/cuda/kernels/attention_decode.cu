@@ -349,20 +349,24 @@ __device__ __forceinline__ AttnQkvArgs batch_token(const AttnQkvArgs& in) {
 
 // attn_decode_hd*: one token; attn_decode_batch_hd*: grid z over the tokens
 // of a batch, each of its own sequence (a slot of the KV pool); the _q
-// kernels for a cache with a quantized K or V (attn_decode_impl's QUANT).
-#define ATTN_DECODE_KERNELS(HD, Q, SUFFIX)                                                 \
-    extern "C" __global__ void __launch_bounds__(DECODE_THREADS(HD))                       \
-        attn_decode##SUFFIX##_hd##HD(const AttnQkvArgs args) {                             \
+// kernels for a cache with a quantized K or V (attn_decode_impl's QUANT),
+// held to the registers that keep 1024 threads resident per multiprocessor
+// (decode_blocks in ops.rs counts on them; the type branches took 7 to 22
+// more).
+#define DECODE_BOUNDS(HD) __launch_bounds__(DECODE_THREADS(HD))
+#define DECODE_BOUNDS_Q(HD) __launch_bounds__(DECODE_THREADS(HD), 1024 / DECODE_THREADS(HD))
+#define ATTN_DECODE_KERNELS(HD, Q, SUFFIX, BOUNDS)                                         \
+    extern "C" __global__ void BOUNDS(HD) attn_decode##SUFFIX##_hd##HD(const AttnQkvArgs args) { \
         attn_decode_impl<HD, Q>(args);                                                     \
     }                                                                                      \
-    extern "C" __global__ void __launch_bounds__(DECODE_THREADS(HD))                       \
+    extern "C" __global__ void BOUNDS(HD)                                                  \
         attn_decode_batch##SUFFIX##_hd##HD(const AttnQkvArgs args) {                       \
         const AttnQkvArgs b = batch_token<HD>(args);                                       \
         attn_decode_impl<HD, Q>(b);                                                        \
     }
-#define ATTN_DECODE(HD)                 \
-    ATTN_DECODE_KERNELS(HD, false, )    \
-    ATTN_DECODE_KERNELS(HD, true, _q)
+#define ATTN_DECODE(HD)                       \
+    ATTN_DECODE_KERNELS(HD, false, , DECODE_BOUNDS) \
+    ATTN_DECODE_KERNELS(HD, true, _q, DECODE_BOUNDS_Q)
 
 ATTN_DECODE(64)
 ATTN_DECODE(128)

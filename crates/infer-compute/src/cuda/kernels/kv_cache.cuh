@@ -47,6 +47,34 @@ __device__ __forceinline__ uint4 kv_load8(const u8* row, int type, int kv_dim, i
     return make_uint4(q.x, q.y, *(const u16*)(row + kv_dim / 2 + b * 2), c >> 1);
 }
 
+// Byte i of w as an exact float (0..255), by the exponent trick: the
+// word [b, 0, 0, 0x4B] is 2^23 + b. One byte permute and one add, where a
+// conversion instruction runs at a quarter of the rate.
+__device__ __forceinline__ float byte_f32(u32 w, int i) {
+    return __int_as_float(__byte_perm(w, 0x4B000000u, 0x7440 | i)) - 8388608.0f;
+}
+
+// The codes of a quantized raw chunk as exact floats (q8_0: -128..127,
+// q4_0: -8..7), scale not applied.
+__device__ __forceinline__ void kv_codes8(const uint4 r, int type, float* c) {
+    u32 x = r.x, y = r.y;
+    float off = 128.0f;
+    if (type == KV_Q8_0) {
+        x ^= 0x80808080u;  // two's complement to offset binary: b = q + 128
+        y ^= 0x80808080u;
+    } else {
+        const int sh = r.w ? 4 : 0;
+        x = (x >> sh) & 0x0F0F0F0Fu;
+        y = (y >> sh) & 0x0F0F0F0Fu;
+        off = 8.0f;
+    }
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+        c[e] = byte_f32(x, e) - off;
+        c[4 + e] = byte_f32(y, e) - off;
+    }
+}
+
 // The eight values of a raw chunk (kv_load8).
 __device__ __forceinline__ void kv_unpack8(const uint4 r, int type, float* x) {
     if (type == KV_F16) {
@@ -59,38 +87,57 @@ __device__ __forceinline__ void kv_unpack8(const uint4 r, int type, float* x) {
         return;
     }
     const float d = f16_to_f32((u16)r.z);
-    if (type == KV_Q8_0) {
+    kv_codes8(r, type, x);
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            x[e] = (float)(signed char)(r.x >> (8 * e)) * d;
-            x[4 + e] = (float)(signed char)(r.y >> (8 * e)) * d;
-        }
-        return;
-    }
-    const int sh = r.w ? 4 : 0;
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-        x[e] = (float)((int)((r.x >> (8 * e + sh)) & 15u) - 8) * d;
-        x[4 + e] = (float)((int)((r.y >> (8 * e + sh)) & 15u) - 8) * d;
-    }
+    for (int e = 0; e < 8; ++e) x[e] *= d;
+}
+
+__device__ __forceinline__ u32 f16x2_sub(u32 a, u32 b) {
+    u32 r;
+    asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+    return r;
+}
+
+__device__ __forceinline__ u32 f16x2_mul(u32 a, u32 b) {
+    u32 r;
+    asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+    return r;
 }
 
 // A raw chunk as eight f16 values (the layout of the f16 cache), for the
-// kernels that stage the cache in shared memory as f16.
+// kernels that stage the cache in shared memory as f16. Quantized codes go
+// through the f16 exponent trick (the half 0x6400 | b is 1024 + b, exact)
+// and half2 arithmetic: (1024 + b) - (1024 + offset) is the code exactly,
+// and its product with the f16 scale is rounded once, to the value that
+// rounding the f32 product d * q gives.
 __device__ __forceinline__ uint4 kv_f16x8(const uint4 r, int type) {
     if (type == KV_F16) return r;
-    float x[8];
-    kv_unpack8(r, type, x);
-    return pack8_f16(x);
+    u32 x = r.x, y = r.y, bias;
+    if (type == KV_Q8_0) {
+        x ^= 0x80808080u;
+        y ^= 0x80808080u;
+        bias = 0x64806480u;  // 1152 = 1024 + 128
+    } else {
+        const int sh = r.w ? 4 : 0;
+        x = (x >> sh) & 0x0F0F0F0Fu;
+        y = (y >> sh) & 0x0F0F0F0Fu;
+        bias = 0x64086408u;  // 1032 = 1024 + 8
+    }
+    const u32 d = (r.z & 0xFFFFu) * 0x10001u;
+    const auto pair = [&](u32 w, u32 sel) { return f16x2_mul(f16x2_sub(__byte_perm(w, 0x64646464u, sel), bias), d); };
+    return make_uint4(pair(x, 0x4140), pair(x, 0x4342), pair(y, 0x4140), pair(y, 0x4342));
 }
 
-// Dot product of a raw chunk with eight f32 values (q, 16-byte aligned).
+// Dot product of a raw chunk with eight f32 values (q, 16-byte aligned);
+// a quantized chunk's scale multiplies the sum once.
 __device__ __forceinline__ float kv_dot8(const uint4 r, int type, const float* q) {
     float x[8];
-    kv_unpack8(r, type, x);
+    if (type == KV_F16) kv_unpack8(r, type, x);
+    else kv_codes8(r, type, x);
     const float4 qa = *(const float4*)q, qb = *(const float4*)(q + 4);
-    return qa.x * x[0] + qa.y * x[1] + qa.z * x[2] + qa.w * x[3] + qb.x * x[4] + qb.y * x[5] + qb.z * x[6]
-           + qb.w * x[7];
+    const float s = qa.x * x[0] + qa.y * x[1] + qa.z * x[2] + qa.w * x[3] + qb.x * x[4] + qb.y * x[5] + qb.z * x[6]
+                    + qb.w * x[7];
+    return type == KV_F16 ? s : s * f16_to_f32((u16)r.z);
 }
 
 // Value col of a row.
