@@ -349,3 +349,71 @@ fn hf_runs_bench_perplexity_and_serve() {
     let served = cached(cache.path(), "owner/tiny-GGUF", "tiny-Q4_K_M.gguf");
     assert!(seen.contains(&served.display().to_string()), "{seen}");
 }
+
+/// Symbolic links in the cache are never followed: a repository folder
+/// that links elsewhere is neither listed by `infer models` nor emptied by
+/// `infer rm` (which removes the link alone), and a `.partial` file that
+/// links to another file is not written through (the link goes, the
+/// download starts afresh).
+#[cfg(unix)]
+#[test]
+fn links_in_the_cache_are_not_followed() {
+    use std::os::unix::fs::symlink;
+    let cache = tmpdir();
+    let offline = "http://127.0.0.1:9";
+    let victim = tmpdir();
+    let kept = victim.path().join("sub").join("mine-Q4_K_M.gguf");
+    std::fs::create_dir_all(kept.parent().unwrap()).unwrap();
+    std::fs::write(&kept, b"GGUF mine").unwrap();
+    std::fs::write(victim.path().join("top.gguf"), b"GGUF top").unwrap();
+    let owner = cache.path().join("hf").join("c");
+    std::fs::create_dir_all(&owner).unwrap();
+    symlink(victim.path(), owner.join("victim")).unwrap();
+    symlink(victim.path(), cache.path().join("hf").join("linked")).unwrap();
+
+    let o = infer_hub(cache.path(), offline, &["models"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(!stdout(&o).contains("mine-Q4_K_M") && !stdout(&o).contains("top.gguf"), "{}", stdout(&o));
+    let o = infer_hub(cache.path(), offline, &["rm", "c/victim"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(kept.exists() && victim.path().join("top.gguf").exists(), "rm removed files outside the cache");
+    assert!(std::fs::symlink_metadata(owner.join("victim")).is_err(), "the link stays");
+    let o = infer_hub(cache.path(), offline, &["rm", "linked/sub"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(kept.exists(), "rm removed files outside the cache");
+
+    // A `.partial` linking to a file outside the cache.
+    let gguf = tiny_gguf();
+    let hub = HubServer::start();
+    hub.add("good/repo-GGUF", "repo-Q4_K_M.gguf", gguf.clone(), Fault::None);
+    let target = victim.path().join("victim.txt");
+    std::fs::write(&target, b"precious").unwrap();
+    let dest = cached(cache.path(), "good/repo-GGUF", "repo-Q4_K_M.gguf");
+    std::fs::create_dir_all(dest.parent().unwrap()).unwrap();
+    symlink(&target, format!("{}.partial", dest.display())).unwrap();
+    let o = infer_hub(cache.path(), &hub.url, &["pull", "good/repo-GGUF"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(std::fs::read(&target).unwrap(), b"precious", "the download wrote through the link");
+    assert_eq!(std::fs::read(&dest).unwrap(), *gguf);
+    // A `.partial` that is a folder: one line, nothing removed.
+    hub.add("good/dir-GGUF", "dir-Q4_K_M.gguf", gguf, Fault::None);
+    let dest = cached(cache.path(), "good/dir-GGUF", "dir-Q4_K_M.gguf");
+    let partial = PathBuf::from(format!("{}.partial", dest.display()));
+    std::fs::create_dir_all(&partial).unwrap();
+    let o = infer_hub(cache.path(), &hub.url, &["pull", "good/dir-GGUF"]);
+    assert_one_line_error(&o, "is not a regular file");
+    assert!(partial.is_dir());
+}
+
+/// A listed file of no bytes is downloaded as one (nothing is asked of the
+/// server), then refused by the loader as too short to be a model.
+#[test]
+fn a_zero_byte_file_is_fetched_without_a_missing_partial_error() {
+    let hub = HubServer::start();
+    hub.add("owner/empty", "empty-Q4_K_M.gguf", Arc::new(Vec::new()), Fault::None);
+    let cache = tmpdir();
+    let o = infer_hub(cache.path(), &hub.url, &["pull", "owner/empty"]);
+    assert!(!stderr(&o).contains(".partial"), "{}", stderr(&o));
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(std::fs::read(cached(cache.path(), "owner/empty", "empty-Q4_K_M.gguf")).unwrap(), b"");
+}

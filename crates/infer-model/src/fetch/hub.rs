@@ -420,9 +420,13 @@ pub struct CachedHubModel {
 pub fn cached_models(dir: &Path) -> Vec<CachedHubModel> {
     let mut found = Vec::new();
     let Ok(owners) = std::fs::read_dir(dir.join(HUB_DIR)) else { return found };
-    for owner in owners.flatten() {
+    // Links are not followed (a link to a folder elsewhere would list, and
+    // `infer rm` remove, files outside the cache): `DirEntry::file_type`
+    // does not follow them.
+    let is_real_dir = |e: &std::fs::DirEntry| e.file_type().is_ok_and(|t| t.is_dir());
+    for owner in owners.flatten().filter(is_real_dir) {
         let Ok(repos) = std::fs::read_dir(owner.path()) else { continue };
-        for repo in repos.flatten() {
+        for repo in repos.flatten().filter(is_real_dir) {
             let name = format!("{}/{}", owner.file_name().to_string_lossy(), repo.file_name().to_string_lossy());
             collect_ggufs(&repo.path(), &repo.path(), &name, &mut found);
         }
@@ -432,12 +436,13 @@ pub fn cached_models(dir: &Path) -> Vec<CachedHubModel> {
 }
 
 /// The `.gguf` files under `folder` (recursively), as files of `repo`, and
-/// the incomplete downloads of such files (`.gguf.partial`).
+/// the incomplete downloads of such files (`.gguf.partial`): regular files
+/// only, in real folders (symbolic links are neither followed nor listed).
 fn collect_ggufs(root: &Path, folder: &Path, repo: &str, found: &mut Vec<CachedHubModel>) {
     let Ok(entries) = std::fs::read_dir(folder) else { return };
     for e in entries.flatten() {
         let path = e.path();
-        let Ok(meta) = e.metadata() else { continue };
+        let Ok(meta) = std::fs::symlink_metadata(&path) else { continue };
         if meta.is_dir() {
             collect_ggufs(root, &path, repo, found);
             continue;
@@ -560,6 +565,14 @@ fn hold_free_lock(dest: &Path) -> Result<Option<std::fs::File>> {
 /// files is running (its lock is held by another process: nothing is
 /// removed); [`Error::Io`] when a file cannot be removed.
 pub fn remove_cached(dir: &Path, r: &HubRef) -> Result<Vec<PathBuf>> {
+    // A repository (or owner) folder that is a symbolic link: the link
+    // goes, never what it points to.
+    for link in [repo_dir(dir, &r.repo), dir.join(HUB_DIR).join(r.repo.split('/').next().unwrap_or_default())] {
+        if std::fs::symlink_metadata(&link).is_ok_and(|m| m.file_type().is_symlink()) {
+            std::fs::remove_file(&link).map_err(|source| Error::Io { path: link.clone(), source })?;
+            return Ok(vec![link]);
+        }
+    }
     let of_repo: Vec<CachedHubModel> =
         cached_models(dir).into_iter().filter(|m| m.repo.eq_ignore_ascii_case(&r.repo)).collect();
     if of_repo.is_empty() {

@@ -61,6 +61,7 @@ pub fn download(url: &str, dest: &Path, size: u64, sha256: &str, on_progress: &m
         std::fs::create_dir_all(parent).map_err(io_err(parent))?;
     }
     let partial = partial_path(dest);
+    refuse_odd_partial(&partial)?;
     let agent = agent();
     let mut last = String::new();
     for _ in 0..ATTEMPTS {
@@ -70,11 +71,54 @@ pub fn download(url: &str, dest: &Path, size: u64, sha256: &str, on_progress: &m
             Err(Stopped::Dropped(why)) => last = why,
         }
     }
-    let done = std::fs::metadata(&partial).map_or(0, |m| m.len());
+    let done = std::fs::symlink_metadata(&partial).map_or(0, |m| m.len());
     Err(Error::Download(format!(
         "downloading {url}: {last}; stopped at {done} of {size} bytes after {ATTEMPTS} tries (run the command again \
          to resume)"
     )))
+}
+
+/// A `.partial` file that is not a regular file is never written through:
+/// a symbolic link is removed (the download starts afresh), anything else
+/// (a folder, a device, a pipe) is refused.
+///
+/// # Errors
+/// [`Error::Download`] for a partial path that is neither missing, a
+/// regular file nor a link; [`Error::Io`] when the link cannot be removed.
+fn refuse_odd_partial(partial: &Path) -> Result<()> {
+    let Ok(meta) = std::fs::symlink_metadata(partial) else { return Ok(()) };
+    if meta.file_type().is_symlink() {
+        return std::fs::remove_file(partial).map_err(|source| Error::Io { path: partial.to_path_buf(), source });
+    }
+    if !meta.is_file() {
+        return Err(Error::Download(format!(
+            "{} is not a regular file (an incomplete download should be one); remove it and try again",
+            partial.display()
+        )));
+    }
+    Ok(())
+}
+
+/// Opens the partial file to append to it, or (`append` false) creates or
+/// empties it; never through a symbolic link (`O_NOFOLLOW`), nor a file
+/// that is not a regular one.
+fn open_partial(partial: &Path, append: bool) -> std::io::Result<File> {
+    let mut o = OpenOptions::new();
+    if append {
+        o.append(true);
+    } else {
+        o.write(true).create(true).truncate(true);
+    }
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        o.custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK);
+    }
+    let f = o.open(partial)?;
+    if !f.metadata()?.is_file() {
+        return Err(std::io::Error::other("not a regular file"));
+    }
+    Ok(f)
 }
 
 /// One request: from the end of the partial file to the end of the file.
@@ -86,13 +130,17 @@ fn attempt(
     on_progress: &mut dyn FnMut(Progress),
 ) -> std::result::Result<(), Stopped> {
     let fatal_io = |source| Stopped::Fatal(Error::Io { path: partial.to_path_buf(), source });
-    let mut have = std::fs::metadata(partial).map_or(0, |m| m.len());
+    let mut have = std::fs::symlink_metadata(partial).map_or(0, |m| m.len());
     if have > size {
         // Not a prefix of this file.
-        File::create(partial).map_err(fatal_io)?;
+        open_partial(partial, false).map_err(fatal_io)?;
         have = 0;
     }
     if have == size {
+        if size == 0 {
+            // An empty file: nothing to ask the server for.
+            open_partial(partial, false).map_err(fatal_io)?;
+        }
         return Ok(());
     }
     let mut req = get(agent, url);
@@ -103,12 +151,12 @@ fn attempt(
     let status = resp.status().as_u16();
     let mut file = match status {
         206 if content_range_start(&resp) == Some(have) => {
-            OpenOptions::new().append(true).open(partial).map_err(fatal_io)?
+            open_partial(partial, true).map_err(fatal_io)?
         }
         // The whole file (a server without ranges, or a first request).
         200 => {
             have = 0;
-            File::create(partial).map_err(fatal_io)?
+            open_partial(partial, false).map_err(fatal_io)?
         }
         206 => {
             return Err(Stopped::Fatal(Error::Download(format!(
