@@ -372,7 +372,8 @@ pub(crate) fn qkv_post(dev: &Device, args: &QkvArgs) -> Result<()> {
 /// 3% faster on Gemma 3 4B (4 kv heads), 1% on Llama 1B (8), and 1–2%
 /// slower on Gemma 3 270M and 1B (1). `CudaOptions::fuse_qkv` `Some(false)`
 /// keeps them apart, `Some(true)` fuses whenever the shape allows (to
-/// compare).
+/// compare). With values stored rotated (`attn.v_rot`) the output is
+/// rotated back before it is written or quantized.
 pub(crate) fn qkv_attention(dev: &Device, qkv: &QkvArgs, attn: &AttnArgs, count: DevPtr) -> Result<()> {
     let (n_head, n_kv, hd) = (attn.n_head as usize, attn.n_kv as usize, attn.hd as usize);
     let one = attn.n_tok == 1 && qkv.n_tok == 1 && n_kv > 0 && n_head / n_kv <= ATTN_MAX_G;
@@ -383,19 +384,31 @@ pub(crate) fn qkv_attention(dev: &Device, qkv: &QkvArgs, attn: &AttnArgs, count:
         let args = AttnQkvArgs { at: *attn, qk: *qkv, count, slot: 0, k_stride: 0, v_stride: 0 };
         return dev.launch(k, grid, decode_threads(hd), decode_smem(hd), &args);
     }
+    // Values stored rotated: these paths leave the output rotated and
+    // unquantized, and attn_unrotate finishes it.
+    let mut plain = *attn;
+    if attn.v_rot != 0 {
+        plain.oq = 0;
+        plain.ods = 0;
+    }
     let fuse = one && dev.opts.fuse_qkv.unwrap_or(n_kv >= 2);
     if !fuse {
         qkv_post(dev, qkv)?;
-        return attention(dev, attn);
+        attention(dev, &plain)?;
+    } else {
+        check_qkv_shape(qkv)?;
+        check_attn_shape(n_head, n_kv, hd)?;
+        let smem = ((ATTN_MAX_G * hd + ATTN_MAX_G * ATTN_SPLIT + pv_reduce_len(hd).max(3 * hd)) * 4) as u32;
+        let args = AttnQkvArgs { at: plain, qk: *qkv, count: 0, slot: 0, k_stride: 0, v_stride: 0 };
+        let grid = (to_u32(n_kv, "kv heads")?, to_u32(attn.n_split as usize, "splits")?, 1);
+        let k = if pv_reduce_len(hd) > 0 { names::ATTN_SPLIT_QKV_GRP } else { names::ATTN_SPLIT_QKV };
+        dev.launch(k, grid, ATTN_THREADS as u32, smem, &args)?;
+        combine(dev, &plain)?;
     }
-    check_qkv_shape(qkv)?;
-    check_attn_shape(n_head, n_kv, hd)?;
-    let smem = ((ATTN_MAX_G * hd + ATTN_MAX_G * ATTN_SPLIT + pv_reduce_len(hd).max(3 * hd)) * 4) as u32;
-    let args = AttnQkvArgs { at: *attn, qk: *qkv, count: 0, slot: 0, k_stride: 0, v_stride: 0 };
-    let grid = (to_u32(n_kv, "kv heads")?, to_u32(attn.n_split as usize, "splits")?, 1);
-    let k = if pv_reduce_len(hd) > 0 { names::ATTN_SPLIT_QKV_GRP } else { names::ATTN_SPLIT_QKV };
-    dev.launch(k, grid, ATTN_THREADS as u32, smem, &args)?;
-    combine(dev, attn)
+    if attn.v_rot != 0 {
+        attn_unrotate(dev, attn)?;
+    }
+    Ok(())
 }
 
 /// Most one-token steps of different sequences in one launch of the
@@ -500,7 +513,9 @@ fn quantized(attn: &AttnArgs) -> bool {
 /// (`args.v_rot`: `H/√n` on blocks of `n`, its own inverse) in place, rows
 /// `args.out` of `n_head · hd` values for `args.n_tok` tokens, and writes
 /// its q8 copy for the output projection when `args.oq` is set
-/// (`attn_unrotate`, attention.cu).
+/// (`attn_unrotate`, attention.cu): after the kernels of
+/// [`qkv_attention`] that leave it rotated (the decode kernels rotate
+/// their own output back).
 pub(crate) fn attn_unrotate(dev: &Device, args: &AttnArgs) -> Result<()> {
     let hd = args.hd as usize;
     let n = args.v_rot as usize;

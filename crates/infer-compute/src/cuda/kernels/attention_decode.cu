@@ -53,6 +53,16 @@ __device__ __forceinline__ void decode_out(const AttnArgs& a, size_t row, float 
     if (a.oq) quantize_chunk_warp(v, a.oq + (row & ~(size_t)31), a.ods + row / 32);
 }
 
+// The outputs of query heads h0 .. h0 + G, staged in so ([G][HD], shared),
+// rotated back by V's rotation and written (attn_unrotate's work, done by
+// the block that has them). Every thread of the block calls it.
+template <int HD>
+__device__ __forceinline__ void unrotate_out(const AttnArgs& a, int h0, int G, int v_rot, float* so) {
+    __syncthreads();
+    hadamard_smem(so, G * HD, v_rot);
+    for (int i = threadIdx.x; i < G * HD; i += blockDim.x) decode_out(a, (size_t)h0 * HD + i, so[i]);
+}
+
 // One thread's raw chunks (kv_load8) of a span's keys and values (see
 // DecodeShape), zero past the span's positions and at the token's own
 // position (which is not in the cache yet).
@@ -256,19 +266,26 @@ __device__ __forceinline__ void attn_decode_impl(const AttnQkvArgs& args) {
     __syncthreads();
 
     const size_t ml0 = (size_t)h0 * a.n_split + blockIdx.y;  // part_ml index of (h0, block)
+    // Values stored rotated: the outputs go through sq (free after the
+    // spans) to be rotated back before they are written.
+    const int v_rot = QUANT ? a.v_rot : 0;
 #pragma unroll
     for (int i = 0; i < PV; ++i) {
         const int hh = tid / HD + i * HSTEP;
         if (hh >= G) continue;
         if (ds.n_parts == 1) {
-            decode_out(a, (size_t)(h0 + hh) * HD + d, acc[i] / sml[hh].y);
+            if (v_rot) sq[hh * HD + d] = acc[i] / sml[hh].y;
+            else decode_out(a, (size_t)(h0 + hh) * HD + d, acc[i] / sml[hh].y);
         } else {
             const size_t ml = ml0 + (size_t)hh * a.n_split;
             a.part_o[ml * HD + d] = acc[i];
             if (d == 0) a.part_ml[ml] = sml[hh];
         }
     }
-    if (ds.n_parts == 1) return;
+    if (ds.n_parts == 1) {
+        if (v_rot) unrotate_out<HD>(a, h0, G, v_rot, sq);
+        return;
+    }
 
     // ---- The last block of kv head g merges the partial results.
     __shared__ int s_last;
@@ -311,8 +328,10 @@ __device__ __forceinline__ void attn_decode_impl(const AttnQkvArgs& args) {
             }
             m = mb;
         }
-        decode_out(a, (size_t)(h0 + hh) * HD + d, out / total);
+        if (v_rot) sq[hh * HD + d] = out / total;
+        else decode_out(a, (size_t)(h0 + hh) * HD + d, out / total);
     }
+    if (v_rot) unrotate_out<HD>(a, h0, G, v_rot, sq);
 }
 
 // The arguments of token t = blockIdx.z of a batch of one-token steps of

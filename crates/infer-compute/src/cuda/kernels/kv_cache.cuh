@@ -190,22 +190,51 @@ __device__ __forceinline__ void kv_store_head(u8* row, int type, int kv_dim, int
     for (int b = warp; b < hd / 32; b += n_warps) kv_store32_warp(row, type, kv_dim, g * hd + b * 32, x[b * 32 + lane]);
 }
 
-// x[0, n_vals) <- (H / sqrt(n)) x on each block of n values (n a power of
-// two dividing n_vals; x in shared memory), in the order of
-// cpu::kv_rotation's hadamard (butterflies of span 1, 2, 4, ..., then the
-// scale). Every thread of the block calls it, after the barrier that makes
-// x visible; it ends with a barrier.
-__device__ __forceinline__ void hadamard_smem(float* x, int n_vals, int n) {
-    for (int h = 1; h < n; h <<= 1) {
-        for (int i = threadIdx.x; i < n_vals / 2; i += blockDim.x) {
-            const int j = (i / h) * 2 * h + i % h;
-            const float p = x[j], q = x[j + h];
-            x[j] = p + q;
-            x[j + h] = p - q;
+// Segments of shared memory rotated together by hadamard_smem: seg[i]
+// holds len[i] values (a multiple of n[i]) rotated in blocks of n[i] (a
+// power of two; 0 or len 0: left alone).
+struct HadSegs {
+    float* seg[3];
+    int len[3], n[3];
+};
+
+// Each segment <- (H / sqrt(n)) x on each of its blocks of n values, in
+// the order of cpu::kv_rotation's hadamard (butterflies of span 1, 2, 4,
+// ..., then the scale, which each segment's last butterfly applies to the
+// sums it writes: the same products). All segments share each stage's
+// barrier. Every thread of the block calls it, after the barrier that
+// makes the segments visible; it ends with a barrier.
+__device__ __forceinline__ void hadamard_smem(const HadSegs& h) {
+    int n_max = 1;
+#pragma unroll
+    for (int i = 0; i < 3; ++i)
+        if (h.len[i] > 0) n_max = max(n_max, h.n[i]);
+    for (int span = 1; span < n_max; span <<= 1) {
+        // The segments' butterflies of this stage, laid end to end.
+        int pairs[3];
+#pragma unroll
+        for (int i = 0; i < 3; ++i) pairs[i] = h.len[i] > 0 && span < h.n[i] ? h.len[i] / 2 : 0;
+        for (int t = threadIdx.x; t < pairs[0] + pairs[1] + pairs[2]; t += blockDim.x) {
+            const int i = t < pairs[0] ? 0 : t < pairs[0] + pairs[1] ? 1 : 2;
+            const int k = t - (i > 0 ? pairs[0] : 0) - (i > 1 ? pairs[1] : 0);
+            float* x = i == 0 ? h.seg[0] : i == 1 ? h.seg[1] : h.seg[2];
+            const int n = i == 0 ? h.n[0] : i == 1 ? h.n[1] : h.n[2];
+            const int j = (k / span) * 2 * span + k % span;
+            const float p = x[j], q = x[j + span];
+            if (2 * span == n) {
+                const float s = 1.0f / sqrtf((float)n);
+                x[j] = (p + q) * s;
+                x[j + span] = (p - q) * s;
+            } else {
+                x[j] = p + q;
+                x[j + span] = p - q;
+            }
         }
         __syncthreads();
     }
-    const float s = 1.0f / sqrtf((float)n);
-    for (int i = threadIdx.x; i < n_vals; i += blockDim.x) x[i] *= s;
-    __syncthreads();
+}
+
+// One segment (hadamard_smem).
+__device__ __forceinline__ void hadamard_smem(float* x, int n_vals, int n) {
+    hadamard_smem(HadSegs{{x, nullptr, nullptr}, {n_vals, 0, 0}, {n, 0, 0}});
 }

@@ -78,8 +78,8 @@ extern "C" __global__ void __launch_bounds__(QKV_THREADS) qkv_post(const QkvArgs
         }
     }
     __syncthreads();
-    if (a.k_rot) hadamard_smem(sx, hd, a.k_rot);  // q, or k
-    if (!is_q && a.v_rot) hadamard_smem(sv, hd, a.v_rot);
+    // q or k by K's rotation, v by V's, in one set of stages.
+    hadamard_smem(HadSegs{{sx, sv, nullptr}, {a.k_rot ? hd : 0, !is_q && a.v_rot ? hd : 0, 0}, {a.k_rot, a.v_rot, 0}});
     if (is_q) {
         for (int d = tid; d < hd; d += QKV_THREADS) src[d] = sx[d];
         return;
@@ -152,9 +152,6 @@ __device__ __forceinline__ void qkv_stage(const QkvArgs& k, int h0, int nh, int 
         x[i1] = x0 * sn + x1 * cs;
     }
     __syncthreads();
-    if (k.k_rot) {
-        hadamard_smem(sq, nh * hd, k.k_rot);
-        if (with_kv) hadamard_smem(skv, hd, k.k_rot);
-    }
-    if (k.v_rot && with_kv) hadamard_smem(skv + hd, hd, k.v_rot);
+    const int kr = k.k_rot ? hd : 0, vr = k.v_rot && with_kv ? hd : 0;
+    hadamard_smem(HadSegs{{sq, skv, skv + hd}, {kr * nh, with_kv ? kr : 0, vr}, {k.k_rot, k.k_rot, k.v_rot}});
 }

@@ -309,9 +309,7 @@ impl<'a> Forward<'a> {
         let (kc, vc) = self.pool.slot_ptrs(li, slot);
         let (kl, vl) = self.pool.layouts(li);
         let (q_dim, kv_dim) = (l.n_head * l.hd, l.n_kv * l.hd);
-        // Rotated values: the output is quantized after it is rotated back
-        // (`attention`), not by the attention kernels.
-        let wo_q8 = ops::wants_q8(l.wo.ty)? && vl.rot == 0;
+        let wo_q8 = ops::wants_q8(l.wo.ty)?;
         let row = |base: DevPtr, bytes: usize| base + (s.start * bytes) as u64;
         let opt = |s: &Option<CudaSlice<f32>>| s.as_ref().map_or(0, |s| d.ptr(s));
         let qkv = QkvArgs {
@@ -396,24 +394,7 @@ impl<'a> Forward<'a> {
             ops::qkv_attention(d, &qkv, &attn, count)?;
             si += 1;
         }
-        let v_rot = self.pool.layouts(li).1.rot;
-        if v_rot == 0 {
-            return Ok(());
-        }
-        // Values stored rotated: every row of the pass rotated back, then
-        // quantized for the output projection.
-        let wo_q8 = ops::wants_q8(l.wo.ty)?;
-        let rows = AttnArgs {
-            out: self.p(&self.b.attn),
-            oq: if wo_q8 { self.aq } else { 0 },
-            ods: if wo_q8 { self.ad } else { 0 },
-            n_head: l.n_head as i32,
-            hd: l.hd as i32,
-            n_tok: self.pass.n as i32,
-            v_rot: v_rot as i32,
-            ..AttnArgs::default()
-        };
-        ops::attn_unrotate(d, &rows)
+        Ok(())
     }
 
     /// The attention output projection into `o`.
