@@ -440,7 +440,11 @@ fn kv_cache_rows_match_cpu_quantization() {
         let k = rand_vec(&mut rng, n_pos * kv_dim, 3.0);
         let mut v = rand_vec(&mut rng, n_pos * kv_dim, 0.5);
         v[3] = 40.0; // an outlier, spread over its block by the rotation
-        for (kt, vt) in [(KvCacheType::Q8_0, KvCacheType::Q4_0), (KvCacheType::Q4_0, KvCacheType::Q8_0), (KvCacheType::F16, KvCacheType::Q4_0)] {
+        for (kt, vt) in [
+            (KvCacheType::Q8_0, KvCacheType::Q4_0),
+            (KvCacheType::Q4_0, KvCacheType::Q8_0),
+            (KvCacheType::F16, KvCacheType::Q4_0),
+        ] {
             let (kb, vb) = cuda.store_kv_rows(&k, &v, n_kv, hd, KvTypes { k: kt, v: vt }).unwrap();
             for (what, ty, x, got, keys) in [("K", kt, &k, &kb, true), ("V", vt, &v, &vb, false)] {
                 let want = cpu_cache_rows(ty, x, n_kv, hd, keys);

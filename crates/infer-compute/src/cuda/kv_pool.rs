@@ -99,7 +99,9 @@ impl CudaKvPool {
     ) -> Result<Self> {
         let layouts = heads
             .iter()
-            .map(|&(n_kv, hd)| Ok((CacheLayout::new(types.k, n_kv, hd, true)?, CacheLayout::new(types.v, n_kv, hd, false)?)))
+            .map(|&(n_kv, hd)| {
+                Ok((CacheLayout::new(types.k, n_kv, hd, true)?, CacheLayout::new(types.v, n_kv, hd, false)?))
+            })
             .collect::<Result<Vec<_>>>()?;
         let max_row = layouts.iter().map(|(k, v)| k.row.max(v.row)).max().unwrap_or(0);
         let states = new_states(model, n_slots, n_ctx, max_row)?;
@@ -194,7 +196,7 @@ mod tests {
                 (KvCacheType::Q4_0, kv_dim / 2 + kv_dim / 16),
             ] {
                 let l = CacheLayout::new(ty, n_kv, hd, true).unwrap();
-                assert!(l.row >= min && l.row < min + 16 && l.row % 16 == 0, "{ty} {n_kv}x{hd}: {}", l.row);
+                assert!(l.row >= min && l.row < min + 16 && l.row.is_multiple_of(16), "{ty} {n_kv}x{hd}: {}", l.row);
             }
         }
         let keys = CacheLayout::new(KvCacheType::Q4_0, 4, 256, true).unwrap();

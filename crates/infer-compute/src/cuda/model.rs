@@ -67,8 +67,8 @@ use super::device::{dev_err, Device, PinnedBuf};
 use super::kv_pool::CudaKvPool;
 use super::ops;
 use crate::backend::{
-    advance_spans, checked_pool, rollback_spans, single_error, Batch, DeviceModel, KvPool,
-    ModelId, Out, Span, StepProfile,
+    advance_spans, checked_pool, rollback_spans, single_error, Batch, DeviceModel, KvPool, ModelId, Out, Span,
+    StepProfile,
 };
 use crate::backend::{TopK, TOP_K_MAX};
 use crate::error::{Error, Result};

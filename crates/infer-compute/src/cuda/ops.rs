@@ -461,7 +461,8 @@ pub(crate) fn qkv_attention_batch(
     check_attn_shape(attn.n_head as usize, n_kv, hd)?;
     let grid = (to_u32(n_kv, "kv heads")?, decode_blocks(dev, attn, n_tok)?, to_u32(n_tok, "tokens")?);
     let stride = |s: usize| i64::try_from(s).map_err(|_| Error::Overflow("KV pool slot stride"));
-    let args = AttnQkvArgs { at: *attn, qk: *qkv, count, slot, k_stride: stride(strides.0)?, v_stride: stride(strides.1)? };
+    let args =
+        AttnQkvArgs { at: *attn, qk: *qkv, count, slot, k_stride: stride(strides.0)?, v_stride: stride(strides.1)? };
     dev.launch(k, grid, decode_threads(hd), decode_smem(hd), &args)
 }
 
