@@ -57,11 +57,12 @@ pub struct ChatArgs {
     #[command(flatten)]
     threads: ThreadArgs,
     /// System prompt, sent first in every conversation (also -sys, --system).
-    #[arg(long = "system-prompt", visible_alias = "system", value_name = "TEXT")]
+    #[arg(long = "system-prompt", visible_alias = "system", value_name = "TEXT", allow_hyphen_values = true)]
     system: Option<String>,
     /// Most tokens per reply (-1: until the end of the turn or a full
     /// context).
-    #[arg(short = 'n', long, value_name = "N", default_value_t = 512, allow_negative_numbers = true)]
+    #[arg(short = 'n', long, visible_alias = "predict", value_name = "N", default_value_t = 512,
+          allow_negative_numbers = true)]
     n_predict: i64,
     #[command(flatten)]
     sampling: SamplingArgs,
@@ -95,21 +96,30 @@ pub struct ChatArgs {
 }
 
 /// Whether the model at `path` is instruction-tuned, as far as can be
-/// told: a known model by its cache file, else the file's
-/// `general.finetune` or `general.name` (`Instruct`, `-it`, `chat`).
+/// told: a known model by its file (its cache file however reached: a
+/// relative path, a link; or a copy under the known file name), else
+/// `Some(true)` when the file's `general.name`, `general.finetune` or
+/// `general.basename` says so (`Instruct`, `-it`, `chat`), else `None`
+/// (unknown: no warning; only a known base model is warned about).
 fn instruct_tuned(path: &Path, gguf: &GgufFile) -> Option<bool> {
     let cache = infer_model::fetch::cache_dir();
-    if let Some(m) = KNOWN_MODELS.iter().find(|m| path == cache.join(m.file)) {
+    let canonical = |p: &Path| std::fs::canonicalize(p).ok();
+    let here = canonical(path);
+    let name = path.file_name();
+    if let Some(m) = KNOWN_MODELS.iter().find(|m| {
+        let known = cache.join(m.file);
+        path == known || (here.is_some() && here == canonical(&known)) || name == Some(std::ffi::OsStr::new(m.file))
+    }) {
         return Some(m.instruct);
     }
     let says_instruct = |s: &str| {
         let s = s.to_ascii_lowercase();
         s.contains("instruct") || s.contains("chat") || s.split(|c: char| !c.is_ascii_alphanumeric()).any(|w| w == "it")
     };
-    if let Ok(f) = gguf.get_str("general.finetune") {
-        return Some(says_instruct(f));
-    }
-    gguf.get_str("general.name").ok().filter(|n| says_instruct(n)).map(|_| true)
+    ["general.name", "general.finetune", "general.basename"]
+        .iter()
+        .any(|k| gguf.get_str(k).is_ok_and(says_instruct))
+        .then_some(true)
 }
 
 pub fn chat(a: ChatArgs) -> CliResult {
@@ -120,6 +130,8 @@ pub fn chat(a: ChatArgs) -> CliResult {
     // Without -m (or $INFER_MODEL), an instruction-tuned model: the default
     // model of `run` is a base model, which continues text.
     let path = a.model.resolve_model_or(infer_model::fetch::DEFAULT_CHAT_MODEL_NAME)?;
+    // An empty -sys is no system prompt (llama.cpp checks for an empty one).
+    let system_prompt = a.system.as_deref().filter(|s| !s.is_empty());
     let (loaded, (tokenizer, template, n_ctx, (cfg, from_model))) =
         a.model.load(&path, a.threads.get(), |gguf, spec| {
             let tokenizer = Tokenizer::from_gguf(gguf)?;
@@ -127,11 +139,13 @@ pub fn chat(a: ChatArgs) -> CliResult {
             let n_ctx = context_size(a.ctx_size, spec.n_ctx_train)?;
             let cfg = a.sampling.config(n_ctx, gguf)?;
             // A system prompt that leaves no room fails before the weights load.
-            if let Some(system) = &a.system {
-                check_system_prompt(&template, &tokenizer, system, n_ctx, crate::prompt::byte_limit(n_ctx))?;
-            }
+            // So does the template's own default system prompt (used without -sys).
+            check_system_prompt(&template, &tokenizer, system_prompt, n_ctx, crate::prompt::byte_limit(n_ctx))?;
             if template.source() != TemplateSource::Gguf {
-                eprintln!("warning: {} has no chat template; using {}", path.display(), template.source());
+                // The source's own "(the file has none)" would say it twice.
+                let source = template.source().to_string();
+                let source = source.trim_end_matches(" (the file has none)");
+                eprintln!("warning: {} has no chat template; using {source}", path.display());
             }
             if instruct_tuned(&path, gguf) == Some(false) {
                 eprintln!(
@@ -168,7 +182,7 @@ pub fn chat(a: ChatArgs) -> CliResult {
     // SIGTERM and SIGHUP end the session as the end of the input does.
     crate::interrupt::session();
 
-    let system: Vec<Message> = a.system.iter().map(|s| Message::system(s.as_str())).collect();
+    let system: Vec<Message> = system_prompt.iter().map(|s| Message::system(*s)).collect();
     let mut messages = system.clone();
     // The conversation's leading system messages (-sys, or a loaded
     // file's), which dropping old turns never removes, and their tokens:
@@ -295,10 +309,17 @@ pub fn chat(a: ChatArgs) -> CliResult {
 }
 
 /// The tokens of the system messages `system` rendered alone (none when
-/// there are none, or the template refuses them).
+/// the template refuses them). Without system messages, the start that
+/// every conversation's rendering shares: the template's own default
+/// system prompt, when it has one (what `/reset` keeps in the cache).
 fn system_tokens(template: &ChatTemplate, tokenizer: &Tokenizer, system: &[Message]) -> Vec<u32> {
     if system.is_empty() {
-        return Vec::new();
+        let render = |text: &str| {
+            template.render(&[Message::user(text)], false).map(|t| ChatTemplate::encode_rendered(tokenizer, &t))
+        };
+        let (Ok(a), Ok(b)) = (render("a"), render("b")) else { return Vec::new() };
+        let common = a.iter().zip(&b).take_while(|(x, y)| x == y).count();
+        return a[..common].to_vec();
     }
     template.render(system, false).map(|t| ChatTemplate::encode_rendered(tokenizer, &t)).unwrap_or_default()
 }
@@ -435,12 +456,12 @@ fn reply(
         n => format!("; context shifted {n} times"),
     };
     eprintln!(
-        "[prefill {} ({} reused) at {:.1} tokens/s; {} at {:.1} tokens/s{shifted}; {stop}]",
+        "[prefill {} ({} reused) at {:.1} tokens/s; {} at {} tokens/s{shifted}; {stop}]",
         crate::run::tokens(stats.prompt_tokens),
         stats.reused_tokens,
         stats.prefill_tps(),
         crate::run::tokens(stats.generated_tokens),
-        stats.decode_tps()
+        crate::run::decode_rate(stats.generated_tokens, stats.decode_tps())
     );
     // A Ctrl-C that stopped this reply is spent.
     crate::interrupt::clear();
@@ -454,20 +475,26 @@ fn reply(
 fn check_system_prompt(
     template: &ChatTemplate,
     tokenizer: &Tokenizer,
-    system: &str,
+    system: Option<&str>,
     n_ctx: usize,
     limit: usize,
 ) -> CliResult {
-    let too_long = || {
-        format!(
+    let too_long = || match system {
+        Some(_) => format!(
             "the system prompt takes all of the {n_ctx} context positions, leaving none for the conversation \
              (shorten -sys/--system-prompt or raise -c/--ctx-size)"
-        )
+        ),
+        None => format!(
+            "the chat template's own default system prompt takes all of the {n_ctx} context positions, leaving \
+             none for the conversation (raise -c/--ctx-size)"
+        ),
     };
-    if system.len() > limit {
+    if system.is_some_and(|s| s.len() > limit) {
         return Err(too_long().into());
     }
-    let Ok(text) = template.render(&[Message::system(system), Message::user("")], true) else { return Ok(()) };
+    let mut messages: Vec<Message> = system.iter().map(|s| Message::system(*s)).collect();
+    messages.push(Message::user(""));
+    let Ok(text) = template.render(&messages, true) else { return Ok(()) };
     if text.len() > limit || ChatTemplate::encode_rendered_at_most(tokenizer, &text, n_ctx.saturating_sub(1)).is_none()
     {
         return Err(too_long().into());

@@ -60,7 +60,7 @@ pub fn parse(line: &str) -> Command {
         if arg.is_empty() {
             Command::Invalid(format!("/{name} needs a file name: /{name} FILE"))
         } else {
-            c(expand_home(arg, std::env::var_os("HOME")))
+            c(expand_home(unquote(arg), std::env::var_os("HOME")))
         }
     };
     match name {
@@ -73,6 +73,17 @@ pub fn parse(line: &str) -> Command {
             "unknown command /{name} (/help lists the commands; start the line with // to send it as it is)"
         )),
     }
+}
+
+/// `arg` without one pair of matching quotes around it (`"a b.json"` or
+/// `'a b.json'`), as a shell would take them.
+fn unquote(arg: &str) -> &str {
+    for q in ['"', '\''] {
+        if let Some(inner) = arg.strip_prefix(q).and_then(|a| a.strip_suffix(q)) {
+            return inner;
+        }
+    }
+    arg
 }
 
 /// `file` with a leading `~` (alone, or `~/...`) replaced by `home`, as a
@@ -116,7 +127,10 @@ struct FileMessage {
 /// the one being run), or is another file that was not to be replaced.
 pub fn save(path: &Path, messages: &[Message], confirm: &mut dyn FnMut(&str) -> Option<bool>) -> CliResult {
     let what = path.display();
-    if let Ok(meta) = std::fs::metadata(path) {
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        if meta.file_type().is_symlink() {
+            return Err(format!("/save: {what} is a symbolic link; name the file itself").into());
+        }
         if !meta.is_file() {
             return Err(format!("/save: {what} is not a regular file").into());
         }
@@ -184,7 +198,9 @@ pub fn load(path: &Path, limit: usize) -> CliResult<Vec<Message>> {
     if text.len() > limit {
         return Err(format!("/load: {what} has more than {limit} bytes, more than the context can hold").into());
     }
-    let list: Vec<FileMessage> = serde_json::from_str(&text).map_err(|e| {
+    // A byte-order mark (some editors write one) is no part of the JSON.
+    let text = text.strip_prefix('\u{feff}').unwrap_or(&text);
+    let list: Vec<FileMessage> = serde_json::from_str(text).map_err(|e| {
         format!("/load: {what} is not a conversation (a JSON array of {{\"role\", \"content\"}} objects): {e}")
     })?;
     let messages: Vec<Message> = list

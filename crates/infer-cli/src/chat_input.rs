@@ -4,7 +4,11 @@
 //! On a terminal (standard input and output both) lines are read with
 //! rustyline: arrow keys move in the line, up and down walk the history of
 //! this session, and Ctrl-C and Ctrl-D arrive as keys (the terminal is in
-//! raw mode while a line is edited, so Ctrl-C is no signal there). From a
+//! raw mode while a line is edited, so Ctrl-C is no signal there): Ctrl-C
+//! on a line with text clears it, on an empty one it interrupts. A line
+//! that is not UTF-8, or (on a terminal the editor cannot drive, such as
+//! TERM=dumb) holds escape sequences, is refused and the session goes on.
+//! From a
 //! pipe or a file, lines are read as they are, at most [`ChatInput`]'s
 //! byte limit each (a longer one is skipped unread to its end, as long as
 //! it has an end within [`SKIP_LIMIT`]); a line with a NUL byte is not
@@ -17,7 +21,8 @@
 use std::io::{BufRead, IsTerminal, Write};
 
 use rustyline::error::ReadlineError;
-use rustyline::{Behavior, Config, DefaultEditor};
+use rustyline::history::DefaultHistory;
+use rustyline::{Behavior, Config, Editor};
 
 use crate::output::Out;
 
@@ -37,7 +42,8 @@ pub enum Input {
     /// A message or a command: its lines, joined with newlines, without the
     /// continuation backslashes and the final newline.
     Text(String),
-    /// Ctrl-C at the prompt (a terminal only); what was typed is dropped.
+    /// Ctrl-C at an empty prompt (a terminal only; on a line with text it
+    /// clears the line, and the line is read again).
     Interrupted,
     /// Ctrl-D on an empty line, or the end of the input.
     End,
@@ -49,7 +55,7 @@ pub enum Input {
 /// Where the lines come from.
 enum Source {
     /// A terminal: rustyline, with this session's history.
-    Editor(Box<DefaultEditor>),
+    Editor(Box<Editor<LineWatch, DefaultHistory>>),
     /// A pipe or a file.
     Plain(std::io::StdinLock<'static>),
 }
@@ -73,8 +79,11 @@ impl ChatInput {
         let plain = || Source::Plain(std::io::stdin().lock());
         let source = if std::io::stdin().is_terminal() {
             let behavior = if std::io::stdout().is_terminal() { Behavior::Stdio } else { Behavior::PreferTerm };
-            match DefaultEditor::with_config(Config::builder().behavior(behavior).build()) {
-                Ok(editor) => Source::Editor(Box::new(editor)),
+            match Editor::with_config(Config::builder().behavior(behavior).build()) {
+                Ok(mut editor) => {
+                    editor.set_helper(Some(LineWatch::default()));
+                    Source::Editor(Box::new(editor))
+                }
                 Err(e) => {
                     eprintln!("warning: no line editor ({e}); reading plain lines");
                     plain()
@@ -161,10 +170,21 @@ impl ChatInput {
     fn read_line(&mut self, prompt: &str, out: &mut Out) -> std::io::Result<Line> {
         let limit = self.limit;
         match &mut self.source {
-            Source::Editor(editor) => match editor.readline(prompt) {
+            Source::Editor(editor) => match read_edited(editor, prompt) {
+                // A terminal the editor cannot drive (TERM=dumb) hands the
+                // keys' escape sequences over as text: not sent to the model.
+                Ok(line) if line.contains('\x1b') => Ok(Line::Refused(
+                    "that line has terminal escape sequences (arrow keys do not edit lines on this terminal, TERM \
+                     is dumb or unsupported)"
+                        .into(),
+                )),
                 Ok(line) => Ok(Line::Text(line)),
                 Err(ReadlineError::Interrupted) => Ok(Line::Interrupted),
                 Err(ReadlineError::Eof) => Ok(Line::End),
+                // Bytes that are not UTF-8: that line is refused, as from a pipe.
+                Err(ReadlineError::Io(e)) if e.kind() == std::io::ErrorKind::InvalidData => {
+                    Ok(Line::Refused("that line is not valid UTF-8".into()))
+                }
                 Err(ReadlineError::Io(e)) => Err(reading(e)),
                 Err(e) => Err(reading(std::io::Error::other(e))),
             },
@@ -183,6 +203,42 @@ impl ChatInput {
                     },
                 }
             }
+        }
+    }
+}
+
+/// Whether the line being edited has text (rustyline tells its helper's
+/// hinter of each edit): Ctrl-C on such a line clears it, as a shell does.
+#[derive(Default)]
+struct LineWatch {
+    typed: std::cell::Cell<bool>,
+}
+
+impl rustyline::hint::Hinter for LineWatch {
+    type Hint = String;
+    fn hint(&self, line: &str, _: usize, _: &rustyline::Context<'_>) -> Option<String> {
+        self.typed.set(!line.is_empty());
+        None
+    }
+}
+impl rustyline::completion::Completer for LineWatch {
+    type Candidate = String;
+}
+impl rustyline::highlight::Highlighter for LineWatch {}
+impl rustyline::validate::Validator for LineWatch {}
+impl rustyline::Helper for LineWatch {}
+
+/// One line from the editor; Ctrl-C on a line with text throws the text
+/// away and reads the line again (only Ctrl-C on an empty line is
+/// [`ReadlineError::Interrupted`]).
+fn read_edited(editor: &mut Editor<LineWatch, DefaultHistory>, prompt: &str) -> rustyline::Result<String> {
+    loop {
+        if let Some(h) = editor.helper() {
+            h.typed.set(false);
+        }
+        match editor.readline(prompt) {
+            Err(ReadlineError::Interrupted) if editor.helper().is_some_and(|h| h.typed.get()) => continue,
+            other => return other,
         }
     }
 }

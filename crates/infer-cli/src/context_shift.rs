@@ -42,8 +42,12 @@ impl ContextShiftArgs {
 /// and no other negative value; any other negative number is refused with
 /// the range, on one line.
 fn keep_value(s: &str) -> Result<i64, String> {
-    match s.trim().parse::<i64>() {
+    let s = s.trim();
+    match s.parse::<i64>() {
         Ok(n) if n >= -1 => Ok(n),
+        Err(_) if s.bytes().all(|b| b.is_ascii_digit()) && !s.is_empty() => {
+            Err("too large (give a number of tokens, or -1 for the whole prompt)".to_string())
+        }
         _ => Err("must be at least 0, or -1 for the whole prompt".to_string()),
     }
 }

@@ -30,6 +30,21 @@ pub const SHORT_ALIASES: &[(&str, &str)] = &[
     ("-ctv", "--cache-type-v"),
 ];
 
+/// The flags whose value is text, which may start with `-`.
+const TEXT_FLAGS: &[&str] =
+    &["-p", "--prompt", "-r", "--reverse-prompt", "-sys", "--system-prompt", "--system"];
+
+/// llama.cpp's flags that `infer` lacks, given by their long name (as clap
+/// reports an unknown one): said so, instead of clap's guess at a similar
+/// option of infer's.
+pub fn unsupported_long(cmd: Option<&str>, arg: &str) -> Option<String> {
+    let flag = arg.split_once('=').map_or(arg, |(f, _)| f);
+    let (short, long) = UNSUPPORTED.iter().find(|(_, long)| *long == flag)?;
+    Some(hint(cmd, short).unwrap_or_else(|| {
+        format!("{long} (llama.cpp's, also {short}) is not an option of infer; `infer help` lists the options")
+    }))
+}
+
 /// llama.cpp's multi-letter short flags that `infer` does not have, with
 /// their long names: refused by name rather than taken apart by clap.
 const UNSUPPORTED: &[(&str, &str)] = &[
@@ -161,7 +176,15 @@ pub fn rewrite_args(args: Vec<OsString>) -> Result<Vec<OsString>, String> {
     let cmd = subcommand(&args).map(str::to_string);
     let mut out = Vec::with_capacity(args.len());
     let mut rest = false;
+    // The argument after a flag that takes text is its value, whatever it
+    // starts with (`-p -1`, `-sys '-be terse'`), as llama.cpp reads it.
+    let mut is_value = false;
     for arg in args {
+        if std::mem::take(&mut is_value) {
+            out.push(arg);
+            continue;
+        }
+        is_value = arg.to_str().is_some_and(|s| !rest && TEXT_FLAGS.contains(&s));
         let Some(s) = arg.to_str().filter(|s| !rest && s.starts_with('-') && !s.starts_with("--")) else {
             rest |= arg == "--";
             out.push(arg);

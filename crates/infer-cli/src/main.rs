@@ -103,13 +103,21 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let cli = match Cli::try_parse_from(args) {
+    // As llama.cpp, a flag given twice takes the last value.
+    fn override_self(c: clap::Command) -> clap::Command {
+        c.args_override_self(true).mut_subcommands(override_self)
+    }
+    use clap::{CommandFactory, FromArgMatches};
+    let parsed = override_self(Cli::command()).try_get_matches_from(args).and_then(|m| Cli::from_arg_matches(&m));
+    let cli = match parsed {
         Ok(cli) => cli,
         Err(e) => {
             // A llama.cpp flag this command lacks: what to do instead.
             if e.kind() == clap::error::ErrorKind::UnknownArgument {
                 if let Some(clap::error::ContextValue::String(arg)) = e.get(clap::error::ContextKind::InvalidArg) {
-                    if let Some(h) = llama_args::hint(cmd.as_deref(), arg) {
+                    let hint = llama_args::hint(cmd.as_deref(), arg)
+                        .or_else(|| llama_args::unsupported_long(cmd.as_deref(), arg));
+                    if let Some(h) = hint {
                         eprintln!("error: {h}");
                         return ExitCode::from(2);
                     }

@@ -45,8 +45,9 @@ pub struct PerplexityArgs {
     #[arg(short = 'f', long = "file", value_name = "FILE", required_unless_present = "list_devices")]
     file: Option<PathBuf>,
     /// Tokens per chunk (llama-perplexity's -c; its default 512).
+    /// 0: the model's training context, as llama-perplexity.
     #[arg(short = 'c', long = "ctx-size", value_name = "N", default_value_t = 512, allow_negative_numbers = true,
-          value_parser = at_least::<usize>(2))]
+          value_parser = chunk_size)]
     ctx_size: usize,
     /// Tokens per forward pass (llama.cpp's -b), at most 512 at a time.
     #[arg(short = 'b', long = "batch-size", value_name = "N", default_value_t = 2048, allow_negative_numbers = true,
@@ -57,6 +58,14 @@ pub struct PerplexityArgs {
     chunks: i64,
     #[command(flatten)]
     cache: CacheTypeArgs,
+}
+
+/// `-c`: 0 (the training context) or at least 2 tokens (one scored).
+fn chunk_size(s: &str) -> Result<usize, String> {
+    match at_least::<usize>(0)(s)? {
+        1 => Err("must be 0 (the model's training context) or at least 2".into()),
+        n => Ok(n),
+    }
 }
 
 /// The running sums of llama-perplexity.
@@ -120,18 +129,21 @@ fn n_chunks(n_tokens: usize, n_ctx: usize, cap: i64) -> usize {
 }
 
 pub fn perplexity(a: PerplexityArgs) -> CliResult {
-    // At least 2 and 1, by their parsers.
-    let n_ctx = a.ctx_size;
+    // 0 or at least 2, and at least 1, by their parsers.
+    if a.chunks == 0 {
+        return Err("--chunks 0: nothing to measure (give a number of chunks, or -1 for all)".into());
+    }
     // Required by clap unless --list-devices, which runs nothing else.
     let file = a.file.as_deref().ok_or("perplexity needs a text file: -f FILE")?;
     let bytes = std::fs::read(file).map_err(|e| format!("{}: {e}", file.display()))?;
     let text = String::from_utf8_lossy(&bytes);
     let path = a.model.resolve_model()?;
-    let (loaded, tokenizer) = a.model.load(&path, a.threads.get(), |gguf, spec| {
+    let (loaded, (tokenizer, n_ctx)) = a.model.load(&path, a.threads.get(), |gguf, spec| {
+        let n_ctx = if a.ctx_size == 0 { spec.n_ctx_train.max(2) } else { a.ctx_size };
         if n_ctx > spec.n_ctx_train {
             eprintln!("warning: the model was trained on only {} context tokens ({n_ctx} specified)", spec.n_ctx_train);
         }
-        Ok(Tokenizer::from_gguf(gguf)?)
+        Ok((Tokenizer::from_gguf(gguf)?, n_ctx))
     })?;
     let Loaded { backend, mut model, .. } = loaded;
     let t0 = Instant::now();

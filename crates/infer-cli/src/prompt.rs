@@ -19,7 +19,8 @@ use crate::common::CliResult;
 #[derive(Args, Clone, Debug, Default)]
 pub struct PromptArgs {
     /// The prompt text.
-    #[arg(short = 'p', long = "prompt", value_name = "TEXT", conflicts_with_all = ["file", "words"])]
+    #[arg(short = 'p', long = "prompt", value_name = "TEXT", conflicts_with_all = ["file", "words"],
+          allow_hyphen_values = true)]
     pub prompt: Option<String>,
     /// Read the prompt from FILE (`-`: standard input); one final newline is
     /// dropped.
@@ -135,7 +136,7 @@ fn drop_final_newline(mut s: String) -> String {
 pub struct TextArgs {
     /// Stop when the model writes TEXT (llama.cpp's reverse prompt, a stop string; repeatable): the text before it
     /// is printed, the stop string is not.
-    #[arg(short = 'r', long = "reverse-prompt", value_name = "TEXT")]
+    #[arg(short = 'r', long = "reverse-prompt", value_name = "TEXT", allow_hyphen_values = true)]
     pub reverse_prompt: Vec<String>,
     /// Process escapes (\n, \r, \t, \', \", \\, \xHH) in -p, -f, -r and chat input, as llama.cpp [default: on].
     #[arg(short = 'e', long = "escape", overrides_with = "no_escape")]

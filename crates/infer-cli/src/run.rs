@@ -31,7 +31,8 @@ pub struct RunArgs {
     threads: ThreadArgs,
     /// Tokens to generate (-1: until the end of generation, shifting a full context; llama.cpp's -2: until the end
     /// of generation or a full context).
-    #[arg(short = 'n', long, value_name = "N", default_value_t = 64, allow_negative_numbers = true)]
+    #[arg(short = 'n', long, visible_alias = "predict", value_name = "N", default_value_t = 64,
+          allow_negative_numbers = true)]
     n_predict: i64,
     #[command(flatten)]
     sampling: SamplingArgs,
@@ -44,7 +45,7 @@ pub struct RunArgs {
     #[arg(long)]
     chat: bool,
     /// System prompt, sent before the prompt; turns --chat on, as llama.cpp's conversation mode (also -sys).
-    #[arg(long = "system-prompt", value_name = "TEXT")]
+    #[arg(long = "system-prompt", value_name = "TEXT", allow_hyphen_values = true)]
     system_prompt: Option<String>,
     #[command(flatten)]
     text: TextArgs,
@@ -183,6 +184,16 @@ pub fn print_settings(
 }
 
 /// "1 token", "2 tokens".
+/// A decode rate for `n` generated tokens: `n/a` for fewer than two (the
+/// first comes from the prefill, so no step is timed).
+pub fn decode_rate(n: usize, tps: f64) -> String {
+    if n < 2 || !tps.is_finite() || tps <= 0.0 {
+        "n/a".to_string()
+    } else {
+        format!("{tps:.1}")
+    }
+}
+
 pub fn tokens(n: usize) -> String {
     if n == 1 {
         "1 token".to_string()
@@ -217,7 +228,9 @@ pub fn run(a: RunArgs) -> CliResult {
     let flag_text = a.prompt.is_flag_text();
     let stops = a.text.stop_strings()?;
     // llama.cpp: a system prompt turns the conversation mode on.
-    let chat = a.chat || a.system_prompt.is_some();
+    // An empty one is none (llama.cpp checks for an empty system prompt).
+    let system_prompt = a.system_prompt.as_deref().filter(|s| !s.is_empty());
+    let chat = a.chat || system_prompt.is_some();
     // A first use fetches the model: its download time is reported on its
     // own line, not counted as load time.
     let path = a.model.resolve_model()?;
@@ -240,7 +253,7 @@ pub fn run(a: RunArgs) -> CliResult {
             // With --chat, the prompt as the template renders it.
             let mut rendered = None;
             let ids = if chat {
-                let mut messages: Vec<Message> = a.system_prompt.iter().map(|s| Message::system(s.as_str())).collect();
+                let mut messages: Vec<Message> = system_prompt.iter().map(|s| Message::system(*s)).collect();
                 messages.push(Message::user(prompt.as_str()));
                 let text = ChatTemplate::from_gguf(gguf, &tokenizer)?.render(&messages, true)?;
                 // A template can make a short prompt long: checked as the prompt is.
@@ -255,6 +268,14 @@ pub fn run(a: RunArgs) -> CliResult {
                 tokenizer.encode_at_most(&prompt, true, true, n_ctx.saturating_sub(1))
             };
             let Some(ids) = ids else { return Err(no_room(n_ctx).into()) };
+            // llama.cpp: an empty input starts from BOS when the model adds
+            // one, else is refused ("input is empty"), before any output.
+            if ids.is_empty() {
+                return Err("the prompt is empty and the model adds no BOS token to start from; give a prompt".into());
+            }
+            if prompt.is_empty() && !chat {
+                eprintln!("warning: the prompt is empty: generating from the BOS token alone");
+            }
             Ok((tokenizer, n_ctx, cfg, ids, prompt, rendered))
         })?;
     let Loaded { backend, spec, model, load_time, .. } = loaded;
@@ -394,12 +415,22 @@ pub fn run(a: RunArgs) -> CliResult {
             stats.prefill_tps()
         );
         eprintln!(
-            "decode:   {} ({} after the first) in {:.3} s ({:.1} tokens/s), stop: {stop}",
+            "decode:   {} ({} after the first) in {:.3} s ({} tokens/s), stop: {stop}",
             tokens(stats.generated_tokens),
             stats.generated_tokens.saturating_sub(1),
             stats.decode_time.as_secs_f64(),
-            stats.decode_tps(),
+            decode_rate(stats.generated_tokens, stats.decode_tps()),
         );
+        // With shifting on, a full context ends the generation only when
+        // --keep keeps (nearly) all of it: nothing is left to drop.
+        if stats.stop == StopReason::ContextFull && a.n_predict != -2 && !a.shift.no_context_shift {
+            let keep = a.shift.keep.map_or_else(|| "0".to_string(), |k| k.to_string());
+            eprintln!(
+                "context:  full and not shifted: --keep {keep} keeps {} of the {n_ctx} positions (at most the \
+                 prompt), leaving too few to drop; lower --keep or raise -c",
+                tokens(a.shift.n_keep(&ids, &tokenizer).unwrap_or(0))
+            );
+        }
         if stats.context_shifts > 0 {
             eprintln!(
                 "context:  shifted {} time{} ({} fed again after the kept start)",

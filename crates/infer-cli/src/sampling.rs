@@ -21,11 +21,12 @@ pub struct SamplingArgs {
     /// Keep the K most likely tokens (0 or below: off, as llama.cpp) [default: 40, or the model's].
     #[arg(long, value_name = "K", allow_negative_numbers = true)]
     pub top_k: Option<i64>,
-    /// Keep the most likely tokens whose probabilities sum to P, compared in f32 as llama.cpp does (1: off)
-    /// [default: 0.95, or the model's].
+    /// Keep the most likely tokens whose probabilities sum to P, compared in f32 as llama.cpp does (1 or more:
+    /// off; 0 or below: the most likely token alone) [default: 0.95, or the model's].
     #[arg(long, value_name = "P", allow_negative_numbers = true)]
     pub top_p: Option<f32>,
-    /// Drop tokens less likely than P × the most likely one (0 or below: off) [default: 0.05, or the model's].
+    /// Drop tokens less likely than P × the most likely one (0 or below: off; 1 or more: all but the most likely)
+    /// [default: 0.05, or the model's].
     #[arg(long, value_name = "P", allow_negative_numbers = true)]
     pub min_p: Option<f32>,
     /// Divide the positive (multiply the negative) logits of the recent tokens by X (1: off) [default: 1, or
@@ -67,11 +68,17 @@ impl SamplingArgs {
         if let Some(n) = self.repeat_last_n.filter(|&n| n < -1) {
             return Err(format!("--repeat-last-n {n}: must be >= 0, or -1 for the context size").into());
         }
+        // As llama.cpp's samplers: top-p of 1 or more is off, 0 or below
+        // keeps the most likely token alone (the smallest positive value
+        // does the same here); min-p above 1 keeps only the most likely
+        // token (and its ties), as 1 does.
+        let top_p = self.top_p.map(|p| if p >= 1.0 { 1.0 } else if p <= 0.0 { f32::MIN_POSITIVE } else { p });
+        let min_p = self.min_p.map(|p| if p > 1.0 { 1.0 } else { p });
         let given = SamplingDefaults {
             temperature: self.temp,
             top_k: self.top_k,
-            top_p: self.top_p,
-            min_p: self.min_p,
+            top_p,
+            min_p,
             repetition_penalty: self.repeat_penalty,
             repeat_last_n: self.repeat_last_n,
         };

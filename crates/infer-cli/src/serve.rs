@@ -24,7 +24,7 @@ pub struct ServeArgs {
     #[command(flatten)]
     threads: ThreadArgs,
     /// Address to listen on; anything but a loopback address exposes the server to the network.
-    #[arg(long, default_value = "127.0.0.1")]
+    #[arg(long, default_value = "127.0.0.1", value_parser = host_address)]
     host: IpAddr,
     /// Port to listen on (0: a free port, printed).
     #[arg(long, default_value_t = defaults::DEFAULT_PORT)]
@@ -75,6 +75,24 @@ fn parallel_slots(s: &str) -> Result<usize, String> {
     }
 }
 
+/// `--host`: an IP address, or a host name resolved to its first address
+/// (`localhost`), as llama-server takes it.
+fn host_address(s: &str) -> Result<IpAddr, String> {
+    if let Ok(ip) = s.trim().parse::<IpAddr>() {
+        return Ok(ip);
+    }
+    let addrs: Vec<std::net::SocketAddr> = std::net::ToSocketAddrs::to_socket_addrs(&(s.trim(), 0))
+        .map_err(|e| format!("cannot resolve {s}: {e}"))?
+        .collect();
+    // IPv4 first: `localhost` is 127.0.0.1, as clients try it first too.
+    addrs
+        .iter()
+        .find(|a| a.is_ipv4())
+        .or(addrs.first())
+        .map(|a| a.ip())
+        .ok_or_else(|| format!("{s} resolves to no address"))
+}
+
 fn model_id(path: &Path) -> String {
     let cache = infer_model::fetch::cache_dir();
     if let Some(m) = infer_model::fetch::KNOWN_MODELS.iter().find(|m| path == cache.join(m.file)) {
@@ -99,6 +117,13 @@ pub fn serve(a: ServeArgs) -> CliResult {
     };
     let (loaded, (n_ctx, tokenizer, template)) = a.model.load(&path, a.threads.get(), |gguf, spec| {
         let n_ctx = context_size(a.ctx_size, spec.n_ctx_train)?;
+        if n_ctx < 2 {
+            return Err(format!(
+                "-c {n_ctx}: a slot of {n_ctx} position leaves no room to generate after a prompt, which takes at \
+                 least 1 (give at least 2, or 0 for the training context)"
+            )
+            .into());
+        }
         let tokenizer = infer_model::tokenizer::Tokenizer::from_gguf(gguf)?;
         let template = infer_model::chat::ChatTemplate::from_gguf(gguf, &tokenizer)?;
         cfg.n_ctx = n_ctx;

@@ -57,14 +57,15 @@ fn two_turns_stop_at_im_end_and_reuse_the_cache() {
     assert!(out.contains("Paris") && out.contains("Berlin"), "{out}");
     assert!(!out.contains("<|im_end|>") && !out.contains("<|im_start|>"), "{out}");
     // Turn 1 prefills everything; turn 2 reuses at least turn 1's prompt and
-    // prefills only the new turn (far fewer tokens); after /reset nothing
-    // is reused.
+    // prefills only the new turn (far fewer tokens); after /reset only the
+    // template's default system prompt is reused.
     let (p1, r1, _) = t[0];
     let (p2, r2, _) = t[1];
     assert_eq!(r1, 0);
     assert!(r2 > p1, "turn 2 reused {r2} tokens, turn 1 had {p1}");
     assert!(p2 < 25 && p2 < r2, "turn 2 prefilled {p2} tokens");
-    assert_eq!(t[2], t[0]);
+    let (p3, r3, _) = t[2].clone();
+    assert!(r3 > 0 && r3 < p1 && p3 + r3 == p1, "after /reset: {:?}", t[2]);
     assert_eq!(out.matches("Paris").count(), 2, "{out}");
     assert!(err.contains("tokens/s"), "{err}");
 }
@@ -233,4 +234,29 @@ fn sigterm_ends_the_session_at_the_prompt_and_during_a_reply() {
         assert_eq!(stops, if during_reply { vec!["interrupted".to_string()] } else { vec![] }, "{err}");
         drop(stdin);
     }
+}
+
+/// Without -sys, `/reset` keeps the template's own default system prompt
+/// in the cache (SmolLM2's template writes one), as with -sys; `-sys ''`
+/// is no system prompt (the same as none); a context too small for the
+/// template's default system prompt is refused at start-up, naming it.
+#[test]
+fn reset_keeps_the_default_system_prompt_and_an_empty_sys_is_none() {
+    infer_model::fetch::ensure_model("smollm2-135m").unwrap_or_else(|e| panic!("smollm2-135m: {e}"));
+    let q = "What is the capital of France? Answer in one word.";
+    let run = |extra: &[&str]| {
+        let args = [&["chat", "--model", "smollm2-135m", "--temp", "0", "-n", "8"], extra].concat();
+        let o = common::infer_stdin(&args, format!("{q}\n/reset\n{q}\n").as_bytes());
+        assert!(o.status.success(), "{}", common::stderr(&o));
+        common::stderr(&o)
+    };
+    let err = run(&[]);
+    let t = turns(&err);
+    assert_eq!(t.len(), 2, "{err}");
+    assert!(t[1].1 > 5, "after /reset the default system prompt was prefilled again: {err}");
+    assert_eq!(t[1].0 + t[1].1, t[0].0, "{err}");
+    let empty = run(&["-sys", ""]);
+    assert_eq!(turns(&empty)[0].0, t[0].0, "-sys '' is not the same as no system prompt: {empty}");
+    let o = common::infer_stdin(&["chat", "--model", "smollm2-135m", "-c", "16"], b"Hi\n");
+    common::assert_one_line_error(&o, "the chat template's own default system prompt takes all of the 16 context");
 }

@@ -260,3 +260,29 @@ fn dropping_old_turns_reuses_the_system_prompt_in_the_cache() {
         "after dropping turns {reused} tokens were reused, after /reset {after_reset}: {err}"
     );
 }
+
+/// `/save` refuses a symbolic link (the link and what it points to stay),
+/// takes a name in quotes without them, and `/load` skips a UTF-8
+/// byte-order mark.
+#[cfg(unix)]
+#[test]
+fn save_refuses_links_and_strips_quotes_and_load_skips_a_bom() {
+    let dir = tmpdir();
+    let m = synth_tiny(dir.path(), "llama");
+    let target = dir.path().join("target.json");
+    std::fs::write(&target, "[]\n").unwrap();
+    let link = dir.path().join("link.json");
+    std::os::unix::fs::symlink(&target, &link).unwrap();
+    let bom = dir.path().join("bom.json");
+    std::fs::write(&bom, "\u{feff}[{\"role\": \"user\", \"content\": \"hi\"}, {\"role\": \"assistant\", \"content\": \"yo\"}]")
+        .unwrap();
+    let quoted = dir.path().join("quoted.json");
+    let input =
+        format!("/save {}\n/load {}\n/save \"{}\"\n", link.display(), bom.display(), quoted.display());
+    let err = chat(&m, &["-n", "2"], &input);
+    assert!(err.contains(&format!("/save: {} is a symbolic link", link.display())), "{err}");
+    assert!(std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink());
+    assert_eq!(std::fs::read_to_string(&target).unwrap(), "[]\n");
+    assert!(err.contains("(conversation of 2 messages loaded from"), "{err}");
+    assert_eq!(read_json(&quoted)[1], json!({"role": "assistant", "content": "yo"}), "{err}");
+}

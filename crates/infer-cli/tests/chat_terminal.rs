@@ -28,7 +28,10 @@ fn chat_on_terminal(n: &str) -> PtySession {
 /// use) on a new pseudo-terminal, once it shows its first prompt.
 fn session_on_terminal(mut cmd: Command) -> PtySession {
     infer_model::fetch::ensure_model("smollm2-135m").unwrap_or_else(|e| panic!("smollm2-135m: {e}"));
-    cmd.env("TERM", "xterm").env_remove("INFER_MODEL");
+    if !cmd.get_envs().any(|(k, _)| k == "TERM") {
+        cmd.env("TERM", "xterm");
+    }
+    cmd.env_remove("INFER_MODEL");
     let mut p = rexpect::session::spawn_command(cmd, Some(60_000)).expect("spawn infer chat on a pty");
     p.exp_string("/help lists the commands").expect("the session's hint");
     p.exp_string("> ").expect("the first prompt");
@@ -210,5 +213,51 @@ fn sigterm_during_a_reply_stops_it_and_ends_the_session() {
     p.exp_string("tokens/s; interrupted]").expect("the reply's stats line");
     let rest = p.exp_eof().expect("the session ends after the reply");
     assert!(!rest.contains("> "), "a prompt after SIGTERM: {rest:?}");
+    assert_eq!(exit_code(&p), 0);
+}
+
+/// Ctrl-C on a line with text clears the line, as a shell does, and does
+/// not ask to leave; a byte that is not UTF-8 refuses that line, and the
+/// session goes on (as from a pipe).
+#[test]
+fn ctrl_c_clears_a_typed_line_and_a_non_utf8_line_is_refused() {
+    let dir = common::tmpdir();
+    let mut p = chat_on_terminal("4");
+    keys(&mut p, "thrown away");
+    p.send_control('c').unwrap();
+    keys(&mut p, "Hello\r");
+    reply_stop(&mut p);
+    {
+        use std::io::Write;
+        let mut tty = p.process().get_file_handle().unwrap();
+        tty.write_all(b"\xff\r").unwrap();
+        tty.flush().unwrap();
+    }
+    p.exp_string("that line is not valid UTF-8; it was not sent").expect("the refusal");
+    p.exp_string("> ").unwrap();
+    let messages = saved(&mut p, dir.path());
+    let user: Vec<&str> = messages.iter().filter(|(r, _)| r == "user").map(|(_, c)| c.as_str()).collect();
+    assert_eq!(user, ["Hello"], "{messages:?}");
+    p.send_line("/exit").unwrap();
+    let rest = p.exp_eof().unwrap();
+    assert!(!rest.contains("Ctrl-C again"), "{rest:?}");
+    assert_eq!(exit_code(&p), 0);
+}
+
+/// On a terminal the line editor cannot drive (TERM=dumb), an arrow key's
+/// escape sequence is not sent to the model: the line is refused.
+#[test]
+fn escape_sequences_on_a_dumb_terminal_are_not_sent() {
+    let dir = common::tmpdir();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_infer"));
+    cmd.args(["chat", "-m", "smollm2-135m", "--temp", "0", "-n", "4", "-t", "2"]).env("TERM", "dumb");
+    let mut p = session_on_terminal(cmd);
+    keys(&mut p, &format!("Hi{UP}\r"));
+    p.exp_string("escape sequences").expect("the refusal");
+    p.exp_string("> ").unwrap();
+    let messages = saved(&mut p, dir.path());
+    assert!(messages.is_empty(), "{messages:?}");
+    p.send_line("/exit").unwrap();
+    p.exp_eof().unwrap();
     assert_eq!(exit_code(&p), 0);
 }

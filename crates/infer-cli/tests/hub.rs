@@ -417,3 +417,25 @@ fn a_zero_byte_file_is_fetched_without_a_missing_partial_error() {
     assert!(o.status.success(), "{}", stderr(&o));
     assert_eq!(std::fs::read(cached(cache.path(), "owner/empty", "empty-Q4_K_M.gguf")).unwrap(), b"");
 }
+
+/// `-hff ''` says the name is empty; a finished pull leaves no `.lock`
+/// file; a GGUF placed in the cache by hand (no sidecar) is named in the
+/// error when the hub cannot be reached to check it.
+#[test]
+fn an_empty_hf_file_no_lock_left_and_an_unverified_cached_file_named_offline() {
+    let hub = HubServer::start();
+    hub.add("good/repo-GGUF", "repo-Q4_K_M.gguf", tiny_gguf(), Fault::None);
+    let cache = tmpdir();
+    let o = infer_hub(cache.path(), &hub.url, &["pull", "good/repo-GGUF", "-hff", ""]);
+    assert_one_line_error(&o, "the file name given with -hff/--hf-file is empty");
+    let o = infer_hub(cache.path(), &hub.url, &["pull", "good/repo-GGUF"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let dest = cached(cache.path(), "good/repo-GGUF", "repo-Q4_K_M.gguf");
+    assert!(dest.exists() && !PathBuf::from(format!("{}.lock", dest.display())).exists(), "a .lock file stays");
+
+    let by_hand = cached(cache.path(), "foo/bar", "bar-Q4_K_M.gguf");
+    std::fs::create_dir_all(by_hand.parent().unwrap()).unwrap();
+    std::fs::copy(&dest, &by_hand).unwrap();
+    let o = infer_hub(cache.path(), "http://127.0.0.1:9", &["info", "-m", "foo/bar"]);
+    assert_one_line_error(&o, &format!("{} is in the cache but unverified", by_hand.display()));
+}

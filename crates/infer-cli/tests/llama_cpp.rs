@@ -504,6 +504,19 @@ fn chat_warns_on_a_model_without_a_template_and_on_a_base_model() {
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(stderr(&o).contains("is a pre-trained (base) model"), "{}", stderr(&o));
     assert!(stderr(&o).contains("smollm2-135m"), "{}", stderr(&o));
+    // The instruction-tuned chat model, however it is reached (a relative
+    // path, a link, another name), is never called a base model.
+    let smol = infer_model::fetch::ensure_model("smollm2-135m").unwrap_or_else(|e| panic!("smollm2-135m: {e}"));
+    let link = dir.path().join("renamed.gguf");
+    std::os::unix::fs::symlink(&smol, &link).unwrap();
+    let rel = std::path::PathBuf::from(".").join(smol.file_name().unwrap());
+    for (m, cwd) in [(link.clone(), dir.path()), (rel, smol.parent().unwrap())] {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_infer"));
+        cmd.args(["chat", "-m", m.to_str().unwrap(), "-n", "1", "-t", "2"]).current_dir(cwd);
+        let o = common::output_with_stdin(cmd, b"/exit\n");
+        assert!(o.status.success(), "{}", stderr(&o));
+        assert!(!stderr(&o).contains("(base)"), "{}: {}", m.display(), stderr(&o));
+    }
 }
 
 #[test]

@@ -109,8 +109,9 @@ fn sampling_flags_have_llama_cpp_defaults_and_verbose_shows_them() {
     ] {
         assert!(err.contains(key), "--verbose lacks {key}: {err}");
     }
-    assert_one_line_error(&run_tiny(&m, &["--min-p", "2", "hi"]), "min_p");
-    assert_one_line_error(&run_tiny(&m, &["--top-p", "0", "--temp", "0", "hi"]), "top_p");
+    // (--top-p 0 and --min-p 2 are taken, as llama.cpp: see below.)
+    assert_one_line_error(&run_tiny(&m, &["--min-p", "nan", "hi"]), "min_p");
+    assert_one_line_error(&run_tiny(&m, &["--top-p", "nan", "--temp", "0", "hi"]), "top_p");
     assert_one_line_error(&run_tiny(&m, &["--repeat-penalty", "0", "hi"]), "repetition_penalty");
     assert_one_line_error(&run_tiny(&m, &["--presence-penalty", "inf", "hi"]), "presence_penalty");
     assert_one_line_error(&run_tiny(&m, &["--repeat-last-n", "-2", "hi"]), "--repeat-last-n");
@@ -427,4 +428,104 @@ fn a_missing_gpu_is_named_in_the_flag_that_asked_for_it() {
     let o = run_tiny(&m, &["--backend", "cuda", "hello"]);
     assert_one_line_error(&o, "--backend cuda: ");
     assert!(stderr(&o).contains("use --backend cpu"), "{}", stderr(&o));
+}
+
+/// llama.cpp's ways with flags: the text options take a value that starts
+/// with `-`; a flag given twice takes the last value; `--predict` is `-n`;
+/// `--top-p` 0 or below keeps the most likely token (greedy), 1 or more is
+/// off; `--min-p` above 1 keeps the most likely token; `-sys ''` is no
+/// system prompt.
+#[test]
+fn flags_take_dash_values_the_last_repeat_and_llama_cpp_ranges() {
+    let dir = tmpdir();
+    let m = synth_tiny(dir.path(), "llama");
+    let json = |args: &[&str]| -> serde_json::Value {
+        let o = run_tiny(&m, &[&["--json", "--ignore-eos"], args].concat());
+        assert!(o.status.success(), "{args:?}: {}", stderr(&o));
+        serde_json::from_str(&stdout(&o)).unwrap()
+    };
+    assert_eq!(json(&["-n", "2", "-p", "-1"])["prompt"], "-1");
+    assert_eq!(json(&["-n", "2", "-p", "-hello"])["prompt"], "-hello");
+    json(&["-n", "2", "-r", "-x", "-p", "hi"]);
+    json(&["-n", "2", "-sys", "-be terse", "-p", "hi"]);
+    json(&["-n", "2", "--system-prompt", "--be terse", "-p", "hi"]);
+    // Twice: the last one counts.
+    assert_eq!(json(&["-n", "5", "-n", "2", "-p", "hi"])["generated_tokens"], 2);
+    assert_eq!(json(&["--predict", "3", "-p", "hi"])["generated_tokens"], 3);
+    let greedy = json(&["-n", "8", "--temp", "0", "-p", "hi"]);
+    for filter in [["--top-p", "0"], ["--top-p", "-1"], ["--min-p", "2"]] {
+        let got = json(&[&["-n", "8", "--temp", "1", "--seed", "5", "-p", "hi"], &filter[..]].concat());
+        assert_eq!(got["text"], greedy["text"], "{filter:?} does not keep the most likely token alone");
+    }
+    json(&["-n", "2", "--top-p", "1.5", "-p", "hi"]);
+    // An empty system prompt is none: the same prompt as without it.
+    let none = json(&["-n", "1", "--chat", "-p", "hi"]);
+    let empty = json(&["-n", "1", "--chat", "-sys", "", "-p", "hi"]);
+    assert_eq!(empty["prompt_tokens"], none["prompt_tokens"]);
+}
+
+/// An empty prompt, as llama.cpp: generated from BOS when the model adds
+/// one (Gemma 3), else refused (SmolLM2) with one line and nothing on
+/// standard output.
+#[test]
+fn an_empty_prompt_starts_from_bos_or_is_refused_before_any_output() {
+    infer_model::fetch::ensure_model("smollm2-135m").unwrap_or_else(|e| panic!("smollm2-135m: {e}"));
+    let o = infer(&["run", "-m", "smollm2-135m", "-n", "2", "-p", ""]);
+    assert_one_line_error(&o, "the prompt is empty and the model adds no BOS token");
+    assert_eq!(stdout(&o), "");
+    let gemma = common::default_model();
+    let o = infer(&["run", "-m", &gemma, "-n", "2", "--ignore-eos", "-p", ""]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stderr(&o).contains("the prompt is empty: generating from the BOS token alone"), "{}", stderr(&o));
+}
+
+/// Messages: `--keep` too large says so; llama.cpp's `--samplers` is named
+/// as one infer lacks (no guess at a similar option); a one-token reply
+/// has no decode rate; a full context that `--keep` keeps from shifting
+/// says why it stopped.
+#[test]
+fn keep_samplers_and_decode_rate_messages() {
+    let dir = tmpdir();
+    let m = synth_tiny(dir.path(), "llama");
+    let o = run_tiny(&m, &["--keep", "99999999999999999999", "-p", "x"]);
+    assert_one_line_error(&o, "too large");
+    let o = run_tiny(&m, &["--samplers", "x", "-p", "x"]);
+    assert_one_line_error(&o, "--samplers (llama.cpp's, also -bs) is not an option of infer");
+    assert!(!stderr(&o).contains("gpu-layers"), "{}", stderr(&o));
+    let o = run_tiny(&m, &["-n", "1", "-p", "hi"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stderr(&o).contains("(n/a tokens/s)"), "{}", stderr(&o));
+    // A prompt of 14 tokens in a context of 16, all kept: one token left
+    // to drop, none dropped (llama.cpp drops half of what is past --keep).
+    let long = (1..60)
+        .map(|k| "a b ".repeat(k))
+        .find(|p| {
+            let o = run_tiny(&m, &["-n", "1", "--json", "-p", p]);
+            serde_json::from_str::<serde_json::Value>(&stdout(&o)).unwrap()["prompt_tokens"] == 14
+        })
+        .expect("a prompt of 14 tokens");
+    let o = run_tiny(&m, &["-c", "16", "--keep", "100", "-n", "40", "--ignore-eos", "-p", &long]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stderr(&o).contains("stop: context full"), "{}", stderr(&o));
+    assert!(stderr(&o).contains("full and not shifted: --keep 100 keeps 14 tokens of the 16 positions"), "{}", stderr(&o));
+}
+
+/// `perplexity -c 0` is the training context (as llama-perplexity);
+/// `--chunks 0` measures nothing and is an error.
+#[test]
+fn perplexity_takes_c_0_and_refuses_zero_chunks() {
+    let dir = tmpdir();
+    let m = synth_tiny(dir.path(), "llama");
+    let text = dir.path().join("t.txt");
+    std::fs::write(&text, "the quick brown fox ".repeat(50)).unwrap();
+    let ppl = |args: &[&str]| {
+        let mut all = vec!["perplexity", "-m", m.to_str().unwrap(), "-t", "1", "-f", text.to_str().unwrap()];
+        all.extend_from_slice(args);
+        infer(&all)
+    };
+    // The training context of the tiny model is 4096 tokens.
+    let o = ppl(&["-c", "0"]);
+    assert!(!o.status.success() && stderr(&o).contains("with a context of 4096;"), "{}", stderr(&o));
+    assert_one_line_error(&ppl(&["-c", "16", "--chunks", "0"]), "--chunks 0: nothing to measure");
+    assert_one_line_error(&ppl(&["-c", "1"]), "must be 0 (the model's training context) or at least 2");
 }

@@ -28,6 +28,8 @@ fn serve_listens_on_a_free_port_answers_and_stops_on_sigint() {
     let model = common::synth_tiny(dir.path(), "llama");
     let mut child = Command::new(env!("CARGO_BIN_EXE_infer"))
         .args(["serve", "-m", model.to_str().unwrap(), "--port", "0", "-np", "2", "-c", "256", "-b", "32", "-t", "1"])
+        // A host name is resolved, as llama-server takes it.
+        .args(["--host", "localhost"])
         .args(["--alias", "tiny-llama"])
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -76,4 +78,9 @@ fn serve_refuses_bad_sizes_before_loading() {
     common::assert_one_line_error(&o, "--batch-size 4 is smaller than --parallel 8");
     let o = common::infer(&["serve", "-m", m, "--port", "0", "-np", "0"]);
     common::assert_one_line_error(&o, "--parallel must be at least 1");
+    // As run and chat: one position leaves no room to generate.
+    let o = common::infer(&["serve", "-m", m, "--port", "0", "-c", "1"]);
+    common::assert_one_line_error(&o, "-c 1: a slot of 1 position leaves no room to generate");
+    let o = common::infer(&["serve", "-m", m, "--port", "0", "--host", "no-such-host.invalid"]);
+    common::assert_one_line_error(&o, "cannot resolve no-such-host.invalid");
 }

@@ -490,20 +490,56 @@ pub fn ensure_hub_model(
     r: &HubRef,
     on_progress: &mut dyn FnMut(Progress),
 ) -> Result<PathBuf> {
+    if r.file.as_deref().is_some_and(|f| f.trim().is_empty()) {
+        return Err(Error::Download(format!(
+            "{}: the file name given with -hff/--hf-file is empty; name one of the repository's GGUF files",
+            r.repo
+        )));
+    }
     if let Some(path) = find_cached(dir, r) {
         return Ok(path);
     }
-    let files = list_files(endpoint, &r.repo)?;
+    let files = list_files(endpoint, &r.repo).map_err(|e| match unverified_cached(dir, r) {
+        // Offline with a copy that nothing vouches for (placed by hand):
+        // the error says it is there and how to use it as it is.
+        Some(p) => Error::Download(format!(
+            "{e}; {} is in the cache but unverified (no sidecar vouches for it; the hub is asked to check it), use \
+             it as a file with -m {}",
+            p.display(),
+            p.display()
+        )),
+        None => e,
+    })?;
     let file = pick(&files, r)?;
     let dest = cache_path(dir, &r.repo, &file.path)?;
     let _guard = super::FETCH_LOCK.lock().unwrap_or_else(|p| p.into_inner());
     let _file_lock = lock_across_processes(&dest)?;
-    if verify::check_cached_as(&dest, file.size, &file.sha256)? == verify::CacheState::Verified {
-        return Ok(dest);
+    if verify::check_cached_as(&dest, file.size, &file.sha256)? != verify::CacheState::Verified {
+        let url = format!("{endpoint}/{}/resolve/{REVISION}/{}", url_path(&r.repo), url_path(&file.path));
+        download(&url, &dest, file.size, &file.sha256, on_progress)?;
     }
-    let url = format!("{endpoint}/{}/resolve/{REVISION}/{}", url_path(&r.repo), url_path(&file.path));
-    download(&url, &dest, file.size, &file.sha256, on_progress)?;
+    // Done: the lock goes (while held). A process that waited on it finds
+    // the file verified and writes nothing; one that comes later finds it
+    // in the cache without locking. After a failed download it stays.
+    let _ = std::fs::remove_file(lock_path(&dest));
     Ok(dest)
+}
+
+/// The one cached, complete file of `r` that no sidecar vouches for (a
+/// file placed in the cache by hand), if there is exactly one.
+fn unverified_cached(dir: &Path, r: &HubRef) -> Option<PathBuf> {
+    let found: Vec<CachedHubModel> = cached_models(dir)
+        .into_iter()
+        .filter(|m| m.repo.eq_ignore_ascii_case(&r.repo) && !m.verified && !m.partial)
+        .filter(|m| match &r.file {
+            Some(want) => is_file(&m.file, want),
+            None => names_quant(file_name(&m.file), r.quant()),
+        })
+        .collect();
+    match found.as_slice() {
+        [m] => Some(m.path.clone()),
+        _ => None,
+    }
 }
 
 /// `<dest>.lock`, where processes fetching `dest` wait for each other: the
