@@ -24,31 +24,9 @@ use ndarray::Array2;
 use rand::rngs::StdRng;
 use rand::{Rng, RngCore, SeedableRng};
 
-fn backend() -> Option<CudaBackend> {
-    match CudaBackend::new(0) {
-        Ok(b) => Some(b),
-        Err(e) => {
-            if std::env::var("INFER_REQUIRE_CUDA").as_deref() == Ok("1") {
-                panic!("INFER_REQUIRE_CUDA=1 but the CUDA backend is unavailable: {e}");
-            }
-            // Written to the stderr handle rather than with eprintln!, which
-            // the test harness captures: a skip must be visible in CI logs.
-            use std::io::Write;
-            let _ =
-                writeln!(std::io::stderr(), "skipped (no CUDA device: {e}); set INFER_REQUIRE_CUDA=1 to fail instead");
-            None
-        }
-    }
-}
-
-macro_rules! cuda_or_skip {
-    () => {
-        match backend() {
-            Some(b) => b,
-            None => return,
-        }
-    };
-}
+#[macro_use]
+#[path = "support/cuda.rs"]
+mod cuda_support;
 
 // ---------------------------------------------------------------------------
 // Random data.

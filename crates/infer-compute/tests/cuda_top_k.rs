@@ -15,29 +15,9 @@ use infer_compute::{Batch, DeviceModel, Error, Out};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-fn backend() -> Option<CudaBackend> {
-    match CudaBackend::new(0) {
-        Ok(b) => Some(b),
-        Err(e) => {
-            if std::env::var("INFER_REQUIRE_CUDA").as_deref() == Ok("1") {
-                panic!("INFER_REQUIRE_CUDA=1 but the CUDA backend is unavailable: {e}");
-            }
-            use std::io::Write;
-            let _ =
-                writeln!(std::io::stderr(), "skipped (no CUDA device: {e}); set INFER_REQUIRE_CUDA=1 to fail instead");
-            None
-        }
-    }
-}
-
-macro_rules! cuda_or_skip {
-    () => {
-        match backend() {
-            Some(b) => b,
-            None => return,
-        }
-    };
-}
+#[macro_use]
+#[path = "support/cuda.rs"]
+mod cuda_support;
 
 fn rand_vec(rng: &mut StdRng, n: usize, amp: f32) -> Vec<f32> {
     (0..n).map(|_| rng.gen_range(-amp..amp)).collect()

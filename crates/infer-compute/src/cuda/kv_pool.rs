@@ -10,7 +10,7 @@ use std::sync::Arc;
 use cudarc::driver::CudaSlice;
 
 use super::device::Device;
-use super::kernels::DevPtr;
+use super::kernels::{AttnArgs, DevPtr, QkvArgs};
 use super::ops;
 use crate::backend::{new_states, KvPool, KvState, ModelId};
 use crate::error::{Error, Result};
@@ -62,6 +62,21 @@ impl CacheLayout {
             KvCacheType::Q4_0 => 2,
             _ => 0,
         }
+    }
+
+    /// `args` with the K cache of layout `k` and the V cache of layout `v`
+    /// described (types, row bytes, rotations).
+    pub fn qkv_args(k: Self, v: Self, args: QkvArgs) -> QkvArgs {
+        let (k_row, v_row) = (k.row as i32, v.row as i32);
+        let (k_rot, v_rot) = (k.rot as i32, v.rot as i32);
+        QkvArgs { kt: k.code(), vt: v.code(), k_row, v_row, k_rot, v_rot, ..args }
+    }
+
+    /// `args` with the caches of layouts `k` and `v` described (types, row
+    /// bytes, V's rotation).
+    pub fn attn_args(k: Self, v: Self, args: AttnArgs) -> AttnArgs {
+        let (k_row, v_row) = (k.row as i32, v.row as i32);
+        AttnArgs { kt: k.code(), vt: v.code(), k_row, v_row, v_rot: v.rot as i32, ..args }
     }
 }
 

@@ -391,14 +391,9 @@ impl CudaBackend {
             n_tok: n_pos as i32,
             theta_scale: 1.0,
             freq_scale: 1.0,
-            kt: kl.code(),
-            vt: vl.code(),
-            k_row: kl.row as i32,
-            v_row: vl.row as i32,
-            k_rot: kl.rot as i32,
-            v_rot: vl.rot as i32,
             ..Default::default()
         };
+        let args = kv_pool::CacheLayout::qkv_args(kl, vl, args);
         ops::qkv_post(d, &args)?;
         let mut out = (vec![0u8; n_pos * kl.row], vec![0u8; n_pos * vl.row]);
         d.read_back(&kc, 0, &mut out.0)?;

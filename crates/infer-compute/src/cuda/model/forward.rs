@@ -13,6 +13,7 @@ use super::{CudaKvPool, CudaModel, DevLayer, DevNorm, DevWeight, Mark, Pass, Wei
 use crate::cuda::buffers::{Buffers, Params};
 use crate::cuda::device::Device;
 use crate::cuda::kernels::{AttnArgs, DevPtr, MvMode, NormArgs, QkvArgs};
+use crate::cuda::kv_pool::CacheLayout;
 use crate::cuda::ops::{self, GemmPrecision, Matvec};
 use crate::error::{Error, Result};
 
@@ -334,13 +335,9 @@ impl<'a> Forward<'a> {
             freq_scale: l.freq_scale,
             qn_eps: l.q_norm.as_ref().map_or(0.0, |nn| nn.eps),
             kn_eps: l.k_norm.as_ref().map_or(0.0, |nn| nn.eps),
-            kt: kl.code(),
-            vt: vl.code(),
-            k_row: kl.row as i32,
-            v_row: vl.row as i32,
-            k_rot: kl.rot as i32,
-            v_rot: vl.rot as i32,
+            ..Default::default()
         };
+        let qkv = CacheLayout::qkv_args(kl, vl, qkv);
         let attn = AttnArgs {
             q: qkv.q,
             kc,
@@ -359,13 +356,9 @@ impl<'a> Forward<'a> {
             n_tok: s.len as i32,
             scale: l.scale,
             softcap: l.softcap.unwrap_or(0.0),
-            kt: kl.code(),
-            vt: vl.code(),
-            k_row: kl.row as i32,
-            v_row: vl.row as i32,
-            v_rot: vl.rot as i32,
-            pad_: 0,
+            ..Default::default()
         };
+        let attn = CacheLayout::attn_args(kl, vl, attn);
         Ok((qkv, attn))
     }
 
