@@ -62,9 +62,11 @@ pub struct PerplexityArgs {
 
 /// `-c`: 0 (the training context) or at least 2 tokens (one scored).
 fn chunk_size(s: &str) -> Result<usize, String> {
-    match at_least::<usize>(0)(s)? {
-        1 => Err("must be 0 (the model's training context) or at least 2".into()),
-        n => Ok(n),
+    let range = "must be 0 (the model's training context) or at least 2";
+    match s.trim().parse::<i128>() {
+        Ok(n) if n < 0 || n == 1 => Err(range.into()),
+        Ok(_) => at_least::<usize>(0)(s),
+        Err(_) => Err(format!("not a whole number ({range})")),
     }
 }
 

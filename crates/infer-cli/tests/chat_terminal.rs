@@ -225,6 +225,11 @@ fn ctrl_c_clears_a_typed_line_and_a_non_utf8_line_is_refused() {
     let mut p = chat_on_terminal("4");
     keys(&mut p, "thrown away");
     p.send_control('c').unwrap();
+    // The line is empty now (once the editor reads again): this Ctrl-C is
+    // the first at an empty prompt.
+    std::thread::sleep(Duration::from_millis(500));
+    p.send_control('c').unwrap();
+    p.exp_string("Ctrl-C again").expect("the question, the session still on");
     keys(&mut p, "Hello\r");
     reply_stop(&mut p);
     {
@@ -239,8 +244,7 @@ fn ctrl_c_clears_a_typed_line_and_a_non_utf8_line_is_refused() {
     let user: Vec<&str> = messages.iter().filter(|(r, _)| r == "user").map(|(_, c)| c.as_str()).collect();
     assert_eq!(user, ["Hello"], "{messages:?}");
     p.send_line("/exit").unwrap();
-    let rest = p.exp_eof().unwrap();
-    assert!(!rest.contains("Ctrl-C again"), "{rest:?}");
+    p.exp_eof().unwrap();
     assert_eq!(exit_code(&p), 0);
 }
 

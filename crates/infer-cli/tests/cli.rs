@@ -86,7 +86,8 @@ fn prompt_longer_than_the_context_is_one_clear_error() {
 #[test]
 fn bad_sampling_settings_are_one_clear_error() {
     let model = default_model();
-    let o = infer(&["run", "--model", &model, "--temp", "0.7", "--top-p", "0", "hi"]);
+    // (--top-p 0 is taken as llama.cpp takes it: the most likely token.)
+    let o = infer(&["run", "--model", &model, "--temp", "0.7", "--top-p", "nan", "hi"]);
     assert_one_line_error(&o, "top_p");
 }
 
@@ -198,7 +199,7 @@ fn negative_numbers_have_llama_cpp_meanings_or_a_range_error() {
         (&["bench", "-m", m, "-p", "-8"], "-p -8: -8 is negative; the values are 0 or more"),
         (&["bench", "-m", m, "-t", "-1"], "-t -1: -1 is negative; the values are 1 or more"),
         (&["serve", "-m", m, "-np", "-2"], "invalid value '-2' for '--parallel <N>': must be at least 1, or -1"),
-        (&["perplexity", "-m", m, "-f", m, "-c", "-3"], "invalid value '-3' for '--ctx-size <N>': must be at least 2"),
+        (&["perplexity", "-m", m, "-f", m, "-c", "-3"], "invalid value '-3' for '--ctx-size <N>': must be 0 (the model's training context) or at least 2"),
         // llama.cpp documents -1 ("all") and no other negative --keep.
         (&["run", "-m", m, "--keep", "-5", "hi"], "invalid value '-5' for '--keep <N>': must be at least 0, or -1"),
         (&["chat", "-m", m, "--keep", "-2"], "invalid value '-2' for '--keep <N>': must be at least 0, or -1"),
