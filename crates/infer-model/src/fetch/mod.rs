@@ -88,12 +88,19 @@ pub fn ensure_in(dir: &Path, model: &KnownModel) -> Result<PathBuf> {
         CacheState::Verified => return Ok(path),
         CacheState::Missing => {}
         CacheState::Corrupt(why) => {
+            // A regular file stays until the fetch puts the model in its
+            // place (a failed fetch leaves it as it was); anything else
+            // (a folder) would not be replaced, and goes first.
+            let regular = std::fs::symlink_metadata(&path).is_ok_and(|m| m.is_file());
             eprintln!(
-                "warning: the cached {} ({}) is not the model ({why}); fetching it again",
+                "warning: the cached {} ({}) is not the model ({why}); fetching it again{}",
                 model.name,
-                path.display()
+                path.display(),
+                if regular { " (the file stays until the new one is in place)" } else { "" }
             );
-            verify::remove_cached(&path)?;
+            if !regular {
+                verify::remove_cached(&path)?;
+            }
         }
     }
     run_fetch_script(model, dir)?;
