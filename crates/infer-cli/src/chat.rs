@@ -61,8 +61,14 @@ pub struct ChatArgs {
     system: Option<String>,
     /// Most tokens per reply (-1: until the end of the turn or a full
     /// context).
-    #[arg(short = 'n', long, visible_alias = "predict", value_name = "N", default_value_t = 512,
-          allow_negative_numbers = true)]
+    #[arg(
+        short = 'n',
+        long,
+        visible_alias = "predict",
+        value_name = "N",
+        default_value_t = 512,
+        allow_negative_numbers = true
+    )]
     n_predict: i64,
     #[command(flatten)]
     sampling: SamplingArgs,

@@ -31,8 +31,7 @@ pub const SHORT_ALIASES: &[(&str, &str)] = &[
 ];
 
 /// The flags whose value is text, which may start with `-`.
-const TEXT_FLAGS: &[&str] =
-    &["-p", "--prompt", "-r", "--reverse-prompt", "-sys", "--system-prompt", "--system"];
+const TEXT_FLAGS: &[&str] = &["-p", "--prompt", "-r", "--reverse-prompt", "-sys", "--system-prompt", "--system"];
 
 /// llama.cpp's flags that `infer` lacks, given by their long name (as clap
 /// reports an unknown one): said so, instead of clap's guess at a similar

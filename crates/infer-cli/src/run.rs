@@ -31,8 +31,14 @@ pub struct RunArgs {
     threads: ThreadArgs,
     /// Tokens to generate (-1: until the end of generation, shifting a full context; llama.cpp's -2: until the end
     /// of generation or a full context).
-    #[arg(short = 'n', long, visible_alias = "predict", value_name = "N", default_value_t = 64,
-          allow_negative_numbers = true)]
+    #[arg(
+        short = 'n',
+        long,
+        visible_alias = "predict",
+        value_name = "N",
+        default_value_t = 64,
+        allow_negative_numbers = true
+    )]
     n_predict: i64,
     #[command(flatten)]
     sampling: SamplingArgs,

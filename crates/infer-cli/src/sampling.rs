@@ -72,7 +72,15 @@ impl SamplingArgs {
         // keeps the most likely token alone (the smallest positive value
         // does the same here); min-p above 1 keeps only the most likely
         // token (and its ties), as 1 does.
-        let top_p = self.top_p.map(|p| if p >= 1.0 { 1.0 } else if p <= 0.0 { f32::MIN_POSITIVE } else { p });
+        let top_p = self.top_p.map(|p| {
+            if p >= 1.0 {
+                1.0
+            } else if p <= 0.0 {
+                f32::MIN_POSITIVE
+            } else {
+                p
+            }
+        });
         let min_p = self.min_p.map(|p| if p > 1.0 { 1.0 } else { p });
         let given = SamplingDefaults {
             temperature: self.temp,

@@ -274,11 +274,13 @@ fn save_refuses_links_and_strips_quotes_and_load_skips_a_bom() {
     let link = dir.path().join("link.json");
     std::os::unix::fs::symlink(&target, &link).unwrap();
     let bom = dir.path().join("bom.json");
-    std::fs::write(&bom, "\u{feff}[{\"role\": \"user\", \"content\": \"hi\"}, {\"role\": \"assistant\", \"content\": \"yo\"}]")
-        .unwrap();
+    std::fs::write(
+        &bom,
+        "\u{feff}[{\"role\": \"user\", \"content\": \"hi\"}, {\"role\": \"assistant\", \"content\": \"yo\"}]",
+    )
+    .unwrap();
     let quoted = dir.path().join("quoted.json");
-    let input =
-        format!("/save {}\n/load {}\n/save \"{}\"\n", link.display(), bom.display(), quoted.display());
+    let input = format!("/save {}\n/load {}\n/save \"{}\"\n", link.display(), bom.display(), quoted.display());
     let err = chat(&m, &["-n", "2"], &input);
     assert!(err.contains(&format!("/save: {} is a symbolic link", link.display())), "{err}");
     assert!(std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink());

@@ -199,7 +199,10 @@ fn negative_numbers_have_llama_cpp_meanings_or_a_range_error() {
         (&["bench", "-m", m, "-p", "-8"], "-p -8: -8 is negative; the values are 0 or more"),
         (&["bench", "-m", m, "-t", "-1"], "-t -1: -1 is negative; the values are 1 or more"),
         (&["serve", "-m", m, "-np", "-2"], "invalid value '-2' for '--parallel <N>': must be at least 1, or -1"),
-        (&["perplexity", "-m", m, "-f", m, "-c", "-3"], "invalid value '-3' for '--ctx-size <N>': must be 0 (the model's training context) or at least 2"),
+        (
+            &["perplexity", "-m", m, "-f", m, "-c", "-3"],
+            "invalid value '-3' for '--ctx-size <N>': must be 0 (the model's training context) or at least 2",
+        ),
         // llama.cpp documents -1 ("all") and no other negative --keep.
         (&["run", "-m", m, "--keep", "-5", "hi"], "invalid value '-5' for '--keep <N>': must be at least 0, or -1"),
         (&["chat", "-m", m, "--keep", "-2"], "invalid value '-2' for '--keep <N>': must be at least 0, or -1"),

@@ -499,6 +499,7 @@ fn chat_warns_on_a_model_without_a_template_and_on_a_base_model() {
     let o = infer_stdin(&["chat", "-m", m.to_str().unwrap(), "-n", "2", "-t", "1"], b"hi\n");
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(stderr(&o).contains("has no chat template; using the default ChatML template"), "{}", stderr(&o));
+    assert!(!stderr(&o).contains("the file has none"), "said twice: {}", stderr(&o));
     let base = common::default_model();
     let o = infer_stdin(&["chat", "-m", &base, "-n", "1", "-t", "2"], b"/exit\n");
     assert!(o.status.success(), "{}", stderr(&o));

@@ -507,7 +507,11 @@ fn keep_samplers_and_decode_rate_messages() {
     let o = run_tiny(&m, &["-c", "16", "--keep", "100", "-n", "40", "--ignore-eos", "-p", &long]);
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(stderr(&o).contains("stop: context full"), "{}", stderr(&o));
-    assert!(stderr(&o).contains("full and not shifted: --keep 100 keeps 14 tokens of the 16 positions"), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("full and not shifted: --keep 100 keeps 14 tokens of the 16 positions"),
+        "{}",
+        stderr(&o)
+    );
 }
 
 /// `perplexity -c 0` is the training context (as llama-perplexity);

@@ -150,9 +150,7 @@ fn attempt(
     let mut resp = req.call().map_err(|e| Stopped::Dropped(e.to_string()))?;
     let status = resp.status().as_u16();
     let mut file = match status {
-        206 if content_range_start(&resp) == Some(have) => {
-            open_partial(partial, true).map_err(fatal_io)?
-        }
+        206 if content_range_start(&resp) == Some(have) => open_partial(partial, true).map_err(fatal_io)?,
         // The whole file (a server without ranges, or a first request).
         200 => {
             have = 0;
