@@ -491,8 +491,8 @@ fn check_system_prompt(
              (shorten -sys/--system-prompt or raise -c/--ctx-size)"
         ),
         None => format!(
-            "the chat template's own default system prompt takes all of the {n_ctx} context positions, leaving \
-             none for the conversation (raise -c/--ctx-size)"
+            "the chat template alone (with its own default system prompt, if it has one) takes all of the {n_ctx} \
+             context positions, leaving none for a message (raise -c/--ctx-size)"
         ),
     };
     if system.is_some_and(|s| s.len() > limit) {

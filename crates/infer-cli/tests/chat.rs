@@ -258,5 +258,8 @@ fn reset_keeps_the_default_system_prompt_and_an_empty_sys_is_none() {
     let empty = run(&["-sys", ""]);
     assert_eq!(turns(&empty)[0].0, t[0].0, "-sys '' is not the same as no system prompt: {empty}");
     let o = common::infer_stdin(&["chat", "--model", "smollm2-135m", "-c", "16"], b"Hi\n");
-    common::assert_one_line_error(&o, "the chat template's own default system prompt takes all of the 16 context");
+    common::assert_one_line_error(
+        &o,
+        "the chat template alone (with its own default system prompt, if it has one) takes all of the 16",
+    );
 }
