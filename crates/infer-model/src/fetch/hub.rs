@@ -560,7 +560,12 @@ fn lock_across_processes(dest: &Path) -> Result<std::fs::File> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).map_err(io)?;
     }
-    let f = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(&path).map_err(io)?;
+    let mut o = std::fs::OpenOptions::new();
+    o.create(true).truncate(false).write(true);
+    // Never through a link (a link there would create or lock its target).
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::custom_flags(&mut o, libc::O_NOFOLLOW);
+    let f = o.open(&path).map_err(io)?;
     f.lock().map_err(io)?;
     Ok(f)
 }
