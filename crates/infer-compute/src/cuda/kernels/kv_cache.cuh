@@ -3,7 +3,7 @@
 //
 // A cache (one layer's K or V of one slot) is n_ctx rows of `row` bytes,
 // position-major; a row holds the kv_dim = n_kv * hd values of one position
-// (cuda/model.rs, CudaKvPool, sizes each row):
+// (cuda/kv_pool.rs, CacheLayout, sizes each row):
 //   KV_F16:  kv_dim f16 values;
 //   KV_Q8_0: kv_dim int8 codes (ggml Q8_0's qs, block after block), then
 //            kv_dim / 32 f16 scales, padded to 16 bytes;
@@ -17,7 +17,11 @@
 // 8-byte load. The quantized types are stored rotated as the CPU stores
 // them (cpu::kv_rotation: H/sqrt(n) on blocks of n values; the queries
 // that meet rotated keys are rotated alike, and the attention output of
-// rotated values is rotated back by attn_unrotate).
+// rotated values is rotated back: by the decode kernels themselves, by
+// attn_unrotate after the others). A widened value rounds to f16 where a
+// kernel stages it as f16, as the f16 cache's values are; a scale past
+// f16's range (a block whose largest value passes 8.3 million in q8_0,
+// 524 000 in q4_0) is an infinity, as on the CPU.
 
 #define KV_F16 0
 #define KV_Q8_0 1
