@@ -52,7 +52,7 @@ pub use options::{CudaOptions, GemmPrecision};
 
 use crate::backend::{ComputeBackend, DeviceModel};
 use crate::error::{shape_err, Error, Result};
-use crate::kv_type::KvTypes;
+use crate::kv_type::{KvCacheType, KvTypes};
 use crate::pipeline::{ModelSpec, RopeSpec, RopeType};
 use crate::weight::QuantWeight;
 
@@ -302,6 +302,7 @@ impl CudaBackend {
         let part_o = d.zeros::<f32>(n_head * n_split * head_dim)?;
         let part_ml = d.zeros::<f32>(n_head * n_split * 2)?;
         let out = d.zeros::<f32>(q.len())?;
+        let f16 = kv_pool::CacheLayout::new(KvCacheType::F16, n_head_kv, head_dim, true)?;
         let args = AttnArgs {
             q: d.ptr(&qb),
             kc: d.ptr(&kb),
@@ -320,10 +321,9 @@ impl CudaBackend {
             n_tok: 1,
             scale,
             softcap: softcap.unwrap_or(0.0),
-            k_row: (2 * kv_dim) as i32,
-            v_row: (2 * kv_dim) as i32,
             ..Default::default()
         };
+        let args = kv_pool::CacheLayout::attn_args(f16, f16, args);
         let row = pos * kv_dim..(pos + 1) * kv_dim;
         let kn = self.upload_f32(&k_cache[row.clone()])?;
         let vn = self.upload_f32(&v_cache[row])?;
@@ -341,10 +341,9 @@ impl CudaBackend {
             n_tok: 1,
             theta_scale: 1.0,
             freq_scale: 1.0,
-            k_row: (2 * kv_dim) as i32,
-            v_row: (2 * kv_dim) as i32,
             ..Default::default()
         };
+        let qkv = kv_pool::CacheLayout::qkv_args(f16, f16, qkv);
         ops::qkv_attention(d, &qkv, &args, d.ptr(&count))?;
         self.read_f32(&out, q.len())
     }
