@@ -10,7 +10,7 @@
 #   (default)   CPU build: llama-bench, a text-generation CLI
 #               (llama-completion, llama-cli or llama-simple, the first the
 #               tree has), llama-perplexity, llama-batched-bench,
-#               llama-server and test-backend-ops (each of the last four
+#               llama-server, llama-quantize and test-backend-ops (each of the last five
 #               skipped with a warning if it fails to build). llama-server is built
 #               without its web UI (LLAMA_BUILD_UI=OFF,
 #               LLAMA_USE_PREBUILT_UI=OFF: the source package carries the
@@ -21,14 +21,15 @@
 #               stays off (it faults on some CPUs that list it). -j 2 by
 #               default.
 #   --cuda      CUDA build for an H100/H200 (sm_90): llama-bench,
-#               llama-batched-bench and llama-server, -j 16 by default.
+#               llama-batched-bench, llama-server and llama-quantize, -j 16
+#               by default.
 #   --src DIR   use the llama.cpp tree in DIR (for instance a --trim copy
 #               carried to a machine without network) instead of fetching it.
 #   --jobs N    parallel build jobs.
 #   --force     rebuild even when the cached build matches.
 #   --trim DIR  write a trimmed copy of the tree (ggml with the CPU and CUDA
 #               backends, src, common, include, vendor, cmake, tools/llama-bench,
-#               tools/batched-bench, tools/perplexity, tools/server with what it needs
+#               tools/batched-bench, tools/perplexity, tools/quantize, tools/server with what it needs
 #               (tools/mtmd, the UI's CMake files, scripts/ui-assets.cmake)
 #               and the top-level CMake files; about 26 MB) into DIR and exit.
 #
@@ -150,7 +151,7 @@ if [[ -n "$trim_dir" ]]; then
         # part of tools/ui (which embeds an empty asset table when the UI is
         # not built), not the UI's sources.
         paths=(CMakeLists.txt LICENSE cmake include src common vendor tools/llama-bench tools/batched-bench
-               tools/perplexity tools/server tools/mtmd tools/ui/CMakeLists.txt tools/ui/ui.h.in tools/ui/ui.cpp.in
+               tools/perplexity tools/quantize tools/server tools/mtmd tools/ui/CMakeLists.txt tools/ui/ui.h.in tools/ui/ui.cpp.in
                scripts/ui-assets.cmake
                ggml/CMakeLists.txt ggml/cmake ggml/include ggml/src/ggml-cpu ggml/src/ggml-cuda)
         # The files directly in ggml/src (the core), not its other backends.
@@ -160,15 +161,16 @@ if [[ -n "$trim_dir" ]]; then
             printf '%s\0' "$p"
         done | xargs -0 cp -a --parents -t "$trim_dir"
     )
-    # tools/CMakeLists.txt adds every tool; the trimmed tree has three.
+    # tools/CMakeLists.txt adds every tool; the trimmed tree has a few.
     cat > "$trim_dir/tools/CMakeLists.txt" <<'EOF'
 # Trimmed tree (infer-compute bench/build-llama-cpp.sh --trim): llama-bench,
-# llama-batched-bench, llama-perplexity and llama-server only.
+# llama-batched-bench, llama-perplexity, llama-quantize and llama-server only.
 find_package(Threads REQUIRED)
 llama_add_compile_flags()
 add_subdirectory(llama-bench)
 add_subdirectory(batched-bench)
 add_subdirectory(perplexity)
+add_subdirectory(quantize)
 add_subdirectory(mtmd)
 if (LLAMA_BUILD_SERVER)
     add_subdirectory(ui)
@@ -243,7 +245,7 @@ if [[ "$variant" == cpu ]]; then
     # llama-completion first: with the server built, llama-cli is the
     # server-based chat client, not the plain completion tool.
     cli_candidates=(llama-completion llama-cli llama-simple)
-    optional_targets=(llama-perplexity llama-batched-bench llama-server test-backend-ops)
+    optional_targets=(llama-perplexity llama-batched-bench llama-server llama-quantize test-backend-ops)
 else
     : "${jobs:=16}"
     variant_args=(
@@ -252,7 +254,7 @@ else
         -DLLAMA_BUILD_TESTS=OFF
     )
     cli_candidates=()
-    optional_targets=(llama-batched-bench llama-server)
+    optional_targets=(llama-batched-bench llama-server llama-quantize)
 fi
 extra_args=()
 if [[ -n "${LLAMA_CPP_CMAKE_ARGS:-}" ]]; then

@@ -3,8 +3,8 @@
 # synthetic Q4_K_M files, in one command, on a machine without network.
 #
 # Usage: bench/compare-cuda.sh [--llama-bench PATH | --llama-src DIR] [--infer PATH]
-#            [--backend cuda|wgpu] [--tokenizer-from F] [--models "gemma3-270m gemma3-1b gemma3-4b llama-1b"]
-#            [--rounds 2] [-p 512] [-n 128] [-r 3] [--bandwidth 4300] [--out DIR]
+#            [--backend cuda|wgpu] [--tokenizer-from F] [--models "gemma3-270m gemma3-1b gemma3-4b llama-1b" | all]
+#            [--quants "q4_k_m"] [--rounds 2] [-p 512] [-n 128] [-r 3] [--bandwidth 4300] [--out DIR]
 #
 #   --llama-bench PATH  a built llama-bench (CUDA); otherwise it is built with
 #                       bench/build-llama-cpp.sh --cuda (--src DIR when
@@ -19,7 +19,18 @@
 #   --tokenizer-from F  GGUF holding the Gemma 3 tokenizer (the default model,
 #                       or a tensor-less copy of its tokenizer.* keys); needed
 #                       for Gemma 3 sizes on a machine that cannot fetch it.
-#   --models LIST       synthetic models, as ARCH-SIZE.
+#   --models LIST       synthetic models, as ARCH-SIZE; `all` names every
+#                       preset of `infer synth` (11: about 20 minutes with
+#                       two rounds on an H200, so split it over calls of a
+#                       10-minute machine, e.g. the four default models, then
+#                       "llama-8b mistral-7b gemma3-12b", then "gemma2-2b
+#                       phi3-mini qwen2-0.5b qwen3-0.6b").
+#   --quants LIST       file types, each a file per model (default q4_k_m):
+#                       q4_k_m is written by `infer synth`; any other
+#                       (q5_k_m, q6_k, q8_0, ...) by llama.cpp's
+#                       llama-quantize (next to llama-bench, or
+#                       --llama-quantize PATH) from an F32 file of the same
+#                       model (`infer synth --quant q8_0 --dequantized`).
 #   --rounds K          rounds per model; the engine that goes first
 #                       alternates (bench/compare.sh --rounds).
 #   --bandwidth GBPS    the roofline of the last column (default 4300: the
@@ -30,7 +41,7 @@
 # Each model runs `llama-bench -m F -ngl 99 -fa 1 -p P -n N -r R` and
 # `infer bench --model F --backend cuda -p P -n N -r R` (or --backend) through
 # bench/compare.sh; the combined table is printed last and written to
-# DIR/table.md, the raw output of both engines to DIR/ARCH-SIZE.json.
+# DIR/table.md, the raw output of both engines to DIR/ARCH-SIZE-TYPE.json.
 
 set -euo pipefail
 
@@ -43,7 +54,10 @@ source "$here/synth-model.sh"
 root="$(cd "$here/.." && pwd)"
 
 llama_bench=""
+llama_quantize=""
 llama_src=""
+quants="q4_k_m"
+all_models="gemma3-270m gemma3-1b gemma3-4b gemma3-12b gemma2-2b llama-1b llama-8b mistral-7b qwen2-0.5b qwen3-0.6b phi3-mini"
 infer=""
 tokenizer=""
 models="gemma3-270m gemma3-1b gemma3-4b llama-1b"
@@ -59,6 +73,8 @@ while [[ $# -gt 0 ]]; do
     case "$1" in
         --llama-bench) need "$@"; llama_bench="$2"; shift ;;
         --llama-src) need "$@"; llama_src="$2"; shift ;;
+        --llama-quantize) need "$@"; llama_quantize="$2"; shift ;;
+        --quants) need "$@"; quants="$2"; shift ;;
         --infer) need "$@"; infer="$2"; shift ;;
         --backend) need "$@"; backend="$2"; shift ;;
         --tokenizer-from) need "$@"; tokenizer="$2"; shift ;;
@@ -74,6 +90,7 @@ while [[ $# -gt 0 ]]; do
     esac
     shift
 done
+[[ "$models" == all ]] && models="$all_models"
 [[ "$rounds" =~ ^[1-9][0-9]*$ ]] || die "--rounds must be a positive integer, got '$rounds'"
 command -v python3 >/dev/null 2>&1 || die "python3 is required"
 command -v nvidia-smi >/dev/null 2>&1 || log "warning: nvidia-smi not found; is there an NVIDIA GPU?"
@@ -86,6 +103,12 @@ if [[ -z "$llama_bench" ]]; then
     llama_bench="$bin_dir/llama-bench"
 fi
 [[ -x "$llama_bench" ]] || die "llama-bench not found at $llama_bench"
+for q in $quants; do
+    case "$q" in q4_k_m) ;; *)
+        [[ -n "$llama_quantize" ]] || llama_quantize="$(dirname "$llama_bench")/llama-quantize"
+        [[ -x "$llama_quantize" ]] || die "--quants $q needs llama-quantize (not found at $llama_quantize)" ;;
+    esac
+done
 [[ -n "$infer" ]] || infer="${CARGO_TARGET_DIR:-$root/target}/release/infer"
 [[ -x "$infer" ]] || die "infer not found at $infer (cargo build --release -p infer-cli --features cuda)"
 "$infer" info --help 2>&1 | grep -q -- '--backend' || die "$infer has no --backend option"
@@ -95,23 +118,45 @@ mkdir -p "$out"
 out="$(cd "$out" && pwd)"
 log "output: $out"
 
+# model_file M Q: the path of model M in file type Q, written if missing.
+model_file() {
+    local m="$1" q="$2" f="$out/$1-$2.gguf"
+    if [[ ! -s "$f" ]]; then
+        case "$q" in
+            q4_k_m) synth_model "$m" "$f" ;;
+            *)
+                local f32="$out/$m-f32.gguf"
+                synth_model "$m" "$f32" --quant q8_0 --dequantized
+                log "$llama_quantize $f32 $f ${q^^}"
+                "$llama_quantize" "$f32" "$f" "${q^^}" > "$out/$m-$q.quantize.log" 2>&1 \
+                    || die "llama-quantize $m ${q^^} failed (log: $out/$m-$q.quantize.log)"
+                ;;
+        esac
+    fi
+    echo "$f"
+}
+
+runs=()
 for m in $models; do
-    f="$out/$m-q4_k_m.gguf"
-    synth_model "$m" "$f"
-    "$here/compare.sh" --cuda --no-build --llama-bench "$llama_bench" --infer "$infer" --model "$f" \
-        -p "$n_prompt" -n "$n_gen" -r "$reps" --rounds "$rounds" \
-        --infer-args "--backend $backend --bandwidth $bandwidth" --json-out "$out/$m.json" >&2 \
-        || die "bench/compare.sh failed for $m"
+    for q in $quants; do
+        f="$(model_file "$m" "$q")" || exit 1
+        "$here/compare.sh" --cuda --no-build --llama-bench "$llama_bench" --infer "$infer" --model "$f" \
+            -p "$n_prompt" -n "$n_gen" -r "$reps" --rounds "$rounds" \
+            --infer-args "--backend $backend --bandwidth $bandwidth" --json-out "$out/$m-$q.json" >&2 \
+            || die "bench/compare.sh failed for $m $q"
+        runs+=("$m-$q")
+    done
 done
 
-python3 - "$out" "$bandwidth" $models <<'PY' | tee "$out/table.md"
+python3 - "$out" "$bandwidth" "${runs[@]}" <<'PY' | tee "$out/table.md"
 import json, os, sys
 
-out, bw, models = sys.argv[1], float(sys.argv[2]), sys.argv[3:]
-print(f"| model (synthetic Q4_K_M) | test | llama.cpp t/s | infer t/s | ratio | infer % of {bw / 1000:.1f} TB/s |")
-print("| --- | --- | ---: | ---: | ---: | ---: |")
-for m in models:
-    doc = json.load(open(os.path.join(out, f"{m}.json")))
+out, bw, runs = sys.argv[1], float(sys.argv[2]), sys.argv[3:]
+print(f"| model (synthetic) | type | test | llama.cpp t/s | infer t/s | ratio | infer % of {bw / 1000:.1f} TB/s |")
+print("| --- | --- | --- | ---: | ---: | ---: | ---: |")
+for run in runs:
+    m, q = run.rsplit("-", 1)
+    doc = json.load(open(os.path.join(out, f"{run}.json")))
     rounds = doc["params"]["rounds"]
     # Per-round averages of each engine, in round order.
     per = {}
@@ -140,6 +185,6 @@ for m in models:
         if ratios and f"{min(ratios):.2f}" == f"{max(ratios):.2f}":
             rr = f"{ratios[0]:.2f}×"
         roof_s = f"{100 * max(roof):.0f}%" if roof else ""
-        print(f"| {m} | {t} | {' / '.join(fmt(v) for v in la)} | {' / '.join(fmt(i['avg_ts']) for i in ia)} "
+        print(f"| {m} | {q.upper()} | {t} | {' / '.join(fmt(v) for v in la)} | {' / '.join(fmt(i['avg_ts']) for i in ia)} "
               f"| {rr} | {roof_s} |")
 PY
