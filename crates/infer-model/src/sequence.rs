@@ -186,6 +186,22 @@ impl<'t> Sequence<'t> {
         Ok(self.emit(id))
     }
 
+    /// [`Sequence::on_logits`] from the row's most likely tokens
+    /// ([`Sampler::sample_top`]: `ids` and `logits` best first, at least
+    /// [`Sampler::top_needed`] of them; `first_nan` the row's first NaN).
+    ///
+    /// # Errors
+    /// Sampling errors (a NaN in the row, settings that need the whole row).
+    pub fn on_top(&mut self, ids: &[u32], logits: &[f32], first_nan: Option<u32>) -> Result<Emitted> {
+        let id = self.sampler.sample_top(ids, logits, first_nan)?;
+        Ok(self.emit(id))
+    }
+
+    /// The sampler, with the history of this sequence.
+    pub fn sampler(&self) -> &Sampler {
+        &self.sampler
+    }
+
     /// Takes `id` as the next token (the backend's greedy token, when
     /// [`Sequence::is_greedy`]).
     pub fn on_token(&mut self, id: u32) -> Emitted {

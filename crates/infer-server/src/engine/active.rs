@@ -1,5 +1,5 @@
-//! One admitted request ([`Active`]): its slot, its [`Sequence`], its
-//! sampler, its stop strings, and what a row of logits (or the row's most
+//! One admitted request ([`Active`]): its slot, its [`Sequence`] (which
+//! samples), its stop strings, and what a row of logits (or the row's most
 //! likely tokens, [`TopKRow`]) does to it (sample, release text through the
 //! [`StopMatcher`], send the events, say whether it is done).
 
@@ -8,8 +8,7 @@ use std::time::Instant;
 
 use infer_compute::backend::{TopKRow, TOP_K_MAX};
 use infer_model::generate::StopReason;
-use infer_model::sampling::{Sampler, SamplingError};
-use infer_model::sequence::Sequence;
+use infer_model::sequence::{Emitted, Sequence};
 use infer_model::stop::StopMatcher;
 use infer_model::tokenizer::Tokenizer;
 use tokio::sync::mpsc::UnboundedSender;
@@ -22,11 +21,8 @@ use crate::metrics::{add, Metrics};
 pub struct Active<'t> {
     /// Its KV pool slot.
     pub slot: usize,
-    /// The generation state (its own sampler unused: tokens come from
-    /// `sampler` through [`Sequence::on_token`]).
+    /// The generation state, with the request's sampler.
     pub seq: Sequence<'t>,
-    /// The request's sampler, with the prompt in its history.
-    sampler: Sampler,
     /// Tokens of the prompt.
     pub prompt_len: usize,
     /// Prompt tokens reused from the slot's cache.
@@ -48,8 +44,6 @@ pub struct Active<'t> {
 pub struct Admitted<'t> {
     pub slot: usize,
     pub seq: Sequence<'t>,
-    /// The sampler, the prompt tokens to compute already accepted.
-    pub sampler: Sampler,
     pub prompt_len: usize,
     pub reused: usize,
     pub stop: Vec<String>,
@@ -65,7 +59,6 @@ impl<'t> Active<'t> {
         Active {
             slot: a.slot,
             seq: a.seq,
-            sampler: a.sampler,
             prompt_len: a.prompt_len,
             reused: a.reused,
             stop: StopMatcher::new(a.stop),
@@ -89,7 +82,7 @@ impl<'t> Active<'t> {
     /// the mask (their normalizer leaves the masked tokens out) or past
     /// [`TOP_K_MAX`].
     pub fn top_needed(&self, n_vocab: usize, tokenizer: &Tokenizer) -> Option<usize> {
-        let mut k = self.sampler.top_needed(n_vocab)?;
+        let mut k = self.seq.sampler().top_needed(n_vocab)?;
         if self.ignore_eos {
             if self.logprobs.is_some() {
                 return None;
@@ -129,7 +122,7 @@ impl<'t> Active<'t> {
         } else {
             row
         };
-        let sampled = self.sampler.sample(row);
+        let sampled = self.seq.on_logits(row);
         let logprobs = self.logprobs;
         let done = self.on_sampled(sampled, m, |t| logprobs.map(|n| token_logprob(tokenizer, row, t, n)));
         self.scratch = scratch;
@@ -153,11 +146,11 @@ impl<'t> Active<'t> {
                 ids.push(id);
                 logits.push(x);
             }
-            let sampled = self.sampler.sample_top(&ids, &logits, nan);
+            let sampled = self.seq.on_top(&ids, &logits, nan);
             (self.kept_ids, self.kept_logits) = (ids, logits);
             sampled
         } else {
-            self.sampler.sample_top(row.ids, row.logits, nan)
+            self.seq.on_top(row.ids, row.logits, nan)
         };
         let logprobs = self.logprobs;
         self.on_sampled(sampled, m, |t| logprobs.map(|n| candidates_logprob(tokenizer, &row, t, n)))
@@ -167,12 +160,12 @@ impl<'t> Active<'t> {
     /// gives its log-probabilities when asked for.
     fn on_sampled(
         &mut self,
-        sampled: Result<u32, SamplingError>,
+        sampled: infer_model::Result<Emitted>,
         m: &Arc<Metrics>,
         logprob: impl FnOnce(u32) -> Option<TokenLogprob>,
     ) -> bool {
         let e = match sampled {
-            Ok(id) => self.seq.on_token(id),
+            Ok(e) => e,
             Err(err) => {
                 self.fail(format!("sampling failed: {err}"));
                 return true;

@@ -307,16 +307,16 @@ impl<'t> Engine<'t> {
             fail(format!("the prompt has {} tokens; a slot holds 1 to {n_ctx}", req.prompt.len()));
             return Err(());
         }
-        let mut sampler = Sampler::new(req.params.sampler.clone()).map_err(|e| fail(e.to_string()))?;
+        let sampler = Sampler::new(req.params.sampler.clone()).map_err(|e| fail(e.to_string()))?;
         let Some(taken) = self.slots.take(&req.prompt) else { return Err(()) };
         if let Err(e) = self.pool.truncate(taken.slot, taken.reused) {
             self.slots.discard(taken.slot);
             fail(e.to_string());
             return Err(());
         }
-        // The sequence's own sampler stays unused (`Active` samples).
-        let seq =
-            Sequence::new(self.tokenizer, &req.prompt, taken.reused, Sampler::greedy(), req.params.max_tokens, n_ctx);
+        // The sampler's penalty window sees the prompt tokens to compute
+        // (`Sequence::new` records them).
+        let seq = Sequence::new(self.tokenizer, &req.prompt, taken.reused, sampler, req.params.max_tokens, n_ctx);
         let seq = match seq {
             Ok(s) => s,
             Err(e) => {
@@ -325,17 +325,11 @@ impl<'t> Engine<'t> {
                 return Err(());
             }
         };
-        // The penalties' window sees the prompt tokens to compute, as
-        // `Sequence::new` records them.
-        for &t in &req.prompt[taken.reused..] {
-            sampler.accept(t);
-        }
         add(&self.metrics.prompt_tokens, req.prompt.len() - taken.reused);
         add(&self.metrics.cached_tokens, taken.reused);
         Ok(Active::new(Admitted {
             slot: taken.slot,
             seq,
-            sampler,
             prompt_len: req.prompt.len(),
             reused: taken.reused,
             stop: req.params.stop,
