@@ -19,12 +19,14 @@
 #   --tokenizer-from F  GGUF holding the Gemma 3 tokenizer (the default model,
 #                       or a tensor-less copy of its tokenizer.* keys); needed
 #                       for Gemma 3 sizes on a machine that cannot fetch it.
-#   --models LIST       synthetic models, as ARCH-SIZE; `all` names every
-#                       preset of `infer synth` (11: about 20 minutes with
-#                       two rounds on an H200, so split it over calls of a
-#                       10-minute machine, e.g. the four default models, then
-#                       "llama-8b mistral-7b gemma3-12b", then "gemma2-2b
-#                       phi3-mini qwen2-0.5b qwen3-0.6b").
+#   --models LIST       synthetic models, as ARCH-SIZE (llama-mistral-7b is
+#                       `--arch llama --size mistral-7b`); `all` names every
+#                       preset of `infer synth` (11). With llama-bench built
+#                       and -r 3, one round of ten of them took 4.5 minutes
+#                       on an H100, synthesis included; the llama.cpp build
+#                       takes 4-9 minutes more, so on a 10-minute machine
+#                       build in one call and chain the next ones at once
+#                       (the machine keeps its files only 30 s after a call).
 #   --quants LIST       file types, each a file per model (default q4_k_m):
 #                       q4_k_m is written by `infer synth`; any other
 #                       (q5_k_m, q6_k, q8_0, ...) by llama.cpp's
@@ -57,7 +59,7 @@ llama_bench=""
 llama_quantize=""
 llama_src=""
 quants="q4_k_m"
-all_models="gemma3-270m gemma3-1b gemma3-4b gemma3-12b gemma2-2b llama-1b llama-8b mistral-7b qwen2-0.5b qwen3-0.6b phi3-mini"
+all_models="gemma3-270m gemma3-1b gemma3-4b gemma3-12b gemma2-2b llama-1b llama-8b llama-mistral-7b qwen2-0.5b qwen3-0.6b phi3-mini"
 infer=""
 tokenizer=""
 models="gemma3-270m gemma3-1b gemma3-4b llama-1b"
