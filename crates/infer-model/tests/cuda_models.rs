@@ -81,6 +81,7 @@ fn real_models_match_llama_cpp_logits() {
     let backend = CudaBackend::new(0).expect("CUDA backend");
     let (checked, failures) = real_refs::teacher_force_all(
         "logits",
+        None,
         "cuda",
         |name| prepare_real(&backend, name),
         real_refs::within_quantized_bounds,
@@ -97,7 +98,7 @@ fn real_models_match_llama_cpp_logits() {
 fn real_models_greedy_matches_llama_cpp_up_to_the_first_near_tie() {
     let backend = CudaBackend::new(0).expect("CUDA backend");
     let compared =
-        real_refs::greedy_all("logits", Some("logits-f32"), "cuda", 0.5, |name| prepare_real(&backend, name));
+        real_refs::greedy_all("logits", None, Some("logits-f32"), "cuda", 0.5, |name| prepare_real(&backend, name));
     assert!(compared > 0, "no greedy tokens compared");
 }
 

@@ -91,6 +91,7 @@ fn prepare(name: &str, precision: Precision) -> Box<dyn DeviceModel> {
 fn exact_mode_matches_llama_cpp_f32_logits() {
     let (checked, failures) = teacher_force_all(
         "logits-f32",
+        None,
         "exact",
         |name| prepare(name, Precision::Exact),
         |a| {
@@ -110,6 +111,7 @@ fn exact_mode_matches_llama_cpp_f32_logits() {
 fn quantized_path_matches_llama_cpp_logits() {
     let (checked, failures) = teacher_force_all(
         "logits",
+        None,
         "quant",
         |name| prepare(name, Precision::Quantized),
         within_quantized_bounds,
@@ -126,6 +128,7 @@ fn quantized_path_matches_llama_cpp_logits() {
 fn quantized_path_matches_llama_cpp_f32_logits() {
     let (checked, failures) = teacher_force_all(
         "logits-f32",
+        None,
         "quant-vs-f32",
         |name| prepare(name, Precision::Quantized),
         within_quantized_bounds,
@@ -139,7 +142,7 @@ fn quantized_path_matches_llama_cpp_f32_logits() {
 /// references of `sub`, near-ties judged in `sub` or `referee` (see
 /// [`greedy_all`]).
 fn greedy_matches(precision: Precision, sub: &str, referee: Option<&str>, tie: f32) -> usize {
-    greedy_all(sub, referee, sub, tie, |name| prepare(name, precision))
+    greedy_all(sub, None, referee, sub, tie, |name| prepare(name, precision))
 }
 
 /// The exact mode against llama.cpp on the F32 weights: a near-tie is a

@@ -77,12 +77,24 @@ fn prepare_real(backend: &WgpuBackend, name: &str) -> Box<dyn DeviceModel> {
     backend.prepare(&real_refs::load_spec(name)).unwrap_or_else(|e| panic!("{name}: {e}"))
 }
 
+/// How many reference prompts of each real model the tests below take:
+/// all of them, or the first `INFER_WGPU_REFERENCE_CASES` (CI sets it:
+/// on a 2-core machine lavapipe takes minutes per prompt).
+fn real_cases() -> Option<usize> {
+    let v = std::env::var("INFER_WGPU_REFERENCE_CASES").ok()?;
+    let n = v.parse().unwrap_or_else(|_| panic!("INFER_WGPU_REFERENCE_CASES={v}: not a count"));
+    assert!(n > 0, "INFER_WGPU_REFERENCE_CASES=0 would check nothing");
+    println!("INFER_WGPU_REFERENCE_CASES={n}: the first {n} prompts of each model");
+    Some(n)
+}
+
 /// The real models against llama.cpp on the quantized file, by teacher
 /// forcing, under the CPU quantized path's bounds (`model_logits.rs`).
 fn real_models_match_llama_cpp_logits() {
     let backend = WgpuBackend::new().expect("wgpu backend");
     let (checked, failures) = real_refs::teacher_force_all(
         "logits",
+        real_cases(),
         "wgpu",
         |name| prepare_real(&backend, name),
         real_refs::within_quantized_bounds,
@@ -98,8 +110,9 @@ fn real_models_match_llama_cpp_logits() {
 /// quantized path's bound (`model_logits.rs` says why).
 fn real_models_greedy_matches_llama_cpp_up_to_the_first_near_tie() {
     let backend = WgpuBackend::new().expect("wgpu backend");
-    let compared =
-        real_refs::greedy_all("logits", Some("logits-f32"), "wgpu", 0.5, |name| prepare_real(&backend, name));
+    let compared = real_refs::greedy_all("logits", real_cases(), Some("logits-f32"), "wgpu", 0.5, |name| {
+        prepare_real(&backend, name)
+    });
     assert!(compared > 0, "no greedy tokens compared");
 }
 

@@ -1,6 +1,7 @@
 //! The real models with llama.cpp references in `testdata/<model>/` (see
 //! testdata/README.md), shared by the tests that check a backend against
-//! them (`model_logits.rs` on the CPU, `cuda_models.rs` on CUDA).
+//! them (`model_logits.rs` on the CPU, `cuda_models.rs` on CUDA,
+//! `wgpu_models.rs` on wgpu).
 
 use std::path::PathBuf;
 
@@ -84,13 +85,15 @@ pub fn within_quantized_bounds(a: &Agreement) -> bool {
 /// all cases of one model (see [`within_quantized_bounds`]).
 pub const QUANTIZED_POOLED_TOP1: f64 = 0.97;
 
-/// Teacher forcing of every case of `sub` (`logits` or `logits-f32`) on
-/// the model `prepare` makes of each model name, each summary printed
-/// under `label`: the count of cases checked and a line for each case
-/// outside `ok`, and for each model whose top-1 agreement over the
-/// decisive positions of all its cases is below `pooled_top1`.
+/// Teacher forcing of every case of `sub` (`logits` or `logits-f32`), or
+/// of the first `max_cases` of each model, on the model `prepare` makes of
+/// each model name, each summary printed under `label`: the count of cases
+/// checked and a line for each case outside `ok`, and for each model whose
+/// top-1 agreement over the decisive positions of its cases is below
+/// `pooled_top1`.
 pub fn teacher_force_all(
     sub: &str,
+    max_cases: Option<usize>,
     label: &str,
     mut prepare: impl FnMut(&str) -> Box<dyn DeviceModel>,
     ok: impl Fn(&Agreement) -> bool,
@@ -100,7 +103,7 @@ pub fn teacher_force_all(
     let mut checked = 0;
     // Per model: (top-1 agreements, decisive positions).
     let mut pooled: Vec<(String, usize, usize)> = vec![];
-    for_each_case(sub, &mut prepare, |name, model, case| {
+    for_each_case(sub, max_cases, &mut prepare, |name, model, case| {
         let a = teacher_force(model, case).expect("teacher forcing");
         println!("{name} {label} {}: {}", case.name, a.summary());
         checked += 1;
@@ -124,17 +127,23 @@ pub fn teacher_force_all(
     (checked, failures)
 }
 
-/// Calls `f` on every case of `sub` of every model that has some, with
-/// the model `prepare` makes of its name (once per model).
+/// Calls `f` on every case of `sub` of every model that has some (the
+/// first `max_cases` of each, said in the output), with the model
+/// `prepare` makes of its name (once per model).
 fn for_each_case(
     sub: &str,
+    max_cases: Option<usize>,
     prepare: &mut impl FnMut(&str) -> Box<dyn DeviceModel>,
     mut f: impl FnMut(&str, &mut dyn DeviceModel, &ReferenceCase),
 ) {
     for name in models() {
-        let cases = cases(&name, sub);
+        let mut cases = cases(&name, sub);
         if cases.is_empty() {
             continue;
+        }
+        if let Some(n) = max_cases.filter(|&n| n < cases.len()) {
+            println!("{name}: the first {n} of the {} cases of {sub}/", cases.len());
+            cases.truncate(n);
         }
         let mut model = prepare(&name);
         for case in &cases {
@@ -143,14 +152,15 @@ fn for_each_case(
     }
 }
 
-/// Greedy generation of every case of `sub` on the model `prepare` makes
-/// of each model name reproduces llama.cpp's greedy tokens up to the first
+/// Greedy generation of every case of `sub` (or of the first `max_cases`
+/// of each model) on the model `prepare` makes of each model name reproduces llama.cpp's greedy tokens up to the first
 /// near-tie (a margin within `tie` in the reference, or in the case of the
 /// same name in `referee` where that run saw the same tokens; see
 /// [`greedy_up_to_first_near_tie`]); panics otherwise. Returns how many
 /// tokens were compared.
 pub fn greedy_all(
     sub: &str,
+    max_cases: Option<usize>,
     referee: Option<&str>,
     label: &str,
     tie: f32,
@@ -158,7 +168,7 @@ pub fn greedy_all(
 ) -> usize {
     let mut compared = 0;
     let mut referees: Option<(String, Vec<ReferenceCase>)> = None;
-    for_each_case(sub, &mut prepare, |name, model, case| {
+    for_each_case(sub, max_cases, &mut prepare, |name, model, case| {
         let referee = referee.and_then(|r| {
             if referees.as_ref().is_none_or(|(n, _)| n != name) {
                 referees = Some((name.to_string(), cases(name, r)));
