@@ -83,6 +83,26 @@ enum Command {
     Synth(synth::SynthArgs),
 }
 
+/// Mesa's Vulkan drivers install an implicit loader layer
+/// (`VK_LAYER_MESA_device_select`) that, where `XDG_RUNTIME_DIR` is unset
+/// or not a directory (containers, services, `su` shells), prints
+/// "error: XDG_RUNTIME_DIR is invalid or not set in the environment." twice
+/// whenever a Vulkan instance is made, which `--backend auto` does to look
+/// for a GPU. The layer only orders devices, and infer picks its adapter
+/// itself, so there it is turned off (`NODEVICE_SELECT=1`, Mesa's switch),
+/// unless the user set that variable. Runs before any other thread exists.
+fn quiet_mesa_device_select() {
+    #[cfg(all(unix, feature = "wgpu"))]
+    {
+        let runtime_dir_ok = std::env::var_os("XDG_RUNTIME_DIR").is_some_and(|d| std::path::Path::new(&d).is_dir());
+        if !runtime_dir_ok && std::env::var_os("NODEVICE_SELECT").is_none() {
+            // Before any other thread exists: nothing reads the
+            // environment concurrently.
+            std::env::set_var("NODEVICE_SELECT", "1");
+        }
+    }
+}
+
 fn main() -> ExitCode {
     // Writing into a closed pipe (`infer info | head -1`) ends the process
     // quietly, as command-line tools do, instead of panicking in `println!`.
@@ -92,6 +112,7 @@ fn main() -> ExitCode {
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
+    quiet_mesa_device_select();
     // llama.cpp's multi-letter flags (`-ngl 99`) before clap, which would
     // read them as a short flag and its value (`-n gl`).
     let args: Vec<std::ffi::OsString> = std::env::args_os().collect();

@@ -22,6 +22,24 @@ fn run_generates_greedy_text_and_reports_speeds() {
     }
 }
 
+/// A run that succeeds prints no error line, also without
+/// `XDG_RUNTIME_DIR` (where Mesa's Vulkan device-select layer, which
+/// `--backend auto` wakes while it looks for a GPU, prints two).
+#[test]
+fn a_successful_run_prints_no_error_line() {
+    let dir = tmpdir();
+    let m = common::synth_tiny(dir.path(), "llama");
+    let o = Command::new(env!("CARGO_BIN_EXE_infer"))
+        .args(["run", "--model", m.to_str().expect("path"), "-n", "2", "hi"])
+        .env_remove("XDG_RUNTIME_DIR")
+        .env_remove("NODEVICE_SELECT")
+        .output()
+        .expect("run infer");
+    let err = stderr(&o);
+    assert!(o.status.success(), "stderr: {err}");
+    assert!(!err.lines().any(|l| l.contains("error")), "stderr: {err}");
+}
+
 #[test]
 fn info_describes_the_default_model() {
     let model = default_model();
