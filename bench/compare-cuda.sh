@@ -32,7 +32,8 @@
 #                       (q5_k_m, q6_k, q8_0, ...) by llama.cpp's
 #                       llama-quantize (next to llama-bench, or
 #                       --llama-quantize PATH) from an F32 file of the same
-#                       model (`infer synth --quant q8_0 --dequantized`).
+#                       model (`infer synth --quant q8_0 --dequantized`;
+#                       4 bytes a weight, 5 GB for a 1B model, kept in DIR).
 #   --rounds K          rounds per model; the engine that goes first
 #                       alternates (bench/compare.sh --rounds).
 #   --bandwidth GBPS    the roofline of the last column (default 4300: the
