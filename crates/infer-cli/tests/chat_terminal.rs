@@ -63,6 +63,18 @@ fn saved(p: &mut PtySession, dir: &std::path::Path) -> Vec<(String, String)> {
     list.iter().map(|m| (m["role"].as_str().unwrap().to_string(), m["content"].as_str().unwrap().to_string())).collect()
 }
 
+/// The contents of the user messages among `messages` (as [`saved`] gives them).
+fn user_contents(messages: &[(String, String)]) -> Vec<&str> {
+    messages.iter().filter(|(r, _)| r == "user").map(|(_, c)| c.as_str()).collect()
+}
+
+/// Ends the session with `/exit` and checks that it exits with code 0.
+fn exit_cleanly(p: &mut PtySession) {
+    p.send_line("/exit").unwrap();
+    p.exp_eof().unwrap();
+    assert_eq!(exit_code(p), 0);
+}
+
 /// The exit code of the session's process once it ends.
 fn exit_code(p: &PtySession) -> i32 {
     match p.process().wait().expect("wait for infer chat") {
@@ -85,11 +97,9 @@ fn arrow_keys_edit_the_line_and_up_recalls_the_last_message() {
     keys(&mut p, "\r");
     reply_stop(&mut p);
     let messages = saved(&mut p, dir.path());
-    let user: Vec<&str> = messages.iter().filter(|(r, _)| r == "user").map(|(_, c)| c.as_str()).collect();
+    let user = user_contents(&messages);
     assert_eq!(user, ["What is the capital of France?", "What is the capital of France?"], "{messages:?}");
-    p.send_line("/exit").unwrap();
-    p.exp_eof().unwrap();
-    assert_eq!(exit_code(&p), 0);
+    exit_cleanly(&mut p);
 }
 
 #[test]
@@ -137,9 +147,7 @@ fn save_asks_before_replacing_another_file() {
     }
     let saved: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&notes).unwrap()).unwrap();
     assert_eq!(saved, serde_json::json!([]));
-    p.send_line("/exit").unwrap();
-    p.exp_eof().unwrap();
-    assert_eq!(exit_code(&p), 0);
+    exit_cleanly(&mut p);
 }
 
 /// With standard output redirected (`infer chat > FILE`, or `| tee`), the
@@ -241,11 +249,9 @@ fn ctrl_c_clears_a_typed_line_and_a_non_utf8_line_is_refused() {
     p.exp_string("that line is not valid UTF-8; it was not sent").expect("the refusal");
     p.exp_string("> ").unwrap();
     let messages = saved(&mut p, dir.path());
-    let user: Vec<&str> = messages.iter().filter(|(r, _)| r == "user").map(|(_, c)| c.as_str()).collect();
+    let user = user_contents(&messages);
     assert_eq!(user, ["Hello"], "{messages:?}");
-    p.send_line("/exit").unwrap();
-    p.exp_eof().unwrap();
-    assert_eq!(exit_code(&p), 0);
+    exit_cleanly(&mut p);
 }
 
 /// On a terminal the line editor cannot drive (TERM=dumb), an arrow key's
@@ -261,7 +267,5 @@ fn escape_sequences_on_a_dumb_terminal_are_not_sent() {
     p.exp_string("> ").unwrap();
     let messages = saved(&mut p, dir.path());
     assert!(messages.is_empty(), "{messages:?}");
-    p.send_line("/exit").unwrap();
-    p.exp_eof().unwrap();
-    assert_eq!(exit_code(&p), 0);
+    exit_cleanly(&mut p);
 }
