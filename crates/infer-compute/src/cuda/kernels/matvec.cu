@@ -264,39 +264,18 @@ __device__ __forceinline__ void matvec_qr(const MatvecArgs& a) {
 }
 
 // The chunk loop of matvec_q1 for one GLU choice, against the q8
-// activation aq / ad (global memory, or shared memory in mvn_*). Each lane
-// issues the loads of MV_UNROLL of its chunks before it reduces any, so
-// that a warp keeps that many of its row's loads in flight.
-#ifndef MV_UNROLL
-#define MV_UNROLL 1
-#endif
+// activation aq / ad (global memory, or shared memory in mvn_*).
 template <class T, bool GLU>
 __device__ __forceinline__ void mv1_loop(const MatvecArgs& a, const u8* wrow, const u8* wrow2, const i8* aq,
                                          const float2* ad, float& acc, float& acc2, int c0 = threadIdx.x % WARP,
                                          int stride = WARP) {
-    constexpr int U = MV_UNROLL;
     const int n_chunk = a.cols / 32;
-    for (int c = c0; c < n_chunk; c += U * stride) {
-        WChunk w[U], w2[U];
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            const int cu = c + u * stride;
-            if (u == 0 || cu < n_chunk) {
-                w[u] = T::load(wrow, cu, n_chunk);
-                if (GLU) w2[u] = T::load(wrow2, cu, n_chunk);
-            }
-        }
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            const int cu = c + u * stride;
-            if (u == 0 || cu < n_chunk) {
-                const int4* q = (const int4*)(aq + (size_t)cu * 32);
-                const int4 q0 = q[0], q1 = q[1];
-                const float2 ds = ad[cu];
-                acc += dot_chunk<T>(w[u], q0, q1, ds);
-                if (GLU) acc2 += dot_chunk<T>(w2[u], q0, q1, ds);
-            }
-        }
+    for (int c = c0; c < n_chunk; c += stride) {
+        const int4* q = (const int4*)(aq + (size_t)c * 32);
+        const int4 q0 = q[0], q1 = q[1];
+        const float2 ds = ad[c];
+        acc += dot_chunk<T>(T::load(wrow, c, n_chunk), q0, q1, ds);
+        if (GLU) acc2 += dot_chunk<T>(T::load(wrow2, c, n_chunk), q0, q1, ds);
     }
 }
 
