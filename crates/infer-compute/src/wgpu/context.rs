@@ -9,9 +9,8 @@ use std::sync::{Arc, Mutex};
 
 use wgpu::util::DeviceExt;
 
-use super::shaders::{self, Kernel};
+use super::shaders::{self, Kernel, Variant};
 use crate::error::{Error, Result};
-use crate::GgmlType;
 
 /// Storage buffers the widest kernel binds at once (`rope.wgsl`).
 const MAX_STORAGE_BINDINGS: u32 = 10;
@@ -74,7 +73,7 @@ pub struct Gpu {
     pub pass_tokens: Option<usize>,
     /// [`Options::weight_part_bytes`].
     pub weight_part_bytes: Option<u64>,
-    pipelines: Mutex<HashMap<(Kernel, Option<GgmlType>), wgpu::ComputePipeline>>,
+    pipelines: Mutex<HashMap<(Kernel, Variant), wgpu::ComputePipeline>>,
     /// A small storage buffer bound where a kernel's optional operand is absent.
     pub dummy: wgpu::Buffer,
     /// Uncaptured errors (outside any scope), reported by the next scope.
@@ -282,19 +281,20 @@ impl Gpu {
         self.upload(what, bytemuck::cast_slice(data))
     }
 
-    /// The pipeline of `kernel` (composed for `ty` where the kernel reads
-    /// weights), compiled on first use and cached.
+    /// The pipeline of `kernel` composed for `variant` (its weight type,
+    /// or its KV cache types), compiled on first use and cached.
     ///
     /// # Errors
-    /// [`Error::Unsupported`] for a weight type without a kernel;
+    /// As [`shaders::compose`]: [`Error::Unsupported`] for a weight type
+    /// without a kernel;
     /// [`Error::Device`] when the shader fails to compile (a bug, which the
     /// naga test catches first).
-    pub fn pipeline(&self, kernel: Kernel, ty: Option<GgmlType>) -> Result<wgpu::ComputePipeline> {
+    pub fn pipeline(&self, kernel: Kernel, variant: Variant) -> Result<wgpu::ComputePipeline> {
         let mut cache = self.pipelines.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(p) = cache.get(&(kernel, ty)) {
+        if let Some(p) = cache.get(&(kernel, variant)) {
             return Ok(p.clone());
         }
-        let src = shaders::compose(kernel, ty, self.subgroups)?;
+        let src = shaders::compose(kernel, variant, self.subgroups)?;
         let p = self.scoped(kernel.name(), || {
             let desc = wgpu::ShaderModuleDescriptor {
                 label: Some(kernel.name()),
@@ -313,7 +313,10 @@ impl Gpu {
             // loop of `shaders/` counts a u32 up to a bound taken from its
             // parameters, by a positive step: sizes the host derives from
             // buffers below 2^31 bytes and positions it checks against the
-            // context, so no counter can wrap past its bound.
+            // context, so no counter can wrap past its bound (or, in
+            // `kv/rotation.wgsl`, doubles a u32 from 1 up to a Hadamard
+            // block of at most 512, a power of two the host derives from
+            // head_dim).
             let module = unsafe { self.device.create_shader_module_trusted(desc, checks) };
             Ok(self.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
                 label: Some(kernel.name()),
@@ -329,7 +332,7 @@ impl Gpu {
                 cache: None,
             }))
         })?;
-        cache.insert((kernel, ty), p.clone());
+        cache.insert((kernel, variant), p.clone());
         Ok(p)
     }
 

@@ -23,7 +23,9 @@
 //!   panics); validation and out-of-memory reports of wgpu are caught by
 //!   error scopes and returned as [`Error`]s.
 //! - The pipeline ([`WgpuModel`]) uploads the weights once, allocates its
-//!   scratch once per capacity, keeps an f16 (default) or f32 KV pool on the device, and
+//!   scratch once per capacity, keeps a KV pool on the device (K and V
+//!   each f32, f16 (the default), q8_0 or q4_0, the quantized ones rotated
+//!   and quantized bit for bit as on the CPU; [`WgpuKvPool`]), and
 //!   records each pass of a forward step into one command buffer with one
 //!   submit; only the wanted logits come back.
 //!
@@ -32,6 +34,7 @@
 //! [`Error::Unsupported`]).
 
 pub(crate) mod context;
+mod kv_pool;
 mod model;
 pub mod shaders;
 mod step;
@@ -41,8 +44,9 @@ use ndarray::{Array2, ArrayView2};
 
 use context::Gpu;
 pub use context::{Caps, Options};
-pub use model::{WgpuKvPool, WgpuModel};
-use shaders::Kernel;
+pub use kv_pool::WgpuKvPool;
+pub use model::WgpuModel;
+use shaders::{Kernel, Variant};
 use step::{Step, P};
 use weights::{check_x, record_matvec, DevWeight, ProductIo};
 
@@ -136,7 +140,7 @@ impl WgpuBackend {
         let mut step = Step::new(g);
         let params = [P::U(u(m)?), P::U(u(k)?), P::U(u(n)?), P::U(transb as u32)];
         let groups = [u(n.div_ceil(16))?, u(m.div_ceil(16))?, 1];
-        step.dispatch(Kernel::Gemm, None, &[(0, &ab), (1, &bb), (2, &cb)], 3, &params, groups)?;
+        step.dispatch(Kernel::Gemm, Variant::Plain, &[(0, &ab), (1, &bb), (2, &cb)], 3, &params, groups)?;
         let enc = step.encode()?;
         let slice = out.as_slice_mut().ok_or_else(|| shape_err(op, "result not contiguous"))?;
         g.scoped(op, || g.read_back(enc, &cb, 0, slice))?;
@@ -195,5 +199,7 @@ impl ComputeBackend for WgpuBackend {
     }
 }
 
+#[cfg(test)]
+mod kv_tests;
 #[cfg(test)]
 mod tests;

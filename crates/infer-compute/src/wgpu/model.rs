@@ -1,5 +1,5 @@
 //! The wgpu pipeline: a [`ModelSpec`] uploaded once ([`Weights`], shared by
-//! every context), an f16 or f32 KV pool on the device ([`WgpuKvPool`]), and one
+//! every context), a KV pool on the device ([`WgpuKvPool`]), and one
 //! command buffer per pass of a forward step (`forward.rs`).
 //!
 //! A [`Batch`] runs in passes of at most the scratch capacity (256 tokens,
@@ -19,17 +19,18 @@
 //!
 //! then the wanted rows gathered (`gather`) and the vocabulary product
 //! (`matvec` over the row blocks of the output matrix, soft-capped in its
-//! epilogue). KV pool: f16 (the default) or f32
-//! `[n_slots][n_ctx][n_head_kv][head_dim]` per layer, the CPU's layout.
+//! epilogue). KV pool ([`WgpuKvPool`]): K and V each f32, f16 (the
+//! default), q8_0 or q4_0, `[n_slots][n_ctx]` rows of a position's
+//! `n_head_kv · head_dim` values per layer; `rope` stores a quantized
+//! type's rows rotated (with the queries that meet them) and `attention`
+//! rotates the output of rotated values back.
 
-use std::any::Any;
 use std::sync::Arc;
 
 use super::context::Gpu;
+use super::kv_pool::WgpuKvPool;
 use super::weights::{binding_limit, check_type, DevWeight};
-use crate::backend::{
-    advance_spans, checked_pool, new_states, rollback_spans, Batch, DeviceModel, KvPool, KvState, ModelId, StepProfile,
-};
+use crate::backend::{advance_spans, checked_pool, rollback_spans, Batch, DeviceModel, KvPool, ModelId, StepProfile};
 use crate::error::{Error, Result};
 use crate::pipeline::{Activation, FfnType, ModelSpec, Norm, NormType, RopeType};
 use crate::{GgmlType, KvCacheType, KvTypes};
@@ -182,68 +183,6 @@ pub(super) fn supports(gpu: &Gpu, spec: &ModelSpec) -> Result<()> {
     Ok(())
 }
 
-/// The KV pool of a [`WgpuModel`]: per layer, K and V as
-/// `[n_slots][n_ctx][n_head_kv][head_dim]` values of one element type (f16
-/// or f32) in one buffer each.
-pub struct WgpuKvPool {
-    gpu: Arc<Gpu>,
-    states: Vec<KvState>,
-    n_ctx: usize,
-    /// The element type of K and V (`shaders::KV_TYPES`).
-    pub(super) elem: GgmlType,
-    pub(super) k: Vec<wgpu::Buffer>,
-    pub(super) v: Vec<wgpu::Buffer>,
-    /// `n_head_kv · head_dim` of each layer.
-    kv_dim: Vec<usize>,
-}
-
-impl KvPool for WgpuKvPool {
-    fn states(&self) -> &[KvState] {
-        &self.states
-    }
-    fn states_mut(&mut self) -> &mut [KvState] {
-        &mut self.states
-    }
-    fn as_any_mut(&mut self) -> &mut dyn Any {
-        self
-    }
-    fn types(&self) -> KvTypes {
-        KvTypes::both(if self.elem == GgmlType::F16 { KvCacheType::F16 } else { KvCacheType::F32 })
-    }
-    fn bytes_per_token(&self) -> u64 {
-        self.kv_dim.iter().map(|&d| 2 * (d * self.elem.type_size()) as u64).sum()
-    }
-    /// Through a temporary buffer per layer (wgpu copies between two
-    /// buffers, never within one), all layers in one submit.
-    fn copy_positions(&mut self, from: usize, to: usize, n: usize) -> Result<()> {
-        let g = &*self.gpu;
-        let max = self.kv_dim.iter().max().copied().unwrap_or(0);
-        if n == 0 || max == 0 {
-            return Ok(());
-        }
-        let es = self.elem.type_size() as u64;
-        let tmp = g.storage("KV copy", n as u64 * max as u64 * es)?;
-        g.scoped("copying KV positions", || {
-            let mut enc = g.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("kv copy") });
-            for li in 0..self.k.len() {
-                // Row bytes: a multiple of 4, as copies need (head_dim is even).
-                let d = self.kv_dim[li] as u64 * es;
-                let bytes = n as u64 * d;
-                let (src, dst) = (from as u64 * self.n_ctx as u64 * d, to as u64 * self.n_ctx as u64 * d);
-                for buf in [&self.k[li], &self.v[li]] {
-                    enc.copy_buffer_to_buffer(buf, src, &tmp, 0, bytes);
-                    enc.copy_buffer_to_buffer(&tmp, 0, buf, dst, bytes);
-                }
-            }
-            g.queue.submit([enc.finish()]);
-            g.device
-                .poll(wgpu::PollType::wait_indefinitely())
-                .map_err(|e| Error::Device(format!("waiting for the KV copy: {e}")))?;
-            Ok(())
-        })
-    }
-}
-
 /// A model prepared on a wgpu device: shared weights and one context's
 /// scratch and logits.
 pub struct WgpuModel {
@@ -356,35 +295,17 @@ impl WgpuModel {
     }
 
     /// Creates an empty KV pool of `n_slots` sequences of `n_ctx`
-    /// positions, of `elem` values (F32 or F16, `shaders::KV_TYPES`).
+    /// positions, keys and values stored as `types` say (f32, f16, q8_0 or
+    /// q4_0 each; layouts in [`WgpuKvPool`]'s module).
     ///
     /// # Errors
-    /// `n_slots` or `n_ctx` of 0; [`Error::UnsupportedModel`] naming
-    /// `max_storage_buffer_binding_size` when one layer's cache does not
-    /// fit one binding; out of memory.
-    pub fn new_wgpu_kv_pool(&self, n_slots: usize, n_ctx: usize, elem: GgmlType) -> Result<WgpuKvPool> {
-        let kv_dim: Vec<usize> = self.w.layers.iter().map(|l| l.n_kv * l.hd).collect();
-        let max = kv_dim.iter().copied().max().unwrap_or(0);
-        let states = new_states(self.w.id, n_slots, n_ctx, max)?;
-        let es = elem.type_size();
-        let bytes = n_slots
-            .checked_mul(n_ctx)
-            .and_then(|v| v.checked_mul(max))
-            .and_then(|v| v.checked_mul(es))
-            .ok_or(Error::Overflow("KV cache size"))? as u64;
-        if bytes > binding_limit(&self.gpu) {
-            return Err(Error::UnsupportedModel(format!(
-                "a KV cache layer of {n_slots} x {n_ctx} positions ({bytes} bytes) exceeds the adapter's max_storage_buffer_binding_size of {} bytes",
-                self.gpu.caps.max_storage_binding
-            )));
-        }
-        let mut k = Vec::with_capacity(kv_dim.len());
-        let mut v = Vec::with_capacity(kv_dim.len());
-        for &d in &kv_dim {
-            k.push(self.gpu.storage("K cache", (n_slots * n_ctx * d * es) as u64)?);
-            v.push(self.gpu.storage("V cache", (n_slots * n_ctx * d * es) as u64)?);
-        }
-        Ok(WgpuKvPool { gpu: self.gpu.clone(), states, n_ctx, elem, k, v, kv_dim })
+    /// `n_slots` or `n_ctx` of 0; [`Error::UnsupportedKvCache`] for tq3 or
+    /// tq4, or a head size the type's blocks do not divide;
+    /// [`Error::UnsupportedModel`] naming `max_storage_buffer_binding_size`
+    /// when one layer's K or V does not fit one binding; out of memory.
+    pub fn new_wgpu_kv_pool(&self, n_slots: usize, n_ctx: usize, types: KvTypes) -> Result<WgpuKvPool> {
+        let heads: Vec<(usize, usize)> = self.w.layers.iter().map(|l| (l.n_kv, l.hd)).collect();
+        WgpuKvPool::new(&self.gpu, self.w.id, &heads, n_slots, n_ctx, types)
     }
 
     /// Checks the step, runs it pass by pass, and records the outcome in the
@@ -405,23 +326,11 @@ impl DeviceModel for WgpuModel {
         self.w.n_vocab
     }
 
-    /// The wgpu pool stores f16 or f32 keys and values, both of one type:
-    /// any other type, or K and V of two types, is
+    /// Keys and values each f32, f16, q8_0 or q4_0 (q8_0 and q4_0 rotated
+    /// and quantized as on the CPU); tq3 and tq4 are
     /// [`Error::UnsupportedKvCache`].
     fn new_kv_pool_typed(&self, n_slots: usize, n_ctx: usize, types: KvTypes) -> Result<Box<dyn KvPool>> {
-        let elem = |ty: KvCacheType| match ty {
-            KvCacheType::F32 => Ok(GgmlType::F32),
-            KvCacheType::F16 => Ok(GgmlType::F16),
-            ty => Err(Error::UnsupportedKvCache { ty, reason: "the wgpu backend stores f16 and f32 caches".into() }),
-        };
-        let (k, v) = (elem(types.k)?, elem(types.v)?);
-        if k != v {
-            return Err(Error::UnsupportedKvCache {
-                ty: types.v,
-                reason: "the wgpu backend stores K and V of one type".into(),
-            });
-        }
-        Ok(Box::new(self.new_wgpu_kv_pool(n_slots, n_ctx, k)?))
+        Ok(Box::new(self.new_wgpu_kv_pool(n_slots, n_ctx, types)?))
     }
 
     /// f16, as the CPU and CUDA backends.

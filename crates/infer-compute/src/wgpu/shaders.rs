@@ -1,9 +1,19 @@
 //! The WGSL kernels (`shaders/`, one file per op family, one per weight
-//! type under `shaders/types/`) and how a module is composed from them:
-//! `reduction + [weight access + the type's load4 | the KV cache's
-//! element type] + kernel`, the products' kernel files preceded by
-//! `product.wgsl` (their parameters, bindings and activation reads).
-//! Kernels are named by [`Kernel`], never by strings.
+//! type under `shaders/types/`, one per KV cache type under `shaders/kv/`)
+//! and how a module is composed from them: `reduction + [weight access +
+//! the type's load4 | the KV cache files] + kernel`, the products' kernel
+//! files preceded by `product.wgsl` (their parameters, bindings and
+//! activation reads). What a module is composed for is a [`Variant`];
+//! kernels are named by [`Kernel`], never by strings.
+//!
+//! The KV cache files ([`Kernel::kv_typed`] kernels): `kv/rotation.wgsl`
+//! (the staged head and its Hadamard rotation), for a kernel that writes
+//! the cache `kv/quantize.wgsl` (ggml's quantizer arithmetic, exact), then
+//! K's type and V's type, each its layout and reads (`kv/<type>.wgsl`)
+//! and, when written, its store (`kv/<type>_store.wgsl`). A type's files
+//! are composed once per role, their `KV_` prefix replaced by `k_` or
+//! `v_` ([`role_source`]), so keys and values of two types meet in one
+//! kernel.
 //!
 //! The reductions (`wg_sum`, `wg_max`, and the `Lanes` builtins struct) come
 //! in two interchangeable files: `reduce_subgroup.wgsl` (subgroup
@@ -12,7 +22,7 @@
 //! naga test that validates each and translates it to MSL and HLSL.
 
 use crate::error::{Error, Result};
-use crate::GgmlType;
+use crate::{GgmlType, KvCacheType, KvTypes};
 
 const REDUCE_SUBGROUP: &str = include_str!("shaders/reduce_subgroup.wgsl");
 const REDUCE_SHARED: &str = include_str!("shaders/reduce_shared.wgsl");
@@ -38,20 +48,58 @@ pub const WEIGHT_TYPES: [GgmlType; 14] = [
     GgmlType::Q6_K,
 ];
 
-/// Element types of the KV cache (`shaders/kv/`), for the kernels that
-/// write or read it ([`Kernel::kv_typed`]).
-pub const KV_TYPES: [GgmlType; 2] = [GgmlType::F32, GgmlType::F16];
+/// KV cache types with files here (`shaders/kv/`), for the kernels that
+/// write or read the cache ([`Kernel::kv_typed`]); the TurboQuant types
+/// have none.
+pub const KV_TYPES: [KvCacheType; 4] = [KvCacheType::F32, KvCacheType::F16, KvCacheType::Q8_0, KvCacheType::Q4_0];
 
-/// The `KvPair` source of a cache of `ty`.
+/// What a module is composed for besides its kernel and reductions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Variant {
+    /// A kernel of no type.
+    Plain,
+    /// A kernel that reads weights ([`Kernel::typed`]), for their type.
+    Weight(GgmlType),
+    /// A kernel that writes or reads the KV cache ([`Kernel::kv_typed`]),
+    /// for its K and V types.
+    Kv(KvTypes),
+}
+
+impl Variant {
+    /// The variant's part of a module name: `_<weight type>`,
+    /// `_k<type>_v<type>`, or nothing.
+    pub fn suffix(self) -> String {
+        match self {
+            Variant::Plain => String::new(),
+            Variant::Weight(t) => format!("_{}", t.name()),
+            Variant::Kv(t) => format!("_k{}_v{}", t.k, t.v),
+        }
+    }
+}
+
+/// The identifier prefix of a KV cache file that [`role_source`] replaces.
+const ROLE_PREFIX: &str = "KV_";
+
+/// The layout and reads of a KV cache of `ty` (`kv/<type>.wgsl`), and its
+/// store (`kv/<type>_store.wgsl`), both with the role prefix `KV_`.
 ///
 /// # Errors
-/// [`Error::Unsupported`] for a type other than F32 and F16.
-fn kv_source(ty: GgmlType) -> Result<&'static str> {
+/// [`Error::UnsupportedKvCache`] for a type without files (TurboQuant).
+fn kv_sources(ty: KvCacheType) -> Result<(&'static str, &'static str)> {
     match ty {
-        GgmlType::F32 => Ok(include_str!("shaders/kv/f32.wgsl")),
-        GgmlType::F16 => Ok(include_str!("shaders/kv/f16.wgsl")),
-        ty => Err(Error::Unsupported { op: "wgpu KV cache", ty }),
+        KvCacheType::F32 => Ok((include_str!("shaders/kv/f32.wgsl"), include_str!("shaders/kv/f32_store.wgsl"))),
+        KvCacheType::F16 => Ok((include_str!("shaders/kv/f16.wgsl"), include_str!("shaders/kv/f16_store.wgsl"))),
+        KvCacheType::Q8_0 => Ok((include_str!("shaders/kv/q8_0.wgsl"), include_str!("shaders/kv/q8_0_store.wgsl"))),
+        KvCacheType::Q4_0 => Ok((include_str!("shaders/kv/q4_0.wgsl"), include_str!("shaders/kv/q4_0_store.wgsl"))),
+        ty => Err(Error::UnsupportedKvCache { ty, reason: "the wgpu kernels have no TurboQuant cache".into() }),
     }
+}
+
+/// A KV cache file for one role: its `KV_` identifiers (the kernel's
+/// binding `KV_cache`, the file's functions and workgroup variables)
+/// renamed `k_…` for the keys, `v_…` for the values.
+fn role_source(src: &str, keys: bool) -> String {
+    src.replace(ROLE_PREFIX, if keys { "k_" } else { "v_" })
 }
 
 /// The `load4` source of `ty`.
@@ -159,21 +207,27 @@ impl Kernel {
         }
     }
 
-    /// Whether the kernel writes or reads the KV cache (composed per
-    /// element type of [`KV_TYPES`]).
+    /// Whether the kernel writes or reads the KV cache (composed per pair
+    /// of K and V types of [`KV_TYPES`]).
     pub fn kv_typed(self) -> bool {
         matches!(self, Kernel::Rope | Kernel::Attention)
     }
 
-    /// The types a module of the kernel is composed for: weight types,
-    /// KV cache types, or none.
-    fn types(self) -> Vec<Option<GgmlType>> {
+    /// Whether the kernel writes the KV cache (composed with the types'
+    /// stores).
+    fn writes_kv(self) -> bool {
+        self == Kernel::Rope
+    }
+
+    /// The variants a module of the kernel is composed for: each weight
+    /// type, each pair of KV cache types, or the plain one.
+    fn variants(self) -> Vec<Variant> {
         if self.typed() {
-            WEIGHT_TYPES.iter().map(|&t| Some(t)).collect()
+            WEIGHT_TYPES.iter().map(|&t| Variant::Weight(t)).collect()
         } else if self.kv_typed() {
-            KV_TYPES.iter().map(|&t| Some(t)).collect()
+            KV_TYPES.iter().flat_map(|&k| KV_TYPES.map(|v| Variant::Kv(KvTypes { k, v }))).collect()
         } else {
-            vec![None]
+            vec![Variant::Plain]
         }
     }
 
@@ -200,50 +254,59 @@ impl Kernel {
     }
 }
 
-/// The WGSL module of `kernel` (for weight type `ty` when the kernel is
-/// typed, for the KV cache's element type `ty` when it is KV-typed), with
-/// subgroup or workgroup-memory reductions.
+/// The WGSL module of `kernel` for `variant` (a weight type when the
+/// kernel is typed, K and V types when it is KV-typed, plain otherwise),
+/// with subgroup or workgroup-memory reductions.
 ///
 /// # Errors
-/// [`Error::Unsupported`] for a typed or KV-typed kernel without `ty` or
-/// with a type it has no source for.
-pub fn compose(kernel: Kernel, ty: Option<GgmlType>, subgroups: bool) -> Result<String> {
+/// [`Error::Unsupported`] for a variant the kernel is not composed for or
+/// a weight type without a `load4`; [`Error::UnsupportedKvCache`] for a
+/// KV cache type without files.
+pub fn compose(kernel: Kernel, variant: Variant, subgroups: bool) -> Result<String> {
     // naga takes subgroup operations without WGSL's `enable subgroups;`
     // (which it refuses as not yet implemented); the device feature
     // `SUBGROUP` is what allows them.
     let mut s = String::new();
     s.push_str(if subgroups { REDUCE_SUBGROUP } else { REDUCE_SHARED });
-    if kernel.typed() {
-        let ty = ty.ok_or(Error::Unsupported { op: "wgpu kernel without a weight type", ty: GgmlType::F32 })?;
-        s.push_str(WEIGHTS);
-        s.push_str(&type_source(ty)?);
-    } else if kernel.kv_typed() {
-        let ty = ty.ok_or(Error::Unsupported { op: "wgpu kernel without a KV cache type", ty: GgmlType::F32 })?;
-        s.push_str(kv_source(ty)?);
+    match variant {
+        Variant::Weight(ty) if kernel.typed() => {
+            s.push_str(WEIGHTS);
+            s.push_str(&type_source(ty)?);
+        }
+        Variant::Kv(types) if kernel.kv_typed() => {
+            s.push_str(include_str!("shaders/kv/rotation.wgsl"));
+            if kernel.writes_kv() {
+                s.push_str(include_str!("shaders/kv/quantize.wgsl"));
+            }
+            for (ty, keys) in [(types.k, true), (types.v, false)] {
+                let (layout, store) = kv_sources(ty)?;
+                s.push_str(&role_source(layout, keys));
+                if kernel.writes_kv() {
+                    s.push_str(&role_source(store, keys));
+                }
+            }
+        }
+        Variant::Plain if !kernel.typed() && !kernel.kv_typed() => {}
+        _ => return Err(Error::Unsupported { op: "a wgpu kernel composed for another variant", ty: GgmlType::F32 }),
     }
     s.push_str(kernel.source());
     Ok(s)
 }
 
-/// Every module the backend can build: each kernel (each typed one for
-/// every type of [`WEIGHT_TYPES`], each KV-typed one for every type of
+/// Every module the backend can build: each kernel for each of its
+/// variants (every weight type of [`WEIGHT_TYPES`], every pair of
 /// [`KV_TYPES`]), with each reduction, named
-/// `kernel[_type]_(subgroup|shared)`.
+/// `kernel[_type | _k<type>_v<type>]_(subgroup|shared)`.
 ///
 /// # Errors
-/// As [`compose`] (never for the listed types).
+/// As [`compose`] (never for the listed variants).
 pub fn all_modules() -> Result<Vec<(String, Kernel, String)>> {
     let mut v = Vec::new();
     for k in KERNELS {
-        for ty in k.types() {
+        for variant in k.variants() {
             for sg in [true, false] {
-                let name = format!(
-                    "{}{}_{}",
-                    k.name(),
-                    ty.map_or(String::new(), |t| format!("_{}", t.name())),
-                    if sg { "subgroup" } else { "shared" }
-                );
-                v.push((name, k, compose(k, ty, sg)?));
+                let name = format!("{}{}_{}", k.name(), variant.suffix(), if sg { "subgroup" } else { "shared" });
+                v.push((name, k, compose(k, variant, sg)?));
             }
         }
     }

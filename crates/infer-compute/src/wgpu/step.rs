@@ -10,13 +10,12 @@
 use wgpu::util::DeviceExt;
 
 use super::context::Gpu;
-use super::shaders::Kernel;
+use super::shaders::{Kernel, Variant};
 use crate::error::Result;
-use crate::GgmlType;
 
 /// Parameter words of one dispatch (u32 or f32 bits, in the order of the
 /// kernel's `Params` struct).
-pub const MAX_PARAMS: usize = 16;
+pub const MAX_PARAMS: usize = 20;
 
 /// A parameter word.
 #[derive(Clone, Copy)]
@@ -84,7 +83,7 @@ impl<'g> Step<'g> {
         self.next_tag = Some(tag);
     }
 
-    /// Records `kernel` (for weight type `ty`) over `groups` workgroups,
+    /// Records `kernel` (composed for `variant`) over `groups` workgroups,
     /// with `bufs` at their binding indices and `params` as the uniform at
     /// binding `param_slot`.
     ///
@@ -93,7 +92,7 @@ impl<'g> Step<'g> {
     pub fn dispatch(
         &mut self,
         kernel: Kernel,
-        ty: Option<GgmlType>,
+        variant: Variant,
         bufs: &[(u32, &wgpu::Buffer)],
         param_slot: u32,
         params: &[P],
@@ -102,7 +101,7 @@ impl<'g> Step<'g> {
         if groups.contains(&0) {
             return Ok(());
         }
-        let pipeline = self.gpu.pipeline(kernel, ty)?;
+        let pipeline = self.gpu.pipeline(kernel, variant)?;
         let mut words = [0u32; MAX_PARAMS];
         for (w, p) in words.iter_mut().zip(params) {
             *w = match *p {
@@ -226,7 +225,7 @@ impl<'g> Step<'g> {
     fn bind(&self) -> Result<Vec<wgpu::BindGroup>> {
         let gpu = self.gpu;
         gpu.scoped("recording a step", || {
-            let align = gpu.caps.uniform_align.max(4 * MAX_PARAMS as u64) as usize;
+            let align = (4 * MAX_PARAMS as u64).next_multiple_of(gpu.caps.uniform_align.max(1)) as usize;
             let mut bytes = vec![0u8; align * self.params.len().max(1)];
             for (i, words) in self.params.iter().enumerate() {
                 bytes[i * align..i * align + 4 * MAX_PARAMS].copy_from_slice(bytemuck::cast_slice(words));

@@ -24,7 +24,8 @@ fn validate(name: &str, src: &str, subgroups: bool) -> (naga::Module, naga::vali
 #[test]
 fn every_shader_validates_and_translates_to_msl_and_hlsl() {
     let modules = shaders::all_modules().expect("compose");
-    assert!(modules.len() >= 2 * (shaders::KERNELS.len() + 2 * (shaders::WEIGHT_TYPES.len() - 1)));
+    let kv_pairs = shaders::KV_TYPES.len() * shaders::KV_TYPES.len();
+    assert!(modules.len() >= 2 * (shaders::KERNELS.len() + 2 * (shaders::WEIGHT_TYPES.len() - 1) + 2 * (kv_pairs - 1)));
     for (name, kernel, src) in &modules {
         let subgroups = name.ends_with("_subgroup");
         let (module, info) = validate(name, src, subgroups);
@@ -52,10 +53,41 @@ fn every_shader_validates_and_translates_to_msl_and_hlsl() {
 
 #[test]
 fn compose_refuses_types_without_kernels() {
-    use crate::{Error, GgmlType};
+    use crate::{Error, GgmlType, KvCacheType, KvTypes};
+    use shaders::{compose, Kernel, Variant};
     assert!(matches!(
-        shaders::compose(shaders::Kernel::Matvec, Some(GgmlType::Q8_K), false),
+        compose(Kernel::Matvec, Variant::Weight(GgmlType::Q8_K), false),
         Err(Error::Unsupported { ty: GgmlType::Q8_K, .. })
     ));
-    assert!(matches!(shaders::compose(shaders::Kernel::Matvec, None, true), Err(Error::Unsupported { .. })));
+    assert!(matches!(compose(Kernel::Matvec, Variant::Plain, true), Err(Error::Unsupported { .. })));
+    let kv = Variant::Kv(KvTypes::both(KvCacheType::F16));
+    assert!(matches!(compose(Kernel::Matvec, kv, true), Err(Error::Unsupported { .. })));
+    assert!(matches!(compose(Kernel::Gemm, kv, true), Err(Error::Unsupported { .. })));
+    for ty in [KvCacheType::Tq3, KvCacheType::Tq4] {
+        let tq = Variant::Kv(KvTypes { k: KvCacheType::F16, v: ty });
+        assert!(
+            matches!(compose(Kernel::Attention, tq, true), Err(Error::UnsupportedKvCache { ty: t, .. }) if t == ty)
+        );
+    }
+}
+
+/// A KV-typed module holds K's and V's files once each, renamed for their
+/// role, and no `KV_` identifier is left; a kernel that only reads the
+/// cache has no store.
+#[test]
+fn kv_files_are_composed_per_role() {
+    use crate::{KvCacheType, KvTypes};
+    use shaders::{compose, Kernel, Variant};
+    let types = KvTypes { k: KvCacheType::Q8_0, v: KvCacheType::Q4_0 };
+    let rope = compose(Kernel::Rope, Variant::Kv(types), false).unwrap();
+    let attn = compose(Kernel::Attention, Variant::Kv(types), false).unwrap();
+    for src in [&rope, &attn] {
+        assert!(!src.contains("KV_"));
+        assert_eq!(src.matches("fn k_load2(").count(), 1);
+        assert_eq!(src.matches("fn v_load2(").count(), 1);
+        assert!(src.contains("fn hadamard("));
+    }
+    assert_eq!(rope.matches("fn k_store(").count(), 1);
+    assert_eq!(rope.matches("fn v_store(").count(), 1);
+    assert!(!attn.contains("_store(") && !attn.contains("fn q4_code("));
 }

@@ -4,7 +4,7 @@
 //! of most adapters), and the product over them ([`record_matvec`]).
 
 use super::context::Gpu;
-use super::shaders::{Kernel, WEIGHT_TYPES};
+use super::shaders::{Kernel, Variant, WEIGHT_TYPES};
 use super::step::{Step, Tag, P};
 use crate::error::{shape_err, Error, Result};
 use crate::weight::QuantWeight;
@@ -186,7 +186,7 @@ pub fn record_matvec_rows(
             shape: format!("{}x{}", w.rows, w.cols),
             bytes: ((hi - lo) * w.row_bytes) as u64,
         });
-        step.dispatch(kernel, Some(w.ty), &[(0, &part.buf), (1, io.x), (2, io.y)], 3, &params, [gx, gy, z])?;
+        step.dispatch(kernel, Variant::Weight(w.ty), &[(0, &part.buf), (1, io.x), (2, io.y)], 3, &params, [gx, gy, z])?;
     }
     Ok(())
 }
@@ -243,7 +243,14 @@ pub fn record_glu(step: &mut Step<'_>, w: &DevWeight, n_ff: usize, gelu: bool, i
         shape: format!("{}x{}", w.rows, w.cols),
         bytes: (w.rows * w.row_bytes) as u64,
     });
-    step.dispatch(Kernel::MatvecGlu, Some(w.ty), &[(0, &w.parts[0].buf), (1, io.x), (2, io.y)], 3, &params, [gx, gy, z])
+    step.dispatch(
+        Kernel::MatvecGlu,
+        Variant::Weight(w.ty),
+        &[(0, &w.parts[0].buf), (1, io.x), (2, io.y)],
+        3,
+        &params,
+        [gx, gy, z],
+    )
 }
 
 /// Checks a product's operands: `x` of `n_tok × w.cols` values.

@@ -3,16 +3,18 @@
 //! its dispatches recorded in order into one command buffer (the table is
 //! in the parent module's documentation) and the wanted logits read back.
 
-use super::{DevNorm, Weights, WgpuKvPool, WgpuModel, PASS_TOKENS};
+use super::{DevNorm, Weights, WgpuModel, PASS_TOKENS};
 use crate::backend::{Batch, StepProfile};
 use crate::error::{Error, Result};
 use crate::wgpu::context::Gpu;
+use crate::wgpu::kv_pool::WgpuKvPool;
 use crate::wgpu::model::FfnIn;
-use crate::wgpu::shaders::Kernel;
+use crate::wgpu::shaders::{Kernel, Variant};
 use crate::wgpu::step::{Step, P};
 use crate::wgpu::weights::{
     binding_limit, fused_glu, record_glu, record_matvec, record_matvec_rows, DevWeight, ProductIo,
 };
+use crate::KvTypes;
 
 /// Buffers of passes of up to `cap` tokens over pools of up to `n_ctx`
 /// positions, allocated once per capacity.
@@ -217,7 +219,7 @@ fn record<'g>(w: &Weights, s: &Scratch, gpu: &'g Gpu, pool: &WgpuKvPool, n: usiz
             ];
             st.dispatch(
                 Kernel::Embed,
-                Some(w.token_embd.ty),
+                Variant::Weight(w.token_embd.ty),
                 &[(0, &part.buf), (1, &s.ids), (2, &s.x)],
                 3,
                 &params,
@@ -230,6 +232,9 @@ fn record<'g>(w: &Weights, s: &Scratch, gpu: &'g Gpu, pool: &WgpuKvPool, n: usiz
             mv(&mut st, &l.wq, &s.h, &s.q, n, 0.0)?;
             mv(&mut st, &l.wk, &s.h, &s.k, n, 0.0)?;
             mv(&mut st, &l.wv, &s.h, &s.v, n, 0.0)?;
+            // The layer's K and V layouts, and the kernels composed for them.
+            let (kl, vl) = pool.layouts[li];
+            let kv = Variant::Kv(KvTypes { k: kl.ty, v: vl.ty });
             let flags = l.bias.is_some() as u32 | (l.q_norm.is_some() as u32) << 1 | (l.k_norm.is_some() as u32) << 2;
             let dummy = &gpu.dummy;
             let rope = [
@@ -244,6 +249,12 @@ fn record<'g>(w: &Weights, s: &Scratch, gpu: &'g Gpu, pool: &WgpuKvPool, n: usiz
                 P::F(l.freq_scale),
                 P::F(l.q_norm.as_ref().map_or(0.0, |n| n.eps)),
                 P::F(l.k_norm.as_ref().map_or(0.0, |n| n.eps)),
+                P::U(u(kl.row_words)?),
+                P::U(u(vl.row_words)?),
+                P::U(u(kl.rot)?),
+                P::U(u(vl.rot)?),
+                P::F(kl.rot_scale),
+                P::F(vl.rot_scale),
             ];
             let bufs = [
                 (0, &s.q),
@@ -257,7 +268,7 @@ fn record<'g>(w: &Weights, s: &Scratch, gpu: &'g Gpu, pool: &WgpuKvPool, n: usiz
                 (8, &s.pos),
                 (9, &s.slot),
             ];
-            st.dispatch(Kernel::Rope, Some(pool.elem), &bufs, 10, &rope, [u(l.n_head + 2 * l.n_kv)?, nt, 1])?;
+            st.dispatch(Kernel::Rope, kv, &bufs, 10, &rope, [u(l.n_head + 2 * l.n_kv)?, nt, 1])?;
             let attn = [
                 P::U(u(l.n_head)?),
                 P::U(u(l.n_kv)?),
@@ -266,6 +277,10 @@ fn record<'g>(w: &Weights, s: &Scratch, gpu: &'g Gpu, pool: &WgpuKvPool, n: usiz
                 P::U(l.window),
                 P::F(l.scale),
                 P::F(l.softcap),
+                P::U(u(kl.row_words)?),
+                P::U(u(vl.row_words)?),
+                P::U(u(vl.rot)?),
+                P::F(vl.rot_scale),
             ];
             let bufs = [
                 (0, &s.q),
@@ -276,13 +291,20 @@ fn record<'g>(w: &Weights, s: &Scratch, gpu: &'g Gpu, pool: &WgpuKvPool, n: usiz
                 (5, &s.pos),
                 (6, &s.slot),
             ];
-            st.dispatch(Kernel::Attention, Some(pool.elem), &bufs, 7, &attn, [u(l.n_head)?, nt, 1])?;
+            st.dispatch(Kernel::Attention, kv, &bufs, 7, &attn, [u(l.n_head)?, nt, 1])?;
             mv(&mut st, &l.wo, &s.attn, &s.o, n, 0.0)?;
             record_norm(&mut st, s, e, nt, Some(&s.o), l.post_attn_norm.as_ref(), &l.ffn_norm)?;
             let n_ff = l.down.cols;
             let ew = |st: &mut Step<'g>, k: Kernel, bufs: &[(u32, &wgpu::Buffer)]| {
                 let [gx, gy] = st.grid((n * n_ff).div_ceil(64));
-                st.dispatch(k, None, bufs, 3, &[P::U(u(n * n_ff)?), P::U(l.gelu as u32), P::U(0)], [gx, gy, 1])
+                st.dispatch(
+                    k,
+                    Variant::Plain,
+                    bufs,
+                    3,
+                    &[P::U(u(n * n_ff)?), P::U(l.gelu as u32), P::U(0)],
+                    [gx, gy, 1],
+                )
             };
             let io = |y| ProductIo { x: &s.h, x_off: 0, x_stride: e, n_tok: n, y, y_off: 0, y_stride: n_ff, cap: 0.0 };
             match &l.ffn_in {
@@ -311,7 +333,14 @@ fn record<'g>(w: &Weights, s: &Scratch, gpu: &'g Gpu, pool: &WgpuKvPool, n: usiz
         if n_out > 0 {
             let [gx, gy] = st.grid((n_out * e).div_ceil(64));
             let params = [P::U(u(n_out * e)?), P::U(0), P::U(u(e)?)];
-            st.dispatch(Kernel::Gather, None, &[(0, &s.h), (1, &s.out_h), (2, &s.out_idx)], 3, &params, [gx, gy, 1])?;
+            st.dispatch(
+                Kernel::Gather,
+                Variant::Plain,
+                &[(0, &s.h), (1, &s.out_h), (2, &s.out_idx)],
+                3,
+                &params,
+                [gx, gy, 1],
+            )?;
             mv(&mut st, &w.output, &s.out_h, &s.logits, n_out, w.final_softcap)?;
         }
         Ok(st)
@@ -349,7 +378,7 @@ fn record_norm(
         (4, norm.b.as_ref().unwrap_or(dummy)),
         (5, &s.h),
     ];
-    st.dispatch(Kernel::ResidualNorm, None, &bufs, 6, &params, [nt, 1, 1])
+    st.dispatch(Kernel::ResidualNorm, Variant::Plain, &bufs, 6, &params, [nt, 1, 1])
 }
 
 /// Times each dispatch of `step` and adds it to `prof` under its tag: on

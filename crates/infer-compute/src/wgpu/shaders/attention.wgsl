@@ -5,9 +5,13 @@
 //   out = Σ_p softmax(s)_p · v_p.
 // Three phases: scores into `scores` (this workgroup's row of n_ctx) with
 // the running maximum, exponentials and their sum, then each invocation
-// sums its pairs of dimensions of out over the positions. The cache's
-// element type comes from the `kv/` file composed in front (`KvPair`: two
-// values); arithmetic in f32.
+// sums its pairs of dimensions of out over the positions. The caches'
+// types come from the `kv/` files composed in front (`k_head`, `k_load2`;
+// `v_head`, `v_load2`: rows of k_row and v_row words); arithmetic in f32.
+// The rows of a quantized cache are read as stored, rotated (the queries
+// were rotated alike by `rope`); values rotated by V's Hadamard block
+// v_rot sum to a rotated output, which is rotated back at the end
+// (`kv/rotation.wgsl`; H/√n is its own inverse).
 
 // Invocations per workgroup (the reductions' size too).
 const WG: u32 = 64u;
@@ -20,11 +24,17 @@ struct Params {
     window: u32,
     scale: f32,
     softcap: f32,
+    // Words of a K (V) cache row.
+    k_row: u32,
+    v_row: u32,
+    // V's Hadamard block (0: none) and its scale 1/√n.
+    v_rot: u32,
+    v_rs: f32,
 }
 
 @group(0) @binding(0) var<storage, read> q: array<f32>;
-@group(0) @binding(1) var<storage, read> kc: array<KvPair>;
-@group(0) @binding(2) var<storage, read> vc: array<KvPair>;
+@group(0) @binding(1) var<storage, read> k_cache: array<u32>;
+@group(0) @binding(2) var<storage, read> v_cache: array<u32>;
 @group(0) @binding(3) var<storage, read_write> scores: array<f32>;
 @group(0) @binding(4) var<storage, read_write> out: array<f32>;
 @group(0) @binding(5) var<storage, read> tok_pos: array<u32>;
@@ -46,14 +56,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
         lo = pos + 1u - p.window;
     }
     let qb = (t * p.n_head + h) * hd;
-    let cache0 = slot * p.n_ctx * kv_dim + kvh * hd;
+    let row0 = slot * p.n_ctx;
     let srow = (t * p.n_head + h) * p.n_ctx;
     var m = -3.0e38;
     for (var j = lo + lid; j <= pos; j += WG) {
-        let kb = (cache0 + j * kv_dim) / 2u;
+        let kh = k_head((row0 + j) * p.k_row, kvh, hd, kv_dim);
         var s = 0.0;
         for (var d = 0u; d < hd / 2u; d++) {
-            let kk = kv_unpack(kc[kb + d]);
+            let kk = k_load2(kh, d);
             s += q[qb + 2u * d] * kk.x + q[qb + 2u * d + 1u] * kk.y;
         }
         s *= p.scale;
@@ -76,9 +86,22 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
     for (var d = lid; d < hd / 2u; d += WG) {
         var acc = vec2<f32>(0.0);
         for (var j = lo; j <= pos; j++) {
-            acc += scores[srow + j] * kv_unpack(vc[(cache0 + j * kv_dim) / 2u + d]);
+            acc += scores[srow + j] * v_load2(v_head((row0 + j) * p.v_row, kvh, hd, kv_dim), d);
         }
-        out[qb + 2u * d] = acc.x * inv;
-        out[qb + 2u * d + 1u] = acc.y * inv;
+        acc *= inv;
+        if p.v_rot == 0u {
+            out[qb + 2u * d] = acc.x;
+            out[qb + 2u * d + 1u] = acc.y;
+        } else {
+            head_buf[2u * d] = acc.x;
+            head_buf[2u * d + 1u] = acc.y;
+        }
+    }
+    if p.v_rot > 0u {
+        workgroupBarrier();
+        hadamard(p.v_rot, p.v_rs, hd, lid);
+        for (var i = lid; i < hd; i += WG) {
+            out[qb + i] = head_buf[i];
+        }
     }
 }

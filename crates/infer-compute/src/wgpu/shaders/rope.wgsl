@@ -4,10 +4,14 @@
 // and k (Gemma 3, Qwen3), RoPE of q and k (Su et al. 2021, as ggml:
 // θ_i = freq_scale · pos · base^(−2i/n_rot), pairs (2i, 2i+1) or NeoX
 // (i, i + n_rot/2), dimensions past n_rot unrotated), then q in place and
-// k, v into the token's slot of the KV cache at its position.
+// k, v into the token's slot of the KV cache at its position. A quantized
+// cache is stored rotated (`kv/rotation.wgsl`: H/√n on blocks of n
+// values): its k heads and the q heads that meet them by K's block, its v
+// heads by V's; a block of 0 leaves the head as computed.
 //
-// Cache layout: [n_slots][n_ctx][n_head_kv][head_dim] of the element type
-// of the `kv/` file composed in front (`KvPair`: two values).
+// Cache layout: [n_slots][n_ctx] rows of k_row (v_row) words, a row
+// holding a position's n_head_kv heads in the types of the `kv/` files
+// composed in front (`k_head`, `k_store`; `v_head`, `v_store`).
 
 // Invocations per workgroup (the reductions' size too).
 const WG: u32 = 64u;
@@ -24,6 +28,15 @@ struct Params {
     freq_scale: f32,
     qn_eps: f32,
     kn_eps: f32,
+    // Words of a K (V) cache row.
+    k_row: u32,
+    v_row: u32,
+    // The Hadamard blocks of K (and q) and of V (0: none), and their
+    // scales 1/√n.
+    k_rot: u32,
+    v_rot: u32,
+    k_rs: f32,
+    v_rs: f32,
 }
 
 // flags: 1 bias, 2 q norm, 4 k norm
@@ -33,16 +46,14 @@ struct Params {
 @group(0) @binding(3) var<storage, read> bias: array<f32>;
 @group(0) @binding(4) var<storage, read> qn_w: array<f32>;
 @group(0) @binding(5) var<storage, read> kn_w: array<f32>;
-@group(0) @binding(6) var<storage, read_write> kc: array<KvPair>;
-@group(0) @binding(7) var<storage, read_write> vc: array<KvPair>;
+@group(0) @binding(6) var<storage, read_write> k_cache: array<u32>;
+@group(0) @binding(7) var<storage, read_write> v_cache: array<u32>;
 @group(0) @binding(8) var<storage, read> tok_pos: array<u32>;
 @group(0) @binding(9) var<storage, read> tok_slot: array<u32>;
 @group(0) @binding(10) var<uniform> p: Params;
 
-const MAX_HD: u32 = 512u;
+// The head's values before RoPE (its final ones go to head_buf).
 var<workgroup> hv: array<f32, MAX_HD>;
-// A k or v head's final values, packed in pairs into the cache.
-var<workgroup> out_kv: array<f32, MAX_HD>;
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
@@ -107,11 +118,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
     let pos = tok_pos[t];
     let slot = tok_slot[t];
     let half_rot = p.n_rot / 2u;
-    var dst = 0u;
-    if !is_q {
-        let kvh = select(head - p.n_head - p.n_kv, head - p.n_head, is_k);
-        dst = (slot * p.n_ctx + pos) * kv_dim + kvh * hd;
-    }
     for (var i = lid; i < hd; i += WG) {
         var val = hv[i];
         if (is_q || is_k) && i < p.n_rot {
@@ -131,21 +137,23 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
             let theta = p.freq_scale * f32(pos) * pow(p.theta_scale, f32(pair));
             val = hv[i] * cos(theta) + sign * hv[other] * sin(theta);
         }
-        if is_q {
-            q[src + i] = val;
-        } else {
-            out_kv[i] = val;
-        }
+        head_buf[i] = val;
     }
     workgroupBarrier();
-    if !is_q {
-        for (var i = lid; i < hd / 2u; i += WG) {
-            let pair = kv_pack(vec2<f32>(out_kv[2u * i], out_kv[2u * i + 1u]));
-            if is_k {
-                kc[dst / 2u + i] = pair;
-            } else {
-                vc[dst / 2u + i] = pair;
-            }
+    // Into the cache's basis (uniform: the workgroup's head decides).
+    if is_q || is_k {
+        hadamard(p.k_rot, p.k_rs, hd, lid);
+    } else {
+        hadamard(p.v_rot, p.v_rs, hd, lid);
+    }
+    let row = slot * p.n_ctx + pos;
+    if is_q {
+        for (var i = lid; i < hd; i += WG) {
+            q[src + i] = head_buf[i];
         }
+    } else if is_k {
+        k_store(k_head(row * p.k_row, head - p.n_head, hd, kv_dim), hd, lid);
+    } else {
+        v_store(v_head(row * p.v_row, head - p.n_head - p.n_kv, hd, kv_dim), hd, lid);
     }
 }
