@@ -33,6 +33,16 @@
 //! slot's exact rows, so a prompt prefilled in any chunks, and the same
 //! tokens decoded one by one, store the same bits; truncating a slot below
 //! `n_exact` and writing again sets the centre again from the new rows.
+//! Each slot also keeps its last `window = min(TQ_WINDOW, n_ctx)` rows in
+//! f16, a ring (`[n_slots][window][kv_dim]`, position `p` at `p % window`,
+//! each entry tagged with the position it holds): attention reads a row
+//! within the window of its query from there ([`KvData::recent_row_to_f32`],
+//! [`super::tq_window`]), older rows from their codes. The ring takes a
+//! span's rows after the span's attention ([`KvBuf::keep_recent`]). A row
+//! whose entry another position took before a truncation, or that a copy
+//! of positions did not bring along, is read from its code: a slot
+//! truncated to `n` then reads rows `n − window ..` that it had already
+//! passed as a cache without the window would, until they leave the window.
 //! A cache made by [`KvBuf::zeroed`] has no slots: every row is coded as
 //! it is.
 
@@ -42,7 +52,7 @@ use half::f16;
 
 use crate::cpu::tq;
 use crate::error::Result;
-use crate::kv_type::{KvCacheType, TQ_CENTRE_FROM, TQ_EXACT_POSITIONS, TQ_REFINE_PASSES};
+use crate::kv_type::{KvCacheType, TQ_CENTRE_FROM, TQ_EXACT_POSITIONS, TQ_REFINE_PASSES, TQ_WINDOW};
 use crate::quant::float::f32_to_f16;
 use crate::quant::{BlockFormat, BlockQ4_0, BlockQ8_0, QK};
 use crate::turboquant::TurboQuant;
@@ -76,6 +86,15 @@ pub struct TqCache {
     /// Positions per slot (0: no slots, every row coded as it is).
     slot_rows: usize,
     kv_dim: usize,
+    /// The recent rows in f16, a ring per slot: `[n_slots][window][kv_dim]`,
+    /// position `p` at `p % window` once [`KvBuf::keep_recent`] wrote it.
+    ring: Vec<f16>,
+    /// `[n_slots][window]`: the position whose row each ring entry holds
+    /// (`usize::MAX`: none).
+    ring_pos: Vec<usize>,
+    /// Positions within which of a query attention reads a row from the
+    /// ring ([`TQ_WINDOW`], at most `n_ctx`; 0 for a cache without slots).
+    window: usize,
 }
 
 /// A borrowed [`TqCache`]: heads `first .. first + n` of it (head `h` of
@@ -86,6 +105,9 @@ pub struct TqData<'a> {
     codes: &'a [u8],
     exact: &'a [f16],
     centre: &'a [f32],
+    ring: &'a [f16],
+    ring_pos: &'a [usize],
+    window: usize,
     /// Heads per slot (0: no slots, nothing exact nor centred).
     slot_heads: usize,
     /// Heads of a slot's exact rows.
@@ -133,6 +155,9 @@ impl KvBuf {
                     n_exact: 0,
                     slot_rows: 0,
                     kv_dim: 0,
+                    ring: Vec::new(),
+                    ring_pos: Vec::new(),
+                    window: 0,
                 })
             }
         })
@@ -169,6 +194,10 @@ impl KvBuf {
             if TQ_CENTRE_FROM < n_exact {
                 c.centre = crate::memory::zeroed(n_slots * kv_dim, what)?;
             }
+            c.window = TQ_WINDOW.min(n_ctx);
+            c.ring = crate::memory::zeroed(n_slots * c.window * kv_dim, what)?;
+            c.ring_pos = crate::memory::zeroed(n_slots * c.window, what)?;
+            c.ring_pos.fill(usize::MAX);
         }
         Ok(b)
     }
@@ -201,6 +230,9 @@ impl KvBuf {
                     codes: &c.codes,
                     exact: &c.exact,
                     centre: &c.centre,
+                    ring: &c.ring,
+                    ring_pos: &c.ring_pos,
+                    window: c.window,
                     slot_heads,
                     exact_heads: c.n_exact * c.kv_dim / hd,
                     n_head_kv: c.kv_dim / hd,
@@ -254,10 +286,59 @@ impl KvBuf {
                     if !c.centre.is_empty() {
                         c.centre.copy_within(from * c.kv_dim..(from + 1) * c.kv_dim, to * c.kv_dim);
                     }
+                    // Ring entries of copied positions; the others emptied.
+                    let (w, kvd) = (c.window, c.kv_dim);
+                    for i in 0..w {
+                        let p = c.ring_pos[from * w + i];
+                        let keep = p < n / kvd;
+                        c.ring_pos[to * w + i] = if keep { p } else { usize::MAX };
+                        if keep {
+                            c.ring.copy_within((from * w + i) * kvd..(from * w + i + 1) * kvd, (to * w + i) * kvd);
+                        }
+                    }
                 }
             }
         }
     }
+}
+
+impl KvBuf {
+    /// Positions within which of a query attention reads a row exact, from
+    /// the recent rows ([`KvBuf::keep_recent`]): [`TQ_WINDOW`] (at most
+    /// `n_ctx`) for a TurboQuant cache with slots, else 0 (every row read
+    /// as stored).
+    pub fn window(&self) -> usize {
+        match self {
+            KvBuf::Tq(c) => c.window,
+            _ => 0,
+        }
+    }
+
+    /// Keeps `x` (position `pos` of `slot`'s row, as given to
+    /// [`KvBuf::write_row`]) among the slot's recent rows in f16, replacing
+    /// position `pos - window`'s. No-op without a window.
+    ///
+    /// Attention reads the ring as it was before a chunk's rows are kept:
+    /// the caller keeps a span's rows after the span's attention
+    /// ([`super::tq_window`]).
+    pub fn keep_recent(&mut self, slot: usize, pos: usize, x: &[f32]) {
+        let KvBuf::Tq(c) = self else { return };
+        if c.window == 0 {
+            return;
+        }
+        let (w, kvd) = (c.window, c.kv_dim);
+        let i = slot * w + pos % w;
+        c.ring_pos[i] = pos;
+        for (o, &v) in c.ring[i * kvd..][..kvd].iter_mut().zip(x) {
+            *o = f32_to_f16(v.clamp(-65504.0, 65504.0));
+        }
+    }
+}
+
+/// `x` as a row of f16 cache stores and reads it (saturated at ±65 504,
+/// NaN kept): the value attention reads of a recent row.
+pub fn round_f16(x: f32) -> f32 {
+    f32_to_f16(x.clamp(-65504.0, 65504.0)).to_f32()
 }
 
 impl TqCache {
@@ -410,6 +491,29 @@ impl<'a> KvData<'a> {
             KvData::Q4_0(c) => BlockQ4_0::dequantize_row(&c[at / QK..(at + n) / QK], out),
             KvData::Tq(d) => tq_to_f32(&d, at, out),
         }
+    }
+}
+
+impl KvData<'_> {
+    /// Row `pos` of `slot` (`n_ctx` positions per slot) as attention reads
+    /// it for a query within the window of it: from the ring where it holds
+    /// that position ([`KvBuf::keep_recent`]), else as stored
+    /// ([`KvData::to_f32`]: a row that left the ring before a truncation or
+    /// a copy of positions is read from its code). Views of a whole cache
+    /// only.
+    pub fn recent_row_to_f32(&self, slot: usize, n_ctx: usize, pos: usize, out: &mut [f32]) {
+        use half::slice::HalfFloatSliceExt;
+        let kvd = out.len();
+        if let KvData::Tq(d) = self {
+            if d.window > 0 {
+                let i = slot * d.window + pos % d.window;
+                if d.ring_pos[i] == pos {
+                    d.ring[i * kvd..][..kvd].convert_to_f32_slice(out);
+                    return;
+                }
+            }
+        }
+        self.to_f32((slot * n_ctx + pos) * kvd, out);
     }
 }
 

@@ -18,6 +18,7 @@ pub mod packed;
 pub mod simd;
 pub mod team;
 pub mod tq;
+mod tq_window;
 pub(crate) mod weight;
 
 use std::sync::Arc;

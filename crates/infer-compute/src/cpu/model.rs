@@ -315,9 +315,15 @@ impl CpuModel {
             let p = ops::AttnParams::from_layer(l);
             let attn = fit(&mut b.attn, n * qd)?;
             let scores = fit(&mut b.scores, if n == 1 { l.n_head * n_ctx } else { 0 })?;
-            let (kp, vp) = (pool.k[li].view(), pool.v[li].view());
+            let windowed = pool.k[li].window() > 0 || pool.v[li].window() > 0;
+            let (kl, vl) = (&mut pool.k[li], &mut pool.v[li]);
             timed(prof, "attention", "", || {
-                attend(par, q, (kp, vp), slot_len, (slot, pos), spans, &p, scores, attn);
+                if windowed {
+                    let fresh = (&kk[..n * kvd], &v[..n * kvd]);
+                    super::tq_window::attend_windowed(par, q, (kl, vl), fresh, n_ctx, spans, &p, attn);
+                } else {
+                    attend(par, q, (kl.view(), vl.view()), slot_len, (slot, pos), spans, &p, scores, attn);
+                }
                 // Rotated values sum to a rotated output: back to the model's basis.
                 if let Some(r) = &pool.v_rot[li] {
                     r.unrotate(attn);
@@ -656,7 +662,11 @@ mod tq_cache_tests {
     /// and token by token stores the same bits, on the Llama, Gemma 3 and
     /// Gemma 2 (soft-capped) shapes; the last token's logits then differ
     /// only by the attention kernels' rounding (each chunking runs other
-    /// kernels: 2.4e-7 at most seen, on the single-token one).
+    /// kernels: 2.4e-7 at most seen, on the single-token one). 40
+    /// positions are all inside the recent window; the merge of recent and
+    /// older rows is `cpu::tq_window`'s test (past the window, a chunking's
+    /// rounding can move one value across a code boundary, and such a
+    /// flip carries through the later layers of a random model).
     #[test]
     fn a_turboquant_cache_stores_the_same_bits_in_any_chunks() {
         let b = CpuBackend::new();

@@ -89,9 +89,29 @@ pub fn attention_tiled_on(
     p: &AttnParams,
     out: &mut [f32],
 ) {
+    attention_tiled_lse(par, q, k, v, pos0, n_tok, p, out, None);
+}
+
+/// [`attention_tiled_on`], and with `lse` (`[n_tok, n_head]`) each row's
+/// log-sum-exp of its logits, `ln Σ_j e^(l_j)` (`-inf` for a row that sees
+/// no key, whose output is then 0): what merging this output with another
+/// part of the same softmax needs ([`merge_lse`]).
+#[allow(clippy::too_many_arguments)]
+pub fn attention_tiled_lse(
+    par: Par<'_>,
+    q: &[f32],
+    k: KvData<'_>,
+    v: KvData<'_>,
+    pos0: usize,
+    n_tok: usize,
+    p: &AttnParams,
+    out: &mut [f32],
+    mut lse: Option<&mut [f32]>,
+) {
     let qd = p.q_dim();
     debug_assert_eq!(q.len(), n_tok * qd);
     debug_assert_eq!(out.len(), n_tok * qd);
+    debug_assert!(lse.as_ref().is_none_or(|l| l.len() == n_tok * p.n_head));
     debug_assert!(k.len() >= (pos0 + n_tok) * p.kv_dim() && v.len() == k.len(), "cache too short");
     if n_tok == 0 {
         return;
@@ -104,7 +124,7 @@ pub fn attention_tiled_on(
         fit(staging, n_tasks * task_len);
         let staging = &mut staging[..n_tasks * task_len];
         par.for_each_chunk_mut(staging, task_len, |i, buf| job.run(i, buf));
-        job.merge(staging, task_len, out);
+        job.merge(staging, task_len, out, lse.as_deref_mut());
     };
     // A rayon thread that waits inside this call may run another one (work
     // stealing); that nested call takes a buffer of its own.
@@ -405,7 +425,7 @@ impl Job<'_> {
     /// `out`: per row, the splits weighted by `e^(m_s - M)`, `M` the
     /// largest `m_s`, over the same-weighted sum of their `l_s` (one split:
     /// `O / l`).
-    fn merge(&self, staging: &[f32], task_len: usize, out: &mut [f32]) {
+    fn merge(&self, staging: &[f32], task_len: usize, out: &mut [f32], mut lse: Option<&mut [f32]>) {
         let p = self.p;
         let (hd, qd) = (p.head_dim, p.q_dim());
         let group = p.n_head / p.n_head_kv;
@@ -437,12 +457,44 @@ impl Job<'_> {
                         *d += w * x;
                     }
                 }
-                let inv = 1.0 / total;
+                // A row that sees no key (only in a part of a softmax
+                // split by the caller) is 0, not 0/0.
+                let inv = if total > 0.0 { 1.0 / total } else { 0.0 };
                 for d in dst.iter_mut() {
                     *d *= inv;
                 }
+                if let Some(lse) = lse.as_deref_mut() {
+                    lse[t * p.n_head + h] = if total > 0.0 { big + total.ln() } else { f32::NEG_INFINITY };
+                }
             }
         }
+    }
+}
+
+/// Merges two parts of one softmax attention over disjoint key sets: `a`
+/// becomes, row by row (`head_dim` values, `lse_a[r]` its log-sum-exp from
+/// [`attention_tiled_lse`]), the output over both key sets,
+/// `(e^(lse_a − M) · a + e^(lse_b − M) · b) / (e^(lse_a − M) + e^(lse_b − M))`
+/// with `M` the larger log-sum-exp; a part that saw no key (`-inf`) has
+/// weight 0. `lse_a` becomes the merged log-sum-exp.
+///
+/// Contract (debug-asserted): `a.len() == b.len() == lse_a.len() · head_dim`,
+/// `lse_b.len() == lse_a.len()`.
+pub fn merge_lse(a: &mut [f32], lse_a: &mut [f32], b: &[f32], lse_b: &[f32], head_dim: usize) {
+    debug_assert!(a.len() == b.len() && a.len() == lse_a.len() * head_dim && lse_b.len() == lse_a.len());
+    for (((a, la), b), &lb) in
+        a.chunks_exact_mut(head_dim).zip(lse_a.iter_mut()).zip(b.chunks_exact(head_dim)).zip(lse_b)
+    {
+        let big = la.max(lb);
+        if big == f32::NEG_INFINITY {
+            continue; // neither part sees a key: 0 stays 0
+        }
+        let (wa, wb) = ((*la - big).exp(), (lb - big).exp());
+        let inv = 1.0 / (wa + wb);
+        for (x, &y) in a.iter_mut().zip(b) {
+            *x = (wa * *x + wb * y) * inv;
+        }
+        *la = big + (wa + wb).ln();
     }
 }
 
