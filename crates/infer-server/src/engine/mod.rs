@@ -141,6 +141,10 @@ fn run(engine: &mut Engine<'_>, rx: &Receiver<GenRequest>) {
     }
 }
 
+/// Rows of a step from which sampling, detokenizing and stop strings run
+/// on the thread pool rather than on the engine's thread.
+const PAR_MIN_ROWS: usize = 4;
+
 /// One token range of a step's batch: `active[index]`'s tokens
 /// `start..start + len` of the batch, and whether its last one's logits
 /// come back.
@@ -399,19 +403,21 @@ impl<'t> Engine<'t> {
             }
         }
         let (tokenizer, metrics, top) = (self.tokenizer, &self.metrics, &self.top);
-        let done: Vec<usize> = self
-            .active
-            .par_iter_mut()
-            .enumerate()
-            .filter_map(|(i, a)| {
-                let r = row_of[i]?;
-                let done = match logits {
-                    Some(l) => a.on_logits(&l[r * n_vocab..(r + 1) * n_vocab], tokenizer, metrics),
-                    None => a.on_top(top.row(r), tokenizer, metrics),
-                };
-                done.then_some(i)
-            })
-            .collect();
+        let one = |(i, a): (usize, &mut Active)| {
+            let r = row_of[i]?;
+            let done = match logits {
+                Some(l) => a.on_logits(&l[r * n_vocab..(r + 1) * n_vocab], tokenizer, metrics),
+                None => a.on_top(top.row(r), tokenizer, metrics),
+            };
+            done.then_some(i)
+        };
+        // Few rows run on this thread: handing them to the pool costs a
+        // wake-up of its threads per step, about what a row's work is.
+        let done: Vec<usize> = if row >= PAR_MIN_ROWS {
+            self.active.par_iter_mut().enumerate().filter_map(&one).collect()
+        } else {
+            self.active.iter_mut().enumerate().filter_map(&one).collect()
+        };
         self.remove(done, false);
         true
     }
