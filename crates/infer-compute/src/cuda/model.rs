@@ -482,14 +482,18 @@ impl CudaModel {
     /// Buffers for passes of `n_tok` tokens with `n_out` wanted rows over a
     /// pool of `n_split` attention splits (reallocated, and the captured
     /// graphs dropped, only when they are too small or the splits differ).
+    /// They grow to the next power of two: a server's prompts of varying
+    /// lengths would otherwise reallocate every buffer (and capture its
+    /// graphs again) at each longest prompt so far, inside that request's
+    /// time to first token.
     fn ensure_buffers(&mut self, n_tok: usize, n_out: usize, n_split: usize) -> Result<()> {
         if let Some(b) = &self.bufs {
             if b.cap >= n_tok && b.out_cap >= n_out && b.n_split == n_split {
                 return Ok(());
             }
         }
-        let cap = n_tok.max(self.bufs.as_ref().map_or(1, |b| b.cap));
-        let out_cap = n_out.max(self.bufs.as_ref().map_or(1, |b| b.out_cap));
+        let cap = n_tok.next_power_of_two().max(self.bufs.as_ref().map_or(1, |b| b.cap));
+        let out_cap = n_out.next_power_of_two().max(self.bufs.as_ref().map_or(1, |b| b.out_cap));
         self.generation += 1;
         self.graphs.clear();
         self.bufs = None;
