@@ -37,7 +37,7 @@
 //! f16, a ring (`[n_slots][window][kv_dim]`, position `p` at `p % window`,
 //! each entry tagged with the position it holds): attention reads a row
 //! within the window of its query from there ([`KvData::recent_row_to_f32`],
-//! [`super::tq_window`]), older rows from their codes. The ring takes a
+//! `cpu::tq_window`), older rows from their codes. The ring takes a
 //! span's rows after the span's attention ([`KvBuf::keep_recent`]). A row
 //! whose entry another position took before a truncation, or that a copy
 //! of positions did not bring along, is read from its code: a slot
@@ -320,7 +320,7 @@ impl KvBuf {
     ///
     /// Attention reads the ring as it was before a chunk's rows are kept:
     /// the caller keeps a span's rows after the span's attention
-    /// ([`super::tq_window`]).
+    /// (`cpu::tq_window`).
     pub fn keep_recent(&mut self, slot: usize, pos: usize, x: &[f32]) {
         let KvBuf::Tq(c) = self else { return };
         if c.window == 0 {

@@ -12,7 +12,7 @@
 //! K's type and V's type, each its layout and reads (`kv/<type>.wgsl`)
 //! and, when written, its store (`kv/<type>_store.wgsl`). A type's files
 //! are composed once per role, their `KV_` prefix replaced by `k_` or
-//! `v_` ([`role_source`]), so keys and values of two types meet in one
+//! `v_` (`role_source`), so keys and values of two types meet in one
 //! kernel.
 //!
 //! The reductions (`wg_sum`, `wg_max`, and the `Lanes` builtins struct) come
