@@ -253,13 +253,7 @@ impl KvBuf {
         debug_assert!(at.is_multiple_of(QK) || matches!(self, KvBuf::F32(_) | KvBuf::F16(_)));
         match self {
             KvBuf::F32(c) => c[at..at + x.len()].copy_from_slice(x),
-            KvBuf::F16(c) => {
-                // Saturated at ±65 504, where ggml stores ±inf (whose
-                // attention scores become inf - inf = NaN); NaN stays NaN.
-                for (o, &v) in c[at..at + x.len()].iter_mut().zip(x) {
-                    *o = f32_to_f16(v.clamp(-65504.0, 65504.0));
-                }
-            }
+            KvBuf::F16(c) => c[at..at + x.len()].iter_mut().zip(x).for_each(|(o, &v)| *o = f16_sat(v)),
             KvBuf::Q8_0(c) => BlockQ8_0::quantize_row_ref(x, &mut c[at / QK..(at + x.len()) / QK]),
             KvBuf::Q4_0(c) => BlockQ4_0::quantize_row_ref(x, &mut c[at / QK..(at + x.len()) / QK]),
             KvBuf::Tq(c) => c.write_row(at, x),
@@ -300,9 +294,7 @@ impl KvBuf {
             }
         }
     }
-}
 
-impl KvBuf {
     /// Positions within which of a query attention reads a row exact, from
     /// the recent rows ([`KvBuf::keep_recent`]): [`TQ_WINDOW`] (at most
     /// `n_ctx`) for a TurboQuant cache with slots, else 0 (every row read
@@ -329,16 +321,21 @@ impl KvBuf {
         let (w, kvd) = (c.window, c.kv_dim);
         let i = slot * w + pos % w;
         c.ring_pos[i] = pos;
-        for (o, &v) in c.ring[i * kvd..][..kvd].iter_mut().zip(x) {
-            *o = f32_to_f16(v.clamp(-65504.0, 65504.0));
-        }
+        c.ring[i * kvd..][..kvd].iter_mut().zip(x).for_each(|(o, &v)| *o = f16_sat(v));
     }
 }
 
-/// `x` as a row of f16 cache stores and reads it (saturated at ±65 504,
-/// NaN kept): the value attention reads of a recent row.
+/// `x` as an f16 row of a cache stores it: saturated at ±65 504, where
+/// ggml stores ±inf (whose attention scores become inf − inf = NaN); NaN
+/// stays NaN.
+fn f16_sat(x: f32) -> f16 {
+    f32_to_f16(x.clamp(-65504.0, 65504.0))
+}
+
+/// `x` as a row of f16 cache stores and reads it ([`f16_sat`]): the value
+/// attention reads of a recent row.
 pub fn round_f16(x: f32) -> f32 {
-    f32_to_f16(x.clamp(-65504.0, 65504.0)).to_f32()
+    f16_sat(x).to_f32()
 }
 
 impl TqCache {
@@ -363,9 +360,7 @@ impl TqCache {
         let (slot, pos) = (row / self.slot_rows, row % self.slot_rows);
         if pos < self.n_exact {
             let e = &mut self.exact[slot * self.n_exact * kvd..][..self.n_exact * kvd];
-            for (o, &v) in e[pos * kvd..][..kvd].iter_mut().zip(x) {
-                *o = f32_to_f16(v.clamp(-65504.0, 65504.0));
-            }
+            e[pos * kvd..][..kvd].iter_mut().zip(x).for_each(|(o, &v)| *o = f16_sat(v));
             if pos + 1 == self.n_exact && !self.centre.is_empty() {
                 let c = &mut self.centre[slot * kvd..][..kvd];
                 c.fill(0.0);
@@ -492,9 +487,7 @@ impl<'a> KvData<'a> {
             KvData::Tq(d) => tq_to_f32(&d, at, out),
         }
     }
-}
 
-impl KvData<'_> {
     /// Row `pos` of `slot` (`n_ctx` positions per slot) as attention reads
     /// it for a query within the window of it: from the ring where it holds
     /// that position ([`KvBuf::keep_recent`]), else as stored
