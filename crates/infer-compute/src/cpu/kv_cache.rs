@@ -332,8 +332,8 @@ fn f16_sat(x: f32) -> f16 {
     f32_to_f16(x.clamp(-65504.0, 65504.0))
 }
 
-/// `x` as a row of f16 cache stores and reads it ([`f16_sat`]): the value
-/// attention reads of a recent row.
+/// `x` as a row of f16 cache stores and reads it (saturated at ±65 504,
+/// NaN kept): the value attention reads of a recent row.
 pub fn round_f16(x: f32) -> f32 {
     f16_sat(x).to_f32()
 }
