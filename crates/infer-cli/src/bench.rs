@@ -6,7 +6,10 @@
 //!   each next one the argmax of the logits, by the backend's
 //!   `decode_greedy`: on the CUDA backend the argmax runs on the device and
 //!   only the token comes back), as generated tokens per second; a NaN
-//!   logit fails the test.
+//!   logit fails the test. With `--top-k K` each step is instead
+//!   `forward_top_k` of K candidates, the best one taken (what `infer serve`
+//!   runs for sampled requests: on CUDA the selection runs on the device
+//!   and only the K candidates and the row's statistics come back).
 //!
 //! As llama-bench, `-p`, `-n` and `-t` take lists (`128,512`,
 //! `64-512*2`): for each thread count in turn, every prefill test and then
@@ -31,8 +34,9 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use clap::{Args, ValueEnum};
+use infer_compute::backend::TopK;
 use infer_compute::pipeline::ModelSpec;
-use infer_compute::{DeviceModel, KvPool, KvTypes};
+use infer_compute::{Batch, DeviceModel, KvPool, KvTypes};
 use infer_model::gguf::GgufFile;
 use infer_model::synth::{file_type_name, SynthArch};
 use rand::{Rng, SeedableRng};
@@ -100,6 +104,11 @@ pub struct BenchArgs {
     /// generation steps of each batch size.
     #[arg(long)]
     profile: bool,
+    /// Decode tests step through `forward_top_k` with this many candidates
+    /// (the server's path for sampled requests), taking the best, instead
+    /// of the greedy argmax; the rows are named `tgN top-K`.
+    #[arg(long, value_name = "K", value_parser = clap::value_parser!(u64).range(1..=infer_compute::backend::TOP_K_MAX as u64))]
+    top_k: Option<u64>,
     /// Seed of the prompt's random token ids.
     #[arg(long, value_name = "N", default_value_t = 0, allow_negative_numbers = true, value_parser = at_least::<u64>(0))]
     seed: u64,
@@ -364,13 +373,36 @@ fn time_prefill(model: &mut dyn DeviceModel, depth: &[u32], tokens: &[u32], type
 
 /// Runs the decode test once (`n` steps from BOS, after an untimed
 /// prefill of `depth`); returns nanoseconds.
-fn time_decode(model: &mut dyn DeviceModel, depth: &[u32], bos: u32, n: usize, types: KvTypes) -> CliResult<u64> {
+fn time_decode(
+    model: &mut dyn DeviceModel,
+    depth: &[u32],
+    bos: u32,
+    n: usize,
+    types: KvTypes,
+    top_k: Option<usize>,
+) -> CliResult<u64> {
     let mut kv: Box<dyn KvPool> = model.new_kv_cache_typed(depth.len() + n, types)?;
     fill_depth(model, kv.as_mut(), depth)?;
     let mut token = bos;
+    let mut cands = TopK::new();
     let t0 = Instant::now();
     for pos in depth.len()..depth.len() + n {
-        token = model.decode_greedy(kv.as_mut(), token, pos)?;
+        token = match top_k {
+            None => model.decode_greedy(kv.as_mut(), token, pos)?,
+            Some(k) => {
+                model.forward_top_k(
+                    kv.as_mut(),
+                    &Batch::seq(0, pos, &[token], infer_compute::Out::Last),
+                    k,
+                    &mut cands,
+                )?;
+                let row = cands.row(0);
+                if row.stats.first_nan.is_some() {
+                    return Err("a NaN logit in the decode test".into());
+                }
+                row.ids[0]
+            }
+        };
     }
     Ok(t0.elapsed().as_nanos() as u64)
 }
@@ -545,6 +577,7 @@ pub fn bench(a: BenchArgs) -> CliResult {
         let exact = a.model.precision == PrecisionArg::Exact;
         let bytes_per_token = decode_bytes_per_token(&spec, exact);
         let kv_types = a.cache.types_for(model.as_ref());
+        let top_k = a.top_k.map(|k| k as usize);
         let on_cpu = backend.name() == "cpu";
         let kernels = if on_cpu {
             infer_compute::cpu::Kernels::detect().level().name().to_string()
@@ -620,10 +653,13 @@ pub fn bench(a: BenchArgs) -> CliResult {
                 let n_gen = fit(g, "-n");
                 check_depth(d, n_gen, spec.n_ctx_train)?;
                 let test_time = utc_now();
-                let name = test_name("tg", n_gen, d);
+                let mut name = test_name("tg", n_gen, d);
+                if let Some(k) = top_k {
+                    name += &format!(" top-{k}");
+                }
                 let samples = with_spinner(&format!("{name}, {threads} threads"), || -> CliResult<Vec<u64>> {
-                    time_decode(model.as_mut(), &[], bos, 1, kv_types)?; // warm-up
-                    (0..a.reps).map(|_| time_decode(model.as_mut(), &depth, bos, n_gen, kv_types)).collect()
+                    time_decode(model.as_mut(), &[], bos, 1, kv_types, top_k)?; // warm-up
+                    (0..a.reps).map(|_| time_decode(model.as_mut(), &depth, bos, n_gen, kv_types, top_k)).collect()
                 })?;
                 let r = TestResult { test: name, n_gen, n_depth: d, test_time, ..base.clone() };
                 let mut r = finish(r, n_gen, samples);

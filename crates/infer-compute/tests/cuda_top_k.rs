@@ -44,15 +44,16 @@ fn assert_top_k_equal(what: &str, got: &TopK, want: &TopK) {
 }
 
 /// `CudaBackend::top_k_rows` equals the host reference on rows of 7 to
-/// 128 256 logits (llama 3's vocabulary) for k = 1, 40 and the maximum:
+/// 262 144 logits (Gemma 3's vocabulary) for k = 1, 40 and the maximum:
 /// distinct values, heavy ties (a palette with -0.0 and +0.0), all equal,
 /// fewer finite logits than k, all -inf, two +inf, two NaNs; all rows of a
-/// length in one launch.
+/// length in one launch, and the tied rows alone (a launch of fewer rows
+/// splits each row into more chunks, whose lists then hold the ties).
 fn top_k_rows_equal_the_host_reference() {
     let cuda = cuda_or_skip!();
     let mut rng = StdRng::seed_from_u64(90);
     let palette = [-0.0f32, 0.0, 1.5, 2.25, -3.0, f32::NEG_INFINITY, 4.0];
-    for n in [7usize, 1000, 32_000, 128_256] {
+    for n in [7usize, 1000, 32_000, 128_256, 262_144] {
         let mut rows = vec![rand_vec(&mut rng, n, 12.0)];
         rows.push((0..n).map(|_| palette[rng.gen_range(0..palette.len())]).collect());
         rows.push(vec![0.5; n]);
@@ -73,6 +74,12 @@ fn top_k_rows_equal_the_host_reference() {
             want.fill_from_logits(&flat, n, k).unwrap();
             assert_eq!(got.row(6).stats.first_nan, Some((n / 3) as u32), "rows of {n}, k {k}");
             assert_top_k_equal(&format!("rows of {n}, k {k}"), &got, &want);
+            let ties = &flat[n..3 * n];
+            for one in [ties, &ties[n..]] {
+                cuda.top_k_rows(one, n, k, &mut got).unwrap();
+                want.fill_from_logits(one, n, k).unwrap();
+                assert_top_k_equal(&format!("{} tied rows of {n}, k {k}", one.len() / n), &got, &want);
+            }
         }
     }
     let mut out = TopK::new();

@@ -435,7 +435,8 @@ impl CudaBackend {
         let d = &*self.dev;
         let x = self.upload_f32(logits)?;
         let words = d.zeros::<u32>(rows * ops::top_k_stride(k))?;
-        ops::top_k(d, d.ptr(&x), n_vocab, rows, k, d.ptr(&words))?;
+        let scratch = d.zeros::<u32>(ops::top_k_scratch_words(rows))?;
+        ops::top_k(d, d.ptr(&x), n_vocab, rows, k, d.ptr(&scratch), rows, d.ptr(&words))?;
         let mut host = vec![0u32; words.len()];
         d.read_back(&words, 0, &mut host)?;
         ops::unpack_top_k(&host, rows, k, out);

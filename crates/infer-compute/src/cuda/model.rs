@@ -294,9 +294,11 @@ pub struct CudaModel {
     /// Candidates per row that the running step reads back instead of the
     /// logits ([`DeviceModel::forward_top_k`]; 0: the logits).
     top_k: usize,
-    /// The rows' candidates on the device and their pinned copy, rows of
-    /// [`ops::top_k_stride`] u32 words (a captured graph holds both).
-    top_k_dev: Option<CudaSlice<u32>>,
+    /// The rows' candidates on the device, rows of [`ops::top_k_stride`]
+    /// u32 words, with the selection's scratch for as many rows
+    /// ([`ops::top_k_scratch_words`]), and their pinned copy (a captured
+    /// graph holds all three).
+    top_k_dev: Option<(CudaSlice<u32>, CudaSlice<u32>)>,
     top_k_host: PinnedBuf<u32>,
     /// Graphs captured so far ([`CudaModel::captures`]).
     captures: usize,
@@ -634,8 +636,11 @@ impl CudaModel {
         } else if self.top_k > 0 {
             let (k, rows) = (self.top_k.min(nv), pass.outputs.len());
             let stride = ops::top_k_stride(k);
-            let dst = d.ptr(self.top_k_dev.as_ref().ok_or_else(|| Error::Device("top-k buffer missing".into()))?);
-            ops::top_k(d, d.ptr(&b.logits), nv, rows, k, dst)?;
+            let (out, scratch) =
+                self.top_k_dev.as_ref().ok_or_else(|| Error::Device("top-k buffers missing".into()))?;
+            let dst = d.ptr(out);
+            let max_rows = out.len() / ops::top_k_stride(TOP_K_MAX);
+            ops::top_k(d, d.ptr(&b.logits), nv, rows, k, d.ptr(scratch), max_rows, dst)?;
             d.enqueue_read_at(dst, &mut self.top_k_host, row0 * stride, rows * stride)
         } else {
             d.enqueue_read_at(d.ptr(&b.logits), &mut self.logits, row0 * nv, pass.outputs.len() * nv)
@@ -754,9 +759,10 @@ impl DeviceModel for CudaModel {
             self.graphs.clear();
             self.top_k_host = self.dev.pinned(room)?;
         }
-        if self.top_k_dev.as_ref().is_none_or(|b| b.len() < need) {
+        if self.top_k_dev.as_ref().is_none_or(|(b, _)| b.len() < need) {
             self.graphs.clear();
-            self.top_k_dev = Some(self.dev.zeros(room)?);
+            let rows = room / ops::top_k_stride(TOP_K_MAX);
+            self.top_k_dev = Some((self.dev.zeros(room)?, self.dev.zeros(ops::top_k_scratch_words(rows))?));
         }
         self.top_k = k;
         let r = self.run(pool, batch, false, None);
