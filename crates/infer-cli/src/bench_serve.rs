@@ -35,6 +35,11 @@
 //! it), so the time to first token includes a TCP connect, tens of
 //! microseconds on the same host.
 //!
+//! Where the server gives them (`infer serve`'s `/metrics`), its step
+//! counters read before and after a level give the engine's steps: their
+//! count, tokens per step and milliseconds per step by part
+//! (`server_steps`, [`steps`]).
+//!
 //! Every request has a deadline (`--timeout`), connecting too
 //! (`--connect-timeout`), so an unresponsive server ends the run instead of
 //! hanging it; an unreachable server is an error before any level runs.
@@ -43,6 +48,7 @@ mod prompt;
 mod report;
 mod sse;
 mod stats;
+mod steps;
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -536,6 +542,7 @@ async fn run(a: ServeBenchArgs, base: String) -> CliResult {
         if crate::interrupt::requested() {
             return Err(crate::Interrupted.into());
         }
+        let counters = steps::scrape(&ctx).await;
         let t0 = Instant::now();
         let mut set = tokio::task::JoinSet::new();
         for c in 0..clients {
@@ -561,7 +568,10 @@ async fn run(a: ServeBenchArgs, base: String) -> CliResult {
             replies.extend(j.map_err(|e| format!("a client task failed: {e}"))?);
         }
         let wall = t0.elapsed().as_secs_f64();
-        let level = summarize(&a, &ctx, &label, words, clients, wall, &replies);
+        let mut level = summarize(&a, &ctx, &label, words, clients, wall, &replies);
+        if let (Some(before), Some(after)) = (counters, steps::scrape(&ctx).await) {
+            level.server_steps = before.profile(&after, wall);
+        }
         eprintln!(
             "bench serve: {clients} clients: {}/{} ok, {:.1} tokens/s, TTFT p50 {} ms, {:.1} s",
             level.ok,

@@ -84,6 +84,15 @@ pub struct Metrics {
     pub slots_busy: AtomicU64,
     /// Slots in all.
     pub slots_total: AtomicU64,
+    /// Microseconds the engine's thread spent in steps (from taking in
+    /// cancellations and admissions to the last event sent).
+    pub engine_busy_us: AtomicU64,
+    /// Microseconds of that in the model's forward (the device step and
+    /// its read-back of logits or candidates).
+    pub step_forward_us: AtomicU64,
+    /// Microseconds of that handing out the rows: sampling, detokenizing,
+    /// stop strings, events, freeing finished slots.
+    pub step_rows_us: AtomicU64,
     /// Tokens of each forward step.
     pub batch_tokens: Histogram,
     /// Seconds from a request's arrival at the engine to its first token.
@@ -102,6 +111,9 @@ impl Default for Metrics {
             cached_tokens: z(),
             generated_tokens: z(),
             steps: z(),
+            engine_busy_us: z(),
+            step_forward_us: z(),
+            step_rows_us: z(),
             queue_len: z(),
             slots_busy: z(),
             slots_total: z(),
@@ -114,6 +126,11 @@ impl Default for Metrics {
 /// Adds `n` to a counter.
 pub fn add(c: &AtomicU64, n: usize) {
     c.fetch_add(n as u64, Ordering::Relaxed);
+}
+
+/// Adds `d` to a counter of microseconds.
+pub fn add_time(c: &AtomicU64, d: Duration) {
+    c.fetch_add(d.as_micros() as u64, Ordering::Relaxed);
 }
 
 /// Sets a gauge.
@@ -148,6 +165,19 @@ impl Metrics {
         for (name, help, v) in counters {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}", get(v));
         }
+        // The engine's time by part; `schedule` is the rest of its steps
+        // (cancellations, admissions with their prompts' prefix matching,
+        // planning the batch, these metrics).
+        let (busy, forward, rows) = (get(&self.engine_busy_us), get(&self.step_forward_us), get(&self.step_rows_us));
+        let name = "infer_engine_seconds_total";
+        let _ = writeln!(
+            out,
+            "# HELP {name} Seconds the engine's thread spent in steps, by part: forward (the model's step and its \
+             read-back), rows (sampling, detokenizing, stop strings, events), schedule (the rest).\n# TYPE {name} counter"
+        );
+        for (part, us) in [("forward", forward), ("rows", rows), ("schedule", busy.saturating_sub(forward + rows))] {
+            let _ = writeln!(out, "{name}{{part=\"{part}\"}} {}", us as f64 / 1e6);
+        }
         let gauges: [(&str, &str, &AtomicU64); 3] = [
             ("infer_queue_length", "Requests waiting for a slot.", &self.queue_len),
             ("infer_slots_busy", "Slots generating.", &self.slots_busy),
@@ -173,7 +203,12 @@ mod tests {
         m.ttft.observe(0.3);
         m.ttft.observe(100.0);
         add(&m.requests, 3);
+        add_time(&m.engine_busy_us, Duration::from_millis(10));
+        add_time(&m.step_forward_us, Duration::from_millis(6));
+        add_time(&m.step_rows_us, Duration::from_millis(3));
         let text = m.render();
+        assert!(text.contains("infer_engine_seconds_total{part=\"forward\"} 0.006\n"), "{text}");
+        assert!(text.contains("infer_engine_seconds_total{part=\"schedule\"} 0.001\n"), "{text}");
         assert!(text.contains("infer_requests_total 3\n"), "{text}");
         assert!(text.contains("infer_time_to_first_token_seconds_bucket{le=\"0.025\"} 1\n"), "{text}");
         assert!(text.contains("infer_time_to_first_token_seconds_bucket{le=\"0.5\"} 2\n"), "{text}");

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use super::stats::Summary;
+use super::steps::StepProfile;
 use super::{Ctx, Endpoint, Failure, Reply, ServeBenchArgs};
 
 /// One concurrency level's results (`-o json`), with the run's settings.
@@ -53,6 +54,9 @@ pub struct LevelResult {
     /// final usage chunk), `chunks` (content chunks: the server sent no
     /// usage) or `mixed`.
     pub tokens_from: String,
+    /// The server's steps during the level, from its `/metrics` (`infer
+    /// serve`); `null` for servers without those counters.
+    pub server_steps: Option<StepProfile>,
 }
 
 pub(super) fn summarize(
@@ -104,6 +108,7 @@ pub(super) fn summarize(
             _ => "mixed",
         }
         .to_string(),
+        server_steps: None,
     }
 }
 
@@ -164,6 +169,24 @@ pub fn markdown(results: &[LevelResult]) -> String {
             "\nThe server sent no usage chunk (clients {}): completion tokens counted from content chunks.\n",
             chunks.join(", ")
         ));
+    }
+    if results.iter().any(|r| r.server_steps.is_some()) {
+        s.push_str("\nThe server's steps (its /metrics):\n\n| clients | steps | tokens/step | forward ms/step | rows ms/step | schedule ms/step | engine busy |\n");
+        s.push_str("| ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+        for r in results {
+            if let Some(p) = &r.server_steps {
+                s.push_str(&format!(
+                    "| {} | {} | {:.1} | {:.3} | {:.3} | {:.3} | {:.0}% |\n",
+                    r.clients,
+                    p.steps,
+                    p.tokens_per_step,
+                    p.forward_ms,
+                    p.rows_ms,
+                    p.schedule_ms,
+                    p.busy_fraction * 100.0
+                ));
+            }
+        }
     }
     let short: usize = results.iter().map(|r| r.short_replies).sum();
     if short > 0 {

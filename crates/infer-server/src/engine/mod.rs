@@ -33,6 +33,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender, TryRecvError};
 use std::sync::Arc;
 use std::thread::JoinHandle;
+use std::time::Instant;
 
 use infer_compute::backend::TopK;
 use infer_compute::{Batch, DeviceModel, KvPool, Out};
@@ -41,7 +42,7 @@ use infer_model::sequence::Sequence;
 use infer_model::tokenizer::Tokenizer;
 use rayon::prelude::*;
 
-use crate::metrics::{add, set, Metrics};
+use crate::metrics::{add, add_time, set, Metrics};
 use crate::slots::SlotCache;
 use active::{Active, Admitted};
 pub use request::{Event, FinishReason, GenParams, GenRequest, TokenLogprob, Usage};
@@ -252,6 +253,7 @@ impl<'t> Engine<'t> {
 
     /// One step (see the module docs); returns whether a forward ran.
     pub fn step(&mut self) -> bool {
+        let t0 = Instant::now();
         self.drop_cancelled();
         self.admit();
         // Before the forward, so that a client that has its first token
@@ -259,6 +261,7 @@ impl<'t> Engine<'t> {
         self.publish();
         let ran = self.plan() && self.run_batch();
         self.publish();
+        add_time(&self.metrics.engine_busy_us, t0.elapsed());
         ran
     }
 
@@ -376,10 +379,13 @@ impl<'t> Engine<'t> {
         self.metrics.batch_tokens.observe(self.batch.len() as f64);
         let n_vocab = self.n_vocab;
         let top_k = if self.use_top_k { self.top_needed() } else { None };
+        let t0 = Instant::now();
         let ran = match top_k {
             Some(k) => self.model.forward_top_k(self.pool.as_mut(), &self.batch, k, &mut self.top).map(|()| None),
             None => self.model.forward(self.pool.as_mut(), &self.batch).map(Some),
         };
+        let t1 = Instant::now();
+        add_time(&self.metrics.step_forward_us, t1 - t0);
         let logits = match ran {
             Ok(l) => l,
             Err(e) => {
@@ -419,6 +425,7 @@ impl<'t> Engine<'t> {
             self.active.iter_mut().enumerate().filter_map(&one).collect()
         };
         self.remove(done, false);
+        add_time(&self.metrics.step_rows_us, t1.elapsed());
         true
     }
 
