@@ -46,6 +46,9 @@
 # written to DIR/table.md) gives per model and client count the aggregate
 # generated tokens/s of each server (one value per round), their ratio
 # (infer / llama-server) and the time to first token, p50 and p99, beside it.
+# A second table gives infer serve's steps per level (its /metrics): steps,
+# tokens per step and milliseconds per step in the forward, the rows and
+# the rest.
 
 set -euo pipefail
 
@@ -263,6 +266,15 @@ for m in names:
             return str(n) if n == 0 else ", ".join(sorted({f"{k}: {v}" for x in rs for k, v in x["errors"].items()}))
         print(f"| {m} | {c} | {f(it)} | {f(lt)} | {r(ratio)} | {ttft([i for i, _ in both])} | "
               f"{ttft([l for _, l in both])} | {errs([i for i, _ in both])}; {errs([l for _, l in both])} |")
+steps = [(m, c, k, r["server_steps"]) for m in names for k in range(1, rounds + 1)
+         for c, r in sorted(rows(os.path.join(out, f"{m}-r{k}-infer.jsonl")).items()) if r.get("server_steps")]
+if steps:
+    print("\ninfer serve's steps (its /metrics, read before and after each level):\n")
+    print("| model | clients | round | steps | tokens/step | forward ms/step | rows ms/step | schedule ms/step | engine busy |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for m, c, k, p in steps:
+        print(f"| {m} | {c} | {k} | {p['steps']} | {p['tokens_per_step']:.1f} | {p['forward_ms']:.3f} | "
+              f"{p['rows_ms']:.3f} | {p['schedule_ms']:.3f} | {100 * p['busy_fraction']:.0f}% |")
 if first:
     print(f"\nOne value per round. {first['requests_per_client']} requests per client, prompt ≈ "
           f"{first['prompt_tokens_target']} tokens ({first['prompt_tokens_mean'] or 0:.0f} reported), "
