@@ -20,11 +20,12 @@ pub(crate) const PRODUCT_SOURCES: [(&str, &str); 6] = [
 ];
 
 /// The rest of [`Module::Common`], after [`PRODUCT_SOURCES`].
-pub(crate) const COMMON_SOURCES: [(&str, &str); 8] = [
+pub(crate) const COMMON_SOURCES: [(&str, &str); 9] = [
     ("kv_cache.cuh", include_str!("kernels/kv_cache.cuh")),
     ("rope.cu", include_str!("kernels/rope.cu")),
     ("attention.cu", include_str!("kernels/attention.cu")),
     ("attention_decode.cu", include_str!("kernels/attention_decode.cu")),
+    ("attention_decode_flat.cu", include_str!("kernels/attention_decode_flat.cu")),
     ("attention_prefill.cu", include_str!("kernels/attention_prefill.cu")),
     ("elementwise.cu", include_str!("kernels/elementwise.cu")),
     ("matvec_float.cu", include_str!("kernels/matvec_float.cu")),
@@ -81,7 +82,11 @@ impl Module {
     /// Every kernel the module defines.
     pub(crate) fn kernels(self) -> Vec<KernelName> {
         match self {
-            Module::Common => names::ALL.into_iter().chain(FLOAT_PRODUCTS.iter().flat_map(|k| [k.t1, k.t8])).collect(),
+            Module::Common => names::ALL
+                .into_iter()
+                .chain(names::ATTN_DECODE_FLAT)
+                .chain(FLOAT_PRODUCTS.iter().flat_map(|k| [k.t1, k.t8]))
+                .collect(),
             Module::Products(i) => PRODUCTS[i as usize]
                 .kernels
                 .all()
@@ -128,6 +133,22 @@ pub(crate) mod names {
     pub const ATTN_DECODE_BATCH_Q_HD64: KernelName = KernelName::common("attn_decode_batch_q_hd64");
     pub const ATTN_DECODE_BATCH_Q_HD128: KernelName = KernelName::common("attn_decode_batch_q_hd128");
     pub const ATTN_DECODE_BATCH_Q_HD256: KernelName = KernelName::common("attn_decode_batch_q_hd256");
+    /// `attn_decode_flat*` (attention_decode_flat.cu), `[batch][quantized][hd
+    /// 64, 128, 256]`.
+    pub const ATTN_DECODE_FLAT: [KernelName; 12] = [
+        KernelName::common("attn_decode_flat_hd64"),
+        KernelName::common("attn_decode_flat_hd128"),
+        KernelName::common("attn_decode_flat_hd256"),
+        KernelName::common("attn_decode_flat_q_hd64"),
+        KernelName::common("attn_decode_flat_q_hd128"),
+        KernelName::common("attn_decode_flat_q_hd256"),
+        KernelName::common("attn_decode_flat_batch_hd64"),
+        KernelName::common("attn_decode_flat_batch_hd128"),
+        KernelName::common("attn_decode_flat_batch_hd256"),
+        KernelName::common("attn_decode_flat_batch_q_hd64"),
+        KernelName::common("attn_decode_flat_batch_q_hd128"),
+        KernelName::common("attn_decode_flat_batch_q_hd256"),
+    ];
     pub const ATTN_UNROTATE: KernelName = KernelName::common("attn_unrotate");
     pub const EMBED_ROWS: KernelName = KernelName::common("embed_rows");
     pub const GATHER_ROWS: KernelName = KernelName::common("gather_rows");

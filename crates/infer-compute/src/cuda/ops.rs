@@ -377,12 +377,12 @@ pub(crate) fn qkv_post(dev: &Device, args: &QkvArgs) -> Result<()> {
 pub(crate) fn qkv_attention(dev: &Device, qkv: &QkvArgs, attn: &AttnArgs, count: DevPtr) -> Result<()> {
     let (n_head, n_kv, hd) = (attn.n_head as usize, attn.n_kv as usize, attn.hd as usize);
     let one = attn.n_tok == 1 && qkv.n_tok == 1 && n_kv > 0 && n_head / n_kv <= ATTN_MAX_G;
-    if let Some(k) = decode_kernel(hd, quantized(attn)).filter(|_| one && count != 0 && dev.opts.attn_decode) {
+    if let Some(l) = DecodeLaunch::of(dev, attn, false).filter(|_| one && count != 0 && dev.opts.attn_decode) {
         check_qkv_shape(qkv)?;
         check_attn_shape(n_head, n_kv, hd)?;
-        let grid = (to_u32(n_kv, "kv heads")?, decode_blocks(dev, attn, 1)?, 1);
+        let grid = (to_u32(n_kv, "kv heads")?, l.blocks(dev, attn, 1)?, 1);
         let args = AttnQkvArgs { at: *attn, qk: *qkv, count, slot: 0, k_stride: 0, v_stride: 0 };
-        return dev.launch(k, grid, decode_threads(hd), decode_smem(hd), &args);
+        return dev.launch(l.kernel, grid, l.threads, l.smem, &args);
     }
     // Values stored rotated: these paths leave the output rotated and
     // unquantized, and attn_unrotate finishes it.
@@ -420,7 +420,7 @@ pub(crate) const DECODE_BATCH_MAX: usize = 64;
 /// [`qkv_attention`]'s one-token path exists for it).
 pub(crate) fn has_decode_batch(dev: &Device, attn: &AttnArgs) -> bool {
     let (n_head, n_kv) = (attn.n_head as usize, attn.n_kv as usize);
-    decode_kernel(attn.hd as usize, false).is_some() && n_kv > 0 && n_head / n_kv <= ATTN_MAX_G && dev.opts.attn_decode
+    DecodeLaunch::of(dev, attn, true).is_some() && n_kv > 0 && n_head / n_kv <= ATTN_MAX_G && dev.opts.attn_decode
 }
 
 /// [`qkv_attention`] for `n_tok` one-token steps of different sequences in
@@ -445,63 +445,106 @@ pub(crate) fn qkv_attention_batch(
     n_tok: usize,
 ) -> Result<()> {
     let (n_kv, hd) = (attn.n_kv as usize, attn.hd as usize);
-    let k = match (hd, quantized(attn)) {
-        (64, false) => names::ATTN_DECODE_BATCH_HD64,
-        (128, false) => names::ATTN_DECODE_BATCH_HD128,
-        (256, false) => names::ATTN_DECODE_BATCH_HD256,
-        (64, true) => names::ATTN_DECODE_BATCH_Q_HD64,
-        (128, true) => names::ATTN_DECODE_BATCH_Q_HD128,
-        (256, true) => names::ATTN_DECODE_BATCH_Q_HD256,
-        _ => return Err(Error::Device(format!("no batched decode attention for head_dim {hd}"))),
-    };
+    let l = DecodeLaunch::of(dev, attn, true)
+        .ok_or_else(|| Error::Device(format!("no batched decode attention for head_dim {hd}")))?;
     if !has_decode_batch(dev, attn) || n_tok == 0 || n_tok > DECODE_BATCH_MAX || count == 0 || slot == 0 {
         return Err(Error::Device(format!("batched decode attention of {n_tok} tokens does not apply here")));
     }
     check_qkv_shape(qkv)?;
     check_attn_shape(attn.n_head as usize, n_kv, hd)?;
-    let grid = (to_u32(n_kv, "kv heads")?, decode_blocks(dev, attn, n_tok)?, to_u32(n_tok, "tokens")?);
+    let grid = (to_u32(n_kv, "kv heads")?, l.blocks(dev, attn, n_tok)?, to_u32(n_tok, "tokens")?);
     let stride = |s: usize| i64::try_from(s).map_err(|_| Error::Overflow("KV pool slot stride"));
     let args =
         AttnQkvArgs { at: *attn, qk: *qkv, count, slot, k_stride: stride(strides.0)?, v_stride: stride(strides.1)? };
-    dev.launch(k, grid, decode_threads(hd), decode_smem(hd), &args)
+    dev.launch(l.kernel, grid, l.threads, l.smem, &args)
 }
 
-/// Shared memory of an `attn_decode_hd*` block (attention_decode.cu): q
-/// [G][hd], logits [G][span], new k and v [2][hd], rotation [hd], (max,
-/// sum) [G] and rescale [G] of the softmax, q and k norm weights [2][hd]
-/// as f32; values [span][hd] as f16.
-fn decode_smem(hd: usize) -> u32 {
-    let floats = ATTN_MAX_G * hd + ATTN_MAX_G * ATTN_SPLIT + 5 * hd + 3 * ATTN_MAX_G;
-    (floats * 4 + ATTN_SPLIT * hd * 2) as u32
+/// Query heads per kv head that the flat decode kernels take (`FLAT_G`
+/// in attention_decode_flat.cu).
+const FLAT_G: usize = 4;
+
+/// Threads of a flat decode block (`FLAT_THREADS`).
+const FLAT_THREADS: usize = 256;
+
+/// A one-launch decode attention kernel and its launch shape.
+struct DecodeLaunch {
+    kernel: kernels::KernelName,
+    threads: u32,
+    smem: u32,
+    /// Threads of it that stay resident per multiprocessor (its registers).
+    resident: usize,
 }
 
-/// Blocks per kv head (and token) of an `attn_decode_hd*` launch: the
-/// spans of the cache's capacity, at most
-/// [`CudaOptions::attn_decode_blocks`](super::CudaOptions::attn_decode_blocks)
-/// or, by default, as many as give the launch about `WAVE_THREADS` threads
-/// per multiprocessor (what their registers let stay resident). Deeper
-/// than that many spans each block streams several (`decode_spans` in
-/// attention_decode.cu).
-fn decode_blocks(dev: &Device, attn: &AttnArgs, n_tok: usize) -> Result<u32> {
-    const WAVE_THREADS: usize = 1024;
-    let per_sm = (WAVE_THREADS / decode_threads(attn.hd as usize) as usize).max(1);
-    let sms = dev.info.multiprocessors.max(1) as usize;
-    let per_head = (attn.n_kv as usize * n_tok).max(1);
-    let cap = dev.opts.attn_decode_blocks.unwrap_or_else(|| (per_sm * sms).div_ceil(per_head));
-    to_u32(cap.clamp(1, (attn.n_split as usize).max(1)), "decode attention blocks")
-}
+impl DecodeLaunch {
+    /// The kernel for `attn` (`batch`: the grid-z-over-tokens variant):
+    /// the flat one (attention_decode_flat.cu) for kv heads of at most
+    /// [`FLAT_G`] query heads unless `CudaOptions::attn_flat` is off, else
+    /// the staged one (attention_decode.cu); `None` for a head_dim without
+    /// either (64, 128 and 256 have them).
+    fn of(dev: &Device, attn: &AttnArgs, batch: bool) -> Option<DecodeLaunch> {
+        let hd = attn.hd as usize;
+        let i = match hd {
+            64 => 0,
+            128 => 1,
+            256 => 2,
+            _ => return None,
+        };
+        let quant = quantized(attn);
+        let g = (attn.n_head as usize).checked_div(attn.n_kv as usize).unwrap_or(usize::MAX);
+        if dev.opts.attn_flat && g <= FLAT_G {
+            // attention_decode_flat.cu's smem: q [FLAT_G][hd], new k and v
+            // [2][hd], rotation [hd], norm weights [2][hd], the block's and
+            // the warps' (max, sum) [1 + warps][FLAT_G] as float2, the
+            // warps' outputs [warps][FLAT_G][hd].
+            let warps = FLAT_THREADS / 32;
+            let floats = FLAT_G * hd + 5 * hd + 2 * (1 + warps) * FLAT_G + warps * FLAT_G * hd;
+            return Some(DecodeLaunch {
+                kernel: names::ATTN_DECODE_FLAT[(batch as usize * 2 + quant as usize) * 3 + i],
+                threads: FLAT_THREADS as u32,
+                smem: (floats * 4) as u32,
+                // __launch_bounds__(FLAT_THREADS, 2).
+                resident: 2 * FLAT_THREADS,
+            });
+        }
+        let kernel = match (hd, quant, batch) {
+            (64, false, false) => names::ATTN_DECODE_HD64,
+            (128, false, false) => names::ATTN_DECODE_HD128,
+            (256, false, false) => names::ATTN_DECODE_HD256,
+            (64, true, false) => names::ATTN_DECODE_Q_HD64,
+            (128, true, false) => names::ATTN_DECODE_Q_HD128,
+            (256, true, false) => names::ATTN_DECODE_Q_HD256,
+            (64, false, true) => names::ATTN_DECODE_BATCH_HD64,
+            (128, false, true) => names::ATTN_DECODE_BATCH_HD128,
+            (256, false, true) => names::ATTN_DECODE_BATCH_HD256,
+            (64, true, true) => names::ATTN_DECODE_BATCH_Q_HD64,
+            (128, true, true) => names::ATTN_DECODE_BATCH_Q_HD128,
+            _ => names::ATTN_DECODE_BATCH_Q_HD256,
+        };
+        // attention_decode.cu's smem: q [G][hd], logits [G][span], new k
+        // and v [2][hd], rotation [hd], (max, sum) [G] and rescale [G] of
+        // the softmax, q and k norm weights [2][hd] as f32; values
+        // [span][hd] as f16. Registers held to keep 1024 threads resident.
+        let floats = ATTN_MAX_G * hd + ATTN_MAX_G * ATTN_SPLIT + 5 * hd + 3 * ATTN_MAX_G;
+        Some(DecodeLaunch {
+            kernel,
+            threads: decode_threads(hd),
+            smem: (floats * 4 + ATTN_SPLIT * hd * 2) as u32,
+            resident: 1024,
+        })
+    }
 
-/// The one-launch decode attention kernel for head dimension `hd`, over
-/// f16 caches or (`quantized`) caches of the types `AttnArgs` names.
-fn decode_kernel(hd: usize, quantized: bool) -> Option<kernels::KernelName> {
-    match (hd, quantized) {
-        (64, false) => Some(names::ATTN_DECODE_HD64),
-        (128, false) => Some(names::ATTN_DECODE_HD128),
-        (256, false) => Some(names::ATTN_DECODE_HD256),
-        (64, true) => Some(names::ATTN_DECODE_Q_HD64),
-        (128, true) => Some(names::ATTN_DECODE_Q_HD128),
-        (256, true) => Some(names::ATTN_DECODE_Q_HD256),
-        _ => None,
+    /// Blocks per kv head (and token): the spans of the cache's capacity,
+    /// at most
+    /// [`CudaOptions::attn_decode_blocks`](super::CudaOptions::attn_decode_blocks)
+    /// or, by default, as many as stay resident over the whole device at
+    /// once. Deeper than that many spans each block streams several
+    /// (`decode_spans` in attention_decode.cu).
+    fn blocks(&self, dev: &Device, attn: &AttnArgs, n_tok: usize) -> Result<u32> {
+        let per_sm = (self.resident / self.threads as usize).max(1);
+        let sms = dev.info.multiprocessors.max(1) as usize;
+        let per_head = (attn.n_kv as usize * n_tok).max(1);
+        let cap = dev.opts.attn_decode_blocks.unwrap_or_else(|| (per_sm * sms).div_ceil(per_head));
+        to_u32(cap.clamp(1, (attn.n_split as usize).max(1)), "decode attention blocks")
     }
 }
 

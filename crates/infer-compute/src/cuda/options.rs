@@ -54,6 +54,11 @@ pub struct CudaOptions {
     /// One-token attention as one kernel (`attn_decode_hd*`, head_dim 64,
     /// 128, 256); off: the split-K kernels. `INFER_CUDA_ATTN_DECODE=0`.
     pub attn_decode: bool,
+    /// That kernel with a softmax per thread (`attn_decode_flat_hd*`,
+    /// kv heads of at most 4 query heads): the cache streamed through
+    /// registers, no barrier per position; off: the spans staged in shared
+    /// memory (`attn_decode_hd*`). `INFER_CUDA_ATTN_FLAT=0`.
+    pub attn_flat: bool,
     /// Blocks per kv head of that kernel (`Some(n)`, 1 or more); `None`:
     /// about 1024 threads per multiprocessor over the launch. Up to that many
     /// 32-position spans each has a block; deeper, each block streams
@@ -128,6 +133,7 @@ impl Default for CudaOptions {
             mixed_qkv: true,
             glu_q8: true,
             attn_decode: true,
+            attn_flat: true,
             attn_decode_blocks: None,
             fuse_qkv: None,
             flash: true,
@@ -158,6 +164,7 @@ impl CudaOptions {
             mixed_qkv: false,
             glu_q8: false,
             attn_decode: false,
+            attn_flat: false,
             fuse_qkv: Some(false),
             flash: false,
             prefill_gemm: None,
@@ -189,6 +196,7 @@ impl CudaOptions {
             mixed_qkv: on("INFER_CUDA_MIXED_QKV", d.mixed_qkv),
             glu_q8: on("INFER_CUDA_GLU_Q8", d.glu_q8),
             attn_decode: on("INFER_CUDA_ATTN_DECODE", d.attn_decode),
+            attn_flat: on("INFER_CUDA_ATTN_FLAT", d.attn_flat),
             attn_decode_blocks: var("INFER_CUDA_ATTN_BLOCKS")
                 .and_then(|v| v.parse().ok())
                 .filter(|&n| n >= 1)
@@ -288,6 +296,7 @@ mod tests {
                 || u.mixed_qkv
                 || u.glu_q8
                 || u.attn_decode
+                || u.attn_flat
                 || u.flash
                 || u.mv_rows_min_tokens.is_some()
                 || u.mv_rows_glu_min_tokens.is_some()

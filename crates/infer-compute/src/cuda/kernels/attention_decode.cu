@@ -124,6 +124,88 @@ __device__ __forceinline__ DecodeSpans decode_spans(const AttnArgs& a, int pos, 
     return r;
 }
 
+// The end of a decode block: thread (head tid / HD + i · NT / HD, value
+// tid % HD) holds acc[i], its head's unnormalized output over the block's
+// spans, and sml[hh] the head's (max, sum); writes the output when the
+// block is alone, else its partial result, and the last block of kv head g
+// to finish (ticket on count[g], re-armed for the next step) merges them
+// all. sq ([G][HD], free by now) stages a rotated output. Every thread of
+// the block calls it after a barrier that made sml visible.
+template <int HD, int NT>
+__device__ __forceinline__ void decode_finish(const AttnQkvArgs& args, const DecodeSpans& ds, int g, int G, int v_rot,
+                                              const float* acc, const float2* sml, float* sq) {
+    const AttnArgs& a = args.at;
+    const int tid = threadIdx.x, d = tid % HD, h0 = g * G;
+    constexpr int HSTEP = NT / HD;
+    constexpr int PV = ATTN_MAX_G / HSTEP;
+    const size_t ml0 = (size_t)h0 * a.n_split + blockIdx.y;  // part_ml index of (h0, block)
+    // Values stored rotated (v_rot): the outputs go through sq to be
+    // rotated back before they are written.
+#pragma unroll
+    for (int i = 0; i < PV; ++i) {
+        const int hh = tid / HD + i * HSTEP;
+        if (hh >= G) continue;
+        if (ds.n_parts == 1) {
+            if (v_rot) sq[hh * HD + d] = acc[i] / sml[hh].y;
+            else decode_out(a, (size_t)(h0 + hh) * HD + d, acc[i] / sml[hh].y);
+        } else {
+            const size_t ml = ml0 + (size_t)hh * a.n_split;
+            a.part_o[ml * HD + d] = acc[i];
+            if (d == 0) a.part_ml[ml] = sml[hh];
+        }
+    }
+    if (ds.n_parts == 1) {
+        if (v_rot) unrotate_out<HD>(a, h0, G, v_rot, sq);
+        return;
+    }
+
+    // ---- The last block of kv head g merges the partial results.
+    __shared__ int s_last;
+    if (!last_block(args.count + g, ds.n_parts, s_last)) return;
+    // In batches of MERGE_BATCH partials, every load of a batch issued
+    // before the first use (one L2 round trip per batch); a batch rescales
+    // the sums of the ones before it. With one batch the sums are those of
+    // a plain two-pass merge (max, then sum of e^(m_t - m) terms), in order.
+    constexpr int MERGE_BATCH = 8;
+#pragma unroll
+    for (int i = 0; i < PV; ++i) {
+        const int hh = tid / HD + i * HSTEP;
+        if (hh >= G) continue;
+        const size_t ml = (size_t)(h0 + hh) * a.n_split;
+        float m = NEG_INF, total = 0.0f, out = 0.0f;
+        for (int t0 = 0; t0 < ds.n_parts; t0 += MERGE_BATCH) {
+            float2 st[MERGE_BATCH];
+            float o[MERGE_BATCH];
+#pragma unroll
+            for (int u = 0; u < MERGE_BATCH; ++u) {
+                const bool in = t0 + u < ds.n_parts;
+                st[u] = in ? __ldcg(&a.part_ml[ml + t0 + u]) : make_float2(NEG_INF, 0.0f);
+                o[u] = in ? __ldcg(&a.part_o[(ml + t0 + u) * HD + d]) : 0.0f;
+            }
+            float mb = m;
+#pragma unroll
+            for (int u = 0; u < MERGE_BATCH; ++u) mb = fmaxf(mb, st[u].x);
+            // Every partial holds a position: its max logit is finite, and
+            // e^(-inf) = 0 clears the zero sums of the first batch.
+            const float r = expf(m - mb);
+            total *= r;
+            out *= r;
+#pragma unroll
+            for (int u = 0; u < MERGE_BATCH; ++u) {
+                if (t0 + u < ds.n_parts) {
+                    const float w = expf(st[u].x - mb);
+                    total += w * st[u].y;
+                    out += w * o[u];
+                }
+            }
+            m = mb;
+        }
+        if (v_rot) sq[hh * HD + d] = out / total;
+        else decode_out(a, (size_t)(h0 + hh) * HD + d, out / total);
+    }
+    if (v_rot) unrotate_out<HD>(a, h0, G, v_rot, sq);
+}
+
 // QUANT: the cache types as args say (one of them quantized); otherwise
 // both f16, known at compile time, so that the f16 kernels keep their
 // registers (the type branches cost the hd64 kernel 19 more).
@@ -288,74 +370,7 @@ __device__ __forceinline__ void attn_decode_impl(const AttnQkvArgs& args) {
     }
     if (warp < G && lane == 0) sml[warp] = make_float2(m_run, sum_run);
     __syncthreads();
-
-    const size_t ml0 = (size_t)h0 * a.n_split + blockIdx.y;  // part_ml index of (h0, block)
-    // Values stored rotated: the outputs go through sq (free after the
-    // spans) to be rotated back before they are written.
-    const int v_rot = QUANT ? a.v_rot : 0;
-#pragma unroll
-    for (int i = 0; i < PV; ++i) {
-        const int hh = tid / HD + i * HSTEP;
-        if (hh >= G) continue;
-        if (ds.n_parts == 1) {
-            if (v_rot) sq[hh * HD + d] = acc[i] / sml[hh].y;
-            else decode_out(a, (size_t)(h0 + hh) * HD + d, acc[i] / sml[hh].y);
-        } else {
-            const size_t ml = ml0 + (size_t)hh * a.n_split;
-            a.part_o[ml * HD + d] = acc[i];
-            if (d == 0) a.part_ml[ml] = sml[hh];
-        }
-    }
-    if (ds.n_parts == 1) {
-        if (v_rot) unrotate_out<HD>(a, h0, G, v_rot, sq);
-        return;
-    }
-
-    // ---- The last block of kv head g merges the partial results.
-    __shared__ int s_last;
-    if (!last_block(args.count + g, ds.n_parts, s_last)) return;
-    // In batches of MERGE_BATCH partials, every load of a batch issued
-    // before the first use (one L2 round trip per batch); a batch rescales
-    // the sums of the ones before it. With one batch the sums are those of
-    // a plain two-pass merge (max, then sum of e^(m_t - m) terms), in order.
-    constexpr int MERGE_BATCH = 8;
-#pragma unroll
-    for (int i = 0; i < PV; ++i) {
-        const int hh = tid / HD + i * HSTEP;
-        if (hh >= G) continue;
-        const size_t ml = (size_t)(h0 + hh) * a.n_split;
-        float m = NEG_INF, total = 0.0f, out = 0.0f;
-        for (int t0 = 0; t0 < ds.n_parts; t0 += MERGE_BATCH) {
-            float2 st[MERGE_BATCH];
-            float o[MERGE_BATCH];
-#pragma unroll
-            for (int u = 0; u < MERGE_BATCH; ++u) {
-                const bool in = t0 + u < ds.n_parts;
-                st[u] = in ? __ldcg(&a.part_ml[ml + t0 + u]) : make_float2(NEG_INF, 0.0f);
-                o[u] = in ? __ldcg(&a.part_o[(ml + t0 + u) * HD + d]) : 0.0f;
-            }
-            float mb = m;
-#pragma unroll
-            for (int u = 0; u < MERGE_BATCH; ++u) mb = fmaxf(mb, st[u].x);
-            // Every partial holds a position: its max logit is finite, and
-            // e^(-inf) = 0 clears the zero sums of the first batch.
-            const float r = expf(m - mb);
-            total *= r;
-            out *= r;
-#pragma unroll
-            for (int u = 0; u < MERGE_BATCH; ++u) {
-                if (t0 + u < ds.n_parts) {
-                    const float w = expf(st[u].x - mb);
-                    total += w * st[u].y;
-                    out += w * o[u];
-                }
-            }
-            m = mb;
-        }
-        if (v_rot) sq[hh * HD + d] = out / total;
-        else decode_out(a, (size_t)(h0 + hh) * HD + d, out / total);
-    }
-    if (v_rot) unrotate_out<HD>(a, h0, G, v_rot, sq);
+    decode_finish<HD, S::NT>(args, ds, g, G, QUANT ? a.v_rot : 0, acc, sml, sq);
 }
 
 // The arguments of token t = blockIdx.z of a batch of one-token steps of
