@@ -73,8 +73,9 @@ fn wgpu() -> Vec<Candidate> {
 /// `INFER_CUDA_*` variables apply), and again
 /// with every fusion and alternative layout off (`cuda_unfused`: GGUF rows,
 /// separate norm, quantize and attention kernels, mat-vec prefill), and
-/// with one decode-attention block per kv head (`cuda_one_block`), in the
-/// same process.
+/// with one decode-attention block per kv head (`cuda_one_block`), and
+/// with the staged decode attention where the flat one would run
+/// (`cuda_staged`), in the same process.
 #[cfg(feature = "cuda")]
 fn cuda() -> Vec<Candidate> {
     use infer_compute::cuda::{CudaBackend, CudaOptions};
@@ -87,17 +88,19 @@ fn cuda() -> Vec<Candidate> {
     // One decode-attention block per kv head: every span after the first
     // streamed through the online softmax, the token's own in a later one.
     let one_block = CudaOptions { attn_decode_blocks: Some(1), ..CudaOptions::from_env() };
+    let staged = CudaOptions { attn_flat: false, ..CudaOptions::from_env() };
     vec![
         ("cuda".into(), open(CudaOptions::from_env())),
         ("cuda_unfused".into(), open(CudaOptions::unfused())),
         ("cuda_one_block".into(), open(one_block)),
+        ("cuda_staged".into(), open(staged)),
     ]
 }
 
 #[cfg(not(feature = "cuda"))]
 fn cuda() -> Vec<Candidate> {
     let required = std::env::var("INFER_REQUIRE_CUDA").is_ok_and(|v| v == "1");
-    ["cuda", "cuda_unfused", "cuda_one_block"]
+    ["cuda", "cuda_unfused", "cuda_one_block", "cuda_staged"]
         .map(|n| (n.into(), Err(("built without the `cuda` feature".into(), required))))
         .into()
 }
@@ -106,8 +109,8 @@ fn cuda() -> Vec<Candidate> {
 /// workgroup-memory fallback (`wgpu_shared`, the same kernels with other
 /// reductions, in passes of 8 tokens, weights in 64 KiB buffers) runs the
 /// op cases and one model of each kind, since the whole suite on lavapipe
-/// twice would take most of a CI run, and `cuda_one_block` only the cases
-/// its one option changes.
+/// twice would take most of a CI run, and `cuda_one_block` and
+/// `cuda_staged` only the cases their one option changes.
 fn runs_on(backend: &str, case: &str) -> bool {
     match backend {
         "wgpu_shared" => {
@@ -118,6 +121,8 @@ fn runs_on(backend: &str, case: &str) -> bool {
         }
         // The decode attention's other grid: the cases that decode past one span.
         "cuda_one_block" => case.ends_with("::long_decode") || case.starts_with("batch::"),
+        // The decode attention's staged kernel: the cases that decode.
+        "cuda_staged" => case.contains("decode") || case.starts_with("batch::"),
         _ => true,
     }
 }
