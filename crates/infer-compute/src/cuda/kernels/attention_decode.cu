@@ -33,13 +33,6 @@
 // H200).
 #define DECODE_THREADS(HD) ((HD) * 4 > ATTN_THREADS ? (HD) * 4 : ATTN_THREADS)
 
-// Spans of the cache a block has in flight while it finishes one: 1 (the
-// next) or 2 (the next two, a span's chunks more in registers).
-// -DDECODE_AHEAD=n (INFER_CUDA_NVRTC_OPTS) sets it.
-#ifndef DECODE_AHEAD
-#define DECODE_AHEAD 1
-#endif
-
 // Cache layout per block: chunk c = tid + i * NT of the span's
 // [ATTN_SPLIT][HD] keys (8 values, 16 bytes) is position c / CPP, values
 // (c % CPP) * 8 ..; NT is a multiple of CPP, so a thread keeps one value
@@ -237,13 +230,6 @@ __device__ __forceinline__ void attn_decode_impl(const AttnQkvArgs& args) {
     SpanChunks<HD> c;
     const int kt = QUANT ? a.kt : KV_F16, vt = QUANT ? a.vt : KV_F16;
     load_span<HD>(a, kt, vt, g, first + ds.s0 * ATTN_SPLIT, span_len0, pos, c);
-#if DECODE_AHEAD >= 2
-    SpanChunks<HD> cn;  // the span after c's, in flight
-    if (ds.s0 + 1 < ds.s1) {
-        const int start1 = first + (ds.s0 + 1) * ATTN_SPLIT;
-        load_span<HD>(a, kt, vt, g, start1, min(ATTN_SPLIT, pos + 1 - start1), pos, cn);
-    }
-#endif
     rope_table(k, pos, srot);
     // The norm weights, into shared memory: one global round trip fewer
     // after the wait (qkv_stage reads them through these pointers).
@@ -304,18 +290,8 @@ __device__ __forceinline__ void attn_decode_impl(const AttnQkvArgs& args) {
 #pragma unroll
             for (int hh = 0; hh < ATTN_MAX_G; ++hh)
                 dots[i][hh] = hh < G ? kv_dot8(c.k[i], kt, sq + hh * HD + dc * 8) : 0.0f;
-        // The next span's chunks load while this one is finished (with
-        // DECODE_AHEAD 2 they are already in flight, and the one after
-        // loads).
-#if DECODE_AHEAD >= 2
-        if (s + 1 < ds.s1) {
-            c = cn;
-            if (s + 2 < ds.s1)
-                load_span<HD>(a, kt, vt, g, start + 2 * ATTN_SPLIT, min(ATTN_SPLIT, pos + 1 - start - 2 * ATTN_SPLIT), pos, cn);
-        }
-#else
+        // The next span's chunks load while this one is finished.
         if (s + 1 < ds.s1) load_span<HD>(a, kt, vt, g, start + ATTN_SPLIT, min(ATTN_SPLIT, pos + 1 - start - ATTN_SPLIT), pos, c);
-#endif
 #pragma unroll
         for (int o = S::CPP / 2; o > 0; o >>= 1)
 #pragma unroll
