@@ -74,8 +74,8 @@ fn wgpu() -> Vec<Candidate> {
 /// with every fusion and alternative layout off (`cuda_unfused`: GGUF rows,
 /// separate norm, quantize and attention kernels, mat-vec prefill), and
 /// with one decode-attention block per kv head (`cuda_one_block`), and
-/// with the staged decode attention where the flat one would run
-/// (`cuda_staged`), in the same process.
+/// with the flat decode attention (`cuda_flat`, off by default), in the
+/// same process.
 #[cfg(feature = "cuda")]
 fn cuda() -> Vec<Candidate> {
     use infer_compute::cuda::{CudaBackend, CudaOptions};
@@ -88,19 +88,19 @@ fn cuda() -> Vec<Candidate> {
     // One decode-attention block per kv head: every span after the first
     // streamed through the online softmax, the token's own in a later one.
     let one_block = CudaOptions { attn_decode_blocks: Some(1), ..CudaOptions::from_env() };
-    let staged = CudaOptions { attn_flat: false, ..CudaOptions::from_env() };
+    let flat = CudaOptions { attn_flat: true, ..CudaOptions::from_env() };
     vec![
         ("cuda".into(), open(CudaOptions::from_env())),
         ("cuda_unfused".into(), open(CudaOptions::unfused())),
         ("cuda_one_block".into(), open(one_block)),
-        ("cuda_staged".into(), open(staged)),
+        ("cuda_flat".into(), open(flat)),
     ]
 }
 
 #[cfg(not(feature = "cuda"))]
 fn cuda() -> Vec<Candidate> {
     let required = std::env::var("INFER_REQUIRE_CUDA").is_ok_and(|v| v == "1");
-    ["cuda", "cuda_unfused", "cuda_one_block", "cuda_staged"]
+    ["cuda", "cuda_unfused", "cuda_one_block", "cuda_flat"]
         .map(|n| (n.into(), Err(("built without the `cuda` feature".into(), required))))
         .into()
 }
@@ -110,7 +110,7 @@ fn cuda() -> Vec<Candidate> {
 /// reductions, in passes of 8 tokens, weights in 64 KiB buffers) runs the
 /// op cases and one model of each kind, since the whole suite on lavapipe
 /// twice would take most of a CI run, and `cuda_one_block` and
-/// `cuda_staged` only the cases their one option changes.
+/// `cuda_flat` only the cases their one option changes.
 fn runs_on(backend: &str, case: &str) -> bool {
     match backend {
         "wgpu_shared" => {
@@ -121,8 +121,8 @@ fn runs_on(backend: &str, case: &str) -> bool {
         }
         // The decode attention's other grid: the cases that decode past one span.
         "cuda_one_block" => case.ends_with("::long_decode") || case.starts_with("batch::"),
-        // The decode attention's staged kernel: the cases that decode.
-        "cuda_staged" => case.contains("decode") || case.starts_with("batch::"),
+        // The flat decode attention kernel: the cases that decode.
+        "cuda_flat" => case.contains("decode") || case.starts_with("batch::"),
         _ => true,
     }
 }

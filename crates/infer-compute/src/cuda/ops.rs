@@ -478,7 +478,7 @@ struct DecodeLaunch {
 impl DecodeLaunch {
     /// The kernel for `attn` (`batch`: the grid-z-over-tokens variant):
     /// the flat one (attention_decode_flat.cu) for kv heads of at most
-    /// [`FLAT_G`] query heads unless `CudaOptions::attn_flat` is off, else
+    /// [`FLAT_G`] query heads when `CudaOptions::attn_flat` is on, else
     /// the staged one (attention_decode.cu); `None` for a head_dim without
     /// either (64, 128 and 256 have them).
     fn of(dev: &Device, attn: &AttnArgs, batch: bool) -> Option<DecodeLaunch> {

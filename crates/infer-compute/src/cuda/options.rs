@@ -57,7 +57,9 @@ pub struct CudaOptions {
     /// That kernel with a softmax per thread (`attn_decode_flat_hd*`,
     /// kv heads of at most 4 query heads): the cache streamed through
     /// registers, no barrier per position; off: the spans staged in shared
-    /// memory (`attn_decode_hd*`). `INFER_CUDA_ATTN_FLAT=0`.
+    /// memory (`attn_decode_hd*`). Off by default: it has not yet run on a
+    /// GPU (the conformance suite's `cuda_flat` runs it).
+    /// `INFER_CUDA_ATTN_FLAT=1`.
     pub attn_flat: bool,
     /// Blocks per kv head of that kernel (`Some(n)`, 1 or more); `None`:
     /// about 1024 threads per multiprocessor over the launch. Up to that many
@@ -133,7 +135,7 @@ impl Default for CudaOptions {
             mixed_qkv: true,
             glu_q8: true,
             attn_decode: true,
-            attn_flat: true,
+            attn_flat: false,
             attn_decode_blocks: None,
             fuse_qkv: None,
             flash: true,

@@ -19,6 +19,9 @@
 // warp that share values merge by shuffles, the warps through shared
 // memory, and decode_finish writes the block's result or partial.
 // Logits and values as attn_decode reads them (values rounded to f16).
+// Selected by CudaOptions::attn_flat, off by default until it has run on a
+// GPU (written and compiled by NVRTC for sm_90: 89-128 registers, no
+// spills; the conformance suite's cuda_flat runs it).
 
 #define FLAT_THREADS 256
 #define FLAT_G 4
