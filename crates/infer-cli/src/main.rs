@@ -43,7 +43,15 @@ mod synth;
 
 use std::process::ExitCode;
 
+use infer_compute::reserve_alloc::ReserveAllocator;
+
 use clap::{Parser, Subcommand};
+
+// Out of memory ends in the command's error, not the allocator's abort:
+// a small allocation that finds memory gone is served from a reserve,
+// and the next large (fallible) one reports the shortage.
+#[global_allocator]
+static ALLOC: ReserveAllocator = ReserveAllocator::system();
 
 /// Hardware-accelerated LLM inference on GGUF models.
 #[derive(Parser)]

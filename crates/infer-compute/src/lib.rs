@@ -26,6 +26,7 @@ pub mod linalg;
 mod memory;
 pub mod pipeline;
 pub mod quant;
+pub mod reserve_alloc;
 pub mod turboquant;
 pub mod weight;
 #[cfg(feature = "wgpu")]
