@@ -199,6 +199,43 @@ __device__ __forceinline__ void decode_finish(const AttnQkvArgs& args, const Dec
     if (v_rot) unrotate_out<HD>(a, h0, G, v_rot, sq);
 }
 
+// The q and k norm weights into shared memory snw ([2][HD]: q's, then
+// k's), before the PDL wait: one global round trip fewer after it. Returns
+// k with its norm pointers at them (qkv_stage reads through these).
+template <int HD>
+__device__ __forceinline__ QkvArgs norms_to_smem(const QkvArgs& k, float* snw) {
+    QkvArgs ks = k;
+    for (int d = threadIdx.x; d < HD; d += blockDim.x) {
+        if (k.qn_w) snw[d] = k.qn_w[d];
+        if (k.kn_w) snw[HD + d] = k.kn_w[d];
+    }
+    ks.qn_w = k.qn_w ? snw : nullptr;
+    ks.kn_w = k.kn_w ? snw + HD : nullptr;
+    return ks;
+}
+
+// The block whose range holds pos appends the new key and value (skv: k at
+// [0, HD), v after). A quantized cache's new row (reread) is read back as
+// stored, after the barrier, so that this step sees the values later
+// steps will.
+template <int HD>
+__device__ __forceinline__ void decode_append(const QkvArgs& k, int pos, int kt, int vt, int kv_dim, int g,
+                                              const float* skv, bool reread) {
+    kv_store_head(k.kc + (size_t)pos * k.k_row, kt, kv_dim, g, skv, HD);
+    kv_store_head(k.vc + (size_t)pos * k.v_row, vt, kv_dim, g, skv + HD, HD);
+    if (reread) __syncthreads();
+}
+
+// The raw chunks (kv_load8) at column col = g · HD + dc · 8 of the new key
+// and value at pos: as stored when reread, else skv's rounded to f16 (what
+// the f16 cache holds).
+template <int HD>
+__device__ __forceinline__ void new_row_chunks(const AttnArgs& a, int pos, int kt, int vt, int kv_dim, int col, int dc,
+                                               const float* skv, bool reread, uint4& k, uint4& v) {
+    k = reread ? kv_load8(a.kc + (size_t)pos * a.k_row, kt, kv_dim, col) : pack8_f16(skv + dc * 8);
+    v = reread ? kv_load8(a.vc + (size_t)pos * a.v_row, vt, kv_dim, col) : pack8_f16(skv + HD + dc * 8);
+}
+
 // QUANT: the cache types as args say (one of them quantized); otherwise
 // both f16, known at compile time, so that the f16 kernels keep their
 // registers (the type branches cost the hd64 kernel 19 more).
@@ -231,29 +268,15 @@ __device__ __forceinline__ void attn_decode_impl(const AttnQkvArgs& args) {
     const int kt = QUANT ? a.kt : KV_F16, vt = QUANT ? a.vt : KV_F16;
     load_span<HD>(a, kt, vt, g, first + ds.s0 * ATTN_SPLIT, span_len0, pos, c);
     rope_table(k, pos, srot);
-    // The norm weights, into shared memory: one global round trip fewer
-    // after the wait (qkv_stage reads them through these pointers).
-    QkvArgs ks = k;
-    for (int d = tid; d < HD; d += blockDim.x) {
-        if (k.qn_w) snw[d] = k.qn_w[d];
-        if (k.kn_w) snw[HD + d] = k.kn_w[d];
-    }
-    ks.qn_w = k.qn_w ? snw : nullptr;
-    ks.kn_w = k.kn_w ? snw + HD : nullptr;
+    const QkvArgs ks = norms_to_smem<HD>(k, snw);
     PDL_PROLOGUE;
 
     // ---- q (and in the block of the last span the new k, v) with bias,
     // norm, RoPE; the first span's values into shared memory while their
     // loads are in flight.
     qkv_stage(ks, h0, G, g, append, HD, sq, skv, srot, [&] { store_values<HD>(c, vt, sv); });
-    // A quantized cache's new row is read back as stored (after the
-    // barrier), so that this step sees the values later steps will.
     const bool reread = QUANT;
-    if (append) {
-        kv_store_head(k.kc + (size_t)pos * k.k_row, kt, kv_dim, g, skv, HD);
-        kv_store_head(k.vc + (size_t)pos * k.v_row, vt, kv_dim, g, skv + HD, HD);
-        if (reread) __syncthreads();
-    }
+    if (append) decode_append<HD>(k, pos, kt, vt, kv_dim, g, skv, reread);
 
     constexpr int HSTEP = S::NT / HD;            // heads in flight in p . v
     constexpr int PV = ATTN_MAX_G / HSTEP;       // heads per thread in p . v
@@ -273,10 +296,7 @@ __device__ __forceinline__ void attn_decode_impl(const AttnQkvArgs& args) {
 #pragma unroll
             for (int i = 0; i < S::CH; ++i) {
                 if (j0 + i * S::PSTEP == jn) {
-                    const int col = g * HD + dc * 8;
-                    c.k[i] = reread ? kv_load8(a.kc + (size_t)pos * a.k_row, kt, kv_dim, col) : pack8_f16(skv + dc * 8);
-                    c.v[i] = reread ? kv_load8(a.vc + (size_t)pos * a.v_row, vt, kv_dim, col)
-                                    : pack8_f16(skv + HD + dc * 8);
+                    new_row_chunks<HD>(a, pos, kt, vt, kv_dim, g * HD + dc * 8, dc, skv, reread, c.k[i], c.v[i]);
                     if (s == ds.s0) *(uint4*)(sv + jn * HD + dc * 8) = kv_f16x8(c.v[i], vt);
                 }
             }

@@ -84,24 +84,12 @@ __device__ __forceinline__ void attn_decode_flat_impl(const AttnQkvArgs& args) {
     uint4 ck, cv;
     flat_load(a, kt, vt, kv_dim, col, b0 + j0, b1, pos, ck, cv);
     rope_table(k, pos, srot);
-    QkvArgs ks = k;
-    for (int d = tid; d < HD; d += blockDim.x) {
-        if (k.qn_w) snw[d] = k.qn_w[d];
-        if (k.kn_w) snw[HD + d] = k.kn_w[d];
-    }
-    ks.qn_w = k.qn_w ? snw : nullptr;
-    ks.kn_w = k.kn_w ? snw + HD : nullptr;
+    const QkvArgs ks = norms_to_smem<HD>(k, snw);
     PDL_PROLOGUE;
 
     qkv_stage(ks, h0, G, g, append, HD, sq, skv, srot, [] {});
-    // A quantized cache's new row is read back as stored (after the
-    // barrier), so that this step sees the values later steps will.
     const bool reread = QUANT;
-    if (append) {
-        kv_store_head(k.kc + (size_t)pos * k.k_row, kt, kv_dim, g, skv, HD);
-        kv_store_head(k.vc + (size_t)pos * k.v_row, vt, kv_dim, g, skv + HD, HD);
-        if (reread) __syncthreads();
-    }
+    if (append) decode_append<HD>(k, pos, kt, vt, kv_dim, g, skv, reread);
 
     float acc[FLAT_G][8], m[FLAT_G], l[FLAT_G];
 #pragma unroll
@@ -114,10 +102,7 @@ __device__ __forceinline__ void attn_decode_flat_impl(const AttnQkvArgs& args) {
     for (int it = 0; it < n_it; ++it) {
         const int p = b0 + it * S::PP + j0;
         uint4 kk = ck, vv = cv;
-        if (p == pos) {
-            kk = reread ? kv_load8(a.kc + (size_t)pos * a.k_row, kt, kv_dim, col) : pack8_f16(skv + dc * 8);
-            vv = reread ? kv_load8(a.vc + (size_t)pos * a.v_row, vt, kv_dim, col) : pack8_f16(skv + HD + dc * 8);
-        }
+        if (p == pos) new_row_chunks<HD>(a, pos, kt, vt, kv_dim, col, dc, skv, reread, kk, vv);
         if (it + 1 < n_it) flat_load(a, kt, vt, kv_dim, col, p + S::PP, b1, pos, ck, cv);
         float dots[FLAT_G];
 #pragma unroll
