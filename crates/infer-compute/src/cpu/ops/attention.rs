@@ -471,14 +471,18 @@ pub fn attention_prefill_on(
 /// [`crate::backend::Batch`]): token `t` at position `pos[t]` attends over
 /// the cache of its slot, `slot[t]`, causally and inside its window.
 /// Exactly [`attention_decode`] per token (the same per-head code, so the
-/// same bits), parallel over (token, head) on `par`.
+/// same bits), parallel over (token, head) on `par`; for a cache that is
+/// not f32 (and `head_dim` ≤ 512), parallel over tokens, each converting a
+/// kv head's attended rows once for the query heads of its group (see
+/// [`batch_converted`]).
 ///
 /// Shapes: `q`, `out`: `[n_tokens, n_head, head_dim]`; `k_pool`, `v_pool`:
 /// `[n_slots][slot_len]` values of any [`crate::KvCacheType`], each slot a
 /// cache as in [`attention_decode`]
 /// (`slot_len = n_ctx · kv_dim` values, the entries at each token's position
 /// already appended). Allocates one score row (`≤ n_ctx` floats) per
-/// parallel task.
+/// parallel task of an f32 cache; other caches use per-thread buffers kept
+/// between calls.
 ///
 /// Contract (debug-asserted): as [`attention_decode`] for each token's
 /// slot; `slot.len() == pos.len() == n_tokens`.
@@ -508,6 +512,10 @@ pub fn attention_batch_on(
         debug_check_cache(k, v, pos[t], p);
     }
     let hd = p.head_dim;
+    if !matches!(k_pool, KvData::F32(_)) && hd <= ROW_CHUNK {
+        batch_converted(par, q, (k_pool, v_pool), slot_len, (slot, pos), p, out);
+        return;
+    }
     // Group small tasks so that each carries some work.
     let avg = pos.iter().map(|&j| p.n_attended(j)).sum::<usize>() / n_tokens * hd;
     let per_task = (PAR_MIN_WORK / 4 / avg.max(1)).max(1);
@@ -520,6 +528,66 @@ pub fn attention_batch_on(
             scores.resize(p.n_attended(pos[t]), 0.0);
             attend_head(&q[i * hd..][..hd], kc, vc, h, pos[t], p, &mut scores, out_h);
         }
+    });
+}
+
+thread_local! {
+    /// [`batch_converted`]'s per-thread buffers: one kv head's attended
+    /// keys and values as f32, and a score row.
+    static CONVERTED: std::cell::RefCell<[Vec<f32>; 3]> = const { std::cell::RefCell::new([Vec::new(), Vec::new(), Vec::new()]) };
+}
+
+/// [`attention_batch_on`] over a cache that is not f32: one task per
+/// token, which converts each kv head's attended rows (keys and values)
+/// to f32 once, then runs the per-head code of each query head of the
+/// group over them as an f32 cache of one kv head, positions renumbered
+/// from the window's first. A cache of type T gives the bits an f32 cache
+/// holding T's converted values gives (the module's rule; with rows of at
+/// most [`ROW_CHUNK`] values the dot products are not chunked either), so
+/// these are [`attention_decode`]'s bits, where the (token, head) tasks
+/// converted each kv head's rows once per query head: for Gemma 3 (four
+/// query heads per kv head) four times.
+fn batch_converted(
+    par: Par<'_>,
+    q: &[f32],
+    (k_pool, v_pool): (KvData<'_>, KvData<'_>),
+    slot_len: usize,
+    (slot, pos): (&[usize], &[usize]),
+    p: &AttnParams,
+    out: &mut [f32],
+) {
+    let (hd, qd, kvd) = (p.head_dim, p.q_dim(), p.kv_dim());
+    let group = p.n_head / p.n_head_kv;
+    // One kv head: query head `h` of a group reads kv head 0.
+    let one = AttnParams { n_head: group, n_head_kv: 1, ..*p };
+    let task = |t: usize, out_t: &mut [f32], bufs: &mut [Vec<f32>; 3]| {
+        let (kc, vc) = (k_pool.sub(slot[t] * slot_len, slot_len), v_pool.sub(slot[t] * slot_len, slot_len));
+        let first = p.first_pos(pos[t]);
+        let n = pos[t] + 1 - first;
+        let [kb, vb, scores] = bufs;
+        for b in [&mut *kb, &mut *vb] {
+            b.resize(n * hd, 0.0);
+        }
+        scores.resize(n, 0.0);
+        for g in 0..p.n_head_kv {
+            for j in 0..n {
+                let at = (first + j) * kvd + g * hd;
+                kc.to_f32(at, &mut kb[j * hd..][..hd]);
+                vc.to_f32(at, &mut vb[j * hd..][..hd]);
+            }
+            for hl in 0..group {
+                let h = g * group + hl;
+                let qh = &q[t * qd + h * hd..][..hd];
+                let oh = &mut out_t[h * hd..][..hd];
+                attend_head(qh, KvData::F32(kb), KvData::F32(vb), hl, n - 1, &one, scores, oh);
+            }
+        }
+    };
+    par.for_each_chunk_mut(out, qd, |t, out_t| {
+        CONVERTED.with(|c| match c.try_borrow_mut() {
+            Ok(mut bufs) => task(t, out_t, &mut bufs),
+            Err(_) => task(t, out_t, &mut Default::default()),
+        })
     });
 }
 
@@ -582,6 +650,44 @@ mod tests {
         let mut out = vec![f32::NAN; p.q_dim()];
         attention_decode(q, kc, vc, pos, p, &mut scratch, &mut out);
         out
+    }
+
+    #[test]
+    fn a_batch_over_an_f16_pool_gives_each_token_its_decode_bits() {
+        // Tokens of three slots at positions inside and past the window,
+        // softcap on: `batch_converted` (rows converted once per kv head,
+        // positions renumbered from the window's first) against each
+        // token's own decode over its slot; f32 for the (token, head) path.
+        let (n_ctx, n_slots) = (40, 3);
+        let cases =
+            [params(8, 2, 64, Some(30.0), Some(7)), params(4, 1, 256, None, None), params(9, 3, 40, None, Some(3))];
+        let (slot, pos) = ([0usize, 2, 1, 2, 0], [0usize, 3, 6, 39, 17]);
+        for (k, p) in cases.iter().enumerate() {
+            let slot_len = n_ctx * p.kv_dim();
+            let kf = rand_vec(70 + k as u64, n_slots * slot_len, 2.0);
+            let vf = rand_vec(80 + k as u64, n_slots * slot_len, 1.0);
+            let q = rand_vec(90 + k as u64, pos.len() * p.q_dim(), 2.0);
+            let (kh, vh): (Vec<half::f16>, Vec<half::f16>) = (
+                kf.iter().map(|&x| half::f16::from_f32(x)).collect(),
+                vf.iter().map(|&x| half::f16::from_f32(x)).collect(),
+            );
+            for (kp, vp) in [(KvData::F16(&kh), KvData::F16(&vh)), (KvData::F32(&kf), KvData::F32(&vf))] {
+                let mut got = vec![f32::NAN; pos.len() * p.q_dim()];
+                attention_batch_on(Par::Rayon, &q, kp, vp, slot_len, &slot, &pos, p, &mut got);
+                for t in 0..pos.len() {
+                    let (kc, vc) = (kp.sub(slot[t] * slot_len, slot_len), vp.sub(slot[t] * slot_len, slot_len));
+                    let mut scratch = vec![f32::NAN; attention_scratch_len(pos[t], p)];
+                    let mut want = vec![f32::NAN; p.q_dim()];
+                    let qt = &q[t * p.q_dim()..][..p.q_dim()];
+                    attention_decode_on(Par::Rayon, qt, kc, vc, pos[t], p, &mut scratch, &mut want);
+                    let g = &got[t * p.q_dim()..][..p.q_dim()];
+                    assert!(
+                        g.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()),
+                        "case {k} token {t}: {g:?} vs {want:?}"
+                    );
+                }
+            }
+        }
     }
 
     #[test]
