@@ -472,7 +472,8 @@ pub fn attention_prefill_on(
 /// the cache of its slot, `slot[t]`, causally and inside its window.
 /// Exactly [`attention_decode`] per token (the same per-head code, so the
 /// same bits), parallel over (token, head) on `par`; for a cache that is
-/// not f32 (and `head_dim` ≤ 512), parallel over tokens, each converting a
+/// not f32 (`head_dim` ≤ 512, every token at most 4096 positions deep),
+/// parallel over tokens, each converting a
 /// kv head's attended rows once for the query heads of its group (see
 /// [`batch_converted`]).
 ///
@@ -512,7 +513,8 @@ pub fn attention_batch_on(
         debug_check_cache(k, v, pos[t], p);
     }
     let hd = p.head_dim;
-    if !matches!(k_pool, KvData::F32(_)) && hd <= ROW_CHUNK {
+    let shallow = pos.iter().all(|&j| p.n_attended(j) <= CONVERT_MAX_ROWS);
+    if !matches!(k_pool, KvData::F32(_)) && hd <= ROW_CHUNK && shallow {
         batch_converted(par, q, (k_pool, v_pool), slot_len, (slot, pos), p, out);
         return;
     }
@@ -530,6 +532,11 @@ pub fn attention_batch_on(
         }
     });
 }
+
+/// Attended positions up to which [`attention_batch_on`] converts a token's
+/// rows into per-thread buffers (`2 · rows · head_dim` floats, kept between
+/// calls); the model's batches reach it only under 256.
+const CONVERT_MAX_ROWS: usize = 4096;
 
 thread_local! {
     /// [`batch_converted`]'s per-thread buffers: one kv head's attended
