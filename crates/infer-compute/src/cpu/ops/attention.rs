@@ -473,9 +473,9 @@ pub fn attention_prefill_on(
 /// Exactly [`attention_decode`] per token (the same per-head code, so the
 /// same bits), parallel over (token, head) on `par`; for a cache that is
 /// not f32 (`head_dim` ≤ 512, every token at most 4096 positions deep),
-/// parallel over tokens, each converting a
-/// kv head's attended rows once for the query heads of its group (see
-/// [`batch_converted`]).
+/// parallel over tokens, each converting a kv head's attended rows once
+/// for the query heads of its group (the same bits: a cache of type T
+/// gives those of an f32 cache holding T's converted values).
 ///
 /// Shapes: `q`, `out`: `[n_tokens, n_head, head_dim]`; `k_pool`, `v_pool`:
 /// `[n_slots][slot_len]` values of any [`crate::KvCacheType`], each slot a
