@@ -18,9 +18,10 @@
 //! - while the reserve is released, allocations (and growth) of more than
 //!   [`SMALL`] bytes are refused, so the next large fallible allocation
 //!   reports its error and the error path has the reserve to run in;
-//! - freeing a block of more than [`SMALL`] bytes while released tries to
-//!   take the reserve back, so a long-running process (`infer serve`)
-//!   recovers once the memory is returned.
+//! - freeing a block of more than [`SMALL`] bytes while released, or
+//!   small blocks that add up to the reserve's size, tries to take the
+//!   reserve back, so a long-running process (`infer serve`) recovers once
+//!   the memory is returned.
 //!
 //! The reserve guards against the allocator's refusals (address-space
 //! limits, exhausted mappings); a cgroup or overcommit limit that kills
@@ -30,7 +31,7 @@
 //! `#[global_allocator] static A: ReserveAllocator = ReserveAllocator::system();`.
 
 use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicPtr, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicU8, AtomicUsize, Ordering};
 
 /// Allocations of at most this many bytes may release the reserve; larger
 /// ones are refused while it is released (256 KiB).
@@ -54,6 +55,9 @@ pub struct ReserveAllocator<A = System> {
     /// `UNARMED` until the first allocation takes the reserve; then `HELD`
     /// or `RELEASED` (`ARMING` while one thread takes it).
     state: AtomicU8,
+    /// Bytes of small blocks freed since the last try to take the reserve
+    /// back (counted while released only).
+    freed: AtomicUsize,
 }
 
 impl ReserveAllocator<System> {
@@ -68,7 +72,13 @@ impl<A: GlobalAlloc> ReserveAllocator<A> {
     /// `inner` with a reserve of `reserve_bytes` (a multiple of 4096, at
     /// least [`SMALL`]), taken at the first allocation.
     pub const fn new(inner: A, reserve_bytes: usize) -> Self {
-        Self { inner, reserve_bytes, reserve: AtomicPtr::new(std::ptr::null_mut()), state: AtomicU8::new(UNARMED) }
+        Self {
+            inner,
+            reserve_bytes,
+            reserve: AtomicPtr::new(std::ptr::null_mut()),
+            state: AtomicU8::new(UNARMED),
+            freed: AtomicUsize::new(0),
+        }
     }
 
     /// Whether the reserve is released (memory ran short, and large
@@ -104,6 +114,15 @@ impl<A: GlobalAlloc> ReserveAllocator<A> {
         // and is owned by nobody else (the swap took it).
         unsafe { self.inner.dealloc(p, self.reserve_layout()) };
         true
+    }
+
+    /// `bytes` returned to `inner` while released: a large block, or small
+    /// ones adding up to the reserve's size, try to take it back.
+    fn returned(&self, bytes: usize) {
+        if bytes > SMALL || self.freed.fetch_add(bytes, Ordering::Relaxed) + bytes >= self.reserve_bytes {
+            self.freed.store(0, Ordering::Relaxed);
+            self.take_reserve(RELEASED);
+        }
     }
 
     /// Whether an allocation of `size` bytes is refused now.
@@ -153,8 +172,8 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for ReserveAllocator<A> {
         // SAFETY: the caller's contract: `ptr` came from this allocator
         // (so from `inner`) with `layout`.
         unsafe { self.inner.dealloc(ptr, layout) };
-        if layout.size() > SMALL && self.state.load(Ordering::Relaxed) == RELEASED {
-            self.take_reserve(RELEASED);
+        if self.state.load(Ordering::Relaxed) == RELEASED {
+            self.returned(layout.size());
         }
     }
 
@@ -165,8 +184,8 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for ReserveAllocator<A> {
         // SAFETY: the caller's contract for `realloc`; a failed attempt
         // leaves `ptr` valid, so the retry may use it again.
         let p = self.with_reserve(new_size, || unsafe { self.inner.realloc(ptr, layout, new_size) });
-        if !p.is_null() && layout.size() > SMALL && new_size < layout.size() && self.is_released() {
-            self.take_reserve(RELEASED);
+        if !p.is_null() && new_size < layout.size() && self.is_released() {
+            self.returned(layout.size() - new_size);
         }
         p
     }
@@ -239,6 +258,33 @@ mod tests {
             a.dealloc(again, layout(2 * MIB));
             a.dealloc(more, layout(4096));
             a.dealloc(small, layout(41));
+        }
+    }
+
+    #[test]
+    fn small_frees_that_add_up_to_the_reserve_take_it_back() {
+        let a = limited(10 * MIB);
+        unsafe {
+            let small = layout(64 << 10);
+            // 6 MiB in small blocks after the 4 MiB reserve: full.
+            let blocks: Vec<*mut u8> = (0..96).map(|_| a.alloc(small)).collect();
+            assert!(blocks.iter().all(|p| !p.is_null()));
+            let extra = a.alloc(small);
+            assert!(!extra.is_null() && a.is_released());
+            // 3 MiB freed: less than the reserve, still released.
+            for &p in &blocks[..48] {
+                a.dealloc(p, small);
+            }
+            assert!(a.is_released());
+            // 4 MiB freed in all: the reserve is taken back.
+            for &p in &blocks[48..64] {
+                a.dealloc(p, small);
+            }
+            assert!(!a.is_released(), "small frees did not take the reserve back");
+            for &p in &blocks[64..] {
+                a.dealloc(p, small);
+            }
+            a.dealloc(extra, small);
         }
     }
 
