@@ -82,7 +82,7 @@ impl<A: GlobalAlloc> ReserveAllocator<A> {
     }
 
     /// Whether the reserve is released (memory ran short, and large
-    /// allocations are refused until one is freed and it is taken back).
+    /// allocations are refused until enough is freed to take it back).
     pub fn is_released(&self) -> bool {
         self.state.load(Ordering::Acquire) == RELEASED
     }
@@ -194,7 +194,6 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for ReserveAllocator<A> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::atomic::AtomicUsize;
 
     /// The system allocator with a budget of `limit` bytes in use.
     struct Budget {
