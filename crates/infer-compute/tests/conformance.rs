@@ -73,9 +73,11 @@ fn wgpu() -> Vec<Candidate> {
 /// `INFER_CUDA_*` variables apply), and again
 /// with every fusion and alternative layout off (`cuda_unfused`: GGUF rows,
 /// separate norm, quantize and attention kernels, mat-vec prefill), and
-/// with one decode-attention block per kv head (`cuda_one_block`), and
-/// with the flat decode attention (`cuda_flat`, off by default), in the
-/// same process.
+/// with one decode-attention block per kv head, staged (`cuda_one_block`),
+/// with the flat decode attention everywhere (`cuda_flat`; by default only
+/// where the staged blocks would stream several spans), and with
+/// the tensor-core products from 2 tokens in the narrow tile up to 32
+/// (`cuda_mmq`), in the same process.
 #[cfg(feature = "cuda")]
 fn cuda() -> Vec<Candidate> {
     use infer_compute::cuda::{CudaBackend, CudaOptions};
@@ -87,20 +89,22 @@ fn cuda() -> Vec<Candidate> {
     };
     // One decode-attention block per kv head: every span after the first
     // streamed through the online softmax, the token's own in a later one.
-    let one_block = CudaOptions { attn_decode_blocks: Some(1), ..CudaOptions::from_env() };
-    let flat = CudaOptions { attn_flat: true, ..CudaOptions::from_env() };
+    let one_block = CudaOptions { attn_decode_blocks: Some(1), attn_flat: Some(false), ..CudaOptions::from_env() };
+    let flat = CudaOptions { attn_flat: Some(true), ..CudaOptions::from_env() };
+    let mmq = CudaOptions { mmq_min_tokens: Some(2), mmq_narrow: true, ..CudaOptions::from_env() };
     vec![
         ("cuda".into(), open(CudaOptions::from_env())),
         ("cuda_unfused".into(), open(CudaOptions::unfused())),
         ("cuda_one_block".into(), open(one_block)),
         ("cuda_flat".into(), open(flat)),
+        ("cuda_mmq".into(), open(mmq)),
     ]
 }
 
 #[cfg(not(feature = "cuda"))]
 fn cuda() -> Vec<Candidate> {
     let required = std::env::var("INFER_REQUIRE_CUDA").is_ok_and(|v| v == "1");
-    ["cuda", "cuda_unfused", "cuda_one_block", "cuda_flat"]
+    ["cuda", "cuda_unfused", "cuda_one_block", "cuda_flat", "cuda_mmq"]
         .map(|n| (n.into(), Err(("built without the `cuda` feature".into(), required))))
         .into()
 }
@@ -110,7 +114,7 @@ fn cuda() -> Vec<Candidate> {
 /// reductions, in passes of 8 tokens, weights in 64 KiB buffers) runs the
 /// op cases and one model of each kind, since the whole suite on lavapipe
 /// twice would take most of a CI run, and `cuda_one_block` and
-/// `cuda_flat` only the cases their one option changes.
+/// `cuda_flat` and `cuda_mmq` only the cases their options change.
 fn runs_on(backend: &str, case: &str) -> bool {
     match backend {
         "wgpu_shared" => {
@@ -123,6 +127,8 @@ fn runs_on(backend: &str, case: &str) -> bool {
         "cuda_one_block" => case.ends_with("::long_decode") || case.starts_with("batch::"),
         // The flat decode attention kernel: the cases that decode.
         "cuda_flat" => case.contains("decode") || case.starts_with("batch::"),
+        // Passes of 2 to 64 tokens: prompts and batches.
+        "cuda_mmq" => case.contains("prefill") || case.starts_with("batch::") || case.starts_with("ops::matmul_quant"),
         _ => true,
     }
 }

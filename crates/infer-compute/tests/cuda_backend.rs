@@ -16,7 +16,7 @@ use std::sync::Arc;
 use half::{bf16, f16};
 use infer_compute::conformance::model::{random_model, tokens, Arch};
 use infer_compute::cpu::{ops, CpuBackend};
-use infer_compute::cuda::CudaBackend;
+use infer_compute::cuda::{CudaBackend, CudaOptions};
 use infer_compute::pipeline::{RopeSpec, RopeType};
 use infer_compute::{Batch, ComputeBackend, DeviceModel, Out, QuantWeight, WeightBytes};
 use infer_compute::{Error, GgmlType, KvCacheType, KvTypes};
@@ -199,6 +199,17 @@ fn matvec_every_type_matches_cpu_on_awkward_shapes() {
 
 fn matmul_quant_batches_match_cpu() {
     let cuda = cuda_or_skip!();
+    // The same shapes with the tensor-core products from 2 tokens, in the
+    // narrow tile (256 rows, 32 tokens) up to 32 tokens.
+    let opts = CudaOptions { mmq_min_tokens: Some(2), mmq_narrow: true, ..CudaOptions::default() };
+    let narrow = CudaBackend::with_options(0, opts).expect("a second CUDA backend");
+    for (label, cuda) in [("default", &cuda), ("mmq from 2 tokens, narrow tile", &narrow)] {
+        println!("{label}");
+        matmul_quant_batches_on(cuda);
+    }
+}
+
+fn matmul_quant_batches_on(cuda: &CudaBackend) {
     let mut rng = StdRng::seed_from_u64(2);
     for ty in MV_TYPES {
         let wide = if ty.block_size() == 1 { 100 } else { 2 * ty.block_size().max(128) };
@@ -631,11 +642,14 @@ fn every_kernel_module_loads() {
         "mv_q6_kr_t1s",
         "mv_q4_kr_tr",
         "mvn2_q5_0r_q8_0r",
+        "attn_decode_flat_batch_q_hd256",
+        "mmq_q6_kr_n",
     ] {
         assert!(names.contains(k), "{k} missing");
     }
-    // 35 common kernels, 3 float types × 2, 16 quantized layouts × 7, 3 mixed.
-    assert_eq!(res.len(), 35 + 6 + 16 * 7 + 3);
+    // 47 common kernels (12 of them the flat decode attention), 3 float
+    // types × 2, 16 quantized layouts × 8, 3 mixed.
+    assert_eq!(res.len(), 47 + 6 + 16 * 8 + 3);
 }
 
 /// The tests above, run when this machine has a CUDA device; otherwise

@@ -226,6 +226,9 @@ pub(crate) struct MatvecKernels {
     /// (`mmq_*`, matmul_quant.cu), for batches of
     /// `CudaOptions::mmq_min_tokens` tokens up to the cuBLAS GEMMs.
     pub mmq: Option<KernelName>,
+    /// The same in the narrow tile (`mmq_*_n`: [`MMQ_NARROW_ROWS`] ×
+    /// [`MMQ_NARROW_TOK`]).
+    pub mmq_n: Option<KernelName>,
     /// Whether the kernel takes the q8 activation (else the f32 one).
     pub quantized: bool,
 }
@@ -233,7 +236,7 @@ pub(crate) struct MatvecKernels {
 impl MatvecKernels {
     /// Every kernel of the set.
     pub(crate) fn all(self) -> impl Iterator<Item = KernelName> {
-        [Some(self.t1), self.tn, self.t1q, self.t1s, Some(self.t8), self.tr, self.mmq].into_iter().flatten()
+        [Some(self.t1), self.tn, self.t1q, self.t1s, Some(self.t8), self.tr, self.mmq, self.mmq_n].into_iter().flatten()
     }
 }
 
@@ -284,6 +287,7 @@ macro_rules! product {
                 t8: k(concat!("mv_", $n, "_t8")),
                 tr: Some(k(concat!("mv_", $n, "_tr"))),
                 mmq: Some(k(concat!("mmq_", $n))),
+                mmq_n: Some(k(concat!("mmq_", $n, "_n"))),
                 quantized: true,
             },
         }
@@ -329,6 +333,7 @@ const FLOAT_PRODUCTS: [MatvecKernels; 3] = {
             t8: KernelName::common(t8),
             tr: None,
             mmq: None,
+            mmq_n: None,
             quantized: false,
         }
     }
@@ -424,6 +429,9 @@ pub(crate) const MMQ_ROWS: usize = 128;
 pub(crate) const MMQ_TOK: usize = 64;
 pub(crate) const MMQ_K: usize = 64;
 pub(crate) const MMQ_THREADS: u32 = 256;
+/// Weight rows and tokens of an `mmq_*_n` block (the narrow tile).
+pub(crate) const MMQ_NARROW_ROWS: usize = 2 * MMQ_ROWS;
+pub(crate) const MMQ_NARROW_TOK: usize = MMQ_TOK / 2;
 
 /// Mirror of `MatvecArgs`.
 #[repr(C)]

@@ -344,7 +344,8 @@ impl CudaBackend {
             ..Default::default()
         };
         let qkv = kv_pool::CacheLayout::qkv_args(f16, f16, qkv);
-        ops::qkv_attention(d, &qkv, &args, d.ptr(&count))?;
+        let flat = ops::decode_flat(d, &args, 1, pos);
+        ops::qkv_attention(d, &qkv, &args, d.ptr(&count), flat)?;
         self.read_f32(&out, q.len())
     }
 

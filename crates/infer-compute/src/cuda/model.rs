@@ -235,6 +235,9 @@ struct GraphKey {
     greedy: bool,
     /// Candidates per row read back instead of the logits (0: the logits).
     top_k: usize,
+    /// Each layer's choice of the flat decode attention kernel, which
+    /// depends on the positions (`forward::attn_flat`).
+    flat: Vec<bool>,
 }
 
 /// A captured step and its key.
@@ -312,6 +315,8 @@ struct Pass {
     pub spans: Vec<Span>,
     pub n: usize,
     pub outputs: Vec<usize>,
+    /// The deepest position of its tokens.
+    pub max_pos: usize,
 }
 
 impl Pass {
@@ -330,7 +335,8 @@ impl Pass {
             }
         }
         let outputs = batch.output_indices().filter(|i| range.contains(i)).map(|i| i - range.start).collect();
-        Pass { spans: pass_spans, n: range.len(), outputs }
+        let max_pos = pass_spans.iter().map(|s| s.pos0 + s.len.saturating_sub(1)).max().unwrap_or(0);
+        Pass { spans: pass_spans, n: range.len(), outputs, max_pos }
     }
 
     /// Where its integers lie in the parameter buffer.
@@ -660,6 +666,7 @@ impl CudaModel {
             outputs: pass.outputs.clone(),
             greedy,
             top_k: self.top_k,
+            flat: self.w.layers.iter().map(|l| forward::attn_flat(&self.dev, l, pool.n_split, pass)).collect(),
         })
     }
 

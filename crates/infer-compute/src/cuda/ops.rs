@@ -362,7 +362,8 @@ pub(crate) fn qkv_post(dev: &Device, args: &QkvArgs) -> Result<()> {
 ///
 /// One token whose head dimension is 64, 128 or 256, with at most
 /// [`ATTN_MAX_G`] query heads per kv head, runs all of it as one kernel
-/// (`attn_decode_hd*`, attention_decode.cu), which needs `count`: `n_kv`
+/// (`attn_decode_hd*`, attention_decode.cu, or the flat
+/// `attn_decode_flat_hd*` when `flat`: see [`decode_flat`]), which needs `count`: `n_kv`
 /// zeroed ints that it leaves zeroed. `CudaOptions::attn_decode` off
 /// turns it off (to compare). Otherwise, for one token with several kv heads, the
 /// post-processing runs inside the split kernel (`attn_split_qkv`), then
@@ -374,10 +375,10 @@ pub(crate) fn qkv_post(dev: &Device, args: &QkvArgs) -> Result<()> {
 /// keeps them apart, `Some(true)` fuses whenever the shape allows (to
 /// compare). With values stored rotated (`attn.v_rot`) the output is
 /// rotated back before it is written or quantized.
-pub(crate) fn qkv_attention(dev: &Device, qkv: &QkvArgs, attn: &AttnArgs, count: DevPtr) -> Result<()> {
+pub(crate) fn qkv_attention(dev: &Device, qkv: &QkvArgs, attn: &AttnArgs, count: DevPtr, flat: bool) -> Result<()> {
     let (n_head, n_kv, hd) = (attn.n_head as usize, attn.n_kv as usize, attn.hd as usize);
     let one = attn.n_tok == 1 && qkv.n_tok == 1 && n_kv > 0 && n_head / n_kv <= ATTN_MAX_G;
-    if let Some(l) = DecodeLaunch::of(dev, attn, false).filter(|_| one && count != 0 && dev.opts.attn_decode) {
+    if let Some(l) = DecodeLaunch::of(attn, false, flat).filter(|_| one && count != 0 && dev.opts.attn_decode) {
         check_qkv_shape(qkv)?;
         check_attn_shape(n_head, n_kv, hd)?;
         let grid = (to_u32(n_kv, "kv heads")?, l.blocks(dev, attn, 1)?, 1);
@@ -420,7 +421,7 @@ pub(crate) const DECODE_BATCH_MAX: usize = 64;
 /// [`qkv_attention`]'s one-token path exists for it).
 pub(crate) fn has_decode_batch(dev: &Device, attn: &AttnArgs) -> bool {
     let (n_head, n_kv) = (attn.n_head as usize, attn.n_kv as usize);
-    DecodeLaunch::of(dev, attn, true).is_some() && n_kv > 0 && n_head / n_kv <= ATTN_MAX_G && dev.opts.attn_decode
+    DecodeLaunch::of(attn, true, false).is_some() && n_kv > 0 && n_head / n_kv <= ATTN_MAX_G && dev.opts.attn_decode
 }
 
 /// [`qkv_attention`] for `n_tok` one-token steps of different sequences in
@@ -430,6 +431,7 @@ pub(crate) fn has_decode_batch(dev: &Device, attn: &AttnArgs) -> bool {
 /// `t` of each activation, position `pos0[t]` and the caches at
 /// `slot[t] · strides` bytes (K's, V's) from slot 0's. `count` holds `n_tok ·
 /// n_kv` zeroed tickets, the partial sums room for `n_tok` tokens.
+/// `flat` picks the flat kernel as in [`qkv_attention`].
 ///
 /// # Errors
 /// A shape without the kernel (check [`has_decode_batch`]), more than
@@ -443,9 +445,10 @@ pub(crate) fn qkv_attention_batch(
     slot: DevPtr,
     strides: (usize, usize),
     n_tok: usize,
+    flat: bool,
 ) -> Result<()> {
     let (n_kv, hd) = (attn.n_kv as usize, attn.hd as usize);
-    let l = DecodeLaunch::of(dev, attn, true)
+    let l = DecodeLaunch::of(attn, true, flat)
         .ok_or_else(|| Error::Device(format!("no batched decode attention for head_dim {hd}")))?;
     if !has_decode_batch(dev, attn) || n_tok == 0 || n_tok > DECODE_BATCH_MAX || count == 0 || slot == 0 {
         return Err(Error::Device(format!("batched decode attention of {n_tok} tokens does not apply here")));
@@ -463,6 +466,28 @@ pub(crate) fn qkv_attention_batch(
 /// in attention_decode_flat.cu).
 const FLAT_G: usize = 4;
 
+/// Whether the one-launch decode attention of `attn` over `n_tok` one-token
+/// steps (1 to [`DECODE_BATCH_MAX`]), the deepest at position `max_pos`,
+/// runs the flat kernel: as `CudaOptions::attn_flat` says, and by default
+/// where the staged kernel's blocks would each stream two or more
+/// 32-position spans of the attended range (the last `window` positions
+/// for a sliding-window layer). There the flat kernel, which keeps its
+/// positions in registers without a barrier per span, was faster; where a
+/// block takes one span the staged one was (BENCHMARKS.md).
+pub(crate) fn decode_flat(dev: &Device, attn: &AttnArgs, n_tok: usize, max_pos: usize) -> bool {
+    match dev.opts.attn_flat {
+        Some(on) => on,
+        None => {
+            let Some(staged) = DecodeLaunch::of(attn, n_tok > 1, false) else { return false };
+            let attended = match attn.window {
+                w if w > 0 => (max_pos + 1).min(w as usize),
+                _ => max_pos + 1,
+            };
+            staged.blocks(dev, attn, n_tok).is_ok_and(|b| attended.div_ceil(ATTN_SPLIT) > b as usize)
+        }
+    }
+}
+
 /// Threads of a flat decode block (`FLAT_THREADS`).
 const FLAT_THREADS: usize = 256;
 
@@ -477,11 +502,11 @@ struct DecodeLaunch {
 
 impl DecodeLaunch {
     /// The kernel for `attn` (`batch`: the grid-z-over-tokens variant):
-    /// the flat one (attention_decode_flat.cu) for kv heads of at most
-    /// [`FLAT_G`] query heads when `CudaOptions::attn_flat` is on, else
-    /// the staged one (attention_decode.cu); `None` for a head_dim without
-    /// either (64, 128 and 256 have them).
-    fn of(dev: &Device, attn: &AttnArgs, batch: bool) -> Option<DecodeLaunch> {
+    /// the flat one (attention_decode_flat.cu) when `flat` (see
+    /// [`decode_flat`]) and kv heads have at most [`FLAT_G`] query heads,
+    /// else the staged one (attention_decode.cu); `None` for a head_dim
+    /// without either (64, 128 and 256 have them).
+    fn of(attn: &AttnArgs, batch: bool, flat: bool) -> Option<DecodeLaunch> {
         let hd = attn.hd as usize;
         let i = match hd {
             64 => 0,
@@ -491,7 +516,7 @@ impl DecodeLaunch {
         };
         let quant = quantized(attn);
         let g = (attn.n_head as usize).checked_div(attn.n_kv as usize).unwrap_or(usize::MAX);
-        if dev.opts.attn_flat && g <= FLAT_G {
+        if flat && g <= FLAT_G {
             // attention_decode_flat.cu's smem: q [FLAT_G][hd], new k and v
             // [2][hd], rotation [hd], norm weights [2][hd], the block's and
             // the warps' (max, sum) [1 + warps][FLAT_G] as float2, the
@@ -1005,12 +1030,30 @@ pub(crate) fn mmq_part_len(dev: &Device, n_tok: usize) -> usize {
     n_tok.min(kernels::MMQ_TOK) * (4 * sms + MMQ_MAX_SPLIT) * kernels::MMQ_ROWS
 }
 
+/// The tile of an `mmq_*` launch over `n_tok` tokens, as (weight rows,
+/// tokens): the narrow one (`mmq_*_n`) for at most [`kernels::MMQ_NARROW_TOK`]
+/// tokens when `CudaOptions::mmq_narrow` is on, else the wide one.
+fn mmq_tile(dev: &Device, n_tok: usize) -> (usize, usize) {
+    if dev.opts.mmq_narrow && n_tok <= kernels::MMQ_NARROW_TOK {
+        (kernels::MMQ_NARROW_ROWS, kernels::MMQ_NARROW_TOK)
+    } else {
+        (kernels::MMQ_ROWS, kernels::MMQ_TOK)
+    }
+}
+
 /// Split-K ranges of an `mmq_*` launch of `rows × cols` over `n_tok`
-/// tokens, and values per range (a multiple of `MMQ_K`): enough blocks for
-/// two per multiprocessor where the rows alone do not give them, every
-/// range at least two K-steps, the partial sums within `part_len` floats.
-fn mmq_split(dev: &Device, rows: usize, cols: usize, n_tok: usize, part_len: usize) -> (usize, usize) {
-    let blocks = rows.div_ceil(kernels::MMQ_ROWS) * n_tok.div_ceil(kernels::MMQ_TOK);
+/// tokens in tiles of `tile` (rows, tokens), and values per range (a
+/// multiple of `MMQ_K`): enough blocks for two per multiprocessor where the
+/// rows alone do not give them, every range at least two K-steps, the
+/// partial sums within `part_len` floats.
+fn mmq_split(
+    dev: &Device,
+    (rows, cols): (usize, usize),
+    n_tok: usize,
+    tile: (usize, usize),
+    part_len: usize,
+) -> (usize, usize) {
+    let blocks = rows.div_ceil(tile.0) * n_tok.div_ceil(tile.1);
     let steps = cols.div_ceil(kernels::MMQ_K);
     let sms = dev.info.multiprocessors.max(1) as usize;
     let mut split = (2 * sms).div_ceil(blocks).clamp(1, (steps / 2).clamp(1, MMQ_MAX_SPLIT));
@@ -1042,7 +1085,11 @@ pub(crate) fn mmq(
     (y, ld_y): (DevPtr, usize),
     (part, part_len): (DevPtr, usize),
 ) -> Result<()> {
-    let name = mmq_kernel(ty, repacked).ok_or(Error::Unsupported { op: "cuda mmq", ty })?;
+    let tile = mmq_tile(dev, n_tok);
+    let set = kernels::product((ty, repacked)).map(|p| p.kernels);
+    let name = set
+        .and_then(|k| if tile.1 == kernels::MMQ_TOK { k.mmq } else { k.mmq_n })
+        .ok_or(Error::Unsupported { op: "cuda mmq", ty })?;
     if rows == 0 || n_tok == 0 {
         return Ok(());
     }
@@ -1052,7 +1099,7 @@ pub(crate) fn mmq(
     if ld_y < rows {
         return Err(Error::Device(format!("mmq output stride {ld_y} below its {rows} rows")));
     }
-    let (split, k_split) = mmq_split(dev, rows, cols, n_tok, part_len);
+    let (split, k_split) = mmq_split(dev, (rows, cols), n_tok, tile, part_len);
     let args = kernels::MmqArgs {
         w,
         x,
@@ -1067,11 +1114,8 @@ pub(crate) fn mmq(
         split: to_i32(split, "splits")?,
         pad: 0,
     };
-    let grid = (
-        to_u32(rows.div_ceil(kernels::MMQ_ROWS), "grid")?,
-        to_u32(n_tok.div_ceil(kernels::MMQ_TOK), "grid")?,
-        to_u32(split, "grid")?,
-    );
+    let grid =
+        (to_u32(rows.div_ceil(tile.0), "grid")?, to_u32(n_tok.div_ceil(tile.1), "grid")?, to_u32(split, "grid")?);
     dev.launch(name, grid, kernels::MMQ_THREADS, 0, &args)?;
     if split == 1 {
         return Ok(());

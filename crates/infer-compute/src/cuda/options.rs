@@ -56,11 +56,15 @@ pub struct CudaOptions {
     pub attn_decode: bool,
     /// That kernel with a softmax per thread (`attn_decode_flat_hd*`,
     /// kv heads of at most 4 query heads): the cache streamed through
-    /// registers, no barrier per position; off: the spans staged in shared
-    /// memory (`attn_decode_hd*`). Off by default: it has not yet run on a
-    /// GPU (the conformance suite's `cuda_flat` runs it).
-    /// `INFER_CUDA_ATTN_FLAT=1`.
-    pub attn_flat: bool,
+    /// registers, no barrier per position, against the spans staged in
+    /// shared memory (`attn_decode_hd*`). `None`: flat where the staged
+    /// kernel's blocks would each stream two or more 32-position spans
+    /// (deep in the cache, or many sequences at once), where it was faster
+    /// (H100, llama 1B: tg128 at depth 16 384 +9%, 64 sequences +4.6%), and
+    /// staged where each block takes one span (one sequence at depth 0:
+    /// flat −2%); `Some(true)`: flat wherever the shape allows;
+    /// `Some(false)`: never. `INFER_CUDA_ATTN_FLAT=1|0`.
+    pub attn_flat: Option<bool>,
     /// Blocks per kv head of that kernel (`Some(n)`, 1 or more); `None`:
     /// about 1024 threads per multiprocessor over the launch. Up to that many
     /// 32-position spans each has a block; deeper, each block streams
@@ -90,6 +94,13 @@ pub struct CudaOptions {
     /// warp mat-vec kernels win at 16 tokens (7.7k vs 6.5k tokens/s), these
     /// from 24 (9.2k). `INFER_CUDA_MMQ=N` (2 or more; `0`: `None`).
     pub mmq_min_tokens: Option<usize>,
+    /// Those products over at most `MMQ_TOK / 2` (32) tokens in the
+    /// narrow tile (`mmq_*_n`: 256 rows × 32 tokens, two weight chunks per
+    /// thread per K-step) instead of the 128 × 64 one, whose warps of the
+    /// second 32 tokens have nothing to multiply there: on an H100 (llama
+    /// 1B Q4_K_M, S_TG of `infer bench --npl`) +5% at 24 and 32 sequences.
+    /// `INFER_CUDA_MMQ_NARROW=0` turns it off.
+    pub mmq_narrow: bool,
     /// Quantized products of at least this many tokens with 4 weight rows
     /// per warp (`mv_*_tr`, each activation chunk loaded once for the
     /// warp's rows; gate/up pairs from `mv_rows_glu_min_tokens`); fewer
@@ -135,13 +146,14 @@ impl Default for CudaOptions {
             mixed_qkv: true,
             glu_q8: true,
             attn_decode: true,
-            attn_flat: false,
+            attn_flat: None,
             attn_decode_blocks: None,
             fuse_qkv: None,
             flash: true,
             prefill_gemm: Some(GemmPrecision::Bf16),
             gemm_min_tokens: 65,
             mmq_min_tokens: Some(24),
+            mmq_narrow: true,
             mv_rows_min_tokens: Some(2),
             mv_rows_glu_min_tokens: Some(16),
             mv_warps_per_row: None,
@@ -166,7 +178,7 @@ impl CudaOptions {
             mixed_qkv: false,
             glu_q8: false,
             attn_decode: false,
-            attn_flat: false,
+            attn_flat: Some(false),
             fuse_qkv: Some(false),
             flash: false,
             prefill_gemm: None,
@@ -198,7 +210,11 @@ impl CudaOptions {
             mixed_qkv: on("INFER_CUDA_MIXED_QKV", d.mixed_qkv),
             glu_q8: on("INFER_CUDA_GLU_Q8", d.glu_q8),
             attn_decode: on("INFER_CUDA_ATTN_DECODE", d.attn_decode),
-            attn_flat: on("INFER_CUDA_ATTN_FLAT", d.attn_flat),
+            attn_flat: match var("INFER_CUDA_ATTN_FLAT").as_deref() {
+                Some("0") => Some(false),
+                Some(_) => Some(true),
+                None => d.attn_flat,
+            },
             attn_decode_blocks: var("INFER_CUDA_ATTN_BLOCKS")
                 .and_then(|v| v.parse().ok())
                 .filter(|&n| n >= 1)
@@ -223,6 +239,7 @@ impl CudaOptions {
                 Some(Ok(n)) if n >= 2 => Some(n),
                 _ => d.mmq_min_tokens,
             },
+            mmq_narrow: on("INFER_CUDA_MMQ_NARROW", d.mmq_narrow),
             mv_rows_min_tokens: match var("INFER_CUDA_MV_ROWS").map(|v| v.parse::<usize>()) {
                 Some(Ok(0)) => None,
                 Some(Ok(n)) if n >= 2 => Some(n),
@@ -265,6 +282,8 @@ mod tests {
             ("INFER_CUDA_MMQ", "8"),
             ("INFER_CUDA_MV_ROWS_GLU", "0"),
             ("INFER_CUDA_ATTN_BLOCKS", "3"),
+            ("INFER_CUDA_MMQ_NARROW", "0"),
+            ("INFER_CUDA_ATTN_FLAT", "0"),
         ];
         let o = CudaOptions::from_vars(|k| vars.iter().find(|v| v.0 == k).map(|v| v.1.to_string()));
         assert!(!o.repack && o.pdl && o.flash);
@@ -277,6 +296,8 @@ mod tests {
         assert_eq!(o.gemm_min_tokens, 65, "a GEMM of one token is not a choice");
         assert_eq!(o.mmq_min_tokens, Some(8));
         assert_eq!(o.attn_decode_blocks, Some(3));
+        assert!(!o.mmq_narrow);
+        assert_eq!(o.attn_flat, Some(false));
         let zero = CudaOptions::from_vars(|k| (k == "INFER_CUDA_ATTN_BLOCKS").then(|| "0".into()));
         assert_eq!(zero.attn_decode_blocks, None, "no blocks is not a choice");
         let no_mmq = CudaOptions::from_vars(|k| (k == "INFER_CUDA_MMQ").then(|| "0".into()));
@@ -298,7 +319,7 @@ mod tests {
                 || u.mixed_qkv
                 || u.glu_q8
                 || u.attn_decode
-                || u.attn_flat
+                || u.attn_flat != Some(false)
                 || u.flash
                 || u.mv_rows_min_tokens.is_some()
                 || u.mv_rows_glu_min_tokens.is_some()

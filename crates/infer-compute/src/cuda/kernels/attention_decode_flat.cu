@@ -19,9 +19,9 @@
 // warp that share values merge by shuffles, the warps through shared
 // memory, and decode_finish writes the block's result or partial.
 // Logits and values as attn_decode reads them (values rounded to f16).
-// Selected by CudaOptions::attn_flat, off by default until it has run on a
-// GPU (written and compiled by NVRTC for sm_90: 89-128 registers, no
-// spills; the conformance suite's cuda_flat runs it).
+// Chosen per layer and pass by ops::decode_flat: where attn_decode's blocks
+// would each stream two or more spans (89-128 registers, no spills; the
+// conformance suite's cuda_flat runs it everywhere).
 
 #define FLAT_THREADS 256
 #define FLAT_G 4

@@ -5,18 +5,23 @@
 // matrix for cuBLAS (elementwise.cu: dequant_matrix) would write and read
 // it again in bf16, 4.5 bytes per weight instead of the 0.56 of Q4_K.
 //
-// A block of MMQ_WARPS warps computes MMQ_ROWS rows x MMQ_TOK tokens over
-// one range of K (split-K: grid z; the ranges' partial sums are added by
-// mmq_reduce, in a fixed order). Per K-step of MMQ_K values each thread
-// decodes one 32-value chunk of one row with the layout's chunk decoder
-// (quant.cuh), converts it to bf16 in shared memory, and loads 8 bf16
-// activations; then each warp multiplies its 32 rows x 32 tokens with
+// A block of MMQ_WARPS warps computes a tile of rows x tokens over one
+// range of K (split-K: grid z; the ranges' partial sums are added by
+// mmq_reduce, in a fixed order): MMQ_ROWS x MMQ_TOK (mmq_*: 4 x 2 warps),
+// or for passes of at most MMQ_TOK / 2 tokens MMQ_ROWS · 2 x MMQ_TOK / 2
+// (mmq_*_n, "narrow": 8 x 1 warps), which leaves no warp without tokens
+// and has each thread decode two chunks per K-step, twice the weight bytes
+// in flight (the wide tile's loads, one K-step ahead, leave it latency
+// bound). Per K-step of MMQ_K values each thread decodes its 32-value
+// chunks of the rows with the layout's chunk decoder (quant.cuh), converts
+// them to bf16 in shared memory, and loads 8 bf16 activations per chunk
+// of tokens; then each warp multiplies its 32 rows x 32 tokens with
 // mma.m16n8k16 (bf16 inputs, f32 accumulation). Unlike ggml's MMQ, which
 // multiplies int8 weights with q8_1 activations, the weights are decoded to
 // bf16 once per block: the per-sub-block scales cost nothing per token.
 // Before waiting for the kernel before it (PDL), each warp asks L2 for its
-// rows' share of the block's K range. Grid: x = ceil(rows / MMQ_ROWS),
-// y = ceil(n_tok / MMQ_TOK), z = split.
+// rows' share of the block's K range. Grid: x = ceil(rows / tile rows),
+// y = ceil(n_tok / tile tokens), z = split.
 //
 // Fragment layouts are PTX's for mma.m16n8k16 (grp = lane / 4, tig =
 // lane % 4): A (16 x 16, row-major) a0 = (grp, 2 tig..+1), a1 = (grp + 8,
@@ -81,26 +86,40 @@ __device__ __forceinline__ void mmq_store_chunk(const WChunk& w, bool valid, u16
     }
 }
 
-template <class T>
+// WN: warps along the tokens (2: the MMQ_ROWS x MMQ_TOK tile; 1: narrow).
+template <class T, int WN>
 __device__ __forceinline__ void matmul_quant(const MmqArgs& a) {
-    __shared__ __align__(16) u16 sw[MMQ_ROWS * MMQ_LD];
-    __shared__ __align__(16) u16 sx[MMQ_TOK * MMQ_LD];
+    constexpr int WM = MMQ_WARPS / WN;            // warps along the rows
+    constexpr int ROWS = 32 * WM, TOK = 32 * WN;  // the block's tile
+    constexpr int NT = MMQ_WARPS * WARP;
+    constexpr int CH = ROWS * (MMQ_K / 32) / NT;  // weight chunks per thread per K-step
+    constexpr int XL = TOK * (MMQ_K / 8) / NT;    // 8-value activation loads per thread
+    static_assert(CH >= 1 && XL >= 1, "whole loads per thread");
+    __shared__ __align__(16) u16 sw[ROWS * MMQ_LD];
+    __shared__ __align__(16) u16 sx[TOK * MMQ_LD];
     const int tid = threadIdx.x, warp = tid / WARP, lane = tid % WARP;
     const int grp = lane / 4, tig = lane % 4;
-    const int r0 = blockIdx.x * MMQ_ROWS, t0 = blockIdx.y * MMQ_TOK;
-    const int nt = min(MMQ_TOK, a.n_tok - t0);
+    const int r0 = blockIdx.x * ROWS, t0 = blockIdx.y * TOK;
+    const int nt = min(TOK, a.n_tok - t0);
     const int kb = blockIdx.z * a.k_split, ke = min(a.cols, kb + a.k_split);
     const int n_chunk = a.cols / 32;
 
-    // This thread's chunk: row r0 + wr, chunk wc of each K-step (rows past
-    // the last read the last one and store zeros).
-    const int wr = tid / 2, wc = tid % 2;
-    const bool row_ok = r0 + wr < a.rows;
-    const u8* wrow = a.w + (size_t)min(r0 + wr, a.rows - 1) * a.row_bytes;
-    // Each warp asks L2 for its 16 rows' share of [kb, ke) (a hint: for
+    // This thread's chunks: rows r0 + wr[i], chunk wc of each K-step (rows
+    // past the last read the last one and store zeros).
+    int wr[CH];
+    bool row_ok[CH];
+    const u8* wrow[CH];
+    const int wc = tid % 2;
+#pragma unroll
+    for (int i = 0; i < CH; ++i) {
+        wr[i] = tid / 2 + i * (NT / 2);
+        row_ok[i] = r0 + wr[i] < a.rows;
+        wrow[i] = a.w + (size_t)min(r0 + wr[i], a.rows - 1) * a.row_bytes;
+    }
+    // Each warp asks L2 for its rows' share of [kb, ke) (a hint: for
     // repacked rows the share is approximate).
-    if (lane < 16) {
-        const int r = min(r0 + warp * 16 + lane, a.rows - 1);
+    if (lane < ROWS / MMQ_WARPS) {
+        const int r = min(r0 + warp * (ROWS / MMQ_WARPS) + lane, a.rows - 1);
         const long lo = (long)kb * a.row_bytes / a.cols, hi = ((long)ke * a.row_bytes + a.cols - 1) / a.cols;
         const u8* p = a.w + (size_t)r * a.row_bytes + lo;
         const int bytes = (int)(hi - lo);
@@ -112,27 +131,27 @@ __device__ __forceinline__ void matmul_quant(const MmqArgs& a) {
     }
     PDL_PROLOGUE;
 
-    // Activation loads: 2 x 8 bf16 per thread per K-step.
-    const u16* xrow[2];
-    int xt[2], xp[2];
+    // Activation loads: XL x 8 bf16 per thread per K-step.
+    const u16* xrow[XL];
+    int xt[XL], xp[XL];
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
-        const int idx = tid + i * MMQ_WARPS * WARP;
+    for (int i = 0; i < XL; ++i) {
+        const int idx = tid + i * NT;
         xt[i] = idx / (MMQ_K / 8);
         xp[i] = idx % (MMQ_K / 8);
         xrow[i] = a.x + (size_t)(t0 + min(xt[i], nt - 1)) * a.cols;
     }
-    auto load_w = [&](int k0, bool& ok) {
+    auto load_w = [&](int k0, int i, bool& ok) {
         const int c = k0 / 32 + wc;
-        ok = row_ok && c < n_chunk && k0 + 32 * wc < ke;
-        return T::load(wrow, min(c, n_chunk - 1), n_chunk);
+        ok = row_ok[i] && c < n_chunk && k0 + 32 * wc < ke;
+        return T::load(wrow[i], min(c, n_chunk - 1), n_chunk);
     };
     auto load_x = [&](int k0, int i) {
         const int k = k0 + xp[i] * 8;
         return (xt[i] < nt && k < ke) ? *(const uint4*)(xrow[i] + k) : make_uint4(0, 0, 0, 0);
     };
 
-    const int wm = warp % 4, wn = warp / 4;  // warp tile: rows 32 wm.., tokens 32 wn..
+    const int wm = warp % WM, wn = warp / WM;  // warp tile: rows 32 wm.., tokens 32 wn..
     float acc[2][4][4];
 #pragma unroll
     for (int mi = 0; mi < 2; ++mi)
@@ -141,19 +160,25 @@ __device__ __forceinline__ void matmul_quant(const MmqArgs& a) {
 #pragma unroll
             for (int e = 0; e < 4; ++e) acc[mi][ni][e] = 0.0f;
 
-    bool wok;
-    WChunk wcur = load_w(kb, wok);
-    uint4 xcur[2] = {load_x(kb, 0), load_x(kb, 1)};
+    bool wok[CH];
+    WChunk wcur[CH];
+    uint4 xcur[XL];
+#pragma unroll
+    for (int i = 0; i < CH; ++i) wcur[i] = load_w(kb, i, wok[i]);
+#pragma unroll
+    for (int i = 0; i < XL; ++i) xcur[i] = load_x(kb, i);
     for (int k0 = kb; k0 < ke; k0 += MMQ_K) {
         __syncthreads();  // the previous step's fragments are read
-        mmq_store_chunk(wcur, wok, sw + wr * MMQ_LD + wc * 32);
 #pragma unroll
-        for (int i = 0; i < 2; ++i) *(uint4*)(sx + xt[i] * MMQ_LD + xp[i] * 8) = xcur[i];
+        for (int i = 0; i < CH; ++i) mmq_store_chunk(wcur[i], wok[i], sw + wr[i] * MMQ_LD + wc * 32);
+#pragma unroll
+        for (int i = 0; i < XL; ++i) *(uint4*)(sx + xt[i] * MMQ_LD + xp[i] * 8) = xcur[i];
         __syncthreads();
         if (k0 + MMQ_K < ke) {
-            wcur = load_w(k0 + MMQ_K, wok);
-            xcur[0] = load_x(k0 + MMQ_K, 0);
-            xcur[1] = load_x(k0 + MMQ_K, 1);
+#pragma unroll
+            for (int i = 0; i < CH; ++i) wcur[i] = load_w(k0 + MMQ_K, i, wok[i]);
+#pragma unroll
+            for (int i = 0; i < XL; ++i) xcur[i] = load_x(k0 + MMQ_K, i);
         }
 #pragma unroll
         for (int kk = 0; kk < MMQ_K / 16; ++kk) {
@@ -197,8 +222,11 @@ __device__ __forceinline__ void matmul_quant(const MmqArgs& a) {
     }
 }
 
-// The kernel of one layout: `MMQ_KERNEL(name, T)` in its products module.
+// The kernels of one layout: `MMQ_KERNEL(name, T)` in its products module.
 #define MMQ_KERNEL(name, T)                                                                          \
     extern "C" __global__ void __launch_bounds__(MMQ_WARPS * WARP) mmq_##name(const MmqArgs a) {     \
-        matmul_quant<T>(a);                                                                          \
+        matmul_quant<T, 2>(a);                                                                       \
+    }                                                                                                \
+    extern "C" __global__ void __launch_bounds__(MMQ_WARPS * WARP) mmq_##name##_n(const MmqArgs a) { \
+        matmul_quant<T, 1>(a);                                                                       \
     }

@@ -51,6 +51,23 @@ impl CudaModel {
     }
 }
 
+/// Whether layer `l`'s one-token decode attention in `pass` runs the flat
+/// kernel ([`ops::decode_flat`] for the pass's deepest position and its
+/// one-token spans, at most `DECODE_BATCH_MAX` at once): one choice per
+/// layer and pass, part of a captured step's key.
+pub(super) fn attn_flat(d: &Device, l: &DevLayer, n_split: usize, pass: &Pass) -> bool {
+    let n_tok = pass.spans.iter().filter(|s| s.len == 1).count().clamp(1, ops::DECODE_BATCH_MAX);
+    let attn = AttnArgs {
+        n_head: l.n_head as i32,
+        n_kv: l.n_kv as i32,
+        hd: l.hd as i32,
+        n_split: n_split as i32,
+        window: l.window.map_or(0, |w| w.min(i32::MAX as usize) as i32),
+        ..Default::default()
+    };
+    ops::decode_flat(d, &attn, n_tok, pass.max_pos)
+}
+
 /// A cuBLAS GEMM path: its precision, the dequantized-matrix scratch and
 /// the converted-activation scratch.
 type Gemm = (GemmPrecision, DevPtr, DevPtr);
@@ -373,18 +390,19 @@ impl<'a> Forward<'a> {
             Some(_) => ops::has_decode_batch(d, &self.attn_args(li, l, 0, 0)?.1),
             None => false,
         };
+        let flat = attn_flat(d, l, self.pool.n_split, self.pass);
         let mut si = 0;
         while si < spans.len() {
             let run = spans[si..].iter().take_while(|s| s.len == 1).count().min(ops::DECODE_BATCH_MAX);
             if run >= 2 && batchable {
                 let (qkv, attn) = self.attn_args(li, l, si, 0)?;
                 let slots = self.param(self.at.slot(si));
-                ops::qkv_attention_batch(d, &qkv, &attn, count, slots, self.pool.slot_strides(li), run)?;
+                ops::qkv_attention_batch(d, &qkv, &attn, count, slots, self.pool.slot_strides(li), run, flat)?;
                 si += run;
                 continue;
             }
             let (qkv, attn) = self.attn_args(li, l, si, spans[si].slot)?;
-            ops::qkv_attention(d, &qkv, &attn, count)?;
+            ops::qkv_attention(d, &qkv, &attn, count, flat)?;
             si += 1;
         }
         Ok(())
