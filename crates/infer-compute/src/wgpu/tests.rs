@@ -63,12 +63,19 @@ fn compose_refuses_types_without_kernels() {
     let kv = Variant::Kv(KvTypes::both(KvCacheType::F16));
     assert!(matches!(compose(Kernel::Matvec, kv, true), Err(Error::Unsupported { .. })));
     assert!(matches!(compose(Kernel::Gemm, kv, true), Err(Error::Unsupported { .. })));
+    // TurboQuant caches compose with the KV kernels; the kernels over one
+    // such cache take only a TurboQuant type.
     for ty in [KvCacheType::Tq3, KvCacheType::Tq4] {
         let tq = Variant::Kv(KvTypes { k: KvCacheType::F16, v: ty });
-        assert!(
-            matches!(compose(Kernel::Attention, tq, true), Err(Error::UnsupportedKvCache { ty: t, .. }) if t == ty)
-        );
+        assert!(compose(Kernel::Attention, tq, true).is_ok());
+        assert!(matches!(compose(Kernel::TqEncode, tq, true), Err(Error::Unsupported { .. })));
+        assert!(compose(Kernel::TqEncode, Variant::Tq(ty), false).is_ok());
+        assert!(matches!(compose(Kernel::Attention, Variant::Tq(ty), true), Err(Error::Unsupported { .. })));
     }
+    assert!(matches!(
+        compose(Kernel::TqKeep, Variant::Tq(KvCacheType::Q8_0), true),
+        Err(Error::UnsupportedKvCache { ty: KvCacheType::Q8_0, .. })
+    ));
 }
 
 /// A KV-typed module holds K's and V's files once each, renamed for their

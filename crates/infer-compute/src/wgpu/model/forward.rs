@@ -8,6 +8,7 @@ use crate::backend::{Batch, StepProfile};
 use crate::error::{Error, Result};
 use crate::wgpu::context::Gpu;
 use crate::wgpu::kv_pool::WgpuKvPool;
+use crate::wgpu::kv_tq::span_starts;
 use crate::wgpu::model::FfnIn;
 use crate::wgpu::shaders::{Kernel, Variant};
 use crate::wgpu::step::{Step, P};
@@ -36,6 +37,9 @@ pub(in crate::wgpu) struct Scratch {
     ids: wgpu::Buffer,
     pos: wgpu::Buffer,
     slot: wgpu::Buffer,
+    /// Per token, the pass index of its span's first token (a TurboQuant
+    /// cache's reads and ring: `kv/tq.wgsl`).
+    span: wgpu::Buffer,
     out_idx: wgpu::Buffer,
 }
 
@@ -123,6 +127,7 @@ impl WgpuModel {
             ids: f("ids", 1)?,
             pos: f("pos", 1)?,
             slot: f("slot", 1)?,
+            span: f("span", 1)?,
             out_idx: f("out_idx", 1)?,
         });
         Ok(cap)
@@ -190,6 +195,7 @@ impl WgpuModel {
         q.write_buffer(&s.ids, 0, bytemuck::cast_slice(&batch.tokens()[range]));
         q.write_buffer(&s.pos, 0, bytemuck::cast_slice(&pos));
         q.write_buffer(&s.slot, 0, bytemuck::cast_slice(&slot));
+        q.write_buffer(&s.span, 0, bytemuck::cast_slice(&span_starts(&pos, &slot)));
         if !outputs.is_empty() {
             q.write_buffer(&s.out_idx, 0, bytemuck::cast_slice(outputs));
         }
@@ -234,6 +240,7 @@ fn record<'g>(w: &Weights, s: &Scratch, gpu: &'g Gpu, pool: &WgpuKvPool, n: usiz
             mv(&mut st, &l.wv, &s.h, &s.v, n, 0.0)?;
             // The layer's K and V layouts, and the kernels composed for them.
             let (kl, vl) = pool.layouts[li];
+            let n_kv = l.n_kv;
             let kv = Variant::Kv(KvTypes { k: kl.ty, v: vl.ty });
             let flags = l.bias.is_some() as u32 | (l.q_norm.is_some() as u32) << 1 | (l.k_norm.is_some() as u32) << 2;
             let dummy = &gpu.dummy;
@@ -269,6 +276,17 @@ fn record<'g>(w: &Weights, s: &Scratch, gpu: &'g Gpu, pool: &WgpuKvPool, n: usiz
                 (9, &s.slot),
             ];
             st.dispatch(Kernel::Rope, kv, &bufs, 10, &rope, [u(l.n_head + 2 * l.n_kv)?, nt, 1])?;
+            // A TurboQuant cache's rows of the pass (in `s.k`, `s.v` since
+            // `rope`): centres, then codes; after attention, the ring.
+            let tq = [(kl, &pool.k[li], &s.k), (vl, &pool.v[li], &s.v)];
+            let tq = || tq.iter().filter(|(l, ..)| l.tq.is_some());
+            let tok = [(2, &s.pos), (3, &s.slot), (4, &s.span)];
+            for &(l, cache, rows) in tq() {
+                let bufs = [(0, cache), (1, rows), tok[0], tok[1]];
+                let v = Variant::Tq(l.ty);
+                st.dispatch(Kernel::TqCentre, v, &[(0, cache), tok[0], tok[1]], 5, &[P::U(nt)], [nt, 1, 1])?;
+                st.dispatch(Kernel::TqEncode, v, &bufs, 5, &[P::U(nt)], [u(n_kv)?, nt, 1])?;
+            }
             let attn = [
                 P::U(u(l.n_head)?),
                 P::U(u(l.n_kv)?),
@@ -282,7 +300,7 @@ fn record<'g>(w: &Weights, s: &Scratch, gpu: &'g Gpu, pool: &WgpuKvPool, n: usiz
                 P::U(u(vl.rot)?),
                 P::F(vl.rot_scale),
             ];
-            let bufs = [
+            let mut bufs = vec![
                 (0, &s.q),
                 (1, &pool.k[li]),
                 (2, &pool.v[li]),
@@ -291,7 +309,21 @@ fn record<'g>(w: &Weights, s: &Scratch, gpu: &'g Gpu, pool: &WgpuKvPool, n: usiz
                 (5, &s.pos),
                 (6, &s.slot),
             ];
+            // The pass's rows, bound where a TurboQuant cache reads them.
+            if kl.tq.is_some() {
+                bufs.push((8, &s.k));
+            }
+            if vl.tq.is_some() {
+                bufs.push((9, &s.v));
+            }
+            if tq().next().is_some() {
+                bufs.push((10, &s.span));
+            }
             st.dispatch(Kernel::Attention, kv, &bufs, 7, &attn, [u(l.n_head)?, nt, 1])?;
+            for &(l, cache, rows) in tq() {
+                let bufs = [(0, cache), (1, rows), tok[0], tok[1], tok[2]];
+                st.dispatch(Kernel::TqKeep, Variant::Tq(l.ty), &bufs, 5, &[P::U(nt)], [u(n_kv)?, nt, 1])?;
+            }
             mv(&mut st, &l.wo, &s.attn, &s.o, n, 0.0)?;
             record_norm(&mut st, s, e, nt, Some(&s.o), l.post_attn_norm.as_ref(), &l.ffn_norm)?;
             let n_ff = l.down.cols;
