@@ -24,15 +24,20 @@
 //! [`KvCacheType::hadamard_block`] values, as on the CPU and CUDA
 //! (`shaders/kv/rotation.wgsl`).
 //!
-//! A tq3 or tq4 layer's buffer also holds, as [`TqLayout`] lays them out:
-//! a header (the areas' offsets, the codebook, the rotation's signs times
-//! the keys' channel scale), each slot's first `TQ_EXACT_POSITIONS` rows
-//! exact in f16, its centre (f32, the mean of those rows from
-//! `TQ_CENTRE_FROM` on: what a position past them is coded less), and its
-//! last `TQ_WINDOW` rows in f16, a ring tagged with the positions it holds,
-//! which a query reads within that window of it. Rows are stored in the
-//! TurboQuant coder's basis (random signs, then `H/√head_dim`), as on the
-//! CPU.
+//! A tq3 or tq4 layer's buffer holds, in this order (word offsets in its
+//! header; [`TqLayout`]):
+//!
+//! | area | words | what |
+//! | --- | --- | --- |
+//! | header | `48 + 2 · head_dim` | the areas' offsets and sizes, the codebook's centroids and boundaries, the rotation's random signs times the keys' channel scale (and over it, for the queries) |
+//! | codes | `[n_slots][n_ctx]` rows as above | each position's code per head; not written below `TQ_EXACT_POSITIONS` |
+//! | exact | `[n_slots][n_exact][kv_dim / 2]` | each slot's first `n_exact = min(TQ_EXACT_POSITIONS, n_ctx)` rows in f16 |
+//! | centre | `[n_slots][kv_dim]` f32 | the mean of the exact rows from `TQ_CENTRE_FROM` on, set when row `n_exact − 1` is written: later rows are coded less it |
+//! | ring | `[n_slots][window][kv_dim / 2]` | the last `window = min(TQ_WINDOW, n_ctx)` rows in f16, position `p` at entry `p % window`, which a query reads within that window of it |
+//! | tags | `[n_slots][window]` | the position each ring entry holds, plus one (0: none) |
+//!
+//! Rows are stored in the TurboQuant coder's basis (random signs, then
+//! `H/√head_dim`), as on the CPU.
 
 use std::any::Any;
 use std::sync::Arc;

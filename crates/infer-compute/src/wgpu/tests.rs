@@ -97,4 +97,12 @@ fn kv_files_are_composed_per_role() {
     assert_eq!(rope.matches("fn k_store(").count(), 1);
     assert_eq!(rope.matches("fn v_store(").count(), 1);
     assert!(!attn.contains("_store(") && !attn.contains("fn q4_code("));
+    // TurboQuant: each role's index bits, and the kernels over one cache
+    // under the role `c_`.
+    let tq = KvTypes { k: KvCacheType::Tq3, v: KvCacheType::Tq4 };
+    let attn = compose(Kernel::Attention, Variant::Kv(tq), false).unwrap();
+    assert!(attn.contains("const k_BITS: u32 = 3u;") && attn.contains("const v_BITS: u32 = 4u;"));
+    assert_eq!(attn.matches("fn k_read(").count(), 1);
+    let enc = compose(Kernel::TqEncode, Variant::Tq(KvCacheType::Tq3), false).unwrap();
+    assert!(!enc.contains("KV_") && enc.contains("const c_BITS: u32 = 3u;"));
 }
