@@ -7,7 +7,7 @@ use super::{DevNorm, Weights, WgpuModel, PASS_TOKENS};
 use crate::backend::{Batch, StepProfile};
 use crate::error::{Error, Result};
 use crate::wgpu::context::Gpu;
-use crate::wgpu::kv_pool::WgpuKvPool;
+use crate::wgpu::kv_pool::{KvLayout, WgpuKvPool};
 use crate::wgpu::kv_tq::span_starts;
 use crate::wgpu::model::FfnIn;
 use crate::wgpu::shaders::{Kernel, Variant};
@@ -240,7 +240,6 @@ fn record<'g>(w: &Weights, s: &Scratch, gpu: &'g Gpu, pool: &WgpuKvPool, n: usiz
             mv(&mut st, &l.wv, &s.h, &s.v, n, 0.0)?;
             // The layer's K and V layouts, and the kernels composed for them.
             let (kl, vl) = pool.layouts[li];
-            let n_kv = l.n_kv;
             let kv = Variant::Kv(KvTypes { k: kl.ty, v: vl.ty });
             let flags = l.bias.is_some() as u32 | (l.q_norm.is_some() as u32) << 1 | (l.k_norm.is_some() as u32) << 2;
             let dummy = &gpu.dummy;
@@ -276,17 +275,8 @@ fn record<'g>(w: &Weights, s: &Scratch, gpu: &'g Gpu, pool: &WgpuKvPool, n: usiz
                 (9, &s.slot),
             ];
             st.dispatch(Kernel::Rope, kv, &bufs, 10, &rope, [u(l.n_head + 2 * l.n_kv)?, nt, 1])?;
-            // A TurboQuant cache's rows of the pass (in `s.k`, `s.v` since
-            // `rope`): centres, then codes; after attention, the ring.
-            let tq = [(kl, &pool.k[li], &s.k), (vl, &pool.v[li], &s.v)];
-            let tq = || tq.iter().filter(|(l, ..)| l.tq.is_some());
-            let tok = [(2, &s.pos), (3, &s.slot), (4, &s.span)];
-            for &(l, cache, rows) in tq() {
-                let bufs = [(0, cache), (1, rows), tok[0], tok[1]];
-                let v = Variant::Tq(l.ty);
-                st.dispatch(Kernel::TqCentre, v, &[(0, cache), tok[0], tok[1]], 5, &[P::U(nt)], [nt, 1, 1])?;
-                st.dispatch(Kernel::TqEncode, v, &bufs, 5, &[P::U(nt)], [u(n_kv)?, nt, 1])?;
-            }
+            let caches = [(kl, &pool.k[li], &s.k), (vl, &pool.v[li], &s.v)];
+            record_tq(&mut st, s, &caches, nt, l.n_kv, false)?;
             let attn = [
                 P::U(u(l.n_head)?),
                 P::U(u(l.n_kv)?),
@@ -316,14 +306,11 @@ fn record<'g>(w: &Weights, s: &Scratch, gpu: &'g Gpu, pool: &WgpuKvPool, n: usiz
             if vl.tq.is_some() {
                 bufs.push((9, &s.v));
             }
-            if tq().next().is_some() {
+            if kl.tq.is_some() || vl.tq.is_some() {
                 bufs.push((10, &s.span));
             }
             st.dispatch(Kernel::Attention, kv, &bufs, 7, &attn, [u(l.n_head)?, nt, 1])?;
-            for &(l, cache, rows) in tq() {
-                let bufs = [(0, cache), (1, rows), tok[0], tok[1], tok[2]];
-                st.dispatch(Kernel::TqKeep, Variant::Tq(l.ty), &bufs, 5, &[P::U(nt)], [u(n_kv)?, nt, 1])?;
-            }
+            record_tq(&mut st, s, &caches, nt, l.n_kv, true)?;
             mv(&mut st, &l.wo, &s.attn, &s.o, n, 0.0)?;
             record_norm(&mut st, s, e, nt, Some(&s.o), l.post_attn_norm.as_ref(), &l.ffn_norm)?;
             let n_ff = l.down.cols;
@@ -377,6 +364,32 @@ fn record<'g>(w: &Weights, s: &Scratch, gpu: &'g Gpu, pool: &WgpuKvPool, n: usiz
         }
         Ok(st)
     }
+}
+
+/// Records the kernels of a layer's TurboQuant caches (`tq_cache.wgsl`)
+/// over a pass of `nt` tokens of `n_kv` heads: before attention (`keep`
+/// false) each one's centres, then its codes; after attention, its ring.
+/// `caches`: each cache's layout, buffer and the pass's rows of it (`s.k`,
+/// `s.v`, in the cache's basis since `rope`); the others are skipped.
+fn record_tq(
+    st: &mut Step<'_>,
+    s: &Scratch,
+    caches: &[(KvLayout, &wgpu::Buffer, &wgpu::Buffer)],
+    nt: u32,
+    n_kv: usize,
+    keep: bool,
+) -> Result<()> {
+    let tok = [(2, &s.pos), (3, &s.slot), (4, &s.span)];
+    for &(l, cache, rows) in caches.iter().filter(|(l, ..)| l.tq.is_some()) {
+        let (v, p, grid) = (Variant::Tq(l.ty), [P::U(nt)], [u(n_kv)?, nt, 1]);
+        if keep {
+            st.dispatch(Kernel::TqKeep, v, &[(0, cache), (1, rows), tok[0], tok[1], tok[2]], 5, &p, grid)?;
+        } else {
+            st.dispatch(Kernel::TqCentre, v, &[(0, cache), tok[0], tok[1]], 5, &p, [nt, 1, 1])?;
+            st.dispatch(Kernel::TqEncode, v, &[(0, cache), (1, rows), tok[0], tok[1]], 5, &p, grid)?;
+        }
+    }
+    Ok(())
 }
 
 /// Records `x += add_norm(add)` (when `add`), then `h = norm(x)`, over
