@@ -81,6 +81,16 @@ impl ChannelScale {
         let query = key.iter().map(|s| 1.0 / s).collect();
         Some(ChannelScale { key, query })
     }
+
+    /// The factor of each key channel (`head_dim` values).
+    pub fn key(&self) -> &[f32] {
+        &self.key
+    }
+
+    /// The factor of each query channel: `1 / key` (`head_dim` values).
+    pub fn query(&self) -> &[f32] {
+        &self.query
+    }
 }
 
 impl KvRotation {

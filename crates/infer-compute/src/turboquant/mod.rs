@@ -128,6 +128,13 @@ impl TurboQuant {
         &self.centroids
     }
 
+    /// The `2^bits − 1` boundaries between neighbouring centroids,
+    /// ascending: a value's nearest centroid is the number of boundaries
+    /// below it.
+    pub fn bounds(&self) -> &[f32] {
+        &self.bounds
+    }
+
     /// Bytes of one code: `2 + ⌈dim · bits / 8⌉`.
     pub fn code_bytes(&self) -> usize {
         2 + (self.dim * self.bits as usize).div_ceil(8)

@@ -12,7 +12,8 @@ use wgpu::util::DeviceExt;
 use super::shaders::{self, Kernel, Variant};
 use crate::error::{Error, Result};
 
-/// Storage buffers the widest kernel binds at once (`rope.wgsl`).
+/// Storage buffers the widest kernels bind at once (`rope.wgsl`, and
+/// `attention.wgsl` over TurboQuant keys and values).
 const MAX_STORAGE_BINDINGS: u32 = 10;
 
 /// What the adapter offers, read once when the device is opened.

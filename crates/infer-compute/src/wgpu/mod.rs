@@ -35,6 +35,7 @@
 
 pub(crate) mod context;
 mod kv_pool;
+mod kv_tq;
 mod model;
 pub mod shaders;
 mod step;

@@ -12,7 +12,9 @@
 //! | residual add (+ post-norm) fused with the next norm | `residual_norm` |
 //! | q, k, v projections | `matvec` (per weight type; tiles of 4 tokens, or `matvec_tiled` from 8 tokens) |
 //! | bias, q/k RMSNorm, RoPE, K/V append | `rope` |
+//! | TurboQuant K or V: the slots' centres, the codes | `tq_centre`, `tq_encode` |
 //! | GQA attention over the slot (softcap, sliding window) | `attention` |
+//! | TurboQuant K or V: the ring of recent rows | `tq_keep` |
 //! | output projection | `matvec` |
 //! | gate and up, gated activation | `matvec_glu` on the stacked gate/up matrix (decode); its two row ranges by `matvec`, then `glu` (prefill, or gate and up of two types); `matvec`, `act` (plain FFN) |
 //! | down projection | `matvec` |
@@ -20,10 +22,13 @@
 //! then the wanted rows gathered (`gather`) and the vocabulary product
 //! (`matvec` over the row blocks of the output matrix, soft-capped in its
 //! epilogue). KV pool ([`WgpuKvPool`]): K and V each f32, f16 (the
-//! default), q8_0 or q4_0, `[n_slots][n_ctx]` rows of a position's
-//! `n_head_kv · head_dim` values per layer; `rope` stores a quantized
-//! type's rows rotated (with the queries that meet them) and `attention`
-//! rotates the output of rotated values back.
+//! default), q8_0, q4_0, tq3 or tq4, `[n_slots][n_ctx]` rows of a
+//! position's `n_head_kv · head_dim` values per layer; `rope` stores a
+//! quantized type's rows rotated (with the queries that meet them) and
+//! `attention` rotates the output of rotated values back. A TurboQuant
+//! cache takes three more kernels (`tq_cache.wgsl`): after `rope`, its
+//! slots' centres (`tq_centre`) and its codes (`tq_encode`); after
+//! `attention`, its ring of recent rows (`tq_keep`).
 
 use std::sync::Arc;
 
@@ -31,6 +36,7 @@ use super::context::Gpu;
 use super::kv_pool::WgpuKvPool;
 use super::weights::{binding_limit, check_type, DevWeight};
 use crate::backend::{advance_spans, checked_pool, rollback_spans, Batch, DeviceModel, KvPool, ModelId, StepProfile};
+use crate::cpu::kv_rotation::ChannelScale;
 use crate::error::{Error, Result};
 use crate::pipeline::{Activation, FfnType, ModelSpec, Norm, NormType, RopeType};
 use crate::{GgmlType, KvCacheType, KvTypes};
@@ -92,6 +98,9 @@ pub(super) struct DevLayer {
     pub ffn_in: FfnIn,
     pub down: DevWeight,
     pub post_ffn_norm: Option<DevNorm>,
+    /// The per-channel scale of TurboQuant keys from the q and k norms'
+    /// gains, as the CPU's (`ChannelScale`).
+    pub key_scale: Option<ChannelScale>,
 }
 
 /// The products of a layer's FFN input.
@@ -230,6 +239,12 @@ impl WgpuModel {
                 None
             };
             let mat = |w, name: &str| DevWeight::upload(g, w, &p(name));
+            let key_scale = match (&l.q_norm, &l.k_norm) {
+                (Some(q), Some(k)) if q.bias.is_none() && k.bias.is_none() => {
+                    ChannelScale::from_qk_norms(&q.weight.to_f32()?, &k.weight.to_f32()?, &l.rope)
+                }
+                _ => None,
+            };
             let gated = l.ffn == FfnType::Gated;
             let layer = DevLayer {
                 n_head: l.n_head,
@@ -262,6 +277,7 @@ impl WgpuModel {
                 },
                 down: mat(&l.ffn_down, "ffn_down")?,
                 post_ffn_norm: opt_norm(g, &l.post_ffn_norm, &p("post_ffw_norm"))?,
+                key_scale,
             };
             weight_bytes +=
                 [&layer.wq, &layer.wk, &layer.wv, &layer.wo, &layer.down].iter().map(|w| w.bytes).sum::<usize>()
@@ -295,17 +311,18 @@ impl WgpuModel {
     }
 
     /// Creates an empty KV pool of `n_slots` sequences of `n_ctx`
-    /// positions, keys and values stored as `types` say (f32, f16, q8_0 or
-    /// q4_0 each; layouts in [`WgpuKvPool`]'s module).
+    /// positions, keys and values stored as `types` say (f32, f16, q8_0,
+    /// q4_0, tq3 or tq4 each; layouts in [`WgpuKvPool`]'s module).
     ///
     /// # Errors
-    /// `n_slots` or `n_ctx` of 0; [`Error::UnsupportedKvCache`] for tq3 or
-    /// tq4, or a head size the type's blocks do not divide;
+    /// `n_slots` or `n_ctx` of 0; [`Error::UnsupportedKvCache`] for a head
+    /// size the type cannot store;
     /// [`Error::UnsupportedModel`] naming `max_storage_buffer_binding_size`
     /// when one layer's K or V does not fit one binding; out of memory.
     pub fn new_wgpu_kv_pool(&self, n_slots: usize, n_ctx: usize, types: KvTypes) -> Result<WgpuKvPool> {
         let heads: Vec<(usize, usize)> = self.w.layers.iter().map(|l| (l.n_kv, l.hd)).collect();
-        WgpuKvPool::new(&self.gpu, self.w.id, &heads, n_slots, n_ctx, types)
+        let scales: Vec<Option<ChannelScale>> = self.w.layers.iter().map(|l| l.key_scale.clone()).collect();
+        WgpuKvPool::new(&self.gpu, self.w.id, &heads, &scales, n_slots, n_ctx, types)
     }
 
     /// Checks the step, runs it pass by pass, and records the outcome in the
@@ -326,9 +343,8 @@ impl DeviceModel for WgpuModel {
         self.w.n_vocab
     }
 
-    /// Keys and values each f32, f16, q8_0 or q4_0 (q8_0 and q4_0 rotated
-    /// and quantized as on the CPU); tq3 and tq4 are
-    /// [`Error::UnsupportedKvCache`].
+    /// Keys and values each f32, f16, q8_0, q4_0, tq3 or tq4 (rotated and
+    /// quantized or coded as on the CPU).
     fn new_kv_pool_typed(&self, n_slots: usize, n_ctx: usize, types: KvTypes) -> Result<Box<dyn KvPool>> {
         Ok(Box::new(self.new_wgpu_kv_pool(n_slots, n_ctx, types)?))
     }

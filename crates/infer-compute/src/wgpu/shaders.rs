@@ -9,11 +9,14 @@
 //! The KV cache files ([`Kernel::kv_typed`] kernels): `kv/rotation.wgsl`
 //! (the staged head and its Hadamard rotation), for a kernel that writes
 //! the cache `kv/quantize.wgsl` (ggml's quantizer arithmetic, exact), then
-//! K's type and V's type, each its layout and reads (`kv/<type>.wgsl`)
-//! and, when written, its store (`kv/<type>_store.wgsl`). A type's files
-//! are composed once per role, their `KV_` prefix replaced by `k_` or
-//! `v_` (`role_source`), so keys and values of two types meet in one
-//! kernel.
+//! K's type and V's type, each its layout and reads (`kv/<type>.wgsl`,
+//! followed by `kv/plain.wgsl` for the types read as stored; the
+//! TurboQuant types share `kv/tq.wgsl`, preceded by their index bits) and,
+//! when written, its store (`kv/<type>_store.wgsl`). A type's files are
+//! composed once per role, their `KV_` prefix replaced by `k_` or `v_`
+//! (`role_source`), so keys and values of two types meet in one kernel.
+//! The kernels over one TurboQuant cache ([`Kernel::tq_typed`],
+//! `tq_cache.wgsl`) take its files under the role `c_`.
 //!
 //! The reductions (`wg_sum`, `wg_max`, and the `Lanes` builtins struct) come
 //! in two interchangeable files: `reduce_subgroup.wgsl` (subgroup
@@ -49,9 +52,12 @@ pub const WEIGHT_TYPES: [GgmlType; 14] = [
 ];
 
 /// KV cache types with files here (`shaders/kv/`), for the kernels that
-/// write or read the cache ([`Kernel::kv_typed`]); the TurboQuant types
-/// have none.
-pub const KV_TYPES: [KvCacheType; 4] = [KvCacheType::F32, KvCacheType::F16, KvCacheType::Q8_0, KvCacheType::Q4_0];
+/// write or read the cache ([`Kernel::kv_typed`]): every type.
+pub const KV_TYPES: [KvCacheType; 6] = KvCacheType::ALL;
+
+/// The TurboQuant types, for the kernels over one such cache
+/// ([`Kernel::tq_typed`]).
+pub const TQ_TYPES: [KvCacheType; 2] = [KvCacheType::Tq3, KvCacheType::Tq4];
 
 /// What a module is composed for besides its kernel and reductions.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -63,16 +69,20 @@ pub enum Variant {
     /// A kernel that writes or reads the KV cache ([`Kernel::kv_typed`]),
     /// for its K and V types.
     Kv(KvTypes),
+    /// A kernel over one TurboQuant cache ([`Kernel::tq_typed`]), for its
+    /// type.
+    Tq(KvCacheType),
 }
 
 impl Variant {
     /// The variant's part of a module name: `_<weight type>`,
-    /// `_k<type>_v<type>`, or nothing.
+    /// `_k<type>_v<type>`, `_<tq type>`, or nothing.
     pub fn suffix(self) -> String {
         match self {
             Variant::Plain => String::new(),
             Variant::Weight(t) => format!("_{}", t.name()),
             Variant::Kv(t) => format!("_k{}_v{}", t.k, t.v),
+            Variant::Tq(t) => format!("_{t}"),
         }
     }
 }
@@ -80,26 +90,34 @@ impl Variant {
 /// The identifier prefix of a KV cache file that [`role_source`] replaces.
 const ROLE_PREFIX: &str = "KV_";
 
-/// The layout and reads of a KV cache of `ty` (`kv/<type>.wgsl`), and its
-/// store (`kv/<type>_store.wgsl`), both with the role prefix `KV_`.
-///
-/// # Errors
-/// [`Error::UnsupportedKvCache`] for a type without files (TurboQuant).
-fn kv_sources(ty: KvCacheType) -> Result<(&'static str, &'static str)> {
+/// The layout and reads of a KV cache of `ty` (`kv/<type>.wgsl` with
+/// `kv/plain.wgsl`, or `kv/tq.wgsl` after its index bits), and its store
+/// (`kv/<type>_store.wgsl`), both with the role prefix `KV_`.
+fn kv_sources(ty: KvCacheType) -> (String, &'static str) {
+    const PLAIN: &str = include_str!("shaders/kv/plain.wgsl");
+    let plain = |layout: &str, store| (format!("{layout}{PLAIN}"), store);
     match ty {
-        KvCacheType::F32 => Ok((include_str!("shaders/kv/f32.wgsl"), include_str!("shaders/kv/f32_store.wgsl"))),
-        KvCacheType::F16 => Ok((include_str!("shaders/kv/f16.wgsl"), include_str!("shaders/kv/f16_store.wgsl"))),
-        KvCacheType::Q8_0 => Ok((include_str!("shaders/kv/q8_0.wgsl"), include_str!("shaders/kv/q8_0_store.wgsl"))),
-        KvCacheType::Q4_0 => Ok((include_str!("shaders/kv/q4_0.wgsl"), include_str!("shaders/kv/q4_0_store.wgsl"))),
-        ty => Err(Error::UnsupportedKvCache { ty, reason: "the wgpu kernels have no TurboQuant cache".into() }),
+        KvCacheType::F32 => plain(include_str!("shaders/kv/f32.wgsl"), include_str!("shaders/kv/f32_store.wgsl")),
+        KvCacheType::F16 => plain(include_str!("shaders/kv/f16.wgsl"), include_str!("shaders/kv/f16_store.wgsl")),
+        KvCacheType::Q8_0 => plain(include_str!("shaders/kv/q8_0.wgsl"), include_str!("shaders/kv/q8_0_store.wgsl")),
+        KvCacheType::Q4_0 => plain(include_str!("shaders/kv/q4_0.wgsl"), include_str!("shaders/kv/q4_0_store.wgsl")),
+        KvCacheType::Tq3 | KvCacheType::Tq4 => (
+            format!(
+                "const KV_BITS: u32 = {}u;\n{}",
+                ty.turboquant_bits().unwrap_or(4),
+                include_str!("shaders/kv/tq.wgsl")
+            ),
+            include_str!("shaders/kv/tq_store.wgsl"),
+        ),
     }
 }
 
 /// A KV cache file for one role: its `KV_` identifiers (the kernel's
-/// binding `KV_cache`, the file's functions and workgroup variables)
-/// renamed `k_…` for the keys, `v_…` for the values.
-fn role_source(src: &str, keys: bool) -> String {
-    src.replace(ROLE_PREFIX, if keys { "k_" } else { "v_" })
+/// binding `KV_cache`, the file's functions, constants and workgroup
+/// variables) renamed with `prefix`: `k_` for the keys, `v_` for the
+/// values, `c_` for the one cache of a [`Kernel::tq_typed`] kernel.
+fn role_source(src: &str, prefix: &str) -> String {
+    src.replace(ROLE_PREFIX, prefix)
 }
 
 /// The `load4` source of `ty`.
@@ -152,6 +170,15 @@ pub enum Kernel {
     Rope,
     /// Attention over the KV cache (`attention.wgsl`).
     Attention,
+    /// A TurboQuant cache's centres (`tq_cache.wgsl` `centre`).
+    TqCentre,
+    /// A TurboQuant cache's codes (`tq_cache.wgsl` `encode`).
+    TqEncode,
+    /// A TurboQuant cache's recent rows (`tq_cache.wgsl` `keep`).
+    TqKeep,
+    /// A TurboQuant cache's recent rows copied between slots
+    /// (`tq_cache.wgsl` `ring_copy`).
+    TqRingCopy,
     /// Gated activation (`elementwise.wgsl`).
     Glu,
     /// Activation in place (`elementwise.wgsl`).
@@ -161,7 +188,7 @@ pub enum Kernel {
 }
 
 /// Every kernel, for [`all_modules`].
-pub const KERNELS: [Kernel; 12] = [
+pub const KERNELS: [Kernel; 16] = [
     Kernel::Matvec,
     Kernel::MatvecTiled,
     Kernel::MatvecGlu,
@@ -171,6 +198,10 @@ pub const KERNELS: [Kernel; 12] = [
     Kernel::ResidualNorm,
     Kernel::Rope,
     Kernel::Attention,
+    Kernel::TqCentre,
+    Kernel::TqEncode,
+    Kernel::TqKeep,
+    Kernel::TqRingCopy,
     Kernel::Glu,
     Kernel::Act,
     Kernel::Gather,
@@ -189,6 +220,10 @@ impl Kernel {
             Kernel::ResidualNorm => "residual_norm",
             Kernel::Rope => "rope",
             Kernel::Attention => "attention",
+            Kernel::TqCentre => "tq_centre",
+            Kernel::TqEncode => "tq_encode",
+            Kernel::TqKeep => "tq_keep",
+            Kernel::TqRingCopy => "tq_ring_copy",
             Kernel::Glu => "glu",
             Kernel::Act => "act",
             Kernel::Gather => "gather",
@@ -203,6 +238,10 @@ impl Kernel {
             Kernel::Glu => "glu",
             Kernel::Act => "act_inplace",
             Kernel::Gather => "gather",
+            Kernel::TqCentre => "centre",
+            Kernel::TqEncode => "encode",
+            Kernel::TqKeep => "keep",
+            Kernel::TqRingCopy => "ring_copy",
             _ => "main",
         }
     }
@@ -219,6 +258,12 @@ impl Kernel {
         self == Kernel::Rope
     }
 
+    /// Whether the kernel works on one TurboQuant cache (composed per
+    /// type of [`TQ_TYPES`]).
+    pub fn tq_typed(self) -> bool {
+        matches!(self, Kernel::TqCentre | Kernel::TqEncode | Kernel::TqKeep | Kernel::TqRingCopy)
+    }
+
     /// The variants a module of the kernel is composed for: each weight
     /// type, each pair of KV cache types, or the plain one.
     fn variants(self) -> Vec<Variant> {
@@ -226,6 +271,8 @@ impl Kernel {
             WEIGHT_TYPES.iter().map(|&t| Variant::Weight(t)).collect()
         } else if self.kv_typed() {
             KV_TYPES.iter().flat_map(|&k| KV_TYPES.map(|v| Variant::Kv(KvTypes { k, v }))).collect()
+        } else if self.tq_typed() {
+            TQ_TYPES.iter().map(|&t| Variant::Tq(t)).collect()
         } else {
             vec![Variant::Plain]
         }
@@ -249,19 +296,23 @@ impl Kernel {
             Kernel::ResidualNorm => include_str!("shaders/norm.wgsl"),
             Kernel::Rope => include_str!("shaders/rope.wgsl"),
             Kernel::Attention => include_str!("shaders/attention.wgsl"),
+            Kernel::TqCentre | Kernel::TqEncode | Kernel::TqKeep | Kernel::TqRingCopy => {
+                include_str!("shaders/tq_cache.wgsl")
+            }
             Kernel::Glu | Kernel::Act | Kernel::Gather => include_str!("shaders/elementwise.wgsl"),
         }
     }
 }
 
 /// The WGSL module of `kernel` for `variant` (a weight type when the
-/// kernel is typed, K and V types when it is KV-typed, plain otherwise),
-/// with subgroup or workgroup-memory reductions.
+/// kernel is typed, K and V types when it is KV-typed, a TurboQuant type
+/// when it is TurboQuant-typed, plain otherwise), with subgroup or
+/// workgroup-memory reductions.
 ///
 /// # Errors
 /// [`Error::Unsupported`] for a variant the kernel is not composed for or
 /// a weight type without a `load4`; [`Error::UnsupportedKvCache`] for a
-/// KV cache type without files.
+/// TurboQuant kernel of another cache type.
 pub fn compose(kernel: Kernel, variant: Variant, subgroups: bool) -> Result<String> {
     // naga takes subgroup operations without WGSL's `enable subgroups;`
     // (which it refuses as not yet implemented); the device feature
@@ -278,15 +329,23 @@ pub fn compose(kernel: Kernel, variant: Variant, subgroups: bool) -> Result<Stri
             if kernel.writes_kv() {
                 s.push_str(include_str!("shaders/kv/quantize.wgsl"));
             }
-            for (ty, keys) in [(types.k, true), (types.v, false)] {
-                let (layout, store) = kv_sources(ty)?;
-                s.push_str(&role_source(layout, keys));
+            for (ty, prefix) in [(types.k, "k_"), (types.v, "v_")] {
+                let (layout, store) = kv_sources(ty);
+                s.push_str(&role_source(&layout, prefix));
                 if kernel.writes_kv() {
-                    s.push_str(&role_source(store, keys));
+                    s.push_str(&role_source(store, prefix));
                 }
             }
         }
-        Variant::Plain if !kernel.typed() && !kernel.kv_typed() => {}
+        Variant::Tq(ty) if kernel.tq_typed() => {
+            if ty.turboquant_bits().is_none() {
+                return Err(Error::UnsupportedKvCache { ty, reason: "not a TurboQuant type".into() });
+            }
+            s.push_str(include_str!("shaders/kv/rotation.wgsl"));
+            s.push_str(include_str!("shaders/kv/quantize.wgsl"));
+            s.push_str(&role_source(&kv_sources(ty).0, "c_"));
+        }
+        Variant::Plain if !kernel.typed() && !kernel.kv_typed() && !kernel.tq_typed() => {}
         _ => return Err(Error::Unsupported { op: "a wgpu kernel composed for another variant", ty: GgmlType::F32 }),
     }
     s.push_str(kernel.source());
@@ -295,7 +354,7 @@ pub fn compose(kernel: Kernel, variant: Variant, subgroups: bool) -> Result<Stri
 
 /// Every module the backend can build: each kernel for each of its
 /// variants (every weight type of [`WEIGHT_TYPES`], every pair of
-/// [`KV_TYPES`]), with each reduction, named
+/// [`KV_TYPES`], every type of [`TQ_TYPES`]), with each reduction, named
 /// `kernel[_type | _k<type>_v<type>]_(subgroup|shared)`.
 ///
 /// # Errors

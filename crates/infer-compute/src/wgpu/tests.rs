@@ -63,12 +63,19 @@ fn compose_refuses_types_without_kernels() {
     let kv = Variant::Kv(KvTypes::both(KvCacheType::F16));
     assert!(matches!(compose(Kernel::Matvec, kv, true), Err(Error::Unsupported { .. })));
     assert!(matches!(compose(Kernel::Gemm, kv, true), Err(Error::Unsupported { .. })));
+    // TurboQuant caches compose with the KV kernels; the kernels over one
+    // such cache take only a TurboQuant type.
     for ty in [KvCacheType::Tq3, KvCacheType::Tq4] {
         let tq = Variant::Kv(KvTypes { k: KvCacheType::F16, v: ty });
-        assert!(
-            matches!(compose(Kernel::Attention, tq, true), Err(Error::UnsupportedKvCache { ty: t, .. }) if t == ty)
-        );
+        assert!(compose(Kernel::Attention, tq, true).is_ok());
+        assert!(matches!(compose(Kernel::TqEncode, tq, true), Err(Error::Unsupported { .. })));
+        assert!(compose(Kernel::TqEncode, Variant::Tq(ty), false).is_ok());
+        assert!(matches!(compose(Kernel::Attention, Variant::Tq(ty), true), Err(Error::Unsupported { .. })));
     }
+    assert!(matches!(
+        compose(Kernel::TqKeep, Variant::Tq(KvCacheType::Q8_0), true),
+        Err(Error::UnsupportedKvCache { ty: KvCacheType::Q8_0, .. })
+    ));
 }
 
 /// A KV-typed module holds K's and V's files once each, renamed for their
@@ -90,4 +97,12 @@ fn kv_files_are_composed_per_role() {
     assert_eq!(rope.matches("fn k_store(").count(), 1);
     assert_eq!(rope.matches("fn v_store(").count(), 1);
     assert!(!attn.contains("_store(") && !attn.contains("fn q4_code("));
+    // TurboQuant: each role's index bits, and the kernels over one cache
+    // under the role `c_`.
+    let tq = KvTypes { k: KvCacheType::Tq3, v: KvCacheType::Tq4 };
+    let attn = compose(Kernel::Attention, Variant::Kv(tq), false).unwrap();
+    assert!(attn.contains("const k_BITS: u32 = 3u;") && attn.contains("const v_BITS: u32 = 4u;"));
+    assert_eq!(attn.matches("fn k_read(").count(), 1);
+    let enc = compose(Kernel::TqEncode, Variant::Tq(KvCacheType::Tq3), false).unwrap();
+    assert!(!enc.contains("KV_") && enc.contains("const c_BITS: u32 = 3u;"));
 }

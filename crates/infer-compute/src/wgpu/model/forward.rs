@@ -7,7 +7,8 @@ use super::{DevNorm, Weights, WgpuModel, PASS_TOKENS};
 use crate::backend::{Batch, StepProfile};
 use crate::error::{Error, Result};
 use crate::wgpu::context::Gpu;
-use crate::wgpu::kv_pool::WgpuKvPool;
+use crate::wgpu::kv_pool::{KvLayout, WgpuKvPool};
+use crate::wgpu::kv_tq::span_starts;
 use crate::wgpu::model::FfnIn;
 use crate::wgpu::shaders::{Kernel, Variant};
 use crate::wgpu::step::{Step, P};
@@ -36,6 +37,9 @@ pub(in crate::wgpu) struct Scratch {
     ids: wgpu::Buffer,
     pos: wgpu::Buffer,
     slot: wgpu::Buffer,
+    /// Per token, the pass index of its span's first token (a TurboQuant
+    /// cache's reads and ring: `kv/tq.wgsl`).
+    span: wgpu::Buffer,
     out_idx: wgpu::Buffer,
 }
 
@@ -123,6 +127,7 @@ impl WgpuModel {
             ids: f("ids", 1)?,
             pos: f("pos", 1)?,
             slot: f("slot", 1)?,
+            span: f("span", 1)?,
             out_idx: f("out_idx", 1)?,
         });
         Ok(cap)
@@ -190,6 +195,7 @@ impl WgpuModel {
         q.write_buffer(&s.ids, 0, bytemuck::cast_slice(&batch.tokens()[range]));
         q.write_buffer(&s.pos, 0, bytemuck::cast_slice(&pos));
         q.write_buffer(&s.slot, 0, bytemuck::cast_slice(&slot));
+        q.write_buffer(&s.span, 0, bytemuck::cast_slice(&span_starts(&pos, &slot)));
         if !outputs.is_empty() {
             q.write_buffer(&s.out_idx, 0, bytemuck::cast_slice(outputs));
         }
@@ -269,6 +275,8 @@ fn record<'g>(w: &Weights, s: &Scratch, gpu: &'g Gpu, pool: &WgpuKvPool, n: usiz
                 (9, &s.slot),
             ];
             st.dispatch(Kernel::Rope, kv, &bufs, 10, &rope, [u(l.n_head + 2 * l.n_kv)?, nt, 1])?;
+            let caches = [(kl, &pool.k[li], &s.k), (vl, &pool.v[li], &s.v)];
+            record_tq(&mut st, s, &caches, nt, l.n_kv, false)?;
             let attn = [
                 P::U(u(l.n_head)?),
                 P::U(u(l.n_kv)?),
@@ -282,7 +290,7 @@ fn record<'g>(w: &Weights, s: &Scratch, gpu: &'g Gpu, pool: &WgpuKvPool, n: usiz
                 P::U(u(vl.rot)?),
                 P::F(vl.rot_scale),
             ];
-            let bufs = [
+            let mut bufs = vec![
                 (0, &s.q),
                 (1, &pool.k[li]),
                 (2, &pool.v[li]),
@@ -291,7 +299,18 @@ fn record<'g>(w: &Weights, s: &Scratch, gpu: &'g Gpu, pool: &WgpuKvPool, n: usiz
                 (5, &s.pos),
                 (6, &s.slot),
             ];
+            // The pass's rows, bound where a TurboQuant cache reads them.
+            if kl.tq.is_some() {
+                bufs.push((8, &s.k));
+            }
+            if vl.tq.is_some() {
+                bufs.push((9, &s.v));
+            }
+            if kl.tq.is_some() || vl.tq.is_some() {
+                bufs.push((10, &s.span));
+            }
             st.dispatch(Kernel::Attention, kv, &bufs, 7, &attn, [u(l.n_head)?, nt, 1])?;
+            record_tq(&mut st, s, &caches, nt, l.n_kv, true)?;
             mv(&mut st, &l.wo, &s.attn, &s.o, n, 0.0)?;
             record_norm(&mut st, s, e, nt, Some(&s.o), l.post_attn_norm.as_ref(), &l.ffn_norm)?;
             let n_ff = l.down.cols;
@@ -345,6 +364,32 @@ fn record<'g>(w: &Weights, s: &Scratch, gpu: &'g Gpu, pool: &WgpuKvPool, n: usiz
         }
         Ok(st)
     }
+}
+
+/// Records the kernels of a layer's TurboQuant caches (`tq_cache.wgsl`)
+/// over a pass of `nt` tokens of `n_kv` heads: before attention (`keep`
+/// false) each one's centres, then its codes; after attention, its ring.
+/// `caches`: each cache's layout, buffer and the pass's rows of it (`s.k`,
+/// `s.v`, in the cache's basis since `rope`); the others are skipped.
+fn record_tq(
+    st: &mut Step<'_>,
+    s: &Scratch,
+    caches: &[(KvLayout, &wgpu::Buffer, &wgpu::Buffer)],
+    nt: u32,
+    n_kv: usize,
+    keep: bool,
+) -> Result<()> {
+    let tok = [(2, &s.pos), (3, &s.slot), (4, &s.span)];
+    for &(l, cache, rows) in caches.iter().filter(|(l, ..)| l.tq.is_some()) {
+        let (v, p, grid) = (Variant::Tq(l.ty), [P::U(nt)], [u(n_kv)?, nt, 1]);
+        if keep {
+            st.dispatch(Kernel::TqKeep, v, &[(0, cache), (1, rows), tok[0], tok[1], tok[2]], 5, &p, grid)?;
+        } else {
+            st.dispatch(Kernel::TqCentre, v, &[(0, cache), tok[0], tok[1]], 5, &p, [nt, 1, 1])?;
+            st.dispatch(Kernel::TqEncode, v, &[(0, cache), (1, rows), tok[0], tok[1]], 5, &p, grid)?;
+        }
+    }
+    Ok(())
 }
 
 /// Records `x += add_norm(add)` (when `add`), then `h = norm(x)`, over

@@ -6,12 +6,14 @@
 // Three phases: scores into `scores` (this workgroup's row of n_ctx) with
 // the running maximum, exponentials and their sum, then each invocation
 // sums its pairs of dimensions of out over the positions. The caches'
-// types come from the `kv/` files composed in front (`k_head`, `k_load2`;
-// `v_head`, `v_load2`: rows of k_row and v_row words); arithmetic in f32.
+// types come from the `kv/` files composed in front (`k_read`, `k_load2`;
+// `v_read`, `v_load2`: where the query reads a row, and its values);
+// arithmetic in f32.
 // The rows of a quantized cache are read as stored, rotated (the queries
 // were rotated alike by `rope`); values rotated by V's Hadamard block
 // v_rot sum to a rotated output, which is rotated back at the end
-// (`kv/rotation.wgsl`; H/√n is its own inverse).
+// (`kv/rotation.wgsl`; H/√n is its own inverse), then multiplied by
+// `v_mul` (TurboQuant's signs).
 
 // Invocations per workgroup (the reductions' size too).
 const WG: u32 = 64u;
@@ -40,6 +42,12 @@ struct Params {
 @group(0) @binding(5) var<storage, read> tok_pos: array<u32>;
 @group(0) @binding(6) var<storage, read> tok_slot: array<u32>;
 @group(0) @binding(7) var<uniform> p: Params;
+// For a TurboQuant K (V) cache only (`kv/tq.wgsl`): the pass's rows of K
+// and V in the cache's basis, and per token the pass index of its span's
+// first token.
+@group(0) @binding(8) var<storage, read> k_rows: array<f32>;
+@group(0) @binding(9) var<storage, read> v_rows: array<f32>;
+@group(0) @binding(10) var<storage, read> tok_span: array<u32>;
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
@@ -47,7 +55,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
     let t = wid.y;
     let lid = lanes.lid;
     let hd = p.hd;
-    let kv_dim = p.n_kv * hd;
     let kvh = h / (p.n_head / p.n_kv);
     let pos = tok_pos[t];
     let slot = tok_slot[t];
@@ -56,11 +63,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
         lo = pos + 1u - p.window;
     }
     let qb = (t * p.n_head + h) * hd;
-    let row0 = slot * p.n_ctx;
     let srow = (t * p.n_head + h) * p.n_ctx;
     var m = -3.0e38;
     for (var j = lo + lid; j <= pos; j += WG) {
-        let kh = k_head((row0 + j) * p.k_row, kvh, hd, kv_dim);
+        let kh = k_read(slot, j, pos, t, kvh);
         var s = 0.0;
         for (var d = 0u; d < hd / 2u; d++) {
             let kk = k_load2(kh, d);
@@ -86,7 +92,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
     for (var d = lid; d < hd / 2u; d += WG) {
         var acc = vec2<f32>(0.0);
         for (var j = lo; j <= pos; j++) {
-            acc += scores[srow + j] * v_load2(v_head((row0 + j) * p.v_row, kvh, hd, kv_dim), d);
+            acc += scores[srow + j] * v_load2(v_read(slot, j, pos, t, kvh), d);
         }
         acc *= inv;
         if p.v_rot == 0u {
@@ -101,7 +107,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
         workgroupBarrier();
         hadamard(p.v_rot, p.v_rs, hd, lid);
         for (var i = lid; i < hd; i += WG) {
-            out[qb + i] = head_buf[i];
+            out[qb + i] = head_buf[i] * v_mul(i, false);
         }
     }
 }

@@ -9,9 +9,12 @@
 // values): its k heads and the q heads that meet them by K's block, its v
 // heads by V's; a block of 0 leaves the head as computed.
 //
-// Cache layout: [n_slots][n_ctx] rows of k_row (v_row) words, a row
-// holding a position's n_head_kv heads in the types of the `kv/` files
-// composed in front (`k_head`, `k_store`; `v_head`, `v_store`).
+// Cache layout: that of the types' `kv/` files composed in front (`k_at`,
+// `k_store`; `v_at`, `v_store`): [n_slots][n_ctx] rows of k_row (v_row)
+// words, a row holding a position's n_head_kv heads, and for TurboQuant
+// the areas of `kv/tq.wgsl`. A TurboQuant cache's rotation is its random
+// signs (and the keys' channel scale, the queries' inverse one: `k_mul`)
+// and H/√hd.
 
 // Invocations per workgroup (the reductions' size too).
 const WG: u32 = 64u;
@@ -41,8 +44,10 @@ struct Params {
 
 // flags: 1 bias, 2 q norm, 4 k norm
 @group(0) @binding(0) var<storage, read_write> q: array<f32>;
-@group(0) @binding(1) var<storage, read> k: array<f32>;
-@group(0) @binding(2) var<storage, read> v: array<f32>;
+// The k and v heads of the pass; a TurboQuant cache's store writes them
+// back in its basis (`kv/tq_store.wgsl`).
+@group(0) @binding(1) var<storage, read_write> k_rows: array<f32>;
+@group(0) @binding(2) var<storage, read_write> v_rows: array<f32>;
 @group(0) @binding(3) var<storage, read> bias: array<f32>;
 @group(0) @binding(4) var<storage, read> qn_w: array<f32>;
 @group(0) @binding(5) var<storage, read> kn_w: array<f32>;
@@ -51,6 +56,8 @@ struct Params {
 @group(0) @binding(8) var<storage, read> tok_pos: array<u32>;
 @group(0) @binding(9) var<storage, read> tok_slot: array<u32>;
 @group(0) @binding(10) var<uniform> p: Params;
+// Unused here: named by the TurboQuant cache's reads (`kv/tq.wgsl`).
+@group(0) @binding(11) var<storage, read> tok_span: array<u32>;
 
 // The head's values before RoPE (its final ones go to head_buf).
 var<workgroup> hv: array<f32, MAX_HD>;
@@ -83,9 +90,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
         if is_q {
             val = q[src + i];
         } else if is_k {
-            val = k[src + i];
+            val = k_rows[src + i];
         } else {
-            val = v[src + i];
+            val = v_rows[src + i];
         }
         if (p.flags & 1u) != 0u {
             val += bias[boff + i];
@@ -137,7 +144,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
             let theta = p.freq_scale * f32(pos) * pow(p.theta_scale, f32(pair));
             val = hv[i] * cos(theta) + sign * hv[other] * sin(theta);
         }
-        head_buf[i] = val;
+        // The type's factor before its rotation (`k_mul`, `v_mul`: 1 but for
+        // TurboQuant's signs and key scale).
+        if is_q || is_k {
+            head_buf[i] = val * k_mul(i, is_q);
+        } else {
+            head_buf[i] = val * v_mul(i, false);
+        }
     }
     workgroupBarrier();
     // Into the cache's basis (uniform: the workgroup's head decides).
@@ -146,14 +159,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
     } else {
         hadamard(p.v_rot, p.v_rs, hd, lid);
     }
-    let row = slot * p.n_ctx + pos;
     if is_q {
         for (var i = lid; i < hd; i += WG) {
             q[src + i] = head_buf[i];
         }
     } else if is_k {
-        k_store(k_head(row * p.k_row, head - p.n_head, hd, kv_dim), hd, lid);
+        k_store(k_at(slot, pos, t, head - p.n_head), hd, lid);
     } else {
-        v_store(v_head(row * p.v_row, head - p.n_head - p.n_kv, hd, kv_dim), hd, lid);
+        v_store(v_at(slot, pos, t, head - p.n_head - p.n_kv), hd, lid);
     }
 }

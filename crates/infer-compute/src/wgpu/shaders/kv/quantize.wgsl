@@ -135,3 +135,12 @@ fn q4_code(p: f32) -> u32 {
     }
     return min(15u, s >> 25u);
 }
+
+// The bits of x as an f16 cache stores it: f16_rn of x saturated at
+// ±65504 (the CPU's f16_sat; a NaN stays a NaN).
+fn f16_sat(x: f32) -> u32 {
+    if is_nan(x) {
+        return f16_rn(x);
+    }
+    return f16_rn(clamp(x, -65504.0, 65504.0));
+}
