@@ -29,7 +29,7 @@
 //! layer). Keys of a layer with q and k norms of one gain
 //! per head channel are multiplied per channel by a scale fixed from those
 //! gains before the rotation, and the queries that meet them divided by it
-//! (`cpu::kv_rotation::ChannelScale`). A position's stored bits depend
+//! ([`crate::turboquant::ChannelScale`]). A position's stored bits depend
 //! only on its own row and on its slot's rows `TQ_CENTRE_FROM ..
 //! TQ_EXACT_POSITIONS`, so a prompt prefilled in any chunks and the same
 //! tokens decoded one by one store the same bits.

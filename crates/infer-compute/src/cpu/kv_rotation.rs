@@ -22,9 +22,8 @@
 use std::sync::Arc;
 
 use crate::kv_type::KvCacheType;
-use crate::pipeline::{RopeSpec, RopeType};
 use crate::turboquant::rotation::fwht;
-use crate::turboquant::TurboQuant;
+use crate::turboquant::{ChannelScale, TurboQuant};
 
 /// How the rows of one cache (a layer's K or V) are rotated.
 #[derive(Clone, Debug)]
@@ -34,63 +33,6 @@ pub enum KvRotation {
     /// TurboQuant's rotation of each head (the coder's `dim` values),
     /// keys scaled per channel first where a [`ChannelScale`] is given.
     Turbo(Arc<TurboQuant>, Option<ChannelScale>),
-}
-
-/// A fixed per-channel scale of a layer's keys (its inverse on the
-/// queries), one factor per head channel, from the layer's q and k norm
-/// gains `g_q`, `g_k` (the same for every head):
-/// `s_i = ((e_q + ε_q) / (e_k + ε_k))^(1/4)` with `e` the mean of the
-/// squared gains over the channel's RoPE pair (RoPE mixes a pair's two
-/// channels) and `ε` a thousandth of `e`'s mean. A key's coding error,
-/// isotropic after the rotation, then lands less on the channels the
-/// queries weigh most: `(Q_ii / K_ii)^(1/4)` minimizes the
-/// query-weighted error `Σ Q_ii e_i²` of a rotated code, and the gains
-/// set most of both energies. On Gemma 3 270M this cut the attention KL of
-/// a tq4 key code about threefold (BENCHMARKS.md).
-#[derive(Clone, Debug)]
-pub struct ChannelScale {
-    key: Vec<f32>,
-    query: Vec<f32>,
-}
-
-impl ChannelScale {
-    /// The scale of `head_dim`-channel heads with q and k norm gains
-    /// `q_gain`, `k_gain` and RoPE `rope`; `None` unless both have
-    /// `head_dim` finite values.
-    pub fn from_qk_norms(q_gain: &[f32], k_gain: &[f32], rope: &RopeSpec) -> Option<Self> {
-        let d = q_gain.len();
-        if k_gain.len() != d || d == 0 || q_gain.iter().chain(k_gain).any(|v| !v.is_finite()) {
-            return None;
-        }
-        let n_rot = rope.n_rot.min(d) & !1;
-        let partner = |i: usize| match rope.kind {
-            _ if i >= n_rot => i,
-            RopeType::Normal => i ^ 1,
-            RopeType::NeoX => (i + n_rot / 2) % n_rot,
-        };
-        let energy = |g: &[f32]| -> Vec<f64> {
-            let e: Vec<f64> = (0..d).map(|i| (g[i] as f64).powi(2) + (g[partner(i)] as f64).powi(2)).collect();
-            let eps = 1e-3 * e.iter().sum::<f64>() / d as f64;
-            e.iter().map(|v| v + eps).collect()
-        };
-        let (eq, ek) = (energy(q_gain), energy(k_gain));
-        let key: Vec<f32> = eq.iter().zip(&ek).map(|(q, k)| (q / k).powf(0.25) as f32).collect();
-        if key.iter().any(|v| !v.is_finite() || *v <= 0.0) {
-            return None;
-        }
-        let query = key.iter().map(|s| 1.0 / s).collect();
-        Some(ChannelScale { key, query })
-    }
-
-    /// The factor of each key channel (`head_dim` values).
-    pub fn key(&self) -> &[f32] {
-        &self.key
-    }
-
-    /// The factor of each query channel: `1 / key` (`head_dim` values).
-    pub fn query(&self) -> &[f32] {
-        &self.query
-    }
 }
 
 impl KvRotation {
@@ -116,7 +58,7 @@ impl KvRotation {
     /// the others are returned as they are).
     pub fn with_key_scale(self, scale: Option<ChannelScale>) -> Self {
         match self {
-            KvRotation::Turbo(t, _) if scale.as_ref().is_some_and(|s| s.key.len() == t.dim()) => {
+            KvRotation::Turbo(t, _) if scale.as_ref().is_some_and(|s| s.key().len() == t.dim()) => {
                 KvRotation::Turbo(t, scale)
             }
             r => r,
@@ -143,12 +85,12 @@ impl KvRotation {
 
     /// `rows ← R (s ⊙ rows)` per head: keys.
     pub fn rotate_keys(&self, rows: &mut [f32]) {
-        self.rotate_scaled(rows, self.key_scale().map(|s| &s.key[..]));
+        self.rotate_scaled(rows, self.key_scale().map(|s| s.key()));
     }
 
     /// `rows ← R (rows / s)` per head: the queries that meet the keys.
     pub fn rotate_queries(&self, rows: &mut [f32]) {
-        self.rotate_scaled(rows, self.key_scale().map(|s| &s.query[..]));
+        self.rotate_scaled(rows, self.key_scale().map(|s| s.query()));
     }
 
     fn rotate_scaled(&self, rows: &mut [f32], s: Option<&[f32]>) {
@@ -179,6 +121,7 @@ fn hadamard(x: &mut [f32]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::pipeline::{RopeSpec, RopeType};
 
     #[test]
     fn sizes_as_llama_cpp_and_inverse() {
@@ -219,15 +162,15 @@ mod tests {
         let k: Vec<f32> = (0..16).map(|i| 2.0 - i as f32 * 0.1).collect();
         let s = ChannelScale::from_qk_norms(&q, &k, &rope(RopeType::NeoX, 16)).unwrap();
         for i in 0..8 {
-            assert_eq!(s.key[i], s.key[i + 8], "NeoX pair {i}");
+            assert_eq!(s.key()[i], s.key()[i + 8], "NeoX pair {i}");
             let e = |g: &[f32]| (g[i] as f64).powi(2) + (g[i + 8] as f64).powi(2);
             let eps = |g: &[f32]| 1e-3 * (0..16).map(|j| (g[j] as f64).powi(2) * 2.0).sum::<f64>() / 16.0;
             let want = ((e(&q) + eps(&q)) / (e(&k) + eps(&k))).powf(0.25) as f32;
-            assert!((s.key[i] - want).abs() <= 1e-6 * want, "{i}: {} vs {want}", s.key[i]);
-            assert!((s.query[i] * s.key[i] - 1.0).abs() < 1e-6);
+            assert!((s.key()[i] - want).abs() <= 1e-6 * want, "{i}: {} vs {want}", s.key()[i]);
+            assert!((s.query()[i] * s.key()[i] - 1.0).abs() < 1e-6);
         }
         let n = ChannelScale::from_qk_norms(&q, &k, &rope(RopeType::Normal, 12)).unwrap();
-        assert!((0..6).all(|i| n.key[2 * i] == n.key[2 * i + 1]));
+        assert!((0..6).all(|i| n.key()[2 * i] == n.key()[2 * i + 1]));
         assert!(ChannelScale::from_qk_norms(&q, &k[..8], &rope(RopeType::NeoX, 16)).is_none());
         let mut bad = k.clone();
         bad[3] = f32::NAN;
@@ -236,7 +179,7 @@ mod tests {
         let mut zero = k.clone();
         zero[2] = 0.0;
         zero[10] = 0.0;
-        assert!(ChannelScale::from_qk_norms(&q, &zero, &rope(RopeType::NeoX, 16)).unwrap().key[2].is_finite());
+        assert!(ChannelScale::from_qk_norms(&q, &zero, &rope(RopeType::NeoX, 16)).unwrap().key()[2].is_finite());
 
         let tq = TurboQuant::shared(16, 4).unwrap();
         let r = KvRotation::for_keys(KvCacheType::Tq4, 16, Some(&tq)).unwrap().with_key_scale(Some(s));

@@ -19,7 +19,7 @@ use std::time::Instant;
 
 use super::kernels::Kernels;
 use super::kv_cache::{KvBuf, KvData};
-use super::kv_rotation::{ChannelScale, KvRotation};
+use super::kv_rotation::KvRotation;
 use super::ops;
 use super::team::{Par, Team};
 use super::weight::{products, CpuWeight, ProductScratch, Stacked};
@@ -31,6 +31,7 @@ use crate::backend::{
 use crate::error::Result;
 use crate::kv_type::KvTypes;
 use crate::pipeline::{Activation, FfnType, LayerSpec, ModelSpec, Norm, NormType};
+use crate::turboquant::ChannelScale;
 use crate::weight::QuantWeight;
 use crate::GgmlType;
 

@@ -46,8 +46,11 @@
 //! ([`crate::KvCacheType`]) store one code per head, written by
 //! [`TurboQuant::encode_rotated_norm_kept`].
 
+mod channel_scale;
 pub mod codebook;
 pub mod rotation;
+
+pub use channel_scale::ChannelScale;
 
 use std::sync::{Arc, Mutex};
 

@@ -48,8 +48,8 @@ use super::shaders::{Kernel, Variant};
 use super::step::{Step, P};
 use super::weights::binding_limit;
 use crate::backend::{new_states, KvPool, KvState, ModelId};
-use crate::cpu::kv_rotation::ChannelScale;
 use crate::error::{Error, Result};
+use crate::turboquant::ChannelScale;
 use crate::{KvCacheType, KvTypes};
 
 /// How one layer's K or V cache stores a position (see the module docs):

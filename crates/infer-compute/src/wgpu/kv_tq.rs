@@ -18,15 +18,15 @@
 //!
 //! Every value is in the cache's rotated basis: a head times the factors of
 //! words `48 ..` (random signs of seed [`crate::turboquant::DEFAULT_SEED`],
-//! the keys' `cpu::kv_rotation::ChannelScale`), then `H/√hd`. A code is
+//! the keys' [`ChannelScale`]), then `H/√hd`. A code is
 //! the CPU's `encode_rotated_norm_kept` of the row less its slot's centre,
 //! computed in f32 where the CPU sums in f64 (an index may differ where a
 //! value lies on a boundary); exact rows, the centre, and the ring's rows
 //! are the CPU's bit for bit.
 
-use crate::cpu::kv_rotation::ChannelScale;
 use crate::error::{Error, Result};
 use crate::kv_type::{TQ_CENTRE_FROM, TQ_EXACT_POSITIONS, TQ_REFINE_PASSES, TQ_WINDOW};
+use crate::turboquant::ChannelScale;
 use crate::turboquant::{rotation, TurboQuant, DEFAULT_SEED};
 
 /// Words before the per-channel factors: the fields, centroids and

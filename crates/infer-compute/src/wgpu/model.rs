@@ -36,9 +36,9 @@ use super::context::Gpu;
 use super::kv_pool::WgpuKvPool;
 use super::weights::{binding_limit, check_type, DevWeight};
 use crate::backend::{advance_spans, checked_pool, rollback_spans, Batch, DeviceModel, KvPool, ModelId, StepProfile};
-use crate::cpu::kv_rotation::ChannelScale;
 use crate::error::{Error, Result};
 use crate::pipeline::{Activation, FfnType, ModelSpec, Norm, NormType, RopeType};
+use crate::turboquant::ChannelScale;
 use crate::{GgmlType, KvCacheType, KvTypes};
 
 mod forward;
