@@ -469,14 +469,17 @@ const FLAT_G: usize = 4;
 /// Whether the one-launch decode attention of `attn` over `n_tok` one-token
 /// steps (1 to [`DECODE_BATCH_MAX`]), the deepest at position `max_pos`,
 /// runs the flat kernel: as `CudaOptions::attn_flat` says, and by default
-/// where the staged kernel's blocks would each stream two or more
-/// 32-position spans of the attended range (the last `window` positions
-/// for a sliding-window layer). There the flat kernel, which keeps its
-/// positions in registers without a barrier per span, was faster; where a
-/// block takes one span the staged one was (BENCHMARKS.md).
+/// for heads of 64 values where the staged kernel's blocks would each
+/// stream two or more 32-position spans of the attended range (the last
+/// `window` positions for a sliding-window layer). There the flat kernel,
+/// which keeps its positions in registers without a barrier per span, was
+/// faster (llama 1B); where a block takes one span the staged one was
+/// (BENCHMARKS.md). Heads of 128 and 256 values (a position over 16 or 32
+/// lanes) stay staged by default: not yet measured there.
 pub(crate) fn decode_flat(dev: &Device, attn: &AttnArgs, n_tok: usize, max_pos: usize) -> bool {
     match dev.opts.attn_flat {
         Some(on) => on,
+        None if attn.hd != 64 => false,
         None => {
             let Some(staged) = DecodeLaunch::of(attn, n_tok > 1, false) else { return false };
             let attended = match attn.window {

@@ -57,12 +57,13 @@ pub struct CudaOptions {
     /// That kernel with a softmax per thread (`attn_decode_flat_hd*`,
     /// kv heads of at most 4 query heads): the cache streamed through
     /// registers, no barrier per position, against the spans staged in
-    /// shared memory (`attn_decode_hd*`). `None`: flat where the staged
-    /// kernel's blocks would each stream two or more 32-position spans
-    /// (deep in the cache, or many sequences at once), where it was faster
-    /// (H100, llama 1B: tg128 at depth 16 384 +9%, 64 sequences +4.6%), and
-    /// staged where each block takes one span (one sequence at depth 0:
-    /// flat −2%); `Some(true)`: flat wherever the shape allows;
+    /// shared memory (`attn_decode_hd*`). `None`: for heads of 64 values,
+    /// flat where the staged kernel's blocks would each stream two or more
+    /// 32-position spans (deep in the cache, or many sequences at once),
+    /// where it was faster (H100, llama 1B: tg128 at depth 16 384 +9%, 64
+    /// sequences +4.6%), and staged where each block takes one span (one
+    /// sequence at depth 0: flat −2%); heads of 128 and 256 values staged
+    /// (not yet measured); `Some(true)`: flat wherever the shape allows;
     /// `Some(false)`: never. `INFER_CUDA_ATTN_FLAT=1|0`.
     pub attn_flat: Option<bool>,
     /// Blocks per kv head of that kernel (`Some(n)`, 1 or more); `None`:
