@@ -165,25 +165,7 @@ fn check(gpu: &Gpu, types: KvTypes, n_kv: usize, hd: usize, special: bool, seed:
         gpu.upload("pos", bytemuck::cast_slice(&pos)).unwrap(),
         gpu.upload("slot", bytemuck::cast_slice(&slot)).unwrap(),
     );
-    let params = [
-        P::U(1),
-        P::U(n_kv as u32),
-        P::U(hd as u32),
-        P::U(0),
-        P::U(0),
-        P::U(n_ctx as u32),
-        P::U(0),
-        P::F(1.0),
-        P::F(1.0),
-        P::F(0.0),
-        P::F(0.0),
-        P::U(kl.row_words as u32),
-        P::U(vl.row_words as u32),
-        P::U(kl.rot as u32),
-        P::U(vl.rot as u32),
-        P::F(kl.rot_scale),
-        P::F(vl.rot_scale),
-    ];
+    let params = rope_params(n_kv, hd, n_ctx, &kl, &vl);
     let d = &gpu.dummy;
     let bufs = [(0, &qb), (1, &kb), (2, &vb), (3, d), (4, d), (5, d), (6, &kc), (7, &vc), (8, &pb), (9, &sb)];
     let mut st = Step::new(gpu);
@@ -251,6 +233,31 @@ fn quantized_cache_rows_are_the_cpus_bit_for_bit() {
     }
 }
 
+/// The parameters of a `rope` dispatch that only appends K/V rows (one
+/// query head, no RoPE, bias or norms) to caches of `n_ctx` positions of
+/// layouts `kl`, `vl`.
+fn rope_params(n_kv: usize, hd: usize, n_ctx: usize, kl: &KvLayout, vl: &KvLayout) -> [P; 17] {
+    [
+        P::U(1),
+        P::U(n_kv as u32),
+        P::U(hd as u32),
+        P::U(0),
+        P::U(0),
+        P::U(n_ctx as u32),
+        P::U(0),
+        P::F(1.0),
+        P::F(1.0),
+        P::F(0.0),
+        P::F(0.0),
+        P::U(kl.row_words as u32),
+        P::U(vl.row_words as u32),
+        P::U(kl.rot as u32),
+        P::U(vl.rot as u32),
+        P::F(kl.rot_scale),
+        P::F(vl.rot_scale),
+    ]
+}
+
 /// Writes layer 0 of `pool` as one pass of the forward step does: `rope`
 /// (no RoPE, bias or norms) over the tokens `toks` ((slot, position) each;
 /// `k`, `v` their rows), then each TurboQuant cache's `tq_centre`,
@@ -270,25 +277,7 @@ fn write_pass(gpu: &Gpu, pool: &WgpuKvPool, toks: &[(usize, usize)], k: &[f32], 
     let span = span_starts(&pos, &slot);
     let up = |what, x: &[u32]| gpu.upload(what, bytemuck::cast_slice(x)).unwrap();
     let (pb, sb, spb) = (up("pos", &pos), up("slot", &slot), up("span", &span));
-    let params = [
-        P::U(1),
-        P::U(n_kv as u32),
-        P::U(hd as u32),
-        P::U(0),
-        P::U(0),
-        P::U(pool.n_ctx as u32),
-        P::U(0),
-        P::F(1.0),
-        P::F(1.0),
-        P::F(0.0),
-        P::F(0.0),
-        P::U(kl.row_words as u32),
-        P::U(vl.row_words as u32),
-        P::U(kl.rot as u32),
-        P::U(vl.rot as u32),
-        P::F(kl.rot_scale),
-        P::F(vl.rot_scale),
-    ];
+    let params = rope_params(n_kv, hd, pool.n_ctx, &kl, &vl);
     let d = &gpu.dummy;
     let (kc, vc) = (&pool.k[0], &pool.v[0]);
     let bufs = [(0, &qb), (1, &kb), (2, &vb), (3, d), (4, d), (5, d), (6, kc), (7, vc), (8, &pb), (9, &sb)];
