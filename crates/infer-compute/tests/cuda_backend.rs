@@ -644,12 +644,15 @@ fn every_kernel_module_loads() {
         "mvn2_q5_0r_q8_0r",
         "attn_decode_flat_batch_q_hd256",
         "mmq_q6_kr_n",
+        "attn_split_tq",
+        "tq_encode",
     ] {
         assert!(names.contains(k), "{k} missing");
     }
-    // 47 common kernels (12 of them the flat decode attention), 3 float
-    // types × 2, 16 quantized layouts × 8, 3 mixed.
-    assert_eq!(res.len(), 47 + 6 + 16 * 8 + 3);
+    // 53 common kernels (12 of them the flat decode attention, 6 the
+    // TurboQuant caches'), 3 float types × 2, 16 quantized layouts × 8, 3
+    // mixed.
+    assert_eq!(res.len(), 53 + 6 + 16 * 8 + 3);
 }
 
 /// The tests above, run when this machine has a CUDA device; otherwise

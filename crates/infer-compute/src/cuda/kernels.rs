@@ -20,10 +20,12 @@ pub(crate) const PRODUCT_SOURCES: [(&str, &str); 6] = [
 ];
 
 /// The rest of [`Module::Common`], after [`PRODUCT_SOURCES`].
-pub(crate) const COMMON_SOURCES: [(&str, &str); 9] = [
+pub(crate) const COMMON_SOURCES: [(&str, &str); 11] = [
     ("kv_cache.cuh", include_str!("kernels/kv_cache.cuh")),
+    ("tq_cache.cuh", include_str!("kernels/tq_cache.cuh")),
     ("rope.cu", include_str!("kernels/rope.cu")),
     ("attention.cu", include_str!("kernels/attention.cu")),
+    ("tq_cache.cu", include_str!("kernels/tq_cache.cu")),
     ("attention_decode.cu", include_str!("kernels/attention_decode.cu")),
     ("attention_decode_flat.cu", include_str!("kernels/attention_decode_flat.cu")),
     ("attention_prefill.cu", include_str!("kernels/attention_prefill.cu")),
@@ -164,9 +166,15 @@ pub(crate) mod names {
     pub const ATTN_PREFILL_HD96: KernelName = KernelName::common("attn_prefill_hd96");
     pub const ATTN_PREFILL_HD128: KernelName = KernelName::common("attn_prefill_hd128");
     pub const ATTN_PREFILL_HD256: KernelName = KernelName::common("attn_prefill_hd256");
+    pub const TQ_CENTRE: KernelName = KernelName::common("tq_centre");
+    pub const TQ_ENCODE: KernelName = KernelName::common("tq_encode");
+    pub const TQ_KEEP: KernelName = KernelName::common("tq_keep");
+    pub const TQ_RING_COPY: KernelName = KernelName::common("tq_ring_copy");
+    pub const ATTN_SPLIT_TQ: KernelName = KernelName::common("attn_split_tq");
+    pub const TQ_UNROTATE: KernelName = KernelName::common("tq_unrotate");
 
     /// Every non-mat-vec kernel (loaded when the backend starts).
-    pub const ALL: [KernelName; 35] = [
+    pub const ALL: [KernelName; 41] = [
         QUANTIZE_Q8,
         RESIDUAL_NORM,
         QKV_POST,
@@ -202,6 +210,12 @@ pub(crate) mod names {
         ATTN_PREFILL_HD96,
         ATTN_PREFILL_HD128,
         ATTN_PREFILL_HD256,
+        TQ_CENTRE,
+        TQ_ENCODE,
+        TQ_KEEP,
+        TQ_RING_COPY,
+        ATTN_SPLIT_TQ,
+        TQ_UNROTATE,
     ];
 }
 
@@ -580,6 +594,45 @@ pub(crate) struct AttnQkvArgs {
 }
 const _: () = assert!(std::mem::size_of::<AttnQkvArgs>() == 312);
 
+/// Mirror of `TqArgs` (tq_cache.cu): one span's TurboQuant caches (layer
+/// buffers, or the slot's cache of another type) and its rows of k and v.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct TqArgs {
+    pub kc: DevPtr,
+    pub vc: DevPtr,
+    pub k: DevPtr,
+    pub v: DevPtr,
+    pub pos0: DevPtr,
+    pub kt: i32,
+    pub vt: i32,
+    pub slot: i32,
+    pub n_tok: i32,
+}
+const _: () = assert!(std::mem::size_of::<TqArgs>() == 56);
+
+/// Mirror of `TqAttnArgs`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct TqAttnArgs {
+    pub at: AttnArgs,
+    pub tq: TqArgs,
+}
+const _: () = assert!(std::mem::size_of::<TqAttnArgs>() == 184);
+
+/// Mirror of `TqCopyArgs`: a layer's TurboQuant buffer, the slots and the
+/// positions whose ring entries `tq_ring_copy` copies.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct TqCopyArgs {
+    pub c: DevPtr,
+    pub src: i32,
+    pub dst: i32,
+    pub n: i32,
+    pub pad_: i32,
+}
+const _: () = assert!(std::mem::size_of::<TqCopyArgs>() == 24);
+
 // SAFETY: plain #[repr(C)] structs of integers and floats whose layout
 // matches the CUDA declarations (sizes asserted on both sides); kernels
 // take them by value.
@@ -592,6 +645,9 @@ unsafe impl DeviceRepr for MvNormArgs {}
 unsafe impl DeviceRepr for MvNorm2Args {}
 unsafe impl DeviceRepr for MvQuantArgs {}
 unsafe impl DeviceRepr for MmqArgs {}
+unsafe impl DeviceRepr for TqArgs {}
+unsafe impl DeviceRepr for TqAttnArgs {}
+unsafe impl DeviceRepr for TqCopyArgs {}
 
 #[cfg(test)]
 mod tests {

@@ -302,7 +302,7 @@ impl CudaBackend {
         let part_o = d.zeros::<f32>(n_head * n_split * head_dim)?;
         let part_ml = d.zeros::<f32>(n_head * n_split * 2)?;
         let out = d.zeros::<f32>(q.len())?;
-        let f16 = kv_pool::CacheLayout::new(KvCacheType::F16, n_head_kv, head_dim, true)?;
+        let f16 = kv_pool::CacheLayout::new(KvCacheType::F16, n_head_kv, head_dim, true, 1, n_ctx)?;
         let args = AttnArgs {
             q: d.ptr(&qb),
             kc: d.ptr(&kb),
@@ -359,7 +359,8 @@ impl CudaBackend {
     /// CPU's.
     ///
     /// # Errors
-    /// Shape mismatches, [`Error::UnsupportedKvCache`]; device errors.
+    /// Shape mismatches, [`Error::UnsupportedKvCache`] (f32, and tq3 and
+    /// tq4, whose buffers are not rows); device errors.
     pub fn store_kv_rows(
         &self,
         k: &[f32],
@@ -374,8 +375,16 @@ impl CudaBackend {
             return Err(shape_err("cuda store_kv_rows", "k and v must be whole rows of n_head_kv * head_dim"));
         }
         let n_pos = k.len() / kv_dim;
-        let kl = kv_pool::CacheLayout::new(types.k, n_head_kv, head_dim, true)?;
-        let vl = kv_pool::CacheLayout::new(types.v, n_head_kv, head_dim, false)?;
+        let kl = kv_pool::CacheLayout::new(types.k, n_head_kv, head_dim, true, 1, n_pos)?;
+        let vl = kv_pool::CacheLayout::new(types.v, n_head_kv, head_dim, false, 1, n_pos)?;
+        if let Some(ty) = [kl, vl].iter().find(|l| l.tq.is_some()).map(|l| l.ty) {
+            // Their rows are codes of a pass's attention (tq_cache.cu), not
+            // what qkv_post stores; the conformance suite checks them.
+            return Err(Error::UnsupportedKvCache {
+                ty,
+                reason: "store_kv_rows reads row formats, not TurboQuant buffers".into(),
+            });
+        }
         let d = &*self.dev;
         let (kb, vb) = (self.upload_f32(k)?, self.upload_f32(v)?);
         let (kc, vc) = (d.zeros::<u8>(n_pos * kl.row)?, d.zeros::<u8>(n_pos * vl.row)?);

@@ -74,6 +74,7 @@ use crate::backend::{TopK, TOP_K_MAX};
 use crate::error::{Error, Result};
 use crate::kv_type::KvTypes;
 use crate::pipeline::{Activation, FfnType, ModelSpec, Norm, NormType, RopeType};
+use crate::turboquant::ChannelScale;
 use crate::weight::QuantWeight;
 use crate::GgmlType;
 
@@ -162,6 +163,9 @@ struct DevLayer {
     bv: Option<CudaSlice<f32>>,
     q_norm: Option<DevNorm>,
     k_norm: Option<DevNorm>,
+    /// The TurboQuant keys' per-channel scale, from the q and k norm gains
+    /// (as the CPU's and wgpu's).
+    key_scale: Option<ChannelScale>,
     post_attn_norm: Option<DevNorm>,
     ffn_norm: DevNorm,
     gated: bool,
@@ -396,6 +400,12 @@ impl CudaModel {
                 bv: opt_vec(&l.bv)?,
                 q_norm: opt_norm(&l.q_norm)?,
                 k_norm: opt_norm(&l.k_norm)?,
+                key_scale: match (&l.q_norm, &l.k_norm) {
+                    (Some(q), Some(k)) if q.bias.is_none() && k.bias.is_none() => {
+                        ChannelScale::from_qk_norms(&q.weight.to_f32()?, &k.weight.to_f32()?, &l.rope)
+                    }
+                    _ => None,
+                },
                 post_attn_norm: opt_norm(&l.post_attn_norm)?,
                 ffn_norm: DevNorm::new(d, &l.ffn_norm)?,
                 gated,
@@ -710,14 +720,15 @@ impl CudaModel {
     }
 
     /// Creates an empty KV pool of `n_slots` sequences of `n_ctx`
-    /// positions stored as `types` say (f16, q8_0 or q4_0 keys and values).
+    /// positions stored as `types` say (f16, q8_0, q4_0, tq3 or tq4 keys and
+    /// values).
     ///
     /// # Errors
     /// `n_slots` or `n_ctx` of 0, [`Error::UnsupportedKvCache`] for another
     /// type or a head size its blocks do not divide, sizes past the
     /// kernels' 32-bit positions, device allocation failures.
     pub fn new_cuda_kv_pool(&self, n_slots: usize, n_ctx: usize, types: KvTypes) -> Result<CudaKvPool> {
-        let heads: Vec<(usize, usize)> = self.w.layers.iter().map(|l| (l.n_kv, l.hd)).collect();
+        let heads: Vec<_> = self.w.layers.iter().map(|l| (l.n_kv, l.hd, l.key_scale.as_ref())).collect();
         CudaKvPool::new(&self.dev, self.w.id, &heads, n_slots, n_ctx, types)
     }
 }
@@ -731,8 +742,8 @@ impl DeviceModel for CudaModel {
         self.w.n_vocab
     }
 
-    /// f16, q8_0 and q4_0 keys and values (`kv_pool.rs`); f32 and the
-    /// TurboQuant types are [`Error::UnsupportedKvCache`].
+    /// f16, q8_0, q4_0, tq3 and tq4 keys and values (`kv_pool.rs`); f32 is
+    /// [`Error::UnsupportedKvCache`].
     fn new_kv_pool_typed(&self, n_slots: usize, n_ctx: usize, types: KvTypes) -> Result<Box<dyn KvPool>> {
         Ok(Box::new(self.new_cuda_kv_pool(n_slots, n_ctx, types)?))
     }

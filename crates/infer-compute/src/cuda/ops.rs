@@ -7,8 +7,8 @@ use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 
 use super::device::Device;
 use super::kernels::{
-    self, names, AttnArgs, AttnQkvArgs, DevPtr, MatvecArgs, MvMode, MvNormArgs, NormArgs, QkvArgs, ATTN_MAX_G,
-    ATTN_SPLIT, MV_TOKENS, MV_TR_ROWS, MV_WARPS,
+    self, names, AttnArgs, AttnQkvArgs, DevPtr, MatvecArgs, MvMode, MvNormArgs, NormArgs, QkvArgs, TqArgs, TqAttnArgs,
+    ATTN_MAX_G, ATTN_SPLIT, MV_TOKENS, MV_TR_ROWS, MV_WARPS,
 };
 pub(crate) use super::options::GemmPrecision;
 use crate::backend::{RowStats, TopK};
@@ -410,6 +410,61 @@ pub(crate) fn qkv_attention(dev: &Device, qkv: &QkvArgs, attn: &AttnArgs, count:
         attn_unrotate(dev, attn)?;
     }
     Ok(())
+}
+
+/// Whether the K or the V cache of `attn` (or both) is a TurboQuant one
+/// (tq3, tq4): its spans run [`qkv_attention_tq`].
+pub(crate) fn has_tq(attn: &AttnArgs) -> bool {
+    [attn.kt, attn.vt].into_iter().any(|t| t == 3 || t == 4)
+}
+
+/// The q/k/v post-processing and attention of one span (of slot `slot`)
+/// over a layer whose K or V cache (or both) is TurboQuant (tq_cache.cu):
+/// `qkv_post` rotates q, k and v into the caches' bases and leaves the
+/// span's k and v rows in place; `tq_centre` and `tq_encode` code them;
+/// `attn_split_tq` and the combine attend, reading each row from where
+/// tq_cache.cuh says; the output is rotated back (`tq_unrotate` for
+/// TurboQuant values, [`attn_unrotate`] for rotated quantized ones) and
+/// quantized for the output projection; then `tq_keep` moves the span's
+/// last rows into the ring. Every span and token count takes this path:
+/// no fused or batched decode kernel reads these caches.
+pub(crate) fn qkv_attention_tq(dev: &Device, qkv: &QkvArgs, attn: &AttnArgs, slot: usize) -> Result<()> {
+    let (n_head, n_kv, hd) = (attn.n_head as usize, attn.n_kv as usize, attn.hd as usize);
+    check_qkv_shape(qkv)?;
+    check_attn_shape(n_head, n_kv, hd)?;
+    let n_tok = to_u32(qkv.n_tok as usize, "tokens")?;
+    let kv = to_u32(n_kv, "kv heads")?;
+    let tq = TqArgs {
+        kc: qkv.kc,
+        vc: qkv.vc,
+        k: qkv.k,
+        v: qkv.v,
+        pos0: qkv.pos0,
+        kt: qkv.kt,
+        vt: qkv.vt,
+        slot: to_i32(slot, "slot")?,
+        n_tok: qkv.n_tok,
+    };
+    qkv_post(dev, qkv)?;
+    dev.launch(names::TQ_CENTRE, (1, 1, 2), 128, 0, &tq)?;
+    dev.launch(names::TQ_ENCODE, (kv, n_tok, 2), 128, 0, &tq)?;
+    // Values stored rotated: the output is quantized after the rotation back.
+    let mut plain = *attn;
+    if attn.v_rot != 0 {
+        plain.oq = 0;
+        plain.ods = 0;
+    }
+    let n_gc = (n_head / n_kv).div_ceil(ATTN_MAX_G);
+    let smem = ((2 * ATTN_MAX_G * hd + ATTN_MAX_G * ATTN_SPLIT) * 4) as u32;
+    let grid = (to_u32(n_kv * n_gc, "grid")?, to_u32(attn.n_split as usize, "splits")?, n_tok);
+    dev.launch(names::ATTN_SPLIT_TQ, grid, ATTN_THREADS as u32, smem, &TqAttnArgs { at: plain, tq })?;
+    combine(dev, &plain)?;
+    if attn.vt == 3 || attn.vt == 4 {
+        dev.launch(names::TQ_UNROTATE, (to_u32(n_head, "heads")?, n_tok, 1), 128, 0, &TqAttnArgs { at: *attn, tq })?;
+    } else if attn.v_rot != 0 {
+        attn_unrotate(dev, attn)?;
+    }
+    dev.launch(names::TQ_KEEP, (kv, n_tok, 2), 128, 0, &tq)
 }
 
 /// Most one-token steps of different sequences in one launch of the

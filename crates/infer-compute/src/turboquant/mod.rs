@@ -48,9 +48,15 @@
 
 mod channel_scale;
 pub mod codebook;
+#[cfg(any(feature = "cuda", feature = "wgpu"))]
+mod device_layout;
 pub mod rotation;
 
 pub use channel_scale::ChannelScale;
+#[cfg(any(feature = "cuda", feature = "wgpu"))]
+#[cfg(feature = "wgpu")]
+pub(crate) use device_layout::head_words;
+pub(crate) use device_layout::TqLayout;
 
 use std::sync::{Arc, Mutex};
 

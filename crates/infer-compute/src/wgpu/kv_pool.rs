@@ -43,13 +43,13 @@ use std::any::Any;
 use std::sync::Arc;
 
 use super::context::Gpu;
-use super::kv_tq::{self, TqLayout};
 use super::shaders::{Kernel, Variant};
 use super::step::{Step, P};
 use super::weights::binding_limit;
 use crate::backend::{new_states, KvPool, KvState, ModelId};
 use crate::error::{Error, Result};
 use crate::turboquant::ChannelScale;
+use crate::turboquant::{self, TqLayout};
 use crate::{KvCacheType, KvTypes};
 
 /// How one layer's K or V cache stores a position (see the module docs):
@@ -85,7 +85,7 @@ impl KvLayout {
             KvCacheType::Q8_0 => (kv_dim / 4 + scales, 0),
             KvCacheType::Q4_0 => (kv_dim / 8 + scales, 0),
             KvCacheType::Tq3 | KvCacheType::Tq4 => {
-                (n_kv * kv_tq::head_words(head_dim, ty.turboquant_bits().unwrap_or(4)), head_dim)
+                (n_kv * turboquant::head_words(head_dim, ty.turboquant_bits().unwrap_or(4)), head_dim)
             }
         };
         let rot = ty.hadamard_block(head_dim, keys).unwrap_or(rot);

@@ -18,13 +18,14 @@ use half::f16;
 
 use super::context::{Gpu, Options};
 use super::kv_pool::{KvLayout, WgpuKvPool};
-use super::kv_tq::{span_starts, TqLayout};
+use super::kv_tq::span_starts;
 use super::shaders::{Kernel, Variant};
 use super::step::{Step, P};
 use crate::backend::{KvPool, ModelId};
 use crate::cpu::kv_cache::{round_f16, KvBuf};
 use crate::cpu::kv_rotation::KvRotation;
 use crate::kv_type::{TQ_CENTRE_FROM, TQ_EXACT_POSITIONS, TQ_REFINE_PASSES};
+use crate::turboquant::TqLayout;
 use crate::turboquant::TurboQuant;
 use crate::{quant, KvCacheType, KvTypes};
 

@@ -308,14 +308,14 @@ static_assert(sizeof(MvQuantArgs) == 136, "MvQuantArgs layout");
 struct QkvArgs {
     float* q;            // [n_tok][n_head * hd], rotated in place
     float* k;            // [n_tok][n_kv * hd], rotated in place
-    const float* v;      // [n_tok][n_kv * hd]
+    float* v;            // [n_tok][n_kv * hd] (rotated in place for a TurboQuant cache)
     const float* bq;     // biases or null
     const float* bk;
     const float* bv;
     const float* qn_w;   // per-head RMSNorm weights [hd] or null
     const float* kn_w;
-    u8* kc;              // caches: n_ctx rows of k_row / v_row bytes (kv_cache.cuh)
-    u8* vc;
+    u8* kc;              // caches: n_ctx rows of k_row / v_row bytes (kv_cache.cuh), or the
+    u8* vc;              // layer's TurboQuant buffer (tq_cache.cuh)
     const int* pos0;     // device: position of token 0
     int n_head, n_kv, hd, n_rot;
     int neox;            // 1: pairs (i, i + n_rot/2); 0: (2i, 2i+1)
@@ -323,7 +323,7 @@ struct QkvArgs {
     float theta_scale;   // base^(-2/n_rot)
     float freq_scale;
     float qn_eps, kn_eps;
-    int kt, vt;          // cache types (KV_F16, KV_Q8_0, KV_Q4_0)
+    int kt, vt;          // cache types (KV_F16, KV_Q8_0, KV_Q4_0, KV_TQ3, KV_TQ4)
     int k_row, v_row;    // bytes per cached position
     int k_rot, v_rot;    // Hadamard block of the stored keys (and queries) / values; 0: none
 };
@@ -345,7 +345,7 @@ struct AttnArgs {
     int n_tok;
     float scale;
     float softcap;       // 0: none
-    int kt, vt;          // cache types (KV_F16, KV_Q8_0, KV_Q4_0)
+    int kt, vt;          // cache types (KV_F16, KV_Q8_0, KV_Q4_0, KV_TQ3, KV_TQ4)
     int k_row, v_row;    // bytes per cached position
     int v_rot;           // Hadamard block of the stored values (attn_unrotate); 0: none
     int pad_;

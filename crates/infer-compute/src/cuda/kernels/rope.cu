@@ -70,12 +70,15 @@ extern "C" __global__ void __launch_bounds__(QKV_THREADS) qkv_post(const QkvArgs
         sx[i0] = x0 * cs - x1 * sn;
         sx[i1] = x0 * sn + x1 * cs;
     }
-    if (!is_q) {
+    const bool k_tq = kv_is_tq(a.kt), v_tq = !is_q && kv_is_tq(a.vt);
+    if (k_tq) __syncthreads();  // RoPE's pairs written before the factors
 #pragma unroll
-        for (int k = 0; k < QKV_PER; ++k) {
-            const int d = tid + k * QKV_THREADS;
-            if (d < hd) sv[d] = vv[k];
-        }
+    for (int k = 0; k < QKV_PER; ++k) {
+        const int d = tid + k * QKV_THREADS;
+        if (d >= hd) continue;
+        // A TurboQuant cache's factors before its rotation (tq_cache.cuh).
+        if (k_tq) sx[d] *= tq_mul((const u32*)a.kc, d, is_q);
+        if (!is_q) sv[d] = v_tq ? vv[k] * tq_mul((const u32*)a.vc, d, false) : vv[k];
     }
     __syncthreads();
     // q or k by K's rotation, v by V's, in one set of stages.
@@ -84,8 +87,19 @@ extern "C" __global__ void __launch_bounds__(QKV_THREADS) qkv_post(const QkvArgs
         for (int d = tid; d < hd; d += QKV_THREADS) src[d] = sx[d];
         return;
     }
-    kv_store_head(a.kc + (size_t)pos * a.k_row, a.kt, kv_dim, h, sx, hd);
-    kv_store_head(a.vc + (size_t)pos * a.v_row, a.vt, kv_dim, h, sv, hd);
+    // A TurboQuant cache takes the rows of the pass in place (tq_cache.cu
+    // codes and stores them).
+    if (k_tq) {
+        for (int d = tid; d < hd; d += QKV_THREADS) src[d] = sx[d];
+    } else {
+        kv_store_head(a.kc + (size_t)pos * a.k_row, a.kt, kv_dim, h, sx, hd);
+    }
+    if (v_tq) {
+        float* vr = a.v + ((size_t)t * a.n_kv + h) * hd;
+        for (int d = tid; d < hd; d += QKV_THREADS) vr[d] = sv[d];
+    } else {
+        kv_store_head(a.vc + (size_t)pos * a.v_row, a.vt, kv_dim, h, sv, hd);
+    }
 }
 
 // The same post-processing inside a decode attention block (attn_split_qkv,

@@ -382,14 +382,24 @@ impl<'a> Forward<'a> {
     /// The q/k/v post-processing, KV append and attention of layer `li`,
     /// per span against the span's slot, except that a run of one-token
     /// spans (decode steps of different sequences) is one launch of up to
-    /// `DECODE_BATCH_MAX` tokens where the shape has the batched kernel.
+    /// `DECODE_BATCH_MAX` tokens where the shape has the batched kernel. A
+    /// layer with a TurboQuant cache runs every span apart
+    /// ([`ops::qkv_attention_tq`]).
     fn attention(&self, li: usize, l: &DevLayer) -> Result<()> {
         let (d, spans) = (self.d, &self.pass.spans);
         let count = d.ptr(&self.b.attn_count);
-        let batchable = match spans.first() {
-            Some(_) => ops::has_decode_batch(d, &self.attn_args(li, l, 0, 0)?.1),
-            None => false,
+        let first = match spans.first() {
+            Some(_) => Some(self.attn_args(li, l, 0, 0)?.1),
+            None => None,
         };
+        if first.is_some_and(|a| ops::has_tq(&a)) {
+            for (si, s) in spans.iter().enumerate() {
+                let (qkv, attn) = self.attn_args(li, l, si, s.slot)?;
+                ops::qkv_attention_tq(d, &qkv, &attn, s.slot)?;
+            }
+            return Ok(());
+        }
+        let batchable = first.is_some_and(|a| ops::has_decode_batch(d, &a));
         let flat = attn_flat(d, l, self.pool.n_split, self.pass);
         let mut si = 0;
         while si < spans.len() {

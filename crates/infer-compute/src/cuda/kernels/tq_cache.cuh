@@ -1,0 +1,122 @@
+// TurboQuant KV caches (tq3, tq4) on the device: one buffer per layer and
+// role (K or V) of 32-bit words, laid out as turboquant::TqLayout says (the
+// same buffer as the wgpu backend's): a header (the fields below, the
+// Lloyd–Max centroids and boundaries, per channel the factor applied before
+// the rotation), then the codes, the exact rows, the centres, the ring of
+// recent rows and its tags. The type codes KV_TQ3 and KV_TQ4 are the bits
+// per index.
+//
+// A query at position pos of a pass whose span (one slot's consecutive
+// positions) starts at p0 reads row j of its slot:
+//   j < n_exact:               the exact row (f16; the slot's first rows);
+//   pos - j < window, j >= p0: the pass's own row (f32 already rounded to
+//                              f16 by tq_encode);
+//   pos - j < window, j < p0:  the ring's entry j % window if its tag says
+//                              it holds j, else the code;
+//   otherwise:                 the code, n * c[idx], plus the slot's centre.
+// The same choice per (query, row) as the CPU's (cpu::tq_window). Values
+// are in the rotated basis: the head times the factors of word TQ_F_MUL
+// (random signs, the keys' channel scale), then H/sqrt(hd).
+
+#define KV_TQ3 3
+#define KV_TQ4 4
+
+// Header fields (word indices; turboquant::Field).
+#define TQ_F_N_CTX 0
+#define TQ_F_N_KV 1
+#define TQ_F_HD 2
+#define TQ_F_N_EXACT 3
+#define TQ_F_WINDOW 4
+#define TQ_F_HEAD_WORDS 5
+#define TQ_F_ROW_WORDS 6
+#define TQ_F_CODES 7
+#define TQ_F_EXACT 8
+#define TQ_F_CENTRE 9
+#define TQ_F_RING 10
+#define TQ_F_TAGS 11
+#define TQ_F_CENTRE_INV 12
+#define TQ_F_HAS_CENTRE 13
+#define TQ_F_CENTRE_FROM 14
+#define TQ_F_PASSES 15
+// The 2^bits centroids (f32), then the 2^bits - 1 boundaries.
+#define TQ_F_CENTROIDS 16
+#define TQ_F_BOUNDS 32
+// hd factors for the cached heads, then hd for the queries that meet keys.
+#define TQ_F_MUL 48
+
+// Largest head dimension of a TurboQuant cache on the device.
+#define TQ_MAX_HD 1024
+
+__device__ __forceinline__ bool kv_is_tq(int type) { return type == KV_TQ3 || type == KV_TQ4; }
+
+__device__ __forceinline__ float tq_f(const u32* c, int w) { return __uint_as_float(c[w]); }
+
+// Factor of value i of a head before the rotation (query: of a query that
+// meets these keys).
+__device__ __forceinline__ float tq_mul(const u32* c, int i, bool query) {
+    return tq_f(c, TQ_F_MUL + (query ? (int)c[TQ_F_HD] : 0) + i);
+}
+
+// f32 rounded to f16 and back, saturating (the exact rows' values).
+__device__ __forceinline__ float f16_round(float x) { return f16_to_f32(f32_to_f16_sat(x)); }
+
+// Word i of the exact row r of a slot, head g (two f16 values, the even one
+// low).
+__device__ __forceinline__ const u32* tq_exact_row(const u32* c, int slot, int r) {
+    const size_t half = (size_t)c[TQ_F_N_KV] * c[TQ_F_HD] / 2;
+    return c + c[TQ_F_EXACT] + ((size_t)slot * c[TQ_F_N_EXACT] + r) * half;
+}
+
+// The slot's centre (f32, kv_dim values), or null when the cache has none.
+__device__ __forceinline__ const float* tq_centre_row(const u32* c, int slot) {
+    if (!c[TQ_F_HAS_CENTRE]) return nullptr;
+    return (const float*)(c + c[TQ_F_CENTRE]) + (size_t)slot * c[TQ_F_N_KV] * c[TQ_F_HD];
+}
+
+// Values d0 .. d0 + 7 (d0 a multiple of 8) of head g of row j of a slot, as
+// the query at pos of a pass starting at p0 reads it (see the top); rows:
+// the pass's rows of this cache, [n_tok][kv_dim] f32.
+__device__ __forceinline__ void tq_load8(const u32* c, int bits, int slot, int j, int pos, int p0, const float* rows,
+                                         int g, int d0, float* x) {
+    const int hd = c[TQ_F_HD], kv_dim = c[TQ_F_N_KV] * hd, w = c[TQ_F_WINDOW];
+    const int col = g * hd + d0;
+    const u32* h16 = nullptr;
+    if (j < (int)c[TQ_F_N_EXACT]) {
+        h16 = tq_exact_row(c, slot, j) + col / 2;
+    } else if (pos - j < w) {
+        if (j >= p0) {
+            const float* r = rows + (size_t)(j - p0) * kv_dim + col;
+#pragma unroll
+            for (int e = 0; e < 8; ++e) x[e] = r[e];
+            return;
+        }
+        const size_t e = (size_t)slot * w + j % w;
+        if (c[c[TQ_F_TAGS] + e] == (u32)j + 1) h16 = c + c[TQ_F_RING] + e * (kv_dim / 2) + col / 2;
+    }
+    if (h16) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const u32 v = h16[e];
+            x[2 * e] = f16_to_f32((u16)(v & 0xFFFFu));
+            x[2 * e + 1] = f16_to_f32((u16)(v >> 16));
+        }
+        return;
+    }
+    const u32* code =
+        c + c[TQ_F_CODES] + ((size_t)slot * c[TQ_F_N_CTX] + j) * c[TQ_F_ROW_WORDS] + (size_t)g * c[TQ_F_HEAD_WORDS];
+    const float n = f16_to_f32((u16)(code[0] & 0xFFFFu));
+    // The eight indices: bits d0 * bits .. + 8 * bits of the stream after
+    // the scale's word (at most two words).
+    const int bit = d0 * bits, sh = bit % 32;
+    const u32* wp = code + 1 + bit / 32;
+    u64 b = wp[0];
+    if (sh + 8 * bits > 32) b |= (u64)wp[1] << 32;
+    b >>= sh;
+    const u32 m = (1u << bits) - 1u;
+    const float* centre = tq_centre_row(c, slot);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+        x[e] = n * tq_f(c, TQ_F_CENTROIDS + (int)((b >> (e * bits)) & m));
+        if (centre) x[e] += centre[col + e];
+    }
+}
