@@ -2,7 +2,9 @@
 //! type against the same backend's f16 cache, within the type's bound; a
 //! prompt prefilled into a quantized cache against the same tokens decoded
 //! one by one; three sequences decoded together in one pool against each
-//! alone; a cache that does not fit; a head size a type cannot store.
+//! alone; a TurboQuant cache past its window of exact rows (queries that
+//! read codes) and a copy of its positions to another slot; a cache that
+//! does not fit; a head size a type cannot store.
 //! A backend may refuse a type it does not store, with
 //! [`Error::UnsupportedKvCache`] naming it (the case then skips, saying
 //! so); any other refusal fails.
@@ -21,6 +23,7 @@ use super::compare::{check_logits, cosine};
 use super::model::{err, prepare, random_model, random_model_heads, tokens, Arch};
 use super::{Case, Outcome};
 use crate::backend::{Batch, ComputeBackend, DeviceModel, KvPool, Out};
+use crate::kv_type::{TQ_EXACT_POSITIONS, TQ_WINDOW};
 use crate::{Error, KvCacheType, KvTypes};
 
 /// The pool of `types`, or why the backend refuses it: `Ok(Err(skip))` for
@@ -91,6 +94,67 @@ fn decode_case(b: &dyn ComputeBackend, arch: Arch, types: KvTypes) -> Result<Out
     };
     let got = m.prefill(kv2.as_mut(), &toks, 0).map_err(err("prefill"))?.to_vec();
     check_logits(&format!("{types}: prefill of 40 against decode"), &got, &last)?;
+    Ok(Outcome::Pass(String::new()))
+}
+
+/// Positions of [`long_case`]'s prompt: past the TurboQuant window
+/// ([`TQ_WINDOW`]) and exact rows ([`TQ_EXACT_POSITIONS`]) by 26, so that
+/// its queries read coded rows.
+const LONG_PROMPT: usize = TQ_WINDOW + TQ_EXACT_POSITIONS + 26;
+
+/// A prompt long enough that a TurboQuant cache's queries read coded rows
+/// (the 40 positions of [`decode_case`] are all within the window of
+/// exact rows): prefilled in two chunks into slot 0 of a pool of `types`,
+/// then four tokens decoded, each within the type's bound of the f16
+/// cache's logits; then slot 0's positions before the last step copied to
+/// slot 1 ([`KvPool::copy_prefix`]: codes, exact rows, centre and the
+/// ring's entries), where the last step is decoded again and must give
+/// the same logits as in slot 0.
+fn long_case(b: &dyn ComputeBackend, arch: Arch, types: KvTypes) -> Result<Outcome, String> {
+    let spec = random_model(45, arch);
+    let mut m = match prepare(b, &spec)? {
+        Ok(m) => m,
+        Err(skip) => return Ok(skip),
+    };
+    let n_ctx = LONG_PROMPT + 8;
+    let mut pool = match m.new_kv_pool_typed(2, n_ctx, types) {
+        Ok(p) => p,
+        Err(Error::UnsupportedKvCache { ty, reason }) if ty == types.k || ty == types.v => {
+            return Ok(Outcome::Skip(format!("{types}: {reason}")))
+        }
+        Err(e) => return Err(format!("a pool of {types}: {e}")),
+    };
+    let mut base = m.new_kv_cache_typed(n_ctx, KvTypes::default()).map_err(err("f16 cache"))?;
+    let toks = tokens(46, LONG_PROMPT + 4, spec.n_vocab);
+    let (prompt, steps) = toks.split_at(LONG_PROMPT);
+    let ty = coarser(types);
+    let n_vocab = m.n_vocab();
+    let mut batch = Batch::new();
+    let cut = 100;
+    batch.push_seq(0, 0, &prompt[..cut], Out::Last);
+    m.forward(pool.as_mut(), &batch).map_err(err("prefill, first chunk"))?;
+    batch.clear();
+    batch.push_seq(0, cut, &prompt[cut..], Out::Last);
+    let got = m.forward(pool.as_mut(), &batch).map_err(err("prefill, second chunk"))?.to_vec();
+    let want = m.prefill(base.as_mut(), prompt, 0).map_err(err("prefill (f16)"))?;
+    within(&format!("{types}: prompt of {LONG_PROMPT}"), ty, &got, want)?;
+    let mut last = Vec::new();
+    for (i, &t) in steps.iter().enumerate() {
+        let pos = LONG_PROMPT + i;
+        if i + 1 == steps.len() {
+            pool.copy_prefix(0, 1, pos).map_err(err("copy_prefix"))?;
+        }
+        batch.clear();
+        batch.push(t, pos, 0, true);
+        last = m.forward(pool.as_mut(), &batch).map_err(err("decode"))?[..n_vocab].to_vec();
+        let want = m.decode_token(base.as_mut(), t, pos).map_err(err("decode_token (f16)"))?;
+        within(&format!("{types}, pos {pos}"), ty, &last, want)?;
+    }
+    let pos = LONG_PROMPT + steps.len() - 1;
+    batch.clear();
+    batch.push(steps[steps.len() - 1], pos, 1, true);
+    let copied = m.forward(pool.as_mut(), &batch).map_err(err("decode after copy_prefix"))?;
+    check_logits(&format!("{types}: slot 1 after copy_prefix of {pos}"), copied, &last)?;
     Ok(Outcome::Pass(String::new()))
 }
 
@@ -214,6 +278,9 @@ pub fn cases() -> Vec<Case> {
         }
         for (name, types) in [("q8_0", KvTypes::both(T::Q8_0)), ("q4_0", KvTypes::both(T::Q4_0))] {
             v.push(Case::new(&format!("kv::{arch_name}::batch_{name}"), move |b| batch_case(b, arch, types)));
+        }
+        for (name, types) in [("tq4", KvTypes::both(T::Tq4)), ("tq3", KvTypes::both(T::Tq3))] {
+            v.push(Case::new(&format!("kv::{arch_name}::long_{name}"), move |b| long_case(b, arch, types)));
         }
     }
     v.push(Case::new("kv::limits", limits_case));

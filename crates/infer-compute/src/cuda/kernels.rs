@@ -171,10 +171,11 @@ pub(crate) mod names {
     pub const TQ_KEEP: KernelName = KernelName::common("tq_keep");
     pub const TQ_RING_COPY: KernelName = KernelName::common("tq_ring_copy");
     pub const ATTN_SPLIT_TQ: KernelName = KernelName::common("attn_split_tq");
+    pub const ATTN_SPLIT_TQ_G8: KernelName = KernelName::common("attn_split_tq_g8");
     pub const TQ_UNROTATE: KernelName = KernelName::common("tq_unrotate");
 
     /// Every non-mat-vec kernel (loaded when the backend starts).
-    pub const ALL: [KernelName; 41] = [
+    pub const ALL: [KernelName; 42] = [
         QUANTIZE_Q8,
         RESIDUAL_NORM,
         QKV_POST,
@@ -215,6 +216,7 @@ pub(crate) mod names {
         TQ_KEEP,
         TQ_RING_COPY,
         ATTN_SPLIT_TQ,
+        ATTN_SPLIT_TQ_G8,
         TQ_UNROTATE,
     ];
 }

@@ -37,10 +37,9 @@ pub(crate) struct CacheLayout {
     pub tq: Option<TqLayout>,
 }
 
-/// Largest head dimension of a TurboQuant cache here: `attn_split_tq`'s
-/// shared memory (two `[ATTN_MAX_G][head_dim]` f32 arrays) stays within the
-/// 48 KiB a launch gets without opting in.
-const TQ_MAX_HEAD_DIM: usize = 512;
+/// Largest head dimension of a TurboQuant cache here: `attn_split_tq`
+/// reads a position's values with `head_dim / 8` lanes of one warp.
+const TQ_MAX_HEAD_DIM: usize = 256;
 
 impl CacheLayout {
     /// The layout of a layer's keys (`keys`) or values of `ty` in a pool of
@@ -49,7 +48,7 @@ impl CacheLayout {
     /// # Errors
     /// [`Error::UnsupportedKvCache`] for f32 (the CUDA kernels do not store
     /// it), a `head_dim` the type's blocks do not divide, and TurboQuant
-    /// heads outside 32 ..= 512 values; [`Error::Overflow`].
+    /// heads outside 32 ..= 256 values; [`Error::Overflow`].
     pub fn new(
         ty: KvCacheType,
         n_kv: usize,
@@ -297,7 +296,7 @@ mod tests {
         assert_eq!((tq.row, tq.rot, tq.tq.map(|t| t.row_words)), (8 * 4 * 7, 64, Some(8 * 7)));
         assert_eq!(new(KvCacheType::Tq4, 8, 64, false).unwrap().row, 8 * 4 * 9);
         for (ty, hd) in
-            [(KvCacheType::F32, 64), (KvCacheType::Tq3, 16), (KvCacheType::Tq4, 1024), (KvCacheType::Tq4, 96)]
+            [(KvCacheType::F32, 64), (KvCacheType::Tq3, 16), (KvCacheType::Tq4, 512), (KvCacheType::Tq4, 96)]
         {
             assert!(matches!(new(ty, 8, hd, true), Err(Error::UnsupportedKvCache { .. })), "{ty} {hd}");
         }

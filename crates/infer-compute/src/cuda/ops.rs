@@ -455,9 +455,12 @@ pub(crate) fn qkv_attention_tq(dev: &Device, qkv: &QkvArgs, attn: &AttnArgs, slo
         plain.ods = 0;
     }
     let n_gc = (n_head / n_kv).div_ceil(ATTN_MAX_G);
-    let smem = ((2 * ATTN_MAX_G * hd + ATTN_MAX_G * ATTN_SPLIT) * 4) as u32;
+    let smem = ((2 * ATTN_MAX_G * hd + ATTN_MAX_G * ATTN_SPLIT + 2 * ATTN_MAX_G) * 4) as u32;
     let grid = (to_u32(n_kv * n_gc, "grid")?, to_u32(attn.n_split as usize, "splits")?, n_tok);
-    dev.launch(names::ATTN_SPLIT_TQ, grid, ATTN_THREADS as u32, smem, &TqAttnArgs { at: plain, tq })?;
+    // Up to 4 query heads per block: the kernel that holds 4 heads' q and
+    // sums in registers (two blocks per SM), else the one of 8.
+    let k = if n_head / n_kv <= 4 { names::ATTN_SPLIT_TQ } else { names::ATTN_SPLIT_TQ_G8 };
+    dev.launch(k, grid, ATTN_THREADS as u32, smem, &TqAttnArgs { at: plain, tq })?;
     combine(dev, &plain)?;
     if attn.vt == 3 || attn.vt == 4 {
         dev.launch(names::TQ_UNROTATE, (to_u32(n_head, "heads")?, n_tok, 1), 128, 0, &TqAttnArgs { at: *attn, tq })?;

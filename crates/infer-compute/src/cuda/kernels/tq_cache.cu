@@ -224,62 +224,107 @@ extern "C" __global__ void __launch_bounds__(TQ_THREADS) tq_ring_copy(const TqCo
     if (threadIdx.x == 0) tags[(size_t)a.dst * w + i] = kept ? tag : 0;
 }
 
-// Values d0 .. d0 + 7 of head g of row j of a cache of type `type` (c: the
-// layer's TurboQuant buffer, or the slot's rows of `row` bytes), as the
-// query at pos of the span reads it.
-__device__ __forceinline__ void tq_attn_load8(const TqArgs& t, bool v, const u8* c, int type, int row, int kv_dim,
-                                              int j, int pos, int p0, int g, int hd, int d0, float* x) {
-    if (kv_is_tq(type)) {
-        tq_load8((const u32*)c, type, t.slot, j, pos, p0, v ? t.v : t.k, g, d0, x);
-        return;
-    }
-    kv_unpack8(kv_load8(c + (size_t)j * row, type, kv_dim, g * hd + d0), type, x);
+// Where attention reads one cache: a TurboQuant view, or the slot's rows
+// of `row` bytes of another type.
+struct AttnSrc {
+    TqView tq;
+    const u8* c;
+    const float* rows;  // the pass's rows (TurboQuant)
+    int type, row, kv_dim;
+};
+
+__device__ __forceinline__ AttnSrc attn_src(const u8* c, int type, int row, int kv_dim, int slot, const float* rows,
+                                            float* cent) {
+    AttnSrc s;
+    s.c = c;
+    s.rows = rows;
+    s.type = type;
+    s.row = row;
+    s.kv_dim = kv_dim;
+    if (kv_is_tq(type)) s.tq = tq_view((const u32*)c, type, slot, cent);
+    return s;
 }
 
-// Shared memory: sq [ATTN_MAX_G][hd], sp [ATTN_MAX_G][ATTN_SPLIT], then
-// the p . v reduction [ATTN_MAX_G][hd].
-extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_split_tq(const TqAttnArgs args) {
-    PDL_PROLOGUE;
-    extern __shared__ float tq_smem[];
+// Values d0 .. d0 + 7 of head g of row j (tq_load8's contract; another
+// type's row is never coded).
+__device__ __forceinline__ bool attn_load8(const AttnSrc& s, int j, int pos, int p0, int g, int hd, int d0, float* x,
+                                           float* n) {
+    if (kv_is_tq(s.type)) return tq_load8(s.tq, j, pos, p0, s.rows, g, hd, d0, x, n);
+    kv_unpack8(kv_load8(s.c + (size_t)j * s.row, s.type, s.kv_dim, g * hd + d0), s.type, x);
+    return false;
+}
+
+// The split's partial softmax-weighted sums (attention.cu's blocks and
+// partials) over caches of which one or both are TurboQuant. A position's
+// values are read by L = hd / 8 lanes (eight each; hd <= 256), P = 32 / L
+// positions per warp at a time; q stays in registers. A coded row's logit
+// is n * (q . c[idx]) + q . centre, its values n * c[idx], the centre
+// added once at the end weighted by the coded rows' probabilities.
+// Shared memory: sq [ATTN_MAX_G][hd], sp [ATTN_MAX_G][ATTN_SPLIT], sacc
+// [ATTN_MAX_G][hd], then q . centre and the coded weights [2][ATTN_MAX_G].
+// GM: the most query heads per block (b.nh), which sizes the registers
+// holding q and the sums: 4 (attn_split_tq, 2 blocks per SM) or
+// ATTN_MAX_G (attn_split_tq_g8).
+template <int GM>
+__device__ __forceinline__ void attn_split_tq_impl(const TqAttnArgs& args, float* tq_smem) {
+    __shared__ float cent[2][16];
     const AttnArgs& a = args.at;
-    const TqArgs& tq = args.tq;
+    const TqArgs& t = args.tq;
     AttnBlock b;
     if (!attn_block(a, b)) return;
     const int tid = threadIdx.x, lane = tid % WARP, warp = tid / WARP, n_warps = blockDim.x / WARP;
-    const int hd = a.hd, kv_dim = a.n_kv * hd, nc = hd / 8;
+    const int hd = a.hd, kv_dim = a.n_kv * hd;
+    const int L = hd / 8, P = WARP / L;
+    const int gi = lane / L, d0 = (lane % L) * 8;
     const int g = b.g, nh = b.nh, start = b.start, len = b.len;
     const int p0 = *a.pos0, pos = p0 + b.t;
+    const AttnSrc ks = attn_src(a.kc, a.kt, a.k_row, kv_dim, t.slot, t.k, cent[0]);
+    const AttnSrc vs = attn_src(a.vc, a.vt, a.v_row, kv_dim, t.slot, t.v, cent[1]);
     float* sq = tq_smem;
     float* sp = sq + ATTN_MAX_G * hd;
     float* sacc = sp + ATTN_MAX_G * ATTN_SPLIT;
+    float* sqc = sacc + ATTN_MAX_G * hd;
+    float* swc = sqc + ATTN_MAX_G;
     const float* q = a.q + ((size_t)b.t * a.n_head + b.h0) * hd;
     for (int i = tid; i < nh * hd; i += blockDim.x) sq[i] = q[i];
-    for (int i = tid; i < nh * hd; i += blockDim.x) sacc[i] = 0.0f;
+    __syncthreads();
+    // q . centre of the keys, per head.
+    const float* kcentre = kv_is_tq(a.kt) ? ks.tq.centre : nullptr;
+    if (warp < nh) {
+        float d = 0.0f;
+        if (kcentre)
+            for (int i = lane; i < hd; i += WARP) d += sq[warp * hd + i] * kcentre[g * hd + i];
+        d = warp_sum(d);
+        if (lane == 0) sqc[warp] = d;
+    }
+    float qv[GM][8];
+#pragma unroll
+    for (int hh = 0; hh < GM; ++hh)
+#pragma unroll
+        for (int e = 0; e < 8; ++e) qv[hh][e] = hh < nh ? sq[hh * hd + d0 + e] : 0.0f;
     __syncthreads();
 
-    // q . k: a warp per position, lanes over chunks of eight values.
-    for (int jj = warp; jj < len; jj += n_warps) {
-        float dots[ATTN_MAX_G];
+    // q . k.
+    for (int jb = warp * P; jb < len; jb += n_warps * P) {
+        const int jj = jb + gi;
+        float kf[8], n = 0.0f;
+        bool coded = false;
+        if (jj < len) {
+            coded = attn_load8(ks, start + jj, pos, p0, g, hd, d0, kf, &n);
+        } else {
 #pragma unroll
-        for (int hh = 0; hh < ATTN_MAX_G; ++hh) dots[hh] = 0.0f;
-        for (int ch = lane; ch < nc; ch += WARP) {
-            float kf[8];
-            tq_attn_load8(tq, false, a.kc, a.kt, a.k_row, kv_dim, start + jj, pos, p0, g, hd, ch * 8, kf);
-#pragma unroll
-            for (int hh = 0; hh < ATTN_MAX_G; ++hh) {
-                if (hh < nh) {
-                    const float* qh = sq + hh * hd + ch * 8;
-#pragma unroll
-                    for (int e = 0; e < 8; ++e) dots[hh] += qh[e] * kf[e];
-                }
-            }
+            for (int e = 0; e < 8; ++e) kf[e] = 0.0f;
         }
 #pragma unroll
-        for (int hh = 0; hh < ATTN_MAX_G; ++hh) {
+        for (int hh = 0; hh < GM; ++hh) {
             if (hh < nh) {
-                float l = warp_sum(dots[hh]) * a.scale;
+                float d = 0.0f;
+#pragma unroll
+                for (int e = 0; e < 8; ++e) d += qv[hh][e] * kf[e];
+                for (int o = L / 2; o > 0; o >>= 1) d += __shfl_xor_sync(FULL_MASK, d, o);
+                float l = (coded ? n * d + sqc[hh] : d) * a.scale;
                 if (a.softcap > 0.0f) l = a.softcap * tanhf(l * (1.0f / a.softcap));
-                if (lane == 0) sp[hh * ATTN_SPLIT + jj] = l;
+                if (jj < len && lane % L == 0) sp[hh * ATTN_SPLIT + jj] = l;
             }
         }
     }
@@ -301,42 +346,75 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_split_tq(const T
     }
     __syncthreads();
 
-    // p . v: thread (group r, chunk ch) over positions r, r + n_grp, ...
-    // (nc <= TQ_MAX_HD / 8 = 128: at least two groups); the groups' sums
-    // are added into sacc one group at a time, a fixed order.
-    const int n_grp = min(ATTN_SPLIT, (int)blockDim.x / nc);
-    const int grp = tid / nc, ch = tid % nc;
-    float acc[ATTN_MAX_G][8];
+    // p . v, then the sums of the warp's position groups (lanes L apart),
+    // then of the warps, in a fixed order.
+    float acc[GM][8], wc[GM];
 #pragma unroll
-    for (int hh = 0; hh < ATTN_MAX_G; ++hh)
+    for (int hh = 0; hh < GM; ++hh) {
+        wc[hh] = 0.0f;
 #pragma unroll
         for (int e = 0; e < 8; ++e) acc[hh][e] = 0.0f;
-    if (grp < n_grp) {
-        for (int jj = grp; jj < len; jj += n_grp) {
-            float vf[8];
-            tq_attn_load8(tq, true, a.vc, a.vt, a.v_row, kv_dim, start + jj, pos, p0, g, hd, ch * 8, vf);
+    }
+    for (int jb = warp * P; jb < len; jb += n_warps * P) {
+        const int jj = jb + gi;
+        if (jj >= len) continue;
+        float vf[8], n = 1.0f;
+        const bool coded = attn_load8(vs, start + jj, pos, p0, g, hd, d0, vf, &n);
 #pragma unroll
-            for (int hh = 0; hh < ATTN_MAX_G; ++hh) {
-                if (hh < nh) {
-                    const float p = sp[hh * ATTN_SPLIT + jj];
+        for (int hh = 0; hh < GM; ++hh) {
+            if (hh < nh) {
+                const float p = sp[hh * ATTN_SPLIT + jj];
+                const float pn = coded ? p * n : p;
 #pragma unroll
-                    for (int e = 0; e < 8; ++e) acc[hh][e] += p * vf[e];
-                }
+                for (int e = 0; e < 8; ++e) acc[hh][e] += pn * vf[e];
+                if (coded) wc[hh] += p;
             }
         }
     }
-    for (int r = 0; r < n_grp; ++r) {
-        if (grp == r) {
+    for (int o = L; o < WARP; o <<= 1) {
 #pragma unroll
-            for (int hh = 0; hh < ATTN_MAX_G; ++hh)
-                if (hh < nh)
+        for (int hh = 0; hh < GM; ++hh) {
+            if (hh < nh) {
+                wc[hh] += __shfl_xor_sync(FULL_MASK, wc[hh], o);
 #pragma unroll
-                    for (int e = 0; e < 8; ++e) sacc[hh * hd + ch * 8 + e] += acc[hh][e];
+                for (int e = 0; e < 8; ++e) acc[hh][e] += __shfl_xor_sync(FULL_MASK, acc[hh][e], o);
+            }
+        }
+    }
+    for (int w = 0; w < n_warps; ++w) {
+        if (warp == w && gi == 0) {
+#pragma unroll
+            for (int hh = 0; hh < GM; ++hh) {
+                if (hh < nh) {
+#pragma unroll
+                    for (int e = 0; e < 8; ++e) {
+                        float* x = sacc + hh * hd + d0 + e;
+                        *x = (w == 0 ? 0.0f : *x) + acc[hh][e];
+                    }
+                    if (lane == 0) swc[hh] = (w == 0 ? 0.0f : swc[hh]) + wc[hh];
+                }
+            }
         }
         __syncthreads();
     }
-    for (int i = tid; i < nh * hd; i += blockDim.x)
-        a.part_o[(b.ml_base + (size_t)(i / hd) * a.n_split) * hd + i % hd] = sacc[i];
+    const float* vcentre = kv_is_tq(a.vt) ? vs.tq.centre : nullptr;
+    for (int i = tid; i < nh * hd; i += blockDim.x) {
+        const int hh = i / hd, d = i % hd;
+        const float o = sacc[i] + (vcentre ? swc[hh] * vcentre[g * hd + d] : 0.0f);
+        a.part_o[(b.ml_base + (size_t)hh * a.n_split) * hd + d] = o;
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 2) attn_split_tq(const TqAttnArgs args) {
+    PDL_PROLOGUE;
+    extern __shared__ float tq_smem[];
+    attn_split_tq_impl<4>(args, tq_smem);
+}
+
+extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_split_tq_g8(const TqAttnArgs args) {
+    PDL_PROLOGUE;
+    extern __shared__ float tq_smem[];
+    attn_split_tq_impl<ATTN_MAX_G>(args, tq_smem);
 }
 
 // Grid: x = head, y = token; a.oq: quantize the result.

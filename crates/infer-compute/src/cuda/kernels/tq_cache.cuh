@@ -73,50 +73,84 @@ __device__ __forceinline__ const float* tq_centre_row(const u32* c, int slot) {
     return (const float*)(c + c[TQ_F_CENTRE]) + (size_t)slot * c[TQ_F_N_KV] * c[TQ_F_HD];
 }
 
-// Values d0 .. d0 + 7 (d0 a multiple of 8) of head g of row j of a slot, as
-// the query at pos of a pass starting at p0 reads it (see the top); rows:
-// the pass's rows of this cache, [n_tok][kv_dim] f32.
-__device__ __forceinline__ void tq_load8(const u32* c, int bits, int slot, int j, int pos, int p0, const float* rows,
-                                         int g, int d0, float* x) {
-    const int hd = c[TQ_F_HD], kv_dim = c[TQ_F_N_KV] * hd, w = c[TQ_F_WINDOW];
+// One slot of a TurboQuant cache as attention reads it: the header's
+// fields in registers, the slot's areas, the codebook staged in shared
+// memory (tq_view).
+struct TqView {
+    const u32* codes;    // the slot's codes: row j, head g at j * row_words + g * head_words
+    const u32* exact;    // the slot's exact rows, kv_dim / 2 words each
+    const u32* ring;     // the ring's entries, kv_dim / 2 words each
+    const u32* tags;     // the slot's tags
+    const float* centre; // the slot's centre, or null
+    const float* cent;   // the 2^bits centroids
+    int bits, kv_dim, w, n_exact, row_words, head_words, slot;
+};
+
+// The view of slot `slot` of cache c coded in `bits`; cent: 16 floats of
+// shared memory that the block fills here (a barrier must follow before
+// reads).
+__device__ __forceinline__ TqView tq_view(const u32* c, int bits, int slot, float* cent) {
+    TqView v;
+    const int kv_dim = c[TQ_F_N_KV] * c[TQ_F_HD], w = c[TQ_F_WINDOW], n_exact = c[TQ_F_N_EXACT];
+    v.bits = bits;
+    v.kv_dim = kv_dim;
+    v.w = w;
+    v.n_exact = n_exact;
+    v.row_words = c[TQ_F_ROW_WORDS];
+    v.head_words = c[TQ_F_HEAD_WORDS];
+    v.slot = slot;
+    v.codes = c + c[TQ_F_CODES] + (size_t)slot * c[TQ_F_N_CTX] * v.row_words;
+    v.exact = c + c[TQ_F_EXACT] + (size_t)slot * n_exact * (kv_dim / 2);
+    v.ring = c + c[TQ_F_RING] + (size_t)slot * w * (kv_dim / 2);
+    v.tags = c + c[TQ_F_TAGS] + (size_t)slot * w;
+    v.centre = tq_centre_row(c, slot);
+    for (int i = threadIdx.x; i < (1 << bits); i += blockDim.x) cent[i] = tq_f(c, TQ_F_CENTROIDS + i);
+    v.cent = cent;
+    return v;
+}
+
+// Values col .. col + 7 (col = g * hd + d0, d0 a multiple of 8) of row j
+// of a slot, as the query at pos of a pass starting at p0 reads it (see
+// the top); rows: the pass's rows of this cache, [n_tok][kv_dim] f32.
+// For a coded row, x gets c[idx] and *n the code's scale, neither n nor
+// the centre applied (the caller adds n * (q . c[idx]) + q . centre), and
+// the result is true; an exact, ring or pass row is read as it is (false).
+__device__ __forceinline__ bool tq_load8(const TqView& v, int j, int pos, int p0, const float* rows, int g, int hd,
+                                         int d0, float* x, float* n) {
     const int col = g * hd + d0;
     const u32* h16 = nullptr;
-    if (j < (int)c[TQ_F_N_EXACT]) {
-        h16 = tq_exact_row(c, slot, j) + col / 2;
-    } else if (pos - j < w) {
+    if (j < v.n_exact) {
+        h16 = v.exact + (size_t)j * (v.kv_dim / 2) + col / 2;
+    } else if (pos - j < v.w) {
         if (j >= p0) {
-            const float* r = rows + (size_t)(j - p0) * kv_dim + col;
+            const float* r = rows + (size_t)(j - p0) * v.kv_dim + col;
 #pragma unroll
             for (int e = 0; e < 8; ++e) x[e] = r[e];
-            return;
+            return false;
         }
-        const size_t e = (size_t)slot * w + j % w;
-        if (c[c[TQ_F_TAGS] + e] == (u32)j + 1) h16 = c + c[TQ_F_RING] + e * (kv_dim / 2) + col / 2;
+        const int e = j % v.w;
+        if (v.tags[e] == (u32)j + 1) h16 = v.ring + (size_t)e * (v.kv_dim / 2) + col / 2;
     }
     if (h16) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-            const u32 v = h16[e];
-            x[2 * e] = f16_to_f32((u16)(v & 0xFFFFu));
-            x[2 * e + 1] = f16_to_f32((u16)(v >> 16));
+            const u32 u = h16[e];
+            x[2 * e] = f16_to_f32((u16)(u & 0xFFFFu));
+            x[2 * e + 1] = f16_to_f32((u16)(u >> 16));
         }
-        return;
+        return false;
     }
-    const u32* code =
-        c + c[TQ_F_CODES] + ((size_t)slot * c[TQ_F_N_CTX] + j) * c[TQ_F_ROW_WORDS] + (size_t)g * c[TQ_F_HEAD_WORDS];
-    const float n = f16_to_f32((u16)(code[0] & 0xFFFFu));
+    const u32* code = v.codes + (size_t)j * v.row_words + (size_t)g * v.head_words;
     // The eight indices: bits d0 * bits .. + 8 * bits of the stream after
     // the scale's word (at most two words).
-    const int bit = d0 * bits, sh = bit % 32;
+    const int bit = d0 * v.bits, sh = bit % 32;
     const u32* wp = code + 1 + bit / 32;
     u64 b = wp[0];
-    if (sh + 8 * bits > 32) b |= (u64)wp[1] << 32;
+    if (sh + 8 * v.bits > 32) b |= (u64)wp[1] << 32;
     b >>= sh;
-    const u32 m = (1u << bits) - 1u;
-    const float* centre = tq_centre_row(c, slot);
+    const u32 m = (1u << v.bits) - 1u;
 #pragma unroll
-    for (int e = 0; e < 8; ++e) {
-        x[e] = n * tq_f(c, TQ_F_CENTROIDS + (int)((b >> (e * bits)) & m));
-        if (centre) x[e] += centre[col + e];
-    }
+    for (int e = 0; e < 8; ++e) x[e] = v.cent[(b >> (e * v.bits)) & m];
+    *n = f16_to_f32((u16)(code[0] & 0xFFFFu));
+    return true;
 }
