@@ -649,10 +649,10 @@ fn every_kernel_module_loads() {
     ] {
         assert!(names.contains(k), "{k} missing");
     }
-    // 54 common kernels (12 of them the flat decode attention, 7 the
+    // 57 common kernels (12 of them the flat decode attention, 10 the
     // TurboQuant caches'), 3 float types × 2, 16 quantized layouts × 8, 3
     // mixed.
-    assert_eq!(res.len(), 54 + 6 + 16 * 8 + 3);
+    assert_eq!(res.len(), 57 + 6 + 16 * 8 + 3);
 }
 
 /// The tests above, run when this machine has a CUDA device; otherwise

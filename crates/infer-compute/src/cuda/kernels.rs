@@ -172,10 +172,13 @@ pub(crate) mod names {
     pub const TQ_RING_COPY: KernelName = KernelName::common("tq_ring_copy");
     pub const ATTN_SPLIT_TQ: KernelName = KernelName::common("attn_split_tq");
     pub const ATTN_SPLIT_TQ_G8: KernelName = KernelName::common("attn_split_tq_g8");
+    pub const ATTN_DECODE_TQ: KernelName = KernelName::common("attn_decode_tq");
+    pub const ATTN_DECODE_TQ_G8: KernelName = KernelName::common("attn_decode_tq_g8");
+    pub const TQ_COMBINE: KernelName = KernelName::common("tq_combine");
     pub const TQ_UNROTATE: KernelName = KernelName::common("tq_unrotate");
 
     /// Every non-mat-vec kernel (loaded when the backend starts).
-    pub const ALL: [KernelName; 42] = [
+    pub const ALL: [KernelName; 45] = [
         QUANTIZE_Q8,
         RESIDUAL_NORM,
         QKV_POST,
@@ -217,6 +220,9 @@ pub(crate) mod names {
         TQ_RING_COPY,
         ATTN_SPLIT_TQ,
         ATTN_SPLIT_TQ_G8,
+        ATTN_DECODE_TQ,
+        ATTN_DECODE_TQ_G8,
+        TQ_COMBINE,
         TQ_UNROTATE,
     ];
 }
@@ -264,6 +270,9 @@ pub(crate) const MV_WARPS: u32 = 4;
 pub(crate) const MV_TR_ROWS: usize = 4;
 /// Positions per attention split (`ATTN_SPLIT` in common.cuh).
 pub(crate) const ATTN_SPLIT: usize = 32;
+/// Splits per block of the one-token TurboQuant decode attention
+/// (`TQ_DECODE_SPLITS` in tq_cache.cu).
+pub(crate) const TQ_DECODE_SPLITS: usize = 8;
 /// Query heads per attention block (`ATTN_MAX_G`).
 pub(crate) const ATTN_MAX_G: usize = 8;
 /// Largest head dimension of the q/k/v kernel (`QKV_MAX_HD` in rope.cu).

@@ -423,7 +423,9 @@ pub(crate) fn has_tq(attn: &AttnArgs) -> bool {
 /// `qkv_post` rotates q, k and v into the caches' bases and leaves the
 /// span's k and v rows in place; `tq_centre` and `tq_encode` code them;
 /// `attn_split_tq` and the combine attend, reading each row from where
-/// tq_cache.cuh says; the output is rotated back (`tq_unrotate` for
+/// tq_cache.cuh says (one token over two TurboQuant caches:
+/// `attn_decode_tq`, blocks of 256 positions, and `tq_combine`); the
+/// output is rotated back (`tq_unrotate` for
 /// TurboQuant values, [`attn_unrotate`] for rotated quantized ones) and
 /// quantized for the output projection; then `tq_keep` moves the span's
 /// last rows into the ring. Every span and token count takes this path:
@@ -455,13 +457,25 @@ pub(crate) fn qkv_attention_tq(dev: &Device, qkv: &QkvArgs, attn: &AttnArgs, slo
         plain.ods = 0;
     }
     let n_gc = (n_head / n_kv).div_ceil(ATTN_MAX_G);
-    let smem = ((2 * ATTN_MAX_G * hd + ATTN_MAX_G * ATTN_SPLIT + 2 * ATTN_MAX_G) * 4) as u32;
-    let grid = (to_u32(n_kv * n_gc, "grid")?, to_u32(attn.n_split as usize, "splits")?, n_tok);
-    // Up to 4 query heads per block: the kernel that holds 4 heads' q and
-    // sums in registers (two blocks per SM), else the one of 8.
-    let k = if n_head / n_kv <= 4 { names::ATTN_SPLIT_TQ } else { names::ATTN_SPLIT_TQ_G8 };
-    dev.launch(k, grid, ATTN_THREADS as u32, smem, &TqAttnArgs { at: plain, tq })?;
-    combine(dev, &plain)?;
+    // Up to 4 query heads per block: the kernels that hold 4 heads' q and
+    // sums in registers (two blocks per SM), else those of 8.
+    let four = n_head / n_kv <= 4;
+    let both = [attn.kt, attn.vt].iter().all(|&t| t == 3 || t == 4);
+    if n_tok == 1 && both {
+        // One token: blocks of TQ_DECODE_SPLITS splits, then their merge.
+        let smem = ((2 * ATTN_MAX_G * hd + 4 * ATTN_MAX_G) * 4) as u32;
+        let n_blk = (attn.n_split as usize).div_ceil(kernels::TQ_DECODE_SPLITS);
+        let grid = (to_u32(n_kv * n_gc, "grid")?, to_u32(n_blk, "blocks")?, 1);
+        let k = if four { names::ATTN_DECODE_TQ } else { names::ATTN_DECODE_TQ_G8 };
+        dev.launch(k, grid, ATTN_THREADS as u32, smem, &TqAttnArgs { at: plain, tq })?;
+        dev.launch(names::TQ_COMBINE, (to_u32(n_head, "heads")?, 1, 1), 128, 0, &TqAttnArgs { at: plain, tq })?;
+    } else {
+        let smem = ((2 * ATTN_MAX_G * hd + ATTN_MAX_G * ATTN_SPLIT + 2 * ATTN_MAX_G) * 4) as u32;
+        let grid = (to_u32(n_kv * n_gc, "grid")?, to_u32(attn.n_split as usize, "splits")?, n_tok);
+        let k = if four { names::ATTN_SPLIT_TQ } else { names::ATTN_SPLIT_TQ_G8 };
+        dev.launch(k, grid, ATTN_THREADS as u32, smem, &TqAttnArgs { at: plain, tq })?;
+        combine(dev, &plain)?;
+    }
     if attn.vt == 3 || attn.vt == 4 {
         dev.launch(names::TQ_UNROTATE, (to_u32(n_head, "heads")?, n_tok, 1), 128, 0, &TqAttnArgs { at: *attn, tq })?;
     } else if attn.v_rot != 0 {

@@ -417,6 +417,212 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_split_tq_g8(cons
     attn_split_tq_impl<ATTN_MAX_G>(args, tq_smem);
 }
 
+// One-token decode over TurboQuant K and V caches: block (kv head chunk,
+// b) takes TQ_DECODE_SPLITS splits (256 positions) and keeps, per lane
+// group of a position (attn_split_tq's lanes), a running max, sum and
+// weighted values (online softmax, both caches read in one pass), merged
+// over the warp's groups by shuffles and over the warps through shared
+// memory in a fixed order; its partial goes to split slot b of part_ml and
+// part_o (tq_combine merges the blocks). Fewer, longer blocks than
+// attn_split_tq's one split each: a decode step deep in the cache runs
+// 16 times fewer blocks, each streaming its codes.
+#define TQ_DECODE_SPLITS 8
+
+// (m, s, acc, wc) <- the merge of it with (m2, s2, acc2, wc2): partial
+// sums relative to their maxima, -inf for none.
+template <int GM>
+__device__ __forceinline__ void tq_merge(float& m, float& s, float* acc, float& wc, float m2, float s2,
+                                         const float* acc2, float wc2) {
+    const float mx = fmaxf(m, m2);
+    const float a = m == NEG_INF ? 0.0f : expf(m - mx), c = m2 == NEG_INF ? 0.0f : expf(m2 - mx);
+    s = s * a + s2 * c;
+    wc = wc * a + wc2 * c;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) acc[e] = acc[e] * a + acc2[e] * c;
+    m = mx;
+}
+
+template <int GM>
+__device__ __forceinline__ void attn_decode_tq_impl(const TqAttnArgs& args, float* smem) {
+    __shared__ float cent[2][16];
+    const AttnArgs& a = args.at;
+    const TqArgs& t = args.tq;
+    const int tid = threadIdx.x, lane = tid % WARP, warp = tid / WARP, n_warps = blockDim.x / WARP;
+    const int hd = a.hd;
+    const int L = hd / 8, P = WARP / L;
+    const int gi = lane / L, d0 = (lane % L) * 8;
+    const int G = a.n_head / a.n_kv, n_gc = (G + ATTN_MAX_G - 1) / ATTN_MAX_G;
+    const int g = blockIdx.x / n_gc, gc = blockIdx.x % n_gc;
+    const int h0 = g * G + gc * ATTN_MAX_G, nh = min(ATTN_MAX_G, G - gc * ATTN_MAX_G);
+    const int n_blk = (a.n_split + TQ_DECODE_SPLITS - 1) / TQ_DECODE_SPLITS, blk = blockIdx.y;
+    const int pos = *a.pos0;
+    const int start = attn_first(a, pos) + blk * TQ_DECODE_SPLITS * ATTN_SPLIT;
+    const int len = min(TQ_DECODE_SPLITS * ATTN_SPLIT, pos + 1 - start);
+    if (len <= 0) return;  // past the attended range: tq_combine reads no further
+    const size_t ml_base = (size_t)h0 * n_blk + blk;
+    const TqView kv = tq_view((const u32*)a.kc, a.kt, t.slot, cent[0]);
+    const TqView vv = tq_view((const u32*)a.vc, a.vt, t.slot, cent[1]);
+    float* sq = smem;                     // [nh][hd]
+    float* sacc = sq + ATTN_MAX_G * hd;   // [nh][hd]
+    float* sqc = sacc + ATTN_MAX_G * hd;  // [nh]
+    float* sms = sqc + ATTN_MAX_G;        // [nh][3]: m, s, wc
+    const float* q = a.q + (size_t)h0 * hd;
+    for (int i = tid; i < nh * hd; i += blockDim.x) sq[i] = q[i];
+    __syncthreads();
+    if (warp < nh) {
+        float d = 0.0f;
+        if (kv.centre)
+            for (int i = lane; i < hd; i += WARP) d += sq[warp * hd + i] * kv.centre[g * hd + i];
+        d = warp_sum(d);
+        if (lane == 0) sqc[warp] = d;
+    }
+    float qv[GM][8];
+#pragma unroll
+    for (int hh = 0; hh < GM; ++hh)
+#pragma unroll
+        for (int e = 0; e < 8; ++e) qv[hh][e] = hh < nh ? sq[hh * hd + d0 + e] : 0.0f;
+    __syncthreads();
+    float qc[GM];
+#pragma unroll
+    for (int hh = 0; hh < GM; ++hh) qc[hh] = hh < nh ? sqc[hh] : 0.0f;
+
+    float m[GM], s[GM], wc[GM], acc[GM][8];
+#pragma unroll
+    for (int hh = 0; hh < GM; ++hh) {
+        m[hh] = NEG_INF;
+        s[hh] = wc[hh] = 0.0f;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc[hh][e] = 0.0f;
+    }
+    for (int jb = warp * P; jb < len; jb += n_warps * P) {
+        const int jj = jb + gi;
+        const bool in = jj < len;
+        float kf[8], vf[8], nk = 0.0f, nv = 1.0f;
+        bool kc = false, vc = false;
+        if (in) {
+            kc = tq_load8(kv, start + jj, pos, pos, t.k, g, hd, d0, kf, &nk);
+            vc = tq_load8(vv, start + jj, pos, pos, t.v, g, hd, d0, vf, &nv);
+        } else {
+#pragma unroll
+            for (int e = 0; e < 8; ++e) kf[e] = vf[e] = 0.0f;
+        }
+#pragma unroll
+        for (int hh = 0; hh < GM; ++hh) {
+            if (hh < nh) {
+                float d = 0.0f;
+#pragma unroll
+                for (int e = 0; e < 8; ++e) d += qv[hh][e] * kf[e];
+                for (int o = L / 2; o > 0; o >>= 1) d += __shfl_xor_sync(FULL_MASK, d, o);
+                if (in) {
+                    float l = (kc ? nk * d + qc[hh] : d) * a.scale;
+                    if (a.softcap > 0.0f) l = a.softcap * tanhf(l * (1.0f / a.softcap));
+                    const float mx = fmaxf(m[hh], l);
+                    const float c = m[hh] == NEG_INF ? 0.0f : expf(m[hh] - mx), p = expf(l - mx);
+                    const float pn = vc ? p * nv : p;
+                    s[hh] = s[hh] * c + p;
+                    wc[hh] = wc[hh] * c + (vc ? p : 0.0f);
+#pragma unroll
+                    for (int e = 0; e < 8; ++e) acc[hh][e] = acc[hh][e] * c + pn * vf[e];
+                    m[hh] = mx;
+                }
+            }
+        }
+    }
+    // The warp's position groups (lanes L apart), then the warps in order.
+    for (int o = L; o < WARP; o <<= 1) {
+#pragma unroll
+        for (int hh = 0; hh < GM; ++hh) {
+            if (hh < nh) {
+                const float m2 = __shfl_xor_sync(FULL_MASK, m[hh], o), s2 = __shfl_xor_sync(FULL_MASK, s[hh], o);
+                const float w2 = __shfl_xor_sync(FULL_MASK, wc[hh], o);
+                float a2[8];
+#pragma unroll
+                for (int e = 0; e < 8; ++e) a2[e] = __shfl_xor_sync(FULL_MASK, acc[hh][e], o);
+                tq_merge<GM>(m[hh], s[hh], acc[hh], wc[hh], m2, s2, a2, w2);
+            }
+        }
+    }
+    for (int w = 0; w < n_warps; ++w) {
+        if (warp == w && gi == 0) {
+#pragma unroll
+            for (int hh = 0; hh < GM; ++hh) {
+                if (hh < nh) {
+                    float* x = sacc + hh * hd + d0;
+                    float* ms = sms + hh * 3;
+                    if (w == 0) {
+#pragma unroll
+                        for (int e = 0; e < 8; ++e) x[e] = acc[hh][e];
+                    } else {
+                        float mm = ms[0], ss = ms[1], ww = ms[2], xs[8];
+#pragma unroll
+                        for (int e = 0; e < 8; ++e) xs[e] = x[e];
+                        tq_merge<GM>(mm, ss, xs, ww, m[hh], s[hh], acc[hh], wc[hh]);
+#pragma unroll
+                        for (int e = 0; e < 8; ++e) x[e] = xs[e];
+                        m[hh] = mm;
+                        s[hh] = ss;
+                        wc[hh] = ww;
+                    }
+                }
+            }
+            __syncwarp();  // every lane read ms before lane 0 writes it
+            if (lane == 0) {
+#pragma unroll
+                for (int hh = 0; hh < GM; ++hh) {
+                    if (hh < nh) {
+                        sms[hh * 3] = m[hh];
+                        sms[hh * 3 + 1] = s[hh];
+                        sms[hh * 3 + 2] = wc[hh];
+                    }
+                }
+            }
+        }
+        __syncthreads();
+    }
+    for (int i = tid; i < nh * hd; i += blockDim.x) {
+        const int hh = i / hd, d = i % hd;
+        const float o = sacc[i] + (vv.centre ? sms[hh * 3 + 2] * vv.centre[g * hd + d] : 0.0f);
+        a.part_o[(ml_base + (size_t)hh * n_blk) * hd + d] = o;
+    }
+    if (tid < nh) a.part_ml[ml_base + (size_t)tid * n_blk] = make_float2(sms[tid * 3], sms[tid * 3 + 1]);
+}
+
+extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 2) attn_decode_tq(const TqAttnArgs args) {
+    PDL_PROLOGUE;
+    extern __shared__ float tq_smem[];
+    attn_decode_tq_impl<4>(args, tq_smem);
+}
+
+extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_decode_tq_g8(const TqAttnArgs args) {
+    PDL_PROLOGUE;
+    extern __shared__ float tq_smem[];
+    attn_decode_tq_impl<ATTN_MAX_G>(args, tq_smem);
+}
+
+// Merges attn_decode_tq's blocks of one token (attn_combine's arithmetic,
+// over blocks of TQ_DECODE_SPLITS splits); the output stays rotated for
+// tq_unrotate. Grid: x = head.
+extern "C" __global__ void __launch_bounds__(COMBINE_THREADS) tq_combine(const TqAttnArgs args) {
+    PDL_PROLOGUE;
+    const AttnArgs& a = args.at;
+    const int h = blockIdx.x, hd = a.hd;
+    const int n_blk = (a.n_split + TQ_DECODE_SPLITS - 1) / TQ_DECODE_SPLITS;
+    const size_t base = (size_t)h * n_blk;
+    const float2* ml = a.part_ml + base;
+    const int pos = *a.pos0;
+    const int n_active = min(n_blk, (pos - attn_first(a, pos)) / (TQ_DECODE_SPLITS * ATTN_SPLIT) + 1);
+    float m = NEG_INF;
+    for (int b = 0; b < n_active; ++b) m = fmaxf(m, ml[b].x);
+    float total = 0.0f;
+    for (int b = 0; b < n_active; ++b) total += expf(ml[b].x - m) * ml[b].y;
+    const float inv = 1.0f / total;
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+        float acc = 0.0f;
+        for (int b = 0; b < n_active; ++b) acc += expf(ml[b].x - m) * a.part_o[(base + b) * hd + d];
+        a.out[(size_t)h * hd + d] = acc * inv;
+    }
+}
+
 // Grid: x = head, y = token; a.oq: quantize the result.
 extern "C" __global__ void __launch_bounds__(TQ_THREADS) tq_unrotate(const TqAttnArgs args) {
     PDL_PROLOGUE;
