@@ -543,10 +543,10 @@ __device__ __forceinline__ void attn_decode_tq_impl(const TqAttnArgs& args, floa
         }
     }
     for (int w = 0; w < n_warps; ++w) {
-        if (warp == w && gi == 0) {
+        if (warp == w) {
 #pragma unroll
             for (int hh = 0; hh < GM; ++hh) {
-                if (hh < nh) {
+                if (hh < nh && gi == 0) {
                     float* x = sacc + hh * hd + d0;
                     float* ms = sms + hh * 3;
                     if (w == 0) {
