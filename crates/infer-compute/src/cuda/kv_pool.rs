@@ -178,9 +178,12 @@ impl CudaKvPool {
         let (mut k, mut v) = (Vec::with_capacity(layouts.len()), Vec::with_capacity(layouts.len()));
         for ((kl, vl), &(_, _, scale)) in layouts.iter().zip(heads) {
             for (l, out, scale) in [(kl, &mut k, scale), (vl, &mut v, None)] {
+                // The header first: it checks the offsets fit the kernels'
+                // 32-bit words before anything is allocated.
+                let header = l.tq.map(|t| t.header(scale)).transpose()?;
                 let buf = dev.zeros::<u8>(l.buffer_bytes(n_slots, n_ctx)?)?;
-                if let Some(t) = &l.tq {
-                    let header = dev.upload(&t.header(scale)?)?;
+                if let Some(header) = header {
+                    let header = dev.upload(&header)?;
                     // SAFETY: the header's words are the first words of the
                     // layout, inside `buf`; two separate allocations.
                     unsafe { dev.enqueue_copy(dev.ptr(&buf), dev.ptr(&header), 4 * (header.len()))? };
