@@ -415,7 +415,13 @@ pub(crate) fn qkv_attention(dev: &Device, qkv: &QkvArgs, attn: &AttnArgs, count:
 /// Whether the K or the V cache of `attn` (or both) is a TurboQuant one
 /// (tq3, tq4): its spans run [`qkv_attention_tq`].
 pub(crate) fn has_tq(attn: &AttnArgs) -> bool {
-    [attn.kt, attn.vt].into_iter().any(|t| t == 3 || t == 4)
+    [attn.kt, attn.vt].into_iter().any(is_tq)
+}
+
+/// Whether a cache type's code in the kernels is `KV_TQ3` or `KV_TQ4`
+/// ([`super::kv_pool::CacheLayout::code`]).
+fn is_tq(code: i32) -> bool {
+    code == 3 || code == 4
 }
 
 /// The q/k/v post-processing and attention of one span (of slot `slot`)
@@ -460,7 +466,7 @@ pub(crate) fn qkv_attention_tq(dev: &Device, qkv: &QkvArgs, attn: &AttnArgs, slo
     // Up to 4 query heads per block: the kernels that hold 4 heads' q and
     // sums in registers (two blocks per SM), else those of 8.
     let four = n_head / n_kv <= 4;
-    let both = [attn.kt, attn.vt].iter().all(|&t| t == 3 || t == 4);
+    let both = is_tq(attn.kt) && is_tq(attn.vt);
     if n_tok == 1 && both {
         // One token: blocks of TQ_DECODE_SPLITS splits, then their merge.
         let smem = ((2 * ATTN_MAX_G * hd + 4 * ATTN_MAX_G) * 4) as u32;
@@ -476,7 +482,7 @@ pub(crate) fn qkv_attention_tq(dev: &Device, qkv: &QkvArgs, attn: &AttnArgs, slo
         dev.launch(k, grid, ATTN_THREADS as u32, smem, &TqAttnArgs { at: plain, tq })?;
         combine(dev, &plain)?;
     }
-    if attn.vt == 3 || attn.vt == 4 {
+    if is_tq(attn.vt) {
         dev.launch(names::TQ_UNROTATE, (to_u32(n_head, "heads")?, n_tok, 1), 128, 0, &TqAttnArgs { at: *attn, tq })?;
     } else if attn.v_rot != 0 {
         attn_unrotate(dev, attn)?;

@@ -80,6 +80,26 @@ __device__ __forceinline__ void pv_accumulate(const AttnArgs& a, const u8* v0, i
     }
 }
 
+// The softmax of a split's logits in sp ([ATTN_MAX_G][ATTN_SPLIT]): warp
+// hh turns head hh's row into e^(l - m) in place and writes (m, sum) to
+// part_ml. Between the barriers that make sp visible.
+__device__ __forceinline__ void split_softmax(const AttnArgs& a, const AttnBlock& b, float* sp) {
+    const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
+    if (warp >= b.nh) return;
+    float* row = sp + warp * ATTN_SPLIT;
+    float m = NEG_INF;
+    for (int j = lane; j < b.len; j += WARP) m = fmaxf(m, row[j]);
+    m = warp_max(m);
+    float sum = 0.0f;
+    for (int j = lane; j < b.len; j += WARP) {
+        const float e = expf(row[j] - m);
+        row[j] = e;
+        sum += e;
+    }
+    sum = warp_sum(sum);
+    if (lane == 0) a.part_ml[b.ml_base + (size_t)warp * a.n_split] = make_float2(m, sum);
+}
+
 // The split's partial softmax-weighted sums for the query heads staged in
 // sq ([nh][hd], shared); sp is [ATTN_MAX_G][ATTN_SPLIT] shared scratch.
 template <bool GROUPED>
@@ -132,21 +152,7 @@ __device__ __forceinline__ void attn_split_body(const AttnArgs& a, const AttnBlo
         }
     }
     __syncthreads();
-
-    if (warp < nh) {
-        float* row = sp + warp * ATTN_SPLIT;
-        float m = NEG_INF;
-        for (int j = lane; j < len; j += WARP) m = fmaxf(m, row[j]);
-        m = warp_max(m);
-        float sum = 0.0f;
-        for (int j = lane; j < len; j += WARP) {
-            const float e = expf(row[j] - m);
-            row[j] = e;
-            sum += e;
-        }
-        sum = warp_sum(sum);
-        if (lane == 0) a.part_ml[ml_base + (size_t)warp * a.n_split] = make_float2(m, sum);
-    }
+    split_softmax(a, b, sp);
     __syncthreads();
 
     if (!GROUPED) {

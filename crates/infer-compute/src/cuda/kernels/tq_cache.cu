@@ -254,6 +254,30 @@ __device__ __forceinline__ bool attn_load8(const AttnSrc& s, int j, int pos, int
     return false;
 }
 
+// Stages query heads q[0 .. nh) ([nh][hd]) in sq, their products with the
+// keys' centre (kcentre, head g's at g * hd; null: none) in sqc, and this
+// lane's eight values d0 .. d0 + 7 of each in qv. The whole block calls it
+// (it starts after the caller's shared setup and ends with a barrier).
+template <int GM>
+__device__ __forceinline__ void tq_stage_q(const float* q, int nh, int hd, const float* kcentre, int g, int d0,
+                                           float* sq, float* sqc, float (&qv)[GM][8]) {
+    const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
+    for (int i = threadIdx.x; i < nh * hd; i += blockDim.x) sq[i] = q[i];
+    __syncthreads();
+    if (warp < nh) {
+        float d = 0.0f;
+        if (kcentre)
+            for (int i = lane; i < hd; i += WARP) d += sq[warp * hd + i] * kcentre[g * hd + i];
+        d = warp_sum(d);
+        if (lane == 0) sqc[warp] = d;
+    }
+#pragma unroll
+    for (int hh = 0; hh < GM; ++hh)
+#pragma unroll
+        for (int e = 0; e < 8; ++e) qv[hh][e] = hh < nh ? sq[hh * hd + d0 + e] : 0.0f;
+    __syncthreads();
+}
+
 // The split's partial softmax-weighted sums (attention.cu's blocks and
 // partials) over caches of which one or both are TurboQuant. A position's
 // values are read by L = hd / 8 lanes (eight each; hd <= 256), P = 32 / L
@@ -285,24 +309,9 @@ __device__ __forceinline__ void attn_split_tq_impl(const TqAttnArgs& args, float
     float* sacc = sp + ATTN_MAX_G * ATTN_SPLIT;
     float* sqc = sacc + ATTN_MAX_G * hd;
     float* swc = sqc + ATTN_MAX_G;
-    const float* q = a.q + ((size_t)b.t * a.n_head + b.h0) * hd;
-    for (int i = tid; i < nh * hd; i += blockDim.x) sq[i] = q[i];
-    __syncthreads();
-    // q . centre of the keys, per head.
-    const float* kcentre = kv_is_tq(a.kt) ? ks.tq.centre : nullptr;
-    if (warp < nh) {
-        float d = 0.0f;
-        if (kcentre)
-            for (int i = lane; i < hd; i += WARP) d += sq[warp * hd + i] * kcentre[g * hd + i];
-        d = warp_sum(d);
-        if (lane == 0) sqc[warp] = d;
-    }
     float qv[GM][8];
-#pragma unroll
-    for (int hh = 0; hh < GM; ++hh)
-#pragma unroll
-        for (int e = 0; e < 8; ++e) qv[hh][e] = hh < nh ? sq[hh * hd + d0 + e] : 0.0f;
-    __syncthreads();
+    tq_stage_q<GM>(a.q + ((size_t)b.t * a.n_head + b.h0) * hd, nh, hd, kv_is_tq(a.kt) ? ks.tq.centre : nullptr, g,
+                   d0, sq, sqc, qv);
 
     // q . k.
     for (int jb = warp * P; jb < len; jb += n_warps * P) {
@@ -329,21 +338,7 @@ __device__ __forceinline__ void attn_split_tq_impl(const TqAttnArgs& args, float
         }
     }
     __syncthreads();
-
-    if (warp < nh) {
-        float* row = sp + warp * ATTN_SPLIT;
-        float m = NEG_INF;
-        for (int j = lane; j < len; j += WARP) m = fmaxf(m, row[j]);
-        m = warp_max(m);
-        float sum = 0.0f;
-        for (int j = lane; j < len; j += WARP) {
-            const float e = expf(row[j] - m);
-            row[j] = e;
-            sum += e;
-        }
-        sum = warp_sum(sum);
-        if (lane == 0) a.part_ml[b.ml_base + (size_t)warp * a.n_split] = make_float2(m, sum);
-    }
+    split_softmax(a, b, sp);
     __syncthreads();
 
     // p . v, then the sums of the warp's position groups (lanes L apart),
@@ -430,7 +425,6 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_split_tq_g8(cons
 
 // (m, s, acc, wc) <- the merge of it with (m2, s2, acc2, wc2): partial
 // sums relative to their maxima, -inf for none.
-template <int GM>
 __device__ __forceinline__ void tq_merge(float& m, float& s, float* acc, float& wc, float m2, float s2,
                                          const float* acc2, float wc2) {
     const float mx = fmaxf(m, m2);
@@ -466,22 +460,8 @@ __device__ __forceinline__ void attn_decode_tq_impl(const TqAttnArgs& args, floa
     float* sacc = sq + ATTN_MAX_G * hd;   // [nh][hd]
     float* sqc = sacc + ATTN_MAX_G * hd;  // [nh]
     float* sms = sqc + ATTN_MAX_G;        // [nh][3]: m, s, wc
-    const float* q = a.q + (size_t)h0 * hd;
-    for (int i = tid; i < nh * hd; i += blockDim.x) sq[i] = q[i];
-    __syncthreads();
-    if (warp < nh) {
-        float d = 0.0f;
-        if (kv.centre)
-            for (int i = lane; i < hd; i += WARP) d += sq[warp * hd + i] * kv.centre[g * hd + i];
-        d = warp_sum(d);
-        if (lane == 0) sqc[warp] = d;
-    }
     float qv[GM][8];
-#pragma unroll
-    for (int hh = 0; hh < GM; ++hh)
-#pragma unroll
-        for (int e = 0; e < 8; ++e) qv[hh][e] = hh < nh ? sq[hh * hd + d0 + e] : 0.0f;
-    __syncthreads();
+    tq_stage_q<GM>(a.q + (size_t)h0 * hd, nh, hd, kv.centre, g, d0, sq, sqc, qv);
     float qc[GM];
 #pragma unroll
     for (int hh = 0; hh < GM; ++hh) qc[hh] = hh < nh ? sqc[hh] : 0.0f;
@@ -538,7 +518,7 @@ __device__ __forceinline__ void attn_decode_tq_impl(const TqAttnArgs& args, floa
                 float a2[8];
 #pragma unroll
                 for (int e = 0; e < 8; ++e) a2[e] = __shfl_xor_sync(FULL_MASK, acc[hh][e], o);
-                tq_merge<GM>(m[hh], s[hh], acc[hh], wc[hh], m2, s2, a2, w2);
+                tq_merge(m[hh], s[hh], acc[hh], wc[hh], m2, s2, a2, w2);
             }
         }
     }
@@ -556,7 +536,7 @@ __device__ __forceinline__ void attn_decode_tq_impl(const TqAttnArgs& args, floa
                         float mm = ms[0], ss = ms[1], ww = ms[2], xs[8];
 #pragma unroll
                         for (int e = 0; e < 8; ++e) xs[e] = x[e];
-                        tq_merge<GM>(mm, ss, xs, ww, m[hh], s[hh], acc[hh], wc[hh]);
+                        tq_merge(mm, ss, xs, ww, m[hh], s[hh], acc[hh], wc[hh]);
 #pragma unroll
                         for (int e = 0; e < 8; ++e) x[e] = xs[e];
                         m[hh] = mm;
