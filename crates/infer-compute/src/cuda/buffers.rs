@@ -7,6 +7,7 @@
 use cudarc::driver::CudaSlice;
 
 use super::device::{Device, PinnedBuf};
+use super::kv_pool::CudaKvPool;
 use super::ops::{self, GemmPrecision};
 use crate::error::Result;
 
@@ -49,6 +50,12 @@ pub(super) struct Maxima {
 }
 
 impl Maxima {
+    /// These maxima for passes over `pool`: a TurboQuant layer attends with
+    /// the split-K kernels at every span length, so `flash` is off there.
+    pub(super) fn for_pool(&self, pool: &CudaKvPool) -> Maxima {
+        Maxima { flash: self.flash && !pool.has_tq(), ..*self }
+    }
+
     /// Tokens of a pass of `n_tok` whose attention partial sums need room:
     /// those of the split-K kernels, or of one batched decode launch.
     pub(super) fn attn_part_tokens(&self, n_tok: usize) -> usize {
@@ -71,6 +78,8 @@ pub(super) struct Buffers {
     pub cap: usize,
     pub out_cap: usize,
     pub n_split: usize,
+    /// The [`Maxima::flash`] the partial sums were sized for.
+    pub flash: bool,
     /// Bumped on every reallocation (invalidates captured graphs).
     pub generation: usize,
     /// A step's integers on the host (pinned) and the device (see
@@ -201,6 +210,7 @@ impl Buffers {
             cap,
             out_cap,
             n_split,
+            flash: m.flash,
             generation,
             params_host: d.pinned(Params::len(cap))?,
             params: d.zeros(Params::len(cap))?,

@@ -206,6 +206,13 @@ impl CudaKvPool {
         })
     }
 
+    /// Whether a layer's K or V cache is TurboQuant: its spans of any
+    /// length attend with the split-K kernels (`qkv_attention_tq`), so the
+    /// partial sums need room for a whole pass.
+    pub(super) fn has_tq(&self) -> bool {
+        self.layouts.iter().any(|(k, v)| k.tq.is_some() || v.tq.is_some())
+    }
+
     /// The K and V layouts of layer `li`.
     pub(super) fn layouts(&self, li: usize) -> (CacheLayout, CacheLayout) {
         self.layouts[li]

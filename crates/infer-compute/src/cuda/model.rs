@@ -504,9 +504,9 @@ impl CudaModel {
     /// lengths would otherwise reallocate every buffer (and capture its
     /// graphs again) at each longest prompt so far, inside that request's
     /// time to first token.
-    fn ensure_buffers(&mut self, n_tok: usize, n_out: usize, n_split: usize) -> Result<()> {
+    fn ensure_buffers(&mut self, max: &Maxima, n_tok: usize, n_out: usize, n_split: usize) -> Result<()> {
         if let Some(b) = &self.bufs {
-            if b.cap >= n_tok && b.out_cap >= n_out && b.n_split == n_split {
+            if b.cap >= n_tok && b.out_cap >= n_out && b.n_split == n_split && b.flash == max.flash {
                 return Ok(());
             }
         }
@@ -516,7 +516,7 @@ impl CudaModel {
         self.graphs.clear();
         self.bufs = None;
         let w = &*self.w;
-        self.bufs = Some(Buffers::new(&self.dev, &w.max, w.n_embd, w.n_vocab, cap, out_cap, n_split, self.generation)?);
+        self.bufs = Some(Buffers::new(&self.dev, max, w.n_embd, w.n_vocab, cap, out_cap, n_split, self.generation)?);
         Ok(())
     }
 
@@ -559,11 +559,12 @@ impl CudaModel {
             self.graphs.clear();
             self.logits = self.dev.pinned(rows)?;
         }
-        let chunk = prefill_chunk(&self.w.max, pool.n_split);
+        let max = self.w.max.for_pool(pool);
+        let chunk = prefill_chunk(&max, pool.n_split);
         let mut done = 0;
         for start in (0..batch.len()).step_by(chunk) {
             let pass = Pass::of(batch, spans, start..(start + chunk).min(batch.len()));
-            self.ensure_buffers(pass.n, pass.outputs.len(), pool.n_split)?;
+            self.ensure_buffers(&max, pass.n, pass.outputs.len(), pool.n_split)?;
             // The previous pass was synchronized: no copy reads these.
             self.set_params(batch, start, &pass)?;
             // A graph writes the logits from row 0: a batch of one pass.
