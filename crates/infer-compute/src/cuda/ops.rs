@@ -431,11 +431,13 @@ fn is_tq(code: i32) -> bool {
 /// `attn_split_tq` and the combine attend, reading each row from where
 /// tq_cache.cuh says (one token over two TurboQuant caches:
 /// `attn_decode_tq`, blocks of 256 positions, and `tq_combine`); the
-/// output is rotated back (`tq_unrotate` for
+/// output is rotated back (`tq_unrotate` or `tq_combine` for
 /// TurboQuant values, [`attn_unrotate`] for rotated quantized ones) and
 /// quantized for the output projection; then `tq_keep` moves the span's
-/// last rows into the ring. Every span and token count takes this path:
-/// no fused or batched decode kernel reads these caches.
+/// last rows into the ring. A one-token span skips `tq_centre` and
+/// `tq_keep` (`tq_encode` does their work): a decode step over two
+/// TurboQuant caches is four launches. Every span and token count takes
+/// this path: no batched decode kernel reads these caches.
 pub(crate) fn qkv_attention_tq(dev: &Device, qkv: &QkvArgs, attn: &AttnArgs, slot: usize) -> Result<()> {
     let (n_head, n_kv, hd) = (attn.n_head as usize, attn.n_kv as usize, attn.hd as usize);
     check_qkv_shape(qkv)?;
@@ -454,7 +456,11 @@ pub(crate) fn qkv_attention_tq(dev: &Device, qkv: &QkvArgs, attn: &AttnArgs, slo
         n_tok: qkv.n_tok,
     };
     qkv_post(dev, qkv)?;
-    dev.launch(names::TQ_CENTRE, (1, 1, 2), 128, 0, &tq)?;
+    // One token: tq_encode sets the centre and fills the ring itself.
+    let one = n_tok == 1;
+    if !one {
+        dev.launch(names::TQ_CENTRE, (1, 1, 2), 128, 0, &tq)?;
+    }
     dev.launch(names::TQ_ENCODE, (kv, n_tok, 2), 128, 0, &tq)?;
     // Values stored rotated: the output is quantized after the rotation back.
     let mut plain = *attn;
@@ -467,25 +473,28 @@ pub(crate) fn qkv_attention_tq(dev: &Device, qkv: &QkvArgs, attn: &AttnArgs, slo
     // sums in registers (two blocks per SM), else those of 8.
     let four = n_head / n_kv <= 4;
     let both = is_tq(attn.kt) && is_tq(attn.vt);
-    if n_tok == 1 && both {
-        // One token: blocks of TQ_DECODE_SPLITS splits, then their merge.
+    if one && both && dev.opts.attn_decode {
+        // One token: blocks of TQ_DECODE_SPLITS splits, then their merge,
+        // which rotates the output back.
         let smem = ((2 * ATTN_MAX_G * hd + 4 * ATTN_MAX_G) * 4) as u32;
         let n_blk = (attn.n_split as usize).div_ceil(kernels::TQ_DECODE_SPLITS);
         let grid = (to_u32(n_kv * n_gc, "grid")?, to_u32(n_blk, "blocks")?, 1);
         let k = if four { names::ATTN_DECODE_TQ } else { names::ATTN_DECODE_TQ_G8 };
         dev.launch(k, grid, ATTN_THREADS as u32, smem, &TqAttnArgs { at: plain, tq })?;
-        dev.launch(names::TQ_COMBINE, (to_u32(n_head, "heads")?, 1, 1), 128, 0, &TqAttnArgs { at: plain, tq })?;
-    } else {
-        let smem = ((2 * ATTN_MAX_G * hd + ATTN_MAX_G * ATTN_SPLIT + 2 * ATTN_MAX_G) * 4) as u32;
-        let grid = (to_u32(n_kv * n_gc, "grid")?, to_u32(attn.n_split as usize, "splits")?, n_tok);
-        let k = if four { names::ATTN_SPLIT_TQ } else { names::ATTN_SPLIT_TQ_G8 };
-        dev.launch(k, grid, ATTN_THREADS as u32, smem, &TqAttnArgs { at: plain, tq })?;
-        combine(dev, &plain)?;
+        return dev.launch(names::TQ_COMBINE, (to_u32(n_head, "heads")?, 1, 1), 128, 0, &TqAttnArgs { at: *attn, tq });
     }
+    let smem = ((2 * ATTN_MAX_G * hd + ATTN_MAX_G * ATTN_SPLIT + 2 * ATTN_MAX_G) * 4) as u32;
+    let grid = (to_u32(n_kv * n_gc, "grid")?, to_u32(attn.n_split as usize, "splits")?, n_tok);
+    let k = if four { names::ATTN_SPLIT_TQ } else { names::ATTN_SPLIT_TQ_G8 };
+    dev.launch(k, grid, ATTN_THREADS as u32, smem, &TqAttnArgs { at: plain, tq })?;
+    combine(dev, &plain)?;
     if is_tq(attn.vt) {
         dev.launch(names::TQ_UNROTATE, (to_u32(n_head, "heads")?, n_tok, 1), 128, 0, &TqAttnArgs { at: *attn, tq })?;
     } else if attn.v_rot != 0 {
         attn_unrotate(dev, attn)?;
+    }
+    if one {
+        return Ok(());
     }
     dev.launch(names::TQ_KEEP, (kv, n_tok, 2), 128, 0, &tq)
 }

@@ -52,7 +52,8 @@ pub struct CudaOptions {
     /// (`mv_*_t1q`); off: by a kernel of its own. `INFER_CUDA_GLU_Q8=0`.
     pub glu_q8: bool,
     /// One-token attention as one kernel (`attn_decode_hd*`, head_dim 64,
-    /// 128, 256); off: the split-K kernels. `INFER_CUDA_ATTN_DECODE=0`.
+    /// 128, 256; over two TurboQuant caches `attn_decode_tq`); off: the
+    /// split-K kernels. `INFER_CUDA_ATTN_DECODE=0`.
     pub attn_decode: bool,
     /// That kernel with a softmax per thread (`attn_decode_flat_hd*`,
     /// kv heads of at most 4 query heads): the cache streamed through

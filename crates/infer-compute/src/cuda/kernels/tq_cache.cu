@@ -8,14 +8,17 @@
 //   tq_encode   each head of a token at n_exact or later is coded less the
 //               centre as the CPU's encode_rotated_norm_kept codes it
 //               (nearest centroids, then the sweeps that raise the cosine,
-//               scale |y| / |c[idx]|), in f32 where the CPU sums in f64 (an
-//               index may differ where a value lies on a boundary); a head
-//               below n_exact is stored exact; every row of the pass is
-//               then rounded to f16 in place, as attention and the ring
-//               read it;
+//               one warp testing 32 indices at a time, scale |y| /
+//               |c[idx]|), in f32 where the CPU sums in f64 (an index may
+//               differ where a value lies on a boundary); a head below
+//               n_exact is stored exact; every row of the pass is then
+//               rounded to f16 in place, as attention and the ring read it;
 //   attn_split_tq  split-K attention (attention.cu's blocks and partial
 //               sums, merged by attn_combine) reading each row from where
 //               tq_cache.cuh says, for a TurboQuant K or V cache or both;
+//   attn_decode_tq, tq_combine  the same for one token over two TurboQuant
+//               caches, in longer blocks, the merge rotating back as
+//               tq_unrotate;
 //   tq_unrotate the output of TurboQuant values rotated back (H / sqrt(hd),
 //               then the signs) and quantized for the output projection;
 //   tq_keep     after the attention, the ring takes each token's row, but
@@ -23,6 +26,9 @@
 //   tq_ring_copy  the ring entries of one slot holding positions below n
 //               copied to another slot, the others emptied (a copy of a
 //               slot's first n positions).
+// A one-token span (a decode step) runs no tq_centre or tq_keep: tq_encode
+// does their work for it, four launches a layer in all (qkv_post,
+// tq_encode, attn_decode_tq, tq_combine).
 // Grid z of tq_centre, tq_encode and tq_keep: 0 the K cache, 1 the V cache
 // (a cache of another type returns at once).
 
@@ -60,25 +66,20 @@ __device__ __forceinline__ u32* tq_role(const TqArgs& a, float** rows) {
     return kv_is_tq(v ? a.vt : a.kt) ? (v ? a.vc : a.kc) : nullptr;
 }
 
-// Grid: (1, 1, 2).
-extern "C" __global__ void __launch_bounds__(TQ_THREADS) tq_centre(const TqArgs a) {
-    PDL_PROLOGUE;
-    float* rows;
-    u32* c = tq_role(a, &rows);
-    if (!c || !c[TQ_F_HAS_CENTRE]) return;
-    const int p0 = *a.pos0, n_exact = c[TQ_F_N_EXACT];
-    const int t = n_exact - 1 - p0;
-    if (t < 0 || t >= a.n_tok) return;
-    const int kv_dim = c[TQ_F_N_KV] * c[TQ_F_HD];
+// Values i0, i0 + step, ... below i1 of the slot's centre, from the exact
+// rows and the rows of the span at p0 (the caller checked that the span
+// holds position n_exact - 1).
+__device__ __forceinline__ void tq_set_centre(u32* c, const float* rows, int slot, int p0, int i0, int i1, int step) {
+    const int n_exact = c[TQ_F_N_EXACT], kv_dim = c[TQ_F_N_KV] * c[TQ_F_HD];
     const float inv = tq_f(c, TQ_F_CENTRE_INV);
-    float* centre = (float*)(c + c[TQ_F_CENTRE]) + (size_t)a.slot * kv_dim;
-    for (int i = threadIdx.x; i < kv_dim; i += blockDim.x) {
+    float* centre = (float*)(c + c[TQ_F_CENTRE]) + (size_t)slot * kv_dim;
+    for (int i = i0; i < i1; i += step) {
         float s = 0.0f;
         for (int r = c[TQ_F_CENTRE_FROM]; r < n_exact; ++r) {
             if (r >= p0) {
                 s += f16_round(rows[(size_t)(r - p0) * kv_dim + i]);
             } else {
-                const u32 w = tq_exact_row(c, a.slot, r)[i / 2];
+                const u32 w = tq_exact_row(c, slot, r)[i / 2];
                 s += f16_to_f32((u16)(i % 2 ? w >> 16 : w & 0xFFFFu));
             }
         }
@@ -86,31 +87,73 @@ extern "C" __global__ void __launch_bounds__(TQ_THREADS) tq_centre(const TqArgs 
     }
 }
 
-// The sweeps of encode_rotated_norm_kept over idx[0..hd] (one thread: each
-// move depends on the ones before it) from <y, c[idx]> `dc` and |c[idx]|^2
-// `nn`; returns the final |c[idx]|^2.
-__device__ float tq_refine(const u32* c, int bits, const float* y, u8* idx, int hd, float dc, float nn) {
-    const int last = (1 << bits) - 1;
-    for (int sweep = 0; sweep < (int)c[TQ_F_PASSES]; ++sweep) {
+// Grid: (1, 1, 2). Spans of several tokens (tq_encode sets the centre in a
+// one-token span).
+extern "C" __global__ void __launch_bounds__(TQ_THREADS) tq_centre(const TqArgs a) {
+    PDL_PROLOGUE;
+    float* rows;
+    u32* c = tq_role(a, &rows);
+    if (!c || !c[TQ_F_HAS_CENTRE]) return;
+    const int p0 = *a.pos0, t = (int)c[TQ_F_N_EXACT] - 1 - p0;
+    if (t < 0 || t >= a.n_tok) return;
+    tq_set_centre(c, rows, a.slot, p0, threadIdx.x, c[TQ_F_N_KV] * c[TQ_F_HD], blockDim.x);
+}
+
+// The ring entry of position pos takes head g of its row x (f16 values
+// already: exact); thread 0 of head 0 sets the tag.
+__device__ __forceinline__ void tq_keep_row(u32* c, int slot, int pos, int g, const float* x) {
+    const int w = c[TQ_F_WINDOW], hd = c[TQ_F_HD], kv_dim = c[TQ_F_N_KV] * hd;
+    const size_t e = (size_t)slot * w + pos % w;
+    u32* ring = c + c[TQ_F_RING] + e * (kv_dim / 2) + g * hd / 2;
+    for (int i = threadIdx.x; i < hd / 2; i += blockDim.x)
+        ring[i] = (u32)f32_to_f16_sat(x[2 * i]) | ((u32)f32_to_f16_sat(x[2 * i + 1]) << 16);
+    if (g == 0 && threadIdx.x == 0) c[c[TQ_F_TAGS] + e] = (u32)pos + 1;
+}
+
+// The sweeps of encode_rotated_norm_kept over idx[0..hd] from <y, c[idx]>
+// `dc` and |c[idx]|^2 `nn` (centroids `cs`); returns the final |c[idx]|^2.
+// Each move depends on the ones before it, so the CPU sweeps one index at
+// a time; here one warp tests 32 indices at once against the current
+// (dc, nn), takes the first that moves (as the sequential sweep would: the
+// ones before it did not) and starts again after it: the same moves and
+// the same arithmetic in one step per move or per 32 indices that stay.
+// The whole warp calls it.
+__device__ float tq_refine(int passes, const float* cs, int bits, const float* y, u8* idx, int hd, float dc, float nn) {
+    const int lane = threadIdx.x % WARP, last = (1 << bits) - 1;
+    for (int sweep = 0; sweep < passes; ++sweep) {
         bool moved = false;
-        for (int i = 0; i < hd; ++i) {
-            const int a = idx[i];
-            const float v = y[i], ca = tq_f(c, TQ_F_CENTROIDS + a);
-            for (int s = 0; s < 2; ++s) {
-                if ((s == 0 && a == 0) || (s == 1 && a == last)) continue;
-                const int b = s ? a + 1 : a - 1;
-                const float cb = tq_f(c, TQ_F_CENTROIDS + b);
-                const float d2 = dc + v * (cb - ca);
-                const float n2 = nn + cb * cb - ca * ca;
-                // cos^2 up, with the dot product positive.
-                if (d2 > 0.0f && d2 * d2 * nn > dc * dc * n2) {
-                    idx[i] = (u8)b;
-                    dc = d2;
-                    nn = n2;
-                    moved = true;
-                    break;
+        for (int i0 = 0; i0 < hd;) {
+            const int i = i0 + lane;
+            int to = -1;
+            float d2 = 0.0f, n2 = 0.0f;
+            if (i < hd) {
+                const int a = idx[i];
+                const float v = y[i], ca = cs[a];
+                for (int s = 0; s < 2; ++s) {
+                    if ((s == 0 && a == 0) || (s == 1 && a == last)) continue;
+                    const int b = s ? a + 1 : a - 1;
+                    const float cb = cs[b];
+                    d2 = dc + v * (cb - ca);
+                    n2 = nn + cb * cb - ca * ca;
+                    // cos^2 up, with the dot product positive.
+                    if (d2 > 0.0f && d2 * d2 * nn > dc * dc * n2) {
+                        to = b;
+                        break;
+                    }
                 }
             }
+            const unsigned movers = __ballot_sync(FULL_MASK, to >= 0);
+            if (!movers) {
+                i0 += WARP;
+                continue;
+            }
+            const int f = __ffs(movers) - 1;
+            dc = __shfl_sync(FULL_MASK, d2, f);
+            nn = __shfl_sync(FULL_MASK, n2, f);
+            if (lane == f) idx[i] = (u8)to;
+            __syncwarp();
+            moved = true;
+            i0 += f + 1;
         }
         if (!moved) break;
     }
@@ -123,18 +166,27 @@ extern "C" __global__ void __launch_bounds__(TQ_THREADS) tq_encode(const TqArgs 
     __shared__ float y[TQ_MAX_HD];
     __shared__ u8 idx[TQ_MAX_HD];
     __shared__ float red[32];
+    __shared__ float cs[16], bs[16];
     __shared__ u32 scale_bits;
     float* rows;
     u32* c = tq_role(a, &rows);
     if (!c) return;
     const int g = blockIdx.x, t = blockIdx.y, tid = threadIdx.x;
     const int bits = blockIdx.z ? a.vt : a.kt;
+    if (tid < 16) {
+        cs[tid] = tq_f(c, TQ_F_CENTROIDS + tid);
+        bs[tid] = tq_f(c, TQ_F_BOUNDS + tid);
+    }
+    __syncthreads();
     const int hd = c[TQ_F_HD], kv_dim = c[TQ_F_N_KV] * hd;
     const int pos = *a.pos0 + t;
     float* x = rows + (size_t)t * kv_dim + (size_t)g * hd;
     const int n_exact = c[TQ_F_N_EXACT];
     // The branch is the block's: its barriers stay uniform.
     if (pos < n_exact) {
+        // A one-token span sets its head's share of the centre here.
+        if (a.n_tok == 1 && pos == n_exact - 1 && c[TQ_F_HAS_CENTRE])
+            tq_set_centre(c, rows, a.slot, pos, g * hd + tid, (g + 1) * hd, blockDim.x);
         u32* e = (u32*)tq_exact_row(c, a.slot, pos) + g * hd / 2;
         for (int i = tid; i < hd / 2; i += blockDim.x)
             e[i] = (u32)f32_to_f16_sat(x[2 * i]) | ((u32)f32_to_f16_sat(x[2 * i + 1]) << 16);
@@ -153,19 +205,19 @@ extern "C" __global__ void __launch_bounds__(TQ_THREADS) tq_encode(const TqArgs 
         for (int i = tid; i < hd; i += blockDim.x) {
             const float u = y[i] * inv;
             int k = 0;
-            for (int b = 0; b < nb; ++b) k += tq_f(c, TQ_F_BOUNDS + b) < u ? 1 : 0;
+            for (int b = 0; b < nb; ++b) k += bs[b] < u ? 1 : 0;
             idx[i] = (u8)k;
-            const float cv = tq_f(c, TQ_F_CENTROIDS + k);
+            const float cv = cs[k];
             dc += y[i] * cv;
             nn += cv * cv;
         }
         dc = block_sum(dc, red);
         nn = block_sum(nn, red);
         __syncthreads();  // idx and y complete
-        if (tid == 0) {
-            const float n2 = tq_refine(c, bits, y, idx, hd, dc, nn);
+        if (tid < WARP) {
+            const float n2 = tq_refine(c[TQ_F_PASSES], cs, bits, y, idx, hd, dc, nn);
             const float sc = n2 > 0.0f && norm > 0.0f ? norm / sqrtf(n2) : norm;
-            scale_bits = f32_to_f16(fminf(sc, 65504.0f));
+            if (tid == 0) scale_bits = f32_to_f16(fminf(sc, 65504.0f));
         }
         __syncthreads();
         const int hw = c[TQ_F_HEAD_WORDS];
@@ -185,26 +237,24 @@ extern "C" __global__ void __launch_bounds__(TQ_THREADS) tq_encode(const TqArgs 
     }
     __syncthreads();  // y read from x before x is rounded
     for (int i = tid; i < hd; i += blockDim.x) x[i] = f16_round(x[i]);
+    if (a.n_tok == 1) {
+        // One token attends to none of the rows its ring entry drops (they
+        // are a window behind it): the ring takes it now, not in tq_keep.
+        __syncthreads();
+        tq_keep_row(c, a.slot, pos, g, x);
+    }
 }
 
-// Grid: (n_kv, n_tok, 2).
+// Grid: (n_kv, n_tok, 2). Spans of several tokens.
 extern "C" __global__ void __launch_bounds__(TQ_THREADS) tq_keep(const TqArgs a) {
     PDL_PROLOGUE;
     float* rows;
     u32* c = tq_role(a, &rows);
     if (!c) return;
     const int g = blockIdx.x, t = blockIdx.y;
-    const int w = c[TQ_F_WINDOW];
-    if (t + w < a.n_tok) return;
-    const int pos = *a.pos0 + t;
-    const int hd = c[TQ_F_HD], kv_dim = c[TQ_F_N_KV] * hd;
-    const size_t e = (size_t)a.slot * w + pos % w;
-    u32* ring = c + c[TQ_F_RING] + e * (kv_dim / 2) + g * hd / 2;
-    const float* x = rows + (size_t)t * kv_dim + (size_t)g * hd;
-    // The rows are f16 values already (tq_encode): exact.
-    for (int i = threadIdx.x; i < hd / 2; i += blockDim.x)
-        ring[i] = (u32)f32_to_f16_sat(x[2 * i]) | ((u32)f32_to_f16_sat(x[2 * i + 1]) << 16);
-    if (g == 0 && threadIdx.x == 0) c[c[TQ_F_TAGS] + e] = (u32)pos + 1;
+    if (t + (int)c[TQ_F_WINDOW] < a.n_tok) return;
+    const int kv_dim = c[TQ_F_N_KV] * c[TQ_F_HD];
+    tq_keep_row(c, a.slot, *a.pos0 + t, g, rows + (size_t)t * kv_dim + (size_t)g * c[TQ_F_HD]);
 }
 
 // Grid: (window).
@@ -422,6 +472,10 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_split_tq_g8(cons
 // attn_split_tq's one split each: a decode step deep in the cache runs
 // 16 times fewer blocks, each streaming its codes.
 #define TQ_DECODE_SPLITS 8
+// Rounds of positions whose codes a lane fetches before using them.
+#ifndef TQ_DECODE_ROUNDS
+#define TQ_DECODE_ROUNDS 2
+#endif
 
 // (m, s, acc, wc) <- the merge of it with (m2, s2, acc2, wc2): partial
 // sums relative to their maxima, -inf for none.
@@ -474,36 +528,63 @@ __device__ __forceinline__ void attn_decode_tq_impl(const TqAttnArgs& args, floa
 #pragma unroll
         for (int e = 0; e < 8; ++e) acc[hh][e] = 0.0f;
     }
-    for (int jb = warp * P; jb < len; jb += n_warps * P) {
-        const int jj = jb + gi;
-        const bool in = jj < len;
-        float kf[8], vf[8], nk = 0.0f, nv = 1.0f;
-        bool kc = false, vc = false;
-        if (in) {
-            kc = tq_load8(kv, start + jj, pos, pos, t.k, g, hd, d0, kf, &nk);
-            vc = tq_load8(vv, start + jj, pos, pos, t.v, g, hd, d0, vf, &nv);
-        } else {
+    // Two rounds of positions at a time, the codes of both fetched before
+    // either is used (more loads in flight; each lane group still takes its
+    // positions in the same order).
+    const int step = n_warps * P;
+    for (int jb = warp * P; jb < len; jb += TQ_DECODE_ROUNDS * step) {
+        bool fk[TQ_DECODE_ROUNDS], fv[TQ_DECODE_ROUNDS];
+        TqRaw kr[TQ_DECODE_ROUNDS], vr[TQ_DECODE_ROUNDS];
 #pragma unroll
-            for (int e = 0; e < 8; ++e) kf[e] = vf[e] = 0.0f;
+        for (int u = 0; u < TQ_DECODE_ROUNDS; ++u) {
+            const int jj = jb + u * step + gi, j = start + jj;
+            fk[u] = jj < len && tq_coded(kv, j, pos);
+            fv[u] = jj < len && tq_coded(vv, j, pos);
+            if (fk[u]) kr[u] = tq_fetch(kv, j, g, d0);
+            if (fv[u]) vr[u] = tq_fetch(vv, j, g, d0);
         }
 #pragma unroll
-        for (int hh = 0; hh < GM; ++hh) {
-            if (hh < nh) {
-                float d = 0.0f;
+        for (int u = 0; u < TQ_DECODE_ROUNDS; ++u) {
+            const int jj = jb + u * step + gi;
+            const bool in = jj < len;
+            float kf[8], vf[8], nk = 0.0f, nv = 1.0f;
+            bool kc = fk[u], vc = fv[u];
+            if (kc) {
+                tq_unpack(kv, kr[u], kf, &nk);
+            } else if (in) {
+                kc = tq_load8(kv, start + jj, pos, pos, t.k, g, hd, d0, kf, &nk);
+            } else {
 #pragma unroll
-                for (int e = 0; e < 8; ++e) d += qv[hh][e] * kf[e];
-                for (int o = L / 2; o > 0; o >>= 1) d += __shfl_xor_sync(FULL_MASK, d, o);
-                if (in) {
-                    float l = (kc ? nk * d + qc[hh] : d) * a.scale;
-                    if (a.softcap > 0.0f) l = a.softcap * tanhf(l * (1.0f / a.softcap));
-                    const float mx = fmaxf(m[hh], l);
-                    const float c = m[hh] == NEG_INF ? 0.0f : expf(m[hh] - mx), p = expf(l - mx);
-                    const float pn = vc ? p * nv : p;
-                    s[hh] = s[hh] * c + p;
-                    wc[hh] = wc[hh] * c + (vc ? p : 0.0f);
+                for (int e = 0; e < 8; ++e) kf[e] = 0.0f;
+            }
+            if (vc) {
+                tq_unpack(vv, vr[u], vf, &nv);
+            } else if (in) {
+                vc = tq_load8(vv, start + jj, pos, pos, t.v, g, hd, d0, vf, &nv);
+            } else {
 #pragma unroll
-                    for (int e = 0; e < 8; ++e) acc[hh][e] = acc[hh][e] * c + pn * vf[e];
-                    m[hh] = mx;
+                for (int e = 0; e < 8; ++e) vf[e] = 0.0f;
+            }
+#pragma unroll
+            for (int hh = 0; hh < GM; ++hh) {
+                if (hh < nh) {
+                    // q from shared memory: registers for the fetched codes.
+                    const float4 q0 = *(const float4*)(sq + hh * hd + d0), q1 = *(const float4*)(sq + hh * hd + d0 + 4);
+                    float d = q0.x * kf[0] + q0.y * kf[1] + q0.z * kf[2] + q0.w * kf[3];
+                    d += q1.x * kf[4] + q1.y * kf[5] + q1.z * kf[6] + q1.w * kf[7];
+                    for (int o = L / 2; o > 0; o >>= 1) d += __shfl_xor_sync(FULL_MASK, d, o);
+                    if (in) {
+                        float l = (kc ? nk * d + qc[hh] : d) * a.scale;
+                        if (a.softcap > 0.0f) l = a.softcap * tanhf(l * (1.0f / a.softcap));
+                        const float mx = fmaxf(m[hh], l);
+                        const float c = m[hh] == NEG_INF ? 0.0f : expf(m[hh] - mx), p = expf(l - mx);
+                        const float pn = vc ? p * nv : p;
+                        s[hh] = s[hh] * c + p;
+                        wc[hh] = wc[hh] * c + (vc ? p : 0.0f);
+#pragma unroll
+                        for (int e = 0; e < 8; ++e) acc[hh][e] = acc[hh][e] * c + pn * vf[e];
+                        m[hh] = mx;
+                    }
                 }
             }
         }
@@ -569,21 +650,37 @@ __device__ __forceinline__ void attn_decode_tq_impl(const TqAttnArgs& args, floa
 
 extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 2) attn_decode_tq(const TqAttnArgs args) {
     PDL_PROLOGUE;
-    extern __shared__ float tq_smem[];
+    extern __shared__ __align__(16) float tq_smem[];  // float4 reads of q
     attn_decode_tq_impl<4>(args, tq_smem);
 }
 
 extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_decode_tq_g8(const TqAttnArgs args) {
     PDL_PROLOGUE;
-    extern __shared__ float tq_smem[];
+    extern __shared__ __align__(16) float tq_smem[];  // float4 reads of q
     attn_decode_tq_impl<ATTN_MAX_G>(args, tq_smem);
 }
 
+// Head `row` of the attention output, staged in x (shared), rotated back
+// (H / sqrt(hd), then the factors), stored and, with a.oq, quantized for
+// the output projection. The whole block calls it.
+__device__ __forceinline__ void tq_unrotate_head(const AttnArgs& a, float* x, size_t row) {
+    const u32* c = (const u32*)a.vc;
+    const int hd = a.hd;
+    __syncthreads();
+    hadamard_smem(x, hd, hd);
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+        const float v = x[d] * tq_mul(c, d, false);
+        a.out[row + d] = v;
+        if (a.oq) quantize_chunk_warp(v, a.oq + row + (d & ~31), a.ods + (row + d) / 32);
+    }
+}
+
 // Merges attn_decode_tq's blocks of one token (attn_combine's arithmetic,
-// over blocks of TQ_DECODE_SPLITS splits); the output stays rotated for
+// over blocks of TQ_DECODE_SPLITS splits), then rotates the head back as
 // tq_unrotate. Grid: x = head.
 extern "C" __global__ void __launch_bounds__(COMBINE_THREADS) tq_combine(const TqAttnArgs args) {
     PDL_PROLOGUE;
+    __shared__ float x[TQ_MAX_HD];
     const AttnArgs& a = args.at;
     const int h = blockIdx.x, hd = a.hd;
     const int n_blk = (a.n_split + TQ_DECODE_SPLITS - 1) / TQ_DECODE_SPLITS;
@@ -599,8 +696,9 @@ extern "C" __global__ void __launch_bounds__(COMBINE_THREADS) tq_combine(const T
     for (int d = threadIdx.x; d < hd; d += blockDim.x) {
         float acc = 0.0f;
         for (int b = 0; b < n_active; ++b) acc += expf(ml[b].x - m) * a.part_o[(base + b) * hd + d];
-        a.out[(size_t)h * hd + d] = acc * inv;
+        x[d] = acc * inv;
     }
+    tq_unrotate_head(a, x, (size_t)h * hd);
 }
 
 // Grid: x = head, y = token; a.oq: quantize the result.
@@ -608,15 +706,7 @@ extern "C" __global__ void __launch_bounds__(TQ_THREADS) tq_unrotate(const TqAtt
     PDL_PROLOGUE;
     __shared__ float x[TQ_MAX_HD];
     const AttnArgs& a = args.at;
-    const u32* c = (const u32*)a.vc;
-    const int hd = a.hd;
-    const size_t row = ((size_t)blockIdx.y * a.n_head + blockIdx.x) * hd;
-    for (int d = threadIdx.x; d < hd; d += blockDim.x) x[d] = a.out[row + d];
-    __syncthreads();
-    hadamard_smem(x, hd, hd);
-    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-        const float v = x[d] * tq_mul(c, d, false);
-        a.out[row + d] = v;
-        if (a.oq) quantize_chunk_warp(v, a.oq + row + (d & ~31), a.ods + (row + d) / 32);
-    }
+    const size_t row = ((size_t)blockIdx.y * a.n_head + blockIdx.x) * a.hd;
+    for (int d = threadIdx.x; d < a.hd; d += blockDim.x) x[d] = a.out[row + d];
+    tq_unrotate_head(a, x, row);
 }

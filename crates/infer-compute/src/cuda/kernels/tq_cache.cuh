@@ -109,6 +109,36 @@ __device__ __forceinline__ TqView tq_view(const u32* c, int bits, int slot, floa
     return v;
 }
 
+// A position's code words as a lane reads them: its eight indices (from
+// bit 0) and the scale's word.
+struct TqRaw {
+    u64 b;
+    u32 scale;
+};
+
+// Whether row j is read from its code by every query at pos (below the
+// ring's window and past the exact rows), without looking at the ring.
+__device__ __forceinline__ bool tq_coded(const TqView& v, int j, int pos) { return j >= v.n_exact && pos - j >= v.w; }
+
+// The code words of values d0 .. d0 + 7 of head g of row j: bits d0 * bits
+// .. + 8 * bits of the stream after the scale's word (at most two words).
+__device__ __forceinline__ TqRaw tq_fetch(const TqView& v, int j, int g, int d0) {
+    const u32* code = v.codes + (size_t)j * v.row_words + (size_t)g * v.head_words;
+    const int bit = d0 * v.bits, sh = bit % 32;
+    const u32* wp = code + 1 + bit / 32;
+    u64 b = wp[0];
+    if (sh + 8 * v.bits > 32) b |= (u64)wp[1] << 32;
+    return TqRaw{b >> sh, code[0]};
+}
+
+// The centroids and scale of a fetched code (tq_load8's coded case).
+__device__ __forceinline__ void tq_unpack(const TqView& v, TqRaw r, float* x, float* n) {
+    const u32 m = (1u << v.bits) - 1u;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) x[e] = v.cent[(r.b >> (e * v.bits)) & m];
+    *n = f16_to_f32((u16)(r.scale & 0xFFFFu));
+}
+
 // Values col .. col + 7 (col = g * hd + d0, d0 a multiple of 8) of row j
 // of a slot, as the query at pos of a pass starting at p0 reads it (see
 // the top); rows: the pass's rows of this cache, [n_tok][kv_dim] f32.
@@ -140,17 +170,6 @@ __device__ __forceinline__ bool tq_load8(const TqView& v, int j, int pos, int p0
         }
         return false;
     }
-    const u32* code = v.codes + (size_t)j * v.row_words + (size_t)g * v.head_words;
-    // The eight indices: bits d0 * bits .. + 8 * bits of the stream after
-    // the scale's word (at most two words).
-    const int bit = d0 * v.bits, sh = bit % 32;
-    const u32* wp = code + 1 + bit / 32;
-    u64 b = wp[0];
-    if (sh + 8 * v.bits > 32) b |= (u64)wp[1] << 32;
-    b >>= sh;
-    const u32 m = (1u << v.bits) - 1u;
-#pragma unroll
-    for (int e = 0; e < 8; ++e) x[e] = v.cent[(b >> (e * v.bits)) & m];
-    *n = f16_to_f32((u16)(code[0] & 0xFFFFu));
+    tq_unpack(v, tq_fetch(v, j, g, d0), x, n);
     return true;
 }
