@@ -94,10 +94,7 @@ fn cuda() -> Vec<Candidate> {
     let mmq = CudaOptions { mmq_min_tokens: Some(2), mmq_narrow: true, ..CudaOptions::from_env() };
     vec![
         ("cuda".into(), open(CudaOptions::from_env())),
-        (
-            "cuda_unfused".into(),
-            open(CudaOptions { turboquant: CudaOptions::from_env().turboquant, ..CudaOptions::unfused() }),
-        ),
+        ("cuda_unfused".into(), open(CudaOptions::unfused())),
         ("cuda_one_block".into(), open(one_block)),
         ("cuda_flat".into(), open(flat)),
         ("cuda_mmq".into(), open(mmq)),

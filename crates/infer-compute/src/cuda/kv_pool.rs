@@ -154,13 +154,6 @@ impl CudaKvPool {
         n_ctx: usize,
         types: KvTypes,
     ) -> Result<Self> {
-        if let Some(ty) = [types.k, types.v].into_iter().find(|t| t.turboquant_bits().is_some() && !dev.opts.turboquant)
-        {
-            return Err(Error::UnsupportedKvCache {
-                ty,
-                reason: "the CUDA TurboQuant caches have not yet run on a GPU; INFER_CUDA_TQ=1 turns them on".into(),
-            });
-        }
         let layouts = heads
             .iter()
             .map(|&(n_kv, hd, _)| {

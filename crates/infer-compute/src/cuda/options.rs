@@ -131,11 +131,6 @@ pub struct CudaOptions {
     /// Rows of at least this many values count as long (4096).
     /// `INFER_CUDA_MV_LONG`.
     pub mv_long_row: usize,
-    /// The TurboQuant KV caches (tq3, tq4; `tq_cache.cu`). Off by default
-    /// until their kernels have run on a GPU: a pool of those types is then
-    /// refused with [`crate::Error::UnsupportedKvCache`] saying so.
-    /// `INFER_CUDA_TQ=1` turns them on.
-    pub turboquant: bool,
     /// Extra NVRTC options for every module (e.g. `-DMV_T1S_MIN_BLOCKS=8`,
     /// another register budget without a rebuild); part of the compile
     /// cache's key. `INFER_CUDA_NVRTC_OPTS`.
@@ -165,7 +160,6 @@ impl Default for CudaOptions {
             mv_rows_glu_min_tokens: Some(16),
             mv_warps_per_row: None,
             mv_long_row: 4096,
-            turboquant: false,
             nvrtc_opts: Vec::new(),
         }
     }
@@ -248,7 +242,6 @@ impl CudaOptions {
                 _ => d.mmq_min_tokens,
             },
             mmq_narrow: on("INFER_CUDA_MMQ_NARROW", d.mmq_narrow),
-            turboquant: var("INFER_CUDA_TQ").map_or(d.turboquant, |v| v == "1"),
             mv_rows_min_tokens: match var("INFER_CUDA_MV_ROWS").map(|v| v.parse::<usize>()) {
                 Some(Ok(0)) => None,
                 Some(Ok(n)) if n >= 2 => Some(n),
@@ -293,7 +286,6 @@ mod tests {
             ("INFER_CUDA_ATTN_BLOCKS", "3"),
             ("INFER_CUDA_MMQ_NARROW", "0"),
             ("INFER_CUDA_ATTN_FLAT", "0"),
-            ("INFER_CUDA_TQ", "1"),
         ];
         let o = CudaOptions::from_vars(|k| vars.iter().find(|v| v.0 == k).map(|v| v.1.to_string()));
         assert!(!o.repack && o.pdl && o.flash);
@@ -308,7 +300,6 @@ mod tests {
         assert_eq!(o.attn_decode_blocks, Some(3));
         assert!(!o.mmq_narrow);
         assert_eq!(o.attn_flat, Some(false));
-        assert!(o.turboquant);
         let zero = CudaOptions::from_vars(|k| (k == "INFER_CUDA_ATTN_BLOCKS").then(|| "0".into()));
         assert_eq!(zero.attn_decode_blocks, None, "no blocks is not a choice");
         let no_mmq = CudaOptions::from_vars(|k| (k == "INFER_CUDA_MMQ").then(|| "0".into()));
