@@ -100,8 +100,9 @@ pub struct BenchArgs {
     #[arg(long)]
     measure_bandwidth: bool,
     /// Also time each op of a decode step (the model's own decode path, op
-    /// by op, over the decode test's positions); with `--npl`, of 8
-    /// generation steps of each batch size.
+    /// by op, over the decode test's positions after the last -d depth,
+    /// with its cache types); with `--npl`, of 8 generation steps of each
+    /// batch size.
     #[arg(long)]
     profile: bool,
     /// Decode tests step through `forward_top_k` with this many candidates
@@ -634,6 +635,7 @@ pub fn bench(a: BenchArgs) -> CliResult {
             r
         };
         let mut last_tg_ms = None;
+        let profile_depth = depths.last().copied().unwrap_or(0);
         for &d in &depths {
             let depth = random_tokens(a.seed.wrapping_add(1), d, spec.n_vocab);
             for &p in &prompts {
@@ -667,16 +669,22 @@ pub fn bench(a: BenchArgs) -> CliResult {
                 r.bytes_per_token = Some(bytes_per_token);
                 r.effective_gbps = Some(eff);
                 r.roofline_fraction = bandwidth.map(|bw| eff / bw);
-                if d == 0 {
+                if d == profile_depth {
                     last_tg_ms = Some(1e3 / r.avg_ts);
                 }
                 results.push(r);
             }
         }
-        // The profile of the first thread count's model.
+        // The profile of the first thread count's model, at the last depth
+        // (the decode test's own positions and cache types).
         if a.profile && profile.is_none() {
             let steps = gens.first().copied().unwrap_or(1).min(spec.n_ctx_train);
-            let p = with_spinner("profiling decode", || crate::profile::profile_decode(model.as_mut(), bos, steps))?;
+            let depth = random_tokens(a.seed.wrapping_add(1), profile_depth, spec.n_vocab);
+            let p = with_spinner("profiling decode", || -> CliResult<crate::profile::Profile> {
+                let mut kv = model.new_kv_cache_typed(profile_depth + steps, kv_types)?;
+                fill_depth(model.as_mut(), kv.as_mut(), &depth)?;
+                crate::profile::profile_decode(model.as_mut(), kv.as_mut(), bos, profile_depth..profile_depth + steps)
+            })?;
             profile = Some((p, backend.device_info(), last_tg_ms));
         }
     }

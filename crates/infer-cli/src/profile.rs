@@ -4,10 +4,11 @@
 //! profiled steps are a little slower than the tg test's.
 
 use std::io::Write;
+use std::ops::Range;
 use std::time::Duration;
 
 use infer_compute::backend::{OpTiming, StepProfile};
-use infer_compute::DeviceModel;
+use infer_compute::{DeviceModel, KvPool};
 
 use crate::common::CliResult;
 
@@ -16,6 +17,10 @@ use crate::common::CliResult;
 pub struct Profile {
     /// Decode steps profiled.
     pub steps: usize,
+    /// Position of the first profiled step (the cache's depth before it).
+    pub first_pos: usize,
+    /// The KV cache's types, as `K f16, V f16` (empty when not known).
+    pub cache: String,
     /// Time per op kind over all steps, in the order they first ran.
     pub ops: Vec<OpTiming>,
     /// Wall time of all steps.
@@ -32,7 +37,7 @@ impl Profile {
 impl Profile {
     /// An empty profile.
     pub fn new() -> Profile {
-        Profile { steps: 0, ops: Vec::new(), total: Duration::ZERO }
+        Profile { steps: 0, first_pos: 0, cache: String::new(), ops: Vec::new(), total: Duration::ZERO }
     }
 
     /// Adds one profiled step.
@@ -52,17 +57,23 @@ impl Profile {
     }
 }
 
-/// Profiles `steps` decode steps of token `token` at positions `0..steps`
-/// with a fresh KV cache.
+/// Profiles decode steps of token `token` at `positions` of `kv`, whose
+/// earlier positions the caller filled (the depth of the bench's test).
 ///
 /// # Errors
 /// The model's errors, including a backend without timing hooks.
-pub fn profile_decode(model: &mut dyn DeviceModel, token: u32, steps: usize) -> CliResult<Profile> {
-    let steps = steps.max(1);
-    let mut kv = model.new_kv_cache(steps)?;
+pub fn profile_decode(
+    model: &mut dyn DeviceModel,
+    kv: &mut dyn KvPool,
+    token: u32,
+    positions: Range<usize>,
+) -> CliResult<Profile> {
+    let types = kv.types();
     let mut out = Profile::new();
-    for pos in 0..steps {
-        out.add(model.profile_step(kv.as_mut(), token, pos)?);
+    out.first_pos = positions.start;
+    out.cache = format!("K {}, V {}", types.k.name(), types.v.name());
+    for pos in positions {
+        out.add(model.profile_step(kv, token, pos)?);
     }
     Ok(out)
 }
@@ -73,7 +84,10 @@ pub fn profile_decode(model: &mut dyn DeviceModel, token: u32, steps: usize) -> 
 /// # Errors
 /// A failed write.
 pub fn print_profile(out: &mut impl Write, p: &Profile, device: &str, tg_ms: Option<f64>) -> std::io::Result<()> {
-    let heading = format!("decode profile: {} step(s) from position 0 on {device}, each op timed as it runs", p.steps);
+    let heading = format!(
+        "decode profile: {} step(s) from position {} on {device}; KV cache {}; each op timed as it runs",
+        p.steps, p.first_pos, p.cache
+    );
     print_table(out, p, &heading, "token")?;
     print_total(out, p, "token", tg_ms)
 }

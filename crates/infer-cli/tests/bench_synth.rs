@@ -84,6 +84,39 @@ fn bench_table_and_profile() {
     assert!(out.contains("| quantized"), "{out}");
     assert!(out.contains("(synthetic)"), "{out}");
     assert!(out.contains("the GGUF's quantized bytes"), "{out}");
+    assert!(out.contains("from position 0 on") && out.contains("KV cache K f16, V f16"), "{out}");
+}
+
+/// The profile runs the decode test's last depth and cache types.
+#[test]
+fn bench_profile_at_depth_with_cache_types() {
+    let dir = tmpdir();
+    let path = synth_tiny(dir.path(), "llama");
+    let m = path.to_str().unwrap();
+    let o = infer(&[
+        "bench",
+        "-m",
+        m,
+        "-t",
+        "2",
+        "-p",
+        "0",
+        "-n",
+        "2",
+        "-d",
+        "0,24",
+        "-r",
+        "1",
+        "-ctk",
+        "q8_0",
+        "-ctv",
+        "tq4",
+        "--profile",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(out.contains("decode profile: 2 step(s) from position 24 on"), "{out}");
+    assert!(out.contains("KV cache K q8_0, V tq4"), "{out}");
 }
 
 #[test]

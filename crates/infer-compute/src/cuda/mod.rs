@@ -573,7 +573,7 @@ impl ComputeBackend for CudaBackend {
     fn device_info(&self) -> String {
         let i = &self.dev.info;
         format!(
-            "CUDA device {}: {}, {:.1} GiB, compute capability {}.{}, {} SMs; NVRTC kernels, cuBLAS, q8 dp4a mat-vecs, f16 KV cache, CUDA-graph decode",
+            "CUDA device {}: {}, {:.1} GiB, compute capability {}.{}, {} SMs; NVRTC kernels, cuBLAS, q8 dp4a mat-vecs, CUDA-graph decode",
             i.ordinal,
             i.name,
             i.total_mem as f64 / (1u64 << 30) as f64,
