@@ -728,12 +728,18 @@ fn batched(
         return Err(format!("--npp + --ntg is {n_kv} positions, past the training context {}", spec.n_ctx_train).into());
     }
     let threads = base.n_threads;
+    let types = a.cache.types_for(&*model);
     let rows = with_spinner(&format!("batched, {threads} threads"), || {
-        crate::bench_batched::run(model, a.npp, a.ntg, &a.npl, threads, a.seed)
+        crate::bench_batched::run(model, types, a.npp, a.ntg, &a.npl, threads, a.seed)
     })?;
     let what = format!(
-        "{} ({}), backend {} ({}), {threads} threads",
-        base.model_type, base.model_filename, base.backends, base.kernels
+        "{} ({}), backend {} ({}), {threads} threads, KV cache K {}, V {}",
+        base.model_type,
+        base.model_filename,
+        base.backends,
+        base.kernels,
+        types.k.name(),
+        types.v.name()
     );
     let mut out = Out::new();
     let json = matches!(format, OutputFormat::Json | OutputFormat::Jsonl);
@@ -742,7 +748,7 @@ fn batched(
         // One table per batch size: 8 steps after the prompts.
         for (&pl, r) in a.npl.iter().zip(&rows) {
             let p = with_spinner(&format!("profiling {pl} sequences"), || {
-                crate::bench_batched::profile(model, a.npp, 8.min(a.ntg.max(1)), pl, a.seed)
+                crate::bench_batched::profile(model, types, a.npp, 8.min(a.ntg.max(1)), pl, a.seed)
             })?;
             let heading = format!(
                 "step profile: {} steps of {pl} sequences after {}-token prompts on {}, each op timed as it runs",

@@ -15,7 +15,7 @@
 use std::io::Write;
 use std::time::Instant;
 
-use infer_compute::{Batch, DeviceModel, KvPool, Out as Logits};
+use infer_compute::{Batch, DeviceModel, KvPool, KvTypes, Out as Logits};
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
@@ -63,6 +63,7 @@ pub struct BatchedResult {
 /// prefill time in seconds.
 fn prefilled(
     model: &mut dyn DeviceModel,
+    types: KvTypes,
     npp: usize,
     n_ctx: usize,
     pl: usize,
@@ -71,7 +72,7 @@ fn prefilled(
     let n_vocab = model.n_vocab() as u32;
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let prompts: Vec<Vec<u32>> = (0..pl).map(|_| (0..npp).map(|_| rng.gen_range(0..n_vocab)).collect()).collect();
-    let mut pool = model.new_kv_pool(pl, n_ctx)?;
+    let mut pool = model.new_kv_pool_typed(pl, n_ctx, types)?;
     let mut batch = Batch::new();
     let t0 = Instant::now();
     // Whole prompts packed into batches of at most UBATCH tokens, a prompt
@@ -111,9 +112,16 @@ fn step_batch(batch: &mut Batch, pl: usize, pos: usize) {
 }
 
 /// Runs `pl` sequences of `npp` prompt tokens then `ntg` generated ones in
-/// a fresh pool of `pl` slots; returns `(t_pp, t_tg)` in seconds.
-fn run_once(model: &mut dyn DeviceModel, npp: usize, ntg: usize, pl: usize, seed: u64) -> CliResult<(f64, f64)> {
-    let (mut pool, t_pp) = prefilled(model, npp, npp + ntg, pl, seed)?;
+/// a fresh pool of `pl` slots of `types`; returns `(t_pp, t_tg)` in seconds.
+fn run_once(
+    model: &mut dyn DeviceModel,
+    types: KvTypes,
+    npp: usize,
+    ntg: usize,
+    pl: usize,
+    seed: u64,
+) -> CliResult<(f64, f64)> {
+    let (mut pool, t_pp) = prefilled(model, types, npp, npp + ntg, pl, seed)?;
     let mut batch = Batch::new();
     let t1 = Instant::now();
     for i in 0..ntg {
@@ -124,14 +132,22 @@ fn run_once(model: &mut dyn DeviceModel, npp: usize, ntg: usize, pl: usize, seed
 }
 
 /// The op profile of `steps` generation steps of `pl` sequences after
-/// prompts of `npp` tokens (the backend's `profile_forward`: each op timed
-/// as it runs, so a step is slower than an unprofiled one).
+/// prompts of `npp` tokens, in a pool of `types` (the backend's
+/// `profile_forward`: each op timed as it runs, so a step is slower than an
+/// unprofiled one).
 ///
 /// # Errors
 /// The model's errors, including a backend without timing hooks.
-pub fn profile(model: &mut dyn DeviceModel, npp: usize, steps: usize, pl: usize, seed: u64) -> CliResult<Profile> {
+pub fn profile(
+    model: &mut dyn DeviceModel,
+    types: KvTypes,
+    npp: usize,
+    steps: usize,
+    pl: usize,
+    seed: u64,
+) -> CliResult<Profile> {
     let steps = steps.max(1);
-    let (mut pool, _) = prefilled(model, npp, npp + steps, pl, seed)?;
+    let (mut pool, _) = prefilled(model, types, npp, npp + steps, pl, seed)?;
     let mut batch = Batch::new();
     let mut out = Profile::new();
     for i in 0..steps {
@@ -148,6 +164,7 @@ pub fn profile(model: &mut dyn DeviceModel, npp: usize, steps: usize, pl: usize,
 /// pool that does not fit).
 pub fn run(
     model: &mut dyn DeviceModel,
+    types: KvTypes,
     npp: usize,
     ntg: usize,
     npl: &[usize],
@@ -159,10 +176,10 @@ pub fn run(
     }
     let max = npl.iter().copied().max().unwrap_or(1);
     // Warm-up: buffers sized for the largest batch, kernels loaded.
-    run_once(model, npp.min(UBATCH), ntg.min(2), max, seed)?;
+    run_once(model, types, npp.min(UBATCH), ntg.min(2), max, seed)?;
     let mut out = Vec::new();
     for &pl in npl {
-        let (t_pp, t_tg) = run_once(model, npp, ntg, pl, seed)?;
+        let (t_pp, t_tg) = run_once(model, types, npp, ntg, pl, seed)?;
         let n_kv = pl * (npp + ntg);
         out.push(BatchedResult {
             n_kv_max: npp + ntg,

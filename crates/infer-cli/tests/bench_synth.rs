@@ -119,6 +119,27 @@ fn bench_profile_at_depth_with_cache_types() {
     assert!(out.contains("KV cache K q8_0, V tq4"), "{out}");
 }
 
+/// Batched mode (llama-batched-bench's rows) runs in the cache types asked
+/// for, and says which.
+#[test]
+fn bench_batched_rows_in_the_cache_types_given() {
+    let dir = tmpdir();
+    let path = synth_tiny(dir.path(), "llama");
+    let m = path.to_str().unwrap();
+    let args = ["bench", "-m", m, "-t", "2", "--npl", "1,3", "--npp", "8", "--ntg", "4", "-ctk", "q8_0"];
+    let o = infer(&[&args[..], &["--profile"]].concat());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(out.contains("KV cache K q8_0, V f16"), "{out}");
+    assert!(out.contains("step profile: 4 steps of 3 sequences"), "{out}");
+    let o = infer(&[&args[..], &["-o", "jsonl"]].concat());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let rows: Vec<serde_json::Value> = stdout(&o).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    assert_eq!((rows[1]["pl"].as_u64(), rows[1]["n_kv"].as_u64()), (Some(3), Some(36)), "{rows:?}");
+    assert!(rows[1]["speed_tg"].as_f64().is_some_and(|v| v > 0.0), "{rows:?}");
+}
+
 #[test]
 fn bench_exact_counts_f32_weight_bytes() {
     // --precision exact reads f32 weights: 4 bytes per weight, far more than
