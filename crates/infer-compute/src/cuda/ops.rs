@@ -493,10 +493,10 @@ pub(crate) fn qkv_attention_tq(dev: &Device, qkv: &QkvArgs, attn: &AttnArgs, slo
     } else if attn.v_rot != 0 {
         attn_unrotate(dev, attn)?;
     }
-    if one {
-        return Ok(());
+    if !one {
+        dev.launch(names::TQ_KEEP, (kv, n_tok, 2), 128, 0, &tq)?;
     }
-    dev.launch(names::TQ_KEEP, (kv, n_tok, 2), 128, 0, &tq)
+    Ok(())
 }
 
 /// Most one-token steps of different sequences in one launch of the

@@ -304,13 +304,12 @@ __device__ __forceinline__ bool attn_load8(const AttnSrc& s, int j, int pos, int
     return false;
 }
 
-// Stages query heads q[0 .. nh) ([nh][hd]) in sq, their products with the
-// keys' centre (kcentre, head g's at g * hd; null: none) in sqc, and this
-// lane's eight values d0 .. d0 + 7 of each in qv. The whole block calls it
-// (it starts after the caller's shared setup and ends with a barrier).
-template <int GM>
-__device__ __forceinline__ void tq_stage_q(const float* q, int nh, int hd, const float* kcentre, int g, int d0,
-                                           float* sq, float* sqc, float (&qv)[GM][8]) {
+// Stages query heads q[0 .. nh) ([nh][hd]) in sq and their products with
+// the keys' centre (kcentre, head g's at g * hd; null: none) in sqc. The
+// whole block calls it (it starts after the caller's shared setup); sqc is
+// complete after the caller's next barrier.
+__device__ __forceinline__ void tq_stage_q(const float* q, int nh, int hd, const float* kcentre, int g, float* sq,
+                                           float* sqc) {
     const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
     for (int i = threadIdx.x; i < nh * hd; i += blockDim.x) sq[i] = q[i];
     __syncthreads();
@@ -321,11 +320,6 @@ __device__ __forceinline__ void tq_stage_q(const float* q, int nh, int hd, const
         d = warp_sum(d);
         if (lane == 0) sqc[warp] = d;
     }
-#pragma unroll
-    for (int hh = 0; hh < GM; ++hh)
-#pragma unroll
-        for (int e = 0; e < 8; ++e) qv[hh][e] = hh < nh ? sq[hh * hd + d0 + e] : 0.0f;
-    __syncthreads();
 }
 
 // The split's partial softmax-weighted sums (attention.cu's blocks and
@@ -359,9 +353,14 @@ __device__ __forceinline__ void attn_split_tq_impl(const TqAttnArgs& args, float
     float* sacc = sp + ATTN_MAX_G * ATTN_SPLIT;
     float* sqc = sacc + ATTN_MAX_G * hd;
     float* swc = sqc + ATTN_MAX_G;
+    tq_stage_q(a.q + ((size_t)b.t * a.n_head + b.h0) * hd, nh, hd, kv_is_tq(a.kt) ? ks.tq.centre : nullptr, g, sq, sqc);
+    // This lane's eight values of each head's q, in registers.
     float qv[GM][8];
-    tq_stage_q<GM>(a.q + ((size_t)b.t * a.n_head + b.h0) * hd, nh, hd, kv_is_tq(a.kt) ? ks.tq.centre : nullptr, g,
-                   d0, sq, sqc, qv);
+#pragma unroll
+    for (int hh = 0; hh < GM; ++hh)
+#pragma unroll
+        for (int e = 0; e < 8; ++e) qv[hh][e] = hh < nh ? sq[hh * hd + d0 + e] : 0.0f;
+    __syncthreads();
 
     // q . k.
     for (int jb = warp * P; jb < len; jb += n_warps * P) {
@@ -490,6 +489,21 @@ __device__ __forceinline__ void tq_merge(float& m, float& s, float* acc, float& 
     m = mx;
 }
 
+// Values d0 .. d0 + 7 of row j for the one-token query at pos (rows: its
+// pass's rows): from the code fetched ahead (r) when `fetched`, else as
+// tq_load8 reads them, zeros for a row past the block's range (!in).
+__device__ __forceinline__ bool tq_read8(const TqView& v, bool fetched, const TqRaw& r, bool in, int j, int pos,
+                                         const float* rows, int g, int hd, int d0, float* x, float* n) {
+    if (fetched) {
+        tq_unpack(v, r, x, n);
+        return true;
+    }
+    if (in) return tq_load8(v, j, pos, pos, rows, g, hd, d0, x, n);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) x[e] = 0.0f;
+    return false;
+}
+
 template <int GM>
 __device__ __forceinline__ void attn_decode_tq_impl(const TqAttnArgs& args, float* smem) {
     __shared__ float cent[2][16];
@@ -514,8 +528,8 @@ __device__ __forceinline__ void attn_decode_tq_impl(const TqAttnArgs& args, floa
     float* sacc = sq + ATTN_MAX_G * hd;   // [nh][hd]
     float* sqc = sacc + ATTN_MAX_G * hd;  // [nh]
     float* sms = sqc + ATTN_MAX_G;        // [nh][3]: m, s, wc
-    float qv[GM][8];
-    tq_stage_q<GM>(a.q + (size_t)h0 * hd, nh, hd, kv.centre, g, d0, sq, sqc, qv);
+    tq_stage_q(a.q + (size_t)h0 * hd, nh, hd, kv.centre, g, sq, sqc);
+    __syncthreads();
     float qc[GM];
 #pragma unroll
     for (int hh = 0; hh < GM; ++hh) qc[hh] = hh < nh ? sqc[hh] : 0.0f;
@@ -548,23 +562,8 @@ __device__ __forceinline__ void attn_decode_tq_impl(const TqAttnArgs& args, floa
             const int jj = jb + u * step + gi;
             const bool in = jj < len;
             float kf[8], vf[8], nk = 0.0f, nv = 1.0f;
-            bool kc = fk[u], vc = fv[u];
-            if (kc) {
-                tq_unpack(kv, kr[u], kf, &nk);
-            } else if (in) {
-                kc = tq_load8(kv, start + jj, pos, pos, t.k, g, hd, d0, kf, &nk);
-            } else {
-#pragma unroll
-                for (int e = 0; e < 8; ++e) kf[e] = 0.0f;
-            }
-            if (vc) {
-                tq_unpack(vv, vr[u], vf, &nv);
-            } else if (in) {
-                vc = tq_load8(vv, start + jj, pos, pos, t.v, g, hd, d0, vf, &nv);
-            } else {
-#pragma unroll
-                for (int e = 0; e < 8; ++e) vf[e] = 0.0f;
-            }
+            const bool kc = tq_read8(kv, fk[u], kr[u], in, start + jj, pos, t.k, g, hd, d0, kf, &nk);
+            const bool vc = tq_read8(vv, fv[u], vr[u], in, start + jj, pos, t.v, g, hd, d0, vf, &nv);
 #pragma unroll
             for (int hh = 0; hh < GM; ++hh) {
                 if (hh < nh) {
