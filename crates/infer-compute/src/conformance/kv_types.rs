@@ -98,9 +98,12 @@ fn decode_case(b: &dyn ComputeBackend, arch: Arch, types: KvTypes) -> Result<Out
 }
 
 /// Positions of [`long_case`]'s prompt: past the TurboQuant window
-/// ([`TQ_WINDOW`]) and exact rows ([`TQ_EXACT_POSITIONS`]) by 26, so that
-/// its queries read coded rows.
-const LONG_PROMPT: usize = TQ_WINDOW + TQ_EXACT_POSITIONS + 26;
+/// ([`TQ_WINDOW`]) and exact rows ([`TQ_EXACT_POSITIONS`]), so that its
+/// queries read coded rows, and past 256, so that a decode step spans two
+/// of the blocks of 256 positions that CUDA's one-token kernel over
+/// TurboQuant caches merges.
+const LONG_PROMPT: usize = 300;
+const _: () = assert!(LONG_PROMPT > TQ_WINDOW + TQ_EXACT_POSITIONS + 16 && LONG_PROMPT > 256 + 16);
 
 /// A prompt long enough that a TurboQuant cache's queries read coded rows
 /// (the 40 positions of [`decode_case`] are all within the window of

@@ -20,12 +20,13 @@ pub(crate) const PRODUCT_SOURCES: [(&str, &str); 6] = [
 ];
 
 /// The rest of [`Module::Common`], after [`PRODUCT_SOURCES`].
-pub(crate) const COMMON_SOURCES: [(&str, &str); 11] = [
+pub(crate) const COMMON_SOURCES: [(&str, &str); 12] = [
     ("kv_cache.cuh", include_str!("kernels/kv_cache.cuh")),
     ("tq_cache.cuh", include_str!("kernels/tq_cache.cuh")),
     ("rope.cu", include_str!("kernels/rope.cu")),
     ("attention.cu", include_str!("kernels/attention.cu")),
     ("tq_cache.cu", include_str!("kernels/tq_cache.cu")),
+    ("tq_decode.cu", include_str!("kernels/tq_decode.cu")),
     ("attention_decode.cu", include_str!("kernels/attention_decode.cu")),
     ("attention_decode_flat.cu", include_str!("kernels/attention_decode_flat.cu")),
     ("attention_prefill.cu", include_str!("kernels/attention_prefill.cu")),
@@ -174,11 +175,10 @@ pub(crate) mod names {
     pub const ATTN_SPLIT_TQ_G8: KernelName = KernelName::common("attn_split_tq_g8");
     pub const ATTN_DECODE_TQ: KernelName = KernelName::common("attn_decode_tq");
     pub const ATTN_DECODE_TQ_G8: KernelName = KernelName::common("attn_decode_tq_g8");
-    pub const TQ_COMBINE: KernelName = KernelName::common("tq_combine");
     pub const TQ_UNROTATE: KernelName = KernelName::common("tq_unrotate");
 
     /// Every non-mat-vec kernel (loaded when the backend starts).
-    pub const ALL: [KernelName; 45] = [
+    pub const ALL: [KernelName; 44] = [
         QUANTIZE_Q8,
         RESIDUAL_NORM,
         QKV_POST,
@@ -222,7 +222,6 @@ pub(crate) mod names {
         ATTN_SPLIT_TQ_G8,
         ATTN_DECODE_TQ,
         ATTN_DECODE_TQ_G8,
-        TQ_COMBINE,
         TQ_UNROTATE,
     ];
 }
@@ -271,7 +270,7 @@ pub(crate) const MV_TR_ROWS: usize = 4;
 /// Positions per attention split (`ATTN_SPLIT` in common.cuh).
 pub(crate) const ATTN_SPLIT: usize = 32;
 /// Splits per block of the one-token TurboQuant decode attention
-/// (`TQ_DECODE_SPLITS` in tq_cache.cu).
+/// (`TQ_DECODE_SPLITS` in tq_decode.cu).
 pub(crate) const TQ_DECODE_SPLITS: usize = 8;
 /// Query heads per attention block (`ATTN_MAX_G`).
 pub(crate) const ATTN_MAX_G: usize = 8;
@@ -631,6 +630,18 @@ pub(crate) struct TqAttnArgs {
 }
 const _: () = assert!(std::mem::size_of::<TqAttnArgs>() == 184);
 
+/// Mirror of `TqDecodeArgs`: a one-token step's attention over two
+/// TurboQuant caches and the tickets of its blocks (`n_kv · n_gc` zeroed
+/// counters).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct TqDecodeArgs {
+    pub at: AttnArgs,
+    pub tq: TqArgs,
+    pub count: DevPtr,
+}
+const _: () = assert!(std::mem::size_of::<TqDecodeArgs>() == 192);
+
 /// Mirror of `TqCopyArgs`: a layer's TurboQuant buffer, the slots and the
 /// positions whose ring entries `tq_ring_copy` copies.
 #[repr(C)]
@@ -658,6 +669,7 @@ unsafe impl DeviceRepr for MvQuantArgs {}
 unsafe impl DeviceRepr for MmqArgs {}
 unsafe impl DeviceRepr for TqArgs {}
 unsafe impl DeviceRepr for TqAttnArgs {}
+unsafe impl DeviceRepr for TqDecodeArgs {}
 unsafe impl DeviceRepr for TqCopyArgs {}
 
 #[cfg(test)]

@@ -7,7 +7,7 @@ use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 
 use super::device::Device;
 use super::kernels::{
-    self, names, AttnArgs, AttnQkvArgs, DevPtr, MatvecArgs, MvMode, MvNormArgs, NormArgs, QkvArgs, TqArgs, TqAttnArgs,
+    self, names, AttnArgs, AttnQkvArgs, DevPtr, MatvecArgs, MvMode, MvNormArgs, NormArgs, QkvArgs, TqArgs, TqAttnArgs, TqDecodeArgs,
     ATTN_MAX_G, ATTN_SPLIT, MV_TOKENS, MV_TR_ROWS, MV_WARPS,
 };
 pub(crate) use super::options::GemmPrecision;
@@ -429,16 +429,16 @@ fn is_tq(code: i32) -> bool {
 /// `qkv_post` rotates q, k and v into the caches' bases and leaves the
 /// span's k and v rows in place; `tq_centre` and `tq_encode` code them;
 /// `attn_split_tq` and the combine attend, reading each row from where
-/// tq_cache.cuh says (one token over two TurboQuant caches:
-/// `attn_decode_tq`, blocks of 256 positions, and `tq_combine`); the
-/// output is rotated back (`tq_unrotate` or `tq_combine` for
+/// tq_cache.cuh says; the output is rotated back (`tq_unrotate` for
 /// TurboQuant values, [`attn_unrotate`] for rotated quantized ones) and
 /// quantized for the output projection; then `tq_keep` moves the span's
-/// last rows into the ring. A one-token span skips `tq_centre` and
-/// `tq_keep` (`tq_encode` does their work): a decode step over two
-/// TurboQuant caches is four launches. Every span and token count takes
-/// this path: no batched decode kernel reads these caches.
-pub(crate) fn qkv_attention_tq(dev: &Device, qkv: &QkvArgs, attn: &AttnArgs, slot: usize) -> Result<()> {
+/// last rows into the ring. A one-token span over two TurboQuant caches
+/// is two launches: `qkv_post`, then `attn_decode_tq` (tq_decode.cu),
+/// which codes the token's rows, attends in blocks of 256 positions and
+/// merges them (its last block, by the tickets in `count`: `n_kv ·
+/// ⌈G / 8⌉` zeroed counters). Every span and token count takes this path:
+/// no batched decode kernel reads these caches.
+pub(crate) fn qkv_attention_tq(dev: &Device, qkv: &QkvArgs, attn: &AttnArgs, slot: usize, count: DevPtr) -> Result<()> {
     let (n_head, n_kv, hd) = (attn.n_head as usize, attn.n_kv as usize, attn.hd as usize);
     check_qkv_shape(qkv)?;
     check_attn_shape(n_head, n_kv, hd)?;
@@ -456,8 +456,20 @@ pub(crate) fn qkv_attention_tq(dev: &Device, qkv: &QkvArgs, attn: &AttnArgs, slo
         n_tok: qkv.n_tok,
     };
     qkv_post(dev, qkv)?;
-    // One token: tq_encode sets the centre and fills the ring itself.
+    let n_gc = (n_head / n_kv).div_ceil(ATTN_MAX_G);
+    // Up to 4 query heads per block: the kernels that hold 4 heads' q and
+    // sums in registers, else those of 8.
+    let four = n_head / n_kv <= 4;
     let one = n_tok == 1;
+    if one && is_tq(attn.kt) && is_tq(attn.vt) && dev.opts.attn_decode {
+        // sq and sacc [8][hd], the logits [8][256], q . centre, the coded
+        // weights and (m, s) [8] each.
+        let smem = ((2 * ATTN_MAX_G * hd + ATTN_MAX_G * kernels::TQ_DECODE_SPLITS * ATTN_SPLIT + 4 * ATTN_MAX_G) * 4) as u32;
+        let n_blk = (attn.n_split as usize).div_ceil(kernels::TQ_DECODE_SPLITS);
+        let grid = (to_u32(n_kv * n_gc, "grid")?, to_u32(2 + n_blk, "blocks")?, 1);
+        let k = if four { names::ATTN_DECODE_TQ } else { names::ATTN_DECODE_TQ_G8 };
+        return dev.launch(k, grid, ATTN_THREADS as u32, smem, &TqDecodeArgs { at: *attn, tq, count });
+    }
     if !one {
         dev.launch(names::TQ_CENTRE, (1, 1, 2), 128, 0, &tq)?;
     }
@@ -467,21 +479,6 @@ pub(crate) fn qkv_attention_tq(dev: &Device, qkv: &QkvArgs, attn: &AttnArgs, slo
     if attn.v_rot != 0 {
         plain.oq = 0;
         plain.ods = 0;
-    }
-    let n_gc = (n_head / n_kv).div_ceil(ATTN_MAX_G);
-    // Up to 4 query heads per block: the kernels that hold 4 heads' q and
-    // sums in registers (two blocks per SM), else those of 8.
-    let four = n_head / n_kv <= 4;
-    let both = is_tq(attn.kt) && is_tq(attn.vt);
-    if one && both && dev.opts.attn_decode {
-        // One token: blocks of TQ_DECODE_SPLITS splits, then their merge,
-        // which rotates the output back.
-        let smem = ((2 * ATTN_MAX_G * hd + 4 * ATTN_MAX_G) * 4) as u32;
-        let n_blk = (attn.n_split as usize).div_ceil(kernels::TQ_DECODE_SPLITS);
-        let grid = (to_u32(n_kv * n_gc, "grid")?, to_u32(n_blk, "blocks")?, 1);
-        let k = if four { names::ATTN_DECODE_TQ } else { names::ATTN_DECODE_TQ_G8 };
-        dev.launch(k, grid, ATTN_THREADS as u32, smem, &TqAttnArgs { at: plain, tq })?;
-        return dev.launch(names::TQ_COMBINE, (to_u32(n_head, "heads")?, 1, 1), 128, 0, &TqAttnArgs { at: *attn, tq });
     }
     let smem = ((2 * ATTN_MAX_G * hd + ATTN_MAX_G * ATTN_SPLIT + 2 * ATTN_MAX_G) * 4) as u32;
     let grid = (to_u32(n_kv * n_gc, "grid")?, to_u32(attn.n_split as usize, "splits")?, n_tok);

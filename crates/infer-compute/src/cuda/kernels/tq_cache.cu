@@ -59,9 +59,9 @@ struct TqCopyArgs {
 };
 static_assert(sizeof(TqCopyArgs) == 24, "TqCopyArgs layout");
 
-// The cache of grid z (null when it is not a TurboQuant one), its rows.
-__device__ __forceinline__ u32* tq_role(const TqArgs& a, float** rows) {
-    const bool v = blockIdx.z == 1;
+// The cache of a role (v: the V cache; null when it is not a TurboQuant
+// one), its rows.
+__device__ __forceinline__ u32* tq_role(const TqArgs& a, bool v, float** rows) {
     *rows = v ? a.v : a.k;
     return kv_is_tq(v ? a.vt : a.kt) ? (v ? a.vc : a.kc) : nullptr;
 }
@@ -92,7 +92,7 @@ __device__ __forceinline__ void tq_set_centre(u32* c, const float* rows, int slo
 extern "C" __global__ void __launch_bounds__(TQ_THREADS) tq_centre(const TqArgs a) {
     PDL_PROLOGUE;
     float* rows;
-    u32* c = tq_role(a, &rows);
+    u32* c = tq_role(a, blockIdx.z == 1, &rows);
     if (!c || !c[TQ_F_HAS_CENTRE]) return;
     const int p0 = *a.pos0, t = (int)c[TQ_F_N_EXACT] - 1 - p0;
     if (t < 0 || t >= a.n_tok) return;
@@ -160,19 +160,20 @@ __device__ float tq_refine(int passes, const float* cs, int bits, const float* y
     return nn;
 }
 
-// Grid: (n_kv, n_tok, 2).
-extern "C" __global__ void __launch_bounds__(TQ_THREADS) tq_encode(const TqArgs a) {
-    PDL_PROLOGUE;
+// Codes head g of token t of the span in the K (v false) or V cache, as
+// the top says; round_rows: the span's rows are read again (by attention,
+// tq_keep), so they are rounded to f16 in place. The whole block calls it.
+__device__ __forceinline__ void tq_encode_head(const TqArgs& a, bool v, int g, int t, bool round_rows) {
     __shared__ float y[TQ_MAX_HD];
     __shared__ u8 idx[TQ_MAX_HD];
     __shared__ float red[32];
     __shared__ float cs[16], bs[16];
     __shared__ u32 scale_bits;
     float* rows;
-    u32* c = tq_role(a, &rows);
+    u32* c = tq_role(a, v, &rows);
     if (!c) return;
-    const int g = blockIdx.x, t = blockIdx.y, tid = threadIdx.x;
-    const int bits = blockIdx.z ? a.vt : a.kt;
+    const int tid = threadIdx.x;
+    const int bits = v ? a.vt : a.kt;
     if (tid < 16) {
         cs[tid] = tq_f(c, TQ_F_CENTROIDS + tid);
         bs[tid] = tq_f(c, TQ_F_BOUNDS + tid);
@@ -235,21 +236,30 @@ extern "C" __global__ void __launch_bounds__(TQ_THREADS) tq_encode(const TqArgs 
             code[1 + w] = word;
         }
     }
-    __syncthreads();  // y read from x before x is rounded
-    for (int i = tid; i < hd; i += blockDim.x) x[i] = f16_round(x[i]);
+    if (round_rows) {
+        __syncthreads();  // y read from x before x is rounded
+        for (int i = tid; i < hd; i += blockDim.x) x[i] = f16_round(x[i]);
+    }
     if (a.n_tok == 1) {
         // One token attends to none of the rows its ring entry drops (they
-        // are a window behind it): the ring takes it now, not in tq_keep.
+        // are a window behind it): the ring takes it now, not in tq_keep
+        // (f16 values: x rounded as it is stored).
         __syncthreads();
         tq_keep_row(c, a.slot, pos, g, x);
     }
+}
+
+// Grid: (n_kv, n_tok, 2).
+extern "C" __global__ void __launch_bounds__(TQ_THREADS) tq_encode(const TqArgs a) {
+    PDL_PROLOGUE;
+    tq_encode_head(a, blockIdx.z == 1, blockIdx.x, blockIdx.y, true);
 }
 
 // Grid: (n_kv, n_tok, 2). Spans of several tokens.
 extern "C" __global__ void __launch_bounds__(TQ_THREADS) tq_keep(const TqArgs a) {
     PDL_PROLOGUE;
     float* rows;
-    u32* c = tq_role(a, &rows);
+    u32* c = tq_role(a, blockIdx.z == 1, &rows);
     if (!c) return;
     const int g = blockIdx.x, t = blockIdx.y;
     if (t + (int)c[TQ_F_WINDOW] < a.n_tok) return;
@@ -461,204 +471,6 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_split_tq_g8(cons
     attn_split_tq_impl<ATTN_MAX_G>(args, tq_smem);
 }
 
-// One-token decode over TurboQuant K and V caches: block (kv head chunk,
-// b) takes TQ_DECODE_SPLITS splits (256 positions) and keeps, per lane
-// group of a position (attn_split_tq's lanes), a running max, sum and
-// weighted values (online softmax, both caches read in one pass), merged
-// over the warp's groups by shuffles and over the warps through shared
-// memory in a fixed order; its partial goes to split slot b of part_ml and
-// part_o (tq_combine merges the blocks). Fewer, longer blocks than
-// attn_split_tq's one split each: a decode step deep in the cache runs
-// 16 times fewer blocks, each streaming its codes.
-#define TQ_DECODE_SPLITS 8
-// Rounds of positions whose codes a lane fetches before using them.
-#ifndef TQ_DECODE_ROUNDS
-#define TQ_DECODE_ROUNDS 2
-#endif
-
-// (m, s, acc, wc) <- the merge of it with (m2, s2, acc2, wc2): partial
-// sums relative to their maxima, -inf for none.
-__device__ __forceinline__ void tq_merge(float& m, float& s, float* acc, float& wc, float m2, float s2,
-                                         const float* acc2, float wc2) {
-    const float mx = fmaxf(m, m2);
-    const float a = m == NEG_INF ? 0.0f : expf(m - mx), c = m2 == NEG_INF ? 0.0f : expf(m2 - mx);
-    s = s * a + s2 * c;
-    wc = wc * a + wc2 * c;
-#pragma unroll
-    for (int e = 0; e < 8; ++e) acc[e] = acc[e] * a + acc2[e] * c;
-    m = mx;
-}
-
-// Values d0 .. d0 + 7 of row j for the one-token query at pos (rows: its
-// pass's rows): from the code fetched ahead (r) when `fetched`, else as
-// tq_load8 reads them, zeros for a row past the block's range (!in).
-__device__ __forceinline__ bool tq_read8(const TqView& v, bool fetched, const TqRaw& r, bool in, int j, int pos,
-                                         const float* rows, int g, int hd, int d0, float* x, float* n) {
-    if (fetched) {
-        tq_unpack(v, r, x, n);
-        return true;
-    }
-    if (in) return tq_load8(v, j, pos, pos, rows, g, hd, d0, x, n);
-#pragma unroll
-    for (int e = 0; e < 8; ++e) x[e] = 0.0f;
-    return false;
-}
-
-template <int GM>
-__device__ __forceinline__ void attn_decode_tq_impl(const TqAttnArgs& args, float* smem) {
-    __shared__ float cent[2][16];
-    const AttnArgs& a = args.at;
-    const TqArgs& t = args.tq;
-    const int tid = threadIdx.x, lane = tid % WARP, warp = tid / WARP, n_warps = blockDim.x / WARP;
-    const int hd = a.hd;
-    const int L = hd / 8, P = WARP / L;
-    const int gi = lane / L, d0 = (lane % L) * 8;
-    const int G = a.n_head / a.n_kv, n_gc = (G + ATTN_MAX_G - 1) / ATTN_MAX_G;
-    const int g = blockIdx.x / n_gc, gc = blockIdx.x % n_gc;
-    const int h0 = g * G + gc * ATTN_MAX_G, nh = min(ATTN_MAX_G, G - gc * ATTN_MAX_G);
-    const int n_blk = (a.n_split + TQ_DECODE_SPLITS - 1) / TQ_DECODE_SPLITS, blk = blockIdx.y;
-    const int pos = *a.pos0;
-    const int start = attn_first(a, pos) + blk * TQ_DECODE_SPLITS * ATTN_SPLIT;
-    const int len = min(TQ_DECODE_SPLITS * ATTN_SPLIT, pos + 1 - start);
-    if (len <= 0) return;  // past the attended range: tq_combine reads no further
-    const size_t ml_base = (size_t)h0 * n_blk + blk;
-    const TqView kv = tq_view((const u32*)a.kc, a.kt, t.slot, cent[0]);
-    const TqView vv = tq_view((const u32*)a.vc, a.vt, t.slot, cent[1]);
-    float* sq = smem;                     // [nh][hd]
-    float* sacc = sq + ATTN_MAX_G * hd;   // [nh][hd]
-    float* sqc = sacc + ATTN_MAX_G * hd;  // [nh]
-    float* sms = sqc + ATTN_MAX_G;        // [nh][3]: m, s, wc
-    tq_stage_q(a.q + (size_t)h0 * hd, nh, hd, kv.centre, g, sq, sqc);
-    __syncthreads();
-    float qc[GM];
-#pragma unroll
-    for (int hh = 0; hh < GM; ++hh) qc[hh] = hh < nh ? sqc[hh] : 0.0f;
-
-    float m[GM], s[GM], wc[GM], acc[GM][8];
-#pragma unroll
-    for (int hh = 0; hh < GM; ++hh) {
-        m[hh] = NEG_INF;
-        s[hh] = wc[hh] = 0.0f;
-#pragma unroll
-        for (int e = 0; e < 8; ++e) acc[hh][e] = 0.0f;
-    }
-    // Two rounds of positions at a time, the codes of both fetched before
-    // either is used (more loads in flight; each lane group still takes its
-    // positions in the same order).
-    const int step = n_warps * P;
-    for (int jb = warp * P; jb < len; jb += TQ_DECODE_ROUNDS * step) {
-        bool fk[TQ_DECODE_ROUNDS], fv[TQ_DECODE_ROUNDS];
-        TqRaw kr[TQ_DECODE_ROUNDS], vr[TQ_DECODE_ROUNDS];
-#pragma unroll
-        for (int u = 0; u < TQ_DECODE_ROUNDS; ++u) {
-            const int jj = jb + u * step + gi, j = start + jj;
-            fk[u] = jj < len && tq_coded(kv, j, pos);
-            fv[u] = jj < len && tq_coded(vv, j, pos);
-            if (fk[u]) kr[u] = tq_fetch(kv, j, g, d0);
-            if (fv[u]) vr[u] = tq_fetch(vv, j, g, d0);
-        }
-#pragma unroll
-        for (int u = 0; u < TQ_DECODE_ROUNDS; ++u) {
-            const int jj = jb + u * step + gi;
-            const bool in = jj < len;
-            float kf[8], vf[8], nk = 0.0f, nv = 1.0f;
-            const bool kc = tq_read8(kv, fk[u], kr[u], in, start + jj, pos, t.k, g, hd, d0, kf, &nk);
-            const bool vc = tq_read8(vv, fv[u], vr[u], in, start + jj, pos, t.v, g, hd, d0, vf, &nv);
-#pragma unroll
-            for (int hh = 0; hh < GM; ++hh) {
-                if (hh < nh) {
-                    // q from shared memory: registers for the fetched codes.
-                    const float4 q0 = *(const float4*)(sq + hh * hd + d0), q1 = *(const float4*)(sq + hh * hd + d0 + 4);
-                    float d = q0.x * kf[0] + q0.y * kf[1] + q0.z * kf[2] + q0.w * kf[3];
-                    d += q1.x * kf[4] + q1.y * kf[5] + q1.z * kf[6] + q1.w * kf[7];
-                    for (int o = L / 2; o > 0; o >>= 1) d += __shfl_xor_sync(FULL_MASK, d, o);
-                    if (in) {
-                        float l = (kc ? nk * d + qc[hh] : d) * a.scale;
-                        if (a.softcap > 0.0f) l = a.softcap * tanhf(l * (1.0f / a.softcap));
-                        const float mx = fmaxf(m[hh], l);
-                        const float c = m[hh] == NEG_INF ? 0.0f : expf(m[hh] - mx), p = expf(l - mx);
-                        const float pn = vc ? p * nv : p;
-                        s[hh] = s[hh] * c + p;
-                        wc[hh] = wc[hh] * c + (vc ? p : 0.0f);
-#pragma unroll
-                        for (int e = 0; e < 8; ++e) acc[hh][e] = acc[hh][e] * c + pn * vf[e];
-                        m[hh] = mx;
-                    }
-                }
-            }
-        }
-    }
-    // The warp's position groups (lanes L apart), then the warps in order.
-    for (int o = L; o < WARP; o <<= 1) {
-#pragma unroll
-        for (int hh = 0; hh < GM; ++hh) {
-            if (hh < nh) {
-                const float m2 = __shfl_xor_sync(FULL_MASK, m[hh], o), s2 = __shfl_xor_sync(FULL_MASK, s[hh], o);
-                const float w2 = __shfl_xor_sync(FULL_MASK, wc[hh], o);
-                float a2[8];
-#pragma unroll
-                for (int e = 0; e < 8; ++e) a2[e] = __shfl_xor_sync(FULL_MASK, acc[hh][e], o);
-                tq_merge(m[hh], s[hh], acc[hh], wc[hh], m2, s2, a2, w2);
-            }
-        }
-    }
-    for (int w = 0; w < n_warps; ++w) {
-        if (warp == w) {
-#pragma unroll
-            for (int hh = 0; hh < GM; ++hh) {
-                if (hh < nh && gi == 0) {
-                    float* x = sacc + hh * hd + d0;
-                    float* ms = sms + hh * 3;
-                    if (w == 0) {
-#pragma unroll
-                        for (int e = 0; e < 8; ++e) x[e] = acc[hh][e];
-                    } else {
-                        float mm = ms[0], ss = ms[1], ww = ms[2], xs[8];
-#pragma unroll
-                        for (int e = 0; e < 8; ++e) xs[e] = x[e];
-                        tq_merge(mm, ss, xs, ww, m[hh], s[hh], acc[hh], wc[hh]);
-#pragma unroll
-                        for (int e = 0; e < 8; ++e) x[e] = xs[e];
-                        m[hh] = mm;
-                        s[hh] = ss;
-                        wc[hh] = ww;
-                    }
-                }
-            }
-            __syncwarp();  // every lane read ms before lane 0 writes it
-            if (lane == 0) {
-#pragma unroll
-                for (int hh = 0; hh < GM; ++hh) {
-                    if (hh < nh) {
-                        sms[hh * 3] = m[hh];
-                        sms[hh * 3 + 1] = s[hh];
-                        sms[hh * 3 + 2] = wc[hh];
-                    }
-                }
-            }
-        }
-        __syncthreads();
-    }
-    for (int i = tid; i < nh * hd; i += blockDim.x) {
-        const int hh = i / hd, d = i % hd;
-        const float o = sacc[i] + (vv.centre ? sms[hh * 3 + 2] * vv.centre[g * hd + d] : 0.0f);
-        a.part_o[(ml_base + (size_t)hh * n_blk) * hd + d] = o;
-    }
-    if (tid < nh) a.part_ml[ml_base + (size_t)tid * n_blk] = make_float2(sms[tid * 3], sms[tid * 3 + 1]);
-}
-
-extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 2) attn_decode_tq(const TqAttnArgs args) {
-    PDL_PROLOGUE;
-    extern __shared__ __align__(16) float tq_smem[];  // float4 reads of q
-    attn_decode_tq_impl<4>(args, tq_smem);
-}
-
-extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_decode_tq_g8(const TqAttnArgs args) {
-    PDL_PROLOGUE;
-    extern __shared__ __align__(16) float tq_smem[];  // float4 reads of q
-    attn_decode_tq_impl<ATTN_MAX_G>(args, tq_smem);
-}
-
 // Head `row` of the attention output, staged in x (shared), rotated back
 // (H / sqrt(hd), then the factors), stored and, with a.oq, quantized for
 // the output projection. The whole block calls it.
@@ -672,32 +484,6 @@ __device__ __forceinline__ void tq_unrotate_head(const AttnArgs& a, float* x, si
         a.out[row + d] = v;
         if (a.oq) quantize_chunk_warp(v, a.oq + row + (d & ~31), a.ods + (row + d) / 32);
     }
-}
-
-// Merges attn_decode_tq's blocks of one token (attn_combine's arithmetic,
-// over blocks of TQ_DECODE_SPLITS splits), then rotates the head back as
-// tq_unrotate. Grid: x = head.
-extern "C" __global__ void __launch_bounds__(COMBINE_THREADS) tq_combine(const TqAttnArgs args) {
-    PDL_PROLOGUE;
-    __shared__ float x[TQ_MAX_HD];
-    const AttnArgs& a = args.at;
-    const int h = blockIdx.x, hd = a.hd;
-    const int n_blk = (a.n_split + TQ_DECODE_SPLITS - 1) / TQ_DECODE_SPLITS;
-    const size_t base = (size_t)h * n_blk;
-    const float2* ml = a.part_ml + base;
-    const int pos = *a.pos0;
-    const int n_active = min(n_blk, (pos - attn_first(a, pos)) / (TQ_DECODE_SPLITS * ATTN_SPLIT) + 1);
-    float m = NEG_INF;
-    for (int b = 0; b < n_active; ++b) m = fmaxf(m, ml[b].x);
-    float total = 0.0f;
-    for (int b = 0; b < n_active; ++b) total += expf(ml[b].x - m) * ml[b].y;
-    const float inv = 1.0f / total;
-    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-        float acc = 0.0f;
-        for (int b = 0; b < n_active; ++b) acc += expf(ml[b].x - m) * a.part_o[(base + b) * hd + d];
-        x[d] = acc * inv;
-    }
-    tq_unrotate_head(a, x, (size_t)h * hd);
 }
 
 // Grid: x = head, y = token; a.oq: quantize the result.

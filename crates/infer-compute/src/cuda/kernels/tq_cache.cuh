@@ -8,9 +8,10 @@
 //
 // A query at position pos of a pass whose span (one slot's consecutive
 // positions) starts at p0 reads row j of its slot:
+//   j >= p0 and j < n_exact or pos - j < window: the pass's own row (f32,
+//                              rounded to f16 as it is read: the values its
+//                              exact row or ring entry gets);
 //   j < n_exact:               the exact row (f16; the slot's first rows);
-//   pos - j < window, j >= p0: the pass's own row (f32 already rounded to
-//                              f16 by tq_encode);
 //   pos - j < window, j < p0:  the ring's entry j % window if its tag says
 //                              it holds j, else the code;
 //   otherwise:                 the code, n * c[idx], plus the slot's centre.
@@ -148,16 +149,19 @@ __device__ __forceinline__ void tq_unpack(const TqView& v, TqRaw r, float* x, fl
 __device__ __forceinline__ bool tq_load8(const TqView& v, int j, int pos, int p0, const float* rows, int g, int hd,
                                          int d0, float* x, float* n) {
     const int col = g * hd + d0;
-    const u32* h16 = nullptr;
-    if (j < v.n_exact) {
-        h16 = v.exact + (size_t)j * (v.kv_dim / 2) + col / 2;
-    } else if (pos - j < v.w) {
-        if (j >= p0) {
-            const float* r = rows + (size_t)(j - p0) * v.kv_dim + col;
+    const bool exact = j < v.n_exact, recent = pos - j < v.w;
+    if (j >= p0 && (exact || recent)) {
+        // The pass's own row, as its exact row or ring entry holds it: f16
+        // (rounded here, as a one-token step's encoder leaves it unrounded).
+        const float* r = rows + (size_t)(j - p0) * v.kv_dim + col;
 #pragma unroll
-            for (int e = 0; e < 8; ++e) x[e] = r[e];
-            return false;
-        }
+        for (int e = 0; e < 8; ++e) x[e] = f16_round(r[e]);
+        return false;
+    }
+    const u32* h16 = nullptr;
+    if (exact) {
+        h16 = v.exact + (size_t)j * (v.kv_dim / 2) + col / 2;
+    } else if (recent) {
         const int e = j % v.w;
         if (v.tags[e] == (u32)j + 1) h16 = v.ring + (size_t)e * (v.kv_dim / 2) + col / 2;
     }

@@ -395,7 +395,7 @@ impl<'a> Forward<'a> {
         if first.is_some_and(|a| ops::has_tq(&a)) {
             for (si, s) in spans.iter().enumerate() {
                 let (qkv, attn) = self.attn_args(li, l, si, s.slot)?;
-                ops::qkv_attention_tq(d, &qkv, &attn, s.slot)?;
+                ops::qkv_attention_tq(d, &qkv, &attn, s.slot, count)?;
             }
             return Ok(());
         }
