@@ -7,8 +7,8 @@ use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 
 use super::device::Device;
 use super::kernels::{
-    self, names, AttnArgs, AttnQkvArgs, DevPtr, MatvecArgs, MvMode, MvNormArgs, NormArgs, QkvArgs, TqArgs, TqAttnArgs, TqDecodeArgs,
-    ATTN_MAX_G, ATTN_SPLIT, MV_TOKENS, MV_TR_ROWS, MV_WARPS,
+    self, names, AttnArgs, AttnQkvArgs, DevPtr, MatvecArgs, MvMode, MvNormArgs, NormArgs, QkvArgs, TqArgs, TqAttnArgs,
+    TqDecodeArgs, ATTN_MAX_G, ATTN_SPLIT, MV_TOKENS, MV_TR_ROWS, MV_WARPS,
 };
 pub(crate) use super::options::GemmPrecision;
 use crate::backend::{RowStats, TopK};
@@ -464,7 +464,8 @@ pub(crate) fn qkv_attention_tq(dev: &Device, qkv: &QkvArgs, attn: &AttnArgs, slo
     if one && is_tq(attn.kt) && is_tq(attn.vt) && dev.opts.attn_decode {
         // sq and sacc [8][hd], the logits [8][256], q . centre, the coded
         // weights and (m, s) [8] each.
-        let smem = ((2 * ATTN_MAX_G * hd + ATTN_MAX_G * kernels::TQ_DECODE_SPLITS * ATTN_SPLIT + 4 * ATTN_MAX_G) * 4) as u32;
+        let smem =
+            ((2 * ATTN_MAX_G * hd + ATTN_MAX_G * kernels::TQ_DECODE_SPLITS * ATTN_SPLIT + 4 * ATTN_MAX_G) * 4) as u32;
         let n_blk = (attn.n_split as usize).div_ceil(kernels::TQ_DECODE_SPLITS);
         let grid = (to_u32(n_kv * n_gc, "grid")?, to_u32(2 + n_blk, "blocks")?, 1);
         let k = if four { names::ATTN_DECODE_TQ } else { names::ATTN_DECODE_TQ_G8 };
