@@ -183,7 +183,7 @@ unsafe fn scores_avx2<const R: usize>(
     s: *mut f32,
     ls: usize,
 ) {
-    use crate::cpu::simd::avx2::hsum_ps;
+    use crate::cpu::simd::x86_common::hsum_ps;
     use std::arch::x86_64::*;
     let main = hd / 8 * 8;
     for c in 0..nk {

@@ -1,5 +1,6 @@
 //! AVX2 + FMA + F16C row dots: the 32-value ("legacy") formats, IQ4_NL and
-//! the float types here, the k-quants in `avx2_kquants.rs`.
+//! the float types here, the k-quants in `avx2_kquants.rs`; the helpers and
+//! the Q8_0 row loop shared with the AVX-512 kernels in `x86_common.rs`.
 //!
 //! Integer core: `vpmaddubsw` multiplies unsigned weight bytes with signed
 //! activation bytes into `i16` pair sums (no overflow: the largest is
@@ -11,9 +12,13 @@
 
 use core::arch::x86_64::*;
 
-use super::layout as L;
-use super::DotFn;
-use super::{read_u16, read_u32, KVALUES_IQ4NL, PREFETCH_DISTANCE};
+use super::blocks::layout as L;
+use super::blocks::{read_u16, read_u32};
+use super::level::DotFn;
+use super::x86_common::{
+    broadcast_load_f32, f16_mul, f16_to_f32, hsum_ps, prefetch_ahead, q8_0_row, safe_dot, scale_products4,
+};
+use crate::quant::iq4_nl::KVALUES_IQ4NL;
 use crate::GgmlType;
 
 /// The AVX2 kernels of every type.
@@ -36,20 +41,6 @@ pub(super) fn dots() -> [(GgmlType, DotFn); 14] {
     ]
 }
 
-/// Declares the safe [`DotFn`] wrapper `$name` of the AVX2 kernel `$kernel`.
-macro_rules! safe_dot {
-    ($name:ident, $kernel:ident) => {
-        #[doc = concat!("Safe wrapper of [`", stringify!($kernel), "`], installed only at the AVX2 or AVX-512 level.")]
-        pub(super) fn $name(w: &[u8], a: &[u8]) -> f32 {
-            // SAFETY: `dots` lists this function only for a
-            // level that `Kernels::for_level` checked against the CPU, and
-            // every such level includes AVX2, FMA and F16C.
-            unsafe { $kernel(w, a) }
-        }
-    };
-}
-pub(super) use safe_dot;
-
 safe_dot!(dot_f32, f32_dot);
 safe_dot!(dot_f16, f16_dot);
 safe_dot!(dot_bf16, bf16_dot);
@@ -61,36 +52,7 @@ safe_dot!(dot_q5_1, q5_1_dot);
 safe_dot!(dot_iq4_nl, iq4_nl_dot);
 
 // ---------------------------------------------------------------------------
-// Shared helpers.
-
-/// Prefetches the `BYTES` bytes (a multiple of 64) that lie
-/// [`PREFETCH_DISTANCE`] past `p` into the cache. Prefetches never fault,
-/// so the addresses may lie past the end of the data.
-///
-/// # Safety
-/// The CPU must support AVX2, FMA and F16C (SSE would do).
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn prefetch_ahead<const BYTES: usize>(p: *const u8) {
-    let mut off = 0;
-    while off < BYTES {
-        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH_DISTANCE + off).cast());
-        off += 64;
-    }
-}
-
-/// Sum of the 8 lanes.
-///
-/// # Safety
-/// The CPU must support AVX2, FMA and F16C.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) unsafe fn hsum_ps(v: __m256) -> f32 {
-    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
-    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    let s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    _mm_cvtss_f32(s)
-}
+// Helpers of this file's kernels.
 
 /// Σ over pairs of `u8 × i8` products, widened to 8 `i32` lanes.
 ///
@@ -111,28 +73,6 @@ pub(super) unsafe fn madd_u8_i8(u: __m256i, s: __m256i) -> __m256i {
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn madd_i8_i8(x: __m256i, y: __m256i) -> __m256i {
     madd_u8_i8(_mm256_abs_epi8(x), _mm256_sign_epi8(y, x))
-}
-
-/// The product of two f16 values given by their bits, in f32 (one
-/// conversion of both).
-///
-/// # Safety
-/// The CPU must support AVX2, FMA and F16C.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn f16_mul(a: u16, b: u16) -> f32 {
-    let v = _mm_cvtph_ps(_mm_cvtsi32_si128((a as u32 | (b as u32) << 16) as i32));
-    _mm_cvtss_f32(_mm_mul_ss(v, _mm_movehdup_ps(v)))
-}
-
-/// One f16 to f32.
-///
-/// # Safety
-/// The CPU must support AVX2, FMA and F16C.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn f16_to_f32(h: u16) -> f32 {
-    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32)))
 }
 
 /// The 32 nibbles of 16 packed bytes, in value order: low nibbles of
@@ -168,96 +108,6 @@ pub(super) unsafe fn bits_to_bytes(bits: u32) -> __m256i {
     let select = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
     _mm256_cmpeq_epi8(_mm256_and_si256(spread, select), select)
 }
-
-/// The products `d_w·d_a` of four consecutive blocks of each row (f16
-/// scales at offset 0 of blocks `wsize` and `asize` bytes apart), converted
-/// together.
-///
-/// # Safety
-/// The CPU must support AVX2, FMA and F16C; the four blocks of each side
-/// must be readable.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn scale_products4(wb: *const u8, wsize: usize, ab: *const u8, asize: usize) -> __m128 {
-    let gather = |p: *const u8, stride: usize| {
-        read_u16(p) as u64
-            | (read_u16(p.add(stride)) as u64) << 16
-            | (read_u16(p.add(2 * stride)) as u64) << 32
-            | (read_u16(p.add(3 * stride)) as u64) << 48
-    };
-    let h = _mm256_cvtph_ps(_mm_set_epi64x(gather(ab, asize) as i64, gather(wb, wsize) as i64));
-    _mm_mul_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps::<1>(h))
-}
-
-/// Broadcasts the f32 at `p` to 8 lanes with a load (`vbroadcastss` from
-/// memory, no shuffle port). Written as `asm!` because the compiler turns
-/// a broadcast of a value it has just stored into register shuffles.
-///
-/// # Safety
-/// The CPU must support AVX2; `p..p + 4` readable.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn broadcast_load_f32(p: *const f32) -> __m256 {
-    let r: __m256;
-    // SAFETY: reads 4 bytes at `p` (the caller's promise); no other effect.
-    core::arch::asm!(
-        "vbroadcastss {r}, dword ptr [{p}]",
-        r = out(ymm_reg) r,
-        p = in(reg) p,
-        options(pure, readonly, nostack, preserves_flags)
-    );
-    r
-}
-
-/// Row loop of the 32-value formats paired with Q8_0: for each of the
-/// whole blocks in both rows, `$body` (with `$wb` the weight block and
-/// `$aq` the activation block's quants) returns the block's `i32` lanes,
-/// which are scaled by `d_w·d_a` (both f16 at offset 0) and summed.
-///
-/// Blocks go four at a time: their scales are converted together and
-/// stored, so that each block's broadcast is a plain load, and four
-/// accumulators hide the FMA latency.
-macro_rules! q8_0_row {
-    ($w:expr, $a:expr, $wsize:expr, |$wb:ident, $aq:ident| $body:expr) => {{
-        let (w, a): (&[u8], &[u8]) = ($w, $a);
-        let nb = (w.len() / $wsize).min(a.len() / L::Q8_0);
-        let (wp, ap) = (w.as_ptr(), a.as_ptr());
-        let mut acc = [_mm256_setzero_ps(); 4];
-        let mut scales = [0f32; 4];
-        let mut i = 0;
-        // SAFETY (of the pointer arithmetic and of every read below): the
-        // blocks `i..i + 4` (first loop) and `i` (second loop) are below
-        // `nb`, so they lie inside both slices.
-        while i + 4 <= nb {
-            let (wb0, ab0) = (wp.add(i * $wsize), ap.add(i * L::Q8_0));
-            // Four blocks are 72..136 bytes: two or three cache lines.
-            if 4 * $wsize > 128 {
-                prefetch_ahead::<192>(wb0);
-            } else {
-                prefetch_ahead::<128>(wb0);
-            }
-            _mm_storeu_ps(scales.as_mut_ptr(), scale_products4(wb0, $wsize, ab0, L::Q8_0));
-            for (j, acc) in acc.iter_mut().enumerate() {
-                let $wb = wb0.add(j * $wsize);
-                let $aq = ab0.add(j * L::Q8_0 + L::Q8_0_QS);
-                let sum: __m256i = $body;
-                *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), broadcast_load_f32(&scales[j]), *acc);
-            }
-            i += 4;
-        }
-        while i < nb {
-            let $wb = wp.add(i * $wsize);
-            let ab = ap.add(i * L::Q8_0);
-            let $aq = ab.add(L::Q8_0_QS);
-            let sum: __m256i = $body;
-            let d = _mm256_set1_ps(f16_mul(read_u16($wb), read_u16(ab)));
-            acc[0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), d, acc[0]);
-            i += 1;
-        }
-        hsum_ps(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])))
-    }};
-}
-pub(super) use q8_0_row;
 
 /// Row loop of Q4_1 / Q5_1 with Q8_1: as [`q8_0_row!`], plus `m_w·s_a` per
 /// block (`m` at offset 2 of the weight block, `s` at offset 2 of Q8_1),

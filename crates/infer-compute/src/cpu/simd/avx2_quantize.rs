@@ -18,7 +18,7 @@
 
 use core::arch::x86_64::*;
 
-use super::layout as L;
+use super::blocks::layout as L;
 use crate::quant::{BlockFormat, BlockQ8K, BlockQ8_0, QK, QK_K};
 
 /// Largest `|x|` of 8 lanes.

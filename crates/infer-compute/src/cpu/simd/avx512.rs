@@ -12,14 +12,20 @@
 //! - Q6_K: 64 values per 512-bit vector; `vpmaddubsw` pair sums, sub-block
 //!   scales spread over the lanes by `vpermw`, `vpdpwssd`.
 //! - F32: 16 lanes, four accumulators.
+//!
+//! The row loops and helpers shared with the AVX2 kernels (`q8_0_row!`,
+//! `k4_row!`, `hsum_ps`, ...) are in `x86_common.rs`.
 
 use core::arch::x86_64::*;
 
-use super::avx2::{broadcast_load_f32, f16_mul, f16_to_f32, hsum_ps, prefetch_ahead, q8_0_row, scale_products4};
-use super::avx2_kquants::{k4_prepare, k4_row, Pairs};
-use super::layout as L;
-use super::DotFn;
-use super::{read_f32, read_u16, read_u32, KVALUES_IQ4NL};
+use super::blocks::layout as L;
+use super::blocks::{read_f32, read_u16, read_u32};
+use super::level::DotFn;
+use super::x86_common::{
+    broadcast_load_f32, f16_mul, f16_to_f32, hsum_ps, k4_prepare, k4_row, prefetch_ahead, q8_0_row, scale_products4,
+    Pairs,
+};
+use crate::quant::iq4_nl::KVALUES_IQ4NL;
 use crate::GgmlType;
 
 /// The AVX-512 VNNI kernels, of the types they cover (over the AVX2 ones).

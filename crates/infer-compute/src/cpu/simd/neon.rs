@@ -15,9 +15,10 @@
 use core::arch::aarch64::*;
 use core::arch::asm;
 
-use super::layout as L;
-use super::DotFn;
-use super::{k4_scales_mins, q3k_scales, read_f32, read_u16, read_u32, KVALUES_IQ4NL};
+use super::blocks::layout as L;
+use super::blocks::{k4_scales_mins, q3k_scales, read_f32, read_u16, read_u32};
+use super::level::DotFn;
+use crate::quant::iq4_nl::KVALUES_IQ4NL;
 use crate::GgmlType;
 
 /// The NEON kernels of every type.

@@ -1,7 +1,7 @@
-//! Unit tests of the shared helpers (the kernels themselves are compared
-//! with the scalar reference in `tests/simd_matvec.rs`).
+//! Unit tests of the helpers of `blocks.rs` (the kernels themselves are
+//! compared with the scalar reference in `tests/simd_matvec.rs`).
 
-use super::{k4_scales_mins, q3k_scales, read_f32, read_u16, read_u32};
+use super::blocks::{k4_scales_mins, q3k_scales, read_f32, read_u16, read_u32};
 use crate::quant::k_common::get_scale_min_k4;
 
 /// A small deterministic generator (xorshift), enough for byte patterns.
