@@ -53,9 +53,9 @@ mod device_layout;
 pub mod rotation;
 
 pub use channel_scale::ChannelScale;
-#[cfg(any(feature = "cuda", feature = "wgpu"))]
 #[cfg(feature = "wgpu")]
 pub(crate) use device_layout::head_words;
+#[cfg(any(feature = "cuda", feature = "wgpu"))]
 pub(crate) use device_layout::TqLayout;
 
 use std::sync::{Arc, Mutex};
