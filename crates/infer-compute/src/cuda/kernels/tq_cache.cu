@@ -332,6 +332,44 @@ __device__ __forceinline__ void tq_stage_q(const float* q, int nh, int hd, const
     }
 }
 
+// The block's sums of the lanes' p . v sums (acc[hh]: values d0 .. d0 + 7
+// of head hh, L = hd / 8 lanes a position) and coded weights wc, over the
+// warp's position groups (lanes L apart) by shuffles, then over the warps
+// in order, into sacc ([nh][hd]) and swc ([nh]), shared; complete at return
+// (it ends with a barrier). The whole block calls it.
+template <int GM>
+__device__ __forceinline__ void tq_block_sums(float (&acc)[GM][8], float (&wc)[GM], int nh, int hd, float* sacc,
+                                              float* swc) {
+    const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP, n_warps = blockDim.x / WARP;
+    const int L = hd / 8, gi = lane / L, d0 = (lane % L) * 8;
+    for (int o = L; o < WARP; o <<= 1) {
+#pragma unroll
+        for (int hh = 0; hh < GM; ++hh) {
+            if (hh < nh) {
+                wc[hh] += __shfl_xor_sync(FULL_MASK, wc[hh], o);
+#pragma unroll
+                for (int e = 0; e < 8; ++e) acc[hh][e] += __shfl_xor_sync(FULL_MASK, acc[hh][e], o);
+            }
+        }
+    }
+    for (int w = 0; w < n_warps; ++w) {
+        if (warp == w && gi == 0) {
+#pragma unroll
+            for (int hh = 0; hh < GM; ++hh) {
+                if (hh < nh) {
+#pragma unroll
+                    for (int e = 0; e < 8; ++e) {
+                        float* x = sacc + hh * hd + d0 + e;
+                        *x = (w == 0 ? 0.0f : *x) + acc[hh][e];
+                    }
+                    if (lane == 0) swc[hh] = (w == 0 ? 0.0f : swc[hh]) + wc[hh];
+                }
+            }
+        }
+        __syncthreads();
+    }
+}
+
 // The split's partial softmax-weighted sums (attention.cu's blocks and
 // partials) over caches of which one or both are TurboQuant. A position's
 // values are read by L = hd / 8 lanes (eight each; hd <= 256), P = 32 / L
@@ -400,8 +438,7 @@ __device__ __forceinline__ void attn_split_tq_impl(const TqAttnArgs& args, float
     split_softmax(a, b, sp);
     __syncthreads();
 
-    // p . v, then the sums of the warp's position groups (lanes L apart),
-    // then of the warps, in a fixed order.
+    // p . v, then the block's sums.
     float acc[GM][8], wc[GM];
 #pragma unroll
     for (int hh = 0; hh < GM; ++hh) {
@@ -425,32 +462,7 @@ __device__ __forceinline__ void attn_split_tq_impl(const TqAttnArgs& args, float
             }
         }
     }
-    for (int o = L; o < WARP; o <<= 1) {
-#pragma unroll
-        for (int hh = 0; hh < GM; ++hh) {
-            if (hh < nh) {
-                wc[hh] += __shfl_xor_sync(FULL_MASK, wc[hh], o);
-#pragma unroll
-                for (int e = 0; e < 8; ++e) acc[hh][e] += __shfl_xor_sync(FULL_MASK, acc[hh][e], o);
-            }
-        }
-    }
-    for (int w = 0; w < n_warps; ++w) {
-        if (warp == w && gi == 0) {
-#pragma unroll
-            for (int hh = 0; hh < GM; ++hh) {
-                if (hh < nh) {
-#pragma unroll
-                    for (int e = 0; e < 8; ++e) {
-                        float* x = sacc + hh * hd + d0 + e;
-                        *x = (w == 0 ? 0.0f : *x) + acc[hh][e];
-                    }
-                    if (lane == 0) swc[hh] = (w == 0 ? 0.0f : swc[hh]) + wc[hh];
-                }
-            }
-        }
-        __syncthreads();
-    }
+    tq_block_sums<GM>(acc, wc, nh, hd, sacc, swc);
     const float* vcentre = kv_is_tq(a.vt) ? vs.tq.centre : nullptr;
     for (int i = tid; i < nh * hd; i += blockDim.x) {
         const int hh = i / hd, d = i % hd;

@@ -47,6 +47,19 @@ __device__ __forceinline__ int tq_decode_blocks(const AttnArgs& a, int pos) {
     return min(n_blk, (pos - attn_first(a, pos)) / TQ_SPAN + 1);
 }
 
+// The codes of values d0 .. d0 + 7 of head g at positions start + jj,
+// jj = j0, j0 + step, ... (TQ_DECODE_AHEAD of them) where they are read
+// from their code (f[u]), all loads issued before any is used.
+__device__ __forceinline__ void tq_fetch_ahead(const TqView& v, int start, int j0, int step, int len, int pos, int g,
+                                               int d0, bool (&f)[TQ_DECODE_AHEAD], TqRaw (&r)[TQ_DECODE_AHEAD]) {
+#pragma unroll
+    for (int u = 0; u < TQ_DECODE_AHEAD; ++u) {
+        const int jj = j0 + u * step;
+        f[u] = jj < len && tq_coded(v, start + jj, pos);
+        if (f[u]) r[u] = tq_fetch(v, start + jj, g, d0);
+    }
+}
+
 // Phase 1: the logits of positions [start, start + len) for the nh query
 // heads whose q (lane's eight values each) is in qv, into sl
 // ([GM][TQ_SPAN]).
@@ -59,12 +72,7 @@ __device__ __forceinline__ void tq_logits(const AttnArgs& a, const TqView& kv, c
     for (int jb = warp * P; jb < len; jb += TQ_DECODE_AHEAD * step) {
         bool fk[TQ_DECODE_AHEAD];
         TqRaw kr[TQ_DECODE_AHEAD];
-#pragma unroll
-        for (int u = 0; u < TQ_DECODE_AHEAD; ++u) {
-            const int jj = jb + u * step + gi;
-            fk[u] = jj < len && tq_coded(kv, start + jj, pos);
-            if (fk[u]) kr[u] = tq_fetch(kv, start + jj, g, d0);
-        }
+        tq_fetch_ahead(kv, start, jb + gi, step, len, pos, g, d0, fk, kr);
 #pragma unroll
         for (int u = 0; u < TQ_DECODE_AHEAD; ++u) {
             const int jj = jb + u * step + gi;
@@ -109,12 +117,7 @@ __device__ __forceinline__ void tq_values(const AttnArgs& a, const TqView& vv, c
     for (int jb = warp * P; jb < len; jb += TQ_DECODE_AHEAD * step) {
         bool fv[TQ_DECODE_AHEAD];
         TqRaw vr[TQ_DECODE_AHEAD];
-#pragma unroll
-        for (int u = 0; u < TQ_DECODE_AHEAD; ++u) {
-            const int jj = jb + u * step + gi;
-            fv[u] = jj < len && tq_coded(vv, start + jj, pos);
-            if (fv[u]) vr[u] = tq_fetch(vv, start + jj, g, d0);
-        }
+        tq_fetch_ahead(vv, start, jb + gi, step, len, pos, g, d0, fv, vr);
 #pragma unroll
         for (int u = 0; u < TQ_DECODE_AHEAD; ++u) {
             const int jj = jb + u * step + gi;
@@ -253,33 +256,7 @@ __device__ __forceinline__ void attn_decode_tq_impl(const TqDecodeArgs& args, fl
         for (int e = 0; e < 8; ++e) acc[hh][e] = 0.0f;
     }
     tq_values<GM>(a, vv, t.v, sl, nh, g, start, len, pos, acc, wc);
-    // The warp's position groups (lanes L apart), then the warps in order.
-    for (int o = L; o < WARP; o <<= 1) {
-#pragma unroll
-        for (int hh = 0; hh < GM; ++hh) {
-            if (hh < nh) {
-                wc[hh] += __shfl_xor_sync(FULL_MASK, wc[hh], o);
-#pragma unroll
-                for (int e = 0; e < 8; ++e) acc[hh][e] += __shfl_xor_sync(FULL_MASK, acc[hh][e], o);
-            }
-        }
-    }
-    for (int w = 0; w < n_warps; ++w) {
-        if (warp == w && gi == 0) {
-#pragma unroll
-            for (int hh = 0; hh < GM; ++hh) {
-                if (hh < nh) {
-#pragma unroll
-                    for (int e = 0; e < 8; ++e) {
-                        float* x = sacc + hh * hd + d0 + e;
-                        *x = (w == 0 ? 0.0f : *x) + acc[hh][e];
-                    }
-                    if (lane == 0) swc[hh] = (w == 0 ? 0.0f : swc[hh]) + wc[hh];
-                }
-            }
-        }
-        __syncthreads();
-    }
+    tq_block_sums<GM>(acc, wc, nh, hd, sacc, swc);
     // The centre, weighted by the coded rows' probabilities (none: no term,
     // whatever the centre holds).
     for (int i = tid; i < nh * hd; i += blockDim.x) {
