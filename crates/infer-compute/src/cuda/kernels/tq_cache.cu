@@ -12,13 +12,11 @@
 //               |c[idx]|), in f32 where the CPU sums in f64 (an index may
 //               differ where a value lies on a boundary); a head below
 //               n_exact is stored exact; every row of the pass is then
-//               rounded to f16 in place, as attention and the ring read it;
+//               rounded to f16 in place, as the ring stores it (attention
+//               rounds the pass's rows as it reads them);
 //   attn_split_tq  split-K attention (attention.cu's blocks and partial
 //               sums, merged by attn_combine) reading each row from where
 //               tq_cache.cuh says, for a TurboQuant K or V cache or both;
-//   attn_decode_tq, tq_combine  the same for one token over two TurboQuant
-//               caches, in longer blocks, the merge rotating back as
-//               tq_unrotate;
 //   tq_unrotate the output of TurboQuant values rotated back (H / sqrt(hd),
 //               then the signs) and quantized for the output projection;
 //   tq_keep     after the attention, the ring takes each token's row, but
@@ -26,9 +24,9 @@
 //   tq_ring_copy  the ring entries of one slot holding positions below n
 //               copied to another slot, the others emptied (a copy of a
 //               slot's first n positions).
-// A one-token span (a decode step) runs no tq_centre or tq_keep: tq_encode
-// does their work for it, four launches a layer in all (qkv_post,
-// tq_encode, attn_decode_tq, tq_combine).
+// A one-token span (a decode step) runs no tq_centre or tq_keep: the
+// encoder does their work for it, in tq_encode or, over two TurboQuant
+// caches, inside attn_decode_tq (tq_decode.cu), which replaces the rest.
 // Grid z of tq_centre, tq_encode and tq_keep: 0 the K cache, 1 the V cache
 // (a cache of another type returns at once).
 

@@ -198,7 +198,7 @@ __device__ __forceinline__ void attn_decode_tq_impl(const TqDecodeArgs& args, fl
     const AttnArgs& a = args.at;
     const TqArgs& t = args.tq;
     const int tid = threadIdx.x, lane = tid % WARP, warp = tid / WARP, n_warps = blockDim.x / WARP;
-    const int hd = a.hd, L = hd / 8, gi = lane / L, d0 = (lane % L) * 8;
+    const int hd = a.hd, d0 = (lane % (hd / 8)) * 8;
     const int G = a.n_head / a.n_kv, n_gc = (G + ATTN_MAX_G - 1) / ATTN_MAX_G;
     const int g = blockIdx.x / n_gc, gc = blockIdx.x % n_gc;
     if (blockIdx.y < 2) {
@@ -220,7 +220,9 @@ __device__ __forceinline__ void attn_decode_tq_impl(const TqDecodeArgs& args, fl
     float* sqc = sl + ATTN_MAX_G * TQ_SPAN;        // [nh]
     float* swc = sqc + ATTN_MAX_G;                 // [nh]
     float2* sms = (float2*)(swc + ATTN_MAX_G);     // [nh]
-    tq_stage_q(a.q + (size_t)h0 * hd, nh, hd, kv.centre, g, sq, sqc);
+    // q . centre matters only for coded rows, which a token below n_exact
+    // (whose step may be setting the centre) does not have.
+    tq_stage_q(a.q + (size_t)h0 * hd, nh, hd, pos >= kv.n_exact ? kv.centre : nullptr, g, sq, sqc);
     __syncthreads();
     {
         float qv[GM][8];
@@ -280,12 +282,12 @@ __device__ __forceinline__ void attn_decode_tq_impl(const TqDecodeArgs& args, fl
 
 extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 2) attn_decode_tq(const TqDecodeArgs args) {
     PDL_PROLOGUE;
-    extern __shared__ float tq_smem[];
+    extern __shared__ __align__(16) float tq_smem[];  // (m, s) read as float2
     attn_decode_tq_impl<4>(args, tq_smem);
 }
 
 extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_decode_tq_g8(const TqDecodeArgs args) {
     PDL_PROLOGUE;
-    extern __shared__ float tq_smem[];
+    extern __shared__ __align__(16) float tq_smem[];  // (m, s) read as float2
     attn_decode_tq_impl<ATTN_MAX_G>(args, tq_smem);
 }
