@@ -1,8 +1,9 @@
 //! The buffer of one layer's TurboQuant (tq3, tq4) K or V cache on a GPU
 //! ([`TqLayout`]), in 32-bit words, the same for every GPU backend: wgpu's
 //! `shaders/kv/tq.wgsl` reads it and `kv/tq_store.wgsl` and `tq_cache.wgsl`
-//! write it, CUDA's `kernels/tq_cache.cuh` and `tq_cache.cu`; the CPU's scheme
-//! (`cpu::kv_cache`, the bounds in [`crate::kv_type`]) in these areas:
+//! write it, CUDA's `kernels/tq_cache.cuh`, `tq_cache.cu` and
+//! `tq_decode.cu`; the CPU's scheme (`cpu::kv_cache`, the bounds in
+//! [`crate::kv_type`]) in these areas:
 //!
 //! | words | what |
 //! | --- | --- |
