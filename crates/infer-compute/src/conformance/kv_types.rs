@@ -112,9 +112,16 @@ const _: () = assert!(LONG_PROMPT > TQ_WINDOW + TQ_EXACT_POSITIONS + 16 && LONG_
 /// cache's logits; then slot 0's positions before the last step copied to
 /// slot 1 ([`KvPool::copy_prefix`]: codes, exact rows, centre and the
 /// ring's entries), where the last step is decoded again and must give
-/// the same logits as in slot 0.
-fn long_case(b: &dyn ComputeBackend, arch: Arch, types: KvTypes) -> Result<Outcome, String> {
-    let spec = random_model(45, arch);
+/// the same logits as in slot 0. `heads`: `n_head`, `n_head_kv` and
+/// `head_dim` of the model (`n_embd` 256).
+fn long_case(
+    b: &dyn ComputeBackend,
+    arch: Arch,
+    types: KvTypes,
+    heads: (usize, usize, usize),
+) -> Result<Outcome, String> {
+    let (nh, nkv, hd) = heads;
+    let spec = random_model_heads(45, arch, 256, nh, nkv, hd);
     let mut m = match prepare(b, &spec)? {
         Ok(m) => m,
         Err(skip) => return Ok(skip),
@@ -282,8 +289,17 @@ pub fn cases() -> Vec<Case> {
         for (name, types) in [("q8_0", KvTypes::both(T::Q8_0)), ("q4_0", KvTypes::both(T::Q4_0))] {
             v.push(Case::new(&format!("kv::{arch_name}::batch_{name}"), move |b| batch_case(b, arch, types)));
         }
-        for (name, types) in [("tq4", KvTypes::both(T::Tq4)), ("tq3", KvTypes::both(T::Tq3))] {
-            v.push(Case::new(&format!("kv::{arch_name}::long_{name}"), move |b| long_case(b, arch, types)));
+        // 4/2 heads of 64, then shapes for CUDA's one-token kernel over
+        // TurboQuant caches with more query heads per kv head than its
+        // 4-head variant holds: 6 (its 8-head variant) and 12 (two chunks
+        // of heads per kv head), with heads of 128 and 64.
+        for (name, types, heads) in [
+            ("tq4", KvTypes::both(T::Tq4), (4, 2, 64)),
+            ("tq3", KvTypes::both(T::Tq3), (4, 2, 64)),
+            ("tq3_heads_6_1_128", KvTypes::both(T::Tq3), (6, 1, 128)),
+            ("tq4_heads_12_1_64", KvTypes::both(T::Tq4), (12, 1, 64)),
+        ] {
+            v.push(Case::new(&format!("kv::{arch_name}::long_{name}"), move |b| long_case(b, arch, types, heads)));
         }
     }
     v.push(Case::new("kv::limits", limits_case));
