@@ -330,6 +330,48 @@ __device__ __forceinline__ void tq_stage_q(const float* q, int nh, int hd, const
     }
 }
 
+// The logits of one position for the nh query heads whose q (this lane's
+// eight values each) is in qv, from its values kf (a coded row: the
+// centroids c[idx], scale n; sqc the heads' q . centre): n * (q . c[idx])
+// + q . centre or q . k, scaled and soft-capped, summed over the L lanes
+// that hold the position; with `store`, head hh's goes to out[hh *
+// stride]. The whole warp calls it.
+template <int GM>
+__device__ __forceinline__ void tq_logit8(const AttnArgs& a, const float (&qv)[GM][8], const float* kf, float n,
+                                          bool coded, const float* sqc, int nh, int L, bool store, float* out,
+                                          int stride) {
+#pragma unroll
+    for (int hh = 0; hh < GM; ++hh) {
+        if (hh < nh) {
+            float d = 0.0f;
+#pragma unroll
+            for (int e = 0; e < 8; ++e) d += qv[hh][e] * kf[e];
+            for (int o = L / 2; o > 0; o >>= 1) d += __shfl_xor_sync(FULL_MASK, d, o);
+            float l = (coded ? n * d + sqc[hh] : d) * a.scale;
+            if (a.softcap > 0.0f) l = a.softcap * tanhf(l * (1.0f / a.softcap));
+            if (store) out[hh * stride] = l;
+        }
+    }
+}
+
+// One position's values vf (a coded row: the centroids, scale n) weighted
+// by head hh's probability p[hh * stride] into acc[hh], and p into wc[hh]
+// for a coded row (its centre is added once, weighted by wc).
+template <int GM>
+__device__ __forceinline__ void tq_accumulate8(float (&acc)[GM][8], float (&wc)[GM], const float* vf, float n,
+                                               bool coded, const float* p, int stride, int nh) {
+#pragma unroll
+    for (int hh = 0; hh < GM; ++hh) {
+        if (hh < nh) {
+            const float ph = p[hh * stride];
+            const float pn = coded ? ph * n : ph;
+#pragma unroll
+            for (int e = 0; e < 8; ++e) acc[hh][e] += pn * vf[e];
+            if (coded) wc[hh] += ph;
+        }
+    }
+}
+
 // The block's sums of the lanes' p . v sums (acc[hh]: values d0 .. d0 + 7
 // of head hh, L = hd / 8 lanes a position) and coded weights wc, over the
 // warp's position groups (lanes L apart) by shuffles, then over the warps
@@ -419,18 +461,7 @@ __device__ __forceinline__ void attn_split_tq_impl(const TqAttnArgs& args, float
 #pragma unroll
             for (int e = 0; e < 8; ++e) kf[e] = 0.0f;
         }
-#pragma unroll
-        for (int hh = 0; hh < GM; ++hh) {
-            if (hh < nh) {
-                float d = 0.0f;
-#pragma unroll
-                for (int e = 0; e < 8; ++e) d += qv[hh][e] * kf[e];
-                for (int o = L / 2; o > 0; o >>= 1) d += __shfl_xor_sync(FULL_MASK, d, o);
-                float l = (coded ? n * d + sqc[hh] : d) * a.scale;
-                if (a.softcap > 0.0f) l = a.softcap * tanhf(l * (1.0f / a.softcap));
-                if (jj < len && lane % L == 0) sp[hh * ATTN_SPLIT + jj] = l;
-            }
-        }
+        tq_logit8<GM>(a, qv, kf, n, coded, sqc, nh, L, jj < len && lane % L == 0, sp + jj, ATTN_SPLIT);
     }
     __syncthreads();
     split_softmax(a, b, sp);
@@ -449,16 +480,7 @@ __device__ __forceinline__ void attn_split_tq_impl(const TqAttnArgs& args, float
         if (jj >= len) continue;
         float vf[8], n = 1.0f;
         const bool coded = attn_load8(vs, start + jj, pos, p0, g, hd, d0, vf, &n);
-#pragma unroll
-        for (int hh = 0; hh < GM; ++hh) {
-            if (hh < nh) {
-                const float p = sp[hh * ATTN_SPLIT + jj];
-                const float pn = coded ? p * n : p;
-#pragma unroll
-                for (int e = 0; e < 8; ++e) acc[hh][e] += pn * vf[e];
-                if (coded) wc[hh] += p;
-            }
-        }
+        tq_accumulate8<GM>(acc, wc, vf, n, coded, sp + jj, ATTN_SPLIT, nh);
     }
     tq_block_sums<GM>(acc, wc, nh, hd, sacc, swc);
     const float* vcentre = kv_is_tq(a.vt) ? vs.tq.centre : nullptr;

@@ -88,18 +88,7 @@ __device__ __forceinline__ void tq_logits(const AttnArgs& a, const TqView& kv, c
 #pragma unroll
                 for (int e = 0; e < 8; ++e) kf[e] = 0.0f;
             }
-#pragma unroll
-            for (int hh = 0; hh < GM; ++hh) {
-                if (hh < nh) {
-                    float d = 0.0f;
-#pragma unroll
-                    for (int e = 0; e < 8; ++e) d += qv[hh][e] * kf[e];
-                    for (int o = L / 2; o > 0; o >>= 1) d += __shfl_xor_sync(FULL_MASK, d, o);
-                    float l = (coded ? n * d + sqc[hh] : d) * a.scale;
-                    if (a.softcap > 0.0f) l = a.softcap * tanhf(l * (1.0f / a.softcap));
-                    if (in && lane % L == 0) sl[hh * TQ_SPAN + jj] = l;
-                }
-            }
+            tq_logit8<GM>(a, qv, kf, n, coded, sqc, nh, L, in && lane % L == 0, sl + jj, TQ_SPAN);
         }
     }
 }
@@ -126,16 +115,7 @@ __device__ __forceinline__ void tq_values(const AttnArgs& a, const TqView& vv, c
             bool coded = fv[u];
             if (coded) tq_unpack(vv, vr[u], vf, &n);
             else coded = tq_load8(vv, start + jj, pos, pos, rows, g, hd, d0, vf, &n);
-#pragma unroll
-            for (int hh = 0; hh < GM; ++hh) {
-                if (hh < nh) {
-                    const float p = sl[hh * TQ_SPAN + jj];
-                    const float pn = coded ? p * n : p;
-#pragma unroll
-                    for (int e = 0; e < 8; ++e) acc[hh][e] += pn * vf[e];
-                    if (coded) wc[hh] += p;
-                }
-            }
+            tq_accumulate8<GM>(acc, wc, vf, n, coded, sl + jj, TQ_SPAN, nh);
         }
     }
 }
