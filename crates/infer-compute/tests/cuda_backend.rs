@@ -165,13 +165,9 @@ fn matvec_every_type_matches_cpu_on_awkward_shapes() {
     for ty in MV_TYPES {
         let bs = ty.block_size();
         let widths = if bs == 1 { [1usize, 7, 4096] } else { [bs, 7 * bs, 4096] };
-        // Rows of 11 264 values: longer than a streamed product's stage
-        // holds two of (one row per tile, split over the block's warps).
-        let long = (bs > 1).then_some([(3usize, 11264usize), (130, 11264)]).into_iter().flatten();
-        let shapes = [1usize, 3, 17, 4099].into_iter().flat_map(|r| widths.map(|c| (r, c))).chain(long);
         let (mut all_got, mut all_ref, mut all_exact) = (Vec::new(), Vec::new(), Vec::new());
-        for (rows, cols) in shapes {
-            {
+        for rows in [1usize, 3, 17, 4099] {
+            for cols in widths {
                 let w = rand_weight(&mut rng, ty, rows, cols, 0.01);
                 let x = rand_vec(&mut rng, cols, 1.0);
                 let mut y = vec![f32::NAN; rows];
@@ -644,7 +640,6 @@ fn every_kernel_module_loads() {
         "mv_q4_0_t1",
         "mvn_iq4_nl",
         "mv_q6_kr_t1s",
-        "mv_q4_0_ts",
         "mv_q4_kr_tr",
         "mvn2_q5_0r_q8_0r",
         "attn_decode_flat_batch_q_hd256",
@@ -655,9 +650,9 @@ fn every_kernel_module_loads() {
         assert!(names.contains(k), "{k} missing");
     }
     // 56 common kernels (12 of them the flat decode attention, 9 the
-    // TurboQuant caches'), 3 float types × 2, 16 quantized layouts × 9, 3
+    // TurboQuant caches'), 3 float types × 2, 16 quantized layouts × 8, 3
     // mixed.
-    assert_eq!(res.len(), 56 + 6 + 16 * 9 + 3);
+    assert_eq!(res.len(), 56 + 6 + 16 * 8 + 3);
 }
 
 /// The tests above, run when this machine has a CUDA device; otherwise

@@ -131,14 +131,6 @@ fn load_module(
         .into_iter()
         .map(|k| {
             let f = loaded.load_function(k.name).map_err(|e| Error::Device(format!("kernel {}: {e}", k.name)))?;
-            if k.name.ends_with("_ts") {
-                // The streamed products' ring is shared memory: ask for the
-                // largest carveout, so that the blocks the host counts on
-                // are resident together (not a smaller one chosen for L1).
-                use cudarc::driver::sys::CUfunction_attribute_enum as A;
-                f.set_attribute(A::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 100)
-                    .map_err(|e| Error::Device(format!("kernel {}: shared memory carveout: {e}", k.name)))?;
-            }
             Ok((k.name, f))
         })
         .collect()

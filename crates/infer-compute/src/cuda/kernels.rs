@@ -10,13 +10,12 @@ use crate::GgmlType;
 /// The sources every module begins with, in this order (NVRTC gets no
 /// include path: the header comes first instead): the shared definitions
 /// and the products' templates, which instantiate nothing.
-pub(crate) const PRODUCT_SOURCES: [(&str, &str); 7] = [
+pub(crate) const PRODUCT_SOURCES: [(&str, &str); 6] = [
     ("common.cuh", include_str!("kernels/common.cuh")),
     ("quant.cuh", include_str!("kernels/quant.cuh")),
     ("matvec.cu", include_str!("kernels/matvec.cu")),
     ("norm.cu", include_str!("kernels/norm.cu")),
     ("matvec_norm.cu", include_str!("kernels/matvec_norm.cu")),
-    ("matvec_stream.cu", include_str!("kernels/matvec_stream.cu")),
     ("matmul_quant.cu", include_str!("kernels/matmul_quant.cu")),
 ];
 
@@ -71,8 +70,8 @@ impl Module {
             Module::Products(i) => {
                 let p = &PRODUCTS[i as usize];
                 src += &format!(
-                    "MV_KERNELS({}, {}, {})\nMVN_KERNEL({}, {})\nMV_STREAM_KERNEL({}, {})\nMMQ_KERNEL({}, {})\n",
-                    p.name, p.block, p.t1_bounds, p.name, p.block, p.name, p.block, p.name, p.block
+                    "MV_KERNELS({}, {}, {})\nMVN_KERNEL({}, {})\nMMQ_KERNEL({}, {})\n",
+                    p.name, p.block, p.t1_bounds, p.name, p.block, p.name, p.block
                 );
                 for (a, b, k) in MIXED_NORM_KERNELS.iter().filter(|m| m.2.module == self) {
                     let (a, b) = (product(*a).map_or("?", |p| p.block), product(*b).map_or("?", |p| p.block));
@@ -240,9 +239,6 @@ pub(crate) struct MatvecKernels {
     pub t1q: Option<KernelName>,
     /// One token, long rows over 2 or 4 warps each (`mv_*_t1s`).
     pub t1s: Option<KernelName>,
-    /// One token, the weights streamed through shared memory by bulk
-    /// copies (`mv_*_ts`, matvec_stream.cu; also GLU with the q8 output).
-    pub ts: Option<KernelName>,
     pub t8: KernelName,
     /// Up to 8 tokens per pass, [`MV_TR_ROWS`] rows per warp (`mv_*_tr`;
     /// not for gate/up pairs).
@@ -261,7 +257,7 @@ pub(crate) struct MatvecKernels {
 impl MatvecKernels {
     /// Every kernel of the set.
     pub(crate) fn all(self) -> impl Iterator<Item = KernelName> {
-        [Some(self.t1), self.tn, self.t1q, self.t1s, self.ts, Some(self.t8), self.tr, self.mmq, self.mmq_n].into_iter().flatten()
+        [Some(self.t1), self.tn, self.t1q, self.t1s, Some(self.t8), self.tr, self.mmq, self.mmq_n].into_iter().flatten()
     }
 }
 
@@ -312,7 +308,6 @@ macro_rules! product {
                 tn: Some(k(concat!("mvn_", $n))),
                 t1q: Some(k(concat!("mv_", $n, "_t1q"))),
                 t1s: Some(k(concat!("mv_", $n, "_t1s"))),
-                ts: Some(k(concat!("mv_", $n, "_ts"))),
                 t8: k(concat!("mv_", $n, "_t8")),
                 tr: Some(k(concat!("mv_", $n, "_tr"))),
                 mmq: Some(k(concat!("mmq_", $n))),
@@ -359,7 +354,6 @@ const FLOAT_PRODUCTS: [MatvecKernels; 3] = {
             tn: None,
             t1q: None,
             t1s: None,
-            ts: None,
             t8: KernelName::common(t8),
             tr: None,
             mmq: None,
@@ -533,20 +527,6 @@ pub(crate) struct MvQuantArgs {
 }
 const _: () = assert!(std::mem::size_of::<MvQuantArgs>() == 136);
 
-/// Mirror of `MvStreamArgs`.
-#[repr(C)]
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct MvStreamArgs {
-    pub mv: MatvecArgs,
-    pub oq: DevPtr,
-    pub ods: DevPtr,
-    pub tile_rows: i32,
-    pub n_tiles: i32,
-    pub region: i32,
-    pub group: i32,
-}
-const _: () = assert!(std::mem::size_of::<MvStreamArgs>() == 144);
-
 /// Mirror of `QkvArgs`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
@@ -686,7 +666,6 @@ unsafe impl DeviceRepr for AttnQkvArgs {}
 unsafe impl DeviceRepr for MvNormArgs {}
 unsafe impl DeviceRepr for MvNorm2Args {}
 unsafe impl DeviceRepr for MvQuantArgs {}
-unsafe impl DeviceRepr for MvStreamArgs {}
 unsafe impl DeviceRepr for MmqArgs {}
 unsafe impl DeviceRepr for TqArgs {}
 unsafe impl DeviceRepr for TqAttnArgs {}

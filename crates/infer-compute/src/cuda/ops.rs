@@ -141,9 +141,6 @@ pub(crate) fn matvec(dev: &Device, m: &Matvec) -> Result<()> {
         return Err(Error::RowNotBlockMultiple { ty: m.ty, cols: m.cols, block_size: 32 });
     }
     let mut args = matvec_args(dev, m)?;
-    if let Some(plan) = stream_plan(dev, m, &k, false) {
-        return launch_stream(dev, &plan, StreamArgsQ8 { args, oq: 0, ods: 0 });
-    }
     let glu = matches!(m.mode, MvMode::GluGelu | MvMode::GluSilu);
     let gy = m.n_tok.div_ceil(MV_TOKENS);
     let tiled = k.tr.filter(|_| {
@@ -221,91 +218,9 @@ pub(crate) fn matvec_glu_q8(dev: &Device, m: &Matvec, oq: DevPtr, ods: DevPtr, c
     let name = k.t1q.filter(|_| can_glu_q8(dev, m) && oq != 0 && ods != 0 && count != 0).ok_or_else(|| {
         Error::Device(format!("no quantizing GLU product for {} rows of {} values", m.ty.name(), m.cols))
     })?;
-    if let Some(plan) = stream_plan(dev, m, &k, true) {
-        return launch_stream(dev, &plan, StreamArgsQ8 { args: matvec_args(dev, m)?, oq, ods });
-    }
     let args = kernels::MvQuantArgs { mv: matvec_args(dev, m)?, oq, ods, count };
     let gx = m.total_rows().div_ceil(MV_WARPS as usize);
     dev.launch(name, (to_u32(gx, "grid")?, 1, 1), MV_WARPS * 32, 0, &args)
-}
-
-/// Shared memory per stage of a streamed product (`mv_*_ts`,
-/// matvec_stream.cu): its `MVS_STAGES` (3) stages stay within the 48 KiB
-/// a block gets without opting in, and 4 blocks fit an SM of compute
-/// capability 9.0 (228 KiB).
-const MVS_STAGE_BYTES: usize = 15 * 1024;
-/// Stages of a streamed product (`MVS_STAGES` in matvec_stream.cu).
-const MVS_STAGES: usize = 3;
-/// Blocks per SM of a streamed product's persistent grid.
-const MVS_BLOCKS_PER_SM: usize = 4;
-
-/// How a streamed one-token product runs: its kernel, rows per tile,
-/// tiles, shared bytes per matrix of a stage, consecutive tiles per block
-/// (those of a 32-row chunk for a q8 output), and grid.
-struct StreamPlan {
-    kernel: kernels::KernelName,
-    tile_rows: usize,
-    n_tiles: usize,
-    region: usize,
-    group: usize,
-    smem: usize,
-    grid: usize,
-}
-
-/// The streamed kernel for the one-token product `m` of kernel set `k`, if
-/// it runs there (`CudaOptions::mv_stream`; compute capability 9.0 for the
-/// bulk copies; rows short enough that a stage holds one, or a gate/up
-/// pair). Tiles are as many rows as a stage holds: a multiple of
-/// `MV_WARPS` (a warp per row), else 2 or 1 (a row split over warps); a
-/// power of two when the output is also quantized (`q8`), so that whole
-/// tiles make up each 32-row chunk.
-fn stream_plan(dev: &Device, m: &Matvec, k: &kernels::MatvecKernels, q8: bool) -> Option<StreamPlan> {
-    let kernel = k.ts.filter(|_| dev.opts.mv_stream && m.n_tok == 1 && dev.info.compute_capability.0 >= 9)?;
-    let glu = matches!(m.mode, MvMode::GluGelu | MvMode::GluSilu);
-    let row_bytes = if m.repacked_stride > 0 { m.repacked_stride } else { m.ty.row_bytes(m.cols).ok()? };
-    let per_stage = if glu { 2 } else { 1 };
-    let env = |k: &str, d: usize| std::env::var(k).ok().and_then(|v| v.parse().ok()).unwrap_or(d);
-    let (stage_bytes, blocks_per_sm) = (env("XMVS_STAGE", MVS_STAGE_BYTES), env("XMVS_BLOCKS", MVS_BLOCKS_PER_SM));
-    let region = |tr: usize| (tr * row_bytes + 32).next_multiple_of(128);
-    let most = (1..=stage_bytes / row_bytes.max(1)).rev().find(|&tr| per_stage * region(tr) <= stage_bytes)?;
-    let warps = MV_WARPS as usize;
-    let tile_rows = match most {
-        _ if q8 => 1 << most.ilog2(),
-        n if n >= warps => n / warps * warps,
-        n => n.min(2),
-    };
-    let n_tiles: usize = if glu { m.rows[0].div_ceil(tile_rows) } else { m.rows.iter().map(|r| r.div_ceil(tile_rows)).sum() };
-    let group = if q8 { (32 / tile_rows).max(1) } else { 1 };
-    let smem = MVS_STAGES * per_stage * region(tile_rows);
-    let resident = dev
-        .func(kernel)
-        .ok()?
-        .occupancy_max_active_blocks_per_multiprocessor(MV_WARPS * 32, smem, None)
-        .ok()? as usize;
-    let blocks_per_sm = blocks_per_sm.min(resident).max(1);
-    let grid = n_tiles.div_ceil(group).min(dev.info.multiprocessors.max(1) as usize * blocks_per_sm);
-    Some(StreamPlan { kernel, tile_rows, n_tiles, region: region(tile_rows), group, smem, grid })
-}
-
-/// A streamed product's arguments: the product's, and its q8 output (zeros: none).
-struct StreamArgsQ8 {
-    args: MatvecArgs,
-    oq: DevPtr,
-    ods: DevPtr,
-}
-
-fn launch_stream(dev: &Device, plan: &StreamPlan, a: StreamArgsQ8) -> Result<()> {
-    let args = kernels::MvStreamArgs {
-        mv: a.args,
-        oq: a.oq,
-        ods: a.ods,
-        tile_rows: to_i32(plan.tile_rows, "tile rows")?,
-        n_tiles: to_i32(plan.n_tiles, "tiles")?,
-        region: to_i32(plan.region, "stage bytes")?,
-        group: to_i32(plan.group, "tile group")?,
-    };
-    let (grid, smem) = (to_u32(plan.grid, "grid")?, to_u32(plan.smem, "shared memory")?);
-    dev.launch(plan.kernel, (grid, 1, 1), MV_WARPS * 32, smem, &args)
 }
 
 /// The kernel arguments of `m` (shapes checked against the kernels'

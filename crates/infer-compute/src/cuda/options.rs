@@ -124,11 +124,6 @@ pub struct CudaOptions {
     /// on gemma3 4B.
     /// `INFER_CUDA_MV_ROWS_GLU=N` (2 or more; `0`: `None`).
     pub mv_rows_glu_min_tokens: Option<usize>,
-    /// One-token quantized products with the weights streamed through
-    /// shared memory by bulk copies (`mv_*_ts`, compute capability 9.0);
-    /// off: loaded by each lane where used (`mv_*_t1`, `_t1s`, `_t1q`).
-    /// `INFER_CUDA_MV_STREAM=0`.
-    pub mv_stream: bool,
     /// Warps per row of one-token products of long rows, and per row
     /// group of the `mv_*_tr` products: 1, 2 or 4, or `None` for the most
     /// that keeps the launch resident. `INFER_CUDA_MV_WPR`.
@@ -163,7 +158,6 @@ impl Default for CudaOptions {
             mmq_narrow: true,
             mv_rows_min_tokens: Some(2),
             mv_rows_glu_min_tokens: Some(16),
-            mv_stream: false,
             mv_warps_per_row: None,
             mv_long_row: 4096,
             nvrtc_opts: Vec::new(),
@@ -193,7 +187,6 @@ impl CudaOptions {
             mmq_min_tokens: None,
             mv_rows_min_tokens: None,
             mv_rows_glu_min_tokens: None,
-            mv_stream: false,
             mv_warps_per_row: Some(1),
             ..Default::default()
         }
@@ -259,7 +252,6 @@ impl CudaOptions {
                 Some(Ok(n)) if n >= 2 => Some(n),
                 _ => d.mv_rows_glu_min_tokens,
             },
-            mv_stream: on("INFER_CUDA_MV_STREAM", d.mv_stream),
             mv_warps_per_row: var("INFER_CUDA_MV_WPR")
                 .and_then(|v| v.parse().ok())
                 .filter(|w| matches!(w, 1 | 2 | 4))

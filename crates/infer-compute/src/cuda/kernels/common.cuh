@@ -304,19 +304,6 @@ struct MvQuantArgs {
 };
 static_assert(sizeof(MvQuantArgs) == 136, "MvQuantArgs layout");
 
-// One-token product with the weights streamed through shared memory
-// (mv_<type>_ts, matvec_stream.cu).
-struct MvStreamArgs {
-    MatvecArgs mv;
-    i8* oq;              // GLU: q8 quants of the output, [rows], or null
-    float2* ods;         // q8 scales of the output, [rows / 32]
-    int tile_rows;       // rows per tile (a power of two with oq)
-    int n_tiles;         // tiles of the launch (over its segments)
-    int region;          // shared bytes per matrix of a stage (tile_rows rows and 32 more)
-    int group;           // consecutive tiles a block takes at a time (with oq: those of 32 rows)
-};
-static_assert(sizeof(MvStreamArgs) == 144, "MvStreamArgs layout");
-
 // q/k bias, per-head norm, RoPE and KV-cache append. See rope.cu.
 struct QkvArgs {
     float* q;            // [n_tok][n_head * hd], rotated in place
