@@ -104,6 +104,10 @@ fn decode_case(b: &dyn ComputeBackend, arch: Arch, types: KvTypes) -> Result<Out
 /// TurboQuant caches merges.
 const LONG_PROMPT: usize = 300;
 const _: () = assert!(LONG_PROMPT > TQ_WINDOW + TQ_EXACT_POSITIONS + 16 && LONG_PROMPT > 256 + 16);
+/// A longer prompt for one tq4 shape: a decode step then spans three of
+/// those blocks, so that their merge takes more than one pair.
+const LONGER_PROMPT: usize = 700;
+const _: () = assert!(LONGER_PROMPT > 2 * 256 + 16);
 
 /// A prompt long enough that a TurboQuant cache's queries read coded rows
 /// (the 40 positions of [`decode_case`] are all within the window of
@@ -113,12 +117,14 @@ const _: () = assert!(LONG_PROMPT > TQ_WINDOW + TQ_EXACT_POSITIONS + 16 && LONG_
 /// slot 1 ([`KvPool::copy_prefix`]: codes, exact rows, centre and the
 /// ring's entries), where the last step is decoded again and must give
 /// the same logits as in slot 0. `heads`: `n_head`, `n_head_kv` and
-/// `head_dim` of the model (`n_embd` 256).
+/// `head_dim` of the model (`n_embd` 256); `n_prompt`: the prompt's
+/// length ([`LONG_PROMPT`] or [`LONGER_PROMPT`]).
 fn long_case(
     b: &dyn ComputeBackend,
     arch: Arch,
     types: KvTypes,
     heads: (usize, usize, usize),
+    n_prompt: usize,
 ) -> Result<Outcome, String> {
     let (nh, nkv, hd) = heads;
     let spec = random_model_heads(45, arch, 256, nh, nkv, hd);
@@ -126,7 +132,7 @@ fn long_case(
         Ok(m) => m,
         Err(skip) => return Ok(skip),
     };
-    let n_ctx = LONG_PROMPT + 8;
+    let n_ctx = n_prompt + 8;
     let mut pool = match m.new_kv_pool_typed(2, n_ctx, types) {
         Ok(p) => p,
         Err(Error::UnsupportedKvCache { ty, reason }) if ty == types.k || ty == types.v => {
@@ -135,8 +141,8 @@ fn long_case(
         Err(e) => return Err(format!("a pool of {types}: {e}")),
     };
     let mut base = m.new_kv_cache_typed(n_ctx, KvTypes::default()).map_err(err("f16 cache"))?;
-    let toks = tokens(46, LONG_PROMPT + 4, spec.n_vocab);
-    let (prompt, steps) = toks.split_at(LONG_PROMPT);
+    let toks = tokens(46, n_prompt + 4, spec.n_vocab);
+    let (prompt, steps) = toks.split_at(n_prompt);
     let ty = coarser(types);
     let n_vocab = m.n_vocab();
     let mut batch = Batch::new();
@@ -147,10 +153,10 @@ fn long_case(
     batch.push_seq(0, cut, &prompt[cut..], Out::Last);
     let got = m.forward(pool.as_mut(), &batch).map_err(err("prefill, second chunk"))?.to_vec();
     let want = m.prefill(base.as_mut(), prompt, 0).map_err(err("prefill (f16)"))?;
-    within(&format!("{types}: prompt of {LONG_PROMPT}"), ty, &got, want)?;
+    within(&format!("{types}: prompt of {n_prompt}"), ty, &got, want)?;
     let mut last = Vec::new();
     for (i, &t) in steps.iter().enumerate() {
-        let pos = LONG_PROMPT + i;
+        let pos = n_prompt + i;
         if i + 1 == steps.len() {
             pool.copy_prefix(0, 1, pos).map_err(err("copy_prefix"))?;
         }
@@ -160,7 +166,7 @@ fn long_case(
         let want = m.decode_token(base.as_mut(), t, pos).map_err(err("decode_token (f16)"))?;
         within(&format!("{types}, pos {pos}"), ty, &last, want)?;
     }
-    let pos = LONG_PROMPT + steps.len() - 1;
+    let pos = n_prompt + steps.len() - 1;
     batch.clear();
     batch.push(steps[steps.len() - 1], pos, 1, true);
     let copied = m.forward(pool.as_mut(), &batch).map_err(err("decode after copy_prefix"))?;
@@ -292,14 +298,18 @@ pub fn cases() -> Vec<Case> {
         // 4/2 heads of 64, then shapes for CUDA's one-token kernel over
         // TurboQuant caches with more query heads per kv head than its
         // 4-head variant holds: 6 (its 8-head variant) and 12 (two chunks
-        // of heads per kv head), with heads of 128 and 64.
-        for (name, types, heads) in [
-            ("tq4", KvTypes::both(T::Tq4), (4, 2, 64)),
-            ("tq3", KvTypes::both(T::Tq3), (4, 2, 64)),
-            ("tq3_heads_6_1_128", KvTypes::both(T::Tq3), (6, 1, 128)),
-            ("tq4_heads_12_1_64", KvTypes::both(T::Tq4), (12, 1, 64)),
+        // of heads per kv head), with heads of 128 and 64; and a prompt
+        // that spans three of its blocks.
+        for (name, types, heads, n_prompt) in [
+            ("tq4", KvTypes::both(T::Tq4), (4, 2, 64), LONG_PROMPT),
+            ("tq3", KvTypes::both(T::Tq3), (4, 2, 64), LONG_PROMPT),
+            ("tq3_heads_6_1_128", KvTypes::both(T::Tq3), (6, 1, 128), LONG_PROMPT),
+            ("tq4_heads_12_1_64", KvTypes::both(T::Tq4), (12, 1, 64), LONG_PROMPT),
+            ("tq4_prompt_700", KvTypes::both(T::Tq4), (4, 2, 64), LONGER_PROMPT),
         ] {
-            v.push(Case::new(&format!("kv::{arch_name}::long_{name}"), move |b| long_case(b, arch, types, heads)));
+            v.push(Case::new(&format!("kv::{arch_name}::long_{name}"), move |b| {
+                long_case(b, arch, types, heads, n_prompt)
+            }));
         }
     }
     v.push(Case::new("kv::limits", limits_case));
