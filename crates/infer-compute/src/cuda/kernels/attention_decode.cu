@@ -405,7 +405,7 @@ __device__ __forceinline__ AttnQkvArgs batch_token(const AttnQkvArgs& in) {
 // of a batch, each of its own sequence (a slot of the KV pool); the _q
 // kernels for a cache with a quantized K or V (attn_decode_impl's QUANT),
 // held to the registers that keep 1024 threads resident per multiprocessor
-// (decode_blocks in ops.rs counts on them; the type branches took 7 to 22
+// (DecodeLaunch::blocks in ops/attention.rs counts on them; the type branches took 7 to 22
 // more).
 #define DECODE_BOUNDS(HD) __launch_bounds__(DECODE_THREADS(HD))
 #define DECODE_BOUNDS_Q(HD) __launch_bounds__(DECODE_THREADS(HD), 1024 / DECODE_THREADS(HD))

@@ -5,7 +5,7 @@
 // epilogue: y[0][t][r] = act(gate_r . x_t) * (up_r . x_t).
 //
 // One warp per output row (one-token rows of 4096+ values: 2 or 4 warps,
-// `_t1s`, the count chosen by warps_per_row in ops.rs); lane l takes the
+// `_t1s`, the count chosen by warps_per_row in ops/matvec.rs); lane l takes the
 // row's 32-value chunks l, l + 32, ... , decodes each once and dots it
 // with the q8 activation of up to NT tokens (integer dp4a inside a chunk,
 // f32 across chunks), then the warp reduces. Grid: x = ceil(rows /

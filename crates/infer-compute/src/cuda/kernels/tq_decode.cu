@@ -170,7 +170,7 @@ __device__ __forceinline__ void tq_unrotate_heads(const AttnArgs& a, int h0, int
 // and the sums: 4 (attn_decode_tq) or ATTN_MAX_G (attn_decode_tq_g8).
 // Shared memory: sq [ATTN_MAX_G][hd], sacc [ATTN_MAX_G][hd], sl
 // [ATTN_MAX_G][TQ_SPAN], then q . centre [ATTN_MAX_G], the coded weights
-// [ATTN_MAX_G] and (m, s) [ATTN_MAX_G] (tq_decode_smem in ops.rs).
+// [ATTN_MAX_G] and (m, s) [ATTN_MAX_G] (the smem of qkv_attention_tq in ops/attention.rs).
 template <int GM>
 __device__ __forceinline__ void attn_decode_tq_impl(const TqDecodeArgs& args, float* smem) {
     __shared__ float cent[2][16];
