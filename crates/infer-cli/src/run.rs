@@ -3,10 +3,12 @@
 use std::io::{IsTerminal, Write};
 
 use clap::Args;
+use infer_compute::pipeline::ModelSpec;
 use infer_compute::DeviceModel;
 use infer_model::chat::{ChatTemplate, Message};
-use infer_model::generate::{generate_cached_with_progress, CachedContext, StopReason};
-use infer_model::sampling::Sampler;
+use infer_model::generate::{generate_cached_with_progress, CachedContext, GenerationStats, StopReason};
+use infer_model::gguf::GgufFile;
+use infer_model::sampling::{Sampler, SamplerConfig, SamplingDefaults};
 use infer_model::stop::StopMatcher;
 use infer_model::tokenizer::Tokenizer;
 use serde::Serialize;
@@ -16,7 +18,7 @@ use crate::common::{context_size, n_predict_limit, CliResult, Loaded, ModelArgs,
 use crate::context_shift::ContextShiftArgs;
 use crate::ignore_eos::IgnoreEos;
 use crate::output::Out;
-use crate::prompt::{PromptArgs, TextArgs};
+use crate::prompt::{PromptArgs, PromptSource, TextArgs};
 use crate::sampling::SamplingArgs;
 
 /// Prompt tokens per prefill pass: progress is shown and Ctrl-C is honoured
@@ -121,7 +123,7 @@ struct Timings {
 }
 
 impl Timings {
-    fn new(stats: &infer_model::generate::GenerationStats, load_time: std::time::Duration) -> Timings {
+    fn new(stats: &GenerationStats, load_time: std::time::Duration) -> Timings {
         let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
         // 0 when there is nothing to divide by, as llama-server.
         let per = |t: f64, n: usize| if n > 0 { t / n as f64 } else { 0.0 };
@@ -189,7 +191,6 @@ pub fn print_settings(
     }
 }
 
-/// "1 token", "2 tokens".
 /// A decode rate for `n` generated tokens: `n/a` for fewer than two (the
 /// first comes from the prefill, so no step is timed).
 pub fn decode_rate(n: usize, tps: f64) -> String {
@@ -200,6 +201,7 @@ pub fn decode_rate(n: usize, tps: f64) -> String {
     }
 }
 
+/// "1 token", "2 tokens".
 pub fn tokens(n: usize) -> String {
     if n == 1 {
         "1 token".to_string()
@@ -231,82 +233,38 @@ pub fn run(a: RunArgs) -> CliResult {
     // Where the prompt comes from is checked now; it is read once the
     // context size is known, only as far as the context can hold it.
     let source = a.prompt.source()?;
-    let flag_text = a.prompt.is_flag_text();
     let stops = a.text.stop_strings()?;
-    // llama.cpp: a system prompt turns the conversation mode on.
-    // An empty one is none (llama.cpp checks for an empty system prompt).
-    let system_prompt = a.system_prompt.as_deref().filter(|s| !s.is_empty());
-    let chat = a.chat || system_prompt.is_some();
     // A first use fetches the model: its download time is reported on its
     // own line, not counted as load time.
     let path = a.model.resolve_model()?;
     // The prompt before the weights: a bad chat template or a prompt too
     // long for the context is reported at once (and a slow template can be
     // stopped by Ctrl-C like any step before the model loads).
-    let (loaded, (tokenizer, n_ctx, (cfg, from_model), ids, prompt, rendered)) =
-        a.model.load(&path, a.threads.get(), |gguf, spec| {
-            let tokenizer = Tokenizer::from_gguf(gguf)?;
-            let n_ctx = context_size(a.ctx_size, spec.n_ctx_train)?;
-            // Validated as given, also when greedy decoding ignores them; at
-            // temperature 0 the penalties still apply (as in llama.cpp), and the
-            // filters cannot change the most likely token.
-            let cfg = a.sampling.config(n_ctx, gguf)?;
-            let limit = crate::prompt::byte_limit(n_ctx);
-            let mut prompt = source.read(limit, n_ctx)?;
-            if flag_text {
-                prompt = a.text.process(prompt, "-p")?;
-            }
-            // With --chat, the prompt as the template renders it.
-            let mut rendered = None;
-            let ids = if chat {
-                let mut messages: Vec<Message> = system_prompt.iter().map(|s| Message::system(*s)).collect();
-                messages.push(Message::user(prompt.as_str()));
-                let text = ChatTemplate::from_gguf(gguf, &tokenizer)?.render(&messages, true)?;
-                // A template can make a short prompt long: checked as the prompt is.
-                if text.len() > limit {
-                    return Err(crate::prompt::too_long(n_ctx, limit).into());
-                }
-                let ids = ChatTemplate::encode_rendered_at_most(&tokenizer, &text, n_ctx.saturating_sub(1));
-                rendered = Some(text);
-                ids
-            } else {
-                // Tokenized only until it is known not to fit.
-                tokenizer.encode_at_most(&prompt, true, true, n_ctx.saturating_sub(1))
-            };
-            let Some(ids) = ids else { return Err(no_room(n_ctx).into()) };
-            // llama.cpp: an empty input starts from BOS when the model adds
-            // one, else is refused ("input is empty"), before any output.
-            if ids.is_empty() {
-                return Err("the prompt is empty and the model adds no BOS token to start from; give a prompt".into());
-            }
-            if prompt.is_empty() && !chat {
-                eprintln!("warning: the prompt is empty: generating from the BOS token alone");
-            }
-            Ok((tokenizer, n_ctx, cfg, ids, prompt, rendered))
-        })?;
+    let (loaded, p) = a.model.load(&path, a.threads.get(), |gguf, spec| prepare(&a, source, gguf, spec))?;
     let Loaded { backend, spec, model, load_time, .. } = loaded;
     let mut model: Box<dyn DeviceModel> =
-        if a.ignore_eos { Box::new(IgnoreEos::new(model, tokenizer.eog_ids())) } else { model };
+        if a.ignore_eos { Box::new(IgnoreEos::new(model, p.tokenizer.eog_ids())) } else { model };
     // From here on, Ctrl-C stops the prefill or the generation at the next
     // step and the statistics are still printed (a second one exits).
     crate::interrupt::graceful();
     if a.verbose {
-        let settings = Settings { path: &path, backend: backend.as_ref(), n_ctx, n_ctx_train: spec.n_ctx_train };
-        print_settings(&settings, max_tokens, Some(ids.len()), &cfg, &from_model);
+        let settings =
+            Settings { path: &path, backend: backend.as_ref(), n_ctx: p.n_ctx, n_ctx_train: spec.n_ctx_train };
+        print_settings(&settings, max_tokens, Some(p.ids.len()), &p.cfg, &p.from_model);
     }
     if a.verbose_prompt {
         // As llama.cpp: what the model is given, the chat template's
         // rendering with --chat.
-        print_verbose_prompt(rendered.as_deref().unwrap_or(&prompt), &ids, &tokenizer);
+        print_verbose_prompt(p.rendered.as_deref().unwrap_or(&p.prompt), &p.ids, &p.tokenizer);
     }
-    let mut sampler = Sampler::new(cfg.clone())?;
-
-    let mut out = Out::new();
-    if !chat && !a.no_display_prompt && !a.json {
-        write!(out, "{prompt}")?;
+    let mut sampler = Sampler::new(p.cfg.clone())?;
+    let mut text =
+        TextOut { out: Out::new(), text: String::new(), matcher: StopMatcher::new(stops), error: None, json: a.json };
+    if !p.chat && !a.no_display_prompt && !a.json {
+        write!(text.out, "{}", p.prompt)?;
     }
-    out.flush()?;
-    let show_progress = ids.len() > PREFILL_CHUNK && std::io::stderr().is_terminal();
+    text.out.flush()?;
+    let show_progress = p.ids.len() > PREFILL_CHUNK && std::io::stderr().is_terminal();
     let on_prefill = |done: usize, total: usize| {
         if show_progress {
             eprint!("\r\x1b[2Kprefill {done}/{total} tokens");
@@ -316,94 +274,51 @@ pub fn run(a: RunArgs) -> CliResult {
         }
         !crate::interrupt::requested()
     };
-    // Stop generating at a stop string, at the first failed write (e.g. a
-    // closed pipe) or at Ctrl-C. Text that could be the start of a stop
-    // string is held back until it is not.
-    let mut matcher = StopMatcher::new(stops);
-    let mut text = String::new();
-    let mut write_error: Option<std::io::Error> = None;
-    // `in_text`: the text is part of the generated text (a stop string,
-    // printed, is not).
-    let mut emit = |s: &str, out: &mut Out, text: &mut String, in_text: bool| -> bool {
-        if in_text {
-            text.push_str(s);
-        }
-        if a.json || s.is_empty() {
-            return true;
-        }
-        match out.write_all(s.as_bytes()).and_then(|_| out.flush()) {
-            Ok(()) => true,
-            Err(e) => {
-                write_error = Some(e);
-                false
-            }
-        }
-    };
-    let mut ctx = CachedContext::with_types(model.as_ref(), n_ctx, a.cache.types_for(model.as_ref()))?;
+    let mut ctx = CachedContext::with_types(model.as_ref(), p.n_ctx, a.cache.types_for(model.as_ref()))?;
     // llama.cpp's -2 stops at a full context; anything else shifts it.
-    ctx.set_context_shift(if a.n_predict == -2 { None } else { a.shift.n_keep(&ids, &tokenizer) });
+    ctx.set_context_shift(if a.n_predict == -2 { None } else { a.shift.n_keep(&p.ids, &p.tokenizer) });
     let stats = generate_cached_with_progress(
         model.as_mut(),
         &mut ctx,
-        &tokenizer,
-        &ids,
+        &p.tokenizer,
+        &p.ids,
         max_tokens,
         &mut sampler,
         PREFILL_CHUNK,
         on_prefill,
-        |s| {
-            if crate::interrupt::requested() {
-                return false;
-            }
-            let step = matcher.push(s);
-            if !emit(&step.text, &mut out, &mut text, true) {
-                return false;
-            }
-            // llama.cpp prints the reverse prompt it stops at; `--json`'s
-            // `text` leaves it out, as llama-server's `content` does.
-            if let Some(stop) = matcher.matched().filter(|_| step.stopped) {
-                emit(stop, &mut out, &mut text, false);
-            }
-            !step.stopped
-        },
+        |s| !crate::interrupt::requested() && text.push(s),
     );
     if show_progress {
         eprint!("\r\x1b[2K");
     }
     // An error after the echoed prompt starts on a line of its own.
     let stats = stats.inspect_err(|_| {
-        let _ = writeln!(out).and_then(|_| out.flush());
+        let _ = writeln!(text.out).and_then(|_| text.out.flush());
     })?;
-    // The end of generation releases what was held back.
-    let tail = matcher.finish();
-    emit(&tail, &mut out, &mut text, true);
-    if let Some(e) = write_error {
-        return Err(e.into());
-    }
-    let interrupted = crate::interrupt::requested() && stats.stop == StopReason::Stopped && !matcher.is_stopped();
-    // The first generated token comes from the prefill's logits, so the
-    // decode rate counts the tokens after it.
+    text.finish()?;
+    let interrupted = crate::interrupt::requested() && stats.stop == StopReason::Stopped && !text.matcher.is_stopped();
     let stop = match stats.stop {
         _ if interrupted => "interrupted",
-        _ if matcher.is_stopped() => "stop string",
+        _ if text.matcher.is_stopped() => "stop string",
         StopReason::MaxTokens => "max tokens",
         StopReason::EndOfGeneration => "end of generation",
         StopReason::ContextFull => "context full",
         StopReason::Stopped => "stopped",
     };
+    let mut out = text.out;
     if a.json {
         let j = RunJson {
             model: path.display().to_string(),
             backend: backend.device_info(),
-            prompt,
-            text,
+            prompt: p.prompt,
+            text: text.text,
             prompt_tokens: stats.prompt_tokens,
             generated_tokens: stats.generated_tokens,
             stop,
-            stop_string: matcher.matched().map(str::to_string),
+            stop_string: text.matcher.matched().map(str::to_string),
             context_shifts: stats.context_shifts,
-            seed: cfg.seed,
-            sampler: cfg.chain(),
+            seed: p.cfg.seed,
+            sampler: p.cfg.chain(),
             timings: Timings::new(&stats, load_time),
         };
         writeln!(out, "{}", serde_json::to_string_pretty(&j)?)?;
@@ -411,44 +326,193 @@ pub fn run(a: RunArgs) -> CliResult {
     } else {
         writeln!(out)?;
         out.flush()?;
-        eprintln!();
-        eprintln!("backend:  {}", backend.device_info());
-        eprintln!("load:     {:.2} s", load_time.as_secs_f64());
-        eprintln!(
-            "prefill:  {} in {:.3} s ({:.1} tokens/s)",
-            tokens(stats.prompt_tokens),
-            stats.prefill_time.as_secs_f64(),
-            stats.prefill_tps()
-        );
-        eprintln!(
-            "decode:   {} ({} after the first) in {:.3} s ({} tokens/s), stop: {stop}",
-            tokens(stats.generated_tokens),
-            stats.generated_tokens.saturating_sub(1),
-            stats.decode_time.as_secs_f64(),
-            decode_rate(stats.generated_tokens, stats.decode_tps()),
-        );
-        // With shifting on, a full context ends the generation only when
-        // --keep keeps (nearly) all of it: nothing is left to drop.
-        if stats.stop == StopReason::ContextFull && a.n_predict != -2 && !a.shift.no_context_shift {
-            let keep = a.shift.keep.map_or_else(|| "0".to_string(), |k| k.to_string());
-            eprintln!(
-                "context:  full and not shifted: --keep {keep} keeps {} of the {n_ctx} positions (at most the \
-                 prompt), leaving too few to drop; lower --keep or raise -c",
-                tokens(a.shift.n_keep(&ids, &tokenizer).unwrap_or(0))
-            );
-        }
-        if stats.context_shifts > 0 {
-            eprintln!(
-                "context:  shifted {} time{} ({} fed again after the kept start)",
-                stats.context_shifts,
-                if stats.context_shifts == 1 { "" } else { "s" },
-                tokens(stats.shift_tokens)
-            );
-        }
-        eprintln!("sampling: seed {}, {}{}", cfg.seed, cfg.chain(), crate::sampling::model_settings_note(&from_model));
+        print_report(&a, &p, backend.as_ref(), &stats, load_time, stop);
     }
     if interrupted {
         return Err(crate::Interrupted.into());
     }
     Ok(())
+}
+
+/// What `run` reads and checks before the weights load: the tokenizer,
+/// the context, the sampler settings and the prompt's tokens.
+struct Prepared {
+    tokenizer: Tokenizer,
+    n_ctx: usize,
+    cfg: SamplerConfig,
+    /// Sampling settings the model's file gave (not the command line).
+    from_model: SamplingDefaults,
+    /// Whether the prompt goes through the chat template.
+    chat: bool,
+    /// The prompt's tokens: at least one, at most `n_ctx - 1`.
+    ids: Vec<u32>,
+    /// The prompt as given (after `-e`'s escapes).
+    prompt: String,
+    /// With `--chat`, the prompt as the chat template renders it.
+    rendered: Option<String>,
+}
+
+/// Reads the prompt from `source` (only as much as the context can hold)
+/// and turns it into tokens, through the chat template with `--chat` or a
+/// system prompt.
+///
+/// # Errors
+/// A bad context size or sampling flag, an unreadable or too long prompt,
+/// a chat template that fails, an empty prompt for a model without BOS.
+fn prepare(a: &RunArgs, source: PromptSource, gguf: &GgufFile, spec: &ModelSpec) -> CliResult<Prepared> {
+    let tokenizer = Tokenizer::from_gguf(gguf)?;
+    let n_ctx = context_size(a.ctx_size, spec.n_ctx_train)?;
+    // Validated as given, also when greedy decoding ignores them; at
+    // temperature 0 the penalties still apply (as in llama.cpp), and the
+    // filters cannot change the most likely token.
+    let (cfg, from_model) = a.sampling.config(n_ctx, gguf)?;
+    let limit = crate::prompt::byte_limit(n_ctx);
+    let mut prompt = source.read(limit, n_ctx)?;
+    if a.prompt.is_flag_text() {
+        prompt = a.text.process(prompt, "-p")?;
+    }
+    // llama.cpp: a system prompt turns the conversation mode on. An empty
+    // one is none (llama.cpp checks for an empty system prompt).
+    let system_prompt = a.system_prompt.as_deref().filter(|s| !s.is_empty());
+    let chat = a.chat || system_prompt.is_some();
+    let mut rendered = None;
+    let ids = if chat {
+        let mut messages: Vec<Message> = system_prompt.iter().map(|s| Message::system(*s)).collect();
+        messages.push(Message::user(prompt.as_str()));
+        let text = ChatTemplate::from_gguf(gguf, &tokenizer)?.render(&messages, true)?;
+        // A template can make a short prompt long: checked as the prompt is.
+        if text.len() > limit {
+            return Err(crate::prompt::too_long(n_ctx, limit).into());
+        }
+        let ids = ChatTemplate::encode_rendered_at_most(&tokenizer, &text, n_ctx.saturating_sub(1));
+        rendered = Some(text);
+        ids
+    } else {
+        // Tokenized only until it is known not to fit.
+        tokenizer.encode_at_most(&prompt, true, true, n_ctx.saturating_sub(1))
+    };
+    let Some(ids) = ids else { return Err(no_room(n_ctx).into()) };
+    // llama.cpp: an empty input starts from BOS when the model adds one,
+    // else is refused ("input is empty"), before any output.
+    if ids.is_empty() {
+        return Err("the prompt is empty and the model adds no BOS token to start from; give a prompt".into());
+    }
+    if prompt.is_empty() && !chat {
+        eprintln!("warning: the prompt is empty: generating from the BOS token alone");
+    }
+    Ok(Prepared { tokenizer, n_ctx, cfg, from_model, chat, ids, prompt, rendered })
+}
+
+/// The generated text on its way to stdout: held back while it could be
+/// the start of a stop string, kept for `--json`, and stopped at a stop
+/// string, at the first failed write (e.g. a closed pipe) or at Ctrl-C.
+struct TextOut {
+    out: Out,
+    /// The generated text (a stop string, printed, is not part of it).
+    text: String,
+    matcher: StopMatcher,
+    /// The first write that failed; nothing is written after it.
+    error: Option<std::io::Error>,
+    /// `--json`: the text is kept, not printed.
+    json: bool,
+}
+
+impl TextOut {
+    /// Takes a token's text; false once generation should stop.
+    fn push(&mut self, s: &str) -> bool {
+        let step = self.matcher.push(s);
+        if !self.emit(&step.text, true) {
+            return false;
+        }
+        // llama.cpp prints the reverse prompt it stops at; `--json`'s
+        // `text` leaves it out, as llama-server's `content` does.
+        if let Some(stop) = self.matcher.matched().filter(|_| step.stopped).map(str::to_string) {
+            self.emit(&stop, false);
+        }
+        !step.stopped
+    }
+
+    /// Prints `s` (kept in `text` when `in_text`); false after a failed write.
+    fn emit(&mut self, s: &str, in_text: bool) -> bool {
+        if in_text {
+            self.text.push_str(s);
+        }
+        if self.json || s.is_empty() || self.error.is_some() {
+            return self.error.is_none();
+        }
+        match self.out.write_all(s.as_bytes()).and_then(|_| self.out.flush()) {
+            Ok(()) => true,
+            Err(e) => {
+                self.error = Some(e);
+                false
+            }
+        }
+    }
+
+    /// The end of generation: releases what was held back.
+    ///
+    /// # Errors
+    /// The first write that failed.
+    fn finish(&mut self) -> CliResult {
+        let tail = self.matcher.finish();
+        self.emit(&tail, true);
+        match self.error.take() {
+            Some(e) => Err(e.into()),
+            None => Ok(()),
+        }
+    }
+}
+
+/// The statistics `run` prints on stderr after the text.
+fn print_report(
+    a: &RunArgs,
+    p: &Prepared,
+    backend: &dyn infer_compute::ComputeBackend,
+    stats: &GenerationStats,
+    load_time: std::time::Duration,
+    stop: &str,
+) {
+    eprintln!();
+    eprintln!("backend:  {}", backend.device_info());
+    eprintln!("load:     {:.2} s", load_time.as_secs_f64());
+    eprintln!(
+        "prefill:  {} in {:.3} s ({:.1} tokens/s)",
+        tokens(stats.prompt_tokens),
+        stats.prefill_time.as_secs_f64(),
+        stats.prefill_tps()
+    );
+    // The first generated token comes from the prefill's logits, so the
+    // decode rate counts the tokens after it.
+    eprintln!(
+        "decode:   {} ({} after the first) in {:.3} s ({} tokens/s), stop: {stop}",
+        tokens(stats.generated_tokens),
+        stats.generated_tokens.saturating_sub(1),
+        stats.decode_time.as_secs_f64(),
+        decode_rate(stats.generated_tokens, stats.decode_tps()),
+    );
+    // With shifting on, a full context ends the generation only when
+    // --keep keeps (nearly) all of it: nothing is left to drop.
+    if stats.stop == StopReason::ContextFull && a.n_predict != -2 && !a.shift.no_context_shift {
+        let keep = a.shift.keep.map_or_else(|| "0".to_string(), |k| k.to_string());
+        eprintln!(
+            "context:  full and not shifted: --keep {keep} keeps {} of the {} positions (at most the prompt), \
+             leaving too few to drop; lower --keep or raise -c",
+            tokens(a.shift.n_keep(&p.ids, &p.tokenizer).unwrap_or(0)),
+            p.n_ctx
+        );
+    }
+    if stats.context_shifts > 0 {
+        eprintln!(
+            "context:  shifted {} time{} ({} fed again after the kept start)",
+            stats.context_shifts,
+            if stats.context_shifts == 1 { "" } else { "s" },
+            tokens(stats.shift_tokens)
+        );
+    }
+    eprintln!(
+        "sampling: seed {}, {}{}",
+        p.cfg.seed,
+        p.cfg.chain(),
+        crate::sampling::model_settings_note(&p.from_model)
+    );
 }
