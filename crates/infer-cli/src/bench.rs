@@ -520,13 +520,15 @@ pub fn cpu_name() -> String {
 
 pub fn bench(a: BenchArgs) -> CliResult {
     // llama-bench skips the zeros of its lists.
-    let prompts: Vec<usize> = parse_list(&a.n_prompt, "-p")?.into_iter().filter(|&p| p > 0).collect();
-    let gens: Vec<usize> = parse_list(&a.n_gen, "-n")?.into_iter().filter(|&n| n > 0).collect();
-    let depths: Vec<usize> = parse_list(&a.n_depth, "-d")?;
-    if prompts.is_empty() && gens.is_empty() {
+    let tests = Tests {
+        prompts: parse_list(&a.n_prompt, "-p")?.into_iter().filter(|&p| p > 0).collect(),
+        gens: parse_list(&a.n_gen, "-n")?.into_iter().filter(|&n| n > 0).collect(),
+        depths: parse_list(&a.n_depth, "-d")?,
+    };
+    if tests.prompts.is_empty() && tests.gens.is_empty() {
         return Err("-p and -n are both 0: nothing to measure".into());
     }
-    if a.profile && a.npl.is_empty() && gens.is_empty() {
+    if a.profile && a.npl.is_empty() && tests.gens.is_empty() {
         return Err("--profile times the steps of the decode test, and -n 0 has none (give -n N)".into());
     }
     let format = if a.json { OutputFormat::Json } else { a.output.unwrap_or(OutputFormat::Md) };
@@ -566,129 +568,24 @@ pub fn bench(a: BenchArgs) -> CliResult {
     let runs = placements.iter().flat_map(|m| thread_list.iter().zip(&counts).map(move |(&t, &n)| (m, t, n)));
     for (model_args, threads_given, threads) in runs {
         let (loaded, ()) = model_args.load(&path, threads_given, |_, _| Ok(()))?;
+        let base = base_result(&a, &loaded, &path, threads, &cpu, bandwidth)?;
         let Loaded { gguf, spec, backend, mut model, .. } = loaded;
-        // The rule of `run -c`: more positions than the training context are
-        // clamped to it, with a warning (once).
-        let first = results.is_empty();
-        let fit =
-            |n: usize, what: &str| if first { fit_context(n, spec.n_ctx_train, what) } else { n.min(spec.n_ctx_train) };
-        let size_bytes: u64 = gguf.tensors().iter().map(|t| t.n_bytes as u64).sum();
-        let params: u64 = gguf.tensors().iter().map(|t| t.n_elements()).sum();
-        let bos = gguf.get_u32("tokenizer.ggml.bos_token_id").unwrap_or(0).min(spec.n_vocab as u32 - 1);
-        let exact = a.model.precision == PrecisionArg::Exact;
-        let bytes_per_token = decode_bytes_per_token(&spec, exact);
         let kv_types = a.cache.types_for(model.as_ref());
-        let top_k = a.top_k.map(|k| k as usize);
-        let on_cpu = backend.name() == "cpu";
-        let kernels = if on_cpu {
-            infer_compute::cpu::Kernels::detect().level().name().to_string()
-        } else {
-            backend.name().to_string()
-        };
-        let base = TestResult {
-            cpu_info: if on_cpu || cpu.is_empty() { backend.device_info() } else { cpu.clone() },
-            gpu_info: if on_cpu { String::new() } else { backend.device_info() },
-            backends: backend.name().to_uppercase(),
-            model_filename: path.display().to_string(),
-            model_type: model_description(&gguf, params),
-            model_size: size_bytes,
-            model_n_params: params,
-            n_threads: threads,
-            n_gpu_layers: if on_cpu { 0 } else { spec.layers.len() },
-            use_mmap: !a.model.no_mmap,
-            n_prompt: 0,
-            n_gen: 0,
-            n_depth: 0,
-            test_time: String::new(),
-            avg_ns: 0,
-            stddev_ns: 0,
-            avg_ts: 0.0,
-            stddev_ts: 0.0,
-            samples_ns: Vec::new(),
-            samples_ts: Vec::new(),
-            test: String::new(),
-            kernels,
-            precision: a.model.precision.name().to_string(),
-            synthetic: is_synthetic(&gguf),
-            device: backend.device_info(),
-            repetitions: a.reps,
-            bytes_per_token: None,
-            effective_gbps: None,
-            bandwidth_gbps: bandwidth,
-            roofline_fraction: None,
-            type_k: kv_types.k.name().into(),
-            type_v: kv_types.v.name().into(),
-            kv_bytes_per_token: model.new_kv_cache_typed(1, kv_types)?.bytes_per_token(),
-        };
         if !a.npl.is_empty() {
             batched(&a, model.as_mut(), &base, &spec, format)?;
             continue;
         }
-        let finish = |mut r: TestResult, n_tokens: usize, samples_ns: Vec<u64>| -> TestResult {
-            let ts: Vec<f64> = samples_ns.iter().map(|&ns| n_tokens as f64 * 1e9 / ns.max(1) as f64).collect();
-            let ns: Vec<f64> = samples_ns.iter().map(|&n| n as f64).collect();
-            (r.avg_ts, r.stddev_ts) = mean_std(&ts);
-            let (avg_ns, stddev_ns) = mean_std(&ns);
-            (r.avg_ns, r.stddev_ns) = (avg_ns.round() as u64, stddev_ns.round() as u64);
-            r.samples_ts = ts;
-            r.samples_ns = samples_ns;
-            r
-        };
-        let mut last_tg_ms = None;
-        let profile_depth = depths.last().copied().unwrap_or(0);
-        for &d in &depths {
-            let depth = random_tokens(a.seed.wrapping_add(1), d, spec.n_vocab);
-            for &p in &prompts {
-                let n_prompt = fit(p, "-p");
-                check_depth(d, n_prompt, spec.n_ctx_train)?;
-                let tokens = random_tokens(a.seed, n_prompt, spec.n_vocab);
-                let test_time = utc_now();
-                let name = test_name("pp", n_prompt, d);
-                let samples = with_spinner(&format!("{name}, {threads} threads"), || -> CliResult<Vec<u64>> {
-                    time_prefill(model.as_mut(), &[], &tokens, kv_types)?; // warm-up
-                    (0..a.reps).map(|_| time_prefill(model.as_mut(), &depth, &tokens, kv_types)).collect()
-                })?;
-                let r = TestResult { test: name, n_prompt, n_depth: d, test_time, ..base.clone() };
-                results.push(finish(r, n_prompt, samples));
-            }
-            for &g in &gens {
-                let n_gen = fit(g, "-n");
-                check_depth(d, n_gen, spec.n_ctx_train)?;
-                let test_time = utc_now();
-                let mut name = test_name("tg", n_gen, d);
-                if let Some(k) = top_k {
-                    name += &format!(" top-{k}");
-                }
-                let samples = with_spinner(&format!("{name}, {threads} threads"), || -> CliResult<Vec<u64>> {
-                    time_decode(model.as_mut(), &[], bos, 1, kv_types, top_k)?; // warm-up
-                    (0..a.reps).map(|_| time_decode(model.as_mut(), &depth, bos, n_gen, kv_types, top_k)).collect()
-                })?;
-                let r = TestResult { test: name, n_gen, n_depth: d, test_time, ..base.clone() };
-                let mut r = finish(r, n_gen, samples);
-                let eff = bytes_per_token as f64 * r.avg_ts / 1e9;
-                r.bytes_per_token = Some(bytes_per_token);
-                r.effective_gbps = Some(eff);
-                r.roofline_fraction = bandwidth.map(|bw| eff / bw);
-                if d == profile_depth {
-                    last_tg_ms = Some(1e3 / r.avg_ts);
-                }
-                results.push(r);
-            }
-        }
+        let bos = gguf.get_u32("tokenizer.ggml.bos_token_id").unwrap_or(0).min(spec.n_vocab as u32 - 1);
+        // The rule of `run -c` (warned once).
+        let warn = results.is_empty();
+        let last_tg_ms = run_tests(&a, &tests, model.as_mut(), &spec, &base, warn, bos, kv_types, &mut results)?;
         // The profile of the first thread count's model, at the last depth
         // (the decode test's own positions and cache types).
         if a.profile && profile.is_none() {
-            let steps = gens.first().copied().unwrap_or(1).min(spec.n_ctx_train);
-            let depth = random_tokens(a.seed.wrapping_add(1), profile_depth, spec.n_vocab);
-            let p = with_spinner("profiling decode", || -> CliResult<crate::profile::Profile> {
-                let mut kv = model.new_kv_cache_typed(profile_depth + steps, kv_types)?;
-                fill_depth(model.as_mut(), kv.as_mut(), &depth)?;
-                crate::profile::profile_decode(model.as_mut(), kv.as_mut(), bos, profile_depth..profile_depth + steps)
-            })?;
+            let p = profile_step(&a, &tests, model.as_mut(), &spec, bos, kv_types)?;
             profile = Some((p, backend.device_info(), last_tg_ms));
         }
     }
-
     if !a.npl.is_empty() {
         return Ok(());
     }
@@ -712,6 +609,170 @@ pub fn bench(a: BenchArgs) -> CliResult {
     }
     out.flush()?;
     Ok(())
+}
+
+/// The lists of `-p`, `-n` and `-d` (zeros of `-p` and `-n` skipped).
+struct Tests {
+    prompts: Vec<usize>,
+    gens: Vec<usize>,
+    depths: Vec<usize>,
+}
+
+/// The fields of every row of one loaded model: what ran where, on
+/// `threads` threads (`cpu`: the host's name, given beside a GPU's), and
+/// the `bandwidth` figure (GB/s); the per-test fields are zero.
+fn base_result(
+    a: &BenchArgs,
+    loaded: &Loaded,
+    path: &std::path::Path,
+    threads: usize,
+    cpu: &str,
+    bandwidth: Option<f64>,
+) -> CliResult<TestResult> {
+    let Loaded { gguf, spec, backend, model, .. } = loaded;
+    let size_bytes: u64 = gguf.tensors().iter().map(|t| t.n_bytes as u64).sum();
+    let params: u64 = gguf.tensors().iter().map(|t| t.n_elements()).sum();
+    let kv_types = a.cache.types_for(model.as_ref());
+    let on_cpu = backend.name() == "cpu";
+    let kernels = if on_cpu {
+        infer_compute::cpu::Kernels::detect().level().name().to_string()
+    } else {
+        backend.name().to_string()
+    };
+    Ok(TestResult {
+        cpu_info: if on_cpu || cpu.is_empty() { backend.device_info() } else { cpu.to_string() },
+        gpu_info: if on_cpu { String::new() } else { backend.device_info() },
+        backends: backend.name().to_uppercase(),
+        model_filename: path.display().to_string(),
+        model_type: model_description(gguf, params),
+        model_size: size_bytes,
+        model_n_params: params,
+        n_threads: threads,
+        n_gpu_layers: if on_cpu { 0 } else { spec.layers.len() },
+        use_mmap: !a.model.no_mmap,
+        n_prompt: 0,
+        n_gen: 0,
+        n_depth: 0,
+        test_time: String::new(),
+        avg_ns: 0,
+        stddev_ns: 0,
+        avg_ts: 0.0,
+        stddev_ts: 0.0,
+        samples_ns: Vec::new(),
+        samples_ts: Vec::new(),
+        test: String::new(),
+        kernels,
+        precision: a.model.precision.name().to_string(),
+        synthetic: is_synthetic(gguf),
+        device: backend.device_info(),
+        repetitions: a.reps,
+        bytes_per_token: None,
+        effective_gbps: None,
+        bandwidth_gbps: bandwidth,
+        roofline_fraction: None,
+        type_k: kv_types.k.name().into(),
+        type_v: kv_types.v.name().into(),
+        kv_bytes_per_token: model.new_kv_cache_typed(1, kv_types)?.bytes_per_token(),
+    })
+}
+
+/// `r` with the rates of `samples_ns` (each the time of `n_tokens`).
+fn with_samples(mut r: TestResult, n_tokens: usize, samples_ns: Vec<u64>) -> TestResult {
+    let ts: Vec<f64> = samples_ns.iter().map(|&ns| n_tokens as f64 * 1e9 / ns.max(1) as f64).collect();
+    let ns: Vec<f64> = samples_ns.iter().map(|&n| n as f64).collect();
+    (r.avg_ts, r.stddev_ts) = mean_std(&ts);
+    let (avg_ns, stddev_ns) = mean_std(&ns);
+    (r.avg_ns, r.stddev_ns) = (avg_ns.round() as u64, stddev_ns.round() as u64);
+    r.samples_ts = ts;
+    r.samples_ns = samples_ns;
+    r
+}
+
+/// Every prefill and then every decode test at each depth, in
+/// llama-bench's order, appended to `results`; returns the time of a
+/// decode step at the last depth (ms), for the profile's comparison.
+/// `warn`: say when a length is clamped to the training context.
+#[allow(clippy::too_many_arguments)]
+fn run_tests(
+    a: &BenchArgs,
+    tests: &Tests,
+    model: &mut dyn DeviceModel,
+    spec: &ModelSpec,
+    base: &TestResult,
+    warn: bool,
+    bos: u32,
+    kv_types: KvTypes,
+    results: &mut Vec<TestResult>,
+) -> CliResult<Option<f64>> {
+    // The rule of `run -c`: more positions than the training context are
+    // clamped to it.
+    let fit =
+        |n: usize, what: &str| if warn { fit_context(n, spec.n_ctx_train, what) } else { n.min(spec.n_ctx_train) };
+    let bytes_per_token = decode_bytes_per_token(spec, a.model.precision == PrecisionArg::Exact);
+    let top_k = a.top_k.map(|k| k as usize);
+    let threads = base.n_threads;
+    let mut last_tg_ms = None;
+    let profile_depth = tests.depths.last().copied().unwrap_or(0);
+    for &d in &tests.depths {
+        let depth = random_tokens(a.seed.wrapping_add(1), d, spec.n_vocab);
+        for &p in &tests.prompts {
+            let n_prompt = fit(p, "-p");
+            check_depth(d, n_prompt, spec.n_ctx_train)?;
+            let tokens = random_tokens(a.seed, n_prompt, spec.n_vocab);
+            let test_time = utc_now();
+            let name = test_name("pp", n_prompt, d);
+            let samples = with_spinner(&format!("{name}, {threads} threads"), || -> CliResult<Vec<u64>> {
+                time_prefill(model, &[], &tokens, kv_types)?; // warm-up
+                (0..a.reps).map(|_| time_prefill(model, &depth, &tokens, kv_types)).collect()
+            })?;
+            let r = TestResult { test: name, n_prompt, n_depth: d, test_time, ..base.clone() };
+            results.push(with_samples(r, n_prompt, samples));
+        }
+        for &g in &tests.gens {
+            let n_gen = fit(g, "-n");
+            check_depth(d, n_gen, spec.n_ctx_train)?;
+            let test_time = utc_now();
+            let mut name = test_name("tg", n_gen, d);
+            if let Some(k) = top_k {
+                name += &format!(" top-{k}");
+            }
+            let samples = with_spinner(&format!("{name}, {threads} threads"), || -> CliResult<Vec<u64>> {
+                time_decode(model, &[], bos, 1, kv_types, top_k)?; // warm-up
+                (0..a.reps).map(|_| time_decode(model, &depth, bos, n_gen, kv_types, top_k)).collect()
+            })?;
+            let r = TestResult { test: name, n_gen, n_depth: d, test_time, ..base.clone() };
+            let mut r = with_samples(r, n_gen, samples);
+            let eff = bytes_per_token as f64 * r.avg_ts / 1e9;
+            r.bytes_per_token = Some(bytes_per_token);
+            r.effective_gbps = Some(eff);
+            r.roofline_fraction = base.bandwidth_gbps.map(|bw| eff / bw);
+            if d == profile_depth {
+                last_tg_ms = Some(1e3 / r.avg_ts);
+            }
+            results.push(r);
+        }
+    }
+    Ok(last_tg_ms)
+}
+
+/// `--profile`: the first decode test's steps timed per kernel at the
+/// last depth.
+fn profile_step(
+    a: &BenchArgs,
+    tests: &Tests,
+    model: &mut dyn DeviceModel,
+    spec: &ModelSpec,
+    bos: u32,
+    kv_types: KvTypes,
+) -> CliResult<crate::profile::Profile> {
+    let profile_depth = tests.depths.last().copied().unwrap_or(0);
+    let steps = tests.gens.first().copied().unwrap_or(1).min(spec.n_ctx_train);
+    let depth = random_tokens(a.seed.wrapping_add(1), profile_depth, spec.n_vocab);
+    with_spinner("profiling decode", || -> CliResult<crate::profile::Profile> {
+        let mut kv = model.new_kv_cache_typed(profile_depth + steps, kv_types)?;
+        fill_depth(model, kv.as_mut(), &depth)?;
+        crate::profile::profile_decode(model, kv.as_mut(), bos, profile_depth..profile_depth + steps)
+    })
 }
 
 /// The batched mode (`--npl`) on `model`: llama-batched-bench's table, or
