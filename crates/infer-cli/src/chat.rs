@@ -32,12 +32,13 @@ use std::io::Write;
 use std::path::Path;
 
 use clap::Args;
+use infer_compute::pipeline::ModelSpec;
 use infer_compute::DeviceModel;
 use infer_model::chat::{ChatTemplate, Message, Role, TemplateSource};
 use infer_model::fetch::KNOWN_MODELS;
 use infer_model::generate::{generate_cached, CachedContext, StopReason};
 use infer_model::gguf::GgufFile;
-use infer_model::sampling::Sampler;
+use infer_model::sampling::{Sampler, SamplerConfig, SamplingDefaults};
 use infer_model::stop::StopMatcher;
 use infer_model::tokenizer::Tokenizer;
 
@@ -138,69 +139,53 @@ pub fn chat(a: ChatArgs) -> CliResult {
     let path = a.model.resolve_model_or(infer_model::fetch::DEFAULT_CHAT_MODEL_NAME)?;
     // An empty -sys is no system prompt (llama.cpp checks for an empty one).
     let system_prompt = a.system.as_deref().filter(|s| !s.is_empty());
-    let (loaded, (tokenizer, template, n_ctx, (cfg, from_model))) =
-        a.model.load(&path, a.threads.get(), |gguf, spec| {
-            let tokenizer = Tokenizer::from_gguf(gguf)?;
-            let template = ChatTemplate::from_gguf(gguf, &tokenizer)?;
-            let n_ctx = context_size(a.ctx_size, spec.n_ctx_train)?;
-            let cfg = a.sampling.config(n_ctx, gguf)?;
-            // A system prompt that leaves no room fails before the weights load.
-            // So does the template's own default system prompt (used without -sys).
-            check_system_prompt(&template, &tokenizer, system_prompt, n_ctx, crate::prompt::byte_limit(n_ctx))?;
-            if template.source() != TemplateSource::Gguf {
-                // The source's own "(the file has none)" would say it twice.
-                let source = template.source().to_string();
-                let source = source.trim_end_matches(" (the file has none)");
-                eprintln!("warning: {} has no chat template; using {source}", path.display());
-            }
-            if instruct_tuned(&path, gguf) == Some(false) {
-                eprintln!(
-                    "warning: {} is a pre-trained (base) model: it continues text rather than answering (`infer chat` \
-                 without -m uses {}, an instruction-tuned model)",
-                    path.display(),
-                    infer_model::fetch::DEFAULT_CHAT_MODEL_NAME
-                );
-            }
-            Ok((tokenizer, template, n_ctx, cfg))
-        })?;
+    let (loaded, setup) =
+        a.model.load(&path, a.threads.get(), |gguf, spec| prepare(&a, &path, system_prompt, gguf, spec))?;
     let Loaded { backend, spec, model, load_time, .. } = loaded;
     let mut model: Box<dyn DeviceModel> =
-        if a.ignore_eos { Box::new(IgnoreEos::new(model, tokenizer.eog_ids())) } else { model };
-    let limit = crate::prompt::byte_limit(n_ctx);
-    let mut ctx = CachedContext::with_types(model.as_ref(), n_ctx, a.cache.types_for(model.as_ref()))?;
-    let mut sampler = Sampler::new(cfg.clone())?;
+        if a.ignore_eos { Box::new(IgnoreEos::new(model, setup.tokenizer.eog_ids())) } else { model };
+    let ctx = CachedContext::with_types(model.as_ref(), setup.n_ctx, a.cache.types_for(model.as_ref()))?;
+    let (cfg, from_model) = (&setup.cfg, &setup.from_model);
     eprintln!(
-        "{} on {}, loaded in {:.2} s; context {n_ctx} tokens; sampling: seed {}, {}{}. /reset starts over, /exit \
+        "{} on {}, loaded in {:.2} s; context {} tokens; sampling: seed {}, {}{}. /reset starts over, /exit \
          (or end of input) leaves, Ctrl-C stops a reply.",
         path.display(),
         backend.device_info(),
         load_time.as_secs_f64(),
+        setup.n_ctx,
         cfg.seed,
         cfg.chain(),
-        crate::sampling::model_settings_note(&from_model)
+        crate::sampling::model_settings_note(from_model)
     );
     if a.verbose {
-        let settings =
-            crate::run::Settings { path: &path, backend: backend.as_ref(), n_ctx, n_ctx_train: spec.n_ctx_train };
-        crate::run::print_settings(&settings, max_tokens, None, &cfg, &from_model);
+        let settings = crate::run::Settings {
+            path: &path,
+            backend: backend.as_ref(),
+            n_ctx: setup.n_ctx,
+            n_ctx_train: spec.n_ctx_train,
+        };
+        crate::run::print_settings(&settings, max_tokens, None, cfg, from_model);
     }
     crate::interrupt::graceful();
     // SIGTERM and SIGHUP end the session as the end of the input does.
     crate::interrupt::session();
 
     let system: Vec<Message> = system_prompt.iter().map(|s| Message::system(*s)).collect();
-    let mut messages = system.clone();
-    // The conversation's leading system messages (-sys, or a loaded
-    // file's), which dropping old turns never removes, and their tokens:
-    // the start a context shift keeps.
-    let mut n_system = system.len();
-    let mut system_ids = system_tokens(&template, &tokenizer, &system);
-    let mut input = ChatInput::new(limit);
+    let mut input = ChatInput::new(setup.limit);
     if input.is_terminal() {
         eprintln!("/help lists the commands; a line that ends in \\ continues on the next.");
     }
-    // Checked writes: a failed one is an error naming standard output.
-    let mut out = crate::output::Out::new();
+    let mut session = Session {
+        a: &a,
+        sampler: Sampler::new(setup.cfg.clone())?,
+        conv: Conversation::new(system, &setup),
+        setup,
+        ctx,
+        stops,
+        max_tokens,
+        // Checked writes: a failed one is an error naming standard output.
+        out: crate::output::Out::new(),
+    };
     // Ctrl-C at an empty prompt asks first; a second one in a row leaves.
     let mut asked_to_leave = false;
     loop {
@@ -208,7 +193,7 @@ pub fn chat(a: ChatArgs) -> CliResult {
         if !crate::interrupt::at_prompt() {
             break;
         }
-        let read = input.read(&mut out);
+        let read = input.read(&mut session.out);
         crate::interrupt::left_prompt();
         let raw = match read {
             Ok(Input::Text(t)) => t,
@@ -221,7 +206,7 @@ pub fn chat(a: ChatArgs) -> CliResult {
             Ok(Input::End) => {
                 // The shell's prompt starts on a line of its own.
                 if !input.is_terminal() {
-                    writeln!(out)?;
+                    writeln!(session.out)?;
                 }
                 break;
             }
@@ -240,60 +225,125 @@ pub fn chat(a: ChatArgs) -> CliResult {
                 continue;
             }
         };
-        let text = match chat_commands::parse(&text) {
-            Command::Send(t) if t.is_empty() => continue,
-            Command::Send(t) => t,
+        match chat_commands::parse(&text) {
+            Command::Send(t) if t.is_empty() => {}
+            Command::Send(t) => session.send(model.as_mut(), t)?,
             Command::Exit => break,
-            Command::Help => {
-                eprintln!("{}", chat_commands::HELP);
-                continue;
-            }
-            Command::Invalid(why) => {
-                eprintln!("{why}");
-                continue;
-            }
-            Command::Reset => {
-                messages = system.clone();
-                n_system = system.len();
-                system_ids = system_tokens(&template, &tokenizer, &system);
-                // The system prompt's positions stay: the next turn starts with them.
-                ctx.keep_common_prefix(&system_ids);
-                sampler = Sampler::new(cfg.clone())?;
-                eprintln!("(conversation reset)");
-                continue;
-            }
-            Command::Save(file) => {
-                match chat_commands::save(&file, &messages, &mut |question| input.confirm(question)) {
-                    Ok(()) => {
-                        eprintln!("(conversation of {} saved to {})", messages_count(messages.len()), file.display())
-                    }
-                    Err(e) => eprintln!("{e}"),
-                }
-                continue;
-            }
-            Command::Load(file) => {
-                match chat_commands::load(&file, limit) {
-                    Ok(loaded) => {
-                        messages = loaded;
-                        n_system = messages.iter().take_while(|m| m.role == Role::System).count();
-                        system_ids = system_tokens(&template, &tokenizer, &messages[..n_system]);
-                        eprintln!(
-                            "(conversation of {} loaded from {})",
-                            messages_count(messages.len()),
-                            file.display()
-                        );
-                    }
-                    Err(e) => eprintln!("{e}"),
-                }
-                continue;
-            }
-        };
-        messages.push(Message::user(text));
+            command => session.command(command, &mut input)?,
+        }
+    }
+    Ok(())
+}
+
+/// What `chat` reads and checks before the weights load.
+struct Setup {
+    tokenizer: Tokenizer,
+    template: ChatTemplate,
+    /// Context positions.
+    n_ctx: usize,
+    /// The longest text the context can hold, in bytes (`prompt::byte_limit`).
+    limit: usize,
+    cfg: SamplerConfig,
+    /// Sampling settings the model's file gave (not the command line).
+    from_model: SamplingDefaults,
+}
+
+/// The tokenizer, chat template, context and sampler settings of the model
+/// at `path`; warns of a missing chat template or a base model.
+///
+/// # Errors
+/// A bad context size or sampling flag; a system prompt (or the template's
+/// own) that leaves no room for a message.
+fn prepare(
+    a: &ChatArgs,
+    path: &Path,
+    system_prompt: Option<&str>,
+    gguf: &GgufFile,
+    spec: &ModelSpec,
+) -> CliResult<Setup> {
+    let tokenizer = Tokenizer::from_gguf(gguf)?;
+    let template = ChatTemplate::from_gguf(gguf, &tokenizer)?;
+    let n_ctx = context_size(a.ctx_size, spec.n_ctx_train)?;
+    let (cfg, from_model) = a.sampling.config(n_ctx, gguf)?;
+    let limit = crate::prompt::byte_limit(n_ctx);
+    // A system prompt that leaves no room fails before the weights load.
+    // So does the template's own default system prompt (used without -sys).
+    check_system_prompt(&template, &tokenizer, system_prompt, n_ctx, limit)?;
+    if template.source() != TemplateSource::Gguf {
+        // The source's own "(the file has none)" would say it twice.
+        let source = template.source().to_string();
+        let source = source.trim_end_matches(" (the file has none)");
+        eprintln!("warning: {} has no chat template; using {source}", path.display());
+    }
+    if instruct_tuned(path, gguf) == Some(false) {
+        eprintln!(
+            "warning: {} is a pre-trained (base) model: it continues text rather than answering (`infer chat` \
+             without -m uses {}, an instruction-tuned model)",
+            path.display(),
+            infer_model::fetch::DEFAULT_CHAT_MODEL_NAME
+        );
+    }
+    Ok(Setup { tokenizer, template, n_ctx, limit, cfg, from_model })
+}
+
+/// The messages of a conversation and the start that a context shift and
+/// `/reset` keep: its leading system messages (-sys, or a loaded file's),
+/// which dropping old turns never removes, and their tokens.
+struct Conversation {
+    /// The -sys messages `/reset` starts again from.
+    system: Vec<Message>,
+    messages: Vec<Message>,
+    /// The leading system messages of `messages`.
+    n_system: usize,
+    /// Their tokens ([`system_tokens`]).
+    system_ids: Vec<u32>,
+}
+
+impl Conversation {
+    fn new(system: Vec<Message>, s: &Setup) -> Conversation {
+        let mut c = Conversation { messages: Vec::new(), n_system: 0, system_ids: Vec::new(), system };
+        c.replace(c.system.clone(), s);
+        c
+    }
+
+    /// The conversation becomes `messages`; its leading system messages
+    /// are the new start.
+    fn replace(&mut self, messages: Vec<Message>, s: &Setup) {
+        self.messages = messages;
+        self.n_system = self.messages.iter().take_while(|m| m.role == Role::System).count();
+        self.system_ids = system_tokens(&s.template, &s.tokenizer, &self.messages[..self.n_system]);
+    }
+}
+
+/// A chat session's state between turns.
+struct Session<'a> {
+    a: &'a ChatArgs,
+    setup: Setup,
+    conv: Conversation,
+    ctx: CachedContext,
+    sampler: Sampler,
+    stops: Vec<String>,
+    max_tokens: usize,
+    out: crate::output::Out,
+}
+
+impl Session<'_> {
+    /// Sends the user's `text` and streams the reply, which joins the
+    /// conversation; a turn that cannot fit is refused on stderr.
+    fn send(&mut self, model: &mut dyn DeviceModel, text: String) -> CliResult {
+        let (s, a) = (&self.setup, self.a);
+        self.conv.messages.push(Message::user(text));
         let shift = !a.shift.no_context_shift;
-        let Some((rendered, ids, dropped)) =
-            fit_conversation(&mut messages, n_system, &template, &tokenizer, n_ctx, limit, shift)
-        else {
-            continue;
+        let Some((rendered, ids, dropped)) = fit_conversation(
+            &mut self.conv.messages,
+            self.conv.n_system,
+            &s.template,
+            &s.tokenizer,
+            s.n_ctx,
+            s.limit,
+            shift,
+        ) else {
+            return Ok(());
         };
         match dropped {
             0 => {}
@@ -301,17 +351,66 @@ pub fn chat(a: ChatArgs) -> CliResult {
             n => eprintln!("(context full: the {n} oldest messages were dropped)"),
         }
         if a.verbose_prompt {
-            crate::run::print_verbose_prompt(&rendered, &ids, &tokenizer);
+            crate::run::print_verbose_prompt(&rendered, &ids, &s.tokenizer);
         }
         // A full context during the reply keeps the system prompt (and
         // --keep more) and drops the oldest half of the rest.
-        let system_len = system_ids.iter().zip(&ids).take_while(|(x, y)| x == y).count();
-        let keep = a.shift.n_keep(&ids, &tokenizer).map(|k| k.max(system_len));
-        ctx.set_context_shift(keep);
-        let reply = reply(model.as_mut(), &mut ctx, &tokenizer, &ids, max_tokens, &mut sampler, &stops, &mut out)?;
-        messages.push(Message::assistant(reply.trim()));
+        let system_len = self.conv.system_ids.iter().zip(&ids).take_while(|(x, y)| x == y).count();
+        let keep = a.shift.n_keep(&ids, &s.tokenizer).map(|k| k.max(system_len));
+        self.ctx.set_context_shift(keep);
+        let reply = reply(
+            model,
+            &mut self.ctx,
+            &s.tokenizer,
+            &ids,
+            self.max_tokens,
+            &mut self.sampler,
+            &self.stops,
+            &mut self.out,
+        )?;
+        self.conv.messages.push(Message::assistant(reply.trim()));
+        Ok(())
     }
-    Ok(())
+
+    /// Runs a command other than sending and `/exit`; what fails is said
+    /// on stderr and the session goes on.
+    fn command(&mut self, command: Command, input: &mut ChatInput) -> CliResult {
+        let s = &self.setup;
+        match command {
+            Command::Send(_) | Command::Exit => {}
+            Command::Help => eprintln!("{}", chat_commands::HELP),
+            Command::Invalid(why) => eprintln!("{why}"),
+            Command::Reset => {
+                self.conv.replace(self.conv.system.clone(), s);
+                // The system prompt's positions stay: the next turn starts with them.
+                self.ctx.keep_common_prefix(&self.conv.system_ids);
+                self.sampler = Sampler::new(s.cfg.clone())?;
+                eprintln!("(conversation reset)");
+            }
+            Command::Save(file) => {
+                match chat_commands::save(&file, &self.conv.messages, &mut |question| input.confirm(question)) {
+                    Ok(()) => eprintln!(
+                        "(conversation of {} saved to {})",
+                        messages_count(self.conv.messages.len()),
+                        file.display()
+                    ),
+                    Err(e) => eprintln!("{e}"),
+                }
+            }
+            Command::Load(file) => match chat_commands::load(&file, s.limit) {
+                Ok(loaded) => {
+                    self.conv.replace(loaded, s);
+                    eprintln!(
+                        "(conversation of {} loaded from {})",
+                        messages_count(self.conv.messages.len()),
+                        file.display()
+                    );
+                }
+                Err(e) => eprintln!("{e}"),
+            },
+        }
+        Ok(())
+    }
 }
 
 /// The tokens of the system messages `system` rendered alone (none when
