@@ -100,7 +100,6 @@ struct PreparedLayer {
 /// Per-token work buffers, grown to the largest batch seen.
 #[derive(Default)]
 struct Buffers {
-    x: Vec<f32>,
     h: Vec<f32>,
     q: Vec<f32>,
     k: Vec<f32>,
@@ -147,6 +146,8 @@ pub struct CpuModel {
     /// Runs the parallel loops (products, attention) of decode and prefill
     /// (shared by the backend's models; one loop at a time).
     team: Arc<Team>,
+    /// The residual stream, `[n_tokens][n_embd]`.
+    x: Vec<f32>,
     buf: Buffers,
     /// The step's output rows, `n_outputs × n_vocab`.
     logits: Vec<f32>,
@@ -222,6 +223,7 @@ impl CpuModel {
             logits: crate::memory::zeroed(spec.n_vocab, "the logits")?,
             w: Arc::new(w),
             team,
+            x: Vec::new(),
             buf: Buffers::default(),
         })
     }
@@ -251,16 +253,14 @@ impl CpuModel {
         mut prof: Option<&mut StepProfile>,
     ) -> Result<usize> {
         let tokens = batch.tokens();
-        let (pos, slot) = (batch.positions(), batch.slots());
         let n = tokens.len();
         let wt = &*self.w;
         let e = wt.n_embd;
-        let n_ctx = pool.n_ctx;
         let k = &wt.kernels;
         let par = Par::Team(&self.team);
         let b = &mut self.buf;
         let prof = &mut prof;
-        let x = fit(&mut b.x, n * e)?;
+        let x = fit(&mut self.x, n * e)?;
         timed(prof, "token_embd", "", || -> Result<()> {
             for (t, &tok) in tokens.iter().enumerate() {
                 let row = &mut x[t * e..(t + 1) * e];
@@ -272,111 +272,8 @@ impl CpuModel {
             Ok(())
         })?;
         for (li, layer) in wt.layers.iter().enumerate() {
-            let l = &layer.spec;
-            let (qd, kvd) = (l.n_head * l.head_dim, l.n_head_kv * l.head_dim);
-            let h = fit(&mut b.h, n * e)?;
-            timed(prof, "attn_norm", "", || layer.attn_norm.apply(x, h));
-            let q = fit(&mut b.q, n * qd)?;
-            let kk = fit(&mut b.k, n * kvd)?;
-            let v = fit(&mut b.v, n * kvd)?;
-            timed_products(prof, "attn_qkv", layer.qkv.mats(), || {
-                layer.qkv.products(k, par, &mut [&mut *q, &mut *kk, &mut *v], h, n, &mut b.prod, &mut b.stacked)
-            })?;
-            if layer.bq.is_some() || layer.bk.is_some() || layer.bv.is_some() {
-                timed(prof, "attn_qkv bias", "", || {
-                    for (bias, out, d) in
-                        [(&layer.bq, &mut *q, qd), (&layer.bk, &mut *kk, kvd), (&layer.bv, &mut *v, kvd)]
-                    {
-                        if let Some(bias) = bias {
-                            out.chunks_exact_mut(d).for_each(|r| ops::add(r, bias));
-                        }
-                    }
-                });
-            }
-            if layer.q_norm.is_some() || layer.k_norm.is_some() {
-                timed(prof, "attn_q_norm, attn_k_norm", "", || {
-                    if let Some(nq) = &layer.q_norm {
-                        nq.apply_inplace(q, &mut b.tmp);
-                    }
-                    if let Some(nk) = &layer.k_norm {
-                        nk.apply_inplace(kk, &mut b.tmp);
-                    }
-                });
-            }
-            let slot_len = n_ctx * kvd;
-            timed(prof, "rope, kv append", "", || {
-                for t in 0..n {
-                    let q = &mut q[t * qd..(t + 1) * qd];
-                    let (kr, vr) = (&mut kk[t * kvd..(t + 1) * kvd], &mut v[t * kvd..(t + 1) * kvd]);
-                    ops::rope(q, l.n_head, l.head_dim, pos[t], &l.rope);
-                    ops::rope(kr, l.n_head_kv, l.head_dim, pos[t], &l.rope);
-                    pool.append(li, q, kr, vr, slot[t], pos[t]);
-                }
-            });
-            let p = ops::AttnParams::from_layer(l);
-            let attn = fit(&mut b.attn, n * qd)?;
-            let scores = fit(&mut b.scores, if n == 1 { l.n_head * n_ctx } else { 0 })?;
-            let windowed = pool.k[li].window() > 0 || pool.v[li].window() > 0;
-            let (kl, vl) = (&mut pool.k[li], &mut pool.v[li]);
-            timed(prof, "attention", "", || {
-                if windowed {
-                    let fresh = (&kk[..n * kvd], &v[..n * kvd]);
-                    super::tq_window::attend_windowed(par, q, (kl, vl), fresh, n_ctx, spans, &p, attn);
-                } else {
-                    attend(par, q, (kl.view(), vl.view()), slot_len, (slot, pos), spans, &p, scores, attn);
-                }
-                // Rotated values sum to a rotated output: back to the model's basis.
-                if let Some(r) = &pool.v_rot[li] {
-                    r.unrotate(attn);
-                }
-            });
-            let o = fit(&mut b.o, n * e)?;
-            timed_products(prof, "attn_output", std::slice::from_ref(&layer.wo), || {
-                products(k, par, &mut [(&layer.wo, o)], attn, n, &mut b.prod)
-            })?;
-            if let Some(pn) = &layer.post_attn_norm {
-                timed(prof, "post_attention_norm", "", || pn.apply_inplace(o, &mut b.tmp));
-            }
-            timed(prof, "residual add", "", || ops::add(x, o));
-
-            let h = fit(&mut b.h, n * e)?;
-            timed(prof, "ffn_norm", "", || layer.ffn_norm.apply(x, h));
-            let n_ff = layer.ffn_in.rows(0);
-            let up = fit(&mut b.up, n * n_ff)?;
-            let act = fit(&mut b.act, n * n_ff)?;
-            let act_name = match l.activation {
-                Activation::GeluTanh => "gelu_tanh",
-                Activation::Silu => "silu",
-            };
-            if layer.ffn_in.parts() == 2 {
-                let gate = fit(&mut b.gate, n * n_ff)?;
-                timed_products(prof, "ffn_gate_up", layer.ffn_in.mats(), || {
-                    layer.ffn_in.products(k, par, &mut [&mut *gate, &mut *up], h, n, &mut b.prod, &mut b.stacked)
-                })?;
-                timed(prof, act_name, "gated", || match l.activation {
-                    Activation::GeluTanh => ops::geglu(gate, up, act),
-                    Activation::Silu => ops::swiglu(gate, up, act),
-                });
-            } else {
-                timed_products(prof, "ffn_up", layer.ffn_in.mats(), || {
-                    layer.ffn_in.products(k, par, &mut [&mut *up], h, n, &mut b.prod, &mut b.stacked)
-                })?;
-                timed(prof, act_name, "", || {
-                    act.copy_from_slice(up);
-                    match l.activation {
-                        Activation::GeluTanh => ops::gelu_tanh(act),
-                        Activation::Silu => ops::silu(act),
-                    }
-                });
-            }
-            let o = fit(&mut b.o, n * e)?;
-            timed_products(prof, "ffn_down", std::slice::from_ref(&layer.ffn_down), || {
-                products(k, par, &mut [(&layer.ffn_down, o)], act, n, &mut b.prod)
-            })?;
-            if let Some(pn) = &layer.post_ffn_norm {
-                timed(prof, "post_ffw_norm", "", || pn.apply_inplace(o, &mut b.tmp));
-            }
-            timed(prof, "residual add", "", || ops::add(x, o));
+            attention_half(layer, li, x, b, pool, batch, spans, k, par, prof)?;
+            ffn_half(layer, x, b, n, k, par, prof)?;
         }
         // The wanted rows only: normed into consecutive rows of `h`.
         let n_out = batch.n_outputs();
@@ -400,6 +297,149 @@ impl CpuModel {
         }
         Ok(n_out)
     }
+}
+/// One layer's attention half over the batch's `n` tokens (`x`: `[n][n_embd]`
+/// rows, updated in place): `x += post_norm(W_o · attention(rope(W_qkv ·
+/// norm(x))))`, each token's k and v appended to its slot of `pool` at its
+/// position before the attention of its span reads them.
+#[allow(clippy::too_many_arguments)]
+fn attention_half(
+    layer: &PreparedLayer,
+    li: usize,
+    x: &mut [f32],
+    b: &mut Buffers,
+    pool: &mut CpuKvPool,
+    batch: &Batch,
+    spans: &[Span],
+    k: &Kernels,
+    par: Par,
+    prof: &mut Option<&mut StepProfile>,
+) -> Result<()> {
+    let (pos, slot) = (batch.positions(), batch.slots());
+    let n = batch.tokens().len();
+    // n_embd: the length of the norm's weights.
+    let e = layer.attn_norm.weight.len();
+    let n_ctx = pool.n_ctx;
+    let l = &layer.spec;
+    let (qd, kvd) = (l.n_head * l.head_dim, l.n_head_kv * l.head_dim);
+    let h = fit(&mut b.h, n * e)?;
+    timed(prof, "attn_norm", "", || layer.attn_norm.apply(x, h));
+    let q = fit(&mut b.q, n * qd)?;
+    let kk = fit(&mut b.k, n * kvd)?;
+    let v = fit(&mut b.v, n * kvd)?;
+    timed_products(prof, "attn_qkv", layer.qkv.mats(), || {
+        layer.qkv.products(k, par, &mut [&mut *q, &mut *kk, &mut *v], h, n, &mut b.prod, &mut b.stacked)
+    })?;
+    if layer.bq.is_some() || layer.bk.is_some() || layer.bv.is_some() {
+        timed(prof, "attn_qkv bias", "", || {
+            for (bias, out, d) in [(&layer.bq, &mut *q, qd), (&layer.bk, &mut *kk, kvd), (&layer.bv, &mut *v, kvd)] {
+                if let Some(bias) = bias {
+                    out.chunks_exact_mut(d).for_each(|r| ops::add(r, bias));
+                }
+            }
+        });
+    }
+    if layer.q_norm.is_some() || layer.k_norm.is_some() {
+        timed(prof, "attn_q_norm, attn_k_norm", "", || {
+            if let Some(nq) = &layer.q_norm {
+                nq.apply_inplace(q, &mut b.tmp);
+            }
+            if let Some(nk) = &layer.k_norm {
+                nk.apply_inplace(kk, &mut b.tmp);
+            }
+        });
+    }
+    let slot_len = n_ctx * kvd;
+    timed(prof, "rope, kv append", "", || {
+        for t in 0..n {
+            let q = &mut q[t * qd..(t + 1) * qd];
+            let (kr, vr) = (&mut kk[t * kvd..(t + 1) * kvd], &mut v[t * kvd..(t + 1) * kvd]);
+            ops::rope(q, l.n_head, l.head_dim, pos[t], &l.rope);
+            ops::rope(kr, l.n_head_kv, l.head_dim, pos[t], &l.rope);
+            pool.append(li, q, kr, vr, slot[t], pos[t]);
+        }
+    });
+    let p = ops::AttnParams::from_layer(l);
+    let attn = fit(&mut b.attn, n * qd)?;
+    let scores = fit(&mut b.scores, if n == 1 { l.n_head * n_ctx } else { 0 })?;
+    let windowed = pool.k[li].window() > 0 || pool.v[li].window() > 0;
+    let (kl, vl) = (&mut pool.k[li], &mut pool.v[li]);
+    timed(prof, "attention", "", || {
+        if windowed {
+            let fresh = (&kk[..n * kvd], &v[..n * kvd]);
+            super::tq_window::attend_windowed(par, q, (kl, vl), fresh, n_ctx, spans, &p, attn);
+        } else {
+            attend(par, q, (kl.view(), vl.view()), slot_len, (slot, pos), spans, &p, scores, attn);
+        }
+        // Rotated values sum to a rotated output: back to the model's basis.
+        if let Some(r) = &pool.v_rot[li] {
+            r.unrotate(attn);
+        }
+    });
+    let o = fit(&mut b.o, n * e)?;
+    timed_products(prof, "attn_output", std::slice::from_ref(&layer.wo), || {
+        products(k, par, &mut [(&layer.wo, o)], attn, n, &mut b.prod)
+    })?;
+    if let Some(pn) = &layer.post_attn_norm {
+        timed(prof, "post_attention_norm", "", || pn.apply_inplace(o, &mut b.tmp));
+    }
+    timed(prof, "residual add", "", || ops::add(x, o));
+
+    Ok(())
+}
+
+/// One layer's feed-forward half over `n` tokens: `x += post_norm(W_down ·
+/// act(W_gate · norm(x)) ⊙ (W_up · norm(x)))` (ungated: `act(W_up · h)`).
+fn ffn_half(
+    layer: &PreparedLayer,
+    x: &mut [f32],
+    b: &mut Buffers,
+    n: usize,
+    k: &Kernels,
+    par: Par,
+    prof: &mut Option<&mut StepProfile>,
+) -> Result<()> {
+    let l = &layer.spec;
+    let e = layer.ffn_norm.weight.len();
+    let h = fit(&mut b.h, n * e)?;
+    timed(prof, "ffn_norm", "", || layer.ffn_norm.apply(x, h));
+    let n_ff = layer.ffn_in.rows(0);
+    let up = fit(&mut b.up, n * n_ff)?;
+    let act = fit(&mut b.act, n * n_ff)?;
+    let act_name = match l.activation {
+        Activation::GeluTanh => "gelu_tanh",
+        Activation::Silu => "silu",
+    };
+    if layer.ffn_in.parts() == 2 {
+        let gate = fit(&mut b.gate, n * n_ff)?;
+        timed_products(prof, "ffn_gate_up", layer.ffn_in.mats(), || {
+            layer.ffn_in.products(k, par, &mut [&mut *gate, &mut *up], h, n, &mut b.prod, &mut b.stacked)
+        })?;
+        timed(prof, act_name, "gated", || match l.activation {
+            Activation::GeluTanh => ops::geglu(gate, up, act),
+            Activation::Silu => ops::swiglu(gate, up, act),
+        });
+    } else {
+        timed_products(prof, "ffn_up", layer.ffn_in.mats(), || {
+            layer.ffn_in.products(k, par, &mut [&mut *up], h, n, &mut b.prod, &mut b.stacked)
+        })?;
+        timed(prof, act_name, "", || {
+            act.copy_from_slice(up);
+            match l.activation {
+                Activation::GeluTanh => ops::gelu_tanh(act),
+                Activation::Silu => ops::silu(act),
+            }
+        });
+    }
+    let o = fit(&mut b.o, n * e)?;
+    timed_products(prof, "ffn_down", std::slice::from_ref(&layer.ffn_down), || {
+        products(k, par, &mut [(&layer.ffn_down, o)], act, n, &mut b.prod)
+    })?;
+    if let Some(pn) = &layer.post_ffn_norm {
+        timed(prof, "post_ffw_norm", "", || pn.apply_inplace(o, &mut b.tmp));
+    }
+    timed(prof, "residual add", "", || ops::add(x, o));
+    Ok(())
 }
 
 /// Runs `f`; when profiling, adds its time to `prof` under `op`.
@@ -487,6 +527,7 @@ impl DeviceModel for CpuModel {
         Ok(Box::new(CpuModel {
             w: self.w.clone(),
             team: self.team.clone(),
+            x: Vec::new(),
             buf: Buffers::default(),
             logits: crate::memory::zeroed(self.w.n_vocab, "the logits")?,
         }))
