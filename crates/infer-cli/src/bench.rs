@@ -157,7 +157,7 @@ pub enum OutputFormat {
 
 /// One test's result, as printed by `-o json`: llama-bench's field names
 /// where it has the field, then this benchmark's own.
-#[derive(Serialize, Clone, Debug)]
+#[derive(Serialize, Clone, Debug, Default)]
 pub struct TestResult {
     /// The processor (`model name` of `/proc/cpuinfo`; the backend's
     /// description on the CPU).
@@ -620,7 +620,7 @@ struct Tests {
 
 /// The fields of every row of one loaded model: what ran where, on
 /// `threads` threads (`cpu`: the host's name, given beside a GPU's), and
-/// the `bandwidth` figure (GB/s); the per-test fields are zero.
+/// the `bandwidth` figure (GB/s); the per-test fields are empty.
 fn base_result(
     a: &BenchArgs,
     loaded: &Loaded,
@@ -650,29 +650,17 @@ fn base_result(
         n_threads: threads,
         n_gpu_layers: if on_cpu { 0 } else { spec.layers.len() },
         use_mmap: !a.model.no_mmap,
-        n_prompt: 0,
-        n_gen: 0,
-        n_depth: 0,
-        test_time: String::new(),
-        avg_ns: 0,
-        stddev_ns: 0,
-        avg_ts: 0.0,
-        stddev_ts: 0.0,
-        samples_ns: Vec::new(),
-        samples_ts: Vec::new(),
-        test: String::new(),
         kernels,
         precision: a.model.precision.name().to_string(),
         synthetic: is_synthetic(gguf),
         device: backend.device_info(),
         repetitions: a.reps,
-        bytes_per_token: None,
-        effective_gbps: None,
         bandwidth_gbps: bandwidth,
-        roofline_fraction: None,
         type_k: kv_types.k.name().into(),
         type_v: kv_types.v.name().into(),
         kv_bytes_per_token: model.new_kv_cache_typed(1, kv_types)?.bytes_per_token(),
+        // The test's fields.
+        ..TestResult::default()
     })
 }
 
@@ -1000,41 +988,8 @@ mod tests {
 
     #[test]
     fn csv_fields_are_every_scalar_field() {
-        let r = TestResult {
-            cpu_info: String::new(),
-            gpu_info: String::new(),
-            backends: String::new(),
-            model_filename: String::new(),
-            model_type: String::new(),
-            model_size: 0,
-            model_n_params: 0,
-            n_threads: 1,
-            n_gpu_layers: 0,
-            use_mmap: true,
-            n_prompt: 0,
-            n_gen: 0,
-            n_depth: 0,
-            test_time: String::new(),
-            avg_ns: 0,
-            stddev_ns: 0,
-            avg_ts: 0.0,
-            stddev_ts: 0.0,
-            samples_ns: vec![],
-            samples_ts: vec![],
-            test: String::new(),
-            kernels: String::new(),
-            precision: String::new(),
-            synthetic: false,
-            device: String::new(),
-            repetitions: 1,
-            bytes_per_token: None,
-            effective_gbps: None,
-            bandwidth_gbps: None,
-            roofline_fraction: None,
-            type_k: "f16".into(),
-            type_v: "f16".into(),
-            kv_bytes_per_token: 0,
-        };
+        // Every field, None and empty ones included, is serialized.
+        let r = TestResult::default();
         let serde_json::Value::Object(m) = serde_json::to_value(&r).unwrap() else { panic!() };
         let mut scalar: Vec<&str> = m.iter().filter(|(_, v)| !v.is_array()).map(|(k, _)| k.as_str()).collect();
         let mut fields = CSV_FIELDS.to_vec();

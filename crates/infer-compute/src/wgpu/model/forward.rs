@@ -3,7 +3,7 @@
 //! its dispatches recorded in order into one command buffer (the table is
 //! in the parent module's documentation) and the wanted logits read back.
 
-use super::{DevNorm, Weights, WgpuModel, PASS_TOKENS};
+use super::{DevLayer, DevNorm, Weights, WgpuModel, PASS_TOKENS};
 use crate::backend::{Batch, StepProfile};
 use crate::error::{Error, Result};
 use crate::wgpu::context::Gpu;
@@ -206,164 +206,185 @@ impl WgpuModel {
 /// Records the pass of `n` tokens with `n_out` wanted rows of model `w`
 /// in scratch `s`.
 fn record<'g>(w: &Weights, s: &Scratch, gpu: &'g Gpu, pool: &WgpuKvPool, n: usize, n_out: usize) -> Result<Step<'g>> {
-    {
-        let mut st = Step::new(gpu);
-        let e = w.n_embd;
-        let nt = u(n)?;
-        let mv = |st: &mut Step<'g>, m: &DevWeight, x: &wgpu::Buffer, y: &wgpu::Buffer, n_tok: usize, cap: f32| {
-            let io = ProductIo { x, x_off: 0, x_stride: m.cols, n_tok, y, y_off: 0, y_stride: m.rows, cap };
-            record_matvec(st, m, io)
-        };
-        // Embedding, one dispatch per row block of the matrix.
-        for part in &w.token_embd.parts {
-            let params = [
-                P::U(u(e)?),
-                P::U(u(w.token_embd.row_bytes)?),
-                P::F(w.embd_scale),
-                P::U(u(part.row0)?),
-                P::U(u(part.rows)?),
-            ];
-            st.dispatch(
-                Kernel::Embed,
-                Variant::Weight(w.token_embd.ty),
-                &[(0, &part.buf), (1, &s.ids), (2, &s.x)],
-                3,
-                &params,
-                [nt, 1, 1],
-            )?;
-        }
-        let first = w.layers.first().map_or(&w.output_norm, |l| &l.attn_norm);
-        record_norm(&mut st, s, e, nt, None, None, first)?;
-        for (li, l) in w.layers.iter().enumerate() {
-            mv(&mut st, &l.wq, &s.h, &s.q, n, 0.0)?;
-            mv(&mut st, &l.wk, &s.h, &s.k, n, 0.0)?;
-            mv(&mut st, &l.wv, &s.h, &s.v, n, 0.0)?;
-            // The layer's K and V layouts, and the kernels composed for them.
-            let (kl, vl) = pool.layouts[li];
-            let kv = Variant::Kv(KvTypes { k: kl.ty, v: vl.ty });
-            let flags = l.bias.is_some() as u32 | (l.q_norm.is_some() as u32) << 1 | (l.k_norm.is_some() as u32) << 2;
-            let dummy = &gpu.dummy;
-            let rope = [
-                P::U(u(l.n_head)?),
-                P::U(u(l.n_kv)?),
-                P::U(u(l.hd)?),
-                P::U(u(l.n_rot)?),
-                P::U(l.neox as u32),
-                P::U(u(pool.n_ctx)?),
-                P::U(flags),
-                P::F(l.theta_scale),
-                P::F(l.freq_scale),
-                P::F(l.q_norm.as_ref().map_or(0.0, |n| n.eps)),
-                P::F(l.k_norm.as_ref().map_or(0.0, |n| n.eps)),
-                P::U(u(kl.row_words)?),
-                P::U(u(vl.row_words)?),
-                P::U(u(kl.rot)?),
-                P::U(u(vl.rot)?),
-                P::F(kl.rot_scale),
-                P::F(vl.rot_scale),
-            ];
-            let bufs = [
-                (0, &s.q),
-                (1, &s.k),
-                (2, &s.v),
-                (3, l.bias.as_ref().unwrap_or(dummy)),
-                (4, l.q_norm.as_ref().map_or(dummy, |n| &n.w)),
-                (5, l.k_norm.as_ref().map_or(dummy, |n| &n.w)),
-                (6, &pool.k[li]),
-                (7, &pool.v[li]),
-                (8, &s.pos),
-                (9, &s.slot),
-            ];
-            st.dispatch(Kernel::Rope, kv, &bufs, 10, &rope, [u(l.n_head + 2 * l.n_kv)?, nt, 1])?;
-            let caches = [(kl, &pool.k[li], &s.k), (vl, &pool.v[li], &s.v)];
-            record_tq(&mut st, s, &caches, nt, l.n_kv, false)?;
-            let attn = [
-                P::U(u(l.n_head)?),
-                P::U(u(l.n_kv)?),
-                P::U(u(l.hd)?),
-                P::U(u(pool.n_ctx)?),
-                P::U(l.window),
-                P::F(l.scale),
-                P::F(l.softcap),
-                P::U(u(kl.row_words)?),
-                P::U(u(vl.row_words)?),
-                P::U(u(vl.rot)?),
-                P::F(vl.rot_scale),
-            ];
-            let mut bufs = vec![
-                (0, &s.q),
-                (1, &pool.k[li]),
-                (2, &pool.v[li]),
-                (3, &s.scores),
-                (4, &s.attn),
-                (5, &s.pos),
-                (6, &s.slot),
-            ];
-            // The pass's rows, bound where a TurboQuant cache reads them.
-            if kl.tq.is_some() {
-                bufs.push((8, &s.k));
-            }
-            if vl.tq.is_some() {
-                bufs.push((9, &s.v));
-            }
-            if kl.tq.is_some() || vl.tq.is_some() {
-                bufs.push((10, &s.span));
-            }
-            st.dispatch(Kernel::Attention, kv, &bufs, 7, &attn, [u(l.n_head)?, nt, 1])?;
-            record_tq(&mut st, s, &caches, nt, l.n_kv, true)?;
-            mv(&mut st, &l.wo, &s.attn, &s.o, n, 0.0)?;
-            record_norm(&mut st, s, e, nt, Some(&s.o), l.post_attn_norm.as_ref(), &l.ffn_norm)?;
-            let n_ff = l.down.cols;
-            let ew = |st: &mut Step<'g>, k: Kernel, bufs: &[(u32, &wgpu::Buffer)]| {
-                let [gx, gy] = st.grid((n * n_ff).div_ceil(64));
-                st.dispatch(
-                    k,
-                    Variant::Plain,
-                    bufs,
-                    3,
-                    &[P::U(u(n * n_ff)?), P::U(l.gelu as u32), P::U(0)],
-                    [gx, gy, 1],
-                )
-            };
-            let io = |y| ProductIo { x: &s.h, x_off: 0, x_stride: e, n_tok: n, y, y_off: 0, y_stride: n_ff, cap: 0.0 };
-            match &l.ffn_in {
-                FfnIn::Stacked { w: gu, n_ff } if fused_glu(gu, n) => {
-                    record_glu(&mut st, gu, *n_ff, l.gelu, io(&s.up))?
-                }
-                FfnIn::Stacked { w: gu, n_ff } => {
-                    record_matvec_rows(&mut st, gu, 0..*n_ff, io(&s.gate))?;
-                    record_matvec_rows(&mut st, gu, *n_ff..2 * n_ff, io(&s.up))?;
-                    ew(&mut st, Kernel::Glu, &[(0, &s.gate), (1, &s.up)])?;
-                }
-                FfnIn::Apart { gate: Some(g), up } => {
-                    mv(&mut st, up, &s.h, &s.up, n, 0.0)?;
-                    mv(&mut st, g, &s.h, &s.gate, n, 0.0)?;
-                    ew(&mut st, Kernel::Glu, &[(0, &s.gate), (1, &s.up)])?;
-                }
-                FfnIn::Apart { gate: None, up } => {
-                    mv(&mut st, up, &s.h, &s.up, n, 0.0)?;
-                    ew(&mut st, Kernel::Act, &[(1, &s.up)])?;
-                }
-            }
-            mv(&mut st, &l.down, &s.up, &s.o, n, 0.0)?;
-            let next = w.layers.get(li + 1).map_or(&w.output_norm, |nl| &nl.attn_norm);
-            record_norm(&mut st, s, e, nt, Some(&s.o), l.post_ffn_norm.as_ref(), next)?;
-        }
-        if n_out > 0 {
-            let [gx, gy] = st.grid((n_out * e).div_ceil(64));
-            let params = [P::U(u(n_out * e)?), P::U(0), P::U(u(e)?)];
-            st.dispatch(
-                Kernel::Gather,
-                Variant::Plain,
-                &[(0, &s.h), (1, &s.out_h), (2, &s.out_idx)],
-                3,
-                &params,
-                [gx, gy, 1],
-            )?;
-            mv(&mut st, &w.output, &s.out_h, &s.logits, n_out, w.final_softcap)?;
-        }
-        Ok(st)
+    let mut st = Step::new(gpu);
+    let (e, nt) = (w.n_embd, u(n)?);
+    record_embed(&mut st, w, s, nt)?;
+    let first = w.layers.first().map_or(&w.output_norm, |l| &l.attn_norm);
+    record_norm(&mut st, s, e, nt, None, None, first)?;
+    for (li, l) in w.layers.iter().enumerate() {
+        record_attention(&mut st, l, li, s, pool, n)?;
+        record_norm(&mut st, s, e, nt, Some(&s.o), l.post_attn_norm.as_ref(), &l.ffn_norm)?;
+        record_ffn(&mut st, l, s, e, n)?;
+        let next = w.layers.get(li + 1).map_or(&w.output_norm, |nl| &nl.attn_norm);
+        record_norm(&mut st, s, e, nt, Some(&s.o), l.post_ffn_norm.as_ref(), next)?;
     }
+    if n_out > 0 {
+        let [gx, gy] = st.grid((n_out * e).div_ceil(64));
+        let params = [P::U(u(n_out * e)?), P::U(0), P::U(u(e)?)];
+        st.dispatch(
+            Kernel::Gather,
+            Variant::Plain,
+            &[(0, &s.h), (1, &s.out_h), (2, &s.out_idx)],
+            3,
+            &params,
+            [gx, gy, 1],
+        )?;
+        record_mv(&mut st, &w.output, &s.out_h, &s.logits, n_out, w.final_softcap)?;
+    }
+    Ok(st)
+}
+
+/// Records `y = m · x` over `n_tok` rows (a logit softcap `cap` when not 0).
+fn record_mv(
+    st: &mut Step<'_>,
+    m: &DevWeight,
+    x: &wgpu::Buffer,
+    y: &wgpu::Buffer,
+    n_tok: usize,
+    cap: f32,
+) -> Result<()> {
+    let io = ProductIo { x, x_off: 0, x_stride: m.cols, n_tok, y, y_off: 0, y_stride: m.rows, cap };
+    record_matvec(st, m, io)
+}
+
+/// Records the embedding lookup of the pass's `nt` tokens into `s.x`, one
+/// dispatch per row block of the matrix.
+fn record_embed(st: &mut Step<'_>, w: &Weights, s: &Scratch, nt: u32) -> Result<()> {
+    let e = w.n_embd;
+    for part in &w.token_embd.parts {
+        let params = [
+            P::U(u(e)?),
+            P::U(u(w.token_embd.row_bytes)?),
+            P::F(w.embd_scale),
+            P::U(u(part.row0)?),
+            P::U(u(part.rows)?),
+        ];
+        st.dispatch(
+            Kernel::Embed,
+            Variant::Weight(w.token_embd.ty),
+            &[(0, &part.buf), (1, &s.ids), (2, &s.x)],
+            3,
+            &params,
+            [nt, 1, 1],
+        )?;
+    }
+    Ok(())
+}
+
+/// Records layer `li`'s attention over `n` tokens from `s.h`: the q, k and
+/// v products, RoPE with the KV append, the TurboQuant coding where a
+/// cache is one, the attention and the output product into `s.o`.
+fn record_attention(
+    st: &mut Step<'_>,
+    l: &DevLayer,
+    li: usize,
+    s: &Scratch,
+    pool: &WgpuKvPool,
+    n: usize,
+) -> Result<()> {
+    let nt = u(n)?;
+    let gpu: &Gpu = st.gpu;
+    record_mv(st, &l.wq, &s.h, &s.q, n, 0.0)?;
+    record_mv(st, &l.wk, &s.h, &s.k, n, 0.0)?;
+    record_mv(st, &l.wv, &s.h, &s.v, n, 0.0)?;
+    // The layer's K and V layouts, and the kernels composed for them.
+    let (kl, vl) = pool.layouts[li];
+    let kv = Variant::Kv(KvTypes { k: kl.ty, v: vl.ty });
+    let flags = l.bias.is_some() as u32 | (l.q_norm.is_some() as u32) << 1 | (l.k_norm.is_some() as u32) << 2;
+    let dummy = &gpu.dummy;
+    let rope = [
+        P::U(u(l.n_head)?),
+        P::U(u(l.n_kv)?),
+        P::U(u(l.hd)?),
+        P::U(u(l.n_rot)?),
+        P::U(l.neox as u32),
+        P::U(u(pool.n_ctx)?),
+        P::U(flags),
+        P::F(l.theta_scale),
+        P::F(l.freq_scale),
+        P::F(l.q_norm.as_ref().map_or(0.0, |n| n.eps)),
+        P::F(l.k_norm.as_ref().map_or(0.0, |n| n.eps)),
+        P::U(u(kl.row_words)?),
+        P::U(u(vl.row_words)?),
+        P::U(u(kl.rot)?),
+        P::U(u(vl.rot)?),
+        P::F(kl.rot_scale),
+        P::F(vl.rot_scale),
+    ];
+    let bufs = [
+        (0, &s.q),
+        (1, &s.k),
+        (2, &s.v),
+        (3, l.bias.as_ref().unwrap_or(dummy)),
+        (4, l.q_norm.as_ref().map_or(dummy, |n| &n.w)),
+        (5, l.k_norm.as_ref().map_or(dummy, |n| &n.w)),
+        (6, &pool.k[li]),
+        (7, &pool.v[li]),
+        (8, &s.pos),
+        (9, &s.slot),
+    ];
+    st.dispatch(Kernel::Rope, kv, &bufs, 10, &rope, [u(l.n_head + 2 * l.n_kv)?, nt, 1])?;
+    let caches = [(kl, &pool.k[li], &s.k), (vl, &pool.v[li], &s.v)];
+    record_tq(st, s, &caches, nt, l.n_kv, false)?;
+    let attn = [
+        P::U(u(l.n_head)?),
+        P::U(u(l.n_kv)?),
+        P::U(u(l.hd)?),
+        P::U(u(pool.n_ctx)?),
+        P::U(l.window),
+        P::F(l.scale),
+        P::F(l.softcap),
+        P::U(u(kl.row_words)?),
+        P::U(u(vl.row_words)?),
+        P::U(u(vl.rot)?),
+        P::F(vl.rot_scale),
+    ];
+    let mut bufs =
+        vec![(0, &s.q), (1, &pool.k[li]), (2, &pool.v[li]), (3, &s.scores), (4, &s.attn), (5, &s.pos), (6, &s.slot)];
+    // The pass's rows, bound where a TurboQuant cache reads them.
+    if kl.tq.is_some() {
+        bufs.push((8, &s.k));
+    }
+    if vl.tq.is_some() {
+        bufs.push((9, &s.v));
+    }
+    if kl.tq.is_some() || vl.tq.is_some() {
+        bufs.push((10, &s.span));
+    }
+    st.dispatch(Kernel::Attention, kv, &bufs, 7, &attn, [u(l.n_head)?, nt, 1])?;
+    record_tq(st, s, &caches, nt, l.n_kv, true)?;
+    record_mv(st, &l.wo, &s.attn, &s.o, n, 0.0)?;
+    Ok(())
+}
+
+/// Records layer `l`'s feed-forward over `n` tokens from `s.h` into `s.o`
+/// (`e`: n_embd).
+fn record_ffn(st: &mut Step<'_>, l: &DevLayer, s: &Scratch, e: usize, n: usize) -> Result<()> {
+    let n_ff = l.down.cols;
+    let ew = |st: &mut Step<'_>, k: Kernel, bufs: &[(u32, &wgpu::Buffer)]| {
+        let [gx, gy] = st.grid((n * n_ff).div_ceil(64));
+        st.dispatch(k, Variant::Plain, bufs, 3, &[P::U(u(n * n_ff)?), P::U(l.gelu as u32), P::U(0)], [gx, gy, 1])
+    };
+    let io = |y| ProductIo { x: &s.h, x_off: 0, x_stride: e, n_tok: n, y, y_off: 0, y_stride: n_ff, cap: 0.0 };
+    match &l.ffn_in {
+        FfnIn::Stacked { w: gu, n_ff } if fused_glu(gu, n) => record_glu(st, gu, *n_ff, l.gelu, io(&s.up))?,
+        FfnIn::Stacked { w: gu, n_ff } => {
+            record_matvec_rows(st, gu, 0..*n_ff, io(&s.gate))?;
+            record_matvec_rows(st, gu, *n_ff..2 * n_ff, io(&s.up))?;
+            ew(st, Kernel::Glu, &[(0, &s.gate), (1, &s.up)])?;
+        }
+        FfnIn::Apart { gate: Some(g), up } => {
+            record_mv(st, up, &s.h, &s.up, n, 0.0)?;
+            record_mv(st, g, &s.h, &s.gate, n, 0.0)?;
+            ew(st, Kernel::Glu, &[(0, &s.gate), (1, &s.up)])?;
+        }
+        FfnIn::Apart { gate: None, up } => {
+            record_mv(st, up, &s.h, &s.up, n, 0.0)?;
+            ew(st, Kernel::Act, &[(1, &s.up)])?;
+        }
+    }
+    record_mv(st, &l.down, &s.up, &s.o, n, 0.0)?;
+    Ok(())
 }
 
 /// Records the kernels of a layer's TurboQuant caches (`tq_cache.wgsl`)
