@@ -68,7 +68,7 @@ use serde_json::{json, Value};
 use crate::common::{at_least, positive, CliResult};
 use crate::output::Out;
 use prompt::prompt_text;
-use report::{fmt_ms, markdown, summarize};
+use report::{fmt_ms, markdown, summarize, LevelResult};
 
 #[derive(Args, Clone, Debug)]
 pub struct ServeBenchArgs {
@@ -497,34 +497,7 @@ async fn run(a: ServeBenchArgs, base: String) -> CliResult {
     let seed = a.seed.unwrap_or(0);
     let label = a.label.clone().unwrap_or_else(|| ctx.base.clone());
 
-    // Warm-up, fitting the words per prompt to the token target.
-    // The server's count is taken as linear in the words (a chat
-    // template adds a constant): the first guess is one token a word, the
-    // second scales by the first count, later ones solve the line through
-    // the last two counts.
-    let mut words = a.prompt_tokens;
-    if !a.no_warmup {
-        let target = a.prompt_tokens as f64;
-        let mut seen: Vec<(f64, f64)> = Vec::new();
-        for i in 0..4u64 {
-            let body = ctx.body(prompt_text(seed, u64::MAX, i, 0, words), a.max_tokens.min(4), 0);
-            let r = ctx.stream(body).await.map_err(|f| format!("warm-up request: {} ({})", f.message, f.kind))?;
-            let Some(p) = r.prompt_tokens.filter(|&p| p > 0) else { break };
-            if (p as f64 - target).abs() <= (0.02 * target).max(1.0) || i == 3 {
-                break;
-            }
-            seen.push((words as f64, p as f64));
-            let next = match seen[..] {
-                [.., (w1, q1), (w2, q2)] if w1 != w2 && q1 != q2 => {
-                    let slope = (q2 - q1) / (w2 - w1);
-                    w2 + (target - q2) / slope
-                }
-                [.., (w, q)] => w * target / q,
-                [] => unreachable!(),
-            };
-            words = (next.round().max(1.0) as usize).min(a.prompt_tokens * 8);
-        }
-    }
+    let words = if a.no_warmup { a.prompt_tokens } else { fit_prompt_words(&ctx, &a, seed).await? };
     eprintln!(
         "bench serve: {label}, model {}, {} endpoint, {} words ≈ {} prompt tokens, {} tokens per reply",
         ctx.model,
@@ -544,29 +517,12 @@ async fn run(a: ServeBenchArgs, base: String) -> CliResult {
         }
         let counters = steps::scrape(&ctx).await;
         let t0 = Instant::now();
-        let mut set = tokio::task::JoinSet::new();
-        for c in 0..clients {
-            let ctx = Arc::clone(&ctx);
-            let first = n_req + (c * a.requests_per_client) as u64;
-            let rpc = a.requests_per_client;
-            set.spawn(async move {
-                let mut out = Vec::with_capacity(rpc);
-                for r in 0..rpc {
-                    let body = ctx.body(
-                        prompt_text(seed, li as u64, c as u64, r as u64, words),
-                        ctx.max_tokens,
-                        first + r as u64,
-                    );
-                    out.push(ctx.stream(body).await);
-                }
-                out
-            });
-        }
+        let first = n_req;
         n_req += (clients * a.requests_per_client) as u64;
-        let mut replies = Vec::new();
-        while let Some(j) = set.join_next().await {
-            replies.extend(j.map_err(|e| format!("a client task failed: {e}"))?);
-        }
+        let replies = run_clients(&ctx, clients, a.requests_per_client, first, |c, r| {
+            prompt_text(seed, li as u64, c as u64, r as u64, words)
+        })
+        .await?;
         let wall = t0.elapsed().as_secs_f64();
         let mut level = summarize(&a, &ctx, &label, words, clients, wall, &replies);
         if let (Some(before), Some(after)) = (counters, steps::scrape(&ctx).await) {
@@ -580,13 +536,7 @@ async fn run(a: ServeBenchArgs, base: String) -> CliResult {
             fmt_ms(level.ttft_ms.p50),
             wall
         );
-        let mut first_msgs: BTreeMap<&str, &str> = BTreeMap::new();
-        for f in replies.iter().filter_map(|r| r.as_ref().err()) {
-            first_msgs.entry(&f.kind).or_insert(&f.message);
-        }
-        for (k, m) in first_msgs {
-            eprintln!("bench serve:   {k} ({}×), e.g.: {m}", level.errors[k]);
-        }
+        print_failures(&replies, &level);
         if a.output == ServeFormat::Jsonl {
             writeln!(out, "{}", serde_json::to_string(&level)?)?;
             out.flush()?;
@@ -603,6 +553,85 @@ async fn run(a: ServeBenchArgs, base: String) -> CliResult {
         return Err("no request succeeded".into());
     }
     Ok(())
+}
+
+/// The words per prompt that make about `a.prompt_tokens` prompt tokens,
+/// found by up to four short warm-up requests. The server's count is taken
+/// as linear in the words (a chat template adds a constant): the first
+/// guess is one token a word, the second scales by the first count, later
+/// ones solve the line through the last two counts.
+///
+/// # Errors
+/// A warm-up request that fails.
+async fn fit_prompt_words(ctx: &Ctx, a: &ServeBenchArgs, seed: u64) -> CliResult<usize> {
+    let mut words = a.prompt_tokens;
+    let target = a.prompt_tokens as f64;
+    let mut seen: Vec<(f64, f64)> = Vec::new();
+    for i in 0..4u64 {
+        let body = ctx.body(prompt_text(seed, u64::MAX, i, 0, words), a.max_tokens.min(4), 0);
+        let r = ctx.stream(body).await.map_err(|f| format!("warm-up request: {} ({})", f.message, f.kind))?;
+        let Some(p) = r.prompt_tokens.filter(|&p| p > 0) else { break };
+        if (p as f64 - target).abs() <= (0.02 * target).max(1.0) || i == 3 {
+            break;
+        }
+        seen.push((words as f64, p as f64));
+        let next = match seen[..] {
+            [.., (w1, q1), (w2, q2)] if w1 != w2 && q1 != q2 => {
+                let slope = (q2 - q1) / (w2 - w1);
+                w2 + (target - q2) / slope
+            }
+            [.., (w, q)] => w * target / q,
+            [] => unreachable!(),
+        };
+        words = (next.round().max(1.0) as usize).min(a.prompt_tokens * 8);
+    }
+    Ok(words)
+}
+
+/// `clients` concurrent clients, each sending `per_client` streamed
+/// requests one after another (request `r` of client `c`: prompt
+/// `prompt(c, r)`, seed offset `first + c · per_client + r`); every reply
+/// or failure.
+///
+/// # Errors
+/// A client task that panicked or was cancelled.
+async fn run_clients(
+    ctx: &Arc<Ctx>,
+    clients: usize,
+    per_client: usize,
+    first: u64,
+    prompt: impl Fn(usize, usize) -> String,
+) -> CliResult<Vec<Result<Reply, Failure>>> {
+    let mut set = tokio::task::JoinSet::new();
+    for c in 0..clients {
+        let ctx = Arc::clone(ctx);
+        let first = first + (c * per_client) as u64;
+        let prompts: Vec<String> = (0..per_client).map(|r| prompt(c, r)).collect();
+        set.spawn(async move {
+            let mut out = Vec::with_capacity(prompts.len());
+            for (r, text) in prompts.into_iter().enumerate() {
+                let body = ctx.body(text, ctx.max_tokens, first + r as u64);
+                out.push(ctx.stream(body).await);
+            }
+            out
+        });
+    }
+    let mut replies = Vec::new();
+    while let Some(j) = set.join_next().await {
+        replies.extend(j.map_err(|e| format!("a client task failed: {e}"))?);
+    }
+    Ok(replies)
+}
+
+/// One line per kind of failure on stderr: its count and its first message.
+fn print_failures(replies: &[Result<Reply, Failure>], level: &LevelResult) {
+    let mut first_msgs: BTreeMap<&str, &str> = BTreeMap::new();
+    for f in replies.iter().filter_map(|r| r.as_ref().err()) {
+        first_msgs.entry(&f.kind).or_insert(&f.message);
+    }
+    for (k, m) in first_msgs {
+        eprintln!("bench serve:   {k} ({}×), e.g.: {m}", level.errors[k]);
+    }
 }
 
 #[cfg(test)]
