@@ -224,32 +224,8 @@ impl Vocab {
             }
         }
         let too_long = || tok_err("the vocabulary's texts exceed 4 GiB".into());
-
-        // An empty text becomes `[EMPTY_<id>]`: 8 bytes and the digits.
-        let text_len = |i: usize| match tokens.text(i).len() {
-            0 => 8 + digits(i),
-            len => len,
-        };
-        let mut total = 0usize;
-        for i in 0..n {
-            total = total.checked_add(text_len(i)).filter(|&t| u32::try_from(t).is_ok()).ok_or_else(too_long)?;
-        }
         let what = |table: &'static str| move || format!("the vocabulary's {table} ({n} tokens)");
-        let mut text = memory::string_with_capacity(total, what("texts"))?;
-        let mut offsets = memory::vec_with_capacity(n + 1, what("text offsets"))?;
-        offsets.push(0u32);
-        for i in 0..n {
-            match tokens.text(i) {
-                "" => {
-                    use std::fmt::Write;
-                    // Within the capacity reserved: writing cannot fail.
-                    let _ = write!(text, "[EMPTY_{i}]");
-                }
-                t => text.push_str(t),
-            }
-            // At most `total`, which fits in u32.
-            offsets.push(text.len() as u32);
-        }
+        let (text, offsets) = pack_texts(tokens)?;
         let mut types: Vec<TokenType> = memory::vec_with_capacity(n, what("token types"))?;
         match token_types {
             Some(t) => types.extend(t.iter().map(|&v| TokenType::from_gguf(v))),
@@ -281,30 +257,7 @@ impl Vocab {
         let unk = pick("unknown_token_id", given.unk, defaults.unk);
         let pad = pick("padding_token_id", given.pad, defaults.pad);
         let eot = pick("eot_token_id", given.eot, defaults.eot).or_else(|| EOT_TEXTS.iter().find_map(|t| find(t)));
-        let mut by_text: Vec<u32> = EOG_TEXTS.iter().filter_map(|t| find(t)).collect();
-        for &id in &by_text {
-            types[id as usize] = TokenType::Control;
-        }
-        // llama.cpp's exceptions, applied after EOS and EOT joined the list
-        // (so that they take those out too).
-        by_text.extend(eos);
-        by_text.extend(eot);
-        let mut eog = by_text;
-        let has = |eog: &[u32], t: &str| find(t).filter(|id| eog.contains(id));
-        if let Some(end) = has(&eog, "<|end|>") {
-            let harmony = has(&eog, "<|return|>").is_some() && has(&eog, "<|call|>").is_some();
-            let solar = has(&eog, "<|calls|>").is_some() && has(&eog, "<|flush|>").is_some();
-            if harmony || solar {
-                eog.retain(|&id| id != end);
-                types[end as usize] = TokenType::UserDefined;
-            }
-        }
-        if let (Some(s), Some(_)) = (has(&eog, "</s>"), has(&eog, "<|tool_response>")) {
-            eog.retain(|&id| id != s);
-            types[s as usize] = TokenType::Normal;
-        }
-        eog.sort_unstable();
-        eog.dedup();
+        let eog = end_of_generation(&find, eos, eot, &mut types);
 
         // Every token renders to at most its text's bytes, so `text.len()`
         // bytes hold them all; the reservation per token is then free.
@@ -445,6 +398,79 @@ impl Vocab {
 pub(crate) enum Fragment<'t> {
     Text(&'t str),
     Token(u32),
+}
+/// The token texts end to end, and the offset of each (`n + 1` offsets,
+/// the last the total length); an empty text becomes `[EMPTY_<id>]`.
+///
+/// # Errors
+/// [`Error::Tokenizer`] when the texts exceed 4 GiB; out of memory.
+fn pack_texts(tokens: &dyn Texts) -> Result<(String, Vec<u32>)> {
+    let n = tokens.count();
+    let too_long = || tok_err("the vocabulary's texts exceed 4 GiB".into());
+    // An empty text becomes `[EMPTY_<id>]`: 8 bytes and the digits.
+    let text_len = |i: usize| match tokens.text(i).len() {
+        0 => 8 + digits(i),
+        len => len,
+    };
+    let mut total = 0usize;
+    for i in 0..n {
+        total = total.checked_add(text_len(i)).filter(|&t| u32::try_from(t).is_ok()).ok_or_else(too_long)?;
+    }
+    let what = |table: &'static str| move || format!("the vocabulary's {table} ({n} tokens)");
+    let mut text = memory::string_with_capacity(total, what("texts"))?;
+    let mut offsets = memory::vec_with_capacity(n + 1, what("text offsets"))?;
+    offsets.push(0u32);
+    for i in 0..n {
+        match tokens.text(i) {
+            "" => {
+                use std::fmt::Write;
+                // Within the capacity reserved: writing cannot fail.
+                let _ = write!(text, "[EMPTY_{i}]");
+            }
+            t => text.push_str(t),
+        }
+        // At most `total`, which fits in u32.
+        offsets.push(text.len() as u32);
+    }
+    Ok((text, offsets))
+}
+
+/// The end-of-generation ids, sorted, as llama.cpp's vocabulary loader
+/// makes them: the tokens of [`EOG_TEXTS`] present (made control tokens
+/// in `types`), EOS and EOT, less its exceptions: `<|end|>` where the
+/// vocabulary also ends at `<|return|>` and `<|call|>` (gpt-oss's harmony
+/// format) or `<|calls|>` and `<|flush|>`, and `</s>` where it has
+/// `<|tool_response>` (their types changed as llama.cpp does).
+fn end_of_generation(
+    find: &dyn Fn(&str) -> Option<u32>,
+    eos: Option<u32>,
+    eot: Option<u32>,
+    types: &mut [TokenType],
+) -> Vec<u32> {
+    let mut eog: Vec<u32> = EOG_TEXTS.iter().filter_map(|t| find(t)).collect();
+    for &id in &eog {
+        types[id as usize] = TokenType::Control;
+    }
+    // The exceptions apply after EOS and EOT joined the list (so that they
+    // take those out too).
+    eog.extend(eos);
+    eog.extend(eot);
+    let has = |eog: &[u32], t: &str| find(t).filter(|id| eog.contains(id));
+    if let Some(end) = has(&eog, "<|end|>") {
+        let harmony = has(&eog, "<|return|>").is_some() && has(&eog, "<|call|>").is_some();
+        let solar = has(&eog, "<|calls|>").is_some() && has(&eog, "<|flush|>").is_some();
+        if harmony || solar {
+            eog.retain(|&id| id != end);
+            types[end as usize] = TokenType::UserDefined;
+        }
+    }
+    if let (Some(s), Some(_)) = (has(&eog, "</s>"), has(&eog, "<|tool_response>")) {
+        eog.retain(|&id| id != s);
+        types[s as usize] = TokenType::Normal;
+    }
+    eog.sort_unstable();
+    eog.dedup();
+    eog
 }
 
 /// Open-addressing hash table from token text to id, storing only ids (the
