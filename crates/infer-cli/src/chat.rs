@@ -145,6 +145,7 @@ pub fn chat(a: ChatArgs) -> CliResult {
     let mut model: Box<dyn DeviceModel> =
         if a.ignore_eos { Box::new(IgnoreEos::new(model, setup.tokenizer.eog_ids())) } else { model };
     let ctx = CachedContext::with_types(model.as_ref(), setup.n_ctx, a.cache.types_for(model.as_ref()))?;
+    let sampler = Sampler::new(setup.cfg.clone())?;
     let (cfg, from_model) = (&setup.cfg, &setup.from_model);
     eprintln!(
         "{} on {}, loaded in {:.2} s; context {} tokens; sampling: seed {}, {}{}. /reset starts over, /exit \
@@ -177,7 +178,7 @@ pub fn chat(a: ChatArgs) -> CliResult {
     }
     let mut session = Session {
         a: &a,
-        sampler: Sampler::new(setup.cfg.clone())?,
+        sampler,
         conv: Conversation::new(system, &setup),
         setup,
         ctx,
@@ -377,6 +378,7 @@ impl Session<'_> {
     fn command(&mut self, command: Command, input: &mut ChatInput) -> CliResult {
         let s = &self.setup;
         match command {
+            // The caller's.
             Command::Send(_) | Command::Exit => {}
             Command::Help => eprintln!("{}", chat_commands::HELP),
             Command::Invalid(why) => eprintln!("{why}"),
