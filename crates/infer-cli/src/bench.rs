@@ -618,6 +618,14 @@ struct Tests {
     depths: Vec<usize>,
 }
 
+impl Tests {
+    /// The depth `--profile` runs at, and the decode row it compares with:
+    /// the last of `-d`.
+    fn profile_depth(&self) -> usize {
+        self.depths.last().copied().unwrap_or(0)
+    }
+}
+
 /// The fields of every row of one loaded model: what ran where, on
 /// `threads` threads (`cpu`: the host's name, given beside a GPU's), and
 /// the `bandwidth` figure (GB/s); the per-test fields are empty.
@@ -700,7 +708,7 @@ fn run_tests(
     let top_k = a.top_k.map(|k| k as usize);
     let threads = base.n_threads;
     let mut last_tg_ms = None;
-    let profile_depth = tests.depths.last().copied().unwrap_or(0);
+    let profile_depth = tests.profile_depth();
     for &d in &tests.depths {
         let depth = random_tokens(a.seed.wrapping_add(1), d, spec.n_vocab);
         for &p in &tests.prompts {
@@ -753,7 +761,7 @@ fn profile_step(
     bos: u32,
     kv_types: KvTypes,
 ) -> CliResult<crate::profile::Profile> {
-    let profile_depth = tests.depths.last().copied().unwrap_or(0);
+    let profile_depth = tests.profile_depth();
     let steps = tests.gens.first().copied().unwrap_or(1).min(spec.n_ctx_train);
     let depth = random_tokens(a.seed.wrapping_add(1), profile_depth, spec.n_vocab);
     with_spinner("profiling decode", || -> CliResult<crate::profile::Profile> {
