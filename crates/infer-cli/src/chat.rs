@@ -378,7 +378,7 @@ impl Session<'_> {
     fn command(&mut self, command: Command, input: &mut ChatInput) -> CliResult {
         let s = &self.setup;
         match command {
-            // The caller's.
+            // Sent or ended by the caller, never passed here.
             Command::Send(_) | Command::Exit => {}
             Command::Help => eprintln!("{}", chat_commands::HELP),
             Command::Invalid(why) => eprintln!("{why}"),
