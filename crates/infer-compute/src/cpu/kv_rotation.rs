@@ -15,7 +15,9 @@
 //!   the keys of a layer with q and k norms of one gain per head channel
 //!   (Gemma 3, Qwen3), each key channel first multiplied by a fixed
 //!   [`ChannelScale`] and each query channel divided by it (`⟨q/s, s⊙k⟩
-//!   = ⟨q, k⟩`).
+//!   = ⟨q, k⟩`); values likewise by their layer's scale
+//!   ([`ChannelScale::for_values`]), the output divided by it after it is
+//!   rotated back (`Σ p_j s⊙v_j = s ⊙ Σ p_j v_j`).
 //!
 //! f32 and f16 caches are not rotated.
 
@@ -30,8 +32,8 @@ use crate::turboquant::{ChannelScale, TurboQuant};
 pub enum KvRotation {
     /// `H/√n` on each block of `n` values (self-inverse).
     Hadamard(usize),
-    /// TurboQuant's rotation of each head (the coder's `dim` values),
-    /// keys scaled per channel first where a [`ChannelScale`] is given.
+    /// TurboQuant's rotation of each head (the coder's `dim` values), the
+    /// rows scaled per channel first where a [`ChannelScale`] is given.
     Turbo(Arc<TurboQuant>, Option<ChannelScale>),
 }
 
@@ -54,9 +56,9 @@ impl KvRotation {
         }
     }
 
-    /// This rotation with keys scaled by `scale` first (TurboQuant only;
-    /// the others are returned as they are).
-    pub fn with_key_scale(self, scale: Option<ChannelScale>) -> Self {
+    /// This rotation with the stored rows scaled by `scale` first
+    /// (TurboQuant only; the others are returned as they are).
+    pub fn with_scale(self, scale: Option<ChannelScale>) -> Self {
         match self {
             KvRotation::Turbo(t, _) if scale.as_ref().is_some_and(|s| s.key().len() == t.dim()) => {
                 KvRotation::Turbo(t, scale)
@@ -65,8 +67,8 @@ impl KvRotation {
         }
     }
 
-    /// The key scale in use, if any.
-    pub fn key_scale(&self) -> Option<&ChannelScale> {
+    /// The scale in use, if any.
+    pub fn scale(&self) -> Option<&ChannelScale> {
         match self {
             KvRotation::Turbo(_, s) => s.as_ref(),
             KvRotation::Hadamard(_) => None,
@@ -74,8 +76,7 @@ impl KvRotation {
     }
 
     /// `rows ← R rows`, block by block (`rows.len()` a multiple of
-    /// `head_dim`, which the block divides): values, and keys and queries
-    /// where no scale is given.
+    /// `head_dim`, which the block divides), no scale.
     pub fn rotate(&self, rows: &mut [f32]) {
         match self {
             KvRotation::Hadamard(n) => rows.chunks_exact_mut(*n).for_each(hadamard),
@@ -83,14 +84,25 @@ impl KvRotation {
         }
     }
 
-    /// `rows ← R (s ⊙ rows)` per head: keys.
-    pub fn rotate_keys(&self, rows: &mut [f32]) {
-        self.rotate_scaled(rows, self.key_scale().map(|s| s.key()));
+    /// `rows ← R (s ⊙ rows)` per head: keys or values as stored.
+    pub fn rotate_stored(&self, rows: &mut [f32]) {
+        self.rotate_scaled(rows, self.scale().map(|s| s.key()));
     }
 
     /// `rows ← R (rows / s)` per head: the queries that meet the keys.
     pub fn rotate_queries(&self, rows: &mut [f32]) {
-        self.rotate_scaled(rows, self.key_scale().map(|s| s.query()));
+        self.rotate_scaled(rows, self.scale().map(|s| s.query()));
+    }
+
+    /// `rows ← (R⁻¹ rows) / s` per head: attention's output over the
+    /// values, back in the model's basis.
+    pub fn unrotate_output(&self, rows: &mut [f32]) {
+        self.unrotate(rows);
+        if let Some(s) = self.scale().map(|s| s.query()) {
+            for h in rows.chunks_exact_mut(s.len()) {
+                h.iter_mut().zip(s).for_each(|(v, &s)| *v *= s);
+            }
+        }
     }
 
     fn rotate_scaled(&self, rows: &mut [f32], s: Option<&[f32]>) {
@@ -182,12 +194,12 @@ mod tests {
         assert!(ChannelScale::from_qk_norms(&q, &zero, &rope(RopeType::NeoX, 16)).unwrap().key()[2].is_finite());
 
         let tq = TurboQuant::shared(16, 4).unwrap();
-        let r = KvRotation::for_keys(KvCacheType::Tq4, 16, Some(&tq)).unwrap().with_key_scale(Some(s));
-        assert!(r.key_scale().is_some());
+        let r = KvRotation::for_keys(KvCacheType::Tq4, 16, Some(&tq)).unwrap().with_scale(Some(s));
+        assert!(r.scale().is_some());
         let (mut kr, mut qr): (Vec<f32>, Vec<f32>) =
             ((0..32).map(|i| (i as f32 * 0.7).sin()).collect(), (0..64).map(|i| (i as f32 * 0.3).cos()).collect());
         let (k0, q0) = (kr.clone(), qr.clone());
-        r.rotate_keys(&mut kr);
+        r.rotate_stored(&mut kr);
         r.rotate_queries(&mut qr);
         for (qh, qh0) in qr.chunks_exact(16).zip(q0.chunks_exact(16)) {
             for (kh, kh0) in kr.chunks_exact(16).zip(k0.chunks_exact(16)) {
@@ -199,10 +211,10 @@ mod tests {
         let s8 = ChannelScale::from_qk_norms(&q[..8], &k[..8], &rope(RopeType::NeoX, 8));
         assert!(KvRotation::for_keys(KvCacheType::Tq4, 16, Some(&tq))
             .unwrap()
-            .with_key_scale(s8)
-            .key_scale()
+            .with_scale(s8)
+            .scale()
             .is_none());
         let s16 = ChannelScale::from_qk_norms(&q, &k, &rope(RopeType::NeoX, 16));
-        assert!(KvRotation::Hadamard(64).with_key_scale(s16).key_scale().is_none());
+        assert!(KvRotation::Hadamard(64).with_scale(s16).scale().is_none());
     }
 }

@@ -373,7 +373,7 @@ fn attention_half(
         }
         // Rotated values sum to a rotated output: back to the model's basis.
         if let Some(r) = &pool.v_rot[li] {
-            r.unrotate(attn);
+            r.unrotate_output(attn);
         }
     });
     let o = fit(&mut b.o, n * e)?;
@@ -510,8 +510,12 @@ impl DeviceModel for CpuModel {
                 ChannelScale::from_qk_norms(&q.weight, &k.weight, &l.spec.rope)
                     .filter(|_| q.bias.is_none() && k.bias.is_none())
             });
-            k_rot.push(KvRotation::for_keys(types.k, hd, kb.turboquant()).map(|r| r.with_key_scale(scale)));
-            v_rot.push(KvRotation::for_values(types.v, hd, vb.turboquant()));
+            k_rot.push(KvRotation::for_keys(types.k, hd, kb.turboquant()).map(|r| r.with_scale(scale)));
+            let v_scale = match vb.turboquant() {
+                Some(_) => ChannelScale::for_values(&l.spec.wv, &l.attn_norm.weight, hd)?,
+                None => None,
+            };
+            v_rot.push(KvRotation::for_values(types.v, hd, vb.turboquant()).map(|r| r.with_scale(v_scale)));
             k.push(kb);
             v.push(vb);
         }
@@ -568,10 +572,10 @@ impl CpuKvPool {
     fn append(&mut self, li: usize, q: &mut [f32], k: &mut [f32], v: &mut [f32], slot: usize, pos: usize) {
         if let Some(r) = &self.k_rot[li] {
             r.rotate_queries(q);
-            r.rotate_keys(k);
+            r.rotate_stored(k);
         }
         if let Some(r) = &self.v_rot[li] {
-            r.rotate(v);
+            r.rotate_stored(v);
         }
         let kvd = k.len();
         let at = (slot * self.n_ctx + pos) * kvd;

@@ -138,9 +138,9 @@ pub struct CudaKvPool {
 
 impl CudaKvPool {
     /// An empty pool of `n_slots` sequences of `n_ctx` positions, per
-    /// layer `(n_head_kv, head_dim, key scale)` of `heads` (the scale: the
-    /// TurboQuant keys' [`ChannelScale`], if the layer has one), stored as
-    /// `types` say.
+    /// layer `(n_head_kv, head_dim, [key scale, value scale])` of `heads`
+    /// (the TurboQuant keys' and values' [`ChannelScale`]s, where the layer
+    /// has them), stored as `types` say.
     ///
     /// # Errors
     /// `n_slots` or `n_ctx` of 0, [`Error::UnsupportedKvCache`], sizes past
@@ -149,7 +149,7 @@ impl CudaKvPool {
     pub(super) fn new(
         dev: &Arc<Device>,
         model: ModelId,
-        heads: &[(usize, usize, Option<&ChannelScale>)],
+        heads: &[(usize, usize, [Option<&ChannelScale>; 2])],
         n_slots: usize,
         n_ctx: usize,
         types: KvTypes,
@@ -169,8 +169,8 @@ impl CudaKvPool {
             return Err(Error::UnsupportedModel(format!("a KV cache of {n_ctx} positions exceeds the kernels' range")));
         }
         let (mut k, mut v) = (Vec::with_capacity(layouts.len()), Vec::with_capacity(layouts.len()));
-        for ((kl, vl), &(_, _, scale)) in layouts.iter().zip(heads) {
-            for (l, out, scale) in [(kl, &mut k, scale), (vl, &mut v, None)] {
+        for ((kl, vl), &(_, _, [ks, vs])) in layouts.iter().zip(heads) {
+            for (l, out, scale) in [(kl, &mut k, ks), (vl, &mut v, vs)] {
                 // The header first: it checks the offsets fit the kernels'
                 // 32-bit words before anything is allocated.
                 let header = l.tq.map(|t| t.header(scale)).transpose()?;

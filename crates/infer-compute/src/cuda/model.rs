@@ -166,6 +166,9 @@ struct DevLayer {
     /// The TurboQuant keys' per-channel scale, from the q and k norm gains
     /// (as the CPU's and wgpu's).
     key_scale: Option<ChannelScale>,
+    /// The TurboQuant values' per-channel scale, from `wv` and the
+    /// attention norm's gain (as the CPU's and wgpu's).
+    value_scale: Option<ChannelScale>,
     post_attn_norm: Option<DevNorm>,
     ffn_norm: DevNorm,
     gated: bool,
@@ -406,6 +409,7 @@ impl CudaModel {
                     }
                     _ => None,
                 },
+                value_scale: ChannelScale::for_values(&l.wv, &l.attn_norm.weight.to_f32()?, l.head_dim)?,
                 post_attn_norm: opt_norm(&l.post_attn_norm)?,
                 ffn_norm: DevNorm::new(d, &l.ffn_norm)?,
                 gated,
@@ -729,7 +733,7 @@ impl CudaModel {
     /// type or a head size its blocks do not divide, sizes past the
     /// kernels' 32-bit positions, device allocation failures.
     pub fn new_cuda_kv_pool(&self, n_slots: usize, n_ctx: usize, types: KvTypes) -> Result<CudaKvPool> {
-        let heads: Vec<_> = self.w.layers.iter().map(|l| (l.n_kv, l.hd, l.key_scale.as_ref())).collect();
+        let heads: Vec<_> = self.w.layers.iter().map(|l| (l.n_kv, l.hd, [l.key_scale.as_ref(), l.value_scale.as_ref()])).collect();
         CudaKvPool::new(&self.dev, self.w.id, &heads, n_slots, n_ctx, types)
     }
 }

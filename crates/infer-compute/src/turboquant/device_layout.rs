@@ -10,8 +10,8 @@
 //! | `0 .. 16` | the header's fields ([`Field`]) |
 //! | `16 .. 32` | the `2^bits` Lloyd–Max centroids of the coder of `(hd, bits)`, f32 |
 //! | `32 .. 48` | the `2^bits − 1` boundaries between them, f32 |
-//! | `48 .. 48 + hd` | per channel, the rotation's random sign times the keys' channel scale (values: the sign) |
-//! | `48 + hd .. 48 + 2hd` | the sign over the channel scale, for the queries that meet the keys |
+//! | `48 .. 48 + hd` | per channel, the rotation's random sign times the channel scale of the keys or values ([`ChannelScale`]; 1 without one) |
+//! | `48 + hd .. 48 + 2hd` | the sign over the channel scale: of the queries that meet the keys, or of attention's output over the values once rotated back |
 //! | codes | `[n_slots][n_ctx][n_kv]` codes of `1 + ⌈hd · bits / 32⌉` words: the f16 scale `‖y‖ / ‖c[idx]‖` (low half), then the indices as one little-endian bit stream (index `i` at bits `i · bits ..`); positions below `n_exact` are not coded |
 //! | exact | `[n_slots][n_exact][kv_dim / 2]`: each slot's first `n_exact = min(TQ_EXACT_POSITIONS, n_ctx)` rows, f16, two per word (the even value low) |
 //! | centre | `[n_slots][kv_dim]` f32: the mean of the slot's exact rows `TQ_CENTRE_FROM .. n_exact`, set when row `n_exact − 1` is written (none when `n_exact ≤ TQ_CENTRE_FROM`) |
@@ -134,12 +134,12 @@ impl TqLayout {
         })
     }
 
-    /// The header and tables (words `0 .. 48 + 2hd`) of a cache of keys
-    /// scaled per channel by `key_scale` (values: `None`).
+    /// The header and tables (words `0 .. 48 + 2hd`) of a cache of keys or
+    /// values scaled per channel by `scale`.
     ///
     /// # Errors
     /// [`Error::Overflow`] for an offset past 32 bits; the coder's errors.
-    pub fn header(&self, key_scale: Option<&ChannelScale>) -> Result<Vec<u32>> {
+    pub fn header(&self, scale: Option<&ChannelScale>) -> Result<Vec<u32>> {
         let tq = TurboQuant::shared(self.hd, self.bits)?;
         let u = |v: usize| u32::try_from(v).map_err(|_| Error::Overflow("a TurboQuant KV cache offset past 32 bits"));
         // Checked first: every offset below is smaller.
@@ -176,7 +176,7 @@ impl TqLayout {
         // sign · s (an exact product: the sign is ±1), as the CPU's
         // `rows *= s` then `rows *= sign`.
         let signs = rotation::signs(self.hd, DEFAULT_SEED);
-        let (ks, qs) = match key_scale {
+        let (ks, qs) = match scale {
             Some(s) if s.key().len() == self.hd => (s.key(), s.query()),
             _ => (&[][..], &[][..]),
         };

@@ -150,8 +150,8 @@ pub struct WgpuKvPool {
 impl WgpuKvPool {
     /// An empty pool of `n_slots` sequences of `n_ctx` positions for model
     /// `model`, whose layers have `(n_head_kv, head_dim)` of `heads` and
-    /// the key scales `key_scales` (for TurboQuant keys), stored as `types`
-    /// say.
+    /// per layer the key and value scales of `scales` (for TurboQuant
+    /// caches), stored as `types` say.
     ///
     /// # Errors
     /// `n_slots` or `n_ctx` of 0; [`Error::UnsupportedKvCache`] (as
@@ -162,7 +162,7 @@ impl WgpuKvPool {
         gpu: &Arc<Gpu>,
         model: ModelId,
         heads: &[(usize, usize)],
-        key_scales: &[Option<ChannelScale>],
+        scales: &[[Option<ChannelScale>; 2]],
         n_slots: usize,
         n_ctx: usize,
         types: KvTypes,
@@ -192,8 +192,8 @@ impl WgpuKvPool {
         for (li, (kl, vl)) in layouts.iter().enumerate() {
             k.push(gpu.storage("K cache", size(kl)?)?);
             v.push(gpu.storage("V cache", size(vl)?)?);
-            let scale = key_scales.get(li).and_then(|s| s.as_ref());
-            for (l, buf, scale) in [(kl, &k[li], scale), (vl, &v[li], None)] {
+            let [ks, vs] = scales.get(li).map_or([None, None], |[k, v]| [k.as_ref(), v.as_ref()]);
+            for (l, buf, scale) in [(kl, &k[li], ks), (vl, &v[li], vs)] {
                 if let Some(t) = &l.tq {
                     gpu.queue.write_buffer(buf, 0, bytemuck::cast_slice(&t.header(scale)?));
                 }

@@ -342,7 +342,7 @@ impl CpuTq {
     fn write(&mut self, slot: usize, pos: usize, n_ctx: usize, x: &[f32]) {
         let (kvd, hd) = (x.len(), self.tq.dim());
         let mut r = x.to_vec();
-        self.rot.rotate_keys(&mut r);
+        self.rot.rotate_stored(&mut r);
         self.buf.write_row((slot * n_ctx + pos) * kvd, &r);
         self.rows.insert((slot, pos), r.clone());
         if pos + 1 == TQ_EXACT_POSITIONS {
@@ -498,7 +498,7 @@ fn turboquant_cache_rows_are_the_cpus() {
         let mut words = Vec::new();
         for one_pass in [true, false] {
             let what = format!("{types}, {n_kv}x{hd}, {}", if one_pass { "one pass" } else { "one by one" });
-            let pool = WgpuKvPool::new(&gpu, ModelId::next(), &[(n_kv, hd)], &[None], n_slots, n_ctx, types).unwrap();
+            let pool = WgpuKvPool::new(&gpu, ModelId::next(), &[(n_kv, hd)], &[[None, None]], n_slots, n_ctx, types).unwrap();
             for (toks, k, v) in [(&first, &k1, &v1), (&again, &k2, &v2)] {
                 if one_pass {
                     write_pass(&gpu, &pool, toks, &k.concat(), &v.concat());

@@ -101,6 +101,9 @@ pub(super) struct DevLayer {
     /// The per-channel scale of TurboQuant keys from the q and k norms'
     /// gains, as the CPU's (`ChannelScale`).
     pub key_scale: Option<ChannelScale>,
+    /// The per-channel scale of TurboQuant values from `wv` and the
+    /// attention norm's gain, as the CPU's.
+    pub value_scale: Option<ChannelScale>,
 }
 
 /// The products of a layer's FFN input.
@@ -278,6 +281,7 @@ impl WgpuModel {
                 down: mat(&l.ffn_down, "ffn_down")?,
                 post_ffn_norm: opt_norm(g, &l.post_ffn_norm, &p("post_ffw_norm"))?,
                 key_scale,
+                value_scale: ChannelScale::for_values(&l.wv, &l.attn_norm.weight.to_f32()?, l.head_dim)?,
             };
             weight_bytes +=
                 [&layer.wq, &layer.wk, &layer.wv, &layer.wo, &layer.down].iter().map(|w| w.bytes).sum::<usize>()
@@ -321,7 +325,8 @@ impl WgpuModel {
     /// when one layer's K or V does not fit one binding; out of memory.
     pub fn new_wgpu_kv_pool(&self, n_slots: usize, n_ctx: usize, types: KvTypes) -> Result<WgpuKvPool> {
         let heads: Vec<(usize, usize)> = self.w.layers.iter().map(|l| (l.n_kv, l.hd)).collect();
-        let scales: Vec<Option<ChannelScale>> = self.w.layers.iter().map(|l| l.key_scale.clone()).collect();
+        let scales: Vec<[Option<ChannelScale>; 2]> =
+            self.w.layers.iter().map(|l| [l.key_scale.clone(), l.value_scale.clone()]).collect();
         WgpuKvPool::new(&self.gpu, self.w.id, &heads, &scales, n_slots, n_ctx, types)
     }
 

@@ -18,7 +18,8 @@
 //               sums, merged by attn_combine) reading each row from where
 //               tq_cache.cuh says, for a TurboQuant K or V cache or both;
 //   tq_unrotate the output of TurboQuant values rotated back (H / sqrt(hd),
-//               then the signs) and quantized for the output projection;
+//               then the signs over the values' channel scale) and
+//               quantized for the output projection;
 //   tq_keep     after the attention, the ring takes each token's row, but
 //               for a token whose entry a later token of the span takes;
 //   tq_ring_copy  the ring entries of one slot holding positions below n
@@ -504,15 +505,16 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_split_tq_g8(cons
 }
 
 // Head `row` of the attention output, staged in x (shared), rotated back
-// (H / sqrt(hd), then the factors), stored and, with a.oq, quantized for
-// the output projection. The whole block calls it.
+// (H / sqrt(hd), then the inverse factors: the signs over the values'
+// channel scale), stored and, with a.oq, quantized for the output
+// projection. The whole block calls it.
 __device__ __forceinline__ void tq_unrotate_head(const AttnArgs& a, float* x, size_t row) {
     const u32* c = (const u32*)a.vc;
     const int hd = a.hd;
     __syncthreads();
     hadamard_smem(x, hd, hd);
     for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-        const float v = x[d] * tq_mul(c, d, false);
+        const float v = x[d] * tq_mul(c, d, true);
         a.out[row + d] = v;
         if (a.oq) quantize_chunk_warp(v, a.oq + row + (d & ~31), a.ods + (row + d) / 32);
     }

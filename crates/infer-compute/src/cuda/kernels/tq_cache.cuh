@@ -17,7 +17,7 @@
 //   otherwise:                 the code, n * c[idx], plus the slot's centre.
 // The same choice per (query, row) as the CPU's (cpu::tq_window). Values
 // are in the rotated basis: the head times the factors of word TQ_F_MUL
-// (random signs, the keys' channel scale), then H/sqrt(hd).
+// (random signs times the keys' or values' channel scale), then H/sqrt(hd).
 
 #define KV_TQ3 3
 #define KV_TQ4 4
@@ -52,8 +52,9 @@ __device__ __forceinline__ bool kv_is_tq(int type) { return type == KV_TQ3 || ty
 
 __device__ __forceinline__ float tq_f(const u32* c, int w) { return __uint_as_float(c[w]); }
 
-// Factor of value i of a head before the rotation (query: of a query that
-// meets these keys).
+// Factor of value i of a head before the rotation (query: the inverse, of
+// a query that meets these keys, or of attention's output over these
+// values after it is rotated back).
 __device__ __forceinline__ float tq_mul(const u32* c, int i, bool query) {
     return tq_f(c, TQ_F_MUL + (query ? (int)c[TQ_F_HD] : 0) + i);
 }

@@ -150,16 +150,16 @@ __device__ __forceinline__ void tq_merge_blocks(const AttnArgs& a, int h0, int n
 }
 
 // Heads h0 .. h0 + nh of the output, staged in x ([nh][hd], shared),
-// rotated back (H / sqrt(hd), then the factors), stored and, with a.oq,
-// quantized for the output projection (tq_unrotate_head for several
-// heads). The whole block calls it.
+// rotated back (H / sqrt(hd), then the inverse factors: the signs over the
+// values' channel scale), stored and, with a.oq, quantized for the output
+// projection (tq_unrotate_head for several heads). The whole block calls it.
 __device__ __forceinline__ void tq_unrotate_heads(const AttnArgs& a, int h0, int nh, float* x) {
     const u32* c = (const u32*)a.vc;
     const int hd = a.hd;
     __syncthreads();
     hadamard_smem(x, nh * hd, hd);
     for (int i = threadIdx.x; i < nh * hd; i += blockDim.x) {
-        const float v = x[i] * tq_mul(c, i % hd, false);
+        const float v = x[i] * tq_mul(c, i % hd, true);
         const size_t row = (size_t)h0 * hd + i;
         a.out[row] = v;
         if (a.oq) quantize_chunk_warp(v, a.oq + (row & ~(size_t)31), a.ods + row / 32);

@@ -13,7 +13,7 @@
 // were rotated alike by `rope`); values rotated by V's Hadamard block
 // v_rot sum to a rotated output, which is rotated back at the end
 // (`kv/rotation.wgsl`; H/√n is its own inverse), then multiplied by
-// `v_mul` (TurboQuant's signs).
+// `v_mul(_, true)` (TurboQuant's signs over the values' channel scale).
 
 // Invocations per workgroup (the reductions' size too).
 const WG: u32 = 64u;
@@ -107,7 +107,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
         workgroupBarrier();
         hadamard(p.v_rot, p.v_rs, hd, lid);
         for (var i = lid; i < hd; i += WG) {
-            out[qb + i] = head_buf[i] * v_mul(i, false);
+            out[qb + i] = head_buf[i] * v_mul(i, true);
         }
     }
 }
