@@ -20,7 +20,7 @@
 //! positions out.
 
 use super::compare::{check_logits, cosine};
-use super::model::{err, prepare, random_model, random_model_heads, tokens, Arch};
+use super::model::{err, prepare, random_model, random_model_heads, tokens, with_uneven_values, Arch};
 use super::{Case, Outcome};
 use crate::backend::{Batch, ComputeBackend, DeviceModel, KvPool, Out};
 use crate::kv_type::{TQ_EXACT_POSITIONS, TQ_WINDOW};
@@ -118,16 +118,20 @@ const _: () = assert!(LONGER_PROMPT > 2 * 256 + 16);
 /// ring's entries), where the last step is decoded again and must give
 /// the same logits as in slot 0. `heads`: `n_head`, `n_head_kv` and
 /// `head_dim` of the model (`n_embd` 256); `n_prompt`: the prompt's
-/// length ([`LONG_PROMPT`] or [`LONGER_PROMPT`]).
+/// length ([`LONG_PROMPT`] or [`LONGER_PROMPT`]); `uneven`: value
+/// channels of uneven size ([`with_uneven_values`]), so that a TurboQuant
+/// value cache's scale is far from 1.
 fn long_case(
     b: &dyn ComputeBackend,
     arch: Arch,
     types: KvTypes,
     heads: (usize, usize, usize),
     n_prompt: usize,
+    uneven: bool,
 ) -> Result<Outcome, String> {
     let (nh, nkv, hd) = heads;
     let spec = random_model_heads(45, arch, 256, nh, nkv, hd);
+    let spec = if uneven { with_uneven_values(spec) } else { spec };
     let mut m = match prepare(b, &spec)? {
         Ok(m) => m,
         Err(skip) => return Ok(skip),
@@ -298,17 +302,18 @@ pub fn cases() -> Vec<Case> {
         // 4/2 heads of 64, then shapes for CUDA's one-token kernel over
         // TurboQuant caches with more query heads per kv head than its
         // 4-head variant holds: 6 (its 8-head variant) and 12 (two chunks
-        // of heads per kv head), with heads of 128 and 64; and a prompt
-        // that spans three of its blocks.
-        for (name, types, heads, n_prompt) in [
-            ("tq4", KvTypes::both(T::Tq4), (4, 2, 64), LONG_PROMPT),
-            ("tq3", KvTypes::both(T::Tq3), (4, 2, 64), LONG_PROMPT),
-            ("tq3_heads_6_1_128", KvTypes::both(T::Tq3), (6, 1, 128), LONG_PROMPT),
-            ("tq4_heads_12_1_64", KvTypes::both(T::Tq4), (12, 1, 64), LONG_PROMPT),
-            ("tq4_prompt_700", KvTypes::both(T::Tq4), (4, 2, 64), LONGER_PROMPT),
+        // of heads per kv head), with heads of 128 and 64; a prompt that
+        // spans three of its blocks; value channels of uneven size.
+        for (name, types, heads, n_prompt, uneven) in [
+            ("tq4", KvTypes::both(T::Tq4), (4, 2, 64), LONG_PROMPT, false),
+            ("tq3", KvTypes::both(T::Tq3), (4, 2, 64), LONG_PROMPT, false),
+            ("tq3_heads_6_1_128", KvTypes::both(T::Tq3), (6, 1, 128), LONG_PROMPT, false),
+            ("tq4_heads_12_1_64", KvTypes::both(T::Tq4), (12, 1, 64), LONG_PROMPT, false),
+            ("tq4_prompt_700", KvTypes::both(T::Tq4), (4, 2, 64), LONGER_PROMPT, false),
+            ("tq3_uneven_values", KvTypes::both(T::Tq3), (4, 2, 64), LONG_PROMPT, true),
         ] {
             v.push(Case::new(&format!("kv::{arch_name}::long_{name}"), move |b| {
-                long_case(b, arch, types, heads, n_prompt)
+                long_case(b, arch, types, heads, n_prompt, uneven)
             }));
         }
     }

@@ -130,6 +130,27 @@ fn model_with_qkv(seed: u64, arch: Arch, shape: (usize, usize, usize, usize), qk
     }
 }
 
+/// `spec` with value channels of uneven size, as real models have
+/// (Gemma 3's differ by orders of magnitude): in every layer, row `r` of
+/// `wv` (channel `i = r mod head_dim` of its head) times `8^(i / (head_dim
+/// − 1))`, stored as f32. A TurboQuant value cache's scale
+/// ([`crate::turboquant::ChannelScale::for_values`]) then spans about 8×,
+/// so a backend that stores the scaled rows but does not divide the output
+/// by the scale fails its bounds.
+pub fn with_uneven_values(mut spec: ModelSpec) -> ModelSpec {
+    for l in &mut spec.layers {
+        let (hd, cols) = (l.head_dim, l.wv.cols);
+        let mut w = l.wv.to_f32().expect("the suite's weight types dequantize");
+        for (r, row) in w.chunks_exact_mut(cols).enumerate() {
+            let f = 8f32.powf((r % hd) as f32 / (hd - 1).max(1) as f32);
+            row.iter_mut().for_each(|x| *x *= f);
+        }
+        let bytes: Vec<u8> = w.iter().flat_map(|x| x.to_le_bytes()).collect();
+        l.wv = QuantWeight::new(GgmlType::F32, l.wv.rows, cols, bytes.into()).expect("an f32 matrix of wv's shape");
+    }
+    spec
+}
+
 /// `n` token ids below `vocab`, the same for the same `seed`.
 pub fn tokens(seed: u64, n: usize, vocab: usize) -> Vec<u32> {
     let mut rng = Rng::new(seed);

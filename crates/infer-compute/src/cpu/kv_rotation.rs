@@ -209,12 +209,42 @@ mod tests {
         }
         // Scales of another head size, and other rotations, are not taken.
         let s8 = ChannelScale::from_qk_norms(&q[..8], &k[..8], &rope(RopeType::NeoX, 8));
-        assert!(KvRotation::for_keys(KvCacheType::Tq4, 16, Some(&tq))
-            .unwrap()
-            .with_scale(s8)
-            .scale()
-            .is_none());
+        assert!(KvRotation::for_keys(KvCacheType::Tq4, 16, Some(&tq)).unwrap().with_scale(s8).scale().is_none());
         let s16 = ChannelScale::from_qk_norms(&q, &k, &rope(RopeType::NeoX, 16));
         assert!(KvRotation::Hadamard(64).with_scale(s16).scale().is_none());
+    }
+
+    /// Values stored with a scale: attention's output over them (a
+    /// weighted sum of the stored rows), rotated back, is the weighted sum
+    /// of the rows as computed.
+    #[test]
+    fn scaled_values_sum_back_to_the_unscaled_output() {
+        use crate::weight::QuantWeight;
+        use crate::GgmlType;
+        let (hd, cols) = (16usize, 5usize);
+        let w: Vec<f32> =
+            (0..2 * hd * cols).map(|i| ((i * 7 % 11) as f32 - 5.0) * (1.0 + (i / cols % hd) as f32)).collect();
+        let bytes: Vec<u8> = w.iter().flat_map(|x| x.to_le_bytes()).collect();
+        let wv = QuantWeight::new(GgmlType::F32, 2 * hd, cols, bytes.into()).unwrap();
+        let s = ChannelScale::for_values(&wv, &[1.0; 5], hd).unwrap().unwrap();
+        let spread = s.key().iter().fold(0.0f32, |a, &v| a.max(v)) / s.key().iter().fold(f32::MAX, |a, &v| a.min(v));
+        assert!(spread > 4.0, "a scale of spread {spread}");
+        let tq = TurboQuant::shared(hd, 3).unwrap();
+        let r = KvRotation::for_values(KvCacheType::Tq3, hd, Some(&tq)).unwrap().with_scale(Some(s));
+        let rows: Vec<Vec<f32>> =
+            (0..3).map(|j| (0..2 * hd).map(|i| ((i + 5 * j) as f32 * 0.37).sin()).collect()).collect();
+        let p = [0.2f32, 0.5, 0.3];
+        let mut out = vec![0.0f32; 2 * hd];
+        let mut want = vec![0.0f32; 2 * hd];
+        for (row, &pj) in rows.iter().zip(&p) {
+            let mut stored = row.clone();
+            r.rotate_stored(&mut stored);
+            out.iter_mut().zip(&stored).for_each(|(o, &v)| *o += pj * v);
+            want.iter_mut().zip(row).for_each(|(o, &v)| *o += pj * v);
+        }
+        r.unrotate_output(&mut out);
+        for (a, b) in out.iter().zip(&want) {
+            assert!((a - b).abs() <= 1e-5, "{a} vs {b}");
+        }
     }
 }

@@ -733,7 +733,8 @@ impl CudaModel {
     /// type or a head size its blocks do not divide, sizes past the
     /// kernels' 32-bit positions, device allocation failures.
     pub fn new_cuda_kv_pool(&self, n_slots: usize, n_ctx: usize, types: KvTypes) -> Result<CudaKvPool> {
-        let heads: Vec<_> = self.w.layers.iter().map(|l| (l.n_kv, l.hd, [l.key_scale.as_ref(), l.value_scale.as_ref()])).collect();
+        let heads: Vec<_> =
+            self.w.layers.iter().map(|l| (l.n_kv, l.hd, [l.key_scale.as_ref(), l.value_scale.as_ref()])).collect();
         CudaKvPool::new(&self.dev, self.w.id, &heads, n_slots, n_ctx, types)
     }
 }

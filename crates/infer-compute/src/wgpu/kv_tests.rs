@@ -498,7 +498,8 @@ fn turboquant_cache_rows_are_the_cpus() {
         let mut words = Vec::new();
         for one_pass in [true, false] {
             let what = format!("{types}, {n_kv}x{hd}, {}", if one_pass { "one pass" } else { "one by one" });
-            let pool = WgpuKvPool::new(&gpu, ModelId::next(), &[(n_kv, hd)], &[[None, None]], n_slots, n_ctx, types).unwrap();
+            let pool =
+                WgpuKvPool::new(&gpu, ModelId::next(), &[(n_kv, hd)], &[[None, None]], n_slots, n_ctx, types).unwrap();
             for (toks, k, v) in [(&first, &k1, &v1), (&again, &k2, &v2)] {
                 if one_pass {
                     write_pass(&gpu, &pool, toks, &k.concat(), &v.concat());
@@ -578,7 +579,7 @@ fn turboquant_cache_rows_are_the_cpus() {
 fn turboquant_attention_is_the_cpus() {
     use crate::backend::{Batch, ComputeBackend, Out};
     use crate::conformance::check_logits;
-    use crate::conformance::model::{random_model, tokens, Arch};
+    use crate::conformance::model::{random_model, tokens, with_uneven_values, Arch};
     use crate::cpu::{CpuBackend, Kernels, Precision};
     if gpu().is_none() {
         return;
@@ -588,14 +589,18 @@ fn turboquant_attention_is_the_cpus() {
     use KvCacheType as T;
     // f16 first: the device's difference from the CPU without TurboQuant,
     // for the printed comparison.
-    for (arch, types) in [
-        (Arch::LlamaBias, KvTypes::default()),
-        (Arch::LlamaBias, KvTypes::both(T::Tq4)),
-        (Arch::Gemma3, KvTypes::default()),
-        (Arch::Gemma3, KvTypes { k: T::Tq3, v: T::Tq4 }),
-        (Arch::LlamaBias, KvTypes { k: T::F16, v: T::Tq3 }),
+    // The last: value channels of uneven size, so that the values' scale
+    // is far from 1.
+    for (arch, types, uneven) in [
+        (Arch::LlamaBias, KvTypes::default(), false),
+        (Arch::LlamaBias, KvTypes::both(T::Tq4), false),
+        (Arch::Gemma3, KvTypes::default(), false),
+        (Arch::Gemma3, KvTypes { k: T::Tq3, v: T::Tq4 }, false),
+        (Arch::LlamaBias, KvTypes { k: T::F16, v: T::Tq3 }, false),
+        (Arch::Gemma3, KvTypes::both(T::Tq3), true),
     ] {
         let spec = random_model(41, arch);
+        let spec = if uneven { with_uneven_values(spec) } else { spec };
         let (mut wm, mut cm) = (wb.prepare(&spec).unwrap(), cb.prepare(&spec).unwrap());
         let n_ctx = 210;
         let (mut wp, mut cp) =
@@ -612,6 +617,6 @@ fn turboquant_attention_is_the_cpus() {
             max_diff = got.iter().zip(want).map(|(a, b)| (a - b).abs()).fold(max_diff, f32::max);
             pos += n;
         }
-        eprintln!("{arch:?} {types}, device against CPU: worst logit cosine {worst:.6}, max |Δlogit| {max_diff}");
+        eprintln!("{arch:?} {types} (uneven values: {uneven}), device against CPU: worst logit cosine {worst:.6}, max |Δlogit| {max_diff}");
     }
 }
