@@ -58,6 +58,16 @@ pub const TQ_EXACT_POSITIONS: usize = 16;
 /// A fixed `TQ_WINDOW · kv_dim · 2` bytes per slot, layer, K and V.
 pub const TQ_WINDOW: usize = 128;
 
+/// The power `p` of a TurboQuant value cache's scale `s_i = (1 / r_i)^p`
+/// ([`crate::turboquant::ChannelScale::for_values`]). Perplexity of a tq3
+/// cache over the f16 cache's, whole benchmark text at `-c 2048`
+/// (BENCHMARKS.md, "A fixed value scale"): Gemma 3 270M +3.23% without a scale, +2.34% at 3/8,
+/// +2.55% at 1/2, +3.08% at 1; SmolLM2 135M +2.25% without, +2.13% at
+/// 1/2. (Had `r_i` the channels' true variances, 1/4 would minimize the
+/// output's squared error; the weights' estimate spreads less than the
+/// data do, so a larger power.)
+pub const TQ_VALUE_SCALE_POWER: f64 = 0.5;
+
 /// The first exact position of the TurboQuant centre's mean (position 0,
 /// the usual sink, is left out: its key is a poor centre).
 pub const TQ_CENTRE_FROM: usize = 1;

@@ -2,23 +2,14 @@
 //! ([`ChannelScale`]), shared by every backend that stores tq3 and tq4.
 
 use crate::error::Result;
+use crate::kv_type::TQ_VALUE_SCALE_POWER;
 use crate::pipeline::{RopeSpec, RopeType};
 use crate::weight::QuantWeight;
 
-/// The power `p` of a value cache's scale `s_i = (1 / r_i)^p`
-/// ([`ChannelScale::for_values`]). Perplexity of a tq3 cache over the f16
-/// cache's, whole benchmark text at `-c 2048` (BENCHMARKS.md, "A fixed
-/// value scale"): Gemma 3 270M +3.23% without a scale, +2.34% at 3/8,
-/// +2.55% at 1/2, +3.08% at 1; SmolLM2 135M +2.25% without, +2.13% at
-/// 1/2. (Had `r_i` the channels' true variances, 1/4 would minimize the
-/// output's squared error; the weights' estimate spreads less than the
-/// data do, so a larger power.)
-pub const VALUE_SCALE_POWER: f64 = 0.5;
-
 /// A fixed per-channel scale of a layer's keys (its inverse on the
 /// queries) or values (its inverse on attention's output), one factor per
-/// head channel. Keys ([`ChannelScale::from_qk_norms`]): from the layer's q and k norm
-/// gains `g_q`, `g_k` (the same for every head):
+/// head channel. Keys ([`ChannelScale::from_qk_norms`]): from the layer's
+/// q and k norm gains `g_q`, `g_k` (the same for every head):
 /// `s_i = ((e_q + ε_q) / (e_k + ε_k))^(1/4)` with `e` the mean of the
 /// squared gains over the channel's RoPE pair (RoPE mixes a pair's two
 /// channels) and `ε` a thousandth of `e`'s mean. A key's coding error,
@@ -69,7 +60,7 @@ impl ChannelScale {
     /// times the gain, `r_i` is the mean over the kv heads of
     /// `‖w_{h,i}‖² / mean_k ‖w_{h,k}‖²` (the share of the head's variance
     /// its channel `i` gets from a normalized input of even channels), and
-    /// `s_i = (1 / (r_i + 10⁻³))^p`, `p` = [`VALUE_SCALE_POWER`]. A
+    /// `s_i = (1 / (r_i + 10⁻³))^p`, `p` = [`TQ_VALUE_SCALE_POWER`]. A
     /// rotated code spreads its error evenly over the channels; the scale
     /// moves it from the channels that carry little to those that carry
     /// much. Fixed per layer (no data), so every row of a slot, exact or
@@ -103,7 +94,7 @@ impl ChannelScale {
             return Ok(None);
         }
         let key: Vec<f32> =
-            share.iter().map(|r| (1.0 / (r / n_heads as f64 + 1e-3)).powf(VALUE_SCALE_POWER) as f32).collect();
+            share.iter().map(|r| (1.0 / (r / n_heads as f64 + 1e-3)).powf(TQ_VALUE_SCALE_POWER) as f32).collect();
         if key.iter().any(|v| !v.is_finite() || *v <= 0.0) {
             return Ok(None);
         }
@@ -146,7 +137,7 @@ mod tests {
         ];
         let s = ChannelScale::for_values(&f32_matrix(8, 3, &w), &[1.0; 3], 4).unwrap().unwrap();
         for (i, r) in [0.7f64, 0.7, 1.3, 1.3].into_iter().enumerate() {
-            let want = (1.0 / (r + 1e-3)).powf(VALUE_SCALE_POWER) as f32;
+            let want = (1.0 / (r + 1e-3)).powf(TQ_VALUE_SCALE_POWER) as f32;
             assert!((s.key()[i] - want).abs() <= 1e-6 * want, "channel {i}: {} want {want}", s.key()[i]);
             assert!((s.key()[i] * s.query()[i] - 1.0).abs() <= 1e-6);
         }
