@@ -62,7 +62,7 @@ pub struct BenchArgs {
     /// first time (seed 0) and reused afterwards.
     #[arg(long, conflicts_with_all = ["model", "hf_repo", "hf_file"], value_name = "SIZE")]
     synth: Option<String>,
-    /// File type of the synthetic model (q4_k_m, q8_0, q4_0).
+    /// File type of the synthetic model (q4_k_m, q5_k_m, q8_0, q4_0).
     #[arg(long, value_name = "TYPE", default_value = "q4_k_m", requires = "synth")]
     synth_quant: String,
     /// Prompt tokens of the prefill tests, as llama-bench: a comma list of values or ranges `FIRST-LAST[+STEP]`,

@@ -24,7 +24,7 @@ pub struct SynthArgs {
     /// `tiny` (every architecture, a few MB, for tests).
     #[arg(long)]
     size: String,
-    /// File type whose tensor type mix is copied: q4_k_m, q8_0 or q4_0.
+    /// File type whose tensor type mix is copied: q4_k_m, q5_k_m, q8_0 or q4_0.
     #[arg(long, default_value = "q4_k_m")]
     quant: String,
     /// Seed of the random weights (the file is a function of the shape, the

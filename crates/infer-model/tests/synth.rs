@@ -132,6 +132,29 @@ fn q4_k_m_mix_of_larger_models() {
     assert_eq!(ty(&p, "blk.0.attn_v.weight"), GgmlType::Q4_0);
 }
 
+/// Q5_K_M: Q4_K_M's rules with Q5_K for Q4_K. Llama 3.2 1B's tensor bytes
+/// equal those of the file llama.cpp's `llama-quantize` made from the same
+/// shape (861.81 MiB as llama-bench prints it, build 11434, 2026-12-08).
+#[test]
+fn q5_k_m_mix_as_llama_quantize() {
+    let p = plan_tensors(&SynthShape::preset(SynthArch::Llama, "1b").unwrap(), SynthQuant::Q5KM).unwrap();
+    let ty = |name: &str| p.iter().find(|t| t.name == name).unwrap().ty;
+    assert_eq!(SynthQuant::parse("q5_k_m"), Some(SynthQuant::Q5KM));
+    assert_eq!(SynthQuant::Q5KM.file_type(), 17);
+    assert_eq!(ty("token_embd.weight"), GgmlType::Q6_K);
+    // use_more_bits(i, 16): layers 0, 1, 4, 7, 10, 13, 14, 15.
+    assert_eq!(ty("blk.4.attn_v.weight"), GgmlType::Q6_K);
+    assert_eq!(ty("blk.5.attn_v.weight"), GgmlType::Q5_K);
+    assert_eq!(ty("blk.15.ffn_down.weight"), GgmlType::Q6_K);
+    assert_eq!(ty("blk.5.ffn_down.weight"), GgmlType::Q5_K);
+    assert_eq!(ty("blk.5.ffn_gate.weight"), GgmlType::Q5_K);
+    let bytes: u64 = p
+        .iter()
+        .map(|t| t.ty.row_bytes(t.dims[0] as usize).unwrap() as u64 * t.dims[1..].iter().product::<u64>())
+        .sum();
+    assert_eq!((bytes as f64 / (1u64 << 20) as f64 * 100.0).round() / 100.0, 861.81);
+}
+
 #[test]
 fn gemma3_270m_plan_reproduces_the_default_model() {
     let real = default_model();

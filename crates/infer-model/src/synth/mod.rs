@@ -12,7 +12,7 @@
 //! - **Shapes**: [`SynthShape::preset`] (Gemma 3 270M/1B/4B/12B, Llama 3.2
 //!   1B, Llama 3 8B, and a `tiny` shape of each architecture for tests).
 //! - **Types**: [`tensor_type`] reproduces llama.cpp's choice for the file
-//!   types Q4_K_M, Q8_0 and Q4_0 (`llama_tensor_get_type_impl` and
+//!   types Q4_K_M, Q5_K_M, Q8_0 and Q4_0 (`llama_tensor_get_type_impl` and
 //!   `tensor_type_fallback` in llama.cpp's `src/llama-quant.cpp`): Q4_K_M
 //!   quantizes most matrices to Q4_K, promotes `attn_v` and `ffn_down` to
 //!   Q6_K in the layers [`use_more_bits`] selects, writes the output matrix

@@ -8,6 +8,8 @@ use infer_compute::GgmlType;
 pub enum SynthQuant {
     /// `Q4_K_M` (`LLAMA_FTYPE_MOSTLY_Q4_K_M`, file type 15).
     Q4KM,
+    /// `Q5_K_M` (`LLAMA_FTYPE_MOSTLY_Q5_K_M`, file type 17).
+    Q5KM,
     /// `Q8_0` (file type 7).
     Q8_0,
     /// `Q4_0` (file type 2).
@@ -16,12 +18,13 @@ pub enum SynthQuant {
 
 impl SynthQuant {
     /// Every supported file type.
-    pub const ALL: [SynthQuant; 3] = [SynthQuant::Q4KM, SynthQuant::Q8_0, SynthQuant::Q4_0];
+    pub const ALL: [SynthQuant; 4] = [SynthQuant::Q4KM, SynthQuant::Q5KM, SynthQuant::Q8_0, SynthQuant::Q4_0];
 
     /// The name used on the command line (`"q4_k_m"`).
     pub fn name(self) -> &'static str {
         match self {
             SynthQuant::Q4KM => "q4_k_m",
+            SynthQuant::Q5KM => "q5_k_m",
             SynthQuant::Q8_0 => "q8_0",
             SynthQuant::Q4_0 => "q4_0",
         }
@@ -36,6 +39,7 @@ impl SynthQuant {
     pub fn file_type(self) -> u32 {
         match self {
             SynthQuant::Q4KM => 15,
+            SynthQuant::Q5KM => 17,
             SynthQuant::Q8_0 => 7,
             SynthQuant::Q4_0 => 2,
         }
@@ -45,6 +49,7 @@ impl SynthQuant {
     fn base_type(self) -> GgmlType {
         match self {
             SynthQuant::Q4KM => GgmlType::Q4_K,
+            SynthQuant::Q5KM => GgmlType::Q5_K,
             SynthQuant::Q8_0 => GgmlType::Q8_0,
             SynthQuant::Q4_0 => GgmlType::Q4_0,
         }
@@ -183,8 +188,9 @@ pub fn fallback_type(ty: GgmlType, cols: usize) -> GgmlType {
 ///   multiple of the default type's block, else Q6_K (unless the file type
 ///   is Q8_0, which keeps Q8_0);
 /// - untied embeddings: the default type;
-/// - Q4_K_M: `attn_v` and `ffn_down` are Q6_K where [`use_more_bits`],
-///   and a fused `attn_qkv` is Q5_K;
+/// - Q4_K_M and Q5_K_M: `attn_v` and `ffn_down` are Q6_K where
+///   [`use_more_bits`], and a fused `attn_qkv` is Q5_K (Q4_K_M) or Q6_K
+///   (Q5_K_M);
 /// - every other matrix: the default type;
 /// - then [`fallback_type`] for rows that the chosen block does not divide.
 pub fn tensor_type(
@@ -209,10 +215,13 @@ pub fn tensor_type(
                 GgmlType::Q8_0
             }
         }
-        TensorRole::AttnV | TensorRole::FfnDown if quant == SynthQuant::Q4KM && use_more_bits(layer, n_layer) => {
+        TensorRole::AttnV | TensorRole::FfnDown
+            if matches!(quant, SynthQuant::Q4KM | SynthQuant::Q5KM) && use_more_bits(layer, n_layer) =>
+        {
             GgmlType::Q6_K
         }
         TensorRole::AttnQkv if quant == SynthQuant::Q4KM => GgmlType::Q5_K,
+        TensorRole::AttnQkv if quant == SynthQuant::Q5KM => GgmlType::Q6_K,
         _ => base,
     };
     fallback_type(ty, cols)
