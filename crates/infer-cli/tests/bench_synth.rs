@@ -235,7 +235,7 @@ fn bad_input_gives_one_line_errors() {
         "gemma3, gemma2, llama, qwen2, qwen3, phi3",
     );
     assert_error(&infer(&["synth", "--arch", "llama", "--size", "70b", "-o", out]), "1b, 8b, mistral-7b, tiny");
-    assert_error(&infer(&["synth", "--size", "1b", "--quant", "q3_k", "-o", out]), "q4_k_m, q8_0, q4_0");
+    assert_error(&infer(&["synth", "--size", "1b", "--quant", "q3_k", "-o", out]), "q4_k_m, q5_k_m, q8_0, q4_0");
     assert_error(&infer(&["synth", "--size", "tiny", "-o", "/nonexistent-dir/x.gguf"]), "does not exist");
     assert!(!std::path::Path::new(out).exists());
     assert_error(&infer(&["bench", "-m", "/nonexistent.gguf"]), "does not exist");
