@@ -5,6 +5,7 @@ use crate::error::Result;
 use crate::kv_type::TQ_VALUE_SCALE_POWER;
 use crate::pipeline::{RopeSpec, RopeType};
 use crate::weight::QuantWeight;
+use rayon::prelude::*;
 
 /// A fixed per-channel scale of a layer's keys (its inverse on the
 /// queries) or values (its inverse on attention's output), one factor per
@@ -75,18 +76,24 @@ impl ChannelScale {
         if head_dim == 0 || rows == 0 || rows % head_dim != 0 || norm_gain.len() != e {
             return Ok(None);
         }
-        let mut row = vec![0.0f32; e];
+        // Every model a GPU backend prepares computes this (8B: 32 Ki rows
+        // of 4096), so the rows are dequantized in parallel.
+        let energy: Vec<f64> = (0..rows)
+            .into_par_iter()
+            .map_init(
+                || vec![0.0f32; e],
+                |row, r| {
+                    crate::quant::dequantize_row(wv.ty, wv.row(r), row)?;
+                    Ok(row.iter().zip(norm_gain).map(|(&w, &g)| (w as f64 * g as f64).powi(2)).sum())
+                },
+            )
+            .collect::<Result<_>>()?;
         let mut share = vec![0.0f64; head_dim];
-        let mut head = vec![0.0f64; head_dim];
         let mut n_heads = 0usize;
-        for h in 0..rows / head_dim {
-            for (i, v) in head.iter_mut().enumerate() {
-                crate::quant::dequantize_row(wv.ty, wv.row(h * head_dim + i), &mut row)?;
-                *v = row.iter().zip(norm_gain).map(|(&w, &g)| (w as f64 * g as f64).powi(2)).sum();
-            }
+        for head in energy.chunks_exact(head_dim) {
             let mean = head.iter().sum::<f64>() / head_dim as f64;
             if mean > 0.0 {
-                share.iter_mut().zip(&head).for_each(|(s, v)| *s += v / mean);
+                share.iter_mut().zip(head).for_each(|(s, v)| *s += v / mean);
                 n_heads += 1;
             }
         }
