@@ -140,13 +140,16 @@ fn model_with_qkv(seed: u64, arch: Arch, shape: (usize, usize, usize, usize), qk
 pub fn with_uneven_values(mut spec: ModelSpec) -> ModelSpec {
     for l in &mut spec.layers {
         let (hd, cols) = (l.head_dim, l.wv.cols);
-        let mut w = l.wv.to_f32().expect("the suite's weight types dequantize");
-        for (r, row) in w.chunks_exact_mut(cols).enumerate() {
-            let f = 8f32.powf((r % hd) as f32 / (hd - 1).max(1) as f32);
-            row.iter_mut().for_each(|x| *x *= f);
-        }
-        let bytes: Vec<u8> = w.iter().flat_map(|x| x.to_le_bytes()).collect();
-        l.wv = QuantWeight::new(GgmlType::F32, l.wv.rows, cols, bytes.into()).expect("an f32 matrix of wv's shape");
+        let w = l.wv.to_f32().expect("the suite's weight types dequantize");
+        let rows: Vec<Vec<f32>> = w
+            .chunks_exact(cols)
+            .enumerate()
+            .map(|(r, row)| {
+                let f = 8f32.powf((r % hd) as f32 / (hd - 1).max(1) as f32);
+                row.iter().map(|x| x * f).collect()
+            })
+            .collect();
+        l.wv = quantize(GgmlType::F32, cols, &rows);
     }
     spec
 }

@@ -98,19 +98,11 @@ impl KvRotation {
     /// values, back in the model's basis.
     pub fn unrotate_output(&self, rows: &mut [f32]) {
         self.unrotate(rows);
-        if let Some(s) = self.scale().map(|s| s.query()) {
-            for h in rows.chunks_exact_mut(s.len()) {
-                h.iter_mut().zip(s).for_each(|(v, &s)| *v *= s);
-            }
-        }
+        scale_heads(rows, self.scale().map(|s| s.query()));
     }
 
     fn rotate_scaled(&self, rows: &mut [f32], s: Option<&[f32]>) {
-        if let Some(s) = s {
-            for h in rows.chunks_exact_mut(s.len()) {
-                h.iter_mut().zip(s).for_each(|(v, &s)| *v *= s);
-            }
-        }
+        scale_heads(rows, s);
         self.rotate(rows);
     }
 
@@ -119,6 +111,15 @@ impl KvRotation {
         match self {
             KvRotation::Hadamard(n) => rows.chunks_exact_mut(*n).for_each(hadamard),
             KvRotation::Turbo(t, _) => rows.chunks_exact_mut(t.dim()).for_each(|h| t.unrotate(h)),
+        }
+    }
+}
+
+/// Each head of `rows` (`s.len()` values) times `s`, channel by channel.
+fn scale_heads(rows: &mut [f32], s: Option<&[f32]>) {
+    if let Some(s) = s {
+        for h in rows.chunks_exact_mut(s.len()) {
+            h.iter_mut().zip(s).for_each(|(v, &s)| *v *= s);
         }
     }
 }
@@ -219,13 +220,13 @@ mod tests {
     /// of the rows as computed.
     #[test]
     fn scaled_values_sum_back_to_the_unscaled_output() {
-        use crate::weight::QuantWeight;
         use crate::GgmlType;
         let (hd, cols) = (16usize, 5usize);
-        let w: Vec<f32> =
-            (0..2 * hd * cols).map(|i| ((i * 7 % 11) as f32 - 5.0) * (1.0 + (i / cols % hd) as f32)).collect();
-        let bytes: Vec<u8> = w.iter().flat_map(|x| x.to_le_bytes()).collect();
-        let wv = QuantWeight::new(GgmlType::F32, 2 * hd, cols, bytes.into()).unwrap();
+        // Row r (channel r mod 16) grows with its channel.
+        let w: Vec<Vec<f32>> = (0..2 * hd)
+            .map(|r| (0..cols).map(|c| (((r * cols + c) * 7 % 11) as f32 - 5.0) * (1.0 + (r % hd) as f32)).collect())
+            .collect();
+        let wv = crate::conformance::ops::quantize(GgmlType::F32, cols, &w);
         let s = ChannelScale::for_values(&wv, &[1.0; 5], hd).unwrap().unwrap();
         let spread = s.key().iter().fold(0.0f32, |a, &v| a.max(v)) / s.key().iter().fold(f32::MAX, |a, &v| a.min(v));
         assert!(spread > 4.0, "a scale of spread {spread}");

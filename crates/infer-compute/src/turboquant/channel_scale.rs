@@ -47,7 +47,12 @@ impl ChannelScale {
             e.iter().map(|v| v + eps).collect()
         };
         let (eq, ek) = (energy(q_gain), energy(k_gain));
-        let key: Vec<f32> = eq.iter().zip(&ek).map(|(q, k)| (q / k).powf(0.25) as f32).collect();
+        Self::from_stored(eq.iter().zip(&ek).map(|(q, k)| (q / k).powf(0.25) as f32).collect())
+    }
+
+    /// The scale of stored factors `key` and their inverses; `None` unless
+    /// every factor is finite and positive.
+    fn from_stored(key: Vec<f32>) -> Option<Self> {
         if key.iter().any(|v| !v.is_finite() || *v <= 0.0) {
             return None;
         }
@@ -100,13 +105,8 @@ impl ChannelScale {
         if n_heads == 0 {
             return Ok(None);
         }
-        let key: Vec<f32> =
-            share.iter().map(|r| (1.0 / (r / n_heads as f64 + 1e-3)).powf(TQ_VALUE_SCALE_POWER) as f32).collect();
-        if key.iter().any(|v| !v.is_finite() || *v <= 0.0) {
-            return Ok(None);
-        }
-        let query = key.iter().map(|s| 1.0 / s).collect();
-        Ok(Some(ChannelScale { key, query }))
+        let share = share.iter().map(|r| r / n_heads as f64);
+        Ok(Self::from_stored(share.map(|r| (1.0 / (r + 1e-3)).powf(TQ_VALUE_SCALE_POWER) as f32).collect()))
     }
 
     /// The factor of each stored channel: a key's or a value's (`head_dim`
@@ -128,8 +128,8 @@ mod tests {
     use crate::GgmlType;
 
     fn f32_matrix(rows: usize, cols: usize, v: &[f32]) -> QuantWeight {
-        let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
-        QuantWeight::new(GgmlType::F32, rows, cols, bytes.into()).unwrap()
+        assert_eq!(v.len(), rows * cols);
+        crate::conformance::ops::quantize(GgmlType::F32, cols, &v.chunks(cols).map(<[f32]>::to_vec).collect::<Vec<_>>())
     }
 
     /// Two heads of 4 channels over 3 inputs: head 0's channels of squared
